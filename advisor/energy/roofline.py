@@ -1,0 +1,114 @@
+"""Predicted energy from a roofline model of the target GPU and datasheet numbers.
+
+Model (documented in docs/architecture.md, "Energy"):
+
+* A phase moves ``bytes`` through HBM and does ``flops_f`` tensor-core FLOPs in
+  each format ``f``. Its time is the roofline ``max(bytes / BW, sum_f flops_f / peak_f)``.
+* Its energy is ``time * P_idle + bytes * e_byte + sum_f flops_f * e_flop_f``, where
+  ``e_byte = (0.6 * TDP - P_idle) / BW`` (a GPU streaming HBM at full bandwidth
+  draws about 60% of TDP) and ``e_flop_f = (TDP - P_idle) / peak_f`` (a GPU at peak
+  tensor throughput draws its TDP). Both constants are assumptions, not
+  measurements; the measured profile (energy.profile) replaces them.
+* Decode step at context ``c`` and batch ``B``: every weight once (in its format's
+  bytes, scales included), the BF16 lm_head, and ``B * c`` tokens of BF16 KV cache;
+  FLOPs ``2 * B * weights`` plus attention ``4 * B * c * heads * head_dim`` per layer.
+* Prefill of one request of ``L`` tokens: weights once, ``2 * L * weights`` FLOPs
+  plus ``2 * L^2 * heads * head_dim`` per layer for attention.
+* J per output token = (prefill J + output_tokens * decode-step J / B) / output_tokens,
+  with the decode step taken at the mean context ``input + output / 2``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import UnsupportedError
+from ..formats import FORMAT_SPECS, GPU_SPECS, GPU, Format, GPUSpec
+from ..plan import Plan
+from ..recipe import Workload
+from ..shape import ModelShape
+from .base import EnergyEstimate
+
+MEMORY_BOUND_POWER_FRACTION = 0.6
+
+
+@dataclass(frozen=True)
+class PhaseCost:
+    bytes: float
+    flops: dict[Format, float]
+
+    def time_s(self, gpu: GPUSpec) -> float:
+        t_mem = self.bytes / (gpu.memory_bandwidth_tb_s * 1e12)
+        t_compute = sum(f / (gpu.tensor_tflops[fmt] * 1e12) for fmt, f in self.flops.items())
+        return max(t_mem, t_compute)
+
+    def energy_j(self, gpu: GPUSpec) -> float:
+        bw = gpu.memory_bandwidth_tb_s * 1e12
+        e_byte = (MEMORY_BOUND_POWER_FRACTION * gpu.tdp_w - gpu.idle_w) / bw
+        e_flops = sum(
+            f * (gpu.tdp_w - gpu.idle_w) / (gpu.tensor_tflops[fmt] * 1e12) for fmt, f in self.flops.items()
+        )
+        return self.time_s(gpu) * gpu.idle_w + self.bytes * e_byte + e_flops
+
+
+def _weight_bytes_and_flops(shape: ModelShape, plan: Plan, tokens: int) -> tuple[float, dict[Format, float]]:
+    nbytes = shape.lm_head_weights * 2.0
+    flops: dict[Format, float] = {Format.BF16: 2.0 * tokens * shape.lm_head_weights}
+    for g in shape.groups:
+        fmt = plan.format_of(g.name)
+        nbytes += g.num_weights * FORMAT_SPECS[fmt].weight_bytes_per_element
+        flops[fmt] = flops.get(fmt, 0.0) + 2.0 * tokens * g.num_weights
+    return nbytes, flops
+
+
+def decode_step_cost(shape: ModelShape, plan: Plan, batch: int, context: float) -> PhaseCost:
+    nbytes, flops = _weight_bytes_and_flops(shape, plan, batch)
+    nbytes += batch * context * shape.kv_bytes_per_token()
+    attn = 4.0 * batch * context * shape.num_attention_heads * shape.head_dim * shape.num_layers
+    flops[Format.BF16] = flops.get(Format.BF16, 0.0) + attn
+    return PhaseCost(nbytes, flops)
+
+
+def prefill_cost(shape: ModelShape, plan: Plan, length: int) -> PhaseCost:
+    nbytes, flops = _weight_bytes_and_flops(shape, plan, length)
+    nbytes += length * shape.kv_bytes_per_token()  # the cache written once
+    attn = 2.0 * length * length * shape.num_attention_heads * shape.head_dim * shape.num_layers
+    flops[Format.BF16] = flops.get(Format.BF16, 0.0) + attn
+    return PhaseCost(nbytes, flops)
+
+
+class RooflineEnergyModel:
+    """Datasheet roofline predictor. Every estimate it gives is labelled predicted."""
+
+    measured = False
+
+    def __init__(self, shape: ModelShape, target: GPU) -> None:
+        self.shape = shape
+        self.gpu = GPU_SPECS[target]
+        self.label = f"predicted (roofline, datasheet {self.gpu.marketing_name})"
+
+    def _check(self, plan: Plan) -> None:
+        for fmt in set(plan.formats.values()):
+            if not self.gpu.supports(fmt):
+                raise UnsupportedError(
+                    f"{fmt.value} does not run natively on {self.gpu.marketing_name} "
+                    f"(sm_{self.gpu.compute_capability[0]}{self.gpu.compute_capability[1]}); "
+                    "no energy can be predicted for it there"
+                )
+
+    def estimate(self, plan: Plan, workload: Workload) -> EnergyEstimate:
+        self._check(plan)
+        b, lin, lout = workload.batch_size, workload.input_tokens, workload.output_tokens
+        step = decode_step_cost(self.shape, plan, b, lin + lout / 2)
+        pre = prefill_cost(self.shape, plan, lin)
+        step_j, pre_j = step.energy_j(self.gpu), pre.energy_j(self.gpu)
+        decode_per_token = step_j / b
+        return EnergyEstimate(
+            workload=workload.name,
+            j_per_token=(pre_j + lout * decode_per_token) / lout,
+            decode_j_per_token=decode_per_token,
+            prefill_j_per_input_token=pre_j / lin,
+            decode_tokens_per_s=b / step.time_s(self.gpu),
+            source=self.label,
+            measured=False,
+        )

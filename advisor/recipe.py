@@ -1,0 +1,178 @@
+"""Recipes: the one place that judges user input.
+
+A recipe is a YAML file validated into :class:`Recipe`. Command-line flags override
+recipe values, which override the defaults here. Every validation failure becomes
+one :class:`InputError` naming the field and what is allowed.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from .errors import InputError
+from .formats import GPU, Format
+
+DEMO_MODEL = "demo:smollm2-135m"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ModelSpec(_Strict):
+    """Where the model comes from: a hub id, a local directory, a GGUF file, or the demo."""
+
+    source: str = Field(DEMO_MODEL, description="hub id, local directory, .gguf file, or demo:smollm2-135m")
+    gguf_file: str | None = Field(None, description="GGUF file name inside `source` (a directory or hub repo)")
+    revision: str | None = None
+
+    @field_validator("source")
+    @classmethod
+    def _non_empty(cls, v: str) -> str:
+        if not v.strip():
+            raise ValueError("must name a hub id, a local directory, a .gguf file or " + DEMO_MODEL)
+        return v
+
+
+class Workload(_Strict):
+    """A serving workload: concurrent requests and their input/output lengths."""
+
+    name: str = "chat"
+    batch_size: int = Field(16, ge=1, le=4096, description="concurrent sequences in decode")
+    input_tokens: int = Field(512, ge=1, le=1_000_000)
+    output_tokens: int = Field(256, ge=1, le=1_000_000)
+
+
+class CalibrationSpec(_Strict):
+    """Calibration and held-out token sets (never overlapping)."""
+
+    source: str = Field("self", description="'self' (text sampled from the BF16 model) or a .txt/.jsonl path")
+    num_samples: int = Field(16, ge=1, le=100_000)
+    seq_len: int = Field(128, ge=8, le=32_768)
+    heldout_samples: int = Field(8, ge=1, le=100_000)
+    heldout_seq_len: int = Field(128, ge=8, le=32_768)
+    seed: int = 0
+
+    @field_validator("source")
+    @classmethod
+    def _source(cls, v: str) -> str:
+        if v != "self" and not v.endswith((".txt", ".jsonl", ".json")):
+            raise ValueError("must be 'self' or a path to a .txt or .jsonl file")
+        return v
+
+
+class AccuracySpec(_Strict):
+    """The accuracy budget: a plan is feasible when its proxy damage is within it."""
+
+    max_kl: float = Field(0.05, gt=0, description="mean per-token KL(BF16 || plan) in nats")
+    max_ppl_increase_pct: float | None = Field(None, gt=0, description="optional cap on perplexity increase, %")
+
+
+class SearchSpec(_Strict):
+    trials: int = Field(40, ge=1, le=1_000_000)
+    timeout_s: float | None = Field(None, gt=0)
+    seed: int = 0
+    sampler: Literal["nsga2", "tpe", "random"] = "nsga2"
+
+
+class Recipe(_Strict):
+    """Everything a search needs. See recipes/quickstart.yaml for a documented example."""
+
+    name: str = Field("run", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+    model: ModelSpec = ModelSpec()
+    formats: list[Format] = Field(default_factory=lambda: list(Format))
+    target: GPU = GPU.H100
+    workloads: list[Workload] = Field(default_factory=lambda: [Workload()], min_length=1)
+    calibration: CalibrationSpec = CalibrationSpec()
+    accuracy: AccuracySpec = AccuracySpec()
+    search: SearchSpec = SearchSpec()
+    storage: str | None = Field(None, description="Optuna storage URL; default: sqlite file in the output dir")
+    out: Path = Path("runs")
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+
+    @field_validator("formats")
+    @classmethod
+    def _formats(cls, v: list[Format]) -> list[Format]:
+        if Format.BF16 not in v:
+            raise ValueError("must include bf16 (the reference every plan is compared with)")
+        if len(set(v)) != len(v):
+            raise ValueError("lists a format twice")
+        return v
+
+    @model_validator(mode="after")
+    def _unique_workloads(self) -> Recipe:
+        names = [w.name for w in self.workloads]
+        if len(set(names)) != len(names):
+            raise ValueError(f"workload names must be unique, got {names}")
+        return self
+
+    @property
+    def run_dir(self) -> Path:
+        return self.out / self.name
+
+    @property
+    def storage_url(self) -> str:
+        return self.storage or f"sqlite:///{(self.run_dir / 'study.db').resolve()}"
+
+
+def _describe(err: dict[str, Any]) -> str:
+    where = ".".join(str(p) for p in err["loc"]) or "recipe"
+    msg = err["msg"]
+    if err["type"] == "extra_forbidden":
+        msg = "unknown field"
+    elif err["type"] == "enum":
+        msg = f"got {err.get('input')!r}; {msg.lower()}"
+    elif "input" in err and not isinstance(err["input"], dict | list):
+        msg = f"got {err['input']!r}; {msg}"
+    return f"{where}: {msg}"
+
+
+def validate_recipe(data: dict[str, Any], origin: str = "recipe") -> Recipe:
+    """Validate a dict into a Recipe or raise one InputError that lists every problem."""
+    try:
+        return Recipe.model_validate(data)
+    except ValidationError as exc:
+        problems = "; ".join(_describe(e) for e in exc.errors())
+        raise InputError(f"invalid {origin}: {problems}") from None
+
+
+def load_recipe(path: Path | None, overrides: dict[str, Any] | None = None) -> Recipe:
+    """Read a YAML recipe (or start from defaults) and apply flag overrides.
+
+    ``overrides`` uses dotted keys (``"search.trials": 20``); ``None`` values are
+    ignored so unset flags never override the recipe.
+    """
+    data: dict[str, Any] = {}
+    origin = "flags"
+    if path is not None:
+        origin = f"recipe {path}"
+        try:
+            text = Path(path).read_text()
+        except OSError as exc:
+            raise InputError(f"cannot read recipe {path}: {exc.strerror}") from None
+        try:
+            loaded = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise InputError(f"recipe {path} is not valid YAML: {exc}") from None
+        if loaded is None:
+            loaded = {}
+        if not isinstance(loaded, dict):
+            raise InputError(f"recipe {path} must be a YAML mapping, got {type(loaded).__name__}")
+        data = loaded
+    for dotted, value in (overrides or {}).items():
+        if value is None:
+            continue
+        node = data
+        *parents, leaf = dotted.split(".")
+        for key in parents:
+            child = node.get(key)
+            if not isinstance(child, dict):
+                child = {}
+                node[key] = child
+            node = child
+        node[leaf] = value
+    return validate_recipe(data, origin)
