@@ -1,0 +1,365 @@
+"""Energy meter over the NVML total-energy counter: steady-state windows, repeats, spread.
+
+How a measurement runs (``EnergyMeter.measure``):
+
+1. Warm-up: the step is launched back to back for ``warmup_s`` (clocks, caches and
+   power settle).
+2. The GPU is kept busy: at most ``depth`` steps are in flight; a finished one is
+   replaced at once, so the queue never runs dry and the host never runs far ahead.
+3. Windows are aligned to counter ticks (the counter moves about every 100 ms):
+   a window opens at one tick edge and closes at the first edge after it has lasted
+   ``min_window_s`` or ``min_ticks`` ticks. Its energy is the counter difference
+   between the two edges; its steps are those that *finished* between them. The
+   next window opens where the last closed, so the GPU never idles in between.
+4. ``repeats`` windows give the median and the spread; a coefficient of variation
+   above ``max_cv`` marks the measurement ``unstable``.
+
+The GPU's state (name, driver, power limit, clocks, temperature) is read before
+and after, and the idle power once per meter. Nothing here changes the GPU.
+
+``ReplayCounter`` and ``SimulatedGPU`` stand in for NVML and the GPU in tests.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Protocol
+
+from ..errors import InputError, SetupError
+from .nvml import GPUState
+
+
+class EnergyCounter(Protocol):
+    """A monotone energy counter in millijoules plus the GPU's state."""
+
+    def energy_mj(self) -> int: ...
+
+    def state(self) -> GPUState: ...
+
+
+class StepHandle(Protocol):
+    """Completion of one launched step (``torch.cuda.Event`` meets this)."""
+
+    def query(self) -> bool: ...
+
+
+Step = Callable[[], StepHandle]
+
+
+@dataclass(frozen=True)
+class MeterConfig:
+    """Window rules. The defaults are the project's measuring rules (DESIGN.md)."""
+
+    warmup_s: float = 2.0
+    min_window_s: float = 5.0
+    min_ticks: int = 50
+    repeats: int = 3
+    max_cv: float = 0.01
+    depth: int = 3
+    idle_s: float = 1.0
+    # Give up waiting for a counter tick after this long (a stuck counter).
+    tick_timeout_s: float = 2.0
+
+    def __post_init__(self) -> None:
+        if self.repeats < 1 or self.min_window_s <= 0 or self.depth < 1:
+            raise InputError(
+                f"meter config needs repeats >= 1, min_window_s > 0, depth >= 1 (got {self})"
+            )
+
+
+@dataclass(frozen=True)
+class Window:
+    """One tick-aligned window: ``energy_j`` over ``time_s`` while ``steps`` finished."""
+
+    energy_j: float
+    time_s: float
+    steps: int
+    ticks: int
+
+    @property
+    def j_per_step(self) -> float:
+        return self.energy_j / self.steps if self.steps else float("nan")
+
+    @property
+    def s_per_step(self) -> float:
+        return self.time_s / self.steps if self.steps else float("nan")
+
+    @property
+    def power_w(self) -> float:
+        return self.energy_j / self.time_s
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """Median and spread of ``repeats`` windows of one step. Units in the names."""
+
+    label: str
+    tokens_per_step: float
+    windows: tuple[Window, ...]
+    j_per_step: float
+    s_per_step: float
+    power_w: float
+    cv: float
+    unstable: bool
+    idle_power_w: float
+    gpu_before: GPUState
+    gpu_after: GPUState
+    date: str = field(default_factory=lambda: time.strftime("%Y-%m-%d"))
+
+    @property
+    def j_per_token(self) -> float:
+        return self.j_per_step / self.tokens_per_step
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens_per_step / self.s_per_step
+
+    @property
+    def tokens_per_s_per_w(self) -> float:
+        return self.tokens_per_s / self.power_w
+
+    @property
+    def j_per_step_range(self) -> tuple[float, float]:
+        vals = [w.j_per_step for w in self.windows]
+        return min(vals), max(vals)
+
+    def to_dict(self) -> dict:
+        data = asdict(self)
+        data.update(
+            j_per_token=self.j_per_token,
+            tokens_per_s=self.tokens_per_s,
+            tokens_per_s_per_w=self.tokens_per_s_per_w,
+            j_per_step_range=list(self.j_per_step_range),
+        )
+        return data
+
+
+def coefficient_of_variation(values: Sequence[float]) -> float:
+    if len(values) < 2:
+        return 0.0
+    mean = statistics.fmean(values)
+    return statistics.stdev(values) / mean if mean else float("inf")
+
+
+class EnergyMeter:
+    """Measures joules per step of a launched workload over an :class:`EnergyCounter`."""
+
+    def __init__(
+        self,
+        counter: EnergyCounter,
+        config: MeterConfig | None = None,
+        clock: Callable[[], float] = time.perf_counter,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.counter = counter
+        self.config = config or MeterConfig()
+        self._clock = clock
+        self._sleep = sleep
+        self._idle_w: float | None = None
+
+    # -- counter edges -------------------------------------------------------
+    def _wait_edge(self, between: Callable[[], None]) -> tuple[float, int]:
+        """Call ``between`` until the counter moves; return (time, counter) at the edge."""
+        start_e = self.counter.energy_mj()
+        start_t = self._clock()
+        while True:
+            between()
+            e = self.counter.energy_mj()
+            t = self._clock()
+            if e != start_e:
+                return t, e
+            if t - start_t > self.config.tick_timeout_s:
+                raise SetupError(
+                    f"the energy counter did not move in {self.config.tick_timeout_s:.1f} s; "
+                    "this GPU or driver does not update it"
+                )
+
+    def idle_power_w(self) -> float:
+        """Mean power with nothing launched, over tick-aligned edges (cached per meter)."""
+        if self._idle_w is None:
+            nap = lambda: self._sleep(0.001)  # noqa: E731
+            t0, e0 = self._wait_edge(nap)
+            t1, e1 = t0, e0
+            while t1 - t0 < self.config.idle_s:
+                t1, e1 = self._wait_edge(nap)
+            self._idle_w = (e1 - e0) / 1000.0 / (t1 - t0)
+        return self._idle_w
+
+    # -- measurement ---------------------------------------------------------
+    def measure(self, step: Step, label: str = "", tokens_per_step: float = 1.0) -> Measurement:
+        """Median J/step of ``step`` over ``repeats`` steady-state windows."""
+        cfg = self.config
+        idle_w = self.idle_power_w()
+        before = self.counter.state()
+        inflight: deque[StepHandle] = deque()
+        done = 0
+
+        def pump() -> None:
+            nonlocal done
+            while inflight and inflight[0].query():
+                inflight.popleft()
+                done += 1
+            while len(inflight) < cfg.depth:
+                inflight.append(step())
+
+        t_end = self._clock() + cfg.warmup_s
+        while self._clock() < t_end:
+            pump()
+        if done == 0:
+            raise SetupError(f"no step of {label or 'the workload'} finished during the warm-up")
+
+        t0, e0 = self._wait_edge(pump)
+        c0 = done
+        windows = []
+        for _ in range(cfg.repeats):
+            ticks = 0
+            while True:
+                t, e = self._wait_edge(pump)
+                ticks += 1
+                if (t - t0 >= cfg.min_window_s or ticks >= cfg.min_ticks) and ticks >= 2:
+                    break
+            windows.append(Window((e - e0) / 1000.0, t - t0, done - c0, ticks))
+            t0, e0, c0 = t, e, done
+        while inflight:
+            if inflight[0].query():
+                inflight.popleft()
+            else:
+                self._sleep(0.0005)
+        after = self.counter.state()
+        if any(w.steps == 0 for w in windows):
+            raise SetupError(
+                f"a window of {label or 'the workload'} saw no finished step: one step is longer "
+                f"than the window ({cfg.min_window_s} s); measure a shorter step"
+            )
+        per_step = [w.j_per_step for w in windows]
+        cv = coefficient_of_variation(per_step)
+        return Measurement(
+            label=label,
+            tokens_per_step=tokens_per_step,
+            windows=tuple(windows),
+            j_per_step=statistics.median(per_step),
+            s_per_step=statistics.median(w.s_per_step for w in windows),
+            power_w=statistics.median(w.power_w for w in windows),
+            cv=cv,
+            unstable=cv > cfg.max_cv,
+            idle_power_w=idle_w,
+            gpu_before=before,
+            gpu_after=after,
+        )
+
+
+def open_meter(index: int = 0, config: MeterConfig | None = None) -> EnergyMeter:
+    """A meter on GPU ``index`` through NVML (SetupError when there is none)."""
+    from .nvml import NvmlDevice
+
+    return EnergyMeter(NvmlDevice(index), config)
+
+
+# -- fakes for tests (no GPU) ------------------------------------------------
+
+
+class VirtualClock:
+    """Time that moves only when read (``tick_s`` per read) or slept."""
+
+    def __init__(self, tick_s: float = 1e-4) -> None:
+        self.t = 0.0
+        self.tick_s = tick_s
+
+    def __call__(self) -> float:
+        self.t += self.tick_s
+        return self.t
+
+    def sleep(self, s: float) -> None:
+        self.t += s
+
+
+_FAKE_STATE = GPUState("Fake GPU", 0, "0.0", 700.0, 1980, 2619, 40, 0.0)
+
+
+class ReplayCounter:
+    """Replays recorded ``(time_s, energy_mj)`` samples against a clock."""
+
+    def __init__(self, samples: Sequence[tuple[float, int]], clock: Callable[[], float]) -> None:
+        self.samples = sorted(samples)
+        self.clock = clock
+        self._i = 0
+
+    def energy_mj(self) -> int:
+        t = self.clock.t if isinstance(self.clock, VirtualClock) else self.clock()
+        while self._i + 1 < len(self.samples) and self.samples[self._i + 1][0] <= t:
+            self._i += 1
+        return int(self.samples[self._i][1])
+
+    def state(self) -> GPUState:
+        return _FAKE_STATE
+
+
+class _SimHandle:
+    def __init__(self, gpu: SimulatedGPU, finish: float) -> None:
+        self.gpu, self.finish = gpu, finish
+
+    def query(self) -> bool:
+        return self.gpu.clock.t >= self.finish
+
+
+class SimulatedGPU:
+    """A GPU that runs steps of ``step_s`` at ``busy_w`` and idles at ``idle_w``.
+
+    Its counter ticks every ``tick_s`` (like NVML's ~100 ms); ``power_noise`` scales
+    each tick's busy power by a factor drawn from ``noise`` (a callable returning a
+    multiplier), so tests can make stable or unstable runs.
+    """
+
+    def __init__(
+        self,
+        clock: VirtualClock,
+        step_s: float = 0.01,
+        busy_w: float = 500.0,
+        idle_w: float = 80.0,
+        tick_s: float = 0.1,
+        noise: Callable[[int], float] | None = None,
+    ) -> None:
+        self.clock, self.step_s, self.busy_w, self.idle_w, self.tick_s = clock, step_s, busy_w, idle_w, tick_s
+        self.noise = noise or (lambda _tick: 1.0)
+        self.busy_until = 0.0
+        self._intervals: deque[tuple[float, float]] = deque()
+        self._acc_t = 0.0
+        self._acc_j = 0.0
+        self.launched = 0
+
+    def launch(self) -> _SimHandle:
+        start = max(self.clock.t, self.busy_until)
+        self.busy_until = start + self.step_s
+        self._intervals.append((start, self.busy_until))
+        self.launched += 1
+        return _SimHandle(self, self.busy_until)
+
+    def _advance(self, t: float) -> None:
+        """Integrate power from ``_acc_t`` to ``t`` tick by tick."""
+        while self._acc_t < t:
+            tick = int(self._acc_t / self.tick_s + 1e-9)
+            seg_end = min(t, (tick + 1) * self.tick_s)
+            if seg_end <= self._acc_t:  # float edge: step to the next tick
+                seg_end = min(t, self._acc_t + self.tick_s)
+            busy = 0.0
+            for s, f in self._intervals:
+                if s >= seg_end:
+                    break
+                busy += max(0.0, min(f, seg_end) - max(s, self._acc_t))
+            while self._intervals and self._intervals[0][1] <= seg_end:
+                self._intervals.popleft()
+            dt = seg_end - self._acc_t
+            self._acc_j += self.idle_w * dt + (self.busy_w * self.noise(tick) - self.idle_w) * busy
+            self._acc_t = seg_end
+
+    def energy_mj(self) -> int:
+        tick_edge = int(self.clock.t / self.tick_s) * self.tick_s
+        self._advance(tick_edge)
+        return int(self._acc_j * 1000)
+
+    def state(self) -> GPUState:
+        return _FAKE_STATE

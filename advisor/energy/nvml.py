@@ -1,0 +1,110 @@
+"""The one module that imports ``pynvml`` (from the nvidia-ml-py package).
+
+It reads; it never sets. No function here changes clocks, power limits or modes.
+NVML errors become :class:`~advisor.errors.SetupError` with the fix.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from ..errors import SetupError
+
+
+@dataclass(frozen=True)
+class GPUState:
+    """What the GPU was when a measurement was taken (read, never set)."""
+
+    name: str
+    index: int
+    driver: str
+    power_limit_w: float
+    sm_clock_mhz: int
+    mem_clock_mhz: int
+    temperature_c: int
+    power_w: float
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _pynvml() -> Any:
+    try:
+        import pynvml  # noqa: PLC0415 (lazy: keeps `advisor --help` instant)
+    except ImportError as exc:
+        raise SetupError(
+            "NVML is not importable: install nvidia-ml-py (`pip install nvidia-ml-py`; "
+            "uninstall the old `pynvml` package if present)"
+        ) from exc
+    if not hasattr(pynvml, "nvmlDeviceGetTotalEnergyConsumption"):
+        raise SetupError(
+            "the installed pynvml lacks nvmlDeviceGetTotalEnergyConsumption: "
+            "uninstall pynvml and install nvidia-ml-py"
+        )
+    return pynvml
+
+
+class NvmlDevice:
+    """One GPU seen through NVML. ``energy_mj()`` is the total-energy counter."""
+
+    def __init__(self, index: int = 0) -> None:
+        nv = _pynvml()
+        self._nv = nv
+        try:
+            nv.nvmlInit()
+        except nv.NVMLError as exc:
+            raise SetupError(
+                f"NVML could not start ({exc}): no NVIDIA driver or GPU here; "
+                "measured energy needs an NVIDIA GPU (use --energy predicted)"
+            ) from exc
+        try:
+            count = nv.nvmlDeviceGetCount()
+            if index >= count:
+                raise SetupError(f"GPU index {index} does not exist: NVML sees {count} GPU(s)")
+            self.index = index
+            self._h = nv.nvmlDeviceGetHandleByIndex(index)
+            name = nv.nvmlDeviceGetName(self._h)
+            self.name = name.decode() if isinstance(name, bytes) else str(name)
+            drv = nv.nvmlSystemGetDriverVersion()
+            self.driver = drv.decode() if isinstance(drv, bytes) else str(drv)
+            nv.nvmlDeviceGetTotalEnergyConsumption(self._h)
+        except nv.NVMLError as exc:
+            raise SetupError(
+                f"NVML cannot read the energy counter of GPU {index} ({exc}); it needs a "
+                "Volta or newer data-center GPU and a driver that exposes it"
+            ) from exc
+
+    def energy_mj(self) -> int:
+        """Total energy since the driver loaded, in millijoules (ticks about every 100 ms)."""
+        try:
+            return int(self._nv.nvmlDeviceGetTotalEnergyConsumption(self._h))
+        except self._nv.NVMLError as exc:
+            raise SetupError(f"NVML energy read failed on GPU {self.index}: {exc}") from exc
+
+    def power_w(self) -> float:
+        try:
+            return self._nv.nvmlDeviceGetPowerUsage(self._h) / 1000.0
+        except self._nv.NVMLError:
+            return float("nan")
+
+    def state(self) -> GPUState:
+        nv = self._nv
+
+        def _read(fn, *args, default=-1):
+            try:
+                return fn(self._h, *args)
+            except nv.NVMLError:
+                return default
+
+        limit = _read(nv.nvmlDeviceGetEnforcedPowerLimit)
+        return GPUState(
+            name=self.name,
+            index=self.index,
+            driver=self.driver,
+            power_limit_w=limit / 1000.0 if limit > 0 else float("nan"),
+            sm_clock_mhz=int(_read(nv.nvmlDeviceGetClockInfo, nv.NVML_CLOCK_SM)),
+            mem_clock_mhz=int(_read(nv.nvmlDeviceGetClockInfo, nv.NVML_CLOCK_MEM)),
+            temperature_c=int(_read(nv.nvmlDeviceGetTemperature, nv.NVML_TEMPERATURE_GPU)),
+            power_w=self.power_w(),
+        )

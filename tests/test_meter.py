@@ -1,0 +1,133 @@
+"""The meter's logic on a simulated GPU and a replayed counter (no GPU, no NVML)."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from advisor.energy.meter import (
+    EnergyMeter,
+    MeterConfig,
+    ReplayCounter,
+    SimulatedGPU,
+    VirtualClock,
+    coefficient_of_variation,
+)
+from advisor.errors import InputError, SetupError
+
+FAST = MeterConfig(warmup_s=0.5, min_window_s=5.0, min_ticks=50, repeats=3, idle_s=1.0)
+
+
+def _meter(gpu: SimulatedGPU, clock: VirtualClock, config: MeterConfig = FAST) -> EnergyMeter:
+    return EnergyMeter(gpu, config, clock=clock, sleep=clock.sleep)
+
+
+def test_steady_state_energy_per_step_matches_the_simulated_power():
+    clock = VirtualClock()
+    gpu = SimulatedGPU(clock, step_s=0.007, busy_w=500.0, idle_w=80.0)
+    m = _meter(gpu, clock).measure(gpu.launch, "sim", tokens_per_step=16)
+    # 500 W * 7 ms = 3.5 J a step; 16 tokens a step
+    assert m.j_per_step == pytest.approx(3.5, rel=0.005)
+    assert m.j_per_token == pytest.approx(3.5 / 16, rel=0.005)
+    assert m.s_per_step == pytest.approx(0.007, rel=0.005)
+    assert m.power_w == pytest.approx(500.0, rel=0.005)
+    assert m.idle_power_w == pytest.approx(80.0, rel=0.01)
+    assert len(m.windows) == 3 and not m.unstable and m.cv < 0.01
+    for w in m.windows:
+        assert w.time_s >= 5.0 - 1e-6 or w.ticks >= 50
+        assert w.ticks >= 2
+    assert m.tokens_per_s == pytest.approx(16 / 0.007, rel=0.005)
+    assert m.to_dict()["gpu_before"]["name"] == "Fake GPU"
+
+
+def test_windows_are_back_to_back_and_tick_aligned():
+    clock = VirtualClock()
+    gpu = SimulatedGPU(clock, step_s=0.013)
+    m = _meter(gpu, clock).measure(gpu.launch)
+    for w in m.windows:
+        # each window spans a whole number of 100 ms ticks
+        assert w.time_s / 0.1 == pytest.approx(round(w.time_s / 0.1), abs=0.02)
+
+
+def test_noisy_power_is_flagged_unstable():
+    clock = VirtualClock()
+    # the power swings by +-20% from one 5 s window to the next
+    gpu = SimulatedGPU(clock, step_s=0.01, noise=lambda tick: 1.0 + 0.2 * ((tick // 50) % 2))
+    m = _meter(gpu, clock).measure(gpu.launch)
+    assert m.cv > 0.01 and m.unstable
+
+
+def test_short_config_windows_stop_at_min_ticks():
+    clock = VirtualClock()
+    gpu = SimulatedGPU(clock, step_s=0.002)
+    cfg = MeterConfig(warmup_s=0.1, min_window_s=100.0, min_ticks=10, repeats=4, idle_s=0.3)
+    m = _meter(gpu, clock, cfg).measure(gpu.launch)
+    assert len(m.windows) == 4
+    assert all(w.ticks == 10 for w in m.windows)
+
+
+def test_replayed_counter_gives_the_recorded_power():
+    clock = VirtualClock()
+    # a recorded trace: 300 W, counter updated every 100 ms
+    samples = [(i * 0.1, int(i * 0.1 * 300_000)) for i in range(400)]
+    counter = ReplayCounter(samples, clock)
+
+    class Instant:
+        def query(self) -> bool:
+            return True
+
+    def step() -> Instant:
+        clock.sleep(0.001)  # each step takes 1 ms of virtual time
+        return Instant()
+
+    cfg = MeterConfig(warmup_s=0.2, min_window_s=5.0, repeats=3, idle_s=0.5)
+    m = EnergyMeter(counter, cfg, clock=clock, sleep=clock.sleep).measure(step)
+    assert m.power_w == pytest.approx(300.0, rel=0.01)
+    # each step lasts 1 ms plus the clock reads of the polling loop
+    assert m.j_per_step == pytest.approx(300.0 * m.s_per_step, rel=0.01)
+
+
+def test_a_stuck_counter_is_a_setup_error():
+    clock = VirtualClock()
+    counter = ReplayCounter([(0.0, 1000)], clock)
+    with pytest.raises(SetupError, match="did not move"):
+        EnergyMeter(counter, FAST, clock=clock, sleep=clock.sleep).idle_power_w()
+
+
+def test_bad_config_is_an_input_error():
+    with pytest.raises(InputError):
+        MeterConfig(repeats=0)
+
+
+def test_cv():
+    assert coefficient_of_variation([1.0]) == 0.0
+    assert coefficient_of_variation([1.0, 1.0, 1.0]) == 0.0
+    assert coefficient_of_variation([0.9, 1.1]) == pytest.approx(0.1414, rel=1e-3)
+
+
+def test_missing_nvml_is_a_setup_error(monkeypatch):
+    from advisor.energy import nvml
+
+    monkeypatch.setitem(sys.modules, "pynvml", None)
+    with pytest.raises(SetupError, match="nvidia-ml-py"):
+        nvml.NvmlDevice(0)
+
+
+def test_no_driver_is_a_setup_error(monkeypatch):
+    import types
+
+    from advisor.energy import nvml
+
+    class NVMLError(Exception):
+        pass
+
+    def init():
+        raise NVMLError("Driver Not Loaded")
+
+    fake = types.SimpleNamespace(
+        NVMLError=NVMLError, nvmlInit=init, nvmlDeviceGetTotalEnergyConsumption=lambda h: 0
+    )
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    with pytest.raises(SetupError, match="no NVIDIA driver"):
+        nvml.NvmlDevice(0)
