@@ -28,17 +28,20 @@ _registered = False
 _lock = threading.Lock()
 
 
-def e2m1_round_magnitude(abs_scaled: torch.Tensor) -> torch.Tensor:
-    """Round |x|/scale to the nearest E2M1 magnitude; ties go as ModelOpt's kernel sends them."""
-    edges = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0], dtype=abs_scaled.dtype)
-    values = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0], dtype=abs_scaled.dtype)
-    # Triton: <=0.25 -> 0, <0.75 -> 0.5, <=1.25 -> 1, <1.75 -> 1.5, <=2.5 -> 2, <3.5 -> 3, <=5 -> 4.
-    # bucketize(right=False) puts x == edge into the lower bucket; for the "<" edges
-    # (0.75, 1.75, 3.5) a tie belongs to the upper bucket instead.
-    idx = torch.bucketize(abs_scaled, edges, right=False)
-    upper_ties = torch.tensor([0.75, 1.75, 3.5], dtype=abs_scaled.dtype)
-    idx = idx + torch.isin(abs_scaled, upper_ties).to(idx.dtype)
-    return values[idx]
+def e2m1_round_magnitude(a: torch.Tensor) -> torch.Tensor:
+    """Round |x|/scale to the nearest E2M1 magnitude, with ModelOpt's kernel's tie rules.
+
+    Triton: <=0.25 -> 0, <0.75 -> 0.5, <=1.25 -> 1, <1.75 -> 1.5, <=2.5 -> 2, <3.5 -> 3,
+    <=5 -> 4, else 6. Written as a sum of steps: one pass per threshold, no gathers.
+    """
+    q = (a > 0.25).to(a.dtype) * 0.5
+    q += (a >= 0.75).to(a.dtype) * 0.5
+    q += (a > 1.25).to(a.dtype) * 0.5
+    q += (a >= 1.75).to(a.dtype) * 0.5
+    q += (a > 2.5).to(a.dtype)
+    q += (a >= 3.5).to(a.dtype)
+    q += (a > 5.0).to(a.dtype) * 2.0
+    return q
 
 
 def nvfp4_block_scales(x: torch.Tensor, global_amax: torch.Tensor, block_size: int = 16) -> torch.Tensor:
