@@ -17,8 +17,10 @@ Two ways, one set of quantizer settings (:func:`format_quantizer_cfg`):
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
+import sys
 import warnings
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -93,7 +95,8 @@ def quantize_plan(model: torch.nn.Module, plan: Plan, groups: Iterable[LayerGrou
     plan.check_against(groups)
     prepare_device(next(model.parameters()).device)
     mtq = _mtq()
-    with warnings.catch_warnings():
+    # ModelOpt prints progress to stdout; stdout is for results only.
+    with warnings.catch_warnings(), contextlib.redirect_stdout(sys.stderr):
         warnings.simplefilter("ignore")
         return mtq.quantize(model, plan_quant_config(plan, groups), forward_loop)
 

@@ -14,7 +14,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from .errors import InputError
-from .formats import GPU, Format
+from .formats import GPU, GPU_SPECS, Format
 
 DEMO_MODEL = "demo:smollm2-135m"
 
@@ -72,11 +72,22 @@ class AccuracySpec(_Strict):
     max_ppl_increase_pct: float | None = Field(None, gt=0, description="optional cap on perplexity increase, %")
 
 
+class BenchmarkSpec(_Strict):
+    """lm-eval tasks scored on the front candidates and the baselines (multi-fidelity)."""
+
+    tasks: list[str] = Field(default_factory=list, description="lm-eval task names or local tasks")
+    limit: int | None = Field(None, ge=1, description="items per task (seeded sample); None = full set")
+    seed: int = 1234
+    data_dir: str | None = Field(None, description="folder with lambada_openai.jsonl, piqa.jsonl, arc_easy.jsonl")
+    max_drop: float = Field(0.02, ge=0, le=1, description="allowed mean absolute accuracy drop vs BF16")
+    max_candidates: int = Field(6, ge=1, description="front plans to score, besides the baselines")
+
+
 class SearchSpec(_Strict):
-    trials: int = Field(40, ge=1, le=1_000_000)
+    trials: int = Field(40, ge=1, le=1_000_000, description="total trials in the study, baselines included")
     timeout_s: float | None = Field(None, gt=0)
     seed: int = 0
-    sampler: Literal["nsga2", "tpe", "random"] = "nsga2"
+    sampler: Literal["tpe", "nsga2", "random"] = "tpe"
 
 
 class Recipe(_Strict):
@@ -84,11 +95,12 @@ class Recipe(_Strict):
 
     name: str = Field("run", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
     model: ModelSpec = ModelSpec()
-    formats: list[Format] = Field(default_factory=lambda: list(Format))
+    formats: list[Format] = Field(description="allowed formats; default: all the target runs natively")
     target: GPU = GPU.H100
     workloads: list[Workload] = Field(default_factory=lambda: [Workload()], min_length=1)
     calibration: CalibrationSpec = CalibrationSpec()
     accuracy: AccuracySpec = AccuracySpec()
+    benchmark: BenchmarkSpec = BenchmarkSpec()
     search: SearchSpec = SearchSpec()
     storage: str | None = Field(None, description="Optuna storage URL; default: sqlite file in the output dir")
     out: Path = Path("runs")
@@ -103,11 +115,31 @@ class Recipe(_Strict):
             raise ValueError("lists a format twice")
         return v
 
+    @model_validator(mode="before")
+    @classmethod
+    def _default_formats(cls, data: Any) -> Any:
+        """Without a formats list, use every format the target runs natively."""
+        if isinstance(data, dict) and "formats" not in data:
+            try:
+                gpu = GPU_SPECS[GPU(data.get("target", GPU.H100))]
+            except ValueError:  # the target field reports its own error
+                return {**data, "formats": [f.value for f in Format]}
+            data = {**data, "formats": [f for f in Format if gpu.supports(f)]}
+        return data
+
     @model_validator(mode="after")
-    def _unique_workloads(self) -> Recipe:
+    def _consistent(self) -> Recipe:
         names = [w.name for w in self.workloads]
         if len(set(names)) != len(names):
             raise ValueError(f"workload names must be unique, got {names}")
+        gpu = GPU_SPECS[self.target]
+        unsupported = [f.value for f in self.formats if not gpu.supports(f)]
+        if unsupported:
+            raise ValueError(
+                f"formats {unsupported} do not run natively on target {self.target.value} "
+                f"(sm_{gpu.compute_capability[0]}{gpu.compute_capability[1]}); "
+                "drop them or choose target b200"
+            )
         return self
 
     @property
@@ -121,7 +153,7 @@ class Recipe(_Strict):
 
 def _describe(err: dict[str, Any]) -> str:
     where = ".".join(str(p) for p in err["loc"]) or "recipe"
-    msg = err["msg"]
+    msg = err["msg"].removeprefix("Value error, ")
     if err["type"] == "extra_forbidden":
         msg = "unknown field"
     elif err["type"] == "enum":

@@ -1,0 +1,97 @@
+"""Pareto front, hypervolume and the recommendation rule. Pure Python, no torch."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from .formats import Format
+from .plan import Plan
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One evaluated plan: proxy damage, energy per workload, and optional benchmark scores."""
+
+    trial: int
+    plan: Plan
+    kl: float
+    ppl: float
+    energy_j_per_token: dict[str, float]  # workload name -> J/token
+    feasible: bool
+    benchmark_drop: float | None = None  # mean absolute accuracy drop vs BF16 over tasks
+    benchmark: dict[str, float] = field(default_factory=dict)
+
+    def energy(self, workload: str) -> float:
+        return self.energy_j_per_token[workload]
+
+
+def _dominates(a: tuple[float, float], b: tuple[float, float]) -> bool:
+    return a[0] <= b[0] and a[1] <= b[1] and (a[0] < b[0] or a[1] < b[1])
+
+
+def pareto_front(cands: Sequence[Candidate], workload: str, feasible_only: bool = True) -> list[Candidate]:
+    """Non-dominated candidates on (KL, J/token), both minimized; one per distinct plan, by energy."""
+    pool = [c for c in cands if c.feasible or not feasible_only]
+    unique: dict[str, Candidate] = {}
+    for c in pool:
+        unique.setdefault(c.plan.id, c)
+    pts = list(unique.values())
+    front = [
+        c for c in pts
+        if not any(_dominates((o.kl, o.energy(workload)), (c.kl, c.energy(workload))) for o in pts if o is not c)
+    ]
+    return sorted(front, key=lambda c: c.energy(workload))
+
+
+def hypervolume(points: Sequence[tuple[float, float]], reference: tuple[float, float]) -> float:
+    """2-D hypervolume (both objectives minimized) dominated by ``points`` up to ``reference``."""
+    pts = sorted({p for p in points if p[0] < reference[0] and p[1] < reference[1]})
+    hv, best_y = 0.0, reference[1]
+    for x, y in pts:
+        if y < best_y:
+            hv += (reference[0] - x) * (best_y - y)
+            best_y = y
+    return hv
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    candidate: Candidate
+    reason: str
+    accuracy_metric: str
+
+
+def recommend(
+    cands: Sequence[Candidate], workloads: Sequence[str], bf16_plan_id: str | None = None
+) -> Recommendation | None:
+    """Lowest J/token on the primary workload among feasible plans that cost no more than
+    all-BF16 on any workload. Benchmark scores, where present, override the proxy."""
+    if not cands:
+        return None
+    primary = workloads[0]
+    bf16 = next((c for c in cands if c.plan.uniform_format() == Format.BF16), None)
+    if bf16_plan_id is not None:
+        bf16 = next((c for c in cands if c.plan.id == bf16_plan_id), bf16)
+    scored = [c for c in cands if c.benchmark_drop is not None]
+    metric = "lm-eval mean accuracy drop vs BF16" if scored else "proxy KL vs BF16"
+
+    def ok(c: Candidate) -> bool:
+        if not c.feasible:
+            return False
+        if scored and c.benchmark_drop is None:
+            return False
+        return bf16 is None or all(c.energy(w) <= bf16.energy(w) for w in workloads)
+
+    pool = [c for c in cands if ok(c)]
+    if not pool:
+        if bf16 is None:
+            return None
+        return Recommendation(bf16, "no plan met the accuracy budget without costing more energy; keep BF16", metric)
+    best = min(pool, key=lambda c: (c.energy(primary), c.kl))
+    saving = ""
+    if bf16 is not None and bf16.energy(primary) > 0:
+        saving = f", {100 * (1 - best.energy(primary) / bf16.energy(primary)):.1f}% less energy than all-BF16"
+    return Recommendation(
+        best, f"lowest J/token on '{primary}' within the accuracy budget ({metric}){saving}", metric
+    )

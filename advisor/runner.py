@@ -1,0 +1,130 @@
+"""Wiring for one run: model, token sets, calibrated formats, proxy and energy, from a recipe."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .calibration import TokenSets, build_token_sets, forward_loop
+from .energy.base import EnergyModel
+from .energy.roofline import RooflineEnergyModel
+from .model import LoadedModel, load_model
+from .plan import Plan
+from .recipe import Recipe
+from .study import Evaluation
+
+log = logging.getLogger(__name__)
+
+Status = Callable[[str], None]
+
+
+def pick_device(requested: str) -> str:
+    import torch
+
+    if requested == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if requested == "cuda" and not torch.cuda.is_available():
+        from .errors import SetupError
+
+        raise SetupError("device 'cuda' was asked for but torch sees no CUDA GPU; use --device cpu")
+    return requested
+
+
+def model_fingerprint(loaded: LoadedModel) -> str:
+    """A hash of the weights (sampled) and config: keys caches that must not survive a model change."""
+    import torch
+
+    h = hashlib.sha256(loaded.model.config.to_json_string(use_diff=False).encode())
+    with torch.no_grad():
+        for name, p in sorted(loaded.model.named_parameters()):
+            flat = p.detach().reshape(-1)
+            step = max(1, flat.numel() // 4096)
+            h.update(name.encode())
+            h.update(flat[::step].float().cpu().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def load_or_build_tokens(recipe: Recipe, loaded: LoadedModel, run_dir: Path, fingerprint: str) -> TokenSets:
+    """Token sets are built once per run and stored, so a resumed study scores on the same tokens."""
+    path = run_dir / "tokens.pt"
+    key_path = run_dir / "tokens.key.json"
+    key = {"calibration": recipe.calibration.model_dump(), "model": fingerprint}
+    if path.exists() and key_path.exists() and json.loads(key_path.read_text()) == key:
+        return TokenSets.load(path)
+    tokens = build_token_sets(loaded.model, loaded.tokenizer, recipe.calibration)
+    tokens.save(path)
+    key_path.write_text(json.dumps(key, indent=2))
+    return tokens
+
+
+@dataclass
+class RunContext:
+    recipe: Recipe
+    loaded: LoadedModel
+    tokens: TokenSets
+    bank: Any  # quantize.FormatBank
+    proxy: Any  # accuracy.proxy.ProxyEvaluator
+    energy_model: EnergyModel
+    device: str
+    fingerprint: str
+    timings_s: dict[str, float] = field(default_factory=dict)
+    trial_times_s: list[float] = field(default_factory=list)
+
+    def assemble(self, plan: Plan):
+        return self.bank.assemble(plan)
+
+    def evaluate(self, plan: Plan) -> Evaluation:
+        t0 = time.perf_counter()
+        score = self.proxy.score(self.bank.assemble(plan))
+        energy = [self.energy_model.estimate(plan, w) for w in self.recipe.workloads]
+        self.trial_times_s.append(time.perf_counter() - t0)
+        return Evaluation(kl=score.kl, ppl=score.ppl, ppl_bf16=score.ppl_bf16, energy=energy)
+
+
+def prepare(
+    recipe: Recipe,
+    status: Status = lambda _msg: None,
+    energy_model: EnergyModel | None = None,
+) -> RunContext:
+    """Load, sample tokens, calibrate each format once, and compute the BF16 reference."""
+    from .accuracy.proxy import ProxyEvaluator
+    from .formats import Format
+    from .quantize import FormatBank, prepare_device
+
+    run_dir = recipe.run_dir
+    run_dir.mkdir(parents=True, exist_ok=True)
+    device = pick_device(recipe.device)
+    prepare_device(device)
+    timings: dict[str, float] = {}
+
+    t = time.perf_counter()
+    status(f"loading model {recipe.model.source} on {device}")
+    loaded = load_model(recipe.model, device)
+    fingerprint = model_fingerprint(loaded)
+    timings["load_s"] = time.perf_counter() - t
+
+    t = time.perf_counter()
+    status("building calibration and held-out tokens")
+    tokens = load_or_build_tokens(recipe, loaded, run_dir, fingerprint)
+    timings["tokens_s"] = time.perf_counter() - t
+
+    t = time.perf_counter()
+    bank = FormatBank(
+        loaded.model, loaded.shape.groups, recipe.formats, forward_loop(tokens.calibration),
+        on_format=lambda f: status(f"calibrating {f.value} (once for every trial)"),
+    )
+    timings["calibration_s"] = time.perf_counter() - t
+
+    t = time.perf_counter()
+    status("scoring the BF16 reference on held-out tokens")
+    proxy = ProxyEvaluator(bank.assemble(Plan.uniform(loaded.shape.groups, Format.BF16)), tokens.heldout)
+    timings["reference_s"] = time.perf_counter() - t
+
+    energy = energy_model or RooflineEnergyModel(loaded.shape, recipe.target)
+    return RunContext(recipe, loaded, tokens, bank, proxy, energy, device, fingerprint, timings)

@@ -1,0 +1,195 @@
+"""The Optuna study over per-group formats.
+
+Objectives (both minimized): proxy KL vs BF16, and J/token on the primary workload.
+The accuracy budget is an Optuna constraint (feasible when every value <= 0). The
+study talks to the model side only through :class:`PlanEvaluator`, so tests can
+drive it with fakes and the GPU path plugs in the same way.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import optuna
+
+from .energy.base import EnergyEstimate
+from .errors import InputError
+from .formats import Format
+from .frontier import Candidate
+from .plan import LayerGroup, Plan
+from .recipe import AccuracySpec, Recipe
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    kl: float
+    ppl: float
+    ppl_bf16: float
+    energy: Sequence[EnergyEstimate]  # one per workload, in recipe order
+
+
+class PlanEvaluator(Protocol):
+    """Scores one plan: proxy accuracy and energy on every workload."""
+
+    def evaluate(self, plan: Plan) -> Evaluation: ...
+
+
+def constraint_values(ev: Evaluation, budget: AccuracySpec) -> dict[str, float]:
+    """Optuna constraints: feasible when every value is <= 0."""
+    values = {"kl_budget": ev.kl - budget.max_kl}
+    if budget.max_ppl_increase_pct is not None:
+        values["ppl_budget"] = 100.0 * (ev.ppl / ev.ppl_bf16 - 1.0) - budget.max_ppl_increase_pct
+    return values
+
+
+def make_sampler(name: str, seed: int) -> optuna.samplers.BaseSampler:
+    """Samplers read the constraints that trials record with ``Trial.set_constraint``."""
+    if name == "tpe":
+        return optuna.samplers.TPESampler(seed=seed, multivariate=True)
+    if name == "nsga2":
+        return optuna.samplers.NSGAIISampler(seed=seed)
+    if name == "random":
+        return optuna.samplers.RandomSampler(seed=seed)
+    raise InputError(f"search.sampler: unknown sampler {name!r}; allowed: tpe, nsga2, random")
+
+
+def baseline_plans(groups: Sequence[LayerGroup], formats: Sequence[Format]) -> list[Plan]:
+    return [Plan.uniform(groups, f) for f in formats]
+
+
+def open_study(recipe: Recipe, resume: bool, sampler: optuna.samplers.BaseSampler | None = None) -> optuna.Study:
+    """Create the study, or load it when ``resume``; refuse to silently mix two runs."""
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    sampler = sampler or make_sampler(recipe.search.sampler, recipe.search.seed)
+    storage = recipe.storage_url
+    try:
+        names = [s.study_name for s in optuna.get_all_study_summaries(storage)]
+    except Exception as exc:  # optuna raises several storage-specific errors
+        raise InputError(f"storage: cannot open {storage!r}: {exc}") from None
+    exists = recipe.name in names
+    if exists and not resume:
+        raise InputError(
+            f"a study named {recipe.name!r} already exists in {storage}; "
+            "pass --resume to continue it, or choose another --name or --out"
+        )
+    if resume and not exists:
+        raise InputError(f"--resume: no study named {recipe.name!r} in {storage} to resume")
+    study = optuna.create_study(
+        study_name=recipe.name,
+        storage=storage,
+        directions=["minimize", "minimize"],
+        sampler=sampler,
+        load_if_exists=resume,
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        study.set_metric_names(["kl", "j_per_token"])
+    return study
+
+
+def enqueue_baselines(study: optuna.Study, plans: Sequence[Plan]) -> None:
+    """Enqueue each baseline unless a finished or waiting trial already has it."""
+    seen = {
+        Plan(t.params).id
+        for t in study.get_trials(deepcopy=False)
+        if t.state in (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.WAITING) and t.params
+    }
+    for plan in plans:
+        if plan.id not in seen:
+            study.enqueue_trial({k: v.value for k, v in plan.formats.items()}, skip_if_exists=True)
+
+
+def make_objective(
+    evaluator: PlanEvaluator,
+    groups: Sequence[LayerGroup],
+    formats: Sequence[Format],
+    budget: AccuracySpec,
+) -> Callable[[optuna.Trial], tuple[float, float]]:
+    choices = [f.value for f in formats]
+
+    def objective(trial: optuna.Trial) -> tuple[float, float]:
+        plan = Plan({g.name: Format(trial.suggest_categorical(g.name, choices)) for g in groups})
+        ev = evaluator.evaluate(plan)
+        trial.set_user_attr("plan_id", plan.id)
+        trial.set_user_attr("label", plan.label())
+        trial.set_user_attr("kl", ev.kl)
+        trial.set_user_attr("ppl", ev.ppl)
+        trial.set_user_attr("ppl_bf16", ev.ppl_bf16)
+        trial.set_user_attr("energy", [e.to_dict() for e in ev.energy])
+        constraints = constraint_values(ev, budget)
+        for key, value in constraints.items():
+            trial.set_constraint(key, value)
+        trial.set_user_attr("constraint", list(constraints.values()))
+        return ev.kl, ev.energy[0].j_per_token
+
+    return objective
+
+
+def candidates(study: optuna.Study) -> list[Candidate]:
+    """Every finished trial as a Candidate (feasible: within the proxy budget and,
+    where scored, the benchmark budget)."""
+    out = []
+    for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
+        ua = t.user_attrs
+        bench: dict[str, Any] = ua.get("benchmark", {})
+        drop = ua.get("benchmark_drop")
+        proxy_ok = all(v <= 0 for v in ua.get("constraint", [math.inf]))
+        bench_ok = ua.get("benchmark_ok", True)
+        out.append(
+            Candidate(
+                trial=t.number,
+                plan=Plan({k: Format(v) for k, v in t.params.items()}),
+                kl=ua["kl"],
+                ppl=ua["ppl"],
+                energy_j_per_token={e["workload"]: e["j_per_token"] for e in ua["energy"]},
+                feasible=proxy_ok and bench_ok,
+                benchmark_drop=drop,
+                benchmark={k: v["acc"] for k, v in bench.items()},
+            )
+        )
+    return out
+
+
+def finished_trials(study: optuna.Study) -> int:
+    return len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)))
+
+
+def run_search(
+    study: optuna.Study,
+    evaluator: PlanEvaluator,
+    recipe: Recipe,
+    groups: Sequence[LayerGroup],
+    callbacks: Sequence[Callable[[optuna.Study, optuna.trial.FrozenTrial], None]] = (),
+) -> int:
+    """Run trials until the study holds ``recipe.search.trials`` finished ones. Returns how many ran.
+
+    Every finished trial is committed to storage as it ends, so an interruption
+    (Ctrl-C, a crash) loses only the trial in flight.
+    """
+    enqueue_baselines(study, baseline_plans(groups, recipe.formats))
+    remaining = recipe.search.trials - finished_trials(study)
+    if remaining <= 0:
+        return 0
+    before = finished_trials(study)
+    study.optimize(
+        make_objective(evaluator, groups, recipe.formats, recipe.accuracy),
+        n_trials=remaining,
+        timeout=recipe.search.timeout_s,
+        callbacks=list(callbacks),
+        catch=(RuntimeError,),
+        gc_after_trial=False,
+    )
+    return finished_trials(study) - before
+
+
+def save_run_meta(study: optuna.Study, meta: dict[str, Any]) -> None:
+    for key, value in meta.items():
+        study.set_user_attr(key, json.loads(json.dumps(value, default=str)))
