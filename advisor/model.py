@@ -101,7 +101,9 @@ def load_model(spec: ModelSpec, device: str = "cpu") -> LoadedModel:
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     model.to(device).eval()
-    name = spec.source if not gguf_file else f"{spec.source}" + ("" if spec.source.endswith(".gguf") else f"/{gguf_file}")
+    name = spec.source
+    if gguf_file and not spec.source.endswith(".gguf"):
+        name = f"{spec.source}/{gguf_file}"
     return LoadedModel(model, tokenizer, name, model_shape(model))
 
 

@@ -30,7 +30,8 @@ def package_versions() -> dict[str, str]:
 def _best_feasible(study: optuna.Study) -> str:
     best = None
     for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
-        if all(v <= 0 for v in t.user_attrs.get("constraint", [math.inf])) and (best is None or t.values[1] < best.values[1]):
+        feasible = all(v <= 0 for v in t.user_attrs.get("constraint", [math.inf]))
+        if feasible and (best is None or t.values[1] < best.values[1]):
             best = t
     if best is None:
         return "no plan within budget yet"
@@ -50,8 +51,13 @@ def run(recipe: Recipe, resume: bool = False, console: Console | None = None) ->
     study = open_study(recipe, resume)
     write_run_file(recipe)
     t0 = time.perf_counter()
+    def say(msg: str) -> None:
+        status.update(msg)
+        if not console.is_terminal:
+            console.print(msg, highlight=False)
+
     with console.status("preparing") as status:
-        ctx = prepare(recipe, status=lambda msg: status.update(msg))
+        ctx = prepare(recipe, status=say)
     save_run_meta(study, {
         "version": __version__,
         "recipe": recipe.model_dump(mode="json"),
@@ -68,8 +74,11 @@ def run(recipe: Recipe, resume: bool = False, console: Console | None = None) ->
     ) as progress:
         task = progress.add_task("", total=total, completed=min(finished_trials(study), total))
 
-        def on_trial(st: optuna.Study, _t: optuna.trial.FrozenTrial) -> None:
+        def on_trial(st: optuna.Study, t: optuna.trial.FrozenTrial) -> None:
             progress.update(task, completed=finished_trials(st), description=_best_feasible(st))
+            if not console.is_terminal and t.values:  # logs and CI: one line per trial
+                console.print(f"trial {t.number}: {t.user_attrs.get('label')} KL {t.values[0]:.4f}, "
+                              f"{t.values[1]:.4g} J/token; {_best_feasible(st)}", highlight=False)
 
         run_search(study, ctx, recipe, ctx.loaded.shape.groups, callbacks=[on_trial])
     timings = dict(ctx.timings_s)

@@ -106,7 +106,7 @@ class Plan:
     def from_json(cls, text: str) -> Plan:
         try:
             data = json.loads(text)
-            formats = data["formats"] if "formats" in data else data
+            formats = data.get("formats", data)
             plan = cls({str(k): Format(v) for k, v in formats.items()})
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             allowed = ", ".join(f.value for f in Format)

@@ -118,7 +118,8 @@ def _plot_front(summary: dict, path: Path) -> None:
         ax.annotate(name, (e(r), max(r["kl"], floor)), textcoords="offset points", xytext=(5, 5), fontsize=8)
     rec = summary["recommendation"]
     if rec:
-        ax.scatter([e(rec)], [max(rec["kl"], floor)], marker="*", s=220, c="gold", edgecolors="k", label="recommended", zorder=5)
+        ax.scatter([e(rec)], [max(rec["kl"], floor)], marker="*", s=220, c="gold", edgecolors="k",
+                   label="recommended", zorder=5)
     ax.axhline(summary["accuracy_budget"]["max_kl"], ls="--", c="gray", lw=1, label="KL budget")
     ax.set_yscale("log")
     ax.set_xlabel(f"J per output token, workload '{w0}' ({'; '.join(summary['labels']['energy'])})", fontsize=8)
@@ -197,7 +198,8 @@ def render_markdown(summary: dict) -> str:
            if summary["accuracy_budget"].get("max_ppl_increase_pct") else ""),
         f"- Accuracy numbers: {summary['labels']['accuracy']}",
         f"- Energy numbers: **{energy_label}**",
-        f"- Generated {summary['generated']} by precision-advisor {summary['version']}; trials: {len(summary['trials'])}",
+        f"- Generated {summary['generated']} by precision-advisor {summary['version']}; "
+        f"trials: {len(summary['trials'])}",
         "",
         "## Recommendation",
         "",
@@ -206,8 +208,8 @@ def render_markdown(summary: dict) -> str:
     if rec:
         energies = ", ".join(f"{_fmt_j(e['j_per_token'])} J/token on '{e['workload']}'" for e in rec["energy"])
         out += [
-            f"**Plan `{rec['plan_id']}`: {rec['label']}** (trial {rec['trial']}, {rec['effective_bits']:.2f} effective bits): "
-            f"KL {rec['kl']:.4f}, {energies} ({energy_label}).",
+            f"**Plan `{rec['plan_id']}`: {rec['label']}** (trial {rec['trial']}, "
+            f"{rec['effective_bits']:.2f} effective bits): KL {rec['kl']:.4f}, {energies} ({energy_label}).",
             "",
             f"Why: {rec['reason']}.",
             "",

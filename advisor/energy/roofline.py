@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import UnsupportedError
-from ..formats import FORMAT_SPECS, GPU_SPECS, GPU, Format, GPUSpec
+from ..formats import FORMAT_SPECS, GPU, GPU_SPECS, Format, GPUSpec
 from ..plan import Plan
 from ..recipe import Workload
 from ..shape import ModelShape

@@ -1,0 +1,35 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+SHARED = Path(__file__).resolve().parents[1].parent / "shared"
+TINY_MODEL = SHARED / "models" / "tinystories-656k"
+TINY_TEXT = SHARED / "data" / "text" / "tinystories_val.txt"
+
+
+def need(path: Path) -> Path:
+    if not path.exists():
+        pytest.fail(f"test data {path} is missing: these tests read ../shared next to the repository (see README)")
+    return path
+
+
+@pytest.fixture
+def tiny_model_dir() -> Path:
+    return need(TINY_MODEL)
+
+
+@pytest.fixture
+def tiny_recipe(tmp_path, tiny_model_dir):
+    """A recipe dict for the trained tiny model, writing into tmp_path."""
+    return {
+        "name": "t",
+        "model": {"source": str(tiny_model_dir)},
+        "target": "b200",
+        "workloads": [{"name": "chat", "batch_size": 8, "input_tokens": 128, "output_tokens": 64}],
+        "calibration": {"num_samples": 2, "seq_len": 16, "heldout_samples": 2, "heldout_seq_len": 16},
+        "search": {"trials": 5, "seed": 0},
+        "out": str(tmp_path / "runs"),
+        "device": "cpu",
+    }

@@ -1,0 +1,56 @@
+"""End to end on the trained 656K TinyStories Llama from ../shared, through the CLI."""
+
+from __future__ import annotations
+
+import json
+
+import yaml
+from conftest import TINY_TEXT, need
+from typer.testing import CliRunner
+
+from advisor.cli import app
+
+runner = CliRunner()
+
+
+def test_search_report_show_on_the_trained_tiny_model(tmp_path, tiny_recipe):
+    path = tmp_path / "r.yaml"
+    tiny_recipe["calibration"] = {"source": str(need(TINY_TEXT)), "num_samples": 4, "seq_len": 64,
+                                  "heldout_samples": 4, "heldout_seq_len": 64}
+    path.write_text(yaml.safe_dump(tiny_recipe))
+    result = runner.invoke(app, ["search", "-r", str(path), "--trials", "6"])
+    assert result.exit_code == 0, result.output
+    run_dir = tmp_path / "runs" / "t"
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert len(summary["trials"]) == 6
+    by_label = {r["label"]: r for r in summary["trials"]}
+    # A trained model: BF16 perplexity on TinyStories text is tens (random weights: ~2000).
+    assert 10 < by_label["all-bf16"]["ppl"] < 80
+    assert by_label["all-bf16"]["kl"] == 0
+    assert 0 < by_label["all-fp8"]["kl"] < by_label["all-nvfp4"]["kl"]
+    assert all("predicted (roofline" in e["source"] for r in summary["trials"] for e in r["energy"])
+    assert summary["recommendation"]["plan_id"] in summary["front"]
+    assert "recommended: plan" in result.stdout
+
+    (run_dir / "report.md").unlink()
+    rebuilt = runner.invoke(app, ["report", str(run_dir)])
+    assert rebuilt.exit_code == 0, rebuilt.output
+    assert "## Recommendation" in (run_dir / "report.md").read_text()
+
+    shown = runner.invoke(app, ["show", str(run_dir)])
+    assert shown.exit_code == 0
+    assert json.loads(shown.stdout)["plan_id"] == summary["recommendation"]["plan_id"]
+
+    resumed = runner.invoke(app, ["search", "-r", str(path), "--trials", "8", "--resume"])
+    assert resumed.exit_code == 0, resumed.output
+    assert len(json.loads((run_dir / "summary.json").read_text())["trials"]) == 8
+
+
+def test_report_and_show_refuse_a_folder_that_is_no_run(tmp_path):
+    result = runner.invoke(app, ["report", str(tmp_path)])
+    assert result.exit_code == 2 and "not a run directory" in result.output
+    result = runner.invoke(app, ["show", str(tmp_path)])
+    assert result.exit_code == 2 and "does not exist" in result.output
+    (tmp_path / "summary.json").write_text("{broken")
+    result = runner.invoke(app, ["show", str(tmp_path)])
+    assert result.exit_code == 2 and "not valid JSON" in result.output

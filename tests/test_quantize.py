@@ -1,0 +1,94 @@
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from advisor.formats import Format
+from advisor.model import load_model
+from advisor.plan import Plan
+from advisor.quantize import FormatBank, _share_weights_copy, quantize_plan
+from advisor.recipe import ModelSpec
+
+
+@pytest.fixture(scope="module")
+def tiny(request):
+    from conftest import TINY_MODEL, need
+
+    return load_model(ModelSpec(source=str(need(TINY_MODEL))))
+
+
+def counting_loop(tokens):
+    calls = {"n": 0}
+
+    @torch.no_grad()
+    def loop(model):
+        calls["n"] += 1
+        model(input_ids=tokens)
+
+    return loop, calls
+
+
+def random_plan(groups, seed):
+    rng = random.Random(seed)
+    return Plan({g.name: rng.choice(list(Format)) for g in groups})
+
+
+def test_llama_groups_fuse_qkv_and_gate_up(tiny):
+    names = [g.name for g in tiny.shape.groups]
+    assert names == [f"layers.{i}.{r}" for i in range(2) for r in ("qkv", "o", "gate_up", "down")]
+    qkv = tiny.shape.groups[0]
+    assert [m.rsplit(".", 1)[-1] for m in qkv.members] == ["q_proj", "k_proj", "v_proj"]
+    assert all(not m.endswith("lm_head") for g in tiny.shape.groups for m in g.members)
+
+
+def test_right_modelopt_quantizers_are_enabled_per_group(tiny):
+    groups = tiny.shape.groups
+    plan = Plan({g.name: [Format.BF16, Format.FP8, Format.NVFP4][i % 3] for i, g in enumerate(groups)})
+    tokens = torch.randint(0, 2048, (2, 16))
+    model = quantize_plan(_share_weights_copy(tiny.model), plan, groups, counting_loop(tokens)[0])
+    for g in groups:
+        fmt = plan.format_of(g.name)
+        for member in g.members:
+            mod = model.get_submodule(member)
+            wq, iq = mod.weight_quantizer, mod.input_quantizer
+            assert wq.is_enabled == (fmt != Format.BF16), member
+            assert iq.is_enabled == (fmt != Format.BF16), member
+            if fmt == Format.FP8:
+                assert wq.num_bits == (4, 3) and not wq.block_sizes
+            if fmt == Format.NVFP4:
+                assert wq.num_bits == (2, 1) and wq.block_sizes[-1] == 16
+    assert not model.lm_head.__class__.__name__.startswith("Quant") or not model.lm_head.weight_quantizer.is_enabled
+
+
+def test_calibration_runs_once_per_format_and_never_per_trial(tiny):
+    tokens = torch.randint(0, 2048, (2, 16))
+    loop, calls = counting_loop(tokens)
+    bank = FormatBank(tiny.model, tiny.shape.groups, list(Format), loop)
+    assert calls["n"] == 2 and bank.calibrations == 2  # fp8 and nvfp4; bf16 needs none
+    for seed in range(5):
+        bank.assemble(random_plan(tiny.shape.groups, seed))(input_ids=tokens)
+    assert calls["n"] == 2
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_bank_gives_exactly_what_modelopt_gives_for_the_plan(tiny, seed):
+    tokens = torch.randint(0, 2048, (2, 24), generator=torch.Generator().manual_seed(seed))
+    loop, _ = counting_loop(tokens)
+    bank = FormatBank(tiny.model, tiny.shape.groups, list(Format), loop)
+    plan = random_plan(tiny.shape.groups, seed)
+    with torch.no_grad():
+        fast = bank.assemble(plan)(input_ids=tokens).logits
+        direct = quantize_plan(_share_weights_copy(tiny.model), plan, tiny.shape.groups, loop)(input_ids=tokens).logits
+        bf16 = tiny.model(input_ids=tokens).logits
+    assert torch.equal(fast, direct)
+    if plan.uniform_format() != Format.BF16:
+        assert not torch.equal(fast, bf16)
+
+
+def test_bank_shares_weights_with_the_model(tiny):
+    tokens = torch.randint(0, 2048, (1, 8))
+    bank = FormatBank(tiny.model, tiny.shape.groups, [Format.BF16, Format.FP8], counting_loop(tokens)[0])
+    member = tiny.shape.groups[0].members[0]
+    assert bank.module_for(member, Format.FP8).weight is tiny.model.get_submodule(member).weight

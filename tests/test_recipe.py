@@ -1,0 +1,106 @@
+from __future__ import annotations
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from advisor.cli import app
+from advisor.errors import InputError
+from advisor.formats import Format
+from advisor.recipe import load_recipe
+
+runner = CliRunner()
+
+BAD_RECIPES = [
+    ({"target": "a100"}, "target: got 'a100'; input should be 'h100', 'h200' or 'b200'"),
+    ({"formats": ["fp8"]}, "formats: must include bf16"),
+    ({"formats": ["bf16", "int3"]}, "formats.1: got 'int3'"),
+    ({"target": "h100", "formats": ["bf16", "nvfp4"]}, "do not run natively on target h100"),
+    ({"search": {"trials": 0}}, "search.trials: got 0"),
+    ({"search": {"sampler": "cmaes"}}, "search.sampler: got 'cmaes'"),
+    ({"workloads": [{"batch_size": -1}]}, "workloads.0.batch_size: got -1"),
+    ({"workloads": []}, "workloads: "),
+    ({"workloads": [{"name": "a"}, {"name": "a"}]}, "workload names must be unique"),
+    ({"accuracy": {"max_kl": -0.1}}, "accuracy.max_kl: got -0.1"),
+    ({"calibration": {"source": "data.csv"}}, "calibration.source: got 'data.csv'"),
+    ({"name": "bad name/x"}, "name: got 'bad name/x'"),
+    ({"bogus": 1}, "bogus: unknown field"),
+    ({"model": {"source": " "}}, "model.source"),
+    ({"device": "tpu"}, "device: got 'tpu'"),
+]
+
+
+@pytest.mark.parametrize(("data", "message"), BAD_RECIPES)
+def test_bad_recipe_gives_one_clear_message(tmp_path, data, message):
+    path = tmp_path / "r.yaml"
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(InputError) as info:
+        load_recipe(path)
+    assert message in str(info.value)
+    assert str(path) in str(info.value)
+
+
+@pytest.mark.parametrize(("data", "message"), BAD_RECIPES[:6])
+def test_bad_recipe_on_the_cli_exits_2_without_traceback(tmp_path, data, message):
+    path = tmp_path / "r.yaml"
+    path.write_text(yaml.safe_dump(data))
+    result = runner.invoke(app, ["search", "-r", str(path)])
+    assert result.exit_code == 2
+    assert "Traceback" not in result.output
+    assert message in result.output.replace("\n", "")
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--target", "a100"], "target: got 'a100'"),
+        (["--formats", "bf16,fp4"], "got 'fp4'"),
+        (["--trials", "0"], "search.trials"),
+        (["--max-kl", "0"], "accuracy.max_kl"),
+        (["--batch-size", "0"], "workloads.0.batch_size"),
+        (["--sampler", "grid"], "search.sampler"),
+        (["--model", "./no/such/dir"], "directory ./no/such/dir does not exist"),
+        (["--calibration", "missing.txt", "--model", "../shared/models/tinystories-656k"], "missing.txt"),
+    ],
+)
+def test_bad_flag_exits_2_with_message(tmp_path, args, message):
+    result = runner.invoke(app, ["search", "--out", str(tmp_path), "--device", "cpu", "--target", "b200", *args]
+                           if "--target" not in args else ["search", "--out", str(tmp_path), *args])
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output
+    assert message in result.output.replace("\n", "")
+
+
+def test_missing_and_malformed_recipe_files(tmp_path):
+    with pytest.raises(InputError, match="cannot read recipe"):
+        load_recipe(tmp_path / "nope.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("a: [1, 2\n")
+    with pytest.raises(InputError, match="not valid YAML"):
+        load_recipe(bad)
+    listy = tmp_path / "list.yaml"
+    listy.write_text("- 1\n- 2\n")
+    with pytest.raises(InputError, match="must be a YAML mapping"):
+        load_recipe(listy)
+
+
+def test_flag_overrides_recipe_overrides_default(tmp_path):
+    path = tmp_path / "r.yaml"
+    path.write_text(yaml.safe_dump({"target": "b200", "search": {"trials": 7, "seed": 3}}))
+    r = load_recipe(path, {"search.trials": 11, "search.seed": None})
+    assert r.search.trials == 11  # flag wins
+    assert r.search.seed == 3  # recipe kept where the flag is unset
+    assert r.search.sampler == "tpe"  # default
+    assert r.formats == [Format.BF16, Format.FP8, Format.NVFP4]  # all that b200 runs
+
+
+def test_default_formats_follow_the_target():
+    assert load_recipe(None, {"target": "h100"}).formats == [Format.BF16, Format.FP8]
+
+
+def test_shipped_recipes_are_valid():
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1] / "recipes"
+    for path in root.glob("*.yaml"):
+        load_recipe(path)

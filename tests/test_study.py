@@ -1,0 +1,112 @@
+from __future__ import annotations
+
+import math
+
+import optuna
+import pytest
+
+from advisor.energy.base import EnergyEstimate
+from advisor.errors import InputError
+from advisor.formats import FORMAT_SPECS, Format
+from advisor.frontier import pareto_front
+from advisor.plan import LayerGroup, Plan
+from advisor.recipe import validate_recipe
+from advisor.report import write_report
+from advisor.shape import ModelShape
+from advisor.study import Evaluation, candidates, open_study, run_search, save_run_meta
+
+GROUPS = tuple(LayerGroup(f"layers.{i}.{r}", (f"m{i}{r}",), ((64, 64),)) for i in range(3) for r in ("qkv", "down"))
+DAMAGE = {Format.BF16: 0.0, Format.FP8: 0.01, Format.NVFP4: 0.08}
+
+
+class FakeEvaluator:
+    """Additive damage and energy per group; optionally interrupts at a given call."""
+
+    def __init__(self, interrupt_at: int | None = None) -> None:
+        self.calls = 0
+        self.interrupt_at = interrupt_at
+
+    def evaluate(self, plan: Plan) -> Evaluation:
+        self.calls += 1
+        if self.interrupt_at is not None and self.calls == self.interrupt_at:
+            raise KeyboardInterrupt
+        kl = sum(DAMAGE[f] for f in plan.formats.values())
+        j = 1.0 + sum(FORMAT_SPECS[f].weight_bytes_per_element for f in plan.formats.values())
+        est = EnergyEstimate("chat", j, j, j / 10, 1 / j, "predicted (fake)", False)
+        return Evaluation(kl=kl, ppl=10 * math.exp(kl), ppl_bf16=10.0, energy=[est])
+
+
+@pytest.fixture
+def recipe(tmp_path):
+    return validate_recipe({"name": "s", "target": "b200", "out": str(tmp_path), "search": {"trials": 12, "seed": 1},
+                            "accuracy": {"max_kl": 0.1}})
+
+
+def meta(recipe):
+    shape = ModelShape(GROUPS, 3, 64, 4, 4, 16, 100, 6400)
+    return {"version": "test", "recipe": recipe.model_dump(mode="json"), "shape": shape.to_dict(),
+            "model": {"name": "fake", "fingerprint": "0"}}
+
+
+def test_baselines_are_always_evaluated_first(recipe):
+    recipe.run_dir.mkdir(parents=True)
+    study = open_study(recipe, resume=False)
+    run_search(study, FakeEvaluator(), recipe, GROUPS)
+    labels = [t.user_attrs["label"] for t in study.trials[:3]]
+    assert labels == ["all-bf16", "all-fp8", "all-nvfp4"]
+    assert len(candidates(study)) == 12
+
+
+def test_infeasible_plans_are_marked_and_kept_off_the_front(recipe):
+    recipe.run_dir.mkdir(parents=True)
+    study = open_study(recipe, resume=False)
+    run_search(study, FakeEvaluator(), recipe, GROUPS)
+    cands = candidates(study)
+    nvfp4 = next(c for c in cands if c.plan.uniform_format() == Format.NVFP4)
+    assert not nvfp4.feasible  # 6 * 0.08 > 0.1
+    assert nvfp4.plan.id not in {c.plan.id for c in pareto_front(cands, "chat")}
+    assert study.trials[2].constraints["kl_budget"] > 0  # Optuna sees it too
+
+
+def test_resume_after_interruption_keeps_every_finished_trial(recipe):
+    recipe.run_dir.mkdir(parents=True)
+    study = open_study(recipe, resume=False)
+    with pytest.raises(KeyboardInterrupt):
+        run_search(study, FakeEvaluator(interrupt_at=6), recipe, GROUPS)
+    done = {t.number: t.params for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE}
+    assert len(done) == 5
+
+    with pytest.raises(InputError, match="--resume"):
+        open_study(recipe, resume=False)
+    resumed = open_study(recipe, resume=True)
+    ran = run_search(resumed, FakeEvaluator(), recipe, GROUPS)
+    assert ran == 12 - 5
+    after = {t.number: t.params for t in resumed.trials if t.state == optuna.trial.TrialState.COMPLETE}
+    assert len(after) == 12
+    assert all(after[n] == p for n, p in done.items())  # nothing lost or changed
+
+
+def test_resume_of_a_missing_study_is_an_input_error(recipe):
+    recipe.run_dir.mkdir(parents=True)
+    with pytest.raises(InputError, match="no study named"):
+        open_study(recipe, resume=True)
+
+
+def test_report_is_built_from_storage(recipe):
+    recipe.run_dir.mkdir(parents=True)
+    study = open_study(recipe, resume=False)
+    save_run_meta(study, meta(recipe))
+    run_search(study, FakeEvaluator(), recipe, GROUPS)
+    reloaded = optuna.load_study(study_name=recipe.name, storage=recipe.storage_url)
+    md = write_report(reloaded, recipe.run_dir).read_text()
+    assert (recipe.run_dir / "front.png").stat().st_size > 1000
+    assert (recipe.run_dir / "format_map.png").stat().st_size > 1000
+    assert "## Pareto front (within budget)" in md and "predicted (fake)" in md
+    import json
+
+    summary = json.loads((recipe.run_dir / "summary.json").read_text())
+    rec = summary["recommendation"]
+    assert rec["feasible"] and rec["plan_id"] in summary["front"]
+    bf16 = next(r for r in summary["trials"] if r["label"] == "all-bf16")
+    assert rec["energy"][0]["j_per_token"] <= bf16["energy"][0]["j_per_token"]
+    assert set(summary["baselines"]) == {"all-bf16", "all-fp8", "all-nvfp4"}
