@@ -1,0 +1,117 @@
+"""The `advisor export` and `advisor recheck` commands (registered in cli.py).
+
+Thin commands: check flags, call :mod:`advisor.export` / :mod:`advisor.recheck`, print
+results to stdout. ``export`` maps errors like every other command (exit 2 bad input,
+3 setup, 1 other). ``recheck`` is a CI gate with its own contract: 0 pass,
+1 regression, 2 any error (an error must never read as a regression or a pass).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any, TypeVar
+
+import typer
+from rich.console import Console
+
+from .errors import AdvisorError
+
+out = Console()
+err = Console(stderr=True, soft_wrap=True)
+F = TypeVar("F", bound=Callable[..., Any])
+
+RECHECK_ERROR_EXIT = 2
+
+
+def _debug() -> bool:
+    from . import cli
+
+    return cli._DEBUG["on"]
+
+
+def _handle(error_exit: int | None = None, catch_all: bool = False) -> Callable[[F], F]:
+    """advisor.cli.handle_errors, with an optional fixed exit code for every error."""
+
+    def deco(fn: F) -> F:
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return fn(*args, **kwargs)
+            except typer.Exit:
+                raise
+            except AdvisorError as exc:
+                if _debug():
+                    raise
+                err.print(f"[bold red]Error:[/] {exc}", markup=True, highlight=False)
+                raise typer.Exit(error_exit if error_exit is not None else exc.exit_code) from None
+            except Exception as exc:
+                if not catch_all or _debug():
+                    raise
+                first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+                err.print(f"[bold red]Error:[/] unexpected {type(exc).__name__}: {first} (rerun with --debug "
+                          "for the traceback)", markup=True, highlight=False)
+                raise typer.Exit(error_exit if error_exit is not None else 1) from None
+
+        return wrapper  # type: ignore[return-value]
+
+    return deco
+
+
+@_handle()
+def export(
+    run_dir: Annotated[Path, typer.Argument(help="Run directory written by `advisor search`.")],
+    out_dir: Annotated[Path, typer.Option("--out", "-o", help="New folder for the checkpoint.")],
+    plan: Annotated[str | None, typer.Option(help="Plan id to export (default: the recommendation).")] = None,
+    model: Annotated[str | None, typer.Option(help="Model source, if not the run's (e.g. moved files).")] = None,
+    smoke_test: Annotated[bool, typer.Option(help="Load with tensorrt_llm.LLM when installed.")] = True,
+) -> None:
+    """Write a plan as a ModelOpt unified HF checkpoint + tokenizer + TensorRT-LLM options; check the round trip."""
+    from .export import export_run
+
+    with err.status("exporting") as status:
+        result = export_run(run_dir, out_dir, plan_id=plan, model=model, smoke=smoke_test,
+                            status=lambda msg: status.update(msg))
+    rt = result.roundtrip
+    out.print(f"exported plan {result.plan_id} ({result.plan_label}) to {result.out_dir}", highlight=False)
+    out.print(f"quant_algo: {result.quant_algo or 'none (BF16)'}; files: {', '.join(result.files)}", highlight=False)
+    out.print(f"round trip: KL in memory {rt['kl_in_memory']:.6f}, reloaded {rt['kl_reloaded']:.6f}, "
+              f"|diff| {rt['kl_abs_diff']:.2e} <= {rt['tolerance_kl']:.2e}: passed", highlight=False)
+    out.print(f"TensorRT-LLM smoke test: {result.smoke_test}", highlight=False)
+    out.print(f"serve: trtllm-serve {result.out_dir} --extra_llm_api_options "
+              f"{Path(result.out_dir) / 'llm_api_options.yaml'}", highlight=False)
+    for w in result.warnings:
+        err.print(f"[yellow]warning:[/] {w}", markup=True, highlight=False)
+
+
+@_handle(error_exit=RECHECK_ERROR_EXIT, catch_all=True)
+def recheck(
+    recommendation: Annotated[Path, typer.Option("--recommendation", help="summary.json of the run (or its folder).")],
+    model: Annotated[str, typer.Option(help="The new model version: hub id, local dir or .gguf file.")],
+    recipe: Annotated[Path | None, typer.Option("--recipe", "-r", help="Recipe instead of the stored one.")] = None,
+    out_dir: Annotated[Path, typer.Option("--out", "-o", help="Folder for recheck.md and recheck.json.")] = Path(
+        "recheck"),
+    research: Annotated[bool, typer.Option("--research", help="Also run a short search around the old plan.")] = False,
+    research_trials: Annotated[int, typer.Option(min=1, help="Trials of --research.")] = 12,
+    device: Annotated[str | None, typer.Option(help="auto, cpu or cuda (default: the recipe's).")] = None,
+) -> None:
+    """Re-score the stored recommendation and BF16 on a new model; exit 0 pass, 1 regression, 2 error."""
+    from .recheck import run_recheck
+
+    if device is not None and device not in ("auto", "cpu", "cuda"):
+        from .errors import InputError
+
+        raise InputError(f"--device: got {device!r}; allowed: auto, cpu, cuda")
+    with err.status("re-checking") as status:
+        result = run_recheck(recommendation, model, out_dir, recipe_path=recipe, research=research,
+                             research_trials=research_trials, device=device, status=lambda m: status.update(m))
+    for c in result.checks:
+        out.print(f"{'ok  ' if c.ok else 'FAIL'} {c.name}: {c.value:.4g} (threshold {c.threshold:.4g})",
+                  highlight=False)
+    if result.research and "plan_id" in result.research:
+        rs = result.research
+        out.print(f"re-search: best {rs['plan_id']} ({rs['label']}), KL {rs['kl']:.4g}", highlight=False)
+    out.print(f"{result.verdict.upper()}: {out_dir / 'recheck.md'}", highlight=False)
+    if not result.passed:
+        raise typer.Exit(1)

@@ -1,0 +1,358 @@
+"""Re-check a stored recommendation on a new model version (the CI question).
+
+``summary.json`` of an ``advisor search`` run holds the recommended plan, the recipe
+(accuracy budget, workloads, target, calibration) and the numbers measured then.
+:func:`run_recheck` loads the new model, scores the stored plan and the BF16 baseline
+the same way the search did (proxy KL/perplexity on held-out tokens sampled from the
+new model, energy from the same estimator, and the recipe's lm-eval tasks when the
+harness is importable), and checks them against the stored thresholds:
+
+* proxy KL(BF16 || plan) <= ``accuracy.max_kl`` (and the perplexity cap, if set);
+* mean lm-eval accuracy drop vs BF16 <= ``benchmark.max_drop`` (when tasks are set);
+* the plan's J/token <= BF16's on every workload (never recommend a plan that costs
+  more energy than BF16).
+
+Verdict: ``pass`` or ``regression`` (the CLI exits 0 or 1; any error exits 2).
+``research=True`` adds a short search seeded with the old plan and its one-group
+neighbours, and reports the best plan found on the new model.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from .errors import InputError
+from .formats import Format
+from .plan import LayerGroup, Plan
+
+log = logging.getLogger(__name__)
+
+_REQUIRED = ("recommendation", "trials", "accuracy_budget", "recipe", "workloads")
+
+
+# ---------------------------------------------------------------- reading a summary
+
+
+def read_summary(path: Path | str) -> dict[str, Any]:
+    """Read and sanity-check a summary.json; one clear InputError for each way it can be wrong."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / "summary.json"
+    if not path.is_file():
+        raise InputError(f"recommendation file {path} does not exist; give the summary.json `advisor search` wrote")
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(f"cannot read {path}: {exc}") from None
+    except json.JSONDecodeError as exc:
+        raise InputError(f"{path} is not valid JSON ({exc.msg} at line {exc.lineno}); "
+                         "rebuild it with `advisor report RUN_DIR`") from None
+    if not isinstance(data, dict) or data.get("tool") != "precision-advisor":
+        raise InputError(f"{path} is not a precision-advisor summary.json (no \"tool\": \"precision-advisor\")")
+    missing = [k for k in _REQUIRED if k not in data]
+    if missing:
+        raise InputError(f"{path} is not a complete precision-advisor summary: missing {', '.join(missing)}")
+    if not data["recommendation"]:
+        raise InputError(f"{path} holds no recommendation (the run finished no trial); nothing to re-check")
+    return data
+
+
+def stored_plan(summary: dict[str, Any], plan_id: str | None, path: Path | str) -> tuple[Plan, dict[str, Any]]:
+    """The recommended plan (or ``plan_id``) and its stored record."""
+    target = plan_id or summary["recommendation"].get("plan_id")
+    record = next((r for r in summary["trials"] if r.get("plan_id") == target), None)
+    if plan_id is None and record is None:
+        record = summary["recommendation"]
+    if record is None:
+        known = ", ".join(sorted({r["plan_id"] for r in summary["trials"]})[:10])
+        raise InputError(f"--plan: no plan {target!r} in {path}; known: {known}")
+    try:
+        plan = Plan({k: Format(v) for k, v in record["formats"].items()})
+    except (KeyError, ValueError, AttributeError) as exc:
+        raise InputError(f"{path}: plan {target!r} has no valid formats ({exc})") from None
+    if plan.id != target:
+        raise InputError(f"{path}: plan id {target} does not match its formats ({plan.id}); the file was edited")
+    return plan, record
+
+
+def summary_recipe(summary: dict[str, Any], model: str | None = None, recipe_path: Path | None = None) -> Any:
+    """The run's recipe (or ``recipe_path``), with ``model`` as the model source if given.
+
+    Precedence: --model > --recipe > the recipe stored in summary.json.
+    """
+    from .recipe import load_recipe, validate_recipe
+
+    if recipe_path is not None:
+        recipe = load_recipe(recipe_path, {"model.source": model})
+    else:
+        data = json.loads(json.dumps(summary["recipe"]))
+        if model is not None:
+            data["model"] = {"source": model}
+        recipe = validate_recipe(data, "recipe stored in summary.json")
+    return recipe
+
+
+# ---------------------------------------------------------------- result
+
+
+@dataclass
+class Check:
+    name: str
+    value: float
+    threshold: float
+    ok: bool
+    detail: str = ""
+
+
+@dataclass
+class RecheckResult:
+    verdict: str  # "pass" or "regression"
+    checks: list[Check]
+    plan_id: str
+    plan_label: str
+    model: dict[str, Any]
+    stored: dict[str, Any]
+    new: dict[str, Any]
+    labels: dict[str, Any]
+    benchmark: dict[str, Any]
+    research: dict[str, Any] | None = None
+    timings_s: dict[str, float] = field(default_factory=dict)
+    generated: str = ""
+
+    @property
+    def passed(self) -> bool:
+        return self.verdict == "pass"
+
+    @property
+    def exit_code(self) -> int:
+        return 0 if self.passed else 1
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "exit_code": self.exit_code}
+
+
+# ---------------------------------------------------------------- the re-check
+
+
+def _energy_by_workload(ev: Any) -> dict[str, float]:
+    return {e.workload: e.j_per_token for e in ev.energy}
+
+
+def _score_benchmark(ctx: Any, plan: Plan, bf16: Plan, out_dir: Path) -> dict[str, Any]:
+    spec = ctx.recipe.benchmark
+    if not spec.tasks:
+        return {"status": "not run: the recipe sets no lm-eval tasks"}
+    try:
+        from .accuracy import harness
+    except ImportError as exc:
+        return {"status": f"not run: advisor.accuracy.harness is not importable ({exc})"}
+    scores = {}
+    for label, p in (("bf16", bf16), ("plan", plan)):
+        res = harness.score_plan(
+            ctx.assemble(p), ctx.loaded.tokenizer, p.id, ctx.fingerprint, spec.tasks, limit=spec.limit,
+            seed=spec.seed, data_dir=spec.data_dir, cache_dir=out_dir / "benchmark-cache",
+        )
+        scores[label] = {t: s.to_dict() for t, s in res.items()}
+    tasks = sorted(scores["plan"])
+    drops = [scores["bf16"][t]["acc"] - scores["plan"][t]["acc"] for t in tasks]
+    return {"status": "measured (lm-eval)", "tasks": tasks, "scores": scores,
+            "mean_drop": sum(drops) / len(drops), "max_drop": spec.max_drop}
+
+
+def _checks(recipe: Any, ev: Any, ev_bf16: Any, bench: dict[str, Any]) -> list[Check]:
+    budget = recipe.accuracy
+    out = [Check("proxy KL vs BF16 (nats/token)", ev.kl, budget.max_kl, ev.kl <= budget.max_kl)]
+    if budget.max_ppl_increase_pct is not None:
+        inc = 100.0 * (ev.ppl / ev.ppl_bf16 - 1.0)
+        out.append(Check("perplexity increase vs BF16 (%)", inc, budget.max_ppl_increase_pct,
+                         inc <= budget.max_ppl_increase_pct))
+    if "mean_drop" in bench:
+        out.append(Check("lm-eval mean accuracy drop vs BF16", bench["mean_drop"], bench["max_drop"],
+                         bench["mean_drop"] <= bench["max_drop"], ", ".join(bench["tasks"])))
+    plan_e, bf16_e = _energy_by_workload(ev), _energy_by_workload(ev_bf16)
+    for w, e in plan_e.items():
+        out.append(Check(f"J/token '{w}' (must not exceed BF16)", e, bf16_e[w], e <= bf16_e[w],
+                         f"{100 * (1 - e / bf16_e[w]):.1f}% less than BF16" if bf16_e[w] > 0 else ""))
+    return out
+
+
+def _stored_numbers(summary: dict[str, Any], record: dict[str, Any]) -> dict[str, Any]:
+    bf16_trial = summary.get("baselines", {}).get("all-bf16")
+    bf16 = next((r for r in summary["trials"] if r.get("trial") == bf16_trial), None)
+    return {
+        "model": summary.get("model"),
+        "kl": record.get("kl"), "ppl": record.get("ppl"),
+        "energy_j_per_token": {e["workload"]: e["j_per_token"] for e in record.get("energy", [])},
+        "bf16_energy_j_per_token": {e["workload"]: e["j_per_token"] for e in (bf16 or {}).get("energy", [])},
+        "benchmark_drop": record.get("benchmark_drop"),
+        "accuracy_budget": summary["accuracy_budget"],
+        "generated": summary.get("generated"),
+    }
+
+
+def neighbours(plan: Plan, formats: list[Format]) -> list[Plan]:
+    """Plans that differ from ``plan`` in one group's format, in group order."""
+    out = []
+    for g, f in plan.formats.items():
+        for other in formats:
+            if other != f:
+                out.append(Plan({**plan.formats, g: other}))
+    return out
+
+
+def research_around(ctx: Any, plan: Plan, groups: tuple[LayerGroup, ...], trials: int) -> dict[str, Any]:
+    """A short in-memory study on the new model, seeded with the old plan, the baselines and
+    the old plan's one-group neighbours (closest first); the sampler fills the rest."""
+    import optuna
+
+    from .frontier import recommend
+    from .study import baseline_plans, candidates, enqueue_baselines, make_sampler, run_search
+
+    recipe = ctx.recipe
+    recipe = recipe.model_copy(update={"search": recipe.search.model_copy(update={"trials": trials})})
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(directions=["minimize", "minimize"],
+                                sampler=make_sampler(recipe.search.sampler, recipe.search.seed))
+    study.enqueue_trial({k: v.value for k, v in plan.formats.items()})
+    enqueue_baselines(study, baseline_plans(groups, recipe.formats))
+    room = max(0, trials - 1 - len(recipe.formats))
+    for n in neighbours(plan, list(recipe.formats))[:room]:
+        study.enqueue_trial({k: v.value for k, v in n.formats.items()}, skip_if_exists=True)
+    run_search(study, ctx, recipe, groups)
+    cands = candidates(study)
+    rec = recommend(cands, [w.name for w in recipe.workloads])
+    out: dict[str, Any] = {"trials": len(cands), "seeded_with": plan.id}
+    if rec is not None:
+        c = rec.candidate
+        out.update({
+            "plan_id": c.plan.id, "label": c.plan.label(), "kl": c.kl, "feasible": c.feasible,
+            "energy_j_per_token": c.energy_j_per_token, "reason": rec.reason,
+            "formats": {k: v.value for k, v in c.plan.formats.items()}, "same_as_stored": c.plan.id == plan.id,
+        })
+    return out
+
+
+def run_recheck(
+    summary_path: Path,
+    model: str,
+    out_dir: Path,
+    recipe_path: Path | None = None,
+    research: bool = False,
+    research_trials: int = 12,
+    device: str | None = None,
+    status: Any = lambda _msg: None,
+) -> RecheckResult:
+    """Score the stored recommendation and BF16 on ``model``; write recheck.json and recheck.md."""
+    from .runner import prepare
+
+    t0 = time.perf_counter()
+    summary = read_summary(summary_path)
+    plan, record = stored_plan(summary, None, summary_path)
+    base = summary_recipe(summary, model=model, recipe_path=recipe_path)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    used = {Format.BF16, *plan.formats.values()}
+    formats = list(base.formats) if research else [f for f in base.formats if f in used]
+    recipe = base.model_copy(update={"out": out_dir, "name": "recheck", "storage": None, "formats": formats,
+                                     **({"device": device} if device else {})})
+    ctx = prepare(recipe, status=status)
+    groups = ctx.loaded.shape.groups
+    try:
+        plan.check_against(groups)
+    except InputError as exc:
+        raise InputError(f"the new model's layers differ from the stored plan's ({exc}); "
+                         "the plan cannot be applied: run `advisor search` on the new model") from None
+    bf16 = Plan.uniform(groups, Format.BF16)
+    status("scoring the stored plan and BF16 on the new model")
+    ev_bf16 = ctx.evaluate(bf16)
+    ev = ctx.evaluate(plan)
+    status("lm-eval tasks")
+    bench = _score_benchmark(ctx, plan, bf16, out_dir)
+    checks = _checks(recipe, ev, ev_bf16, bench)
+    research_out = None
+    if research:
+        status(f"re-searching around the old plan ({research_trials} trials)")
+        research_out = research_around(ctx, plan, groups, research_trials)
+    stored_fp = (summary.get("model") or {}).get("fingerprint")
+    label = f"measured (proxy on {ctx.tokens.heldout.numel()} held-out tokens, {ctx.tokens.source}, on {ctx.device})"
+    result = RecheckResult(
+        verdict="pass" if all(c.ok for c in checks) else "regression",
+        checks=checks,
+        plan_id=plan.id,
+        plan_label=plan.label(),
+        model={"name": ctx.loaded.name, "fingerprint": ctx.fingerprint,
+               "same_weights_as_stored": stored_fp == ctx.fingerprint},
+        stored=_stored_numbers(summary, record),
+        new={"kl": ev.kl, "ppl": ev.ppl, "ppl_bf16": ev.ppl_bf16,
+             "energy": [e.to_dict() for e in ev.energy], "bf16_energy": [e.to_dict() for e in ev_bf16.energy]},
+        labels={"accuracy": label, "energy": sorted({e.source for e in ev.energy})},
+        benchmark=bench,
+        research=research_out,
+        timings_s={**ctx.timings_s, "total_s": time.perf_counter() - t0},
+        generated=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    )
+    (out_dir / "recheck.json").write_text(json.dumps(result.to_dict(), indent=2, default=str))
+    (out_dir / "recheck.md").write_text(render_markdown(result))
+    return result
+
+
+def _num(x: Any) -> str:
+    if x is None:
+        return "-"
+    if isinstance(x, float) and (math.isnan(x) or math.isinf(x)):
+        return str(x)
+    return f"{x:.4g}" if isinstance(x, float) else str(x)
+
+
+def render_markdown(r: RecheckResult) -> str:
+    """A pull-request comment."""
+    head = "PASS" if r.passed else "REGRESSION"
+    icon = ":white_check_mark:" if r.passed else ":x:"
+    st = r.stored
+    lines = [
+        f"## {icon} precision-advisor re-check: {head}",
+        "",
+        f"Stored recommendation `{r.plan_id}` ({r.plan_label}), searched on `{(st.get('model') or {}).get('name')}` "
+        f"(fingerprint `{(st.get('model') or {}).get('fingerprint')}`), re-scored on `{r.model['name']}` "
+        f"(fingerprint `{r.model['fingerprint']}`"
+        + (", same weights" if r.model["same_weights_as_stored"] else ", new weights") + ").",
+        "",
+        "| check | new model | threshold | stored run | result |",
+        "|---|---|---|---|---|",
+    ]
+    stored_vals = {"proxy KL vs BF16 (nats/token)": st.get("kl"), "lm-eval mean accuracy drop vs BF16":
+                   st.get("benchmark_drop")}
+    for c in r.checks:
+        old = stored_vals.get(c.name)
+        if old is None and c.name.startswith("J/token '"):
+            w = c.name.split("'")[1]
+            old = st["energy_j_per_token"].get(w)
+        thr = f"<= {_num(c.threshold)}" + (" (BF16)" if c.name.startswith("J/token") else "")
+        lines.append(f"| {c.name} | {_num(c.value)} | {thr} | {_num(old)} | "
+                     f"{'ok' if c.ok else '**fails**'}{' - ' + c.detail if c.detail else ''} |")
+    lines += [
+        "",
+        f"- Perplexity: plan {r.new['ppl']:.3f}, BF16 {r.new['ppl_bf16']:.3f} (new model).",
+        f"- Accuracy: {r.labels['accuracy']}. Benchmark: {r.benchmark.get('status')}.",
+        f"- Energy: {'; '.join(r.labels['energy'])}.",
+    ]
+    if r.research is not None:
+        rs = r.research
+        if "plan_id" in rs:
+            same = "the stored plan is still the best found" if rs["same_as_stored"] else "a different plan"
+            lines.append(f"- Re-search ({rs['trials']} trials around the old plan): `{rs['plan_id']}` "
+                         f"({rs['label']}), KL {rs['kl']:.4g}; {same}. {rs['reason']}.")
+        else:
+            lines.append(f"- Re-search ({rs['trials']} trials): no recommendation.")
+    if not r.passed:
+        failed = ", ".join(c.name for c in r.checks if not c.ok)
+        lines += ["", f"Failed: {failed}. Re-run `advisor search` on the new model (or `advisor recheck --research`)."]
+    lines += ["", f"_Generated {r.generated} by `advisor recheck`._", ""]
+    return "\n".join(lines)
