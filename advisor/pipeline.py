@@ -6,15 +6,18 @@ import json
 import math
 import time
 from importlib import metadata
+from pathlib import Path
 
 import optuna
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from . import __version__
+from .frontier import pareto_front
+from .plan import Plan
 from .recipe import Recipe
 from .report import write_report
-from .study import finished_trials, open_study, run_search, save_run_meta
+from .study import candidates, finished_trials, open_study, record_benchmark, run_search, save_run_meta
 
 
 def package_versions() -> dict[str, str]:
@@ -36,6 +39,42 @@ def _best_feasible(study: optuna.Study) -> str:
     if best is None:
         return "no plan within budget yet"
     return f"best within budget: {best.user_attrs['label']} KL {best.values[0]:.4f}, {best.values[1]:.4g} J/token"
+
+
+def benchmark_targets(study: optuna.Study, recipe: Recipe) -> list[Plan]:
+    """Baselines first, then the feasible front by rising energy, at most max_candidates of them."""
+    cands = candidates(study)
+    baselines = [c.plan for c in cands if c.plan.uniform_format() is not None]
+    front = [c.plan for c in pareto_front(cands, recipe.workloads[0].name)]
+    chosen: dict[str, Plan] = {p.id: p for p in baselines}
+    for plan in front:
+        if len(chosen) >= len(baselines) + recipe.benchmark.max_candidates:
+            break
+        chosen.setdefault(plan.id, plan)
+    return list(chosen.values())
+
+
+def run_benchmarks(study: optuna.Study, ctx, recipe: Recipe, console: Console) -> str | None:
+    """Multi-fidelity: lm-eval scores for the baselines and the front candidates (cached)."""
+    spec = recipe.benchmark
+    if not spec.tasks:
+        return None
+    if spec.data_dir and not Path(spec.data_dir).is_dir():
+        msg = f"not run: benchmark.data_dir {spec.data_dir} does not exist; the proxy decided"
+        console.print(f"[yellow]warning:[/] lm-eval {msg}")
+        return msg
+    from .accuracy.harness import score_plan
+
+    plans = benchmark_targets(study, recipe)
+    limit = "full sets" if spec.limit is None else f"limit {spec.limit}, seed {spec.seed}"
+    for i, plan in enumerate(plans, 1):
+        console.print(f"lm-eval {i}/{len(plans)}: {plan.label()} ({', '.join(spec.tasks)}; {limit})", highlight=False)
+        scores = score_plan(
+            ctx.assemble(plan), ctx.loaded.tokenizer, plan.id, ctx.fingerprint, spec.tasks,
+            limit=spec.limit, seed=spec.seed, data_dir=spec.data_dir, cache_dir=recipe.run_dir / "lm_eval_cache",
+        )
+        record_benchmark(study, plan.id, {t: s.to_dict() for t, s in scores.items()})
+    return f"measured: {len(plans)} plans on {', '.join(spec.tasks)} ({limit}) on {ctx.device}"
 
 
 def write_run_file(recipe: Recipe) -> None:
@@ -81,11 +120,15 @@ def run(recipe: Recipe, resume: bool = False, console: Console | None = None) ->
                               f"{t.values[1]:.4g} J/token; {_best_feasible(st)}", highlight=False)
 
         run_search(study, ctx, recipe, ctx.loaded.shape.groups, callbacks=[on_trial])
+    t_bench = time.perf_counter()
+    bench_status = run_benchmarks(study, ctx, recipe, console)
     timings = dict(ctx.timings_s)
+    if recipe.benchmark.tasks:
+        timings["benchmark_s"] = time.perf_counter() - t_bench
     if ctx.trial_times_s:
         timings["trials_run"] = len(ctx.trial_times_s)
         timings["mean_trial_s"] = sum(ctx.trial_times_s) / len(ctx.trial_times_s)
     timings["total_s"] = time.perf_counter() - t0
-    save_run_meta(study, {"timings": timings})
+    save_run_meta(study, {"timings": timings, "benchmark_status": bench_status})
     write_report(study, recipe.run_dir)
     return json.loads((recipe.run_dir / "summary.json").read_text())

@@ -20,7 +20,9 @@ from .study import candidates
 FORMAT_COLORS = {Format.BF16: "#4c72b0", Format.FP8: "#dd8452", Format.NVFP4: "#55a868"}
 
 
-def _trial_record(c: Candidate, study_trial: optuna.trial.FrozenTrial, groups: Sequence[LayerGroup]) -> dict:
+def _trial_record(
+    c: Candidate, study_trial: optuna.trial.FrozenTrial, groups: Sequence[LayerGroup], bench: dict
+) -> dict:
     ua = study_trial.user_attrs
     return {
         "trial": c.trial,
@@ -33,7 +35,7 @@ def _trial_record(c: Candidate, study_trial: optuna.trial.FrozenTrial, groups: S
         "ppl_increase_pct": 100 * (c.ppl / ua["ppl_bf16"] - 1),
         "energy": ua["energy"],
         "feasible": c.feasible,
-        "benchmark": ua.get("benchmark", {}),
+        "benchmark": bench.get(c.plan.id, {}),
         "benchmark_drop": c.benchmark_drop,
     }
 
@@ -46,7 +48,8 @@ def build_summary(study: optuna.Study) -> dict[str, Any]:
     trials = {t.number: t for t in study.get_trials(deepcopy=False)}
     front = pareto_front(cands, workloads[0])
     rec = recommend(cands, workloads)
-    records = [_trial_record(c, trials[c.trial], shape.groups) for c in cands]
+    bench = study.user_attrs.get("benchmark", {})
+    records = [_trial_record(c, trials[c.trial], shape.groups, bench) for c in cands]
     baselines = {}
     for c in cands:
         u = c.plan.uniform_format()
@@ -74,9 +77,24 @@ def build_summary(study: optuna.Study) -> dict[str, Any]:
         "front_trials": [c.trial for c in front],
         "baselines": baselines,
         "recommendation": _recommendation_dict(rec, records),
+        "proxy_benchmark_spearman": _spearman(records),
+        "benchmark_status": meta.get("benchmark_status"),
         "shape": meta["shape"],
         "recipe": meta["recipe"],
     }
+
+
+def _spearman(records: list[dict]) -> float | None:
+    """Rank correlation of proxy KL and mean benchmark accuracy over distinct scored plans."""
+    scored = {r["plan_id"]: r for r in records if r["benchmark"]}
+    if len(scored) < 3:
+        return None
+    import pandas as pd
+
+    kl = pd.Series([r["kl"] for r in scored.values()])
+    acc = pd.Series([sum(s["acc"] for s in r["benchmark"].values()) / len(r["benchmark"]) for r in scored.values()])
+    value = float(kl.corr(acc, method="spearman"))
+    return None if math.isnan(value) else value
 
 
 def _recommendation_dict(rec: Recommendation | None, records: list[dict]) -> dict | None:
@@ -222,7 +240,9 @@ def render_markdown(summary: dict) -> str:
             _table([_row(by_trial[t], workloads) for t in summary["front_trials"]], header), "",
             "![accuracy vs energy](front.png)", "", "## Baselines", "",
             _table([_row(by_trial[t], workloads) for t in summary["baselines"].values()], header), ""]
-    bench_rows = [r for r in summary["trials"] if r.get("benchmark")]
+    if summary.get("benchmark_status"):
+        out += [f"lm-eval stage: {summary['benchmark_status']}", ""]
+    bench_rows = list({r["plan_id"]: r for r in summary["trials"] if r.get("benchmark")}.values())
     if bench_rows:
         tasks = sorted({t for r in bench_rows for t in r["benchmark"]})
         rows = []

@@ -133,26 +133,48 @@ def make_objective(
     return objective
 
 
+def record_benchmark(study: optuna.Study, plan_id: str, scores: dict[str, dict[str, Any]]) -> None:
+    """Store lm-eval scores of a plan ({task: TaskScore dict}) with the study."""
+    bench = dict(study.user_attrs.get("benchmark", {}))
+    bench[plan_id] = scores
+    study.set_user_attr("benchmark", bench)
+
+
+def benchmark_drop(scores: dict[str, dict[str, Any]], bf16: dict[str, dict[str, Any]]) -> float | None:
+    """Mean absolute accuracy drop vs BF16 over the tasks both have scores for."""
+    tasks = [t for t in scores if t in bf16]
+    if not tasks:
+        return None
+    return sum(bf16[t]["acc"] - scores[t]["acc"] for t in tasks) / len(tasks)
+
+
 def candidates(study: optuna.Study) -> list[Candidate]:
     """Every finished trial as a Candidate (feasible: within the proxy budget and,
-    where scored, the benchmark budget)."""
+    where lm-eval scored it, within the benchmark budget)."""
+    trials = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+    bench: dict[str, dict[str, dict[str, Any]]] = study.user_attrs.get("benchmark", {})
+    max_drop = study.user_attrs.get("recipe", {}).get("benchmark", {}).get("max_drop", math.inf)
+    plans = [Plan({k: Format(v) for k, v in t.params.items()}) for t in trials]
+    bf16_id = next((p.id for p in plans if p.uniform_format() == Format.BF16), None)
+    bf16_scores = bench.get(bf16_id, {}) if bf16_id else {}
     out = []
-    for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
+    for t, plan in zip(trials, plans, strict=True):
         ua = t.user_attrs
-        bench: dict[str, Any] = ua.get("benchmark", {})
-        drop = ua.get("benchmark_drop")
-        proxy_ok = all(v <= 0 for v in ua.get("constraint", [math.inf]))
-        bench_ok = ua.get("benchmark_ok", True)
+        scores = bench.get(plan.id)
+        drop = benchmark_drop(scores, bf16_scores) if scores else None
+        feasible = all(v <= 0 for v in ua.get("constraint", [math.inf]))
+        if drop is not None:
+            feasible = feasible and drop <= max_drop
         out.append(
             Candidate(
                 trial=t.number,
-                plan=Plan({k: Format(v) for k, v in t.params.items()}),
+                plan=plan,
                 kl=ua["kl"],
                 ppl=ua["ppl"],
                 energy_j_per_token={e["workload"]: e["j_per_token"] for e in ua["energy"]},
-                feasible=proxy_ok and bench_ok,
+                feasible=feasible,
                 benchmark_drop=drop,
-                benchmark={k: v["acc"] for k, v in bench.items()},
+                benchmark={k: v["acc"] for k, v in (scores or {}).items()},
             )
         )
     return out

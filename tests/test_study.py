@@ -110,3 +110,27 @@ def test_report_is_built_from_storage(recipe):
     bf16 = next(r for r in summary["trials"] if r["label"] == "all-bf16")
     assert rec["energy"][0]["j_per_token"] <= bf16["energy"][0]["j_per_token"]
     assert set(summary["baselines"]) == {"all-bf16", "all-fp8", "all-nvfp4"}
+
+
+def test_benchmark_scores_override_the_proxy_budget(recipe):
+    from advisor.frontier import recommend
+    from advisor.study import record_benchmark
+
+    recipe.run_dir.mkdir(parents=True)
+    study = open_study(recipe, resume=False)
+    save_run_meta(study, meta(recipe))  # max_drop defaults to 0.02
+    run_search(study, FakeEvaluator(), recipe, GROUPS)
+    by_label = {c.plan.label(): c for c in candidates(study)}
+    bf16, fp8 = by_label["all-bf16"], by_label["all-fp8"]
+    assert fp8.feasible and recommend(candidates(study), ["chat"]).candidate.trial != bf16.trial
+
+    def score(acc):
+        return {"lambada_openai": {"acc": acc, "acc_stderr": 0.01, "n": 100}}
+
+    record_benchmark(study, bf16.plan.id, score(0.40))
+    record_benchmark(study, fp8.plan.id, score(0.35))  # drop 0.05 > 0.02
+    after = {c.plan.label(): c for c in candidates(study)}
+    assert after["all-fp8"].benchmark_drop == pytest.approx(0.05)
+    assert not after["all-fp8"].feasible
+    rec = recommend(candidates(study), ["chat"])
+    assert rec.candidate.plan.id == bf16.plan.id and "lm-eval" in rec.accuracy_metric
