@@ -1,0 +1,142 @@
+"""advisor recheck: pass on the same model, regression on perturbed weights, exit 2 on bad input."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import typer
+from conftest import TINY_MODEL, need
+from typer.testing import CliRunner
+
+from advisor.cli_deploy import recheck
+from advisor.formats import Format
+from advisor.plan import Plan
+from advisor.recheck import neighbours, read_summary
+
+runner = CliRunner()
+
+
+def _app() -> typer.Typer:
+    app = typer.Typer()
+    app.command()(recheck)
+    app.command("noop")(lambda: None)  # two commands, so `recheck` is a subcommand as in `advisor`
+    return app
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    """A finished tiny-model run (the three baselines; all-fp8 is recommended)."""
+    from advisor.pipeline import run
+    from advisor.recipe import validate_recipe
+
+    out = tmp_path_factory.mktemp("runs")
+    recipe = validate_recipe({
+        "name": "tiny", "model": {"source": str(need(TINY_MODEL))}, "target": "b200",
+        "workloads": [{"name": "chat", "batch_size": 16, "input_tokens": 256, "output_tokens": 128}],
+        "calibration": {"num_samples": 4, "seq_len": 32, "heldout_samples": 4, "heldout_seq_len": 32},
+        "accuracy": {"max_kl": 0.05}, "search": {"trials": 3, "seed": 0}, "out": str(out), "device": "cpu",
+    })
+    summary = run(recipe)
+    assert summary["recommendation"]["label"] == "all-fp8", summary["recommendation"]
+    return recipe.run_dir
+
+
+@pytest.fixture(scope="module")
+def perturbed_model(tmp_path_factory):
+    """The tiny model with activation outliers: 4 channels of every RMSNorm weight x100.
+
+    BF16 is still a working model, but per-tensor FP8 activation scales now serve
+    outliers 100x larger than the other channels, so all-fp8 breaks the KL budget.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    src = need(TINY_MODEL)
+    dst = tmp_path_factory.mktemp("perturbed")
+    model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32)
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.input_layernorm.weight[:4] *= 100
+            layer.post_attention_layernorm.weight[:4] *= 100
+    model.save_pretrained(dst)
+    for f in src.glob("*token*.json"):
+        shutil.copy(f, dst)
+    return dst
+
+
+def _invoke(*args: str):
+    return runner.invoke(_app(), ["recheck", *args])
+
+
+def test_recheck_passes_on_the_same_model_and_researches(run_dir, tmp_path):
+    out = tmp_path / "rc"
+    res = _invoke("--recommendation", str(run_dir / "summary.json"), "--model", str(TINY_MODEL),
+                  "--out", str(out), "--research", "--research-trials", "5")
+    assert res.exit_code == 0, res.output
+    data = json.loads((out / "recheck.json").read_text())
+    stored = json.loads((run_dir / "summary.json").read_text())["recommendation"]
+    assert data["verdict"] == "pass" and data["exit_code"] == 0
+    assert data["model"]["same_weights_as_stored"]
+    # Same weights, same self-sampled tokens, same quantizers: the stored KL is reproduced.
+    assert data["new"]["kl"] == pytest.approx(stored["kl"], abs=1e-6)
+    assert data["research"]["trials"] == 5 and data["research"]["seeded_with"] == stored["plan_id"]
+    md = (out / "recheck.md").read_text()
+    assert "PASS" in md and stored["plan_id"] in md
+
+
+def test_recheck_exits_1_on_perturbed_weights(run_dir, perturbed_model, tmp_path):
+    out = tmp_path / "rc"
+    res = _invoke("--recommendation", str(run_dir / "summary.json"), "--model", str(perturbed_model),
+                  "--out", str(out))
+    assert res.exit_code == 1, res.output
+    data = json.loads((out / "recheck.json").read_text())
+    assert data["verdict"] == "regression" and not data["model"]["same_weights_as_stored"]
+    failed = [c["name"] for c in data["checks"] if not c["ok"]]
+    assert failed == ["proxy KL vs BF16 (nats/token)"]
+    assert data["new"]["kl"] > data["stored"]["accuracy_budget"]["max_kl"]
+    assert "REGRESSION" in (out / "recheck.md").read_text()
+
+
+def test_recheck_missing_summary_exits_2(tmp_path):
+    res = _invoke("--recommendation", str(tmp_path / "nope.json"), "--model", str(TINY_MODEL),
+                  "--out", str(tmp_path / "rc"))
+    assert res.exit_code == 2
+    assert "does not exist" in res.output and len(res.output.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(("content", "message"), [
+    ('{"tool": "precision-advisor", "trials": [', "is not valid JSON"),
+    ('{"hello": 1}', "is not a precision-advisor summary.json"),
+    ('{"tool": "precision-advisor", "trials": []}', "missing recommendation"),
+])
+def test_recheck_corrupt_summary_exits_2(tmp_path, content, message):
+    path = tmp_path / "summary.json"
+    path.write_text(content)
+    res = _invoke("--recommendation", str(path), "--model", str(TINY_MODEL), "--out", str(tmp_path / "rc"))
+    assert res.exit_code == 2
+    assert message in res.output and len(res.output.strip().splitlines()) == 1
+
+
+def test_recheck_edited_plan_exits_2(run_dir, tmp_path):
+    data = json.loads((run_dir / "summary.json").read_text())
+    first = next(iter(data["recommendation"]["formats"]))
+    for r in data["trials"]:
+        if r["plan_id"] == data["recommendation"]["plan_id"]:
+            r["formats"][first] = "bf16"
+    path = tmp_path / "summary.json"
+    path.write_text(json.dumps(data))
+    res = _invoke("--recommendation", str(path), "--model", str(TINY_MODEL), "--out", str(tmp_path / "rc"))
+    assert res.exit_code == 2 and "does not match its formats" in res.output
+
+
+def test_read_summary_accepts_the_run_folder(run_dir):
+    assert read_summary(run_dir)["recommendation"]
+
+
+def test_neighbours_flip_one_group():
+    plan = Plan({"a": Format.FP8, "b": Format.BF16})
+    found = neighbours(plan, [Format.BF16, Format.FP8, Format.NVFP4])
+    assert len(found) == 4
+    assert all(sum(plan.formats[g] != n.formats[g] for g in plan.formats) == 1 for n in found)
