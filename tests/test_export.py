@@ -1,0 +1,144 @@
+"""advisor export: the files, the per-layer quant config, and the round trip on the tiny model."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import typer
+import yaml
+from conftest import TINY_MODEL, need
+from typer.testing import CliRunner
+
+from advisor.cli_deploy import export
+from advisor.export import ROUNDTRIP_KL_ABS_TOL, export_plan, layer_formats_from_quant_config
+from advisor.formats import Format
+from advisor.plan import Plan
+
+runner = CliRunner()
+WORKLOADS = [{"name": "chat", "batch_size": 16, "input_tokens": 256, "output_tokens": 128}]
+
+
+def _app() -> typer.Typer:
+    app = typer.Typer()
+    app.command()(export)
+    app.command("noop")(lambda: None)
+    return app
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    from advisor.calibration import build_token_sets
+    from advisor.model import load_model
+    from advisor.recipe import CalibrationSpec, ModelSpec
+
+    loaded = load_model(ModelSpec(source=str(need(TINY_MODEL))), "cpu")
+    spec = CalibrationSpec(num_samples=4, seq_len=32, heldout_samples=4, heldout_seq_len=32)
+    return loaded, build_token_sets(loaded.model, loaded.tokenizer, spec)
+
+
+def _expected(plan, groups):
+    return {m: plan.format_of(g.name) for g in groups for m in g.members}
+
+
+def test_mixed_plan_exports_mixed_precision_per_layer(tiny, tmp_path):
+    loaded, tokens = tiny
+    groups = loaded.shape.groups
+    cycle = [Format.FP8, Format.NVFP4, Format.BF16]
+    plan = Plan({g.name: cycle[i % 3] for i, g in enumerate(groups)})
+    res = export_plan(loaded, plan, tokens, tmp_path / "ckpt", WORKLOADS, target="b200")
+    out = tmp_path / "ckpt"
+    for name in ("model.safetensors", "config.json", "hf_quant_config.json", "tokenizer.json",
+                 "llm_api_options.yaml", "README.md", "export.json"):
+        assert (out / name).is_file(), name
+    q = json.loads((out / "hf_quant_config.json").read_text())["quantization"]
+    assert q["quant_algo"] == "MIXED_PRECISION" and res.quant_algo == "MIXED_PRECISION"
+    layers = q["quantized_layers"]
+    for member, fmt in _expected(plan, groups).items():
+        if fmt == Format.BF16:
+            assert member not in layers
+        else:
+            assert layers[member]["quant_algo"] == {Format.FP8: "FP8", Format.NVFP4: "NVFP4"}[fmt]
+    assert "lm_head" not in layers
+    assert json.loads((out / "config.json").read_text())["quantization_config"]["quant_method"] == "modelopt"
+    assert res.roundtrip["passed"]
+    assert any("vLLM" in w for w in res.warnings)
+    opts = yaml.safe_load((out / "llm_api_options.yaml").read_text())
+    assert opts["max_batch_size"] == 16 and opts["max_seq_len"] == 384
+    readme = (out / "README.md").read_text()
+    assert "trtllm-serve" in readme and "--extra_llm_api_options llm_api_options.yaml" in readme
+    try:
+        import tensorrt_llm  # noqa: F401
+    except ImportError:
+        assert res.smoke_test == "not run: tensorrt_llm not installed"
+
+
+def test_fp8_plan_lists_bf16_groups_in_exclude_modules(tiny, tmp_path):
+    loaded, tokens = tiny
+    groups = loaded.shape.groups
+    plan = Plan({g.name: Format.BF16 if g.name.endswith((".o", ".down")) else Format.FP8 for g in groups})
+    res = export_plan(loaded, plan, tokens, tmp_path / "ckpt", WORKLOADS, target="h100")
+    q = res.hf_quant_config["quantization"]
+    assert q["quant_algo"] == "FP8"
+    bf16 = sorted(m for m, f in _expected(plan, groups).items() if f == Format.BF16)
+    assert set(bf16) <= set(q["exclude_modules"]) and "lm_head" in q["exclude_modules"]
+    assert layer_formats_from_quant_config(res.hf_quant_config, list(_expected(plan, groups))) == \
+        _expected(plan, groups)
+    rt = res.roundtrip
+    assert rt["passed"] and rt["kl_abs_diff"] <= rt["tolerance_kl"]
+    assert res.warnings == []
+
+
+def test_nvfp4_round_trip_is_exact(tiny, tmp_path):
+    loaded, tokens = tiny
+    plan = Plan.uniform(loaded.shape.groups, Format.NVFP4)
+    res = export_plan(loaded, plan, tokens, tmp_path / "ckpt", WORKLOADS, target="h200")
+    assert res.roundtrip["weights"]["differing"] == 0
+    assert res.roundtrip["kl_abs_diff"] <= ROUNDTRIP_KL_ABS_TOL
+    assert any("Blackwell" in w for w in res.warnings)
+
+
+def test_quant_config_reader():
+    mods = ["m.a", "m.b"]
+    assert layer_formats_from_quant_config(None, mods) == {"m.a": Format.BF16, "m.b": Format.BF16}
+    cfg = {"quantization": {"quant_algo": "NVFP4", "exclude_modules": ["lm_head", "m.b"]}}
+    assert layer_formats_from_quant_config(cfg, mods) == {"m.a": Format.NVFP4, "m.b": Format.BF16}
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    from advisor.pipeline import run
+    from advisor.recipe import validate_recipe
+
+    recipe = validate_recipe({
+        "name": "tiny", "model": {"source": str(need(TINY_MODEL))}, "target": "b200", "workloads": WORKLOADS,
+        "calibration": {"num_samples": 4, "seq_len": 32, "heldout_samples": 4, "heldout_seq_len": 32},
+        "search": {"trials": 3, "seed": 0}, "out": str(tmp_path_factory.mktemp("runs")), "device": "cpu",
+    })
+    run(recipe)
+    return recipe.run_dir
+
+
+def test_cli_exports_the_recommendation(run_dir, tmp_path):
+    res = runner.invoke(_app(), ["export", str(run_dir), "--out", str(tmp_path / "ckpt")])
+    assert res.exit_code == 0, res.output
+    summary = json.loads((run_dir / "summary.json").read_text())
+    data = json.loads((tmp_path / "ckpt" / "export.json").read_text())
+    assert data["plan_id"] == summary["recommendation"]["plan_id"]
+    # The run's own tokens are reused: the in-memory plan scores what the search stored.
+    assert data["roundtrip"]["kl_in_memory_plan"] == pytest.approx(summary["recommendation"]["kl"], abs=1e-6)
+    assert "round trip" in res.output and "trtllm-serve" in res.output
+
+
+def test_cli_export_refuses_a_non_empty_folder(run_dir, tmp_path):
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "ckpt" / "x").write_text("")
+    res = runner.invoke(_app(), ["export", str(run_dir), "--out", str(tmp_path / "ckpt")])
+    assert res.exit_code == 2 and "not empty" in res.output
+
+
+def test_cli_export_unknown_plan_and_missing_run(run_dir, tmp_path):
+    res = runner.invoke(_app(), ["export", str(run_dir), "--plan", "nope", "--out", str(tmp_path / "a")])
+    assert res.exit_code == 2 and "no plan 'nope'" in res.output
+    res = runner.invoke(_app(), ["export", str(tmp_path / "missing"), "--out", str(tmp_path / "b")])
+    assert res.exit_code == 2 and "not a directory" in res.output
