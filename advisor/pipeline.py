@@ -106,6 +106,19 @@ def run(recipe: Recipe, resume: bool = False, console: Console | None = None) ->
         "accuracy_label": f"measured (proxy on {ctx.tokens.heldout.numel()} held-out tokens, "
                           f"{ctx.tokens.source}, on {ctx.device})",
     })
+    proposer = None
+    if recipe.search.sampler == "guided":
+        from .runner import KnapsackProposer
+
+        with Progress(TextColumn("[bold]sensitivity"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                      console=console) as progress:
+            task = progress.add_task("", total=None)
+            sens = ctx.sensitivity(on_step=lambda done, total: progress.update(task, completed=done, total=total))
+        save_run_meta(study, {"sensitivity": {
+            "time_s": sens.time_s, "tokens": sens.tokens,
+            "most_sensitive": [{"group": g, "format": f.value, "kl": v} for g, f, v in sens.most_sensitive(10)],
+        }})
+        proposer = KnapsackProposer(ctx.loaded.shape.groups, recipe.formats, sens, recipe.accuracy.max_kl)
     total = recipe.search.trials
     with Progress(
         TextColumn("[bold]trials"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -119,7 +132,7 @@ def run(recipe: Recipe, resume: bool = False, console: Console | None = None) ->
                 console.print(f"trial {t.number}: {t.user_attrs.get('label')} KL {t.values[0]:.4f}, "
                               f"{t.values[1]:.4g} J/token; {_best_feasible(st)}", highlight=False)
 
-        run_search(study, ctx, recipe, ctx.loaded.shape.groups, callbacks=[on_trial])
+        run_search(study, ctx, recipe, ctx.loaded.shape.groups, callbacks=[on_trial], proposer=proposer)
     t_bench = time.perf_counter()
     bench_status = run_benchmarks(study, ctx, recipe, console)
     timings = dict(ctx.timings_s)

@@ -87,7 +87,10 @@ class SearchSpec(_Strict):
     trials: int = Field(40, ge=1, le=1_000_000, description="total trials in the study, baselines included")
     timeout_s: float | None = Field(None, gt=0)
     seed: int = 0
-    sampler: Literal["tpe", "nsga2", "random"] = "tpe"
+    sampler: Literal["guided", "tpe", "nsga2", "random"] = Field(
+        "guided", description="guided: sensitivity + knapsack proposals, then TPE; or a plain Optuna sampler"
+    )
+    sensitivity_samples: int = Field(4, ge=1, description="held-out sequences used for per-group sensitivity")
 
 
 class Recipe(_Strict):

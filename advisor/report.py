@@ -79,6 +79,7 @@ def build_summary(study: optuna.Study) -> dict[str, Any]:
         "recommendation": _recommendation_dict(rec, records),
         "proxy_benchmark_spearman": _spearman(records),
         "benchmark_status": meta.get("benchmark_status"),
+        "sensitivity": meta.get("sensitivity"),
         "shape": meta["shape"],
         "recipe": meta["recipe"],
     }
@@ -260,6 +261,13 @@ def render_markdown(summary: dict) -> str:
             out += [f"Spearman rank correlation between proxy KL and mean benchmark accuracy over the "
                     f"{len(bench_rows)} scored plans: {corr:+.3f} (a strongly negative value means the "
                     f"proxy ranks plans as the benchmark does).", ""]
+    sens = summary.get("sensitivity")
+    if sens:
+        rows = [[s["group"], s["format"], f"{s['kl']:.4f}"] for s in sens["most_sensitive"]]
+        out += ["## Most sensitive layer groups", "",
+                f"Proxy KL when only that group is quantized (measured on {sens['tokens']} held-out tokens, "
+                f"{sens['time_s']:.0f} s); the guided search proposes plans from these.", "",
+                _table(rows, ["group", "format", "KL"]), ""]
     t = summary.get("timings_s", {})
     if t:
         out += ["## Run", "", ", ".join(f"{k}: {v:.1f}" if isinstance(v, float) else f"{k}: {v}"

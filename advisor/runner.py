@@ -63,6 +63,24 @@ def load_or_build_tokens(recipe: Recipe, loaded: LoadedModel, run_dir: Path, fin
     return tokens
 
 
+class KnapsackProposer:
+    """Knapsack plans from the sensitivity tables (see proposals.py)."""
+
+    def __init__(self, groups, formats, sens, max_kl: float) -> None:
+        self.groups, self.formats, self.sens, self.max_kl = groups, formats, sens, max_kl
+
+    def propose(self, scale: float) -> list[Plan]:
+        from .proposals import budget_sweep, knapsack_proposals
+
+        return knapsack_proposals(self.groups, self.formats, self.sens.damage, self.sens.energy,
+                                  budget_sweep(self.max_kl, scale))
+
+    def predicted_damage(self, plan: Plan) -> float:
+        from .proposals import predicted
+
+        return predicted(plan, self.sens.damage)
+
+
 @dataclass
 class RunContext:
     recipe: Recipe
@@ -78,6 +96,31 @@ class RunContext:
 
     def assemble(self, plan: Plan):
         return self.bank.assemble(plan)
+
+    def sensitivity(self, on_step: Callable[[int, int], None] | None = None):
+        """Per-group damage and energy tables (cached in the run dir)."""
+        from .accuracy.proxy import ProxyEvaluator
+        from .formats import Format
+        from .sensitivity import load_or_measure, measure
+
+        n = min(self.recipe.search.sensitivity_samples, self.tokens.heldout.shape[0])
+        groups = self.loaded.shape.groups
+        key = {"model": self.fingerprint, "calibration": self.recipe.calibration.model_dump(), "samples": n,
+               "formats": [f.value for f in self.recipe.formats], "energy": self.energy_model.label,
+               "workload": self.recipe.workloads[0].model_dump()}
+
+        def compute():
+            small = ProxyEvaluator(self.bank.assemble(Plan.uniform(groups, Format.BF16)), self.tokens.heldout[:n])
+            sens = measure(
+                groups, self.recipe.formats,
+                damage_of=lambda p: small.score(self.bank.assemble(p)).kl,
+                energy_of=lambda p: self.energy_model.estimate(p, self.recipe.workloads[0]).j_per_token,
+                on_step=on_step,
+            )
+            sens.tokens = int(self.tokens.heldout[:n].numel())
+            return sens
+
+        return load_or_measure(self.recipe.run_dir / "sensitivity.json", key, compute)
 
     def evaluate(self, plan: Plan) -> Evaluation:
         t0 = time.perf_counter()

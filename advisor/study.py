@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import time
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -52,13 +53,13 @@ def constraint_values(ev: Evaluation, budget: AccuracySpec) -> dict[str, float]:
 
 def make_sampler(name: str, seed: int) -> optuna.samplers.BaseSampler:
     """Samplers read the constraints that trials record with ``Trial.set_constraint``."""
-    if name == "tpe":
+    if name in ("tpe", "guided"):
         return optuna.samplers.TPESampler(seed=seed, multivariate=True)
     if name == "nsga2":
         return optuna.samplers.NSGAIISampler(seed=seed)
     if name == "random":
         return optuna.samplers.RandomSampler(seed=seed)
-    raise InputError(f"search.sampler: unknown sampler {name!r}; allowed: tpe, nsga2, random")
+    raise InputError(f"search.sampler: unknown sampler {name!r}; allowed: guided, tpe, nsga2, random")
 
 
 def baseline_plans(groups: Sequence[LayerGroup], formats: Sequence[Format]) -> list[Plan]:
@@ -184,31 +185,72 @@ def finished_trials(study: optuna.Study) -> int:
     return len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)))
 
 
+class Proposer(Protocol):
+    """Proposes plans; ``scale`` = observed / predicted damage of plans evaluated so far."""
+
+    def propose(self, scale: float) -> list[Plan]: ...
+
+    def predicted_damage(self, plan: Plan) -> float: ...
+
+
+def _enqueue(study: optuna.Study, plans: Sequence[Plan]) -> int:
+    seen = {Plan(t.params).id for t in study.get_trials(deepcopy=False) if t.params}
+    n = 0
+    for plan in plans:
+        if plan.id not in seen:
+            study.enqueue_trial({k: v.value for k, v in plan.formats.items()})
+            seen.add(plan.id)
+            n += 1
+    return n
+
+
+def _damage_scale(study: optuna.Study, proposer: Proposer) -> float:
+    """Median of observed KL over the additive prediction, over evaluated non-BF16 plans."""
+    ratios = []
+    for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
+        plan = Plan(t.params)
+        pred = proposer.predicted_damage(plan)
+        if pred > 0 and t.values:
+            ratios.append(t.values[0] / pred)
+    if not ratios:
+        return 1.0
+    ratios.sort()
+    return ratios[len(ratios) // 2]
+
+
 def run_search(
     study: optuna.Study,
     evaluator: PlanEvaluator,
     recipe: Recipe,
     groups: Sequence[LayerGroup],
     callbacks: Sequence[Callable[[optuna.Study, optuna.trial.FrozenTrial], None]] = (),
+    proposer: Proposer | None = None,
 ) -> int:
     """Run trials until the study holds ``recipe.search.trials`` finished ones. Returns how many ran.
 
-    Every finished trial is committed to storage as it ends, so an interruption
-    (Ctrl-C, a crash) loses only the trial in flight.
+    Order: baselines; then, with a ``proposer``, its knapsack plans, re-proposed once
+    with the damage scale corrected by what the first proposals really scored; then
+    the sampler. Every finished trial is committed to storage as it ends, so an
+    interruption (Ctrl-C, a crash) loses only the trial in flight.
     """
     enqueue_baselines(study, baseline_plans(groups, recipe.formats))
-    remaining = recipe.search.trials - finished_trials(study)
-    if remaining <= 0:
-        return 0
     before = finished_trials(study)
-    study.optimize(
-        make_objective(evaluator, groups, recipe.formats, recipe.accuracy),
-        n_trials=remaining,
-        timeout=recipe.search.timeout_s,
-        callbacks=list(callbacks),
-        catch=(RuntimeError,),
-        gc_after_trial=False,
-    )
+    objective = make_objective(evaluator, groups, recipe.formats, recipe.accuracy)
+    deadline = None if recipe.search.timeout_s is None else time.monotonic() + recipe.search.timeout_s
+
+    def optimize(n: int) -> None:
+        n = min(n, recipe.search.trials - finished_trials(study))
+        if n <= 0:
+            return
+        timeout = None if deadline is None else max(deadline - time.monotonic(), 0.001)
+        study.optimize(objective, n_trials=n, timeout=timeout, callbacks=list(callbacks),
+                       catch=(RuntimeError,), gc_after_trial=False)
+
+    if proposer is not None:
+        first = _enqueue(study, proposer.propose(1.0))
+        optimize(len(baseline_plans(groups, recipe.formats)) + first)
+        optimize(_enqueue(study, proposer.propose(_damage_scale(study, proposer))))
+    optimize(recipe.search.trials)
     return finished_trials(study) - before
 
 

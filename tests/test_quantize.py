@@ -87,8 +87,17 @@ def test_bank_gives_exactly_what_modelopt_gives_for_the_plan(tiny, seed):
         assert not torch.equal(fast, bf16)
 
 
-def test_bank_shares_weights_with_the_model(tiny):
-    tokens = torch.randint(0, 2048, (1, 8))
-    bank = FormatBank(tiny.model, tiny.shape.groups, [Format.BF16, Format.FP8], counting_loop(tokens)[0])
+def test_unfolded_bank_shares_weights_and_folded_bank_gives_the_same_logits(tiny):
+    tokens = torch.randint(0, 2048, (2, 16))
+    loop = counting_loop(tokens)[0]
+    shared = FormatBank(tiny.model, tiny.shape.groups, list(Format), loop, fold_weights=False)
+    folded = FormatBank(tiny.model, tiny.shape.groups, list(Format), loop, fold_weights=True)
     member = tiny.shape.groups[0].members[0]
-    assert bank.module_for(member, Format.FP8).weight is tiny.model.get_submodule(member).weight
+    assert shared.module_for(member, Format.FP8).weight is tiny.model.get_submodule(member).weight
+    assert not folded.module_for(member, Format.FP8).weight_quantizer.is_enabled  # weights pre-quantized
+    for seed in range(3):
+        plan = random_plan(tiny.shape.groups, seed)
+        with torch.no_grad():
+            a = shared.assemble(plan)(input_ids=tokens).logits
+            b = folded.assemble(plan)(input_ids=tokens).logits
+        torch.testing.assert_close(a, b, rtol=0, atol=0)

@@ -90,7 +90,7 @@ def test_flag_overrides_recipe_overrides_default(tmp_path):
     r = load_recipe(path, {"search.trials": 11, "search.seed": None})
     assert r.search.trials == 11  # flag wins
     assert r.search.seed == 3  # recipe kept where the flag is unset
-    assert r.search.sampler == "tpe"  # default
+    assert r.search.sampler == "guided"  # default
     assert r.formats == [Format.BF16, Format.FP8, Format.NVFP4]  # all that b200 runs
 
 

@@ -134,3 +134,28 @@ def test_benchmark_scores_override_the_proxy_budget(recipe):
     assert not after["all-fp8"].feasible
     rec = recommend(candidates(study), ["chat"])
     assert rec.candidate.plan.id == bf16.plan.id and "lm-eval" in rec.accuracy_metric
+
+
+def test_guided_search_evaluates_knapsack_proposals_after_the_baselines(recipe):
+    from advisor.proposals import predicted
+    from advisor.runner import KnapsackProposer
+    from advisor.sensitivity import measure
+
+    def damage_of(plan):
+        return FakeEvaluator().evaluate(plan).kl
+
+    def energy_of(plan):
+        return FakeEvaluator().evaluate(plan).energy[0].j_per_token
+
+    sens = measure(GROUPS, list(Format), damage_of, energy_of)
+    proposer = KnapsackProposer(GROUPS, list(Format), sens, recipe.accuracy.max_kl)
+    first = proposer.propose(1.0)
+    recipe.run_dir.mkdir(parents=True)
+    study = open_study(recipe, resume=False)
+    run_search(study, FakeEvaluator(), recipe, GROUPS, proposer=proposer)
+    ids = [Plan(t.params).id for t in study.trials]
+    new_first = [p.id for p in first if p.id not in ids[:3]]
+    assert ids[3 : 3 + len(new_first)] == new_first
+    assert len(study.trials) == recipe.search.trials
+    # the fake is additive, so the proposals' observed damage equals the prediction
+    assert all(t.values[0] == pytest.approx(predicted(Plan(t.params), sens.damage)) for t in study.trials)

@@ -1,0 +1,78 @@
+"""Per-group sensitivity: proxy damage when only one group runs in a lower format.
+
+Also the per-group energy change of the same one-group plans, from the run's energy
+model, so that the knapsack in ``proposals.py`` has both tables. Results are cached in
+the run directory, keyed by the model fingerprint and the calibration settings.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from .formats import Format
+from .plan import LayerGroup, Plan
+
+
+@dataclass
+class Sensitivity:
+    damage: dict[str, dict[Format, float]]  # group -> format -> proxy KL (only that group quantized)
+    energy: dict[str, dict[Format, float]]  # group -> format -> J/token change vs all-BF16 (primary workload)
+    tokens: int
+    time_s: float
+
+    def to_json(self) -> dict:
+        def enc(t: dict[str, dict[Format, float]]) -> dict:
+            return {g: {f.value: v for f, v in row.items()} for g, row in t.items()}
+
+        return {"damage": enc(self.damage), "energy": enc(self.energy), "tokens": self.tokens, "time_s": self.time_s}
+
+    @classmethod
+    def from_json(cls, data: dict) -> Sensitivity:
+        def dec(t: dict) -> dict[str, dict[Format, float]]:
+            return {g: {Format(f): v for f, v in row.items()} for g, row in t.items()}
+
+        return cls(dec(data["damage"]), dec(data["energy"]), data["tokens"], data["time_s"])
+
+    def most_sensitive(self, n: int = 10) -> list[tuple[str, Format, float]]:
+        rows = [(g, f, v) for g, row in self.damage.items() for f, v in row.items() if f != Format.BF16]
+        return sorted(rows, key=lambda r: -r[2])[:n]
+
+
+def measure(
+    groups: Sequence[LayerGroup],
+    formats: Sequence[Format],
+    damage_of: Callable[[Plan], float],
+    energy_of: Callable[[Plan], float],
+    on_step: Callable[[int, int], None] | None = None,
+) -> Sensitivity:
+    """One evaluation per (group, non-BF16 format), all other groups BF16."""
+    t0 = time.perf_counter()
+    base = {g.name: Format.BF16 for g in groups}
+    e_bf16 = energy_of(Plan(base))
+    damage = {g.name: {Format.BF16: 0.0} for g in groups}
+    energy = {g.name: {Format.BF16: 0.0} for g in groups}
+    lower = [f for f in formats if f != Format.BF16]
+    total, done = len(groups) * len(lower), 0
+    for g in groups:
+        for f in lower:
+            plan = Plan({**base, g.name: f})
+            damage[g.name][f] = max(damage_of(plan), 0.0)
+            energy[g.name][f] = energy_of(plan) - e_bf16
+            done += 1
+            if on_step:
+                on_step(done, total)
+    return Sensitivity(damage, energy, 0, time.perf_counter() - t0)
+
+
+def load_or_measure(path: Path, key: dict, compute: Callable[[], Sensitivity]) -> Sensitivity:
+    if path.exists():
+        data = json.loads(path.read_text())
+        if data.get("key") == key:
+            return Sensitivity.from_json(data["sensitivity"])
+    sens = compute()
+    path.write_text(json.dumps({"key": key, "sensitivity": sens.to_json()}, indent=2))
+    return sens
