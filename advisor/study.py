@@ -99,9 +99,10 @@ def open_study(recipe: Recipe, resume: bool, sampler: optuna.samplers.BaseSample
 def enqueue_baselines(study: optuna.Study, plans: Sequence[Plan]) -> None:
     """Enqueue each baseline unless a finished or waiting trial already has it."""
     seen = {
-        Plan(t.params).id
+        p.id
         for t in study.get_trials(deepcopy=False)
-        if t.state in (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.WAITING) and t.params
+        if t.state in (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.WAITING)
+        and (p := _trial_plan(t)) is not None
     }
     for plan in plans:
         if plan.id not in seen:
@@ -115,10 +116,14 @@ def make_objective(
     budget: AccuracySpec,
 ) -> Callable[[optuna.Trial], tuple[float, float]]:
     choices = [f.value for f in formats]
+    seen: dict[str, Evaluation] = {}
 
     def objective(trial: optuna.Trial) -> tuple[float, float]:
         plan = Plan({g.name: Format(trial.suggest_categorical(g.name, choices)) for g in groups})
-        ev = evaluator.evaluate(plan)
+        ev = seen.get(plan.id)
+        trial.set_user_attr("repeat", ev is not None)
+        if ev is None:  # samplers repeat plans; a repeat is not scored again
+            ev = seen[plan.id] = evaluator.evaluate(plan)
         trial.set_user_attr("plan_id", plan.id)
         trial.set_user_attr("label", plan.label())
         trial.set_user_attr("kl", ev.kl)
@@ -193,8 +198,14 @@ class Proposer(Protocol):
     def predicted_damage(self, plan: Plan) -> float: ...
 
 
+def _trial_plan(t: optuna.trial.FrozenTrial) -> Plan | None:
+    """A trial's plan: its params, or for a waiting (enqueued) trial its fixed params."""
+    params = t.params or t.system_attrs.get("fixed_params")
+    return Plan(params) if params else None
+
+
 def _enqueue(study: optuna.Study, plans: Sequence[Plan]) -> int:
-    seen = {Plan(t.params).id for t in study.get_trials(deepcopy=False) if t.params}
+    seen = {p.id for t in study.get_trials(deepcopy=False) if (p := _trial_plan(t)) is not None}
     n = 0
     for plan in plans:
         if plan.id not in seen:

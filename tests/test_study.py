@@ -156,6 +156,7 @@ def test_guided_search_evaluates_knapsack_proposals_after_the_baselines(recipe):
     ids = [Plan(t.params).id for t in study.trials]
     new_first = [p.id for p in first if p.id not in ids[:3]]
     assert ids[3 : 3 + len(new_first)] == new_first
+    assert len(set(ids[: 3 + len(new_first)])) == 3 + len(new_first)  # no plan enqueued twice
     assert len(study.trials) == recipe.search.trials
     # the fake is additive, so the proposals' observed damage equals the prediction
     assert all(t.values[0] == pytest.approx(predicted(Plan(t.params), sens.damage)) for t in study.trials)
