@@ -51,6 +51,9 @@ class Plan:
     def uniform(cls, groups: Iterable[LayerGroup | str], fmt: Format) -> Plan:
         return cls({g if isinstance(g, str) else g.name: fmt for g in groups})
 
+    def __hash__(self) -> int:
+        return hash(self.id)
+
     @property
     def id(self) -> str:
         canonical = json.dumps({k: v.value for k, v in self.formats.items()}, sort_keys=True)

@@ -18,6 +18,7 @@ def test_plan_round_trips_through_json_and_keeps_its_id():
     assert again == plan
     assert again.id == plan.id
     assert Plan({"layers.0.down": "nvfp4", "layers.0.qkv": "fp8"}).id == plan.id  # order-free
+    assert len({plan, again}) == 1
 
 
 def test_plan_id_changes_with_content():
