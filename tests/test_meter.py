@@ -125,9 +125,7 @@ def test_no_driver_is_a_setup_error(monkeypatch):
     def init():
         raise NVMLError("Driver Not Loaded")
 
-    fake = types.SimpleNamespace(
-        NVMLError=NVMLError, nvmlInit=init, nvmlDeviceGetTotalEnergyConsumption=lambda h: 0
-    )
+    fake = types.SimpleNamespace(NVMLError=NVMLError, nvmlInit=init, nvmlDeviceGetTotalEnergyConsumption=lambda h: 0)
     monkeypatch.setitem(sys.modules, "pynvml", fake)
     with pytest.raises(SetupError, match="no NVIDIA driver"):
         nvml.NvmlDevice(0)

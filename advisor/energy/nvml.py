@@ -24,6 +24,7 @@ class GPUState:
     mem_clock_mhz: int
     temperature_c: int
     power_w: float
+    uuid: str = ""
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -39,8 +40,7 @@ def _pynvml() -> Any:
         ) from exc
     if not hasattr(pynvml, "nvmlDeviceGetTotalEnergyConsumption"):
         raise SetupError(
-            "the installed pynvml lacks nvmlDeviceGetTotalEnergyConsumption: "
-            "uninstall pynvml and install nvidia-ml-py"
+            "the installed pynvml lacks nvmlDeviceGetTotalEnergyConsumption: uninstall pynvml and install nvidia-ml-py"
         )
     return pynvml
 
@@ -107,4 +107,5 @@ class NvmlDevice:
             mem_clock_mhz=int(_read(nv.nvmlDeviceGetClockInfo, nv.NVML_CLOCK_MEM)),
             temperature_c=int(_read(nv.nvmlDeviceGetTemperature, nv.NVML_TEMPERATURE_GPU)),
             power_w=self.power_w(),
+            uuid=str(_read(nv.nvmlDeviceGetUUID, default="")),
         )

@@ -1,0 +1,149 @@
+"""Measured energy of a plan on the GPU here: decode, prefill, and J per request.
+
+Decode is measured at a fixed context (the step at context ``c`` attends to
+``c + 1`` tokens and writes one); a request's decode energy is taken at its mean
+context ``input + output / 2`` (a decode step's cost is linear in the context).
+Prefill is one request of ``input`` tokens. All numbers come from the NVML meter
+(energy) and CUDA-event / window timing of CUDA-graph replays.
+
+torch is imported only inside functions.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import UnsupportedError
+from ..formats import GPU, Format, gpu_from_device_name
+from ..plan import Plan
+from ..recipe import Workload
+from ..shape import ModelShape
+from .base import EnergyEstimate
+from .meter import EnergyMeter, MeterConfig, open_meter
+
+
+@dataclass
+class Bench:
+    """A random-weight model on the GPU, its calibration, and converted weights shared by plans."""
+
+    dims: Any
+    weights: Any
+    amax: dict[str, float]
+    linear_cache: dict = field(default_factory=dict)
+    runtimes: dict = field(default_factory=dict)
+
+    @classmethod
+    def create(cls, dims, seed: int = 0, max_pos: int = 8192) -> Bench:
+        from .runtime import LlamaWeights, calibrate
+
+        w = LlamaWeights.random(dims, max_pos=max_pos, seed=seed)
+        return cls(dims, w, calibrate(w))
+
+    def runtime(self, formats: dict[str, Format], key: str | None = None):
+        from .runtime import LlamaRuntime
+
+        key = key or Plan(formats).id
+        if key not in self.runtimes:
+            self.runtimes[key] = LlamaRuntime(self.weights, formats, self.amax, linear_cache=self.linear_cache)
+        return self.runtimes[key]
+
+
+def uniform_formats(dims, fmt: Format) -> dict[str, Format]:
+    from .runtime import GROUP_KINDS
+
+    return {f"layers.{i}.{k}": fmt for i in range(dims.num_layers) for k in GROUP_KINDS}
+
+
+def decode_step(rt, batch: int, context: int, seed: int = 0):
+    """A captured decode step of ``batch`` sequences at ``context`` (cache allocated here)."""
+    import torch
+
+    rt.allocate_cache(batch, context + 1)
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    tokens = torch.randint(0, rt.dims.vocab, (batch, 1), device="cuda", generator=g)
+    return rt.capture(tokens, context)
+
+
+def prefill_step(rt, length: int, batch: int = 1, seed: int = 0):
+    import torch
+
+    rt.allocate_cache(batch, length)
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    tokens = torch.randint(0, rt.dims.vocab, (batch, length), device="cuda", generator=g)
+    return rt.capture(tokens, 0)
+
+
+def measure_step(meter: EnergyMeter | None, step, label: str) -> dict:
+    """ms per step from CUDA events; J per token and power from the meter (when given)."""
+    ms = step.time_ms()
+    row: dict[str, Any] = {"ms_per_step_events": ms, "tokens_per_step": step.tokens_per_step}
+    if meter is not None:
+        m = meter.measure(step.launch, label, step.tokens_per_step)
+        row.update(
+            ms_per_step=m.s_per_step * 1e3,
+            j_per_step=m.j_per_step,
+            j_per_token=m.j_per_token,
+            power_w=m.power_w,
+            cv=m.cv,
+            unstable=m.unstable,
+            tokens_per_s=m.tokens_per_s,
+            tokens_per_s_per_w=m.tokens_per_s_per_w,
+            windows=[w.__dict__ for w in m.windows],
+            sm_clock_mhz=m.gpu_after.sm_clock_mhz,
+            temperature_c=m.gpu_after.temperature_c,
+        )
+    else:
+        row["ms_per_step"] = ms
+    return row
+
+
+class MeasuredEnergyModel:
+    """Measures a plan on the GPU here, with random weights of the model's shape.
+
+    Each estimate runs prefill (one request of ``input`` tokens) and decode (the
+    workload's batch at the mean context) under the NVML meter; minutes per plan.
+    """
+
+    measured = True
+
+    def __init__(self, shape: ModelShape, target: GPU | None = None, config: MeterConfig | None = None) -> None:
+        import torch
+
+        from .runtime import LlamaDims, require_gpu
+
+        require_gpu()
+        self.shape = shape
+        self.meter = open_meter(torch.cuda.current_device(), config)
+        state = self.meter.counter.state()
+        here = gpu_from_device_name(state.name)
+        if target is not None and here is not None and here != target:
+            raise UnsupportedError(
+                f"measured energy for {target.value} asked, but the GPU here is {state.name}; "
+                "use --energy predicted or run on the target GPU"
+            )
+        self.dims = LlamaDims.from_shape(shape)
+        self._bench: Bench | None = None
+        self.label = f"measured ({state.name}, driver {state.driver}, {time.strftime('%Y-%m-%d')})"
+
+    def estimate(self, plan: Plan, workload: Workload) -> EnergyEstimate:
+        import torch
+
+        if self._bench is None:
+            self._bench = Bench.create(self.dims, max_pos=max(8192, workload.input_tokens + workload.output_tokens + 1))
+        rt = self._bench.runtime(dict(plan.formats))
+        lin, lout, b = workload.input_tokens, workload.output_tokens, workload.batch_size
+        pre = measure_step(self.meter, prefill_step(rt, lin), f"prefill {plan.label()}")
+        torch.cuda.empty_cache()
+        dec = measure_step(self.meter, decode_step(rt, b, lin + lout // 2), f"decode {plan.label()}")
+        pre_j, step_j = pre["j_per_step"], dec["j_per_step"]
+        return EnergyEstimate(
+            workload=workload.name,
+            j_per_token=(pre_j + lout * step_j / b) / lout,
+            decode_j_per_token=step_j / b,
+            prefill_j_per_input_token=pre_j / lin,
+            decode_tokens_per_s=dec["tokens_per_s"],
+            source=self.label,
+            measured=True,
+        )
