@@ -284,6 +284,9 @@ def export_plan(
     t = time.perf_counter()
     proxy = ProxyEvaluator(loaded.model, tokens.heldout)
     qmodel = copy.deepcopy(loaded.model)
+    if not getattr(qmodel.config, "architectures", None):
+        # GGUF loads leave it unset; ModelOpt's export and every serving engine need it.
+        qmodel.config.architectures = [type(qmodel).__name__]
     with _quiet():
         quantize_plan(qmodel, plan, groups, forward_loop(tokens.calibration))
     planned = proxy.score(qmodel)
