@@ -1,0 +1,133 @@
+"""The profile cost model and profile files (CPU only, shipped profiles as fixtures)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from advisor.energy.costmodel import ProfileCostModel, interp
+from advisor.energy.profile import load_profile, shipped_profile, validate_profile
+from advisor.errors import InputError, UnsupportedError
+from advisor.formats import GPU, Format
+from advisor.plan import Plan
+from advisor.recipe import Workload
+from advisor.shape import llama_shape
+
+SHAPE = llama_shape("model.layers", 32, 4096, 14336, 32, 8, 128256, 128)
+NAMES = [g.name for g in SHAPE.groups]
+BF16 = Plan.uniform(NAMES, Format.BF16)
+FP8 = Plan.uniform(NAMES, Format.FP8)
+MLP_FP8 = Plan({n: Format.FP8 if n.endswith(("gate_up", "down")) else Format.BF16 for n in NAMES})
+
+
+@pytest.fixture(scope="module")
+def h200():
+    prof = shipped_profile(GPU.H200)
+    assert prof is not None, "advisor/profiles/h200_*.json is missing"
+    return prof
+
+
+@pytest.fixture(scope="module")
+def model(h200):
+    return ProfileCostModel(h200, SHAPE)
+
+
+def test_interp():
+    assert interp([1, 2, 4], [10, 20, 40], 3) == pytest.approx(30)
+    assert interp([1, 2, 4], [10, 20, 40], 8) == pytest.approx(80)  # extrapolates the last segment
+    assert interp([1, 4], [0, 2], 2, log_x=True) == pytest.approx(1)
+    assert interp([5], [7], 100) == 7
+
+
+def test_shipped_h200_profile_is_measured_and_labelled(h200, model):
+    assert h200["verified"] is True and h200["source"] == "measured"
+    assert "H200" in h200["gpu"] and h200["driver"] and h200["command"]
+    assert model.label.startswith("predicted (profile NVIDIA H200, measured ")
+    assert model.measured is False
+
+
+@pytest.mark.parametrize("fmt,plan", [("bf16", BF16), ("fp8", FP8)])
+def test_uniform_plans_reproduce_the_profile_measurements(h200, model, fmt, plan):
+    d = h200["decode"]
+    for b, j in zip(d["energy_batches"], d["j_per_step"][fmt], strict=True):
+        _, pred = model.decode_step(plan, b, d["contexts"][0])
+        assert pred == pytest.approx(j, rel=1e-6)
+    p = h200["prefill"]
+    for length, j in zip(p["lengths"], p["j_per_step"][fmt], strict=True):
+        assert model.prefill(plan, length)[1] == pytest.approx(j, rel=1e-6)
+
+
+def test_mixed_plan_lies_between_bf16_and_fp8(model):
+    for b in (1, 16, 64, 128):
+        e_bf16 = model.decode_step(BF16, b, 512)[1]
+        e_fp8 = model.decode_step(FP8, b, 512)[1]
+        e_mix = model.decode_step(MLP_FP8, b, 512)[1]
+        assert e_fp8 < e_mix < e_bf16
+
+
+def test_energy_per_token_falls_with_batch_and_step_grows_with_context(model):
+    per_token = [model.decode_step(FP8, b, 512)[1] / b for b in (1, 8, 16, 32, 64, 128)]
+    assert per_token == sorted(per_token, reverse=True)
+    assert model.decode_step(BF16, 16, 2048)[0] > model.decode_step(BF16, 16, 512)[0]
+
+
+def test_estimate_combines_prefill_and_decode(model):
+    w = Workload(name="chat", batch_size=16, input_tokens=512, output_tokens=256)
+    e = model.estimate(FP8, w)
+    _, step_j = model.decode_step(FP8, 16, 512 + 128)
+    _, pre_j = model.prefill(FP8, 512)
+    assert e.j_per_token == pytest.approx((pre_j + 256 * step_j / 16) / 256)
+    assert e.decode_j_per_token == pytest.approx(step_j / 16)
+    assert e.prefill_j_per_input_token == pytest.approx(pre_j / 512)
+    assert not e.measured and e.source == model.label
+    assert model.estimate(FP8, w).j_per_token < model.estimate(BF16, w).j_per_token
+
+
+def test_nvfp4_on_a_hopper_profile_is_unsupported(model):
+    with pytest.raises(UnsupportedError, match="nvfp4"):
+        model.estimate(Plan.uniform(NAMES, Format.NVFP4), Workload())
+
+
+def test_b200_profile_is_unverified_and_supports_nvfp4():
+    prof = shipped_profile(GPU.B200)
+    assert prof is not None and prof["verified"] is False and prof["source"] == "datasheet-derived"
+    cm = ProfileCostModel(prof, SHAPE)
+    assert "unverified" in cm.label
+    w = Workload(batch_size=64)
+    e = {f: cm.estimate(Plan.uniform(NAMES, f), w).j_per_token for f in Format}
+    assert e[Format.NVFP4] < e[Format.FP8] < e[Format.BF16]
+
+
+def test_a_smaller_model_costs_less(model, h200):
+    small = llama_shape("model.layers", 16, 2048, 8192, 16, 8, 32000, 128)
+    cm = ProfileCostModel(h200, small)
+    names = [g.name for g in small.groups]
+    w = Workload(batch_size=16)
+    assert cm.estimate(Plan.uniform(names, Format.BF16), w).j_per_token < model.estimate(BF16, w).j_per_token
+
+
+def test_unknown_group_kind_is_an_input_error(h200):
+    shape = llama_shape("model.layers", 1, 64, 128, 4, 4, 100)
+    bad = type(shape)(
+        **{**shape.__dict__, "groups": (*shape.groups[:1], type(shape.groups[0])("x.proj", ("x",), ((64, 64),)))}
+    )
+    with pytest.raises(InputError, match="profiled kinds"):
+        ProfileCostModel(h200, bad)
+
+
+def test_profile_validation(tmp_path, h200):
+    with pytest.raises(InputError, match="schema"):
+        validate_profile({"schema": "other"})
+    broken = dict(h200)
+    del broken["decode"]
+    with pytest.raises(InputError, match="decode"):
+        validate_profile(broken)
+    p = tmp_path / "p.json"
+    p.write_text(json.dumps(h200))
+    assert load_profile(p)["gpu"] == h200["gpu"]
+    p.write_text("{not json")
+    with pytest.raises(InputError, match="not JSON"):
+        load_profile(p)
+    with pytest.raises(InputError, match="cannot read"):
+        load_profile(tmp_path / "missing.json")
