@@ -206,6 +206,12 @@ def show(
     out.print_json(json.dumps(record))
 
 
+from .cli_deploy import export, recheck  # noqa: E402
+
+app.command()(export)
+app.command()(recheck)
+
+
 def main() -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     try:

@@ -98,6 +98,8 @@ def load_model(spec: ModelSpec, device: str = "cpu") -> LoadedModel:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise InputError(f"cannot load model {spec.source!r}: {first}") from None
     _strip_gguf_quantizer(model)
+    if not getattr(model.config, "architectures", None):  # GGUF loads leave it unset; export needs it
+        model.config.architectures = [type(model).__name__]
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     model.to(device).eval()

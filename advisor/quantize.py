@@ -89,6 +89,26 @@ def plan_quant_config(plan: Plan, groups: Iterable[LayerGroup]) -> dict[str, Any
     return {"quant_cfg": entries, "algorithm": "max"}
 
 
+def tie_fused_nvfp4_scales(model: torch.nn.Module, plan: Plan, groups: Iterable[LayerGroup]) -> None:
+    """Give the members of a fused NVFP4 group one global weight scale (the largest amax).
+
+    A serving engine runs q/k/v (and gate/up) as one GEMM with one NVFP4 second-level
+    weight scale; ModelOpt's export writes the shared ``weight_scale_2`` the same way.
+    Scoring with the shared scale makes the searched model the deployed one.
+    """
+    with torch.no_grad():
+        for g in groups:
+            if plan.format_of(g.name) != Format.NVFP4 or len(g.members) < 2:
+                continue
+            quantizers = [model.get_submodule(m).weight_quantizer for m in g.members]
+            amaxes = [q.amax for q in quantizers if getattr(q, "amax", None) is not None]
+            if len(amaxes) != len(quantizers):
+                continue
+            shared = torch.stack([a.float().reshape(()) for a in amaxes]).max()
+            for q in quantizers:
+                q.amax = shared.to(q.amax.dtype).reshape(q.amax.shape).clone()
+
+
 def quantize_plan(model: torch.nn.Module, plan: Plan, groups: Iterable[LayerGroup], forward_loop: ForwardLoop):
     """Quantize ``model`` in place with ModelOpt for ``plan`` (calibrates once) and return it."""
     groups = tuple(groups)
@@ -98,7 +118,9 @@ def quantize_plan(model: torch.nn.Module, plan: Plan, groups: Iterable[LayerGrou
     # ModelOpt prints progress to stdout; stdout is for results only.
     with warnings.catch_warnings(), contextlib.redirect_stdout(sys.stderr):
         warnings.simplefilter("ignore")
-        return mtq.quantize(model, plan_quant_config(plan, groups), forward_loop)
+        model = mtq.quantize(model, plan_quant_config(plan, groups), forward_loop)
+    tie_fused_nvfp4_scales(model, plan, groups)
+    return model
 
 
 def _share_weights_copy(model: torch.nn.Module) -> torch.nn.Module:

@@ -60,6 +60,10 @@ def test_right_modelopt_quantizers_are_enabled_per_group(tiny):
             if fmt == Format.NVFP4:
                 assert wq.num_bits == (2, 1) and wq.block_sizes[-1] == 16
     assert not model.lm_head.__class__.__name__.startswith("Quant") or not model.lm_head.weight_quantizer.is_enabled
+    for g in groups:  # fused NVFP4 members share one global weight scale, as engines and export do
+        if plan.format_of(g.name) == Format.NVFP4 and len(g.members) > 1:
+            amaxes = {float(model.get_submodule(m).weight_quantizer.amax) for m in g.members}
+            assert len(amaxes) == 1, g.name
 
 
 def test_calibration_runs_once_per_format_and_never_per_trial(tiny):
