@@ -45,6 +45,9 @@ def test_shipped_h200_profile_is_measured_and_labelled(h200, model):
     assert "H200" in h200["gpu"] and h200["driver"] and h200["command"]
     assert model.label.startswith("predicted (profile NVIDIA H200, measured ")
     assert model.measured is False
+    from advisor.energy.base import EnergyModel
+
+    assert isinstance(model, EnergyModel)
 
 
 @pytest.mark.parametrize("fmt,plan", [("bf16", BF16), ("fp8", FP8)])
@@ -131,3 +134,74 @@ def test_profile_validation(tmp_path, h200):
         load_profile(p)
     with pytest.raises(InputError, match="cannot read"):
         load_profile(tmp_path / "missing.json")
+
+
+# -- the --energy choice (advisor/cli_energy.py) -------------------------------------
+
+
+def test_make_energy_model_predicted_uses_the_shipped_profile_or_the_roofline():
+    from advisor.cli_energy import make_energy_model
+    from advisor.energy.roofline import RooflineEnergyModel
+
+    h200 = make_energy_model("predicted", SHAPE, GPU.H200)
+    assert isinstance(h200, ProfileCostModel) and h200.label.startswith("predicted (profile NVIDIA H200, measured")
+    b200 = make_energy_model("predicted", SHAPE, GPU.B200)
+    assert "unverified" in b200.label
+    if shipped_profile(GPU.H100) is None:
+        assert isinstance(make_energy_model("predicted", SHAPE, GPU.H100), RooflineEnergyModel)
+
+
+def test_make_energy_model_auto_without_a_target_gpu_predicts(monkeypatch):
+    from advisor import cli_energy
+
+    monkeypatch.setattr(cli_energy, "gpu_here", lambda: (None, None))
+    m = cli_energy.make_energy_model("auto", SHAPE, GPU.H200)
+    assert m.measured is False and "profile NVIDIA H200" in m.label
+    monkeypatch.setattr(cli_energy, "gpu_here", lambda: (GPU.H100, "NVIDIA H100 80GB HBM3"))
+    assert cli_energy.make_energy_model("auto", SHAPE, GPU.H200).measured is False
+
+
+def test_make_energy_model_rejects_bad_modes_and_mismatched_profiles(tmp_path, h200):
+    from advisor.cli_energy import make_energy_model
+
+    with pytest.raises(InputError, match="--energy"):
+        make_energy_model("guess", SHAPE, GPU.H200)
+    p = tmp_path / "p.json"
+    p.write_text(json.dumps(h200))
+    with pytest.raises(InputError, match="target is b200"):
+        make_energy_model("predicted", SHAPE, GPU.B200, profile=p)
+    assert make_energy_model("predicted", SHAPE, GPU.H200, profile=p).measured is False
+
+
+def test_measured_without_a_gpu_is_a_setup_error(monkeypatch):
+    from advisor.cli_energy import make_energy_model
+    from advisor.errors import SetupError
+
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is here")
+    with pytest.raises(SetupError):
+        make_energy_model("measured", SHAPE, GPU.H200)
+
+
+def test_measure_command_checks_its_flags(tmp_path):
+    from advisor.cli_energy import measure
+
+    with pytest.raises(InputError, match="--batch"):
+        measure(tmp_path / "plan.json", batch=0)
+    with pytest.raises(InputError, match="cannot read plan"):
+        measure(tmp_path / "plan.json")
+    (tmp_path / "plan.json").write_text(json.dumps({"formats": {"layers.0.qkv": "fp8"}}))
+    with pytest.raises(InputError, match="does not match"):
+        measure(tmp_path / "plan.json")
+    with pytest.raises(InputError, match="--target"):
+        measure(tmp_path / "plan.json", target="a100")
+
+
+def test_cli_energy_imports_no_torch():
+    import subprocess
+    import sys
+
+    code = "import sys, advisor.cli_energy; print('torch' in sys.modules, 'pynvml' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False False"

@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import UnsupportedError
+from ..errors import SetupError, UnsupportedError
 from ..formats import GPU, Format, gpu_from_device_name
 from ..plan import Plan
 from ..recipe import Workload
@@ -99,6 +99,21 @@ def measure_step(meter: EnergyMeter | None, step, label: str) -> dict:
     return row
 
 
+def _torch_with_gpu():
+    """torch, with a CUDA GPU and triton present, or a SetupError that says what is missing."""
+    try:
+        import torch
+    except ImportError as exc:
+        raise SetupError("measured energy needs PyTorch with CUDA (pip install torch)") from exc
+    if not torch.cuda.is_available():
+        raise SetupError("measured energy needs an NVIDIA GPU; none is visible (use --energy predicted)")
+    try:
+        import triton  # noqa: F401
+    except ImportError as exc:
+        raise SetupError("the energy runtime needs triton (it ships with PyTorch's CUDA wheels)") from exc
+    return torch
+
+
 class MeasuredEnergyModel:
     """Measures a plan on the GPU here, with random weights of the model's shape.
 
@@ -109,11 +124,9 @@ class MeasuredEnergyModel:
     measured = True
 
     def __init__(self, shape: ModelShape, target: GPU | None = None, config: MeterConfig | None = None) -> None:
-        import torch
+        torch = _torch_with_gpu()
+        from .runtime import LlamaDims
 
-        from .runtime import LlamaDims, require_gpu
-
-        require_gpu()
         self.shape = shape
         self.meter = open_meter(torch.cuda.current_device(), config)
         state = self.meter.counter.state()

@@ -114,13 +114,13 @@ def measure_profile(
     log=print,
 ) -> dict[str, Any]:
     """Measure a profile of the Llama-3.1-8B shape on the GPU here (several minutes)."""
-    import torch
+    from .measure import _torch_with_gpu
 
+    torch = _torch_with_gpu()
     from .measure import Bench, decode_step, prefill_step, uniform_formats
     from .meter import open_meter
-    from .runtime import LlamaDims, copy_bandwidth_gb_s, require_gpu
+    from .runtime import LlamaDims, copy_bandwidth_gb_s
 
-    require_gpu()
     meter = open_meter(torch.cuda.current_device(), meter_config)
     state = meter.counter.state()
     idle_w = meter.idle_power_w()

@@ -1,0 +1,168 @@
+"""Energy commands (`advisor profile`, `advisor measure`) and the `--energy` choice.
+
+Registered by advisor/cli.py; each command is thin: it checks flags, calls the
+energy library, prints the result (JSON on stdout), and raises AdvisorError
+subclasses that the CLI maps to exit codes. torch and pynvml are imported only
+inside the functions, so `advisor --help` stays instant.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from .energy.base import EnergyModel
+from .errors import InputError
+from .formats import GPU, gpu_from_device_name
+from .plan import Plan
+from .recipe import Workload
+from .shape import ModelShape, llama_shape
+
+ENERGY_MODES = ("measured", "predicted", "auto")
+
+
+def llama31_8b_shape() -> ModelShape:
+    return llama_shape("model.layers", 32, 4096, 14336, 32, 8, 128256, 128)
+
+
+def gpu_here() -> tuple[GPU | None, str | None]:
+    """The known GPU kind on this machine (via NVML), or (None, None) when there is none."""
+    from .energy.nvml import NvmlDevice
+    from .errors import SetupError
+
+    try:
+        name = NvmlDevice(0).name
+    except SetupError:
+        return None, None
+    return gpu_from_device_name(name), name
+
+
+def make_energy_model(
+    mode: str,
+    shape: ModelShape,
+    target: GPU,
+    profile: Path | None = None,
+) -> EnergyModel:
+    """The energy model for ``--energy measured|predicted|auto``.
+
+    * ``measured``: the NVML meter on the GPU here running the plan in the serving
+      runtime (random weights of ``shape``); the GPU must be of the ``target`` kind.
+      About 40 s per plan and workload.
+    * ``predicted``: the cost model on ``profile`` if given, else on the shipped
+      profile of ``target`` (advisor/profiles/), else the datasheet roofline.
+    * ``auto``: measured when a GPU of the target kind is here, else predicted.
+    """
+    if mode not in ENERGY_MODES:
+        raise InputError(f"--energy must be one of {', '.join(ENERGY_MODES)}, got {mode!r}")
+    if mode == "auto":
+        here, _ = gpu_here()
+        mode = "measured" if here == target else "predicted"
+    if mode == "measured":
+        from .energy.measure import MeasuredEnergyModel
+
+        return MeasuredEnergyModel(shape, target)
+    from .energy.costmodel import ProfileCostModel
+    from .energy.profile import load_profile, shipped_profile
+
+    if profile is not None:
+        data = load_profile(profile)
+        if data.get("gpu_kind") not in (None, target.value):
+            raise InputError(f"profile {profile} is for {data['gpu_kind']}, but the target is {target.value}")
+        return ProfileCostModel(data, shape)
+    data = shipped_profile(target)
+    if data is not None:
+        return ProfileCostModel(data, shape)
+    from .energy.roofline import RooflineEnergyModel
+
+    return RooflineEnergyModel(shape, target)
+
+
+def shape_from_model(model: str | None) -> ModelShape:
+    """Llama-3.1-8B by default; else the Llama-family config of a hub id or local directory."""
+    if model is None:
+        return llama31_8b_shape()
+    try:
+        from transformers import AutoConfig
+
+        c = AutoConfig.from_pretrained(model)
+    except Exception as exc:  # noqa: BLE001 (transformers raises many kinds)
+        raise InputError(f"cannot read a model config from {model!r}: {exc}") from exc
+    heads = c.num_attention_heads
+    return llama_shape(
+        "model.layers",
+        c.num_hidden_layers,
+        c.hidden_size,
+        c.intermediate_size,
+        heads,
+        getattr(c, "num_key_value_heads", None) or heads,
+        c.vocab_size,
+        getattr(c, "head_dim", None) or c.hidden_size // heads,
+    )
+
+
+OutOpt = Annotated[
+    Path | None,
+    typer.Option("--out", "-o", help="Profile JSON to write (default: profiles/<gpu>_<date>.json)."),
+]
+PlanOpt = Annotated[Path, typer.Option("--plan", "-p", help="Plan JSON file ({'formats': {group: format}}).")]
+ModelOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--model", help="Hub id or local dir of a Llama-family model (its config only); default Llama-3.1-8B."
+    ),
+]
+TargetOpt = Annotated[
+    str | None, typer.Option("--target", help="Expected GPU kind (h100, h200, b200); default: the GPU here.")
+]
+BatchOpt = Annotated[int, typer.Option("--batch", help="Concurrent sequences in decode.")]
+InOpt = Annotated[int, typer.Option("--input-tokens", help="Prompt tokens per request.")]
+OutTokOpt = Annotated[int, typer.Option("--output-tokens", help="Generated tokens per request.")]
+
+
+def profile(out: OutOpt = None) -> None:
+    """Measure this GPU's energy profile (Llama-3.1-8B shape, BF16 and FP8; several minutes)."""
+    from .energy.profile import measure_profile, save_profile
+
+    here, name = gpu_here()
+    if name is None:
+        from .errors import SetupError
+
+        raise SetupError("no NVIDIA GPU visible through NVML: `advisor profile` measures the GPU it runs on")
+    command = "advisor " + " ".join(sys.argv[1:])
+    data = measure_profile(command, log=lambda *a: typer.echo(" ".join(map(str, a)), err=True))
+    kind = here.value if here else name.replace(" ", "-").lower()
+    path = out or Path("profiles") / f"{kind}_{time.strftime('%Y-%m-%d')}.json"
+    save_profile(data, path)
+    typer.echo(json.dumps({"profile": str(path), "gpu": data["gpu"], "driver": data["driver"], "date": data["date"]}))
+
+
+def measure(
+    plan: PlanOpt,
+    model: ModelOpt = None,
+    target: TargetOpt = None,
+    batch: BatchOpt = 16,
+    input_tokens: InOpt = 512,
+    output_tokens: OutTokOpt = 256,
+) -> None:
+    """Measure one plan's J/token on the GPU here (serving runtime, NVML meter)."""
+    from .energy.measure import MeasuredEnergyModel
+
+    if batch < 1 or input_tokens < 1 or output_tokens < 1:
+        raise InputError("--batch, --input-tokens and --output-tokens must be >= 1")
+    tgt = None
+    if target is not None:
+        try:
+            tgt = GPU(target.lower())
+        except ValueError:
+            raise InputError(f"--target must be one of {', '.join(g.value for g in GPU)}, got {target!r}") from None
+    shape = shape_from_model(model)
+    p = Plan.load(plan)
+    p.check_against(shape.groups)
+    workload = Workload(name="cli", batch_size=batch, input_tokens=input_tokens, output_tokens=output_tokens)
+    est = MeasuredEnergyModel(shape, tgt).estimate(p, workload)
+    typer.echo(json.dumps({"plan": p.id, "label": p.label(), **est.to_dict()}, indent=2))
