@@ -1,0 +1,124 @@
+"""`advisor eval`: score one plan with lm-eval on the in-memory quantized model.
+
+Thin: checks flags, then calls the library. Raises advisor errors (the CLI's one
+error exit turns them into one line and an exit code); prints results to stdout.
+Register in advisor/cli.py with ``app.command("eval")(eval_plan)``.
+
+Precedence: flag > recipe file > default.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from .errors import InputError
+from .formats import Format
+
+PlanOpt = Annotated[str, typer.Option("--plan", help="plan JSON file, or a uniform format: bf16, fp8, nvfp4")]
+TasksOpt = Annotated[str, typer.Option(
+    "--tasks", help="comma-separated: local tasks (lambada_openai, piqa, arc_easy; need --data-dir), "
+    "lm-eval task names, or task YAML paths")]
+RecipeOpt = Annotated[Path | None, typer.Option("--recipe", help="recipe YAML (model, calibration, device)")]
+ModelOpt_ = Annotated[str | None, typer.Option("--model", help="hub id, local dir, .gguf file or demo:smollm2-135m")]
+GgufOpt = Annotated[str | None, typer.Option("--gguf-file", help="GGUF file name inside --model")]
+LimitOpt = Annotated[int | None, typer.Option("--limit", help="seeded random subset per task (default: full set)")]
+SeedOpt = Annotated[int, typer.Option("--seed", help="seed of the --limit subset and of lm-eval")]
+DataOpt = Annotated[Path | None, typer.Option("--data-dir", help="folder of the local tasks' JSONL files")]
+OutOpt = Annotated[Path | None, typer.Option("--out", help="write the scores as JSON here")]
+CacheOpt = Annotated[Path | None, typer.Option("--cache-dir", help="score cache folder (default: none)")]
+DeviceOpt = Annotated[str | None, typer.Option("--device", help="auto, cpu or cuda")]
+BatchOpt = Annotated[int, typer.Option("--batch-size", help="lm-eval batch size")]
+
+
+def _tasks(text: str) -> list[str]:
+    tasks = [t.strip() for t in text.split(",") if t.strip()]
+    if not tasks:
+        raise InputError("--tasks: give at least one task, e.g. --tasks lambada_openai,piqa")
+    return tasks
+
+
+def _plan(text: str, groups):
+    from .plan import Plan
+
+    if text.lower().removeprefix("all-") in {f.value for f in Format}:
+        return Plan.uniform(groups, Format(text.lower().removeprefix("all-")))
+    path = Path(text)
+    if not path.is_file():
+        allowed = ", ".join(f.value for f in Format)
+        raise InputError(f"--plan: {text} is neither a plan file nor a uniform format ({allowed})")
+    plan = Plan.load(path)
+    plan.check_against(groups)
+    return plan
+
+
+def eval_plan(
+    plan: PlanOpt,
+    tasks: TasksOpt = "lambada_openai,piqa,arc_easy",
+    recipe: RecipeOpt = None,
+    model: ModelOpt_ = None,
+    gguf_file: GgufOpt = None,
+    limit: LimitOpt = None,
+    seed: SeedOpt = 0,
+    data_dir: DataOpt = None,
+    out: OutOpt = None,
+    cache_dir: CacheOpt = None,
+    device: DeviceOpt = None,
+    batch_size: BatchOpt = 16,
+) -> None:
+    """Score one plan on lm-eval tasks (in memory: the quantized model is never written to disk)."""
+    task_list = _tasks(tasks)
+    if limit is not None and limit < 1:
+        raise InputError(f"--limit: must be at least 1, got {limit}")
+    if batch_size < 1:
+        raise InputError(f"--batch-size: must be at least 1, got {batch_size}")
+    if data_dir is not None and not data_dir.is_dir():
+        raise InputError(f"--data-dir: {data_dir} is not a directory")
+    if device is not None and device not in ("auto", "cpu", "cuda"):
+        raise InputError(f"--device: got {device!r}; allowed: auto, cpu, cuda")
+
+    from .recipe import load_recipe
+
+    rec = load_recipe(recipe, {"model.source": model, "model.gguf_file": gguf_file, "device": device})
+    from .accuracy import harness
+
+    for t in task_list:  # fail on bad tasks and missing data before loading the model
+        harness.task_config(t, data_dir)
+
+    import torch
+
+    from .calibration import build_token_sets, forward_loop
+    from .errors import SetupError
+    from .model import load_model
+    from .quantize import quantize_plan
+
+    dev = rec.device if rec.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    if dev == "cuda" and not torch.cuda.is_available():
+        raise SetupError("--device cuda: no CUDA GPU is visible to torch; use --device cpu")
+    lm = load_model(rec.model, device=dev)
+    chosen = _plan(plan, lm.shape.groups)
+    base_hash = harness.model_hash(lm.model)
+    model_obj = lm.model
+    if chosen.uniform_format() != Format.BF16:
+        tokens = build_token_sets(lm.model, lm.tokenizer, rec.calibration)
+        model_obj = quantize_plan(lm.model, chosen, lm.shape.groups, forward_loop(tokens.calibration))
+    scores = harness.score_plan(
+        model_obj, lm.tokenizer, chosen.id, base_hash, task_list, limit=limit, seed=seed,
+        data_dir=data_dir, cache_dir=cache_dir, batch_size=batch_size,
+    )
+    label = chosen.label()
+    typer.echo(harness.accuracy_table({label: scores}, list(scores)))
+    if out is not None:
+        result = {
+            "model": lm.name, "model_hash": base_hash, "plan_id": chosen.id, "plan": label, "device": dev,
+            "limit": limit, "seed": seed, "results": [s.to_dict() for s in scores.values()],
+        }
+        try:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(json.dumps(result, indent=2))
+        except OSError as exc:
+            raise InputError(f"--out: cannot write {out}: {exc.strerror}") from None
+        typer.echo(f"wrote {out}")
