@@ -117,6 +117,10 @@ def search(
     out_dir: OutOpt = None,
     name: NameOpt = None,
     device: Annotated[str | None, typer.Option(help="auto, cpu or cuda (where accuracy is computed).")] = None,
+    energy: Annotated[str | None, typer.Option(
+        help="measured (NVML on a GPU of the target kind, ~40 s per plan), predicted (profile or roofline), "
+        "or auto (measured when such a GPU is here).")] = None,
+    energy_profile: Annotated[str | None, typer.Option(help="Profile JSON from `advisor profile`.")] = None,
     resume: Annotated[bool, typer.Option("--resume", help="Continue the study of the same name.")] = False,
 ) -> None:
     """Search per-layer formats; write the report, summary.json and the study to OUT/NAME."""
@@ -127,7 +131,7 @@ def search(
         "search.trials": trials, "search.timeout_s": timeout, "search.seed": seed, "search.sampler": sampler,
         "accuracy.max_kl": max_kl, "calibration.source": calibration, "benchmark.tasks": _split(tasks),
         "benchmark.limit": limit, "storage": storage, "out": str(out_dir) if out_dir else None,
-        "name": name, "device": device,
+        "name": name, "device": device, "energy": energy, "energy_profile": energy_profile,
         "workloads": _workload_overrides(batch_size, input_tokens, output_tokens, recipe),
     }
     rec = load_recipe(recipe, overrides)
@@ -207,9 +211,15 @@ def show(
 
 
 from .cli_deploy import export, recheck  # noqa: E402
+from .cli_energy import measure as measure_command  # noqa: E402
+from .cli_energy import profile as profile_command  # noqa: E402
+from .cli_eval import eval_plan  # noqa: E402
 
 app.command()(export)
 app.command()(recheck)
+app.command(name="profile")(handle_errors(profile_command))
+app.command(name="measure")(handle_errors(measure_command))
+app.command(name="eval")(handle_errors(eval_plan))
 
 
 def main() -> None:

@@ -16,70 +16,16 @@ from typing import Annotated
 
 import typer
 
-from .energy.base import EnergyModel
+from .energy.select import ENERGY_MODES, gpu_here, make_energy_model  # noqa: F401
 from .errors import InputError
-from .formats import GPU, gpu_from_device_name
+from .formats import GPU
 from .plan import Plan
 from .recipe import Workload
 from .shape import ModelShape, llama_shape
 
-ENERGY_MODES = ("measured", "predicted", "auto")
-
 
 def llama31_8b_shape() -> ModelShape:
     return llama_shape("model.layers", 32, 4096, 14336, 32, 8, 128256, 128)
-
-
-def gpu_here() -> tuple[GPU | None, str | None]:
-    """The known GPU kind on this machine (via NVML), or (None, None) when there is none."""
-    from .energy.nvml import NvmlDevice
-    from .errors import SetupError
-
-    try:
-        name = NvmlDevice(0).name
-    except SetupError:
-        return None, None
-    return gpu_from_device_name(name), name
-
-
-def make_energy_model(
-    mode: str,
-    shape: ModelShape,
-    target: GPU,
-    profile: Path | None = None,
-) -> EnergyModel:
-    """The energy model for ``--energy measured|predicted|auto``.
-
-    * ``measured``: the NVML meter on the GPU here running the plan in the serving
-      runtime (random weights of ``shape``); the GPU must be of the ``target`` kind.
-      About 40 s per plan and workload.
-    * ``predicted``: the cost model on ``profile`` if given, else on the shipped
-      profile of ``target`` (advisor/profiles/), else the datasheet roofline.
-    * ``auto``: measured when a GPU of the target kind is here, else predicted.
-    """
-    if mode not in ENERGY_MODES:
-        raise InputError(f"--energy must be one of {', '.join(ENERGY_MODES)}, got {mode!r}")
-    if mode == "auto":
-        here, _ = gpu_here()
-        mode = "measured" if here == target else "predicted"
-    if mode == "measured":
-        from .energy.measure import MeasuredEnergyModel
-
-        return MeasuredEnergyModel(shape, target)
-    from .energy.costmodel import ProfileCostModel
-    from .energy.profile import load_profile, shipped_profile
-
-    if profile is not None:
-        data = load_profile(profile)
-        if data.get("gpu_kind") not in (None, target.value):
-            raise InputError(f"profile {profile} is for {data['gpu_kind']}, but the target is {target.value}")
-        return ProfileCostModel(data, shape)
-    data = shipped_profile(target)
-    if data is not None:
-        return ProfileCostModel(data, shape)
-    from .energy.roofline import RooflineEnergyModel
-
-    return RooflineEnergyModel(shape, target)
 
 
 def shape_from_model(model: str | None) -> ModelShape:

@@ -108,6 +108,11 @@ class Recipe(_Strict):
     storage: str | None = Field(None, description="Optuna storage URL; default: sqlite file in the output dir")
     out: Path = Path("runs")
     device: Literal["auto", "cpu", "cuda"] = "auto"
+    energy: Literal["auto", "predicted", "measured"] = Field(
+        "auto", description="measured: NVML on a GPU of the target kind (~40 s per plan and workload); "
+        "predicted: the target's measured profile, else the datasheet roofline; auto: measured when possible"
+    )
+    energy_profile: str | None = Field(None, description="a profile JSON from `advisor profile` to predict with")
 
     @field_validator("formats")
     @classmethod

@@ -13,7 +13,6 @@ from typing import Any
 
 from .calibration import TokenSets, build_token_sets, forward_loop
 from .energy.base import EnergyModel
-from .energy.roofline import RooflineEnergyModel
 from .model import LoadedModel, load_model
 from .plan import Plan
 from .recipe import Recipe
@@ -169,5 +168,10 @@ def prepare(
     proxy = ProxyEvaluator(bank.assemble(Plan.uniform(loaded.shape.groups, Format.BF16)), tokens.heldout)
     timings["reference_s"] = time.perf_counter() - t
 
-    energy = energy_model or RooflineEnergyModel(loaded.shape, recipe.target)
+    if energy_model is None:
+        from .energy.select import make_energy_model
+
+        profile = Path(recipe.energy_profile) if recipe.energy_profile else None
+        energy_model = make_energy_model(recipe.energy, loaded.shape, recipe.target, profile)
+    energy = energy_model
     return RunContext(recipe, loaded, tokens, bank, proxy, energy, device, fingerprint, timings)

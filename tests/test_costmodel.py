@@ -136,12 +136,12 @@ def test_profile_validation(tmp_path, h200):
         load_profile(tmp_path / "missing.json")
 
 
-# -- the --energy choice (advisor/cli_energy.py) -------------------------------------
+# -- the --energy choice (advisor/energy/select.py) -------------------------------------
 
 
 def test_make_energy_model_predicted_uses_the_shipped_profile_or_the_roofline():
-    from advisor.cli_energy import make_energy_model
     from advisor.energy.roofline import RooflineEnergyModel
+    from advisor.energy.select import make_energy_model
 
     h200 = make_energy_model("predicted", SHAPE, GPU.H200)
     assert isinstance(h200, ProfileCostModel) and h200.label.startswith("predicted (profile NVIDIA H200, measured")
@@ -152,17 +152,17 @@ def test_make_energy_model_predicted_uses_the_shipped_profile_or_the_roofline():
 
 
 def test_make_energy_model_auto_without_a_target_gpu_predicts(monkeypatch):
-    from advisor import cli_energy
+    from advisor.energy import select
 
-    monkeypatch.setattr(cli_energy, "gpu_here", lambda: (None, None))
-    m = cli_energy.make_energy_model("auto", SHAPE, GPU.H200)
+    monkeypatch.setattr(select, "gpu_here", lambda: (None, None))
+    m = select.make_energy_model("auto", SHAPE, GPU.H200)
     assert m.measured is False and "profile NVIDIA H200" in m.label
-    monkeypatch.setattr(cli_energy, "gpu_here", lambda: (GPU.H100, "NVIDIA H100 80GB HBM3"))
-    assert cli_energy.make_energy_model("auto", SHAPE, GPU.H200).measured is False
+    monkeypatch.setattr(select, "gpu_here", lambda: (GPU.H100, "NVIDIA H100 80GB HBM3"))
+    assert select.make_energy_model("auto", SHAPE, GPU.H200).measured is False
 
 
 def test_make_energy_model_rejects_bad_modes_and_mismatched_profiles(tmp_path, h200):
-    from advisor.cli_energy import make_energy_model
+    from advisor.energy.select import make_energy_model
 
     with pytest.raises(InputError, match="--energy"):
         make_energy_model("guess", SHAPE, GPU.H200)
@@ -174,7 +174,7 @@ def test_make_energy_model_rejects_bad_modes_and_mismatched_profiles(tmp_path, h
 
 
 def test_measured_without_a_gpu_is_a_setup_error(monkeypatch):
-    from advisor.cli_energy import make_energy_model
+    from advisor.energy.select import make_energy_model
     from advisor.errors import SetupError
 
     torch = pytest.importorskip("torch")

@@ -1,0 +1,64 @@
+"""Choose the energy model for `--energy measured|predicted|auto`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..errors import InputError
+from ..formats import GPU, gpu_from_device_name
+from ..shape import ModelShape
+from .base import EnergyModel
+
+ENERGY_MODES = ("measured", "predicted", "auto")
+
+
+def gpu_here() -> tuple[GPU | None, str | None]:
+    """The known GPU kind on this machine (via NVML), or (None, None) when there is none."""
+    from ..errors import SetupError
+    from .nvml import NvmlDevice
+
+    try:
+        name = NvmlDevice(0).name
+    except SetupError:
+        return None, None
+    return gpu_from_device_name(name), name
+
+
+def make_energy_model(
+    mode: str,
+    shape: ModelShape,
+    target: GPU,
+    profile: Path | None = None,
+) -> EnergyModel:
+    """The energy model for ``--energy measured|predicted|auto``.
+
+    * ``measured``: the NVML meter on the GPU here running the plan in the serving
+      runtime (random weights of ``shape``); the GPU must be of the ``target`` kind.
+      About 40 s per plan and workload.
+    * ``predicted``: the cost model on ``profile`` if given, else on the shipped
+      profile of ``target`` (advisor/profiles/), else the datasheet roofline.
+    * ``auto``: measured when a GPU of the target kind is here, else predicted.
+    """
+    if mode not in ENERGY_MODES:
+        raise InputError(f"--energy must be one of {', '.join(ENERGY_MODES)}, got {mode!r}")
+    if mode == "auto":
+        here, _ = gpu_here()
+        mode = "measured" if here == target else "predicted"
+    if mode == "measured":
+        from .measure import MeasuredEnergyModel
+
+        return MeasuredEnergyModel(shape, target)
+    from .costmodel import ProfileCostModel
+    from .profile import load_profile, shipped_profile
+
+    if profile is not None:
+        data = load_profile(profile)
+        if data.get("gpu_kind") not in (None, target.value):
+            raise InputError(f"profile {profile} is for {data['gpu_kind']}, but the target is {target.value}")
+        return ProfileCostModel(data, shape)
+    data = shipped_profile(target)
+    if data is not None:
+        return ProfileCostModel(data, shape)
+    from .roofline import RooflineEnergyModel
+
+    return RooflineEnergyModel(shape, target)
