@@ -205,3 +205,13 @@ def test_cli_energy_imports_no_torch():
     code = "import sys, advisor.cli_energy; print('torch' in sys.modules, 'pynvml' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False False"
+
+
+def test_predicted_falls_back_to_the_roofline_for_layers_no_profile_covers():
+    from advisor.energy.roofline import RooflineEnergyModel
+    from advisor.energy.select import make_energy_model
+    from advisor.plan import LayerGroup
+    from advisor.shape import ModelShape
+
+    generic = ModelShape((LayerGroup("encoder.fc1", ("encoder.fc1",), ((64, 256),)),), 1, 64, 4, 4, 16, 100, 6400)
+    assert isinstance(make_energy_model("predicted", generic, GPU.H200), RooflineEnergyModel)

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 from ..errors import InputError
 from ..formats import GPU, gpu_from_device_name
 from ..shape import ModelShape
 from .base import EnergyModel
+
+log = logging.getLogger(__name__)
 
 ENERGY_MODES = ("measured", "predicted", "auto")
 
@@ -58,7 +61,11 @@ def make_energy_model(
         return ProfileCostModel(data, shape)
     data = shipped_profile(target)
     if data is not None:
-        return ProfileCostModel(data, shape)
+        try:
+            return ProfileCostModel(data, shape)
+        except InputError as exc:  # layer kinds the profile does not cover: the roofline still applies
+            log.warning("shipped %s profile does not fit this model (%s); using the datasheet roofline",
+                        target.value, exc)
     from .roofline import RooflineEnergyModel
 
     return RooflineEnergyModel(shape, target)
