@@ -47,7 +47,10 @@ def e2m1_round_magnitude(a: torch.Tensor) -> torch.Tensor:
 def nvfp4_block_scales(x: torch.Tensor, global_amax: torch.Tensor, block_size: int = 16) -> torch.Tensor:
     """Per-block scales (float32, FP8-representable multiples of the global scale)."""
     blocks = x.float().reshape(-1, block_size)
-    global_scale = global_amax.float().reshape(()) / (_E2M1_MAX * _E4M3_MAX)
+    # ModelOpt's CUDA path computes amax / 2688 as amax * fl32(1 / 2688) (PyTorch on CUDA
+    # divides by a Python number through its reciprocal); do the same, or 1-ulp differences
+    # in the global scale flip block scales (reports/nvfp4_cpu_parity/).
+    global_scale = global_amax.float().reshape(()) * (torch.tensor(1.0) / (_E2M1_MAX * _E4M3_MAX))
     global_scale = torch.where(global_scale > 0, global_scale, torch.full_like(global_scale, 1e-12))
     block_amax = blocks.abs().amax(dim=1, keepdim=True)
     in_fp8_range = torch.clamp(block_amax / (_E2M1_MAX * global_scale), max=_E4M3_MAX)
@@ -82,9 +85,31 @@ def register_cpu_kernel() -> None:
                 return nvfp4_fake_quant(inputs, amax, block_size)
             return original(inputs, block_size, amax, num_bits, exponent_bits, scale_num_bits, scale_exponent_bits)
 
-        import warnings
-
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            torch.library.impl("tensorrt::dynamic_block_quantize_op", "cpu")(cpu_impl)
+        _override_cpu_kernel("dynamic_block_quantize_op", cpu_impl)
         _registered = True
+
+
+_library: torch.library.Library | None = None
+
+
+def _override_cpu_kernel(op: str, fn) -> None:
+    """Replace ModelOpt's Python CPU kernel of ``tensorrt::<op>`` with ``fn``.
+
+    torch >= 2.13 allows the override by default; older releases refuse a second Python
+    kernel for the same key unless told (``allow_override``) or, before that flag existed,
+    unless the first registration's record is dropped.
+    """
+    import warnings
+
+    global _library
+    _library = _library or torch.library.Library("tensorrt", "IMPL")  # kept alive: it owns the kernel
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            _library.impl(op, fn, "CPU", allow_override=True)
+        except TypeError:  # no allow_override in this torch
+            import torch.library as tl
+
+            for key in (f"tensorrt/{op}/CPU", f"tensorrt/{op}/cpu"):
+                tl._impls.discard(key)
+            _library.impl(op, fn, "CPU")

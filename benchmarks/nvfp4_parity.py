@@ -55,24 +55,10 @@ def cpu_codes_scales(x: torch.Tensor, amax: torch.Tensor) -> tuple[torch.Tensor,
 
 
 def register_cpu_kernel() -> None:
-    """prepare_device('cpu'), also on torch < 2.13.
-
-    torch 2.11's ``torch.library.impl`` refuses to override a Python kernel that ModelOpt
-    registered for the same op and dispatch key (2.13 allows it by default); forget
-    ModelOpt's registration record so that ours can take the CPU key.
-    """
+    """The product's own registration (advisor.nvfp4_cpu), which must work on the GPU's torch too."""
     from advisor.quantize import prepare_device
 
-    try:
-        prepare_device("cpu")
-    except RuntimeError as exc:
-        if "already a kernel registered from python" not in str(exc):
-            raise
-        import torch.library as tl
-
-        tl._impls.discard("tensorrt/dynamic_block_quantize_op/cpu")
-        tl._impls.discard("tensorrt/dynamic_block_quantize_op/CPU")
-        prepare_device("cpu")
+    prepare_device("cpu")
 
 
 # ---------------------------------------------------------------- CUDA side (ModelOpt)
