@@ -55,3 +55,23 @@ def test_report_and_show_refuse_a_folder_that_is_no_run(tmp_path):
     (tmp_path / "summary.json").write_text("{broken")
     result = runner.invoke(app, ["show", str(tmp_path)])
     assert result.exit_code == 2 and "not valid JSON" in result.output
+
+
+def test_lm_eval_stage_scores_baselines_and_front(tmp_path, tiny_recipe):
+    from conftest import SHARED
+
+    data_dir = need(SHARED / "data" / "eval")
+    tiny_recipe["benchmark"] = {"tasks": ["piqa"], "limit": 6, "data_dir": str(data_dir), "max_candidates": 1,
+                                "max_drop": 1.0}
+    path = tmp_path / "r.yaml"
+    path.write_text(yaml.safe_dump(tiny_recipe))
+    result = runner.invoke(app, ["search", "-r", str(path), "--trials", "4", "--sampler", "tpe"])
+    assert result.exit_code == 0, result.output
+    summary = json.loads((tmp_path / "runs" / "t" / "summary.json").read_text())
+    scored = {r["label"]: r for r in summary["trials"] if r["benchmark"]}
+    assert {"all-bf16", "all-fp8", "all-nvfp4"} <= set(scored)
+    assert all(r["benchmark"]["piqa"]["n"] == 6 for r in scored.values())
+    assert scored["all-bf16"]["benchmark_drop"] == 0
+    assert "lm-eval" in summary["recommendation"]["accuracy_metric"]
+    assert summary["benchmark_status"].startswith("measured: ")
+    assert "## Benchmark accuracy (lm-eval, measured)" in (tmp_path / "runs" / "t" / "report.md").read_text()
