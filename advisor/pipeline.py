@@ -114,6 +114,7 @@ def run(recipe: Recipe, resume: bool = False, console: Console | None = None) ->
                       console=console) as progress:
             task = progress.add_task("", total=None)
             sens = ctx.sensitivity(on_step=lambda done, total: progress.update(task, completed=done, total=total))
+        ctx.timings_s["sensitivity_s"] = sens.time_s
         save_run_meta(study, {"sensitivity": {
             "time_s": sens.time_s, "tokens": sens.tokens,
             "most_sensitive": [{"group": g, "format": f.value, "kl": v} for g, f, v in sens.most_sensitive(10)],
