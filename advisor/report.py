@@ -141,7 +141,7 @@ def _plot_front(summary: dict, path: Path) -> None:
                    label="recommended", zorder=5)
     ax.axhline(summary["accuracy_budget"]["max_kl"], ls="--", c="gray", lw=1, label="KL budget")
     ax.set_yscale("log")
-    ax.set_xlabel(f"J per output token, workload '{w0}' ({'; '.join(summary['labels']['energy'])})", fontsize=8)
+    ax.set_xlabel(f"J per output token, workload '{w0}'\n{'; '.join(summary['labels']['energy'])}", fontsize=8)
     ax.set_ylabel("KL(BF16 || plan), nats/token (measured)")
     ax.set_title(f"{summary['run']}: accuracy vs energy ({len(recs)} trials)")
     ax.legend(fontsize=7, loc="upper right")
