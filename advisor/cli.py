@@ -7,20 +7,18 @@ progress to stderr. Known errors print one line (`Error: ...`) and exit 2 (bad i
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 import os
 import sys
-from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
-from .errors import AdvisorError, InputError
+from .cli_common import DEBUG, err, handle_errors, out
+from .errors import InputError
 
 app = typer.Typer(
     help="Find the per-layer BF16/FP8/NVFP4 plan with the fewest joules per token within an accuracy budget.",
@@ -28,31 +26,13 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-out = Console(width=None if sys.stdout.isatty() else 160)
-err = Console(stderr=True, soft_wrap=True)
-F = TypeVar("F", bound=Callable[..., Any])
-_DEBUG = {"on": False}
-
-
-def handle_errors(fn: F) -> F:
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(*args, **kwargs)
-        except AdvisorError as exc:
-            if _DEBUG["on"]:
-                raise
-            err.print(f"[bold red]Error:[/] {exc}", markup=True, highlight=False)
-            raise typer.Exit(exc.exit_code) from None
-
-    return wrapper  # type: ignore[return-value]
 
 
 @app.callback()
 def _root(
     debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks and debug logs.")] = False,
 ) -> None:
-    _DEBUG["on"] = debug
+    DEBUG["on"] = debug
     logging.basicConfig(level=logging.DEBUG if debug else logging.WARNING, stream=sys.stderr)
     if not debug:
         _quiet_libraries()

@@ -8,58 +8,17 @@ results to stdout. ``export`` maps errors like every other command (exit 2 bad i
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import Annotated
 
 import typer
-from rich.console import Console
 
-from .errors import AdvisorError
-
-out = Console()
-err = Console(stderr=True, soft_wrap=True)
-F = TypeVar("F", bound=Callable[..., Any])
+from .cli_common import err, handle_errors, out
 
 RECHECK_ERROR_EXIT = 2
 
 
-def _debug() -> bool:
-    from . import cli
-
-    return cli._DEBUG["on"]
-
-
-def _handle(error_exit: int | None = None, catch_all: bool = False) -> Callable[[F], F]:
-    """advisor.cli.handle_errors, with an optional fixed exit code for every error."""
-
-    def deco(fn: F) -> F:
-        @functools.wraps(fn)
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            try:
-                return fn(*args, **kwargs)
-            except typer.Exit:
-                raise
-            except AdvisorError as exc:
-                if _debug():
-                    raise
-                err.print(f"[bold red]Error:[/] {exc}", markup=True, highlight=False)
-                raise typer.Exit(error_exit if error_exit is not None else exc.exit_code) from None
-            except Exception as exc:
-                if not catch_all or _debug():
-                    raise
-                first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-                err.print(f"[bold red]Error:[/] unexpected {type(exc).__name__}: {first} (rerun with --debug "
-                          "for the traceback)", markup=True, highlight=False)
-                raise typer.Exit(error_exit if error_exit is not None else 1) from None
-
-        return wrapper  # type: ignore[return-value]
-
-    return deco
-
-
-@_handle()
+@handle_errors
 def export(
     run_dir: Annotated[Path, typer.Argument(help="Run directory written by `advisor search`.")],
     out_dir: Annotated[Path, typer.Option("--out", "-o", help="New folder for the checkpoint.")],
@@ -85,7 +44,7 @@ def export(
         err.print(f"[yellow]warning:[/] {w}", markup=True, highlight=False)
 
 
-@_handle(error_exit=RECHECK_ERROR_EXIT, catch_all=True)
+@handle_errors(error_exit=RECHECK_ERROR_EXIT, catch_all=True)
 def recheck(
     recommendation: Annotated[Path, typer.Option("--recommendation", help="summary.json of the run (or its folder).")],
     model: Annotated[str, typer.Option(help="The new model version: hub id, local dir or .gguf file.")],
