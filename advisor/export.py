@@ -489,17 +489,9 @@ def load_exported(export_dir: Path | str, device: str = "cpu") -> Any:
 
 def run_tokens(run_dir: Path, recipe: Any, loaded: Any, fingerprint: str) -> Any:
     """The run's stored token sets when they belong to this model; else fresh ones (not stored)."""
-    from .calibration import TokenSets, build_token_sets
+    from .runner import load_or_build_tokens
 
-    path, key_path = run_dir / "tokens.pt", run_dir / "tokens.key.json"
-    key = {"calibration": recipe.calibration.model_dump(), "model": fingerprint}
-    if path.is_file() and key_path.is_file():
-        try:
-            if json.loads(key_path.read_text()) == key:
-                return TokenSets.load(path)
-        except (OSError, ValueError):
-            pass
-    return build_token_sets(loaded.model, loaded.tokenizer, recipe.calibration)
+    return load_or_build_tokens(recipe, loaded, run_dir, fingerprint, store=False)
 
 
 def export_run(

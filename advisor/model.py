@@ -109,6 +109,26 @@ def load_model(spec: ModelSpec, device: str = "cpu") -> LoadedModel:
     return LoadedModel(model, tokenizer, name, model_shape(model))
 
 
+def model_fingerprint(model: Any) -> str:
+    """A content hash of a model's config and tensors (names, shapes, dtypes, bytes).
+
+    Keys every cache that must not outlive a change of weights (token sets, lm-eval scores)
+    and tells `recheck`/`export` whether a model is the one a run used.
+    """
+    import hashlib
+
+    import torch
+
+    h = hashlib.sha256(model.config.to_json_string(use_diff=False).encode())
+    for name, t in sorted(model.state_dict().items()):
+        if not isinstance(t, torch.Tensor):
+            continue
+        h.update(f"{name}|{tuple(t.shape)}|{t.dtype}|".encode())
+        flat = t.detach().contiguous().cpu().reshape(-1)
+        h.update(flat.view(torch.uint8).numpy().tobytes() if flat.numel() else b"")
+    return h.hexdigest()[:16]
+
+
 def _linear_modules(model: torch.nn.Module) -> dict[str, torch.nn.Linear]:
     import torch
 

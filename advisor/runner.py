@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import time
@@ -36,29 +35,28 @@ def pick_device(requested: str) -> str:
 
 
 def model_fingerprint(loaded: LoadedModel) -> str:
-    """A hash of the weights (sampled) and config: keys caches that must not survive a model change."""
-    import torch
+    from .model import model_fingerprint as fingerprint
 
-    h = hashlib.sha256(loaded.model.config.to_json_string(use_diff=False).encode())
-    with torch.no_grad():
-        for name, p in sorted(loaded.model.named_parameters()):
-            flat = p.detach().reshape(-1)
-            step = max(1, flat.numel() // 4096)
-            h.update(name.encode())
-            h.update(flat[::step].float().cpu().numpy().tobytes())
-    return h.hexdigest()[:16]
+    return fingerprint(loaded.model)
 
 
-def load_or_build_tokens(recipe: Recipe, loaded: LoadedModel, run_dir: Path, fingerprint: str) -> TokenSets:
-    """Token sets are built once per run and stored, so a resumed study scores on the same tokens."""
+def load_or_build_tokens(
+    recipe: Recipe, loaded: LoadedModel, run_dir: Path, fingerprint: str, store: bool = True
+) -> TokenSets:
+    """The run's token sets when they belong to this model and calibration settings, else new
+    ones (stored when ``store``), so a resumed study scores on the same tokens."""
     path = run_dir / "tokens.pt"
     key_path = run_dir / "tokens.key.json"
     key = {"calibration": recipe.calibration.model_dump(), "model": fingerprint}
-    if path.exists() and key_path.exists() and json.loads(key_path.read_text()) == key:
-        return TokenSets.load(path)
+    try:
+        if path.is_file() and key_path.is_file() and json.loads(key_path.read_text()) == key:
+            return TokenSets.load(path)
+    except (OSError, ValueError):
+        pass  # unreadable or foreign files: build new tokens
     tokens = build_token_sets(loaded.model, loaded.tokenizer, recipe.calibration)
-    tokens.save(path)
-    key_path.write_text(json.dumps(key, indent=2))
+    if store:
+        tokens.save(path)
+        key_path.write_text(json.dumps(key, indent=2))
     return tokens
 
 

@@ -253,20 +253,11 @@ def evaluate(
 
 
 def model_hash(model: Any) -> str:
-    """A content hash of a model's parameters and buffers (names, shapes, dtypes, bytes).
+    """The model's content fingerprint (advisor.model.model_fingerprint); meant for the BF16
+    base model, a quantized plan is told apart by its plan id."""
+    from ..model import model_fingerprint
 
-    Meant for the BF16 base model; a quantized plan is told apart by its plan id.
-    """
-    import torch
-
-    h = hashlib.sha256()
-    for name, t in sorted(model.state_dict().items()):
-        if not isinstance(t, torch.Tensor):
-            continue
-        h.update(f"{name}|{tuple(t.shape)}|{t.dtype}|".encode())
-        flat = t.detach().contiguous().cpu().reshape(-1)
-        h.update(flat.view(torch.uint8).numpy().tobytes() if flat.numel() else b"")
-    return h.hexdigest()[:16]
+    return model_fingerprint(model)
 
 
 class ScoreCache:
