@@ -16,13 +16,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from pathlib import Path
 
 import torch
 
 from advisor.energy.measure import Bench, decode_step, measure_step, prefill_step, uniform_formats
 from advisor.energy.meter import MeterConfig, open_meter
+from advisor.energy.profile import measurement_header
 from advisor.energy.runtime import LlamaDims, copy_bandwidth_gb_s, kernel_names
 from advisor.formats import Format
 from advisor.plan import Plan
@@ -247,17 +247,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.profile is not None:
         prof_uuid = json.loads(args.profile.read_text()).get("gpu_uuid")
     out = {
-        "gpu": state.name,
-        "gpu_uuid": state.uuid,
+        **measurement_header(state, idle_w, bw, command, torch.__version__),
         "profile": str(args.profile) if args.profile else None,
         "profile_same_gpu": prof_uuid == state.uuid if prof_uuid else None,
-        "driver": state.driver,
-        "power_limit_w": state.power_limit_w,
-        "idle_power_w": idle_w,
-        "copy_bandwidth_gb_s": bw,
-        "date": time.strftime("%Y-%m-%d"),
-        "command": command,
-        "torch": torch.__version__,
         "quick": args.quick,
         "model": {"name": "Llama-3.1-8B shape, random weights (std 0.02)", **dims.__dict__},
         "weight_bytes": wbytes,

@@ -32,6 +32,21 @@ VERSION = 1
 KINDS = ("qkv", "o", "gate_up", "down")
 
 
+def measurement_header(state: Any, idle_w: float, copy_bw_gb_s: float, command: str, torch_version: str) -> dict:
+    """What every measured file records about where and how it was measured."""
+    return {
+        "gpu": state.name,
+        "gpu_uuid": state.uuid,
+        "driver": state.driver,
+        "power_limit_w": state.power_limit_w,
+        "idle_power_w": idle_w,
+        "copy_bandwidth_gb_s": copy_bw_gb_s,
+        "date": time.strftime("%Y-%m-%d"),
+        "command": command,
+        "torch": torch_version,
+    }
+
+
 def validate_profile(data: dict[str, Any], origin: str = "profile") -> dict[str, Any]:
     if data.get("schema") != SCHEMA or data.get("version") != VERSION:
         raise InputError(
@@ -195,18 +210,10 @@ def measure_profile(
     return {
         "schema": SCHEMA,
         "version": VERSION,
-        "gpu": state.name,
-        "gpu_uuid": state.uuid,
+        **measurement_header(state, idle_w, bw, command, torch.__version__),
         "gpu_kind": kind.value if kind else None,
-        "driver": state.driver,
-        "power_limit_w": state.power_limit_w,
-        "idle_power_w": idle_w,
-        "copy_bandwidth_gb_s": bw,
-        "date": time.strftime("%Y-%m-%d"),
-        "command": command,
         "source": "measured",
         "verified": True,
-        "torch": torch.__version__,
         "formats": [f.value for f in fmts],
         "model": {"name": "Llama-3.1-8B shape, random weights", **dims.__dict__},
         "decode": decode,
