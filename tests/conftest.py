@@ -1,8 +1,15 @@
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
+import torch
+
+# Triton reads TRITON_INTERPRET once, when it is first imported: without a GPU the
+# runtime's kernels run in its CPU interpreter (tests/test_runtime_kernels.py).
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 TINY_MODEL = SHARED / "models" / "tinystories-656k"

@@ -150,6 +150,10 @@ def test_fp8_runtime_matches_fake_quantized_model_and_runs_fp8_gemms():
     )
     assert fp8_gemms == 12, rows
     assert bf16_gemms <= 1, rows
+    # decode attention is one fused kernel that also rotates, writes the cache and
+    # emits FP8 for o_proj: no separate rope or quantization launches
+    names = " ".join(r["name"] for r in rows)
+    assert "_rope_qkv_kernel" not in names and "_quant_kernel" not in names, rows
 
 
 def test_nvfp4_energy_is_refused_on_hopper():
@@ -184,16 +188,25 @@ def test_nvml_meter_on_a_gpu_matmul():
     assert m.gpu_after.power_limit_w > 0 and m.gpu_after.driver
 
 
-@pytest.mark.parametrize("batch,ctx", [(1, 1000), (4, 513), (64, 77)])
-def test_split_decode_attention_matches_sdpa(batch, ctx):
-    from advisor.energy.runtime_kernels import decode_attention
+@pytest.mark.parametrize("batch,ctx,pdl", [(1, 1000, True), (4, 513, False), (16, 513, True), (64, 77, True)])
+def test_fused_decode_attention_matches_rope_and_sdpa(batch, ctx, pdl):
+    """Llama-3.1-8B head layout: the fused kernel against rope_qkv + SDPA over the real context."""
+    from advisor.energy.runtime_kernels import decode_attention, rope_qkv
 
-    kv, g, d, lmax = 8, 4, 128, 1100
-    q = torch.randn(batch, kv * g, 1, d, device="cuda", dtype=torch.bfloat16) * d**-0.5
-    kc = torch.randn(batch, kv, lmax, d, device="cuda", dtype=torch.bfloat16)
-    vc = torch.randn(batch, kv, lmax, d, device="cuda", dtype=torch.bfloat16)
-    out = decode_attention(q, kc, vc, ctx)
+    h, kv, d, lmax = 32, 8, 128, 1100
+    g = torch.Generator(device="cuda").manual_seed(batch)
+    qkv = torch.randn(batch, (h + 2 * kv) * d, device="cuda", generator=g).to(torch.bfloat16)
+    kc = torch.randn(batch, kv, lmax, d, device="cuda", generator=g).to(torch.bfloat16)
+    vc = torch.randn(batch, kv, lmax, d, device="cuda", generator=g).to(torch.bfloat16)
+    ang = torch.arange(lmax, device="cuda")[:, None] / (500000.0 ** (torch.arange(0, d, 2, device="cuda") / d))
+    cos, sin = ang.cos().float().contiguous(), ang.sin().float().contiguous()
+    pos = torch.tensor([ctx - 1], device="cuda")
+    kc2, vc2 = kc.clone(), vc.clone()
+    out = decode_attention(qkv, cos, sin, pos, kc, vc, ctx, h, kv, d, pdl=pdl)
+    q = rope_qkv(qkv, cos, sin, pos, kc2, vc2, batch, 1, h, kv, d)
     ref = torch.nn.functional.scaled_dot_product_attention(
-        q.float(), kc[:, :, :ctx].float(), vc[:, :, :ctx].float(), scale=1.0, enable_gqa=True
+        q.float(), kc2[:, :, :ctx].float(), vc2[:, :, :ctx].float(), scale=1.0, enable_gqa=True
     ).reshape(batch, -1)
     assert _rel(out, ref) < 1e-2
+    assert torch.equal(vc[:, :, ctx - 1], vc2[:, :, ctx - 1])
+    torch.testing.assert_close(kc[:, :, ctx - 1].float(), kc2[:, :, ctx - 1].float(), rtol=1e-2, atol=1e-6)

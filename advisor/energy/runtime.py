@@ -9,8 +9,11 @@ What a serving engine does, and what this runtime does too:
   kernel that produces it (RMSNorm, SiLU*up), not by a separate pass;
 * a static KV cache; the decode step and the prefill are captured once per
   (batch, length) in CUDA graphs and replayed, so no CPU launch overhead;
-* decode attention reads only the real context (graphs are captured per context
-  length bucket), never the whole allocated cache;
+* decode attention is one fused kernel (rotary embedding, KV-cache write,
+  flash-decoding, FP8 output for an FP8 o_proj) that reads only the real context
+  (graphs are captured per context length), never the whole allocated cache;
+* each decode layer is 8 kernels: 2 RMSNorms, 4 GEMMs, attention (plus a
+  reduction when it splits the context), SiLU*up;
 * the lm_head stays BF16 (ModelOpt's default), and prefill computes the logits of
   the last token only.
 
@@ -145,11 +148,11 @@ class _Linear:
     def weight_bytes(self) -> int:
         return self.w.numel() * self.w.element_size()
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, pdl: bool = False) -> torch.Tensor:
         if self.fmt == Format.BF16:
             return F.linear(x, self.w)
         if x.dtype != torch.float8_e4m3fn:
-            x = K.quant_fp8(x, self.inv_scale_x)
+            x = K.quant_fp8(x, self.inv_scale_x, pdl)
         return torch._scaled_mm(x, self.wt, scale_a=self.scale_x, scale_b=self.scale_w, out_dtype=torch.bfloat16)
 
 
@@ -248,6 +251,7 @@ class LlamaRuntime:
         act_amax: Mapping[str, float] | None = None,
         decode_attention: str = "triton",
         linear_cache: dict | None = None,
+        pdl: bool = False,
     ) -> None:
         self.w = weights
         self.dims = weights.dims
@@ -255,6 +259,12 @@ class LlamaRuntime:
         check_formats_supported(set(fmts.values()))
         self.formats = fmts
         self.decode_attention = decode_attention
+        # Programmatic dependent launch of the Triton kernels: off by default, because
+        # on an H100 it changed decode step times by -0.7% to +1.6% (it only overlaps
+        # launches after cuBLAS GEMMs, which do not trigger early);
+        # reports/benchmarks/decode_step_variants.md.
+        self.pdl = pdl and torch.cuda.get_device_capability()[0] >= 9
+        self.attention_splits: int | None = None  # None: runtime_kernels.decode_splits decides
         # ``linear_cache`` lets several runtimes (plans) share converted weights.
         cache = linear_cache if linear_cache is not None else {}
         self.lin = {}
@@ -289,6 +299,21 @@ class LlamaRuntime:
     def _inv(self, key: str):
         return self.lin[key].inv_scale_x
 
+    def _reference_attention(self, qkv, kc, vc, b: int, length: int, ctx: int, pdl: bool) -> torch.Tensor:
+        """Prefill attention (SDPA), and the eager decode variants the fused kernel is checked against."""
+        d = self.dims
+        q = K.rope_qkv(qkv, self.w.cos, self.w.sin, self.pos, kc, vc, b, length, d.heads, d.kv_heads, d.head_dim, pdl)
+        kk, vv = kc[:, :, :ctx], vc[:, :, :ctx]
+        if length > 1:
+            att = F.scaled_dot_product_attention(q, kk, vv, is_causal=True, scale=1.0, enable_gqa=True)
+            return att.transpose(1, 2).reshape(b * length, d.heads * d.head_dim)
+        qg = q.view(b, d.kv_heads, d.heads // d.kv_heads, d.head_dim)
+        if self.decode_attention == "bmm":
+            att = torch.matmul(torch.softmax(torch.matmul(qg, kk.transpose(-1, -2)), dim=-1), vv)
+        else:
+            att = F.scaled_dot_product_attention(qg, kk, vv, scale=1.0)
+        return att.reshape(b, d.heads * d.head_dim)
+
     def forward(self, tokens: torch.Tensor, start: int, calib: dict | None = None) -> torch.Tensor:
         """Run ``tokens`` [B, L] at positions ``start..start+L-1``; logits of the last token.
 
@@ -301,50 +326,57 @@ class LlamaRuntime:
         if not torch.cuda.is_current_stream_capturing():
             self.pos.fill_(start)
         ctx = start + length
+        pdl = self.pdl
         resid = F.embedding(tokens.reshape(-1), self.w.t["embed"])
         first = True
         h_out = None
         for i in range(d.num_layers):
             lq, lo, lg, ld = (self.lin[f"{i}.{k}"] for k in GROUP_KINDS)
             a = K.add_rmsnorm(
-                resid if first else h_out, None if first else resid, self.w.t[f"{i}.ln1"], d.rms_eps, lq.inv_scale_x
+                resid if first else h_out,
+                None if first else resid,
+                self.w.t[f"{i}.ln1"],
+                d.rms_eps,
+                lq.inv_scale_x,
+                pdl,
             )
             first = False
             if calib is not None:
                 calib[f"{i}.qkv"] = max(calib.get(f"{i}.qkv", 0.0), a.float().abs().amax().item())
             qkv = lq(a)
             kc, vc = self.k_cache[i], self.v_cache[i]
-            q = K.rope_qkv(qkv, self.w.cos, self.w.sin, self.pos, kc, vc, b, length, d.heads, d.kv_heads, d.head_dim)
-            kk = kc[:, :, :ctx]
-            vv = vc[:, :, :ctx]
-            if length == 1:
-                g = d.heads // d.kv_heads
-                qg = q.view(b, d.kv_heads, g, d.head_dim)
-                if self.decode_attention == "triton":
-                    att = K.decode_attention(q, kc, vc, ctx)
-                elif self.decode_attention == "bmm":
-                    s = torch.matmul(qg, kk.transpose(-1, -2))
-                    att = torch.matmul(torch.softmax(s, dim=-1), vv)
-                else:
-                    att = F.scaled_dot_product_attention(qg, kk, vv, scale=1.0)
-                att = att.reshape(b, d.heads * d.head_dim)
+            if length == 1 and self.decode_attention == "triton":
+                att = K.decode_attention(
+                    qkv,
+                    self.w.cos,
+                    self.w.sin,
+                    self.pos,
+                    kc,
+                    vc,
+                    ctx,
+                    d.heads,
+                    d.kv_heads,
+                    d.head_dim,
+                    inv_scale=lo.inv_scale_x,
+                    splits=self.attention_splits,
+                    pdl=pdl,
+                )
             else:
-                att = F.scaled_dot_product_attention(q, kk, vv, is_causal=True, scale=1.0, enable_gqa=True)
-                att = att.transpose(1, 2).reshape(b * length, d.heads * d.head_dim)
+                att = self._reference_attention(qkv, kc, vc, b, length, ctx, pdl)
             if calib is not None:
                 calib[f"{i}.o"] = max(calib.get(f"{i}.o", 0.0), att.float().abs().amax().item())
-            h = lo(att)
-            m = K.add_rmsnorm(h, resid, self.w.t[f"{i}.ln2"], d.rms_eps, lg.inv_scale_x)
+            h = lo(att, pdl)
+            m = K.add_rmsnorm(h, resid, self.w.t[f"{i}.ln2"], d.rms_eps, lg.inv_scale_x, pdl)
             if calib is not None:
                 calib[f"{i}.gate_up"] = max(calib.get(f"{i}.gate_up", 0.0), m.float().abs().amax().item())
             gu = lg(m)
-            act = K.silu_mul(gu, ld.inv_scale_x)
+            act = K.silu_mul(gu, ld.inv_scale_x, pdl)
             if calib is not None:
                 calib[f"{i}.down"] = max(calib.get(f"{i}.down", 0.0), act.float().abs().amax().item())
             h_out = ld(act)
         last = h_out.view(b, length, d.hidden)[:, -1].contiguous()
         resid_last = resid.view(b, length, d.hidden)[:, -1].contiguous()
-        y = K.add_rmsnorm(last, resid_last, self.w.t["norm"], d.rms_eps)
+        y = K.add_rmsnorm(last, resid_last, self.w.t["norm"], d.rms_eps, pdl=pdl)
         return F.linear(y, self.w.t["lm_head"])
 
     # -- CUDA graphs ------------------------------------------------------------

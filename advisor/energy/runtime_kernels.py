@@ -5,10 +5,20 @@ step is made of GEMMs, attention and one small kernel between each:
 
 * ``add_rmsnorm``: residual add + RMSNorm (+ FP8 quantization of the output with a
   static per-tensor scale, so the next GEMM reads FP8 directly);
-* ``rope_qkv``: rotary embedding of q and k from the fused qkv output, q scaled by
-  1/sqrt(head_dim) and written head-major, k and v written into the KV cache;
+* ``decode_attention``: one decode step's attention straight from the fused qkv
+  GEMM output: rotary embedding of q and of the new k, the new k and v written
+  into the KV cache, flash-decoding over the cached context (split over programs
+  when the batch alone cannot fill the GPU), and the output in BF16 or FP8;
+* ``rope_qkv``: rotary embedding for prefill (q written head-major, k and v into
+  the KV cache);
 * ``silu_mul``: SiLU(gate) * up (+ FP8 quantization);
-* ``quant_fp8``: per-tensor static FP8 quantization (attention output -> o_proj).
+* ``quant_fp8``: per-tensor static FP8 quantization (prefill attention output).
+
+``pdl=True`` launches a kernel with programmatic dependent launch (Hopper and
+newer): the GPU may start it while the kernel before it drains, and it waits in
+``griddepcontrol.wait`` before touching anything that kernel wrote. Measured on an
+H100 it did not pay (the GEMMs before these kernels do not trigger early), so the
+runtime leaves it off unless asked.
 """
 
 from __future__ import annotations
@@ -18,6 +28,31 @@ import triton
 import triton.language as tl
 
 FP8_MAX = tl.constexpr(448.0)
+
+
+@triton.jit
+def _wait_for_producer(USE_PDL: tl.constexpr):
+    if USE_PDL:
+        tl.extra.cuda.gdc_wait()
+
+
+@triton.jit
+def _let_consumer_start(USE_PDL: tl.constexpr):
+    if USE_PDL:
+        tl.extra.cuda.gdc_launch_dependents()
+
+
+@triton.jit
+def _dot(a, b, EXACT_F32: tl.constexpr):
+    if EXACT_F32:  # Triton 3.6's CPU interpreter multiplies BF16 dot operands as raw integers
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+    return tl.dot(a, b)
+
+
+def _launch(kernel, grid, *args, pdl: bool, **meta) -> None:
+    if pdl:
+        meta["launch_pdl"] = True
+    kernel[grid](*args, USE_PDL=pdl, **meta)
 
 
 @triton.jit
@@ -32,17 +67,19 @@ def _add_rmsnorm_kernel(
     HAS_RES: tl.constexpr,
     OUT_FP8: tl.constexpr,
     BLOCK: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < N
+    w = tl.load(W + cols, mask=mask, other=0.0).to(tl.float32)
+    _wait_for_producer(USE_PDL)
     x = tl.load(X + row * N + cols, mask=mask, other=0.0).to(tl.float32)
     if HAS_RES:
         r = tl.load(R + row * N + cols, mask=mask, other=0.0).to(tl.float32)
         x = (x + r).to(tl.bfloat16).to(tl.float32)
         tl.store(R + row * N + cols, x.to(tl.bfloat16), mask=mask)
     var = tl.sum(x * x, axis=0) / N
-    w = tl.load(W + cols, mask=mask, other=0.0).to(tl.float32)
     # rounded to BF16 as the BF16 model does, so FP8 quantizes the same values
     y = ((x * tl.rsqrt(var + eps)).to(tl.bfloat16).to(tl.float32) * w).to(tl.bfloat16).to(tl.float32)
     if OUT_FP8:
@@ -59,11 +96,14 @@ def add_rmsnorm(
     weight: torch.Tensor,
     eps: float,
     inv_scale: torch.Tensor | None = None,
+    pdl: bool = False,
 ) -> torch.Tensor:
     """``residual += x`` (when given) then RMSNorm of the sum; FP8 output when ``inv_scale``."""
     rows, n = x.shape
     out = torch.empty(rows, n, device=x.device, dtype=torch.float8_e4m3fn if inv_scale is not None else x.dtype)
-    _add_rmsnorm_kernel[(rows,)](
+    _launch(
+        _add_rmsnorm_kernel,
+        (rows,),
         x,
         residual if residual is not None else x,
         weight,
@@ -71,6 +111,7 @@ def add_rmsnorm(
         inv_scale if inv_scale is not None else weight,
         n,
         eps,
+        pdl=pdl,
         HAS_RES=residual is not None,
         OUT_FP8=inv_scale is not None,
         BLOCK=triton.next_power_of_2(n),
@@ -94,6 +135,7 @@ def _rope_qkv_kernel(
     D: tl.constexpr,
     LMAX,
     q_scale,
+    USE_PDL: tl.constexpr,
 ):
     t = tl.program_id(0).to(tl.int64)  # token index in [0, B*L)
     h = tl.program_id(1)  # 0..H-1: q heads, H..H+KV-1: kv heads
@@ -103,6 +145,7 @@ def _rope_qkv_kernel(
     half = tl.arange(0, D // 2)
     c = tl.load(COS + p * (D // 2) + half)
     s = tl.load(SIN + p * (D // 2) + half)
+    _wait_for_producer(USE_PDL)
     row = QKV + t * (H + 2 * KV) * D
     if h < H:
         x1 = tl.load(row + h * D + half).to(tl.float32)
@@ -138,10 +181,13 @@ def rope_qkv(
     heads: int,
     kv_heads: int,
     head_dim: int,
+    pdl: bool = False,
 ) -> torch.Tensor:
     """Rotate q and k of ``batch*length`` tokens at positions ``pos[0] + i``; returns q [B, H, L, D]."""
     q = torch.empty(batch, heads, length, head_dim, device=qkv.device, dtype=torch.bfloat16)
-    _rope_qkv_kernel[(batch * length, heads + kv_heads)](
+    _launch(
+        _rope_qkv_kernel,
+        (batch * length, heads + kv_heads),
         qkv,
         cos,
         sin,
@@ -155,16 +201,18 @@ def rope_qkv(
         head_dim,
         k_cache.shape[2],
         head_dim**-0.5,
+        pdl=pdl,
         num_warps=1,
     )
     return q
 
 
 @triton.jit
-def _silu_mul_kernel(GU, Y, inv_scale_ptr, INTER, OUT_FP8: tl.constexpr, BLOCK: tl.constexpr):
+def _silu_mul_kernel(GU, Y, inv_scale_ptr, INTER, OUT_FP8: tl.constexpr, BLOCK: tl.constexpr, USE_PDL: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < INTER
+    _wait_for_producer(USE_PDL)
     g = tl.load(GU + row * 2 * INTER + cols, mask=mask, other=0.0).to(tl.float32)
     u = tl.load(GU + row * 2 * INTER + INTER + cols, mask=mask, other=0.0).to(tl.float32)
     y = ((g / (1.0 + tl.exp(-g))).to(tl.bfloat16).to(tl.float32) * u).to(tl.bfloat16).to(tl.float32)
@@ -176,16 +224,19 @@ def _silu_mul_kernel(GU, Y, inv_scale_ptr, INTER, OUT_FP8: tl.constexpr, BLOCK: 
         tl.store(Y + row * INTER + cols, y.to(tl.bfloat16), mask=mask)
 
 
-def silu_mul(gu: torch.Tensor, inv_scale: torch.Tensor | None = None) -> torch.Tensor:
+def silu_mul(gu: torch.Tensor, inv_scale: torch.Tensor | None = None, pdl: bool = False) -> torch.Tensor:
     rows, two_i = gu.shape
     inter = two_i // 2
     out = torch.empty(rows, inter, device=gu.device, dtype=torch.float8_e4m3fn if inv_scale is not None else gu.dtype)
     block = 1024
-    _silu_mul_kernel[(rows, triton.cdiv(inter, block))](
+    _launch(
+        _silu_mul_kernel,
+        (rows, triton.cdiv(inter, block)),
         gu,
         out,
         inv_scale if inv_scale is not None else gu,
         inter,
+        pdl=pdl,
         OUT_FP8=inv_scale is not None,
         BLOCK=block,
         num_warps=4,
@@ -194,143 +245,288 @@ def silu_mul(gu: torch.Tensor, inv_scale: torch.Tensor | None = None) -> torch.T
 
 
 @triton.jit
-def _quant_kernel(X, Y, inv_scale_ptr, n, BLOCK: tl.constexpr):
+def _quant_kernel(X, Y, inv_scale_ptr, n, BLOCK: tl.constexpr, USE_PDL: tl.constexpr):
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
+    _wait_for_producer(USE_PDL)
     x = tl.load(X + offs, mask=mask, other=0.0).to(tl.float32)
     s = tl.load(inv_scale_ptr)
     y = tl.minimum(tl.maximum(x * s, -FP8_MAX), FP8_MAX)
     tl.store(Y + offs, y.to(tl.float8e4nv), mask=mask)
 
 
-def quant_fp8(x: torch.Tensor, inv_scale: torch.Tensor) -> torch.Tensor:
+def quant_fp8(x: torch.Tensor, inv_scale: torch.Tensor, pdl: bool = False) -> torch.Tensor:
     x = x.contiguous()
     out = torch.empty(x.shape, device=x.device, dtype=torch.float8_e4m3fn)
     n = x.numel()
     block = 2048
-    _quant_kernel[(triton.cdiv(n, block),)](x, out, inv_scale, n, BLOCK=block, num_warps=4)
+    _launch(_quant_kernel, (triton.cdiv(n, block),), x, out, inv_scale, n, pdl=pdl, BLOCK=block, num_warps=4)
     return out
 
 
 @triton.jit
-def _decode_attn_split_kernel(
-    Q,
+def _store_attention_output(OUT, o, heads, dd, mask, inv_scale_ptr, D: tl.constexpr, OUT_FP8: tl.constexpr):
+    """Rows ``heads`` of OUT [B*H, D]: BF16, or FP8 quantized from the BF16-rounded value."""
+    ptrs = OUT + heads[:, None] * D + dd[None, :]
+    o = o.to(tl.bfloat16)
+    if OUT_FP8:
+        s = tl.load(inv_scale_ptr)
+        y = tl.minimum(tl.maximum(o.to(tl.float32) * s, -FP8_MAX), FP8_MAX)
+        tl.store(ptrs, y.to(tl.float8e4nv), mask=mask)
+    else:
+        tl.store(ptrs, o, mask=mask)
+
+
+@triton.jit
+def _decode_attn_kernel(
+    QKV,
+    COS,
+    SIN,
+    POS,
     KC,
     VC,
     M_out,
     L_out,
     ACC,
-    ctx,
-    chunk,
+    OUT,
+    inv_scale_ptr,
+    n_old,
     LMAX,
+    q_scale,
+    H: tl.constexpr,
     KV: tl.constexpr,
     G: tl.constexpr,
     GP: tl.constexpr,
     D: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    BLOCKS_PER_SPLIT: tl.constexpr,
     S: tl.constexpr,
+    OUT_FP8: tl.constexpr,
+    INTERPRETED: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
-    """Flash-decoding, stage 1: one (sequence, kv head, split) attends its chunk of keys."""
+    """Flash-decoding of one new token: one (sequence, kv head, split) per program.
+
+    Split ``sp`` attends to cached positions [sp*chunk, (sp+1)*chunk) below ``n_old``
+    (chunk = BLOCKS_PER_SPLIT * BLOCK_N);
+    the last split also attends to the new token itself, taken (rotated) from the
+    qkv row, and writes its k and v into the cache at position ``n_old`` for later
+    steps. No program reads that position, so the write races with nothing.
+    """
     bk = tl.program_id(0).to(tl.int64)  # b * KV + kv head
     sp = tl.program_id(1)
+    b = bk // KV
+    kvh = bk % KV
     rows = tl.arange(0, GP)
+    rmask = rows < G
+    half = tl.arange(0, D // 2)
     dd = tl.arange(0, D)
-    # q heads of this kv head are contiguous: [b, kvh*G .. kvh*G+G-1]
-    q = tl.load(Q + (bk * G + rows[:, None]) * D + dd[None, :], mask=rows[:, None] < G, other=0.0)
-    lo = sp * chunk
-    hi = tl.minimum(lo + chunk, ctx)
+    p = tl.load(POS)
+    c = tl.load(COS + p * (D // 2) + half)[None, :]
+    s = tl.load(SIN + p * (D // 2) + half)[None, :]
+    _wait_for_producer(USE_PDL)
+    row = QKV + b * (H + 2 * KV) * D
+    heads = kvh * G + rows  # the q heads of this kv head
+    q1 = tl.load(row + heads[:, None] * D + half[None, :], mask=rmask[:, None], other=0.0).to(tl.float32)
+    q2 = tl.load(row + heads[:, None] * D + D // 2 + half[None, :], mask=rmask[:, None], other=0.0).to(tl.float32)
+    qa = ((q1 * c - q2 * s) * q_scale).to(tl.bfloat16)
+    qb = ((q2 * c + q1 * s) * q_scale).to(tl.bfloat16)
+
     m_i = tl.full([GP], float("-inf"), tl.float32)
     l_i = tl.zeros([GP], tl.float32)
     acc = tl.zeros([GP, D], tl.float32)
     base = bk * LMAX * D
-    for start in range(lo, hi, BLOCK_N):
-        n = start + tl.arange(0, BLOCK_N)
-        nm = n < hi
-        k = tl.load(KC + base + n[:, None] * D + dd[None, :], mask=nm[:, None], other=0.0)
-        s = tl.dot(q, tl.trans(k))
-        s = tl.where(nm[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp(m_i - m_new)
-        p = tl.exp(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
+    lo = sp * (BLOCKS_PER_SPLIT * BLOCK_N)
+    for it in range(0, BLOCKS_PER_SPLIT):
+        n = lo + it * BLOCK_N + tl.arange(0, BLOCK_N)
+        nm = n < n_old
+        k1 = tl.load(KC + base + n[:, None] * D + half[None, :], mask=nm[:, None], other=0.0)
+        k2 = tl.load(KC + base + n[:, None] * D + D // 2 + half[None, :], mask=nm[:, None], other=0.0)
+        sc = _dot(qa, tl.trans(k1), INTERPRETED) + _dot(qb, tl.trans(k2), INTERPRETED)
+        sc = tl.where(nm[None, :], sc, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(sc, 1))
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # a block with no key yet
+        alpha = tl.exp(m_i - m_use)
+        pr = tl.exp(sc - m_use[:, None])
+        l_i = l_i * alpha + tl.sum(pr, 1)
         v = tl.load(VC + base + n[:, None] * D + dd[None, :], mask=nm[:, None], other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(tl.bfloat16), v)
+        acc = acc * alpha[:, None] + _dot(pr.to(tl.bfloat16), v, INTERPRETED)
         m_i = m_new
-    o = (bk * S + sp) * GP
-    tl.store(M_out + o + rows, m_i)
-    tl.store(L_out + o + rows, l_i)
-    tl.store(ACC + (o + rows[:, None]) * D + dd[None, :], acc)
+
+    # the new token: rotated k (rounded to BF16 as the cache stores it) and v
+    last = sp == S - 1
+    kn1 = tl.load(row + (H + kvh) * D + half).to(tl.float32)
+    kn2 = tl.load(row + (H + kvh) * D + D // 2 + half).to(tl.float32)
+    vn = tl.load(row + (H + KV + kvh) * D + dd)
+    _let_consumer_start(USE_PDL)
+    ka = (kn1 * c - kn2 * s).to(tl.bfloat16)
+    kb = (kn2 * c + kn1 * s).to(tl.bfloat16)
+    s_new = tl.sum(qa.to(tl.float32) * ka.to(tl.float32), 1) + tl.sum(qb.to(tl.float32) * kb.to(tl.float32), 1)
+    s_new = tl.where(last, s_new, float("-inf"))
+    m_new = tl.maximum(m_i, s_new)
+    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp(m_i - m_use)
+    p_new = tl.exp(s_new - m_use)
+    l_i = l_i * alpha + p_new
+    acc = acc * alpha[:, None] + p_new[:, None] * vn.to(tl.float32)[None, :]
+    m_i = m_new
+    wmask = last & (half < D // 2)
+    tl.store(KC + base + p * D + half[None, :], ka, mask=wmask[None, :])
+    tl.store(KC + base + p * D + D // 2 + half[None, :], kb, mask=wmask[None, :])
+    tl.store(VC + base + p * D + dd, vn, mask=last & (dd < D))
+
+    if S == 1:
+        _store_attention_output(
+            OUT, acc / l_i[:, None], b * H + heads, dd, rmask[:, None], inv_scale_ptr, D, OUT_FP8
+        )
+    else:
+        o = (bk * S + sp) * G + rows  # partials [B*KV, S, G, (D)]: only the G real rows
+        tl.store(M_out + o, m_i, mask=rmask)
+        tl.store(L_out + o, l_i, mask=rmask)
+        tl.store(ACC + o[:, None] * D + dd[None, :], acc, mask=rmask[:, None])
 
 
 @triton.jit
 def _decode_attn_reduce_kernel(
-    M_in, L_in, ACC, OUT, G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, S: tl.constexpr, SP: tl.constexpr
+    M_in,
+    L_in,
+    ACC,
+    OUT,
+    inv_scale_ptr,
+    KV: tl.constexpr,
+    G: tl.constexpr,
+    D: tl.constexpr,
+    S: tl.constexpr,
+    SP: tl.constexpr,
+    H: tl.constexpr,
+    OUT_FP8: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
-    """Flash-decoding, stage 2: combine the splits of one (sequence, kv head)."""
+    """Flash-decoding, stage 2: combine the splits of one (sequence, q head)."""
     bk = tl.program_id(0).to(tl.int64)
     g = tl.program_id(1)
     sp = tl.arange(0, SP)
     dd = tl.arange(0, D)
-    idx = (bk * S + sp) * GP + g
-    m = tl.load(M_in + idx, mask=sp < S, other=float("-inf"))
-    lsum = tl.load(L_in + idx, mask=sp < S, other=0.0)
+    ok = sp < S
+    _wait_for_producer(USE_PDL)
+    idx = (bk * S + sp) * G + g
+    m = tl.load(M_in + idx, mask=ok, other=float("-inf"))
+    lsum = tl.load(L_in + idx, mask=ok, other=0.0)
     mx = tl.max(m, 0)
-    w = tl.where(sp < S, tl.exp(m - mx), 0.0)
-    w = tl.where(lsum > 0, w, 0.0)
-    acc = tl.load(ACC + idx[:, None] * D + dd[None, :], mask=(sp < S)[:, None], other=0.0)
+    w = tl.where(ok & (lsum > 0), tl.exp(m - mx), 0.0)
+    acc = tl.load(ACC + idx[:, None] * D + dd[None, :], mask=ok[:, None], other=0.0)
     out = tl.sum(acc * w[:, None], 0) / tl.sum(lsum * w, 0)
-    tl.store(OUT + (bk * G + g) * D + dd, out.to(tl.bfloat16))
+    heads = (bk // KV) * H + (bk % KV) * G + g + tl.zeros([1], tl.int64)
+    _store_attention_output(OUT, out[None, :], heads, dd, dd[None, :] < D, inv_scale_ptr, D, OUT_FP8)
 
 
-def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, ctx: int) -> torch.Tensor:
-    """Attention of one new token per sequence over the first ``ctx`` cached tokens (GQA).
+def decode_splits(programs: int, n_old: int, sms: int, block_n: int = 64) -> int:
+    """How many programs share one sequence's context.
 
-    q: [B, H, 1, D] (already scaled by 1/sqrt(D)); caches [B, KV, LMAX, D].
-    Returns [B, H * D]. Reads each cached K and V once, split over enough programs
-    to fill the GPU even at batch 1.
+    One split (no second kernel) once the (sequence, kv head) programs alone cover
+    a quarter of the SMs; otherwise enough splits for about two programs per SM,
+    each with at least one block of keys. On an H100 at context 512, one split was
+    faster from batch 8 (64 programs) and eight splits at batch 1
+    (reports/benchmarks/decode_step_variants.md).
     """
-    b, h, _, d = q.shape
-    kv, lmax = k_cache.shape[1], k_cache.shape[2]
-    g = h // kv
-    gp = max(16, triton.next_power_of_2(g))
+    if programs * 4 >= sms:
+        return 1
+    return max(1, min(triton.cdiv(2 * sms, programs), triton.cdiv(n_old, block_n)))
+
+
+def decode_attention(
+    qkv: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    pos: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    ctx: int,
+    heads: int,
+    kv_heads: int,
+    head_dim: int,
+    inv_scale: torch.Tensor | None = None,
+    splits: int | None = None,
+    pdl: bool = False,
+) -> torch.Tensor:
+    """Attention of one new token per sequence over its first ``ctx`` positions (GQA).
+
+    qkv: [B, (H + 2*KV) * D], the fused projection of the new tokens, unrotated;
+    ``pos`` holds their position ``ctx - 1`` (on the device, so a CUDA graph reads it
+    at replay); caches [B, KV, LMAX, D] hold positions below it and receive the new k
+    and v. Returns [B, H * D] in BF16, or FP8 scaled by ``inv_scale`` when given.
+    Only the real context is read, never the whole allocated cache.
+    """
+    b = qkv.shape[0]
+    lmax = k_cache.shape[2]
+    g = heads // kv_heads
+    gp = max(16, triton.next_power_of_2(g))  # tl.dot needs 16 rows
     block_n = 64
-    sms = torch.cuda.get_device_properties(q.device).multi_processor_count
-    splits = max(1, min(triton.cdiv(2 * sms, b * kv), triton.cdiv(ctx, block_n)))
-    chunk = triton.cdiv(triton.cdiv(ctx, splits), block_n) * block_n
-    splits = triton.cdiv(ctx, chunk)
-    m = torch.empty(b * kv, splits, gp, device=q.device, dtype=torch.float32)
-    lsum = torch.empty_like(m)
-    acc = torch.empty(b * kv, splits, gp, d, device=q.device, dtype=torch.float32)
-    _decode_attn_split_kernel[(b * kv, splits)](
-        q,
+    n_old = ctx - 1
+    if splits is None:
+        # Triton's CPU interpreter (tests) has no SMs to fill
+        sms = torch.cuda.get_device_properties(qkv.device).multi_processor_count if qkv.is_cuda else 1
+        splits = decode_splits(b * kv_heads, n_old, sms, block_n)
+    chunk = max(block_n, triton.cdiv(triton.cdiv(max(n_old, 1), splits), block_n) * block_n)
+    splits = max(1, triton.cdiv(n_old, chunk))
+    out = torch.empty(
+        b, heads * head_dim, device=qkv.device, dtype=torch.float8_e4m3fn if inv_scale is not None else torch.bfloat16
+    )
+    if splits > 1:
+        m = torch.empty(b * kv_heads, splits, g, device=qkv.device, dtype=torch.float32)
+        lsum = torch.empty_like(m)
+        acc = torch.empty(b * kv_heads, splits, g, head_dim, device=qkv.device, dtype=torch.float32)
+    else:
+        m = lsum = acc = out
+    scale_ptr = inv_scale if inv_scale is not None else cos
+    _launch(
+        _decode_attn_kernel,
+        (b * kv_heads, splits),
+        qkv,
+        cos,
+        sin,
+        pos,
         k_cache,
         v_cache,
         m,
         lsum,
         acc,
-        ctx,
-        chunk,
+        out,
+        scale_ptr,
+        n_old,
         lmax,
-        KV=kv,
+        head_dim**-0.5,
+        pdl=pdl,
+        H=heads,
+        KV=kv_heads,
         G=g,
         GP=gp,
-        D=d,
+        D=head_dim,
         BLOCK_N=block_n,
+        BLOCKS_PER_SPLIT=chunk // block_n,
         S=splits,
+        OUT_FP8=inv_scale is not None,
+        INTERPRETED=not qkv.is_cuda,
         num_warps=4,
         num_stages=3,
     )
-    out = torch.empty(b, h * d, device=q.device, dtype=torch.bfloat16)
-    _decode_attn_reduce_kernel[(b * kv, g)](
-        m,
-        lsum,
-        acc,
-        out,
-        G=g,
-        GP=gp,
-        D=d,
-        S=splits,
-        SP=triton.next_power_of_2(splits),
-        num_warps=4,
-    )
+    if splits > 1:
+        _launch(
+            _decode_attn_reduce_kernel,
+            (b * kv_heads, g),
+            m,
+            lsum,
+            acc,
+            out,
+            scale_ptr,
+            pdl=pdl,
+            KV=kv_heads,
+            G=g,
+            D=head_dim,
+            S=splits,
+            SP=triton.next_power_of_2(splits),
+            H=heads,
+            OUT_FP8=inv_scale is not None,
+            num_warps=4,
+        )
     return out
