@@ -26,13 +26,42 @@ from advisor.energy.runtime_kernels import decode_splits
 from advisor.formats import Format
 
 
+def render(d: dict) -> str:
+    """Markdown beside the JSON: one line per (format, batch), the variants side by side."""
+    lines = [
+        "# Decode step time by runtime variant: Llama-3.1-8B shape, context 512",
+        "",
+        f"Measured on **{d['gpu']}** ({d['sms']} SMs), driver {d['driver']}, {d['date']}; copy bandwidth "
+        f"{d['copy_bandwidth_gb_s']:.0f} GB/s; torch {d['torch']}. Command: `{d['command']}`.",
+        "CUDA-graph replays timed with CUDA events (no meter). `pdl`: programmatic dependent launch of the "
+        "Triton kernels; `splits`: programs per sequence in decode attention (1 = no reduction kernel).",
+        "",
+        "| format | batch | variant | ms/step | x floor |",
+        "|---|---:|---|---:|---:|",
+    ]
+    for r in d["rows"]:
+        lines.append(
+            f"| {r['format']} | {r['batch']} | pdl={'on' if r['pdl'] else 'off'}, splits={r['splits']} | "
+            f"{r['ms_per_step']:.3f} | {r['time_over_floor']:.3f} |"
+        )
+    lines += ["", "Kernel launches of one eager decode step at batch 16: "]
+    lines[-1] += ", ".join(f"{k} {v['launches']}" for k, v in d["decode_b16_kernels"].items()) + "."
+    if d.get("notes"):
+        lines += ["", "## Notes", ""] + [f"- {n}" for n in d["notes"]]
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, default=Path("reports/benchmarks/decode_step_variants.json"))
     ap.add_argument("--batches", default="1,8,16,32,64,128")
     ap.add_argument("--context", type=int, default=512)
     ap.add_argument("--iters", type=int, default=100)
+    ap.add_argument("--render-only", action="store_true", help="only rewrite the .md beside --out (no GPU)")
     args = ap.parse_args(argv)
+    if args.render_only:
+        args.out.with_suffix(".md").write_text(render(json.loads(args.out.read_text())))
+        return 0
     command = "python " + " ".join([sys.argv[0], *(argv if argv is not None else sys.argv[1:])])
     batches = [int(x) for x in args.batches.split(",") if x]
     ctx = args.context
@@ -95,6 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(out, indent=1))
+    args.out.with_suffix(".md").write_text(render(out))
     print("wrote", args.out)
     return 0
 

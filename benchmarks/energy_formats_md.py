@@ -1,6 +1,6 @@
-"""Write the short Markdown summary beside reports/benchmarks/energy_formats.json (no GPU needed).
+"""Write the short Markdown summary beside an energy_formats JSON (no GPU needed).
 
-python benchmarks/energy_formats_md.py [reports/benchmarks/energy_formats.json]
+python benchmarks/energy_formats_md.py [reports/benchmarks/energy_formats.json ...]
 """
 
 from __future__ import annotations
@@ -24,8 +24,9 @@ def render(d: dict) -> str:
         f"torch {d['torch']}.",
         f"Command: `{d['command']}`.",
         "",
-        "Runtime: static KV cache, CUDA-graph decode step and prefill, fused Triton RMSNorm/RoPE/SiLU "
-        f"kernels, decode attention `{d['decode_attention']}` over the real context only; FP8 groups are "
+        "Runtime: static KV cache, CUDA-graph decode step and prefill, fused Triton RMSNorm and SiLU*up "
+        f"kernels, decode attention `{d['decode_attention']}` (one fused kernel: rotary embedding, KV-cache write, "
+        "flash-decoding over the real context only, FP8 output for an FP8 o_proj); FP8 groups are "
         "cuBLASLt FP8 GEMMs (`torch._scaled_mm`, per-tensor static scales; kernels `nvjet_sm90_qqtst_*`), "
         "lm_head BF16. Meter: NVML energy counter, tick-aligned windows >= 5 s, 3 repeats, median; "
         "`cv` = coefficient of variation of J/step across the windows. `ms_per_step` is the sustained step "
@@ -110,10 +111,10 @@ def render(d: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = argv if argv is not None else sys.argv[1:]
-    path = Path(args[0] if args else "reports/benchmarks/energy_formats.json")
-    out = path.with_suffix(".md")
-    out.write_text(render(json.loads(path.read_text())))
-    print("wrote", out)
+    for path in map(Path, args or ["reports/benchmarks/energy_formats.json"]):
+        out = path.with_suffix(".md")
+        out.write_text(render(json.loads(path.read_text())))
+        print("wrote", out)
     return 0
 
 
