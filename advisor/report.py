@@ -276,6 +276,14 @@ def render_markdown(summary: dict) -> str:
             "- KL and perplexity: measured by running each plan's fake-quantized model (NVIDIA ModelOpt "
             "quantizers) on held-out tokens that were not used for calibration, against the BF16 model.",
             f"- Energy: {energy_label}. Predicted numbers are model outputs, not measurements.", ""]
+    if "extrapolated" in energy_label:
+        out[-1:-1] = [
+            "- The energy profile was measured on a model of a very different size and scaled to this one. "
+            "Such predictions miss per-kernel launch floors and the low power of a latency-bound step: for "
+            "SmolLM2-135M on an H100 they came out 2-3x below the measured J/token and put FP8's saving at "
+            "16-20% where 7-8% was measured (reports/benchmarks/costmodel_transfer.md). Compare plans by their "
+            "ratios with care, and measure on the target GPU (`--energy measured`) where one is at hand."
+        ]
     return "\n".join(out)
 
 

@@ -110,6 +110,15 @@ def test_a_smaller_model_costs_less(model, h200):
     assert cm.estimate(Plan.uniform(names, Format.BF16), w).j_per_token < model.estimate(BF16, w).j_per_token
 
 
+def test_scaled_and_extrapolated_predictions_say_so(model, h200):
+    assert "scaled" not in model.label  # the profiled shape itself
+    near = ProfileCostModel(h200, llama_shape("model.layers", 16, 2048, 8192, 16, 8, 32000, 128))
+    assert "scaled from its Llama-3.1-8B shape" in near.label and "extrapolated" not in near.label
+    smollm2 = ProfileCostModel(h200, llama_shape("model.layers", 30, 576, 1536, 9, 3, 49152, 64))
+    assert smollm2.per_layer_weight_ratio < 0.02
+    assert smollm2.label.endswith(": extrapolated)")
+
+
 def test_unknown_group_kind_is_an_input_error(h200):
     shape = llama_shape("model.layers", 1, 64, 128, 4, 4, 100)
     bad = type(shape)(

@@ -15,6 +15,12 @@ Model, for a decode step at batch ``b`` and context ``c`` (prefill alike at leng
 
 So all-BF16 and all-FP8 reproduce the profile's own measurements by construction;
 mixed plans, other batches and contexts are predictions.
+
+Models of another size are scaled, and the label says so ("scaled from ..."). Far
+from the profiled size the scaling is extrapolation and is labelled that way: the
+per-kernel launch floors and the low power of a latency-bound step are not in the
+profile, and for SmolLM2-135M on an H100 it predicted 2-3x less energy than measured
+(reports/benchmarks/costmodel_transfer.md).
 """
 
 from __future__ import annotations
@@ -31,6 +37,9 @@ from ..recipe import Workload
 from ..shape import ModelShape
 from .base import EnergyEstimate
 from .profile import KINDS
+
+# Per-layer weight ratios (model / profiled model) beyond which scaling is extrapolation.
+EXTRAPOLATION_RANGE = (0.25, 4.0)
 
 
 def interp(xs: Sequence[float], ys: Sequence[float], x: float, log_x: bool = False) -> float:
@@ -71,8 +80,22 @@ class ProfileCostModel:
         # non-GEMM part scales with layers x hidden when the model is not the profiled one
         self._ng_scale = (shape.num_layers * shape.hidden_size) / (m["num_layers"] * m["hidden"])
         self._ref_layers = m["num_layers"]
+        self.per_layer_weight_ratio = (
+            sum(g.num_weights for g in shape.groups) / shape.num_layers / sum(ref.values())
+        )
         tag = "" if profile.get("verified", False) else ", unverified"
-        self.label = f"predicted (profile {profile['gpu']}, {profile.get('source', 'measured')} {profile['date']}{tag})"
+        self.label = (
+            f"predicted (profile {profile['gpu']}, {profile.get('source', 'measured')} {profile['date']}{tag}"
+            f"{self._scaling_note(m, shape)})"
+        )
+
+    def _scaling_note(self, m: dict[str, Any], shape: ModelShape) -> str:
+        r = self.per_layer_weight_ratio
+        if shape.num_layers == m["num_layers"] and all(abs(v - 1) < 1e-9 for v in self._scale.values()):
+            return ""
+        name = m.get("name", "profiled").split(",")[0]
+        note = f"; scaled from its {name} ({r:.3g}x the weights per layer)"
+        return note + (": extrapolated" if not EXTRAPOLATION_RANGE[0] <= r <= EXTRAPOLATION_RANGE[1] else "")
 
     # -- pieces ------------------------------------------------------------------
     def _check(self, plan: Plan) -> None:
