@@ -36,7 +36,11 @@ def test_search_report_show_on_the_trained_tiny_model(tmp_path, tiny_recipe):
     (run_dir / "report.md").unlink()
     rebuilt = runner.invoke(app, ["report", str(run_dir)])
     assert rebuilt.exit_code == 0, rebuilt.output
-    assert "## Recommendation" in (run_dir / "report.md").read_text()
+    report = (run_dir / "report.md").read_text()
+    assert "## Recommendation" in report
+    # a 656k-parameter model priced from an 8B profile: labelled and explained as extrapolation
+    assert all(e["source"].endswith(": extrapolated)") for e in energies)
+    assert "2-3x below the measured J/token" in report
 
     shown = runner.invoke(app, ["show", str(run_dir)])
     assert shown.exit_code == 0
