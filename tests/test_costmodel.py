@@ -50,6 +50,16 @@ def test_shipped_h200_profile_is_measured_and_labelled(h200, model):
     assert isinstance(model, EnergyModel)
 
 
+def test_shipped_h100_profile_reproduces_its_measurements():
+    h100 = shipped_profile(GPU.H100)
+    assert h100 is not None and h100["verified"] is True and "H100" in h100["gpu"]
+    cm = ProfileCostModel(h100, SHAPE)
+    d = h100["decode"]
+    for fmt, plan in (("bf16", BF16), ("fp8", FP8)):
+        for b, j in zip(d["energy_batches"], d["j_per_step"][fmt], strict=True):
+            assert cm.decode_step(plan, b, d["contexts"][0])[1] == pytest.approx(j, rel=1e-6)
+
+
 @pytest.mark.parametrize("fmt,plan", [("bf16", BF16), ("fp8", FP8)])
 def test_uniform_plans_reproduce_the_profile_measurements(h200, model, fmt, plan):
     d = h200["decode"]
@@ -148,16 +158,16 @@ def test_profile_validation(tmp_path, h200):
 # -- the --energy choice (advisor/energy/select.py) -------------------------------------
 
 
-def test_make_energy_model_predicted_uses_the_shipped_profile_or_the_roofline():
-    from advisor.energy.roofline import RooflineEnergyModel
+def test_make_energy_model_predicted_uses_the_shipped_profiles():
     from advisor.energy.select import make_energy_model
 
     h200 = make_energy_model("predicted", SHAPE, GPU.H200)
     assert isinstance(h200, ProfileCostModel) and h200.label.startswith("predicted (profile NVIDIA H200, measured")
     b200 = make_energy_model("predicted", SHAPE, GPU.B200)
     assert "unverified" in b200.label
-    if shipped_profile(GPU.H100) is None:
-        assert isinstance(make_energy_model("predicted", SHAPE, GPU.H100), RooflineEnergyModel)
+    h100 = make_energy_model("predicted", SHAPE, GPU.H100)
+    assert isinstance(h100, ProfileCostModel)
+    assert h100.label.startswith("predicted (profile NVIDIA H100 80GB HBM3, measured")
 
 
 def test_make_energy_model_auto_without_a_target_gpu_predicts(monkeypatch):
