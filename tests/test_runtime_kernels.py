@@ -13,9 +13,9 @@ from __future__ import annotations
 import os
 
 import pytest
+import torch
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("triton")
+pytest.importorskip("triton")  # the dev extra installs it on Linux x86_64
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 EXACT = DEVICE == "cuda"  # see the module docstring
