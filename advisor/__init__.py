@@ -1,9 +1,9 @@
 """precision-advisor: per-layer BF16/FP8/NVFP4 plans for the fewest joules per token."""
 
-from .errors import AdvisorError, InputError, SetupError, UnsupportedError
-from .formats import GPU, Format
-from .plan import LayerGroup, Plan
-from .recipe import Recipe, Workload, load_recipe
+from advisor.errors import AdvisorError, InputError, SetupError, UnsupportedError
+from advisor.formats import GPU, Format
+from advisor.plan import LayerGroup, Plan
+from advisor.recipe import Recipe, Workload, load_recipe
 
 __version__ = "0.1.0"
 

@@ -17,8 +17,8 @@ from typing import Any
 
 import torch
 
-from .errors import InputError
-from .recipe import CalibrationSpec
+from advisor.errors import InputError
+from advisor.recipe import CalibrationSpec
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 import typer
 from rich.console import Console
 
-from .errors import AdvisorError
+from advisor.errors import AdvisorError
 
 out = Console(width=None if sys.stdout.isatty() else 160)  # results
 err = Console(stderr=True, soft_wrap=True)  # progress, warnings, errors

@@ -16,12 +16,12 @@ from typing import Annotated
 
 import typer
 
-from .energy.select import ENERGY_MODES, gpu_here, make_energy_model  # noqa: F401
-from .errors import InputError
-from .formats import GPU
-from .plan import Plan
-from .recipe import Workload
-from .shape import ModelShape, llama_shape
+from advisor.energy.select import ENERGY_MODES, gpu_here, make_energy_model  # noqa: F401
+from advisor.errors import InputError
+from advisor.formats import GPU
+from advisor.plan import Plan
+from advisor.recipe import Workload
+from advisor.shape import ModelShape, llama_shape
 
 
 def llama31_8b_shape() -> ModelShape:
@@ -72,11 +72,11 @@ OutTokOpt = Annotated[int, typer.Option("--output-tokens", help="Generated token
 
 def profile(out: OutOpt = None) -> None:
     """Measure this GPU's energy profile (Llama-3.1-8B shape, BF16 and FP8; several minutes)."""
-    from .energy.profile import measure_profile, save_profile
+    from advisor.energy.profile import measure_profile, save_profile
 
     here, name = gpu_here()
     if name is None:
-        from .errors import SetupError
+        from advisor.errors import SetupError
 
         raise SetupError("no NVIDIA GPU visible through NVML: `advisor profile` measures the GPU it runs on")
     command = "advisor " + " ".join(sys.argv[1:])
@@ -96,7 +96,7 @@ def measure(
     output_tokens: OutTokOpt = 256,
 ) -> None:
     """Measure one plan's J/token on the GPU here (serving runtime, NVML meter)."""
-    from .energy.measure import MeasuredEnergyModel
+    from advisor.energy.measure import MeasuredEnergyModel
 
     if batch < 1 or input_tokens < 1 or output_tokens < 1:
         raise InputError("--batch, --input-tokens and --output-tokens must be >= 1")

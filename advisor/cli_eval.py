@@ -15,8 +15,8 @@ from typing import Annotated
 
 import typer
 
-from .errors import InputError
-from .formats import Format
+from advisor.errors import InputError
+from advisor.formats import Format
 
 PlanOpt = Annotated[str, typer.Option("--plan", help="plan JSON file, or a uniform format: bf16, fp8, nvfp4")]
 TasksOpt = Annotated[str, typer.Option(
@@ -42,7 +42,7 @@ def _tasks(text: str) -> list[str]:
 
 
 def _plan(text: str, groups):
-    from .plan import Plan
+    from advisor.plan import Plan
 
     if text.lower().removeprefix("all-") in {f.value for f in Format}:
         return Plan.uniform(groups, Format(text.lower().removeprefix("all-")))
@@ -80,20 +80,20 @@ def eval_plan(
     if device is not None and device not in ("auto", "cpu", "cuda"):
         raise InputError(f"--device: got {device!r}; allowed: auto, cpu, cuda")
 
-    from .recipe import load_recipe
+    from advisor.recipe import load_recipe
 
     rec = load_recipe(recipe, {"model.source": model, "model.gguf_file": gguf_file, "device": device})
-    from .accuracy import harness
+    from advisor.accuracy import harness
 
     for t in task_list:  # fail on bad tasks and missing data before loading the model
         harness.task_config(t, data_dir)
 
     import torch
 
-    from .calibration import build_token_sets, forward_loop
-    from .errors import SetupError
-    from .model import load_model
-    from .quantize import quantize_plan
+    from advisor.calibration import build_token_sets, forward_loop
+    from advisor.errors import SetupError
+    from advisor.model import load_model
+    from advisor.quantize import quantize_plan
 
     dev = rec.device if rec.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
     if dev == "cuda" and not torch.cuda.is_available():

@@ -43,9 +43,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import InputError, SetupError
-from .formats import GPU, GPU_SPECS, Format
-from .plan import LayerGroup, Plan
+from advisor.errors import InputError, SetupError
+from advisor.formats import GPU, GPU_SPECS, Format
+from advisor.plan import LayerGroup, Plan
 
 log = logging.getLogger(__name__)
 
@@ -269,9 +269,9 @@ def export_plan(
     ``tokens`` is a :class:`advisor.calibration.TokenSets` (calibration for ModelOpt,
     held-out for the proxy). ``loaded.model`` stays BF16 (a copy is quantized).
     """
-    from .accuracy.proxy import ProxyEvaluator
-    from .calibration import forward_loop
-    from .quantize import prepare_device, quantize_plan
+    from advisor.accuracy.proxy import ProxyEvaluator
+    from advisor.calibration import forward_loop
+    from advisor.quantize import prepare_device, quantize_plan
 
     groups = loaded.shape.groups
     plan.check_against(groups)
@@ -342,7 +342,7 @@ def export_plan(
     result.files = sorted(p.name for p in out_dir.iterdir())
     (out_dir / "export.json").write_text(json.dumps(result.to_dict(), indent=2))
     if not roundtrip["passed"]:
-        from .errors import AdvisorError
+        from advisor.errors import AdvisorError
 
         raise AdvisorError(
             f"round trip failed: reloaded checkpoint KL {rt.kl:.6f} vs in-memory {mem.kl:.6f} "
@@ -427,8 +427,8 @@ def load_exported(export_dir: Path | str, device: str = "cpu") -> Any:
     from safetensors.torch import load_file
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from .model import layer_groups
-    from .quantize import _mtq, format_quantizer_cfg, prepare_device
+    from advisor.model import layer_groups
+    from advisor.quantize import _mtq, format_quantizer_cfg, prepare_device
 
     export_dir = Path(export_dir)
     cfg_path = export_dir / "config.json"
@@ -489,7 +489,7 @@ def load_exported(export_dir: Path | str, device: str = "cpu") -> Any:
 
 def run_tokens(run_dir: Path, recipe: Any, loaded: Any, fingerprint: str) -> Any:
     """The run's stored token sets when they belong to this model; else fresh ones (not stored)."""
-    from .runner import load_or_build_tokens
+    from advisor.runner import load_or_build_tokens
 
     return load_or_build_tokens(recipe, loaded, run_dir, fingerprint, store=False)
 
@@ -503,9 +503,9 @@ def export_run(
     status: Any = lambda _msg: None,
 ) -> ExportResult:
     """Export the recommendation (or ``plan_id``) of an ``advisor search`` run directory."""
-    from .model import load_model
-    from .recheck import read_summary, stored_plan, summary_recipe
-    from .runner import model_fingerprint
+    from advisor.model import load_model
+    from advisor.recheck import read_summary, stored_plan, summary_recipe
+    from advisor.runner import model_fingerprint
 
     run_dir = Path(run_dir)
     if not run_dir.is_dir():

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from .formats import Format
-from .plan import Plan
+from advisor.formats import Format
+from advisor.plan import Plan
 
 
 @dataclass(frozen=True)

@@ -8,10 +8,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .errors import InputError, SetupError
-from .plan import LayerGroup
-from .recipe import DEMO_MODEL, ModelSpec
-from .shape import ModelShape
+from advisor.errors import InputError, SetupError
+from advisor.plan import LayerGroup
+from advisor.recipe import DEMO_MODEL, ModelSpec
+from advisor.shape import ModelShape
 
 if TYPE_CHECKING:
     import torch

@@ -12,12 +12,12 @@ import optuna
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from . import __version__
-from .frontier import pareto_front
-from .plan import Plan
-from .recipe import Recipe
-from .report import write_report
-from .study import candidates, finished_trials, open_study, record_benchmark, run_search, save_run_meta
+from advisor import __version__
+from advisor.frontier import pareto_front
+from advisor.plan import Plan
+from advisor.recipe import Recipe
+from advisor.report import write_report
+from advisor.study import candidates, finished_trials, open_study, record_benchmark, run_search, save_run_meta
 
 
 def package_versions() -> dict[str, str]:
@@ -63,7 +63,7 @@ def run_benchmarks(study: optuna.Study, ctx, recipe: Recipe, console: Console) -
         msg = f"not run: benchmark.data_dir {spec.data_dir} does not exist; the proxy decided"
         console.print(f"[yellow]warning:[/] lm-eval {msg}")
         return msg
-    from .accuracy.harness import score_plan
+    from advisor.accuracy.harness import score_plan
 
     plans = benchmark_targets(study, recipe)
     limit = "full sets" if spec.limit is None else f"limit {spec.limit}, seed {spec.seed}"
@@ -83,7 +83,7 @@ def write_run_file(recipe: Recipe) -> None:
 
 
 def run(recipe: Recipe, resume: bool = False, console: Console | None = None) -> dict:
-    from .runner import prepare
+    from advisor.runner import prepare
 
     console = console or Console(stderr=True)
     recipe.run_dir.mkdir(parents=True, exist_ok=True)
@@ -108,7 +108,7 @@ def run(recipe: Recipe, resume: bool = False, console: Console | None = None) ->
     })
     proposer = None
     if recipe.search.sampler == "guided":
-        from .runner import KnapsackProposer
+        from advisor.runner import KnapsackProposer
 
         with Progress(TextColumn("[bold]sensitivity"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                       console=console) as progress:

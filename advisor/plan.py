@@ -8,8 +8,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import InputError
-from .formats import FORMAT_SPECS, Format
+from advisor.errors import InputError
+from advisor.formats import FORMAT_SPECS, Format
 
 
 @dataclass(frozen=True)

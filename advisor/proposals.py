@@ -17,8 +17,8 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from .formats import Format
-from .plan import LayerGroup, Plan
+from advisor.formats import Format
+from advisor.plan import LayerGroup, Plan
 
 Table = Mapping[str, Mapping[Format, float]]  # group -> format -> value
 

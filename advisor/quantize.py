@@ -27,9 +27,9 @@ from typing import Any
 
 import torch
 
-from .errors import SetupError
-from .formats import Format
-from .plan import LayerGroup, Plan
+from advisor.errors import SetupError
+from advisor.formats import Format
+from advisor.plan import LayerGroup, Plan
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +49,7 @@ def _mtq() -> Any:
 def prepare_device(device: torch.device | str) -> None:
     """On CPU, give ModelOpt the NVFP4 kernel it lacks there (see nvfp4_cpu)."""
     if torch.device(device).type == "cpu":
-        from .nvfp4_cpu import register_cpu_kernel
+        from advisor.nvfp4_cpu import register_cpu_kernel
 
         register_cpu_kernel()
 

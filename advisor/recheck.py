@@ -28,9 +28,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from .errors import InputError
-from .formats import Format
-from .plan import LayerGroup, Plan
+from advisor.errors import InputError
+from advisor.formats import Format
+from advisor.plan import LayerGroup, Plan
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +87,7 @@ def summary_recipe(summary: dict[str, Any], model: str | None = None, recipe_pat
 
     Precedence: --model > --recipe > the recipe stored in summary.json.
     """
-    from .recipe import load_recipe, validate_recipe
+    from advisor.recipe import load_recipe, validate_recipe
 
     if recipe_path is not None:
         recipe = load_recipe(recipe_path, {"model.source": model})
@@ -150,7 +150,7 @@ def _score_benchmark(ctx: Any, plan: Plan, bf16: Plan, out_dir: Path) -> dict[st
     if not spec.tasks:
         return {"status": "not run: the recipe sets no lm-eval tasks"}
     try:
-        from .accuracy import harness
+        from advisor.accuracy import harness
     except ImportError as exc:
         return {"status": f"not run: advisor.accuracy.harness is not importable ({exc})"}
     scores = {}
@@ -212,8 +212,8 @@ def research_around(ctx: Any, plan: Plan, groups: tuple[LayerGroup, ...], trials
     the old plan's one-group neighbours (closest first); the sampler fills the rest."""
     import optuna
 
-    from .frontier import recommend
-    from .study import baseline_plans, candidates, enqueue_baselines, make_sampler, run_search
+    from advisor.frontier import recommend
+    from advisor.study import baseline_plans, candidates, enqueue_baselines, make_sampler, run_search
 
     recipe = ctx.recipe
     recipe = recipe.model_copy(update={"search": recipe.search.model_copy(update={"trials": trials})})
@@ -250,7 +250,7 @@ def run_recheck(
     status: Any = lambda _msg: None,
 ) -> RecheckResult:
     """Score the stored recommendation and BF16 on ``model``; write recheck.json and recheck.md."""
-    from .runner import prepare
+    from advisor.runner import prepare
 
     t0 = time.perf_counter()
     summary = read_summary(summary_path)

@@ -13,8 +13,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from .errors import InputError
-from .formats import GPU, GPU_SPECS, Format
+from advisor.errors import InputError
+from advisor.formats import GPU, GPU_SPECS, Format
 
 DEMO_MODEL = "demo:smollm2-135m"
 

@@ -11,11 +11,11 @@ from typing import Any
 
 import optuna
 
-from .formats import Format
-from .frontier import Candidate, Recommendation, pareto_front, recommend
-from .plan import LayerGroup, Plan
-from .shape import ModelShape
-from .study import candidates
+from advisor.formats import Format
+from advisor.frontier import Candidate, Recommendation, pareto_front, recommend
+from advisor.plan import LayerGroup, Plan
+from advisor.shape import ModelShape
+from advisor.study import candidates
 
 FORMAT_COLORS = {Format.BF16: "#4c72b0", Format.FP8: "#dd8452", Format.NVFP4: "#55a868"}
 

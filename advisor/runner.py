@@ -10,12 +10,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .calibration import TokenSets, build_token_sets, forward_loop
-from .energy.base import EnergyModel
-from .model import LoadedModel, load_model
-from .plan import Plan
-from .recipe import Recipe
-from .study import Evaluation
+from advisor.calibration import TokenSets, build_token_sets, forward_loop
+from advisor.energy.base import EnergyModel
+from advisor.model import LoadedModel, load_model
+from advisor.plan import Plan
+from advisor.recipe import Recipe
+from advisor.study import Evaluation
 
 log = logging.getLogger(__name__)
 
@@ -28,14 +28,14 @@ def pick_device(requested: str) -> str:
     if requested == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     if requested == "cuda" and not torch.cuda.is_available():
-        from .errors import SetupError
+        from advisor.errors import SetupError
 
         raise SetupError("device 'cuda' was asked for but torch sees no CUDA GPU; use --device cpu")
     return requested
 
 
 def model_fingerprint(loaded: LoadedModel) -> str:
-    from .model import model_fingerprint as fingerprint
+    from advisor.model import model_fingerprint as fingerprint
 
     return fingerprint(loaded.model)
 
@@ -67,13 +67,13 @@ class KnapsackProposer:
         self.groups, self.formats, self.sens, self.max_kl = groups, formats, sens, max_kl
 
     def propose(self, scale: float) -> list[Plan]:
-        from .proposals import budget_sweep, knapsack_proposals
+        from advisor.proposals import budget_sweep, knapsack_proposals
 
         return knapsack_proposals(self.groups, self.formats, self.sens.damage, self.sens.energy,
                                   budget_sweep(self.max_kl, scale))
 
     def predicted_damage(self, plan: Plan) -> float:
-        from .proposals import predicted
+        from advisor.proposals import predicted
 
         return predicted(plan, self.sens.damage)
 
@@ -96,9 +96,9 @@ class RunContext:
 
     def sensitivity(self, on_step: Callable[[int, int], None] | None = None):
         """Per-group damage and energy tables (cached in the run dir)."""
-        from .accuracy.proxy import ProxyEvaluator
-        from .formats import Format
-        from .sensitivity import load_or_measure, measure
+        from advisor.accuracy.proxy import ProxyEvaluator
+        from advisor.formats import Format
+        from advisor.sensitivity import load_or_measure, measure
 
         n = min(self.recipe.search.sensitivity_samples, self.tokens.heldout.shape[0])
         groups = self.loaded.shape.groups
@@ -133,9 +133,9 @@ def prepare(
     energy_model: EnergyModel | None = None,
 ) -> RunContext:
     """Load, sample tokens, calibrate each format once, and compute the BF16 reference."""
-    from .accuracy.proxy import ProxyEvaluator
-    from .formats import Format
-    from .quantize import FormatBank, prepare_device
+    from advisor.accuracy.proxy import ProxyEvaluator
+    from advisor.formats import Format
+    from advisor.quantize import FormatBank, prepare_device
 
     run_dir = recipe.run_dir
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -167,7 +167,7 @@ def prepare(
     timings["reference_s"] = time.perf_counter() - t
 
     if energy_model is None:
-        from .energy.select import make_energy_model
+        from advisor.energy.select import make_energy_model
 
         profile = Path(recipe.energy_profile) if recipe.energy_profile else None
         energy_model = make_energy_model(recipe.energy, loaded.shape, recipe.target, profile)

@@ -13,8 +13,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from .formats import Format
-from .plan import LayerGroup, Plan
+from advisor.formats import Format
+from advisor.plan import LayerGroup, Plan
 
 
 @dataclass

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from .plan import LayerGroup
+from advisor.plan import LayerGroup
 
 
 @dataclass(frozen=True)

@@ -19,12 +19,12 @@ from typing import Any, Protocol
 
 import optuna
 
-from .energy.base import EnergyEstimate
-from .errors import InputError
-from .formats import Format
-from .frontier import Candidate
-from .plan import LayerGroup, Plan
-from .recipe import AccuracySpec, Recipe
+from advisor.energy.base import EnergyEstimate
+from advisor.errors import InputError
+from advisor.formats import Format
+from advisor.frontier import Candidate
+from advisor.plan import LayerGroup, Plan
+from advisor.recipe import AccuracySpec, Recipe
 
 log = logging.getLogger(__name__)
 

@@ -35,7 +35,7 @@ from typing import Any
 
 import yaml
 
-from ..errors import InputError, SetupError
+from advisor.errors import InputError, SetupError
 
 log = logging.getLogger(__name__)
 
@@ -255,7 +255,7 @@ def evaluate(
 def model_hash(model: Any) -> str:
     """The model's content fingerprint (advisor.model.model_fingerprint); meant for the BF16
     base model, a quantized plan is told apart by its plan id."""
-    from ..model import model_fingerprint
+    from advisor.model import model_fingerprint
 
     return model_fingerprint(model)
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Protocol, runtime_checkable
 
-from ..plan import Plan
-from ..recipe import Workload
+from advisor.plan import Plan
+from advisor.recipe import Workload
 
 
 @dataclass(frozen=True)

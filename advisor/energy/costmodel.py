@@ -30,13 +30,13 @@ from bisect import bisect_left
 from collections.abc import Sequence
 from typing import Any
 
-from ..errors import InputError, UnsupportedError
-from ..formats import Format
-from ..plan import Plan
-from ..recipe import Workload
-from ..shape import ModelShape
-from .base import EnergyEstimate
-from .profile import KINDS
+from advisor.errors import InputError, UnsupportedError
+from advisor.formats import Format
+from advisor.plan import Plan
+from advisor.recipe import Workload
+from advisor.shape import ModelShape
+from advisor.energy.base import EnergyEstimate
+from advisor.energy.profile import KINDS
 
 # Per-layer weight ratios (model / profiled model) beyond which scaling is extrapolation.
 EXTRAPOLATION_RANGE = (0.25, 4.0)

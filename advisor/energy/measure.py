@@ -15,13 +15,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import SetupError, UnsupportedError
-from ..formats import GPU, Format, gpu_from_device_name
-from ..plan import Plan
-from ..recipe import Workload
-from ..shape import ModelShape
-from .base import EnergyEstimate
-from .meter import EnergyMeter, MeterConfig, open_meter
+from advisor.errors import SetupError, UnsupportedError
+from advisor.formats import GPU, Format, gpu_from_device_name
+from advisor.plan import Plan
+from advisor.recipe import Workload
+from advisor.shape import ModelShape
+from advisor.energy.base import EnergyEstimate
+from advisor.energy.meter import EnergyMeter, MeterConfig, open_meter
 
 
 @dataclass
@@ -36,13 +36,13 @@ class Bench:
 
     @classmethod
     def create(cls, dims, seed: int = 0, max_pos: int = 8192) -> Bench:
-        from .runtime import LlamaWeights, calibrate
+        from advisor.energy.runtime import LlamaWeights, calibrate
 
         w = LlamaWeights.random(dims, max_pos=max_pos, seed=seed)
         return cls(dims, w, calibrate(w))
 
     def runtime(self, formats: dict[str, Format], key: str | None = None):
-        from .runtime import LlamaRuntime
+        from advisor.energy.runtime import LlamaRuntime
 
         key = key or Plan(formats).id
         if key not in self.runtimes:
@@ -51,7 +51,7 @@ class Bench:
 
 
 def uniform_formats(dims, fmt: Format) -> dict[str, Format]:
-    from .runtime import GROUP_KINDS
+    from advisor.energy.runtime import GROUP_KINDS
 
     return {f"layers.{i}.{k}": fmt for i in range(dims.num_layers) for k in GROUP_KINDS}
 
@@ -125,7 +125,7 @@ class MeasuredEnergyModel:
 
     def __init__(self, shape: ModelShape, target: GPU | None = None, config: MeterConfig | None = None) -> None:
         torch = _torch_with_gpu()
-        from .runtime import LlamaDims
+        from advisor.energy.runtime import LlamaDims
 
         self.shape = shape
         self.meter = open_meter(torch.cuda.current_device(), config)

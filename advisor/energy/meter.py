@@ -29,8 +29,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Protocol
 
-from ..errors import InputError, SetupError
-from .nvml import GPUState
+from advisor.errors import InputError, SetupError
+from advisor.energy.nvml import GPUState
 
 
 class EnergyCounter(Protocol):
@@ -256,7 +256,7 @@ class EnergyMeter:
 
 def open_meter(index: int = 0, config: MeterConfig | None = None) -> EnergyMeter:
     """A meter on GPU ``index`` through NVML (SetupError when there is none)."""
-    from .nvml import NvmlDevice
+    from advisor.energy.nvml import NvmlDevice
 
     return EnergyMeter(NvmlDevice(index), config)
 

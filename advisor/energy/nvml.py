@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from ..errors import SetupError
+from advisor.errors import SetupError
 
 
 @dataclass(frozen=True)

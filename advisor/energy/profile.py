@@ -24,8 +24,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from ..errors import InputError
-from ..formats import GPU, Format
+from advisor.errors import InputError
+from advisor.formats import GPU, Format
 
 SCHEMA = "precision-advisor/energy-profile"
 VERSION = 1
@@ -129,12 +129,12 @@ def measure_profile(
     log=print,
 ) -> dict[str, Any]:
     """Measure a profile of the Llama-3.1-8B shape on the GPU here (several minutes)."""
-    from .measure import _torch_with_gpu
+    from advisor.energy.measure import _torch_with_gpu
 
     torch = _torch_with_gpu()
-    from .measure import Bench, decode_step, prefill_step, uniform_formats
-    from .meter import open_meter
-    from .runtime import LlamaDims, copy_bandwidth_gb_s
+    from advisor.energy.measure import Bench, decode_step, prefill_step, uniform_formats
+    from advisor.energy.meter import open_meter
+    from advisor.energy.runtime import LlamaDims, copy_bandwidth_gb_s
 
     meter = open_meter(torch.cuda.current_device(), meter_config)
     state = meter.counter.state()
@@ -204,7 +204,7 @@ def measure_profile(
         rt.k_cache = rt.v_cache = None
         torch.cuda.empty_cache()
 
-    from ..formats import gpu_from_device_name
+    from advisor.formats import gpu_from_device_name
 
     kind = gpu_from_device_name(state.name)
     return {

@@ -22,12 +22,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..errors import UnsupportedError
-from ..formats import FORMAT_SPECS, GPU, GPU_SPECS, Format, GPUSpec
-from ..plan import Plan
-from ..recipe import Workload
-from ..shape import ModelShape
-from .base import EnergyEstimate
+from advisor.errors import UnsupportedError
+from advisor.formats import FORMAT_SPECS, GPU, GPU_SPECS, Format, GPUSpec
+from advisor.plan import Plan
+from advisor.recipe import Workload
+from advisor.shape import ModelShape
+from advisor.energy.base import EnergyEstimate
 
 MEMORY_BOUND_POWER_FRACTION = 0.6
 

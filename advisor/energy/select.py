@@ -5,10 +5,10 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from ..errors import InputError
-from ..formats import GPU, gpu_from_device_name
-from ..shape import ModelShape
-from .base import EnergyModel
+from advisor.errors import InputError
+from advisor.formats import GPU, gpu_from_device_name
+from advisor.shape import ModelShape
+from advisor.energy.base import EnergyModel
 
 log = logging.getLogger(__name__)
 
@@ -17,8 +17,8 @@ ENERGY_MODES = ("measured", "predicted", "auto")
 
 def gpu_here() -> tuple[GPU | None, str | None]:
     """The known GPU kind on this machine (via NVML), or (None, None) when there is none."""
-    from ..errors import SetupError
-    from .nvml import NvmlDevice
+    from advisor.errors import SetupError
+    from advisor.energy.nvml import NvmlDevice
 
     try:
         name = NvmlDevice(0).name
@@ -48,11 +48,11 @@ def make_energy_model(
         here, _ = gpu_here()
         mode = "measured" if here == target else "predicted"
     if mode == "measured":
-        from .measure import MeasuredEnergyModel
+        from advisor.energy.measure import MeasuredEnergyModel
 
         return MeasuredEnergyModel(shape, target)
-    from .costmodel import ProfileCostModel
-    from .profile import load_profile, shipped_profile
+    from advisor.energy.costmodel import ProfileCostModel
+    from advisor.energy.profile import load_profile, shipped_profile
 
     if profile is not None:
         data = load_profile(profile)
@@ -66,6 +66,6 @@ def make_energy_model(
         except InputError as exc:  # layer kinds the profile does not cover: the roofline still applies
             log.warning("shipped %s profile does not fit this model (%s); using the datasheet roofline",
                         target.value, exc)
-    from .roofline import RooflineEnergyModel
+    from advisor.energy.roofline import RooflineEnergyModel
 
     return RooflineEnergyModel(shape, target)
