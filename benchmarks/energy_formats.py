@@ -204,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.profile is not None:
         from advisor.energy.costmodel import ProfileCostModel
         from advisor.energy.profile import load_profile
-        from advisor.shape import llama_shape
+        from advisor.models.shape import llama_shape
 
         shape = llama_shape(
             "model.layers",

@@ -50,7 +50,7 @@ def tiny() -> None:
                    stdout=subprocess.DEVNULL)
     # `advisor export` once the lead wires it; the same function through a one-command app here:
     subprocess.run([sys.executable, "-c",
-                    "import typer; from advisor.cli_deploy import export; a = typer.Typer(); "
+                    "import typer; from advisor.cli.deploy import export; a = typer.Typer(); "
                     "a.command()(export); a.command('x')(lambda: None); a()",
                     "export", str(runs / "tiny"), "--out", str(ckpt)], cwd=REPO, check=True)
     keep(ckpt, "tiny", f"tiny model: advisor search -r recipes/tiny.yaml; advisor export {runs / 'tiny'} "
@@ -63,12 +63,12 @@ def smollm2() -> None:
     import warnings
 
     warnings.simplefilter("ignore")
-    from advisor.calibration import build_token_sets
-    from advisor.export import export_plan
+    from advisor.calibration.tokens import build_token_sets
+    from advisor.deploy.export import export_plan
     from advisor.formats import Format
-    from advisor.model import load_model
+    from advisor.models.loading import load_model
     from advisor.plan import Plan
-    from advisor.recipe import CalibrationSpec, ModelSpec, load_recipe
+    from advisor.recipe.schema import CalibrationSpec, ModelSpec, load_recipe
 
     t = time.perf_counter()
     loaded = load_model(ModelSpec(), "cpu")

@@ -1,4 +1,4 @@
-"""NVFP4 parity: our CPU kernel (advisor.nvfp4_cpu) against ModelOpt's CUDA path.
+"""NVFP4 parity: our CPU kernel (advisor.quantize.nvfp4_cpu) against ModelOpt's CUDA path.
 
 Needs an NVIDIA GPU of compute capability >= 8.9 (ModelOpt's Triton NVFP4 kernel).
 Three CUDA references, all ModelOpt's own code:
@@ -45,8 +45,8 @@ E2M1_THRESHOLDS = (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0)
 
 
 def cpu_codes_scales(x: torch.Tensor, amax: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Signed E2M1 values per element and float32 block scales, from advisor.nvfp4_cpu."""
-    from advisor.nvfp4_cpu import e2m1_round_magnitude, nvfp4_block_scales
+    """Signed E2M1 values per element and float32 block scales, from advisor.quantize.nvfp4_cpu."""
+    from advisor.quantize.nvfp4_cpu import e2m1_round_magnitude, nvfp4_block_scales
 
     blocks = x.float().reshape(-1, BLOCK)
     scale = nvfp4_block_scales(x, amax, BLOCK)
@@ -55,8 +55,8 @@ def cpu_codes_scales(x: torch.Tensor, amax: torch.Tensor) -> tuple[torch.Tensor,
 
 
 def register_cpu_kernel() -> None:
-    """The product's own registration (advisor.nvfp4_cpu), which must work on the GPU's torch too."""
-    from advisor.quantize import prepare_device
+    """The product's own registration (advisor.quantize.nvfp4_cpu), which must work on the GPU's torch too."""
+    from advisor.quantize.modelopt_config import prepare_device
 
     prepare_device("cpu")
 
@@ -122,7 +122,7 @@ def nvfp4_weight_quantizer():
     from modelopt.torch.quantization.nn import TensorQuantizer
 
     from advisor.formats import Format
-    from advisor.quantize import format_quantizer_cfg
+    from advisor.quantize.modelopt_config import format_quantizer_cfg
 
     return TensorQuantizer(QuantizerAttributeConfig(**format_quantizer_cfg(Format.NVFP4)["weight_quantizer"]))
 
@@ -158,7 +158,7 @@ def compare(name: str, x_cpu: torch.Tensor, amax: torch.Tensor, y_ref_cpu: torch
         sc, so = scales
         out["scale_mismatch_blocks"] = int((sc.reshape(-1) != so.reshape(-1)).sum())
     if out["output_mismatch_elements"] or out.get("code_mismatch_elements"):
-        from advisor.nvfp4_cpu import nvfp4_block_scales
+        from advisor.quantize.nvfp4_cpu import nvfp4_block_scales
 
         scale = nvfp4_block_scales(x_cpu, amax, BLOCK).double()
         ratio = (x_cpu.double().reshape(-1, BLOCK).abs() / scale).reshape(-1)
@@ -204,7 +204,7 @@ def random_cases(seed: int = 0):
 
 
 def run_random(device: str = "cuda", seed: int = 0) -> list[dict[str, Any]]:
-    from advisor.nvfp4_cpu import nvfp4_fake_quant
+    from advisor.quantize.nvfp4_cpu import nvfp4_fake_quant
 
     register_cpu_kernel()
     tq_cuda, tq_cpu = nvfp4_weight_quantizer().to(device), nvfp4_weight_quantizer()

@@ -9,12 +9,12 @@ import random
 import time
 import warnings
 
-from advisor.calibration import forward_loop
+from advisor.calibration.tokens import forward_loop
 from advisor.formats import Format
 from advisor.plan import Plan
-from advisor.quantize import _share_weights_copy, quantize_plan
-from advisor.recipe import load_recipe
-from advisor.runner import prepare
+from advisor.quantize.modelopt_config import _share_weights_copy, quantize_plan
+from advisor.recipe.schema import load_recipe
+from advisor.workflows.context import prepare
 
 
 def main() -> None:

@@ -11,8 +11,8 @@ from advisor.energy.profile import load_profile, shipped_profile, validate_profi
 from advisor.errors import InputError, UnsupportedError
 from advisor.formats import GPU, Format
 from advisor.plan import Plan
-from advisor.recipe import Workload
-from advisor.shape import llama_shape
+from advisor.recipe.schema import Workload
+from advisor.models.shape import llama_shape
 
 SHAPE = llama_shape("model.layers", 32, 4096, 14336, 32, 8, 128256, 128)
 NAMES = [g.name for g in SHAPE.groups]
@@ -45,7 +45,7 @@ def test_shipped_h200_profile_is_measured_and_labelled(h200, model):
     assert "H200" in h200["gpu"] and h200["driver"] and h200["command"]
     assert model.label.startswith("predicted (profile NVIDIA H200, measured ")
     assert model.measured is False
-    from advisor.energy.base import EnergyModel
+    from advisor.estimate import EnergyModel
 
     assert isinstance(model, EnergyModel)
 
@@ -204,7 +204,7 @@ def test_measured_without_a_gpu_is_a_setup_error(monkeypatch):
 
 
 def test_measure_command_checks_its_flags(tmp_path):
-    from advisor.cli_energy import measure
+    from advisor.cli.energy import measure
 
     with pytest.raises(InputError, match="--batch"):
         measure(tmp_path / "plan.json", batch=0)
@@ -221,7 +221,7 @@ def test_cli_energy_imports_no_torch():
     import subprocess
     import sys
 
-    code = "import sys, advisor.cli_energy; print('torch' in sys.modules, 'pynvml' in sys.modules)"
+    code = "import sys, advisor.cli.energy; print('torch' in sys.modules, 'pynvml' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False False"
 
@@ -230,7 +230,7 @@ def test_predicted_falls_back_to_the_roofline_for_layers_no_profile_covers():
     from advisor.energy.roofline import RooflineEnergyModel
     from advisor.energy.select import make_energy_model
     from advisor.plan import LayerGroup
-    from advisor.shape import ModelShape
+    from advisor.models.shape import ModelShape
 
     generic = ModelShape((LayerGroup("encoder.fc1", ("encoder.fc1",), ((64, 256),)),), 1, 64, 4, 4, 16, 100, 6400)
     assert isinstance(make_energy_model("predicted", generic, GPU.H200), RooflineEnergyModel)

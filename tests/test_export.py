@@ -10,8 +10,8 @@ import yaml
 from conftest import TINY_MODEL, need
 from typer.testing import CliRunner
 
-from advisor.cli_deploy import export
-from advisor.export import ROUNDTRIP_KL_ABS_TOL, export_plan, layer_formats_from_quant_config
+from advisor.cli.deploy import export
+from advisor.deploy.export import ROUNDTRIP_KL_ABS_TOL, export_plan, layer_formats_from_quant_config
 from advisor.formats import Format
 from advisor.plan import Plan
 
@@ -28,9 +28,9 @@ def _app() -> typer.Typer:
 
 @pytest.fixture(scope="module")
 def tiny():
-    from advisor.calibration import build_token_sets
-    from advisor.model import load_model
-    from advisor.recipe import CalibrationSpec, ModelSpec
+    from advisor.calibration.tokens import build_token_sets
+    from advisor.models.loading import load_model
+    from advisor.recipe.schema import CalibrationSpec, ModelSpec
 
     loaded = load_model(ModelSpec(source=str(need(TINY_MODEL))), "cpu")
     spec = CalibrationSpec(num_samples=4, seq_len=32, heldout_samples=4, heldout_seq_len=32)
@@ -107,8 +107,8 @@ def test_quant_config_reader():
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory):
-    from advisor.pipeline import run
-    from advisor.recipe import validate_recipe
+    from advisor.workflows.search import run
+    from advisor.recipe.schema import validate_recipe
 
     recipe = validate_recipe({
         "name": "tiny", "model": {"source": str(need(TINY_MODEL))}, "target": "b200", "workloads": WORKLOADS,

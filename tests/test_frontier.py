@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 from advisor.formats import Format
-from advisor.frontier import Candidate, hypervolume, pareto_front, recommend
+from advisor.search.frontier import Candidate, hypervolume, pareto_front, recommend
 from advisor.plan import Plan
 
 

@@ -112,8 +112,8 @@ def test_in_memory_score_equals_lm_eval_hflm_run(tmp_path):
     import lm_eval
     import torch
 
-    from advisor.model import load_model
-    from advisor.recipe import ModelSpec
+    from advisor.models.loading import load_model
+    from advisor.recipe.schema import ModelSpec
 
     torch.set_num_threads(min(2, torch.get_num_threads()))
     lm = load_model(ModelSpec(source=str(need(TINY))))
@@ -161,7 +161,7 @@ def test_eval_command_flag_errors(args, message):
     import typer
     from typer.testing import CliRunner
 
-    from advisor.cli_eval import eval_plan
+    from advisor.cli.evaluate import eval_plan
 
     app = typer.Typer()
     app.command("eval")(eval_plan)
@@ -175,7 +175,7 @@ def test_eval_command_missing_task_data(tmp_path):
     import typer
     from typer.testing import CliRunner
 
-    from advisor.cli_eval import eval_plan
+    from advisor.cli.evaluate import eval_plan
 
     app = typer.Typer()
     app.command("eval")(eval_plan)

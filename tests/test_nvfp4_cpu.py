@@ -1,4 +1,4 @@
-"""The CPU NVFP4 kernel (advisor.nvfp4_cpu): E2M1 rounding, FP8 block scales, ModelOpt wiring.
+"""The CPU NVFP4 kernel (advisor.quantize.nvfp4_cpu): E2M1 rounding, FP8 block scales, ModelOpt wiring.
 
 The GPU comparison with ModelOpt's CUDA kernel is benchmarks/nvfp4_parity.py
 (results in reports/nvfp4_cpu_parity/).
@@ -11,7 +11,7 @@ import warnings
 import pytest
 import torch
 
-from advisor.nvfp4_cpu import e2m1_round_magnitude, nvfp4_block_scales, nvfp4_fake_quant
+from advisor.quantize.nvfp4_cpu import e2m1_round_magnitude, nvfp4_block_scales, nvfp4_fake_quant
 
 E2M1 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
 
@@ -84,7 +84,7 @@ def test_matches_a_linear_quantized_through_modelopt_on_cpu():
     """mtq.quantize with NVFP4_DEFAULT_CFG on CPU runs our kernel through ModelOpt's own quantizers."""
     from advisor.formats import Format
     from advisor.plan import LayerGroup, Plan
-    from advisor.quantize import quantize_plan
+    from advisor.quantize.modelopt_config import quantize_plan
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(64, 32, bias=False)).to(torch.bfloat16)

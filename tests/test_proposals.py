@@ -6,8 +6,8 @@ import pytest
 
 from advisor.formats import Format
 from advisor.plan import LayerGroup, Plan
-from advisor.proposals import budget_sweep, knapsack_proposals, predicted, solve_knapsack
-from advisor.sensitivity import Sensitivity, measure
+from advisor.search.proposals import budget_sweep, knapsack_proposals, predicted, solve_knapsack
+from advisor.search.sensitivity import Sensitivity, measure
 
 GROUPS = tuple(LayerGroup(f"g{i}", (f"m{i}",), ((16, 16),)) for i in range(5))
 FORMATS = [Format.BF16, Format.FP8, Format.NVFP4]

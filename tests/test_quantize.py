@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from advisor.formats import Format
-from advisor.model import load_model
+from advisor.models.loading import load_model
 from advisor.plan import Plan
-from advisor.quantize import FormatBank, _share_weights_copy, quantize_plan
-from advisor.recipe import ModelSpec
+from advisor.quantize.modelopt_config import FormatBank, _share_weights_copy, quantize_plan
+from advisor.recipe.schema import ModelSpec
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ from typer.testing import CliRunner
 from advisor.cli import app
 from advisor.errors import InputError
 from advisor.formats import Format
-from advisor.recipe import load_recipe
+from advisor.recipe.schema import load_recipe
 
 runner = CliRunner()
 

@@ -6,8 +6,8 @@ from advisor.energy.roofline import RooflineEnergyModel, decode_step_cost
 from advisor.errors import UnsupportedError
 from advisor.formats import GPU, GPU_SPECS, Format
 from advisor.plan import Plan
-from advisor.recipe import Workload
-from advisor.shape import llama_shape
+from advisor.recipe.schema import Workload
+from advisor.models.shape import llama_shape
 
 LLAMA8B = llama_shape("model.layers", 32, 4096, 14336, 32, 8, 128256)
 

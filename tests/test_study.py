@@ -5,15 +5,15 @@ import math
 import optuna
 import pytest
 
-from advisor.energy.base import EnergyEstimate
+from advisor.estimate import EnergyEstimate
 from advisor.errors import InputError
 from advisor.formats import FORMAT_SPECS, Format
-from advisor.frontier import pareto_front
+from advisor.search.frontier import pareto_front
 from advisor.plan import LayerGroup, Plan
-from advisor.recipe import validate_recipe
-from advisor.report import write_report
-from advisor.shape import ModelShape
-from advisor.study import Evaluation, candidates, open_study, run_search, save_run_meta
+from advisor.recipe.schema import validate_recipe
+from advisor.report.summary import write_report
+from advisor.models.shape import ModelShape
+from advisor.search.study import Evaluation, candidates, open_study, run_search, save_run_meta
 
 GROUPS = tuple(LayerGroup(f"layers.{i}.{r}", (f"m{i}{r}",), ((64, 64),)) for i in range(3) for r in ("qkv", "down"))
 DAMAGE = {Format.BF16: 0.0, Format.FP8: 0.01, Format.NVFP4: 0.08}
@@ -113,8 +113,8 @@ def test_report_is_built_from_storage(recipe):
 
 
 def test_benchmark_scores_override_the_proxy_budget(recipe):
-    from advisor.frontier import recommend
-    from advisor.study import record_benchmark
+    from advisor.search.frontier import recommend
+    from advisor.search.study import record_benchmark
 
     recipe.run_dir.mkdir(parents=True)
     study = open_study(recipe, resume=False)
@@ -137,9 +137,9 @@ def test_benchmark_scores_override_the_proxy_budget(recipe):
 
 
 def test_guided_search_evaluates_knapsack_proposals_after_the_baselines(recipe):
-    from advisor.proposals import predicted
-    from advisor.runner import KnapsackProposer
-    from advisor.sensitivity import measure
+    from advisor.search.proposals import predicted
+    from advisor.workflows.context import KnapsackProposer
+    from advisor.search.sensitivity import measure
 
     def damage_of(plan):
         return FakeEvaluator().evaluate(plan).kl

@@ -70,7 +70,7 @@ class TaskScore:
 
 def local_task_dir() -> Path:
     """The folder of the task YAMLs shipped with the package."""
-    return Path(str(resources.files("advisor") / "tasks"))
+    return Path(str(resources.files("advisor.accuracy") / "tasks"))
 
 
 def _read_yaml(path: Path) -> dict[str, Any]:
@@ -253,9 +253,9 @@ def evaluate(
 
 
 def model_hash(model: Any) -> str:
-    """The model's content fingerprint (advisor.model.model_fingerprint); meant for the BF16
+    """The model's content fingerprint (advisor.models.loading.model_fingerprint); meant for the BF16
     base model, a quantized plan is told apart by its plan id."""
-    from advisor.model import model_fingerprint
+    from advisor.models.loading import model_fingerprint
 
     return model_fingerprint(model)
 

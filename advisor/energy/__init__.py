@@ -1,6 +1,6 @@
 """Energy per token of a plan on a workload: predicted (roofline, profile) or measured (NVML)."""
 
-from advisor.energy.base import EnergyEstimate, EnergyModel
+from advisor.estimate import EnergyEstimate, EnergyModel
 from advisor.energy.costmodel import ProfileCostModel
 from advisor.energy.measure import MeasuredEnergyModel
 from advisor.energy.meter import EnergyMeter, Measurement, MeterConfig, open_meter

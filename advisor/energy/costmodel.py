@@ -33,9 +33,9 @@ from typing import Any
 from advisor.errors import InputError, UnsupportedError
 from advisor.formats import Format
 from advisor.plan import Plan
-from advisor.recipe import Workload
-from advisor.shape import ModelShape
-from advisor.energy.base import EnergyEstimate
+from advisor.recipe.schema import Workload
+from advisor.models.shape import ModelShape
+from advisor.estimate import EnergyEstimate
 from advisor.energy.profile import KINDS
 
 # Per-layer weight ratios (model / profiled model) beyond which scaling is extrapolation.
@@ -61,7 +61,7 @@ def _kind(group_name: str) -> str:
 
 
 class ProfileCostModel:
-    """An :class:`~advisor.energy.base.EnergyModel` backed by a measured (or derived) profile."""
+    """An :class:`~advisor.estimate.EnergyModel` backed by a measured (or derived) profile."""
 
     measured = False
 

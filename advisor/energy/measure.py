@@ -18,9 +18,9 @@ from typing import Any
 from advisor.errors import SetupError, UnsupportedError
 from advisor.formats import GPU, Format, gpu_from_device_name
 from advisor.plan import Plan
-from advisor.recipe import Workload
-from advisor.shape import ModelShape
-from advisor.energy.base import EnergyEstimate
+from advisor.recipe.schema import Workload
+from advisor.models.shape import ModelShape
+from advisor.estimate import EnergyEstimate
 from advisor.energy.meter import EnergyMeter, MeterConfig, open_meter
 
 

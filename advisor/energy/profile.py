@@ -73,7 +73,7 @@ def load_profile(path: Path | str) -> dict[str, Any]:
 
 def shipped_profile(gpu: GPU) -> dict[str, Any] | None:
     """The profile shipped in advisor/profiles/ for ``gpu`` (newest), or None."""
-    folder = resources.files("advisor") / "profiles"
+    folder = resources.files("advisor.energy") / "profiles"
     try:
         names = sorted(
             p.name for p in folder.iterdir() if p.name.startswith(f"{gpu.value}_") and p.name.endswith(".json")

@@ -25,9 +25,9 @@ from dataclasses import dataclass
 from advisor.errors import UnsupportedError
 from advisor.formats import FORMAT_SPECS, GPU, GPU_SPECS, Format, GPUSpec
 from advisor.plan import Plan
-from advisor.recipe import Workload
-from advisor.shape import ModelShape
-from advisor.energy.base import EnergyEstimate
+from advisor.recipe.schema import Workload
+from advisor.models.shape import ModelShape
+from advisor.estimate import EnergyEstimate
 
 MEMORY_BOUND_POWER_FRACTION = 0.6
 

@@ -34,7 +34,7 @@ import torch.nn.functional as F
 
 from advisor.errors import SetupError, UnsupportedError
 from advisor.formats import Format
-from advisor.shape import ModelShape
+from advisor.models.shape import ModelShape
 from advisor.energy import runtime_kernels as K
 
 FP8_MAX = 448.0

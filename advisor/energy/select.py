@@ -7,8 +7,8 @@ from pathlib import Path
 
 from advisor.errors import InputError
 from advisor.formats import GPU, gpu_from_device_name
-from advisor.shape import ModelShape
-from advisor.energy.base import EnergyModel
+from advisor.models.shape import ModelShape
+from advisor.estimate import EnergyModel
 
 log = logging.getLogger(__name__)
 

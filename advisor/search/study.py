@@ -19,12 +19,12 @@ from typing import Any, Protocol
 
 import optuna
 
-from advisor.energy.base import EnergyEstimate
+from advisor.estimate import EnergyEstimate
 from advisor.errors import InputError
 from advisor.formats import Format
-from advisor.frontier import Candidate
+from advisor.search.frontier import Candidate
 from advisor.plan import LayerGroup, Plan
-from advisor.recipe import AccuracySpec, Recipe
+from advisor.recipe.schema import AccuracySpec, Recipe
 
 log = logging.getLogger(__name__)
 

@@ -13,11 +13,11 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from advisor import __version__
-from advisor.frontier import pareto_front
+from advisor.search.frontier import pareto_front
 from advisor.plan import Plan
-from advisor.recipe import Recipe
-from advisor.report import write_report
-from advisor.study import candidates, finished_trials, open_study, record_benchmark, run_search, save_run_meta
+from advisor.recipe.schema import Recipe
+from advisor.report.summary import write_report
+from advisor.search.study import candidates, finished_trials, open_study, record_benchmark, run_search, save_run_meta
 
 
 def package_versions() -> dict[str, str]:
@@ -83,7 +83,7 @@ def write_run_file(recipe: Recipe) -> None:
 
 
 def run(recipe: Recipe, resume: bool = False, console: Console | None = None) -> dict:
-    from advisor.runner import prepare
+    from advisor.workflows.context import prepare
 
     console = console or Console(stderr=True)
     recipe.run_dir.mkdir(parents=True, exist_ok=True)
@@ -108,7 +108,7 @@ def run(recipe: Recipe, resume: bool = False, console: Console | None = None) ->
     })
     proposer = None
     if recipe.search.sampler == "guided":
-        from advisor.runner import KnapsackProposer
+        from advisor.workflows.context import KnapsackProposer
 
         with Progress(TextColumn("[bold]sensitivity"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                       console=console) as progress:

@@ -87,7 +87,7 @@ def summary_recipe(summary: dict[str, Any], model: str | None = None, recipe_pat
 
     Precedence: --model > --recipe > the recipe stored in summary.json.
     """
-    from advisor.recipe import load_recipe, validate_recipe
+    from advisor.recipe.schema import load_recipe, validate_recipe
 
     if recipe_path is not None:
         recipe = load_recipe(recipe_path, {"model.source": model})
@@ -212,8 +212,8 @@ def research_around(ctx: Any, plan: Plan, groups: tuple[LayerGroup, ...], trials
     the old plan's one-group neighbours (closest first); the sampler fills the rest."""
     import optuna
 
-    from advisor.frontier import recommend
-    from advisor.study import baseline_plans, candidates, enqueue_baselines, make_sampler, run_search
+    from advisor.search.frontier import recommend
+    from advisor.search.study import baseline_plans, candidates, enqueue_baselines, make_sampler, run_search
 
     recipe = ctx.recipe
     recipe = recipe.model_copy(update={"search": recipe.search.model_copy(update={"trials": trials})})
@@ -250,7 +250,7 @@ def run_recheck(
     status: Any = lambda _msg: None,
 ) -> RecheckResult:
     """Score the stored recommendation and BF16 on ``model``; write recheck.json and recheck.md."""
-    from advisor.runner import prepare
+    from advisor.workflows.context import prepare
 
     t0 = time.perf_counter()
     summary = read_summary(summary_path)

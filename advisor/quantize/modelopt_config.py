@@ -49,7 +49,7 @@ def _mtq() -> Any:
 def prepare_device(device: torch.device | str) -> None:
     """On CPU, give ModelOpt the NVFP4 kernel it lacks there (see nvfp4_cpu)."""
     if torch.device(device).type == "cpu":
-        from advisor.nvfp4_cpu import register_cpu_kernel
+        from advisor.quantize.nvfp4_cpu import register_cpu_kernel
 
         register_cpu_kernel()
 

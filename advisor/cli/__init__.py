@@ -17,7 +17,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from advisor.cli_common import DEBUG, err, handle_errors, out
+from advisor.cli.common import DEBUG, err, handle_errors, out
 from advisor.errors import InputError
 
 app = typer.Typer(
@@ -65,7 +65,7 @@ def _split(value: str | None) -> list[str] | None:
 def _workload_overrides(batch: int | None, inp: int | None, outp: int | None, recipe_path: Path | None) -> Any:
     if batch is None and inp is None and outp is None:
         return None
-    from advisor.recipe import load_recipe
+    from advisor.recipe.schema import load_recipe
 
     base = load_recipe(recipe_path).workloads[0].model_dump()
     for key, value in (("batch_size", batch), ("input_tokens", inp), ("output_tokens", outp)):
@@ -104,7 +104,7 @@ def search(
     resume: Annotated[bool, typer.Option("--resume", help="Continue the study of the same name.")] = False,
 ) -> None:
     """Search per-layer formats; write the report, summary.json and the study to OUT/NAME."""
-    from advisor.recipe import load_recipe
+    from advisor.recipe.schema import load_recipe
 
     overrides = {
         "model.source": model, "model.gguf_file": gguf_file, "target": target, "formats": _split(formats),
@@ -115,7 +115,7 @@ def search(
         "workloads": _workload_overrides(batch_size, input_tokens, output_tokens, recipe),
     }
     rec = load_recipe(recipe, overrides)
-    from advisor.pipeline import run
+    from advisor.workflows.search import run
 
     summary = run(rec, resume=resume, console=err)
     _print_summary(summary)
@@ -161,7 +161,7 @@ def report(
     storage: Annotated[str | None, typer.Option(help="Optuna storage URL, if not the run's own.")] = None,
 ) -> None:
     """Rebuild report.md, the plots and summary.json from the study storage."""
-    from advisor.report import write_report
+    from advisor.report.summary import write_report
 
     study = _open_run(run_dir, storage)
     path = write_report(study, run_dir)
@@ -190,10 +190,10 @@ def show(
     out.print_json(json.dumps(record))
 
 
-from advisor.cli_deploy import export, recheck  # noqa: E402
-from advisor.cli_energy import measure as measure_command  # noqa: E402
-from advisor.cli_energy import profile as profile_command  # noqa: E402
-from advisor.cli_eval import eval_plan  # noqa: E402
+from advisor.cli.deploy import export, recheck  # noqa: E402
+from advisor.cli.energy import measure as measure_command  # noqa: E402
+from advisor.cli.energy import profile as profile_command  # noqa: E402
+from advisor.cli.evaluate import eval_plan  # noqa: E402
 
 app.command()(export)
 app.command()(recheck)

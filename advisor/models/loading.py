@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING, Any
 
 from advisor.errors import InputError, SetupError
 from advisor.plan import LayerGroup
-from advisor.recipe import DEMO_MODEL, ModelSpec
-from advisor.shape import ModelShape
+from advisor.recipe.schema import DEMO_MODEL, ModelSpec
+from advisor.models.shape import ModelShape
 
 if TYPE_CHECKING:
     import torch

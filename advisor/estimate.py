@@ -6,7 +6,7 @@ from dataclasses import asdict, dataclass
 from typing import Protocol, runtime_checkable
 
 from advisor.plan import Plan
-from advisor.recipe import Workload
+from advisor.recipe.schema import Workload
 
 
 @dataclass(frozen=True)

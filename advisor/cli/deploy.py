@@ -1,6 +1,6 @@
 """The `advisor export` and `advisor recheck` commands (registered in cli.py).
 
-Thin commands: check flags, call :mod:`advisor.export` / :mod:`advisor.recheck`, print
+Thin commands: check flags, call :mod:`advisor.deploy.export` / :mod:`advisor.deploy.recheck`, print
 results to stdout. ``export`` maps errors like every other command (exit 2 bad input,
 3 setup, 1 other). ``recheck`` is a CI gate with its own contract: 0 pass,
 1 regression, 2 any error (an error must never read as a regression or a pass).
@@ -13,7 +13,7 @@ from typing import Annotated
 
 import typer
 
-from advisor.cli_common import err, handle_errors, out
+from advisor.cli.common import err, handle_errors, out
 
 RECHECK_ERROR_EXIT = 2
 
@@ -27,7 +27,7 @@ def export(
     smoke_test: Annotated[bool, typer.Option(help="Load with tensorrt_llm.LLM when installed.")] = True,
 ) -> None:
     """Write a plan as a ModelOpt unified HF checkpoint + tokenizer + TensorRT-LLM options; check the round trip."""
-    from advisor.export import export_run
+    from advisor.deploy.export import export_run
 
     with err.status("exporting") as status:
         result = export_run(run_dir, out_dir, plan_id=plan, model=model, smoke=smoke_test,
@@ -56,7 +56,7 @@ def recheck(
     device: Annotated[str | None, typer.Option(help="auto, cpu or cuda (default: the recipe's).")] = None,
 ) -> None:
     """Re-score the stored recommendation and BF16 on a new model; exit 0 pass, 1 regression, 2 error."""
-    from advisor.recheck import run_recheck
+    from advisor.deploy.recheck import run_recheck
 
     if device is not None and device not in ("auto", "cpu", "cuda"):
         from advisor.errors import InputError

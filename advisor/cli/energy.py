@@ -20,8 +20,8 @@ from advisor.energy.select import ENERGY_MODES, gpu_here, make_energy_model  # n
 from advisor.errors import InputError
 from advisor.formats import GPU
 from advisor.plan import Plan
-from advisor.recipe import Workload
-from advisor.shape import ModelShape, llama_shape
+from advisor.recipe.schema import Workload
+from advisor.models.shape import ModelShape, llama_shape
 
 
 def llama31_8b_shape() -> ModelShape:

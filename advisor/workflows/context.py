@@ -10,12 +10,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from advisor.calibration import TokenSets, build_token_sets, forward_loop
-from advisor.energy.base import EnergyModel
-from advisor.model import LoadedModel, load_model
+from advisor.calibration.tokens import TokenSets, build_token_sets, forward_loop
+from advisor.estimate import EnergyModel
+from advisor.models.loading import LoadedModel, load_model
 from advisor.plan import Plan
-from advisor.recipe import Recipe
-from advisor.study import Evaluation
+from advisor.recipe.schema import Recipe
+from advisor.search.study import Evaluation
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +35,7 @@ def pick_device(requested: str) -> str:
 
 
 def model_fingerprint(loaded: LoadedModel) -> str:
-    from advisor.model import model_fingerprint as fingerprint
+    from advisor.models.loading import model_fingerprint as fingerprint
 
     return fingerprint(loaded.model)
 
@@ -67,13 +67,13 @@ class KnapsackProposer:
         self.groups, self.formats, self.sens, self.max_kl = groups, formats, sens, max_kl
 
     def propose(self, scale: float) -> list[Plan]:
-        from advisor.proposals import budget_sweep, knapsack_proposals
+        from advisor.search.proposals import budget_sweep, knapsack_proposals
 
         return knapsack_proposals(self.groups, self.formats, self.sens.damage, self.sens.energy,
                                   budget_sweep(self.max_kl, scale))
 
     def predicted_damage(self, plan: Plan) -> float:
-        from advisor.proposals import predicted
+        from advisor.search.proposals import predicted
 
         return predicted(plan, self.sens.damage)
 
@@ -98,7 +98,7 @@ class RunContext:
         """Per-group damage and energy tables (cached in the run dir)."""
         from advisor.accuracy.proxy import ProxyEvaluator
         from advisor.formats import Format
-        from advisor.sensitivity import load_or_measure, measure
+        from advisor.search.sensitivity import load_or_measure, measure
 
         n = min(self.recipe.search.sensitivity_samples, self.tokens.heldout.shape[0])
         groups = self.loaded.shape.groups
@@ -135,7 +135,7 @@ def prepare(
     """Load, sample tokens, calibrate each format once, and compute the BF16 reference."""
     from advisor.accuracy.proxy import ProxyEvaluator
     from advisor.formats import Format
-    from advisor.quantize import FormatBank, prepare_device
+    from advisor.quantize.modelopt_config import FormatBank, prepare_device
 
     run_dir = recipe.run_dir
     run_dir.mkdir(parents=True, exist_ok=True)

@@ -4,7 +4,7 @@ What :func:`export_run` writes into the output folder:
 
 * a ModelOpt *unified Hugging Face checkpoint* of the plan (``model.safetensors``,
   ``config.json`` with ``quantization_config``, ``hf_quant_config.json``): the model is
-  quantized by :func:`advisor.quantize.quantize_plan` (real ModelOpt state, one
+  quantized by :func:`advisor.quantize.modelopt_config.quantize_plan` (real ModelOpt state, one
   calibration on the run's calibration tokens) and written by
   ``modelopt.torch.export.export_hf_checkpoint``. A plan that mixes FP8 and NVFP4 gives
   ``quant_algo: MIXED_PRECISION`` with per-layer ``quantized_layers``; a single-format
@@ -24,7 +24,7 @@ The formats come from ``hf_quant_config.json`` alone, not from the plan. transfo
 5 has no loader for ``quant_method: modelopt`` checkpoints, hence this reader. The
 reloaded model's proxy KL is compared with the in-memory quantized model's.
 
-Everything here runs on CPU (NVFP4 fake quantization through ``advisor.nvfp4_cpu``;
+Everything here runs on CPU (NVFP4 fake quantization through ``advisor.quantize.nvfp4_cpu``;
 ModelOpt's NVFP4 weight packing in export is plain torch).
 """
 
@@ -266,12 +266,12 @@ def export_plan(
 ) -> ExportResult:
     """Quantize ``loaded.model`` for ``plan``, export it, reload it and compare proxy KL.
 
-    ``tokens`` is a :class:`advisor.calibration.TokenSets` (calibration for ModelOpt,
+    ``tokens`` is a :class:`advisor.calibration.tokens.TokenSets` (calibration for ModelOpt,
     held-out for the proxy). ``loaded.model`` stays BF16 (a copy is quantized).
     """
     from advisor.accuracy.proxy import ProxyEvaluator
-    from advisor.calibration import forward_loop
-    from advisor.quantize import prepare_device, quantize_plan
+    from advisor.calibration.tokens import forward_loop
+    from advisor.quantize.modelopt_config import prepare_device, quantize_plan
 
     groups = loaded.shape.groups
     plan.check_against(groups)
@@ -427,8 +427,8 @@ def load_exported(export_dir: Path | str, device: str = "cpu") -> Any:
     from safetensors.torch import load_file
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from advisor.model import layer_groups
-    from advisor.quantize import _mtq, format_quantizer_cfg, prepare_device
+    from advisor.models.loading import layer_groups
+    from advisor.quantize.modelopt_config import _mtq, format_quantizer_cfg, prepare_device
 
     export_dir = Path(export_dir)
     cfg_path = export_dir / "config.json"
@@ -489,7 +489,7 @@ def load_exported(export_dir: Path | str, device: str = "cpu") -> Any:
 
 def run_tokens(run_dir: Path, recipe: Any, loaded: Any, fingerprint: str) -> Any:
     """The run's stored token sets when they belong to this model; else fresh ones (not stored)."""
-    from advisor.runner import load_or_build_tokens
+    from advisor.workflows.context import load_or_build_tokens
 
     return load_or_build_tokens(recipe, loaded, run_dir, fingerprint, store=False)
 
@@ -503,9 +503,9 @@ def export_run(
     status: Any = lambda _msg: None,
 ) -> ExportResult:
     """Export the recommendation (or ``plan_id``) of an ``advisor search`` run directory."""
-    from advisor.model import load_model
-    from advisor.recheck import read_summary, stored_plan, summary_recipe
-    from advisor.runner import model_fingerprint
+    from advisor.models.loading import load_model
+    from advisor.deploy.recheck import read_summary, stored_plan, summary_recipe
+    from advisor.workflows.context import model_fingerprint
 
     run_dir = Path(run_dir)
     if not run_dir.is_dir():

@@ -80,7 +80,7 @@ def eval_plan(
     if device is not None and device not in ("auto", "cpu", "cuda"):
         raise InputError(f"--device: got {device!r}; allowed: auto, cpu, cuda")
 
-    from advisor.recipe import load_recipe
+    from advisor.recipe.schema import load_recipe
 
     rec = load_recipe(recipe, {"model.source": model, "model.gguf_file": gguf_file, "device": device})
     from advisor.accuracy import harness
@@ -90,10 +90,10 @@ def eval_plan(
 
     import torch
 
-    from advisor.calibration import build_token_sets, forward_loop
+    from advisor.calibration.tokens import build_token_sets, forward_loop
     from advisor.errors import SetupError
-    from advisor.model import load_model
-    from advisor.quantize import quantize_plan
+    from advisor.models.loading import load_model
+    from advisor.quantize.modelopt_config import quantize_plan
 
     dev = rec.device if rec.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
     if dev == "cuda" and not torch.cuda.is_available():

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from advisor.errors import InputError
-from advisor.recipe import CalibrationSpec
+from advisor.recipe.schema import CalibrationSpec
 
 log = logging.getLogger(__name__)
 
