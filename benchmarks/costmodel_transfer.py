@@ -25,9 +25,9 @@ from advisor.energy.measure import MeasuredEnergyModel
 from advisor.energy.profile import load_profile, measurement_header
 from advisor.energy.runtime import copy_bandwidth_gb_s
 from advisor.formats import Format
+from advisor.models.shape import llama_shape
 from advisor.plan import Plan
 from advisor.recipe.schema import Workload
-from advisor.models.shape import llama_shape
 
 # HuggingFaceTB/SmolLM2-135M config.json
 SMOLLM2_135M = dict(num_layers=30, hidden=576, intermediate=1536, heads=9, kv_heads=3, vocab=49152, head_dim=64)

@@ -36,11 +36,11 @@ from pathlib import Path
 import torch
 
 from advisor.formats import Format
-from advisor.search.frontier import hypervolume
 from advisor.plan import Plan
 from advisor.recipe.schema import validate_recipe
-from advisor.workflows.context import KnapsackProposer, prepare
+from advisor.search.frontier import hypervolume
 from advisor.search.study import Evaluation, open_study, run_search
+from advisor.workflows.context import KnapsackProposer, prepare
 
 
 class SharedEvaluator:

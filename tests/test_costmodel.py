@@ -10,9 +10,9 @@ from advisor.energy.costmodel import ProfileCostModel, interp
 from advisor.energy.profile import load_profile, shipped_profile, validate_profile
 from advisor.errors import InputError, UnsupportedError
 from advisor.formats import GPU, Format
+from advisor.models.shape import llama_shape
 from advisor.plan import Plan
 from advisor.recipe.schema import Workload
-from advisor.models.shape import llama_shape
 
 SHAPE = llama_shape("model.layers", 32, 4096, 14336, 32, 8, 128256, 128)
 NAMES = [g.name for g in SHAPE.groups]
@@ -229,8 +229,8 @@ def test_cli_energy_imports_no_torch():
 def test_predicted_falls_back_to_the_roofline_for_layers_no_profile_covers():
     from advisor.energy.roofline import RooflineEnergyModel
     from advisor.energy.select import make_energy_model
-    from advisor.plan import LayerGroup
     from advisor.models.shape import ModelShape
+    from advisor.plan import LayerGroup
 
     generic = ModelShape((LayerGroup("encoder.fc1", ("encoder.fc1",), ((64, 256),)),), 1, 64, 4, 4, 16, 100, 6400)
     assert isinstance(make_energy_model("predicted", generic, GPU.H200), RooflineEnergyModel)

@@ -107,8 +107,8 @@ def test_quant_config_reader():
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory):
-    from advisor.workflows.search import run
     from advisor.recipe.schema import validate_recipe
+    from advisor.workflows.search import run
 
     recipe = validate_recipe({
         "name": "tiny", "model": {"source": str(need(TINY_MODEL))}, "target": "b200", "workloads": WORKLOADS,

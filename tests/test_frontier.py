@@ -1,8 +1,8 @@
 from __future__ import annotations
 
 from advisor.formats import Format
-from advisor.search.frontier import Candidate, hypervolume, pareto_front, recommend
 from advisor.plan import Plan
+from advisor.search.frontier import Candidate, hypervolume, pareto_front, recommend
 
 
 def cand(trial, fmt_a, fmt_b, kl, j, feasible=True, drop=None):

@@ -11,9 +11,9 @@ from conftest import TINY_MODEL, need
 from typer.testing import CliRunner
 
 from advisor.cli.deploy import recheck
+from advisor.deploy.recheck import neighbours, read_summary
 from advisor.formats import Format
 from advisor.plan import Plan
-from advisor.deploy.recheck import neighbours, read_summary
 
 runner = CliRunner()
 
@@ -28,8 +28,8 @@ def _app() -> typer.Typer:
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory):
     """A finished tiny-model run (the three baselines; all-fp8 is recommended)."""
-    from advisor.workflows.search import run
     from advisor.recipe.schema import validate_recipe
+    from advisor.workflows.search import run
 
     out = tmp_path_factory.mktemp("runs")
     recipe = validate_recipe({

@@ -5,9 +5,9 @@ import pytest
 from advisor.energy.roofline import RooflineEnergyModel, decode_step_cost
 from advisor.errors import UnsupportedError
 from advisor.formats import GPU, GPU_SPECS, Format
+from advisor.models.shape import llama_shape
 from advisor.plan import Plan
 from advisor.recipe.schema import Workload
-from advisor.models.shape import llama_shape
 
 LLAMA8B = llama_shape("model.layers", 32, 4096, 14336, 32, 8, 128256)
 

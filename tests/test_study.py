@@ -5,14 +5,14 @@ import math
 import optuna
 import pytest
 
-from advisor.estimate import EnergyEstimate
 from advisor.errors import InputError
+from advisor.estimate import EnergyEstimate
 from advisor.formats import FORMAT_SPECS, Format
-from advisor.search.frontier import pareto_front
+from advisor.models.shape import ModelShape
 from advisor.plan import LayerGroup, Plan
 from advisor.recipe.schema import validate_recipe
 from advisor.report.summary import write_report
-from advisor.models.shape import ModelShape
+from advisor.search.frontier import pareto_front
 from advisor.search.study import Evaluation, candidates, open_study, run_search, save_run_meta
 
 GROUPS = tuple(LayerGroup(f"layers.{i}.{r}", (f"m{i}{r}",), ((64, 64),)) for i in range(3) for r in ("qkv", "down"))
@@ -138,8 +138,8 @@ def test_benchmark_scores_override_the_proxy_budget(recipe):
 
 def test_guided_search_evaluates_knapsack_proposals_after_the_baselines(recipe):
     from advisor.search.proposals import predicted
-    from advisor.workflows.context import KnapsackProposer
     from advisor.search.sensitivity import measure
+    from advisor.workflows.context import KnapsackProposer
 
     def damage_of(plan):
         return FakeEvaluator().evaluate(plan).kl

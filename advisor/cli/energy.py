@@ -19,9 +19,9 @@ import typer
 from advisor.energy.select import ENERGY_MODES, gpu_here, make_energy_model  # noqa: F401
 from advisor.errors import InputError
 from advisor.formats import GPU
+from advisor.models.shape import ModelShape, llama_shape
 from advisor.plan import Plan
 from advisor.recipe.schema import Workload
-from advisor.models.shape import ModelShape, llama_shape
 
 
 def llama31_8b_shape() -> ModelShape:

@@ -503,8 +503,8 @@ def export_run(
     status: Any = lambda _msg: None,
 ) -> ExportResult:
     """Export the recommendation (or ``plan_id``) of an ``advisor search`` run directory."""
-    from advisor.models.loading import load_model
     from advisor.deploy.recheck import read_summary, stored_plan, summary_recipe
+    from advisor.models.loading import load_model
     from advisor.workflows.context import model_fingerprint
 
     run_dir = Path(run_dir)

@@ -30,13 +30,13 @@ from bisect import bisect_left
 from collections.abc import Sequence
 from typing import Any
 
+from advisor.energy.profile import KINDS
 from advisor.errors import InputError, UnsupportedError
+from advisor.estimate import EnergyEstimate
 from advisor.formats import Format
+from advisor.models.shape import ModelShape
 from advisor.plan import Plan
 from advisor.recipe.schema import Workload
-from advisor.models.shape import ModelShape
-from advisor.estimate import EnergyEstimate
-from advisor.energy.profile import KINDS
 
 # Per-layer weight ratios (model / profiled model) beyond which scaling is extrapolation.
 EXTRAPOLATION_RANGE = (0.25, 4.0)

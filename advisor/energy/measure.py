@@ -15,13 +15,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from advisor.energy.meter import EnergyMeter, MeterConfig, open_meter
 from advisor.errors import SetupError, UnsupportedError
+from advisor.estimate import EnergyEstimate
 from advisor.formats import GPU, Format, gpu_from_device_name
+from advisor.models.shape import ModelShape
 from advisor.plan import Plan
 from advisor.recipe.schema import Workload
-from advisor.models.shape import ModelShape
-from advisor.estimate import EnergyEstimate
-from advisor.energy.meter import EnergyMeter, MeterConfig, open_meter
 
 
 @dataclass

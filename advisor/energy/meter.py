@@ -29,8 +29,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Protocol
 
-from advisor.errors import InputError, SetupError
 from advisor.energy.nvml import GPUState
+from advisor.errors import InputError, SetupError
 
 
 class EnergyCounter(Protocol):

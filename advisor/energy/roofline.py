@@ -23,11 +23,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from advisor.errors import UnsupportedError
+from advisor.estimate import EnergyEstimate
 from advisor.formats import FORMAT_SPECS, GPU, GPU_SPECS, Format, GPUSpec
+from advisor.models.shape import ModelShape
 from advisor.plan import Plan
 from advisor.recipe.schema import Workload
-from advisor.models.shape import ModelShape
-from advisor.estimate import EnergyEstimate
 
 MEMORY_BOUND_POWER_FRACTION = 0.6
 

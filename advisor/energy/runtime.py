@@ -32,10 +32,10 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from advisor.energy import runtime_kernels as K
 from advisor.errors import SetupError, UnsupportedError
 from advisor.formats import Format
 from advisor.models.shape import ModelShape
-from advisor.energy import runtime_kernels as K
 
 FP8_MAX = 448.0
 GROUP_KINDS = ("qkv", "o", "gate_up", "down")

@@ -6,9 +6,9 @@ import logging
 from pathlib import Path
 
 from advisor.errors import InputError
+from advisor.estimate import EnergyModel
 from advisor.formats import GPU, gpu_from_device_name
 from advisor.models.shape import ModelShape
-from advisor.estimate import EnergyModel
 
 log = logging.getLogger(__name__)
 
@@ -17,8 +17,8 @@ ENERGY_MODES = ("measured", "predicted", "auto")
 
 def gpu_here() -> tuple[GPU | None, str | None]:
     """The known GPU kind on this machine (via NVML), or (None, None) when there is none."""
-    from advisor.errors import SetupError
     from advisor.energy.nvml import NvmlDevice
+    from advisor.errors import SetupError
 
     try:
         name = NvmlDevice(0).name

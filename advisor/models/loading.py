@@ -9,9 +9,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from advisor.errors import InputError, SetupError
+from advisor.models.shape import ModelShape
 from advisor.plan import LayerGroup
 from advisor.recipe.schema import DEMO_MODEL, ModelSpec
-from advisor.models.shape import ModelShape
 
 if TYPE_CHECKING:
     import torch

@@ -12,9 +12,9 @@ from typing import Any
 import optuna
 
 from advisor.formats import Format
-from advisor.search.frontier import Candidate, Recommendation, pareto_front, recommend
-from advisor.plan import LayerGroup, Plan
 from advisor.models.shape import ModelShape
+from advisor.plan import LayerGroup, Plan
+from advisor.search.frontier import Candidate, Recommendation, pareto_front, recommend
 from advisor.search.study import candidates
 
 FORMAT_COLORS = {Format.BF16: "#4c72b0", Format.FP8: "#dd8452", Format.NVFP4: "#55a868"}

@@ -19,12 +19,12 @@ from typing import Any, Protocol
 
 import optuna
 
-from advisor.estimate import EnergyEstimate
 from advisor.errors import InputError
+from advisor.estimate import EnergyEstimate
 from advisor.formats import Format
-from advisor.search.frontier import Candidate
 from advisor.plan import LayerGroup, Plan
 from advisor.recipe.schema import AccuracySpec, Recipe
+from advisor.search.frontier import Candidate
 
 log = logging.getLogger(__name__)
 

@@ -13,10 +13,10 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from advisor import __version__
-from advisor.search.frontier import pareto_front
 from advisor.plan import Plan
 from advisor.recipe.schema import Recipe
 from advisor.report.summary import write_report
+from advisor.search.frontier import pareto_front
 from advisor.search.study import candidates, finished_trials, open_study, record_benchmark, run_search, save_run_meta
 
 
