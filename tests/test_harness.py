@@ -11,7 +11,8 @@ import pytest
 
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
-from advisor.accuracy import harness  # noqa: E402
+from advisor.accuracy import harness
+from advisor.accuracy.stats import spearman  # noqa: E402
 from advisor.errors import InputError  # noqa: E402
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
@@ -40,13 +41,13 @@ def test_select_indices_is_seeded_sorted_and_full_when_no_limit():
 
 
 def test_spearman():
-    assert harness.spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
-    assert harness.spearman([0.01, 0.02, 0.5], [0.4, 0.39, 0.1]) == pytest.approx(-1.0)
-    assert harness.spearman([1, 1, 2], [1, 2, 3]) == pytest.approx(math.sqrt(3) / 2)  # ties get average ranks
-    assert math.isnan(harness.spearman([1], [2]))
-    assert math.isnan(harness.spearman([1, 1], [2, 3]))
+    assert spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
+    assert spearman([0.01, 0.02, 0.5], [0.4, 0.39, 0.1]) == pytest.approx(-1.0)
+    assert spearman([1, 1, 2], [1, 2, 3]) == pytest.approx(math.sqrt(3) / 2)  # ties get average ranks
+    assert math.isnan(spearman([1], [2]))
+    assert math.isnan(spearman([1, 1], [2, 3]))
     with pytest.raises(ValueError):
-        harness.spearman([1, 2], [1])
+        spearman([1, 2], [1])
 
 
 def test_cache_round_trip_and_key(tmp_path):

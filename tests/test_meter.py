@@ -6,15 +6,9 @@ import sys
 
 import pytest
 
-from advisor.energy.meter import (
-    EnergyMeter,
-    MeterConfig,
-    ReplayCounter,
-    SimulatedGPU,
-    VirtualClock,
-    coefficient_of_variation,
-)
+from advisor.energy.meter import EnergyMeter, MeterConfig, coefficient_of_variation
 from advisor.errors import InputError, SetupError
+from advisor.testing import ReplayCounter, SimulatedGPU, VirtualClock
 
 FAST = MeterConfig(warmup_s=0.5, min_window_s=5.0, min_ticks=50, repeats=3, idle_s=1.0)
 

@@ -8,7 +8,8 @@ import torch
 from advisor.formats import Format
 from advisor.models.loading import load_model
 from advisor.plan import Plan
-from advisor.quantize.modelopt_config import FormatBank, _share_weights_copy, quantize_plan
+from advisor.quantize.bank import FormatBank, _share_weights_copy
+from advisor.quantize.modelopt_config import quantize_plan
 from advisor.recipe.schema import ModelSpec
 
 

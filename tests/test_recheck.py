@@ -39,7 +39,7 @@ def run_dir(tmp_path_factory):
         "accuracy": {"max_kl": 0.05}, "search": {"trials": 3, "seed": 0}, "out": str(out), "device": "cpu",
     })
     summary = run(recipe)
-    assert summary["recommendation"]["label"] == "all-fp8", summary["recommendation"]
+    assert summary.recommendation.label == "all-fp8", summary.recommendation
     return recipe.run_dir
 
 

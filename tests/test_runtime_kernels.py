@@ -33,9 +33,9 @@ def _same_bf16(a, b):
 def K():
     if DEVICE == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
         pytest.skip("no GPU, and triton was imported before TRITON_INTERPRET=1 could be set (see conftest.py)")
-    from advisor.energy import runtime_kernels
+    from advisor.energy import kernels
 
-    return runtime_kernels
+    return kernels
 
 
 def _rope_tables(max_pos: int, d: int):

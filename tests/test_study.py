@@ -1,39 +1,22 @@
 from __future__ import annotations
 
-import math
-
 import optuna
 import pytest
 
 from advisor.errors import InputError
-from advisor.estimate import EnergyEstimate
-from advisor.formats import FORMAT_SPECS, Format
+from advisor.formats import Format
 from advisor.models.shape import ModelShape
 from advisor.plan import LayerGroup, Plan
 from advisor.recipe.schema import validate_recipe
 from advisor.report.summary import write_report
 from advisor.search.frontier import pareto_front
-from advisor.search.study import Evaluation, candidates, open_study, run_search, save_run_meta
+from advisor.search.study import candidates, open_study, run_search, save_run_meta
+from advisor.testing import AdditiveEvaluator
 
 GROUPS = tuple(LayerGroup(f"layers.{i}.{r}", (f"m{i}{r}",), ((64, 64),)) for i in range(3) for r in ("qkv", "down"))
-DAMAGE = {Format.BF16: 0.0, Format.FP8: 0.01, Format.NVFP4: 0.08}
 
 
-class FakeEvaluator:
-    """Additive damage and energy per group; optionally interrupts at a given call."""
-
-    def __init__(self, interrupt_at: int | None = None) -> None:
-        self.calls = 0
-        self.interrupt_at = interrupt_at
-
-    def evaluate(self, plan: Plan) -> Evaluation:
-        self.calls += 1
-        if self.interrupt_at is not None and self.calls == self.interrupt_at:
-            raise KeyboardInterrupt
-        kl = sum(DAMAGE[f] for f in plan.formats.values())
-        j = 1.0 + sum(FORMAT_SPECS[f].weight_bytes_per_element for f in plan.formats.values())
-        est = EnergyEstimate("chat", j, j, j / 10, 1 / j, "predicted (fake)", False)
-        return Evaluation(kl=kl, ppl=10 * math.exp(kl), ppl_bf16=10.0, energy=[est])
+DAMAGE = AdditiveEvaluator.DAMAGE
 
 
 @pytest.fixture
@@ -51,7 +34,7 @@ def meta(recipe):
 def test_baselines_are_always_evaluated_first(recipe):
     recipe.run_dir.mkdir(parents=True)
     study = open_study(recipe, resume=False)
-    run_search(study, FakeEvaluator(), recipe, GROUPS)
+    run_search(study, AdditiveEvaluator(), recipe, GROUPS)
     labels = [t.user_attrs["label"] for t in study.trials[:3]]
     assert labels == ["all-bf16", "all-fp8", "all-nvfp4"]
     assert len(candidates(study)) == 12
@@ -60,7 +43,7 @@ def test_baselines_are_always_evaluated_first(recipe):
 def test_infeasible_plans_are_marked_and_kept_off_the_front(recipe):
     recipe.run_dir.mkdir(parents=True)
     study = open_study(recipe, resume=False)
-    run_search(study, FakeEvaluator(), recipe, GROUPS)
+    run_search(study, AdditiveEvaluator(), recipe, GROUPS)
     cands = candidates(study)
     nvfp4 = next(c for c in cands if c.plan.uniform_format() == Format.NVFP4)
     assert not nvfp4.feasible  # 6 * 0.08 > 0.1
@@ -72,14 +55,14 @@ def test_resume_after_interruption_keeps_every_finished_trial(recipe):
     recipe.run_dir.mkdir(parents=True)
     study = open_study(recipe, resume=False)
     with pytest.raises(KeyboardInterrupt):
-        run_search(study, FakeEvaluator(interrupt_at=6), recipe, GROUPS)
+        run_search(study, AdditiveEvaluator(interrupt_at=6), recipe, GROUPS)
     done = {t.number: t.params for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE}
     assert len(done) == 5
 
     with pytest.raises(InputError, match="--resume"):
         open_study(recipe, resume=False)
     resumed = open_study(recipe, resume=True)
-    ran = run_search(resumed, FakeEvaluator(), recipe, GROUPS)
+    ran = run_search(resumed, AdditiveEvaluator(), recipe, GROUPS)
     assert ran == 12 - 5
     after = {t.number: t.params for t in resumed.trials if t.state == optuna.trial.TrialState.COMPLETE}
     assert len(after) == 12
@@ -96,7 +79,7 @@ def test_report_is_built_from_storage(recipe):
     recipe.run_dir.mkdir(parents=True)
     study = open_study(recipe, resume=False)
     save_run_meta(study, meta(recipe))
-    run_search(study, FakeEvaluator(), recipe, GROUPS)
+    run_search(study, AdditiveEvaluator(), recipe, GROUPS)
     reloaded = optuna.load_study(study_name=recipe.name, storage=recipe.storage_url)
     md = write_report(reloaded, recipe.run_dir).read_text()
     assert (recipe.run_dir / "front.png").stat().st_size > 1000
@@ -119,7 +102,7 @@ def test_benchmark_scores_override_the_proxy_budget(recipe):
     recipe.run_dir.mkdir(parents=True)
     study = open_study(recipe, resume=False)
     save_run_meta(study, meta(recipe))  # max_drop defaults to 0.02
-    run_search(study, FakeEvaluator(), recipe, GROUPS)
+    run_search(study, AdditiveEvaluator(), recipe, GROUPS)
     by_label = {c.plan.label(): c for c in candidates(study)}
     bf16, fp8 = by_label["all-bf16"], by_label["all-fp8"]
     assert fp8.feasible and recommend(candidates(study), ["chat"]).candidate.trial != bf16.trial
@@ -137,22 +120,21 @@ def test_benchmark_scores_override_the_proxy_budget(recipe):
 
 
 def test_guided_search_evaluates_knapsack_proposals_after_the_baselines(recipe):
-    from advisor.search.proposals import predicted
+    from advisor.search.proposals import KnapsackProposer, predicted
     from advisor.search.sensitivity import measure
-    from advisor.workflows.context import KnapsackProposer
 
     def damage_of(plan):
-        return FakeEvaluator().evaluate(plan).kl
+        return AdditiveEvaluator().evaluate(plan).kl
 
     def energy_of(plan):
-        return FakeEvaluator().evaluate(plan).energy[0].j_per_token
+        return AdditiveEvaluator().evaluate(plan).energy[0].j_per_token
 
     sens = measure(GROUPS, list(Format), damage_of, energy_of)
     proposer = KnapsackProposer(GROUPS, list(Format), sens, recipe.accuracy.max_kl)
     first = proposer.propose(1.0)
     recipe.run_dir.mkdir(parents=True)
     study = open_study(recipe, resume=False)
-    run_search(study, FakeEvaluator(), recipe, GROUPS, proposer=proposer)
+    run_search(study, AdditiveEvaluator(), recipe, GROUPS, proposer=proposer)
     ids = [Plan(t.params).id for t in study.trials]
     new_first = [p.id for p in first if p.id not in ids[:3]]
     assert ids[3 : 3 + len(new_first)] == new_first

@@ -23,7 +23,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import math
 import random
 import time
 import warnings
@@ -349,38 +348,6 @@ def _task_key(task: str) -> str:
 
 
 # ---------------------------------------------------------------- report helpers
-
-
-def _ranks(values: Sequence[float]) -> list[float]:
-    order = sorted(range(len(values)), key=lambda i: values[i])
-    ranks = [0.0] * len(values)
-    i = 0
-    while i < len(order):
-        j = i
-        while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
-            j += 1
-        for k in range(i, j + 1):
-            ranks[order[k]] = (i + j) / 2 + 1  # average rank of a tie
-        i = j + 1
-    return ranks
-
-
-def spearman(proxy_values: Sequence[float], bench_values: Sequence[float]) -> float:
-    """Spearman rank correlation (ties get average ranks); NaN when undefined.
-
-    Sign convention: raw correlation. KL (lower is better) against accuracy (higher is
-    better) is good when it is close to -1.
-    """
-    if len(proxy_values) != len(bench_values):
-        raise ValueError(f"{len(proxy_values)} proxy values but {len(bench_values)} benchmark values")
-    if len(proxy_values) < 2:
-        return math.nan
-    rx, ry = _ranks(list(proxy_values)), _ranks(list(bench_values))
-    mx, my = sum(rx) / len(rx), sum(ry) / len(ry)
-    cov = sum((a - mx) * (b - my) for a, b in zip(rx, ry, strict=True))
-    vx = sum((a - mx) ** 2 for a in rx)
-    vy = sum((b - my) ** 2 for b in ry)
-    return cov / math.sqrt(vx * vy) if vx > 0 and vy > 0 else math.nan
 
 
 def accuracy_table(rows: Mapping[str, Mapping[str, TaskScore]], tasks: Iterable[str] | None = None) -> str:

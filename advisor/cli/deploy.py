@@ -27,7 +27,7 @@ def export(
     smoke_test: Annotated[bool, typer.Option(help="Load with tensorrt_llm.LLM when installed.")] = True,
 ) -> None:
     """Write a plan as a ModelOpt unified HF checkpoint + tokenizer + TensorRT-LLM options; check the round trip."""
-    from advisor.deploy.export import export_run
+    from advisor.workflows.export import export_run
 
     with err.status("exporting") as status:
         result = export_run(run_dir, out_dir, plan_id=plan, model=model, smoke=smoke_test,
@@ -56,7 +56,7 @@ def recheck(
     device: Annotated[str | None, typer.Option(help="auto, cpu or cuda (default: the recipe's).")] = None,
 ) -> None:
     """Re-score the stored recommendation and BF16 on a new model; exit 0 pass, 1 regression, 2 error."""
-    from advisor.deploy.recheck import run_recheck
+    from advisor.workflows.recheck import run_recheck
 
     if device is not None and device not in ("auto", "cpu", "cuda"):
         from advisor.errors import InputError

@@ -2,7 +2,7 @@
 
 ``summary.json`` of an ``advisor search`` run holds the recommended plan, the recipe
 (accuracy budget, workloads, target, calibration) and the numbers measured then.
-:func:`run_recheck` loads the new model, scores the stored plan and the BF16 baseline
+:func:`advisor.workflows.recheck.run_recheck` loads the new model, scores the stored plan and the BF16 baseline
 the same way the search did (proxy KL/perplexity on held-out tokens sampled from the
 new model, energy from the same estimator, and the recipe's lm-eval tasks when the
 harness is importable), and checks them against the stored thresholds:
@@ -22,46 +22,28 @@ from __future__ import annotations
 import json
 import logging
 import math
-import time
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from advisor.errors import InputError
 from advisor.formats import Format
-from advisor.plan import LayerGroup, Plan
+from advisor.plan import Plan
+from advisor.report.schema import load_summary
 
 log = logging.getLogger(__name__)
 
-_REQUIRED = ("recommendation", "trials", "accuracy_budget", "recipe", "workloads")
 
 
 # ---------------------------------------------------------------- reading a summary
 
 
 def read_summary(path: Path | str) -> dict[str, Any]:
-    """Read and sanity-check a summary.json; one clear InputError for each way it can be wrong."""
-    path = Path(path)
-    if path.is_dir():
-        path = path / "summary.json"
-    if not path.is_file():
-        raise InputError(f"recommendation file {path} does not exist; give the summary.json `advisor search` wrote")
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(f"cannot read {path}: {exc}") from None
-    except json.JSONDecodeError as exc:
-        raise InputError(f"{path} is not valid JSON ({exc.msg} at line {exc.lineno}); "
-                         "rebuild it with `advisor report RUN_DIR`") from None
-    if not isinstance(data, dict) or data.get("tool") != "precision-advisor":
-        raise InputError(f"{path} is not a precision-advisor summary.json (no \"tool\": \"precision-advisor\")")
-    missing = [k for k in _REQUIRED if k not in data]
-    if missing:
-        raise InputError(f"{path} is not a complete precision-advisor summary: missing {', '.join(missing)}")
-    if not data["recommendation"]:
+    """A validated summary.json (current schema version, with a recommendation) as plain data."""
+    summary = load_summary(path)
+    if summary.recommendation is None:
         raise InputError(f"{path} holds no recommendation (the run finished no trial); nothing to re-check")
-    return data
+    return summary.model_dump(mode="json")
 
 
 def stored_plan(summary: dict[str, Any], plan_id: str | None, path: Path | str) -> tuple[Plan, dict[str, Any]]:
@@ -145,7 +127,7 @@ def _energy_by_workload(ev: Any) -> dict[str, float]:
     return {e.workload: e.j_per_token for e in ev.energy}
 
 
-def _score_benchmark(ctx: Any, plan: Plan, bf16: Plan, out_dir: Path) -> dict[str, Any]:
+def score_benchmark(ctx: Any, plan: Plan, bf16: Plan, out_dir: Path) -> dict[str, Any]:
     spec = ctx.recipe.benchmark
     if not spec.tasks:
         return {"status": "not run: the recipe sets no lm-eval tasks"}
@@ -166,7 +148,7 @@ def _score_benchmark(ctx: Any, plan: Plan, bf16: Plan, out_dir: Path) -> dict[st
             "mean_drop": sum(drops) / len(drops), "max_drop": spec.max_drop}
 
 
-def _checks(recipe: Any, ev: Any, ev_bf16: Any, bench: dict[str, Any]) -> list[Check]:
+def recheck_checks(recipe: Any, ev: Any, ev_bf16: Any, bench: dict[str, Any]) -> list[Check]:
     budget = recipe.accuracy
     out = [Check("proxy KL vs BF16 (nats/token)", ev.kl, budget.max_kl, ev.kl <= budget.max_kl)]
     if budget.max_ppl_increase_pct is not None:
@@ -183,7 +165,7 @@ def _checks(recipe: Any, ev: Any, ev_bf16: Any, bench: dict[str, Any]) -> list[C
     return out
 
 
-def _stored_numbers(summary: dict[str, Any], record: dict[str, Any]) -> dict[str, Any]:
+def stored_numbers(summary: dict[str, Any], record: dict[str, Any]) -> dict[str, Any]:
     bf16_trial = summary.get("baselines", {}).get("all-bf16")
     bf16 = next((r for r in summary["trials"] if r.get("trial") == bf16_trial), None)
     return {
@@ -205,102 +187,6 @@ def neighbours(plan: Plan, formats: list[Format]) -> list[Plan]:
             if other != f:
                 out.append(Plan({**plan.formats, g: other}))
     return out
-
-
-def research_around(ctx: Any, plan: Plan, groups: tuple[LayerGroup, ...], trials: int) -> dict[str, Any]:
-    """A short in-memory study on the new model, seeded with the old plan, the baselines and
-    the old plan's one-group neighbours (closest first); the sampler fills the rest."""
-    import optuna
-
-    from advisor.search.frontier import recommend
-    from advisor.search.study import baseline_plans, candidates, enqueue_baselines, make_sampler, run_search
-
-    recipe = ctx.recipe
-    recipe = recipe.model_copy(update={"search": recipe.search.model_copy(update={"trials": trials})})
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    study = optuna.create_study(directions=["minimize", "minimize"],
-                                sampler=make_sampler(recipe.search.sampler, recipe.search.seed))
-    study.enqueue_trial({k: v.value for k, v in plan.formats.items()})
-    enqueue_baselines(study, baseline_plans(groups, recipe.formats))
-    room = max(0, trials - 1 - len(recipe.formats))
-    for n in neighbours(plan, list(recipe.formats))[:room]:
-        study.enqueue_trial({k: v.value for k, v in n.formats.items()}, skip_if_exists=True)
-    run_search(study, ctx, recipe, groups)
-    cands = candidates(study)
-    rec = recommend(cands, [w.name for w in recipe.workloads])
-    out: dict[str, Any] = {"trials": len(cands), "seeded_with": plan.id}
-    if rec is not None:
-        c = rec.candidate
-        out.update({
-            "plan_id": c.plan.id, "label": c.plan.label(), "kl": c.kl, "feasible": c.feasible,
-            "energy_j_per_token": c.energy_j_per_token, "reason": rec.reason,
-            "formats": {k: v.value for k, v in c.plan.formats.items()}, "same_as_stored": c.plan.id == plan.id,
-        })
-    return out
-
-
-def run_recheck(
-    summary_path: Path,
-    model: str,
-    out_dir: Path,
-    recipe_path: Path | None = None,
-    research: bool = False,
-    research_trials: int = 12,
-    device: str | None = None,
-    status: Any = lambda _msg: None,
-) -> RecheckResult:
-    """Score the stored recommendation and BF16 on ``model``; write recheck.json and recheck.md."""
-    from advisor.workflows.context import prepare
-
-    t0 = time.perf_counter()
-    summary = read_summary(summary_path)
-    plan, record = stored_plan(summary, None, summary_path)
-    base = summary_recipe(summary, model=model, recipe_path=recipe_path)
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    used = {Format.BF16, *plan.formats.values()}
-    formats = list(base.formats) if research else [f for f in base.formats if f in used]
-    recipe = base.model_copy(update={"out": out_dir, "name": "recheck", "storage": None, "formats": formats,
-                                     **({"device": device} if device else {})})
-    ctx = prepare(recipe, status=status)
-    groups = ctx.loaded.shape.groups
-    try:
-        plan.check_against(groups)
-    except InputError as exc:
-        raise InputError(f"the new model's layers differ from the stored plan's ({exc}); "
-                         "the plan cannot be applied: run `advisor search` on the new model") from None
-    bf16 = Plan.uniform(groups, Format.BF16)
-    status("scoring the stored plan and BF16 on the new model")
-    ev_bf16 = ctx.evaluate(bf16)
-    ev = ctx.evaluate(plan)
-    status("lm-eval tasks")
-    bench = _score_benchmark(ctx, plan, bf16, out_dir)
-    checks = _checks(recipe, ev, ev_bf16, bench)
-    research_out = None
-    if research:
-        status(f"re-searching around the old plan ({research_trials} trials)")
-        research_out = research_around(ctx, plan, groups, research_trials)
-    stored_fp = (summary.get("model") or {}).get("fingerprint")
-    label = f"measured (proxy on {ctx.tokens.heldout.numel()} held-out tokens, {ctx.tokens.source}, on {ctx.device})"
-    result = RecheckResult(
-        verdict="pass" if all(c.ok for c in checks) else "regression",
-        checks=checks,
-        plan_id=plan.id,
-        plan_label=plan.label(),
-        model={"name": ctx.loaded.name, "fingerprint": ctx.fingerprint,
-               "same_weights_as_stored": stored_fp == ctx.fingerprint},
-        stored=_stored_numbers(summary, record),
-        new={"kl": ev.kl, "ppl": ev.ppl, "ppl_bf16": ev.ppl_bf16,
-             "energy": [e.to_dict() for e in ev.energy], "bf16_energy": [e.to_dict() for e in ev_bf16.energy]},
-        labels={"accuracy": label, "energy": sorted({e.source for e in ev.energy})},
-        benchmark=bench,
-        research=research_out,
-        timings_s={**ctx.timings_s, "total_s": time.perf_counter() - t0},
-        generated=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-    )
-    (out_dir / "recheck.json").write_text(json.dumps(result.to_dict(), indent=2, default=str))
-    (out_dir / "recheck.md").write_text(render_markdown(result))
-    return result
 
 
 def _num(x: Any) -> str:

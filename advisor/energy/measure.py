@@ -51,9 +51,9 @@ class Bench:
 
 
 def uniform_formats(dims, fmt: Format) -> dict[str, Format]:
-    from advisor.energy.runtime import GROUP_KINDS
+    from advisor.plan import DENSE_GROUP_KINDS
 
-    return {f"layers.{i}.{k}": fmt for i in range(dims.num_layers) for k in GROUP_KINDS}
+    return {f"layers.{i}.{k}": fmt for i in range(dims.num_layers) for k in DENSE_GROUP_KINDS}
 
 
 def decode_step(rt, batch: int, context: int, seed: int = 0):
@@ -125,7 +125,7 @@ class MeasuredEnergyModel:
 
     def __init__(self, shape: ModelShape, target: GPU | None = None, config: MeterConfig | None = None) -> None:
         torch = _torch_with_gpu()
-        from advisor.energy.runtime import LlamaDims
+        from advisor.energy.dims import LlamaDims
 
         self.shape = shape
         self.meter = open_meter(torch.cuda.current_device(), config)

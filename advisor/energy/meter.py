@@ -17,7 +17,7 @@ How a measurement runs (``EnergyMeter.measure``):
 The GPU's state (name, driver, power limit, clocks, temperature) is read before
 and after, and the idle power once per meter. Nothing here changes the GPU.
 
-``ReplayCounter`` and ``SimulatedGPU`` stand in for NVML and the GPU in tests.
+``advisor.testing`` has the fakes that stand in for NVML and the GPU in tests.
 """
 
 from __future__ import annotations
@@ -259,109 +259,3 @@ def open_meter(index: int = 0, config: MeterConfig | None = None) -> EnergyMeter
     from advisor.energy.nvml import NvmlDevice
 
     return EnergyMeter(NvmlDevice(index), config)
-
-
-# -- fakes for tests (no GPU) ------------------------------------------------
-
-
-class VirtualClock:
-    """Time that moves only when read (``tick_s`` per read) or slept."""
-
-    def __init__(self, tick_s: float = 1e-4) -> None:
-        self.t = 0.0
-        self.tick_s = tick_s
-
-    def __call__(self) -> float:
-        self.t += self.tick_s
-        return self.t
-
-    def sleep(self, s: float) -> None:
-        self.t += s
-
-
-_FAKE_STATE = GPUState("Fake GPU", 0, "0.0", 700.0, 1980, 2619, 40, 0.0)
-
-
-class ReplayCounter:
-    """Replays recorded ``(time_s, energy_mj)`` samples against a clock."""
-
-    def __init__(self, samples: Sequence[tuple[float, int]], clock: Callable[[], float]) -> None:
-        self.samples = sorted(samples)
-        self.clock = clock
-        self._i = 0
-
-    def energy_mj(self) -> int:
-        t = self.clock.t if isinstance(self.clock, VirtualClock) else self.clock()
-        while self._i + 1 < len(self.samples) and self.samples[self._i + 1][0] <= t:
-            self._i += 1
-        return int(self.samples[self._i][1])
-
-    def state(self) -> GPUState:
-        return _FAKE_STATE
-
-
-class _SimHandle:
-    def __init__(self, gpu: SimulatedGPU, finish: float) -> None:
-        self.gpu, self.finish = gpu, finish
-
-    def query(self) -> bool:
-        return self.gpu.clock.t >= self.finish
-
-
-class SimulatedGPU:
-    """A GPU that runs steps of ``step_s`` at ``busy_w`` and idles at ``idle_w``.
-
-    Its counter ticks every ``tick_s`` (like NVML's ~100 ms); ``power_noise`` scales
-    each tick's busy power by a factor drawn from ``noise`` (a callable returning a
-    multiplier), so tests can make stable or unstable runs.
-    """
-
-    def __init__(
-        self,
-        clock: VirtualClock,
-        step_s: float = 0.01,
-        busy_w: float = 500.0,
-        idle_w: float = 80.0,
-        tick_s: float = 0.1,
-        noise: Callable[[int], float] | None = None,
-    ) -> None:
-        self.clock, self.step_s, self.busy_w, self.idle_w, self.tick_s = clock, step_s, busy_w, idle_w, tick_s
-        self.noise = noise or (lambda _tick: 1.0)
-        self.busy_until = 0.0
-        self._intervals: deque[tuple[float, float]] = deque()
-        self._acc_t = 0.0
-        self._acc_j = 0.0
-        self.launched = 0
-
-    def launch(self) -> _SimHandle:
-        start = max(self.clock.t, self.busy_until)
-        self.busy_until = start + self.step_s
-        self._intervals.append((start, self.busy_until))
-        self.launched += 1
-        return _SimHandle(self, self.busy_until)
-
-    def _advance(self, t: float) -> None:
-        """Integrate power from ``_acc_t`` to ``t`` tick by tick."""
-        while self._acc_t < t:
-            tick = int(self._acc_t / self.tick_s + 1e-9)
-            seg_end = min(t, (tick + 1) * self.tick_s)
-            if seg_end <= self._acc_t:  # float edge: step to the next tick
-                seg_end = min(t, self._acc_t + self.tick_s)
-            busy = 0.0
-            for s, f in self._intervals:
-                if s >= seg_end:
-                    break
-                busy += max(0.0, min(f, seg_end) - max(s, self._acc_t))
-            while self._intervals and self._intervals[0][1] <= seg_end:
-                self._intervals.popleft()
-            dt = seg_end - self._acc_t
-            self._acc_j += self.idle_w * dt + (self.busy_w * self.noise(tick) - self.idle_w) * busy
-            self._acc_t = seg_end
-
-    def energy_mj(self) -> int:
-        tick_edge = int(self.clock.t / self.tick_s) * self.tick_s
-        self._advance(tick_edge)
-        return int(self._acc_j * 1000)
-
-    def state(self) -> GPUState:
-        return _FAKE_STATE

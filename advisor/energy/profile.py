@@ -26,10 +26,11 @@ from typing import Any
 
 from advisor.errors import InputError
 from advisor.formats import GPU, Format
+from advisor.plan import DENSE_GROUP_KINDS
 
 SCHEMA = "precision-advisor/energy-profile"
 VERSION = 1
-KINDS = ("qkv", "o", "gate_up", "down")
+KINDS = DENSE_GROUP_KINDS
 
 
 def measurement_header(state: Any, idle_w: float, copy_bw_gb_s: float, command: str, torch_version: str) -> dict:
@@ -132,9 +133,10 @@ def measure_profile(
     from advisor.energy.measure import _torch_with_gpu
 
     torch = _torch_with_gpu()
+    from advisor.energy.cuda_tools import copy_bandwidth_gb_s
+    from advisor.energy.dims import LlamaDims
     from advisor.energy.measure import Bench, decode_step, prefill_step, uniform_formats
     from advisor.energy.meter import open_meter
-    from advisor.energy.runtime import LlamaDims, copy_bandwidth_gb_s
 
     meter = open_meter(torch.cuda.current_device(), meter_config)
     state = meter.counter.state()

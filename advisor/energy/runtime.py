@@ -27,102 +27,19 @@ GPU run is intended.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
-from advisor.energy import runtime_kernels as K
-from advisor.errors import SetupError, UnsupportedError
+from advisor.energy import kernels as K
+from advisor.energy.cuda_tools import CapturedStep
+from advisor.energy.dims import LlamaDims
+from advisor.energy.gpu_checks import check_formats_supported, require_gpu
+from advisor.errors import SetupError
 from advisor.formats import Format
-from advisor.models.shape import ModelShape
+from advisor.plan import DENSE_GROUP_KINDS
 
 FP8_MAX = 448.0
-GROUP_KINDS = ("qkv", "o", "gate_up", "down")
-
-
-@dataclass(frozen=True)
-class LlamaDims:
-    num_layers: int
-    hidden: int
-    intermediate: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-    vocab: int
-    rms_eps: float = 1e-5
-    rope_theta: float = 500000.0
-
-    @classmethod
-    def llama31_8b(cls) -> LlamaDims:
-        return cls(32, 4096, 14336, 32, 8, 128, 128256)
-
-    @classmethod
-    def from_shape(cls, shape: ModelShape) -> LlamaDims:
-        inter = next(g.shapes[0][1] for g in shape.groups if g.name.endswith("gate_up"))
-        return cls(
-            shape.num_layers,
-            shape.hidden_size,
-            inter,
-            shape.num_attention_heads,
-            shape.num_kv_heads,
-            shape.head_dim,
-            shape.vocab_size,
-        )
-
-    def hf_config(self):
-        from transformers import LlamaConfig
-
-        return LlamaConfig(
-            vocab_size=self.vocab,
-            hidden_size=self.hidden,
-            intermediate_size=self.intermediate,
-            num_hidden_layers=self.num_layers,
-            num_attention_heads=self.heads,
-            num_key_value_heads=self.kv_heads,
-            head_dim=self.head_dim,
-            rms_norm_eps=self.rms_eps,
-            rope_theta=self.rope_theta,
-            max_position_embeddings=131072,
-            rope_scaling={
-                "rope_type": "llama3",
-                "factor": 8.0,
-                "low_freq_factor": 1.0,
-                "high_freq_factor": 4.0,
-                "original_max_position_embeddings": 8192,
-            },
-            tie_word_embeddings=False,
-        )
-
-
-def require_gpu() -> torch.device:
-    if not torch.cuda.is_available():
-        raise SetupError("the runtime needs a CUDA GPU; none is visible to PyTorch (use --energy predicted)")
-    return torch.device("cuda")
-
-
-def check_formats_supported(formats: set[Format], device: torch.device | None = None) -> None:
-    """Refuse formats this GPU cannot run on its tensor cores, with the reason."""
-    if Format.NVFP4 in formats:
-        major, minor = torch.cuda.get_device_capability(device)
-        name = torch.cuda.get_device_name(device)
-        if major < 10:
-            raise UnsupportedError(
-                f"NVFP4 energy cannot be measured on {name} (sm_{major}{minor}): Hopper and older "
-                "GPUs have no FP4 tensor cores, so any NVFP4 run there is an emulation whose energy "
-                "says nothing about a Blackwell deployment. NVFP4 accuracy is still available "
-                "(fake quantization); for energy use --energy predicted with a Blackwell profile."
-            )
-        raise UnsupportedError(
-            f"the NVFP4 GEMM path of this runtime is not verified on {name}; no Blackwell GPU was "
-            "available to test it, so it refuses rather than report unverified numbers"
-        )
-    if Format.FP8 in formats:
-        major, minor = torch.cuda.get_device_capability(device)
-        if (major, minor) < (8, 9):
-            raise UnsupportedError(
-                f"FP8 GEMMs need sm_89 or newer; {torch.cuda.get_device_name(device)} is sm_{major}{minor}"
-            )
 
 
 class _Linear:
@@ -232,7 +149,7 @@ class LlamaWeights:
 
 def group_formats(plan_formats: Mapping[str, Format], num_layers: int) -> dict[str, Format]:
     """``layers.{i}.{kind}`` plan keys -> ``{i}.{kind}``; missing groups stay BF16."""
-    out = {f"{i}.{k}": Format.BF16 for i in range(num_layers) for k in GROUP_KINDS}
+    out = {f"{i}.{k}": Format.BF16 for i in range(num_layers) for k in DENSE_GROUP_KINDS}
     for name, fmt in plan_formats.items():
         key = name.removeprefix("layers.")
         if key not in out:
@@ -264,7 +181,7 @@ class LlamaRuntime:
         # launches after cuBLAS GEMMs, which do not trigger early);
         # reports/benchmarks/decode_step_variants.md.
         self.pdl = pdl and torch.cuda.get_device_capability()[0] >= 9
-        self.attention_splits: int | None = None  # None: runtime_kernels.decode_splits decides
+        self.attention_splits: int | None = None  # None: kernels.decode_splits decides
         # ``linear_cache`` lets several runtimes (plans) share converted weights.
         cache = linear_cache if linear_cache is not None else {}
         self.lin = {}
@@ -331,7 +248,7 @@ class LlamaRuntime:
         first = True
         h_out = None
         for i in range(d.num_layers):
-            lq, lo, lg, ld = (self.lin[f"{i}.{k}"] for k in GROUP_KINDS)
+            lq, lo, lg, ld = (self.lin[f"{i}.{k}"] for k in DENSE_GROUP_KINDS)
             a = K.add_rmsnorm(
                 resid if first else h_out,
                 None if first else resid,
@@ -397,37 +314,6 @@ class LlamaRuntime:
         return CapturedStep(graph, logits, tokens.shape[0], tokens.shape[1], start)
 
 
-@dataclass
-class CapturedStep:
-    graph: object
-    logits: torch.Tensor
-    batch: int
-    length: int
-    start: int
-
-    @property
-    def tokens_per_step(self) -> int:
-        return self.batch * self.length
-
-    def launch(self):
-        """Replay once and return an event that completes with it (the meter's Step)."""
-        self.graph.replay()
-        ev = torch.cuda.Event()
-        ev.record()
-        return ev
-
-    def time_ms(self, iters: int = 20, warmup: int = 3) -> float:
-        for _ in range(warmup):
-            self.graph.replay()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(iters):
-            self.graph.replay()
-        end.record()
-        end.synchronize()
-        return start.elapsed_time(end) / iters
-
-
 def calibrate(weights: LlamaWeights, batch: int = 2, length: int = 256, seed: int = 0) -> dict[str, float]:
     """Per-group input amax of the BF16 model on random tokens (static FP8 activation scales)."""
     rt = LlamaRuntime(weights, {})
@@ -439,37 +325,3 @@ def calibrate(weights: LlamaWeights, batch: int = 2, length: int = 256, seed: in
         rt.forward(tokens, start=0, calib=calib)
     rt.k_cache = rt.v_cache = None
     return calib
-
-
-def copy_bandwidth_gb_s(nbytes: int = 2 << 30, iters: int = 10) -> float:
-    """Device-to-device copy bandwidth, bytes read plus written, in GB/s."""
-    src = torch.randn(nbytes // 2, device="cuda", dtype=torch.bfloat16)
-    dst = torch.empty_like(src)
-    for _ in range(3):
-        dst.copy_(src)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(iters):
-        dst.copy_(src)
-    end.record()
-    end.synchronize()
-    s = start.elapsed_time(end) / 1000 / iters
-    del src, dst
-    return 2 * nbytes / s / 1e9
-
-
-def kernel_names(fn, steps: int = 1) -> list[dict]:
-    """CUDA kernels one call of ``fn`` launches (eager), with counts and device time."""
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(steps):
-            fn()
-        torch.cuda.synchronize()
-    rows = []
-    for e in prof.key_averages():
-        dt = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)
-        if dt and e.count:
-            rows.append({"name": e.key[:160], "count": e.count // steps, "us": dt / steps})
-    rows.sort(key=lambda r: -r["us"])
-    return rows

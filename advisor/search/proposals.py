@@ -73,3 +73,17 @@ def budget_sweep(max_kl: float, scale: float = 1.0) -> list[float]:
     (observed KL / predicted KL of the plans already evaluated)."""
     fractions = (0.15, 0.3, 0.5, 0.7, 0.85, 1.0, 1.15, 1.4)
     return [max_kl * f / max(scale, 1e-9) for f in fractions]
+
+
+class KnapsackProposer:
+    """Knapsack plans from a sensitivity table (``damage`` and ``energy`` per group and format)."""
+
+    def __init__(self, groups: Sequence[LayerGroup], formats: Sequence[Format], sens, max_kl: float) -> None:
+        self.groups, self.formats, self.sens, self.max_kl = groups, formats, sens, max_kl
+
+    def propose(self, scale: float) -> list[Plan]:
+        return knapsack_proposals(self.groups, self.formats, self.sens.damage, self.sens.energy,
+                                  budget_sweep(self.max_kl, scale))
+
+    def predicted_damage(self, plan: Plan) -> float:
+        return predicted(plan, self.sens.damage)

@@ -60,24 +60,6 @@ def load_or_build_tokens(
     return tokens
 
 
-class KnapsackProposer:
-    """Knapsack plans from the sensitivity tables (see proposals.py)."""
-
-    def __init__(self, groups, formats, sens, max_kl: float) -> None:
-        self.groups, self.formats, self.sens, self.max_kl = groups, formats, sens, max_kl
-
-    def propose(self, scale: float) -> list[Plan]:
-        from advisor.search.proposals import budget_sweep, knapsack_proposals
-
-        return knapsack_proposals(self.groups, self.formats, self.sens.damage, self.sens.energy,
-                                  budget_sweep(self.max_kl, scale))
-
-    def predicted_damage(self, plan: Plan) -> float:
-        from advisor.search.proposals import predicted
-
-        return predicted(plan, self.sens.damage)
-
-
 @dataclass
 class RunContext:
     recipe: Recipe
@@ -135,7 +117,8 @@ def prepare(
     """Load, sample tokens, calibrate each format once, and compute the BF16 reference."""
     from advisor.accuracy.proxy import ProxyEvaluator
     from advisor.formats import Format
-    from advisor.quantize.modelopt_config import FormatBank, prepare_device
+    from advisor.quantize.bank import FormatBank
+    from advisor.quantize.modelopt_config import prepare_device
 
     run_dir = recipe.run_dir
     run_dir.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,101 @@
+"""`advisor search`: flags over the recipe, then the search workflow; the front table on stdout."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from advisor.cli.common import err, handle_errors, out
+
+RecipeOpt = Annotated[Path | None, typer.Option("--recipe", "-r", help="YAML recipe (see recipes/quickstart.yaml).")]
+ModelOpt = Annotated[str | None, typer.Option(help="Hub id, local dir, .gguf file, or demo:smollm2-135m.")]
+TargetOpt = Annotated[str | None, typer.Option(help="Target GPU: h100, h200 or b200.")]
+FormatsOpt = Annotated[str | None, typer.Option(help="Comma-separated formats, e.g. bf16,fp8,nvfp4.")]
+OutOpt = Annotated[Path | None, typer.Option("--out", "-o", help="Parent folder of run directories.")]
+NameOpt = Annotated[str | None, typer.Option(help="Run (and study) name; the run dir is OUT/NAME.")]
+
+
+def _split(value: str | None) -> list[str] | None:
+    return None if value is None else [v.strip() for v in value.split(",") if v.strip()]
+
+
+def _workload_overrides(batch: int | None, inp: int | None, outp: int | None, recipe_path: Path | None) -> Any:
+    if batch is None and inp is None and outp is None:
+        return None
+    from advisor.recipe.schema import load_recipe
+
+    base = load_recipe(recipe_path).workloads[0].model_dump()
+    for key, value in (("batch_size", batch), ("input_tokens", inp), ("output_tokens", outp)):
+        if value is not None:
+            base[key] = value
+    return [base]
+
+
+@handle_errors
+def search(
+    recipe: RecipeOpt = None,
+    model: ModelOpt = None,
+    gguf_file: Annotated[str | None, typer.Option(help="GGUF file inside --model (a dir or hub repo).")] = None,
+    target: TargetOpt = None,
+    formats: FormatsOpt = None,
+    trials: Annotated[int | None, typer.Option(help="Total trials in the study, baselines included.")] = None,
+    timeout: Annotated[float | None, typer.Option(help="Stop starting trials after this many seconds.")] = None,
+    seed: Annotated[int | None, typer.Option(help="Sampler seed.")] = None,
+    sampler: Annotated[str | None, typer.Option(help="tpe, nsga2 or random.")] = None,
+    max_kl: Annotated[float | None, typer.Option(help="Accuracy budget: mean per-token KL vs BF16 (nats).")] = None,
+    batch_size: Annotated[int | None, typer.Option(help="Workload: concurrent sequences (first workload).")] = None,
+    input_tokens: Annotated[int | None, typer.Option(help="Workload: prompt tokens (first workload).")] = None,
+    output_tokens: Annotated[int | None, typer.Option(help="Workload: generated tokens (first workload).")] = None,
+    calibration: Annotated[str | None, typer.Option(help="'self' or a .txt/.jsonl file for calibration.")] = None,
+    tasks: Annotated[str | None, typer.Option(help="Comma-separated lm-eval tasks scored on the front.")] = None,
+    limit: Annotated[int | None, typer.Option(help="lm-eval items per task (seeded sample).")] = None,
+    storage: Annotated[str | None, typer.Option(help="Optuna storage URL (default: sqlite in the run dir).")] = None,
+    out_dir: OutOpt = None,
+    name: NameOpt = None,
+    device: Annotated[str | None, typer.Option(help="auto, cpu or cuda (where accuracy is computed).")] = None,
+    energy: Annotated[str | None, typer.Option(
+        help="measured (NVML on a GPU of the target kind, ~40 s per plan), predicted (profile or roofline), "
+        "or auto (measured when such a GPU is here).")] = None,
+    energy_profile: Annotated[str | None, typer.Option(help="Profile JSON from `advisor profile`.")] = None,
+    resume: Annotated[bool, typer.Option("--resume", help="Continue the study of the same name.")] = False,
+) -> None:
+    """Search per-layer formats; write the report, summary.json and the study to OUT/NAME."""
+    from advisor.recipe.schema import load_recipe
+
+    overrides = {
+        "model.source": model, "model.gguf_file": gguf_file, "target": target, "formats": _split(formats),
+        "search.trials": trials, "search.timeout_s": timeout, "search.seed": seed, "search.sampler": sampler,
+        "accuracy.max_kl": max_kl, "calibration.source": calibration, "benchmark.tasks": _split(tasks),
+        "benchmark.limit": limit, "storage": storage, "out": str(out_dir) if out_dir else None,
+        "name": name, "device": device, "energy": energy, "energy_profile": energy_profile,
+        "workloads": _workload_overrides(batch_size, input_tokens, output_tokens, recipe),
+    }
+    rec = load_recipe(recipe, overrides)
+    from advisor.workflows.search import run
+
+    summary = run(rec, resume=resume, console=err)
+    _print_summary(summary.model_dump(mode="json"))
+    out.print(f"\nreport: {rec.run_dir / 'report.md'}")
+
+
+def _print_summary(summary: dict) -> None:
+    workloads = [w["name"] for w in summary["workloads"]]
+    energy_label = "; ".join(summary["labels"]["energy"])
+    table = Table(title=f"Pareto front within budget ({len(summary['trials'])} trials); energy: {energy_label}")
+    for col in ["trial", "plan id", "plan", "KL", "ppl", *[f"J/token {w}" for w in workloads]]:
+        table.add_column(col)
+    by_trial = {r["trial"]: r for r in summary["trials"]}
+    for t in summary["front_trials"]:
+        r = by_trial[t]
+        e = {x["workload"]: x["j_per_token"] for x in r["energy"]}
+        table.add_row(str(t), r["plan_id"], r["label"], f"{r['kl']:.4f}", f"{r['ppl']:.2f}",
+                      *[f"{e[w]:.4g}" for w in workloads])
+    out.print(table)
+    rec = summary["recommendation"]
+    if rec:
+        out.print(f"recommended: plan {rec['plan_id']} ({rec['label']}): {rec['reason']}", highlight=False)
+
+

@@ -1,0 +1,71 @@
+"""TensorRT-LLM serving: LLM-API options sized from the workloads, deployment warnings, and a smoke test
+that loads the checkpoint with ``tensorrt_llm.LLM`` where it is installed."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from pathlib import Path
+from typing import Any
+
+from advisor.formats import GPU, GPU_SPECS, Format
+from advisor.plan import Plan
+
+
+def llm_api_options(workloads: list[dict[str, Any]]) -> dict[str, Any]:
+    """TensorRT-LLM LLM-API options (``--extra_llm_api_options``) sized for the workloads."""
+    batch = max(int(w["batch_size"]) for w in workloads)
+    seq = max(int(w["input_tokens"]) + int(w["output_tokens"]) for w in workloads)
+    prompt = max(int(w["input_tokens"]) for w in workloads)
+    # One iteration holds at most one full prompt plus one decode token per other sequence.
+    num_tokens = max(2048, 256 * math.ceil((prompt + batch) / 256))
+    return {
+        "max_batch_size": batch,
+        "max_num_tokens": num_tokens,
+        "max_seq_len": seq,
+        "kv_cache_config": {"free_gpu_memory_fraction": 0.9, "enable_block_reuse": True},
+        "cuda_graph_config": {"enable_padding": True, "max_batch_size": batch},
+    }
+
+
+def options_yaml(options: dict[str, Any], workloads: list[dict[str, Any]]) -> str:
+    import yaml
+
+    wl = "; ".join(f"{w['name']}: batch {w['batch_size']}, {w['input_tokens']} in / {w['output_tokens']} out"
+                   for w in workloads)
+    head = ("# TensorRT-LLM LLM-API options written by precision-advisor export.\n"
+            f"# Sized for the run's workloads ({wl}).\n"
+            "# Use: trtllm-serve <this folder> --extra_llm_api_options llm_api_options.yaml\n")
+    return head + yaml.safe_dump(options, sort_keys=False)
+
+
+def deployment_warnings(quant_algo: str | None, plan: Plan, target: str | None) -> list[str]:
+    out = []
+    if quant_algo == "MIXED_PRECISION":
+        out.append("quant_algo is MIXED_PRECISION: vLLM has rejected ModelOpt MIXED_PRECISION checkpoints "
+                   "(per-layer FP8/NVFP4); serve it with TensorRT-LLM, or export a single-format plan for vLLM.")
+    if Format.NVFP4 in plan.formats.values():
+        gpu = GPU_SPECS.get(GPU(target)) if target in {g.value for g in GPU} else None
+        if gpu is None or not gpu.supports(Format.NVFP4):
+            out.append(f"the plan has NVFP4 layers; NVFP4 W4A4 GEMMs run natively only on Blackwell (sm_100+), "
+                       f"not on target {target!r}.")
+    if quant_algo is None:
+        out.append("the plan is all-BF16: the checkpoint is unquantized (no hf_quant_config.json).")
+    return out
+
+
+def smoke_test_trtllm(out_dir: Path, prompt: str = "Once upon a time", tokens: int = 8) -> str:
+    """Load the checkpoint with TensorRT-LLM's LLM class and generate a few tokens, if installed."""
+    try:
+        from tensorrt_llm import LLM, SamplingParams
+    except ImportError:
+        return "not run: tensorrt_llm not installed"
+    try:
+        llm = LLM(model=str(out_dir))
+        res = llm.generate([prompt], SamplingParams(max_tokens=tokens))
+        text = res[0].outputs[0].text
+        with contextlib.suppress(Exception):
+            llm.shutdown()
+        return f"passed: {prompt!r} -> {text!r}"
+    except Exception as exc:  # any engine failure is a finding to report, not a crash
+        return f"failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"

@@ -1,0 +1,85 @@
+"""Calibrate once per format; assemble any plan from the calibrated layers (no trial re-calibrates).
+
+:class:`FormatBank` calibrates the whole model once per format (a copy that shares
+the BF16 weight tensors) and assembles any plan by pointing each layer at the
+calibrated ModelOpt ``QuantLinear`` of its format. This is the scheme of ModelOpt's
+AutoQuantize (``algorithms.py``: every candidate format is calibrated per module once,
+then formats switch per module). It is exact, not an approximation: ModelOpt's max
+calibration collects ranges with quantization switched off, so a layer's calibrated
+range does not depend on the formats of the layers before it (tests/test_quantize.py
+checks mixed plans against :func:`quantize_plan`).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+
+from advisor.errors import SetupError
+from advisor.formats import Format
+from advisor.plan import LayerGroup, Plan
+from advisor.quantize.modelopt_config import ForwardLoop, modelopt_quantization, quantize_plan
+
+
+def _share_weights_copy(model: torch.nn.Module) -> torch.nn.Module:
+    """A deep copy whose parameters are the original tensors (no extra weight memory)."""
+    memo: dict[int, Any] = {id(p): p for p in model.parameters()}
+    return copy.deepcopy(model, memo)
+
+
+class FormatBank:
+    """Per-format calibrated copies of a model, and a working model assembled per plan.
+
+    ``fold_weights=True`` gives each format copy its own weights and folds the
+    fake-quantized weights into them once (ModelOpt's ``mtq.fold_weight``), so a trial
+    only quantizes activations: faster, at one extra model's weight memory per format.
+    ``False`` shares the BF16 weight tensors and re-quantizes weights in every forward.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        groups: Iterable[LayerGroup],
+        formats: Iterable[Format],
+        forward_loop: ForwardLoop,
+        on_format: Callable[[Format], None] | None = None,
+        fold_weights: bool = True,
+    ) -> None:
+        self.groups = tuple(groups)
+        self.formats = tuple(formats)
+        self.calibrations = 0
+        self._modules: dict[Format, dict[str, torch.nn.Module]] = {}
+        members = [m for g in self.groups for m in g.members]
+        self._modules[Format.BF16] = {m: model.get_submodule(m) for m in members}
+        for fmt in self.formats:
+            if fmt == Format.BF16:
+                continue
+            if on_format:
+                on_format(fmt)
+            copy_ = copy.deepcopy(model) if fold_weights else _share_weights_copy(model)
+            calibrated = quantize_plan(copy_, Plan.uniform(self.groups, fmt), self.groups, forward_loop)
+            if fold_weights:
+                modelopt_quantization().fold_weight(calibrated)
+            self.calibrations += 1
+            self._modules[fmt] = {m: calibrated.get_submodule(m) for m in members}
+        self.model = _share_weights_copy(model)
+        self._current: dict[str, Format] = {m: Format.BF16 for m in members}
+
+    def assemble(self, plan: Plan) -> torch.nn.Module:
+        """Point every layer of the working model at its plan format's module; no calibration."""
+        plan.check_against(self.groups)
+        for g in self.groups:
+            fmt = plan.format_of(g.name)
+            if fmt not in self._modules:
+                raise SetupError(f"format {fmt.value} was not calibrated in this bank")
+            for member in g.members:
+                if self._current[member] != fmt:
+                    self.model.set_submodule(member, self._modules[fmt][member])
+                    self._current[member] = fmt
+        return self.model
+
+    def module_for(self, member: str, fmt: Format) -> torch.nn.Module:
+        return self._modules[fmt][member]

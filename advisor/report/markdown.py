@@ -1,0 +1,113 @@
+"""report.md from a summary: the front, the baselines, the recommendation and the label of every number."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def _fmt_j(x: float) -> str:
+    return f"{x:.4g}"
+
+
+def _table(rows: list[list[str]], header: list[str]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def _row(r: dict, workloads: list[str]) -> list[str]:
+    energies = {e["workload"]: e["j_per_token"] for e in r["energy"]}
+    return [
+        str(r["trial"]), f"`{r['plan_id']}`", r["label"], f"{r['effective_bits']:.2f}",
+        f"{r['kl']:.4f}", f"{r['ppl']:.2f} ({r['ppl_increase_pct']:+.1f}%)",
+        *[_fmt_j(energies[w]) for w in workloads], "yes" if r["feasible"] else "no",
+    ]
+
+
+def render_markdown(summary: dict[str, Any]) -> str:
+    workloads = [w["name"] for w in summary["workloads"]]
+    by_trial = {r["trial"]: r for r in summary["trials"]}
+    energy_label = "; ".join(summary["labels"]["energy"])
+    header = ["trial", "plan id", "plan", "eff. bits", "KL", "perplexity (vs BF16)",
+              *[f"J/token '{w}'" for w in workloads], "within budget"]
+    out = [f"# precision-advisor report: {summary['run']}", ""]
+    wl = ", ".join(f"`{w['name']}` (batch {w['batch_size']}, {w['input_tokens']} in / {w['output_tokens']} out)"
+                   for w in summary["workloads"])
+    out += [
+        f"- Model: `{summary['model']['name']}` (fingerprint `{summary['model']['fingerprint']}`)",
+        f"- Target GPU: **{summary['target']}**; workloads: {wl}",
+        f"- Accuracy budget: KL <= {summary['accuracy_budget']['max_kl']}"
+        + (f", perplexity +{summary['accuracy_budget']['max_ppl_increase_pct']}%"
+           if summary["accuracy_budget"].get("max_ppl_increase_pct") else ""),
+        f"- Accuracy numbers: {summary['labels']['accuracy']}",
+        f"- Energy numbers: **{energy_label}**",
+        f"- Generated {summary['generated']} by precision-advisor {summary['version']}; "
+        f"trials: {len(summary['trials'])}",
+        "",
+        "## Recommendation",
+        "",
+    ]
+    rec = summary["recommendation"]
+    if rec:
+        energies = ", ".join(f"{_fmt_j(e['j_per_token'])} J/token on '{e['workload']}'" for e in rec["energy"])
+        out += [
+            f"**Plan `{rec['plan_id']}`: {rec['label']}** (trial {rec['trial']}, "
+            f"{rec['effective_bits']:.2f} effective bits): KL {rec['kl']:.4f}, {energies} ({energy_label}).",
+            "",
+            f"Why: {rec['reason']}.",
+            "",
+            "![recommended plan](format_map.png)",
+            "",
+        ]
+    else:
+        out += ["No trial finished; nothing to recommend.", ""]
+    out += ["## Pareto front (within budget)", "",
+            _table([_row(by_trial[t], workloads) for t in summary["front_trials"]], header), "",
+            "![accuracy vs energy](front.png)", "", "## Baselines", "",
+            _table([_row(by_trial[t], workloads) for t in summary["baselines"].values()], header), ""]
+    if summary.get("benchmark_status"):
+        out += [f"lm-eval stage: {summary['benchmark_status']}", ""]
+    bench_rows = list({r["plan_id"]: r for r in summary["trials"] if r.get("benchmark")}.values())
+    if bench_rows:
+        tasks = sorted({t for r in bench_rows for t in r["benchmark"]})
+        rows = []
+        for r in bench_rows:
+            cells = []
+            for t in tasks:
+                s = r["benchmark"].get(t)
+                cells.append(f"{s['acc']:.4f} ± {s['acc_stderr']:.4f} (n={s['n']})" if s else "-")
+            drop = r.get("benchmark_drop")
+            rows.append([f"`{r['plan_id']}`", r["label"], *cells, "-" if drop is None else f"{drop:+.4f}"])
+        out += ["## Benchmark accuracy (lm-eval, measured)", "",
+                _table(rows, ["plan id", "plan", *tasks, "mean drop vs BF16"]), ""]
+        corr = summary.get("proxy_benchmark_spearman")
+        if corr is not None:
+            out += [f"Spearman rank correlation between proxy KL and mean benchmark accuracy over the "
+                    f"{len(bench_rows)} scored plans: {corr:+.3f} (a strongly negative value means the "
+                    f"proxy ranks plans as the benchmark does).", ""]
+    sens = summary.get("sensitivity")
+    if sens:
+        rows = [[s["group"], s["format"], f"{s['kl']:.4f}"] for s in sens["most_sensitive"]]
+        out += ["## Most sensitive layer groups", "",
+                f"Proxy KL when only that group is quantized (measured on {sens['tokens']} held-out tokens, "
+                f"{sens['time_s']:.0f} s); the guided search proposes plans from these.", "",
+                _table(rows, ["group", "format", "KL"]), ""]
+    t = summary.get("timings_s", {})
+    if t:
+        out += ["## Run", "", ", ".join(f"{k}: {v:.1f}" if isinstance(v, float) else f"{k}: {v}"
+                                        for k, v in t.items()), ""]
+    out += ["## How the numbers were obtained", "",
+            "- KL and perplexity: measured by running each plan's fake-quantized model (NVIDIA ModelOpt "
+            "quantizers) on held-out tokens that were not used for calibration, against the BF16 model.",
+            f"- Energy: {energy_label}. Predicted numbers are model outputs, not measurements.", ""]
+    if "extrapolated" in energy_label:
+        out[-1:-1] = [
+            "- The energy profile was measured on a model of a very different size and scaled to this one. "
+            "Such predictions miss per-kernel launch floors and the low power of a latency-bound step: for "
+            "SmolLM2-135M on an H100 they came out 2-3x below the measured J/token and put FP8's saving at "
+            "16-20% where 7-8% was measured (reports/benchmarks/costmodel_transfer.md). Compare plans by their "
+            "ratios with care, and measure on the target GPU (`--energy measured`) where one is at hand."
+        ]
+    return "\n".join(out)
+
+

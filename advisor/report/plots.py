@@ -1,0 +1,88 @@
+"""The report's two PNG plots (matplotlib, Agg backend): the accuracy/energy front and the format map."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from advisor.formats import Format
+
+FORMAT_COLORS = {Format.BF16: "#4c72b0", Format.FP8: "#dd8452", Format.NVFP4: "#55a868"}
+
+
+def plot_front(summary: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    w0 = summary["workloads"][0]["name"]
+    recs = summary["trials"]
+
+    def e(r: dict) -> float:
+        return next(x["j_per_token"] for x in r["energy"] if x["workload"] == w0)
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    floor = 1e-6
+    feas = [r for r in recs if r["feasible"]]
+    infeas = [r for r in recs if not r["feasible"]]
+    ax.scatter([e(r) for r in infeas], [max(r["kl"], floor) for r in infeas], c="#bbbbbb", s=14, label="over budget")
+    ax.scatter([e(r) for r in feas], [max(r["kl"], floor) for r in feas], c="#4c72b0", s=14, label="within budget")
+    front = [r for pid in summary["front"] for r in recs if r["plan_id"] == pid]
+    front = sorted({r["plan_id"]: r for r in front}.values(), key=e)
+    if front:
+        ax.plot([e(r) for r in front], [max(r["kl"], floor) for r in front], "-o", c="#c44e52", ms=4, label="front")
+    for name, trial in summary["baselines"].items():
+        r = next(x for x in recs if x["trial"] == trial)
+        ax.scatter([e(r)], [max(r["kl"], floor)], marker="s", s=60, facecolors="none", edgecolors="k")
+        ax.annotate(name, (e(r), max(r["kl"], floor)), textcoords="offset points", xytext=(5, 5), fontsize=8)
+    rec = summary["recommendation"]
+    if rec:
+        ax.scatter([e(rec)], [max(rec["kl"], floor)], marker="*", s=220, c="gold", edgecolors="k",
+                   label="recommended", zorder=5)
+    ax.axhline(summary["accuracy_budget"]["max_kl"], ls="--", c="gray", lw=1, label="KL budget")
+    ax.set_yscale("log")
+    ax.set_xlabel(f"J per output token, workload '{w0}'\n{'; '.join(summary['labels']['energy'])}", fontsize=8)
+    ax.set_ylabel("KL(BF16 || plan), nats/token (measured)")
+    ax.set_title(f"{summary['run']}: accuracy vs energy ({len(recs)} trials)")
+    ax.legend(fontsize=7, loc="upper right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def plot_format_map(summary: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+
+    rec = summary["recommendation"]
+    groups = [g["name"] for g in summary["shape"]["groups"]]
+    layered = [g for g in groups if g.startswith("layers.") and g.count(".") == 2]
+    fig, ax = plt.subplots(figsize=(max(6, len(groups) * 0.08 + 3), 2.6))
+    if layered and len(layered) == len(groups):
+        roles = list(dict.fromkeys(g.split(".")[2] for g in groups))
+        layers = sorted({int(g.split(".")[1]) for g in groups})
+        for g in groups:
+            _, idx, role = g.split(".")
+            fmt = Format(rec["formats"][g])
+            ax.add_patch(plt.Rectangle((int(idx), roles.index(role)), 0.95, 0.9, color=FORMAT_COLORS[fmt]))
+        ax.set_xlim(0, max(layers) + 1)
+        ax.set_ylim(0, len(roles))
+        ax.set_yticks([i + 0.45 for i in range(len(roles))], roles)
+        ax.set_xlabel("decoder layer")
+    else:
+        for i, g in enumerate(groups):
+            ax.bar(i, 1, color=FORMAT_COLORS[Format(rec["formats"][g])])
+        ax.set_xticks(range(len(groups)), groups, rotation=90, fontsize=6)
+        ax.set_yticks([])
+    ax.legend(handles=[Patch(color=c, label=f.value) for f, c in FORMAT_COLORS.items()], fontsize=7,
+              loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    ax.set_title(f"recommended plan {rec['plan_id']}: {rec['label']}", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+

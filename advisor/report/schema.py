@@ -1,0 +1,123 @@
+"""summary.json: the typed, versioned record of a run that `show`, `export`, `recheck` and CI read.
+
+Bump :data:`SCHEMA_VERSION` whenever a field changes meaning or shape; readers refuse
+other versions with a clear message (rebuild with `advisor report RUN_DIR`).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from advisor.errors import InputError
+
+SCHEMA_VERSION = 2  # 1: the untyped summary.json written before 2026-11-22 (no schema_version)
+
+
+class EnergyRecord(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    workload: str
+    j_per_token: float
+    source: str
+    measured: bool = False
+
+
+class TrialRecord(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    trial: int
+    plan_id: str
+    label: str
+    formats: dict[str, str]
+    effective_bits: float
+    kl: float
+    ppl: float
+    ppl_increase_pct: float
+    energy: list[EnergyRecord]
+    feasible: bool
+    benchmark: dict[str, Any] = Field(default_factory=dict)
+    benchmark_drop: float | None = None
+
+    def energy_by_workload(self) -> dict[str, float]:
+        return {e.workload: e.j_per_token for e in self.energy}
+
+
+class RecommendationRecord(TrialRecord):
+    reason: str
+    accuracy_metric: str
+
+
+class Labels(BaseModel):
+    accuracy: str
+    energy: list[str]
+
+
+class Summary(BaseModel):
+    """Everything a report shows, with every number's label; no secrets (storage is redacted)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    schema_version: Literal[2] = SCHEMA_VERSION
+    tool: Literal["precision-advisor"] = "precision-advisor"
+    version: str | None
+    generated: str
+    run: str
+    storage: str | None = None  # redacted URL
+    model: dict[str, Any] | None
+    target: str
+    workloads: list[dict[str, Any]]
+    accuracy_budget: dict[str, Any]
+    benchmark: dict[str, Any] | None
+    labels: Labels
+    versions: dict[str, str]
+    timings_s: dict[str, Any]
+    trials: list[TrialRecord]
+    front: list[str]
+    front_trials: list[int]
+    baselines: dict[str, int]
+    recommendation: RecommendationRecord | None
+    proxy_benchmark_spearman: float | None
+    benchmark_status: str | None
+    sensitivity: dict[str, Any] | None
+    shape: dict[str, Any]
+    recipe: dict[str, Any]
+
+    def record(self, plan_id: str) -> TrialRecord | None:
+        return next((r for r in self.trials if r.plan_id == plan_id), None)
+
+    def to_json(self) -> str:
+        return self.model_dump_json(indent=2)
+
+
+def load_summary(path: Path | str) -> Summary:
+    """Read a summary.json; one InputError (exit 2) for each way it can be wrong, old versions included."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / "summary.json"
+    if not path.is_file():
+        raise InputError(f"{path} does not exist; give the summary.json `advisor search` wrote "
+                         "(or rebuild it with `advisor report RUN_DIR`)")
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(f"cannot read {path}: {exc}") from None
+    except json.JSONDecodeError as exc:
+        raise InputError(f"{path} is not valid JSON ({exc.msg} at line {exc.lineno}); "
+                         "rebuild it with `advisor report RUN_DIR`") from None
+    if not isinstance(data, dict) or data.get("tool") != "precision-advisor":
+        raise InputError(f"{path} is not a precision-advisor summary.json (no \"tool\": \"precision-advisor\")")
+    version = data.get("schema_version", 1)
+    if version != SCHEMA_VERSION:
+        raise InputError(f"{path} has summary schema version {version}; this advisor reads version "
+                         f"{SCHEMA_VERSION}: rebuild it with `advisor report RUN_DIR` (the study holds every number)")
+    try:
+        return Summary.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise InputError(f"{path} is not a valid summary.json: {where}: {first['msg']} "
+                         f"({exc.error_count()} problem(s)); rebuild it with `advisor report RUN_DIR`") from None

@@ -1,0 +1,163 @@
+"""Fakes for tests and demos, in one place: a virtual clock, NVML counters and a GPU that are
+simulated, an evaluator with additive damage and energy, and tiny random-weight models built
+from a config (no download).
+
+Nothing in the product imports this module.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from advisor.energy.nvml import GPUState
+from advisor.estimate import EnergyEstimate
+from advisor.formats import FORMAT_SPECS, Format
+from advisor.plan import Plan
+from advisor.search.study import Evaluation
+
+
+class VirtualClock:
+    """Time that moves only when read (``tick_s`` per read) or slept."""
+
+    def __init__(self, tick_s: float = 1e-4) -> None:
+        self.t = 0.0
+        self.tick_s = tick_s
+
+    def __call__(self) -> float:
+        self.t += self.tick_s
+        return self.t
+
+    def sleep(self, s: float) -> None:
+        self.t += s
+
+
+_FAKE_STATE = GPUState("Fake GPU", 0, "0.0", 700.0, 1980, 2619, 40, 0.0)
+
+
+class ReplayCounter:
+    """Replays recorded ``(time_s, energy_mj)`` samples against a clock."""
+
+    def __init__(self, samples: Sequence[tuple[float, int]], clock: Callable[[], float]) -> None:
+        self.samples = sorted(samples)
+        self.clock = clock
+        self._i = 0
+
+    def energy_mj(self) -> int:
+        t = self.clock.t if isinstance(self.clock, VirtualClock) else self.clock()
+        while self._i + 1 < len(self.samples) and self.samples[self._i + 1][0] <= t:
+            self._i += 1
+        return int(self.samples[self._i][1])
+
+    def state(self) -> GPUState:
+        return _FAKE_STATE
+
+
+class _SimHandle:
+    def __init__(self, gpu: SimulatedGPU, finish: float) -> None:
+        self.gpu, self.finish = gpu, finish
+
+    def query(self) -> bool:
+        return self.gpu.clock.t >= self.finish
+
+
+class SimulatedGPU:
+    """A GPU that runs steps of ``step_s`` at ``busy_w`` and idles at ``idle_w``.
+
+    Its counter ticks every ``tick_s`` (like NVML's ~100 ms); ``power_noise`` scales
+    each tick's busy power by a factor drawn from ``noise`` (a callable returning a
+    multiplier), so tests can make stable or unstable runs.
+    """
+
+    def __init__(
+        self,
+        clock: VirtualClock,
+        step_s: float = 0.01,
+        busy_w: float = 500.0,
+        idle_w: float = 80.0,
+        tick_s: float = 0.1,
+        noise: Callable[[int], float] | None = None,
+    ) -> None:
+        self.clock, self.step_s, self.busy_w, self.idle_w, self.tick_s = clock, step_s, busy_w, idle_w, tick_s
+        self.noise = noise or (lambda _tick: 1.0)
+        self.busy_until = 0.0
+        self._intervals: deque[tuple[float, float]] = deque()
+        self._acc_t = 0.0
+        self._acc_j = 0.0
+        self.launched = 0
+
+    def launch(self) -> _SimHandle:
+        start = max(self.clock.t, self.busy_until)
+        self.busy_until = start + self.step_s
+        self._intervals.append((start, self.busy_until))
+        self.launched += 1
+        return _SimHandle(self, self.busy_until)
+
+    def _advance(self, t: float) -> None:
+        """Integrate power from ``_acc_t`` to ``t`` tick by tick."""
+        while self._acc_t < t:
+            tick = int(self._acc_t / self.tick_s + 1e-9)
+            seg_end = min(t, (tick + 1) * self.tick_s)
+            if seg_end <= self._acc_t:  # float edge: step to the next tick
+                seg_end = min(t, self._acc_t + self.tick_s)
+            busy = 0.0
+            for s, f in self._intervals:
+                if s >= seg_end:
+                    break
+                busy += max(0.0, min(f, seg_end) - max(s, self._acc_t))
+            while self._intervals and self._intervals[0][1] <= seg_end:
+                self._intervals.popleft()
+            dt = seg_end - self._acc_t
+            self._acc_j += self.idle_w * dt + (self.busy_w * self.noise(tick) - self.idle_w) * busy
+            self._acc_t = seg_end
+
+    def energy_mj(self) -> int:
+        tick_edge = int(self.clock.t / self.tick_s) * self.tick_s
+        self._advance(tick_edge)
+        return int(self._acc_j * 1000)
+
+    def state(self) -> GPUState:
+        return _FAKE_STATE
+
+
+class AdditiveEvaluator:
+    """Damage and energy additive over groups; optionally interrupts at a given call."""
+
+    DAMAGE = {Format.BF16: 0.0, Format.FP8: 0.01, Format.NVFP4: 0.08}
+
+    def __init__(self, interrupt_at: int | None = None, workload: str = "chat") -> None:
+        self.calls = 0
+        self.interrupt_at = interrupt_at
+        self.workload = workload
+
+    def evaluate(self, plan: Plan) -> Evaluation:
+        self.calls += 1
+        if self.interrupt_at is not None and self.calls == self.interrupt_at:
+            raise KeyboardInterrupt
+        kl = sum(self.DAMAGE[f] for f in plan.formats.values())
+        j = 1.0 + sum(FORMAT_SPECS[f].weight_bytes_per_element for f in plan.formats.values())
+        est = EnergyEstimate(self.workload, j, j, j / 10, 1 / j, "predicted (fake)", False)
+        return Evaluation(kl=kl, ppl=10 * math.exp(kl), ppl_bf16=10.0, energy=[est])
+
+
+def tiny_llama_config(**overrides: Any) -> Any:
+    """A 2-layer Llama config small enough for CPU tests (transformers, no download)."""
+    from transformers import LlamaConfig
+
+    base = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+            "num_key_value_heads": 2, "vocab_size": 256, "max_position_embeddings": 512}
+    return LlamaConfig(**{**base, **overrides})
+
+
+def random_model(config: Any, seed: int = 0) -> Any:
+    """A causal LM with random weights from ``config`` (BF16, eval mode)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    return AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).eval()
+
+
+__all__ = ["AdditiveEvaluator", "ReplayCounter", "SimulatedGPU", "VirtualClock", "random_model", "tiny_llama_config"]

@@ -1,0 +1,52 @@
+"""`advisor export`, top to bottom: read the run's summary, load the model, reuse the run's tokens,
+quantize the plan with ModelOpt, export, reload and compare, write the serving config."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from advisor.deploy.export import ExportResult, export_plan
+from advisor.errors import InputError
+
+
+def run_tokens(run_dir: Path, recipe: Any, loaded: Any, fingerprint: str) -> Any:
+    """The run's stored token sets when they belong to this model; else fresh ones (not stored)."""
+    from advisor.workflows.context import load_or_build_tokens
+
+    return load_or_build_tokens(recipe, loaded, run_dir, fingerprint, store=False)
+
+
+def export_run(
+    run_dir: Path,
+    out_dir: Path,
+    plan_id: str | None = None,
+    model: str | None = None,
+    smoke: bool = True,
+    status: Any = lambda _msg: None,
+) -> ExportResult:
+    """Export the recommendation (or ``plan_id``) of an ``advisor search`` run directory."""
+    from advisor.deploy.recheck import read_summary, stored_plan, summary_recipe
+    from advisor.models.loading import load_model
+    from advisor.workflows.context import model_fingerprint
+
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise InputError(f"RUN_DIR {run_dir} is not a directory; give the folder `advisor search` wrote")
+    summary = read_summary(run_dir / "summary.json")
+    plan, record = stored_plan(summary, plan_id, run_dir / "summary.json")
+    recipe = summary_recipe(summary, model=model)
+    status(f"loading model {recipe.model.source}")
+    loaded = load_model(recipe.model, "cpu")
+    fingerprint = model_fingerprint(loaded)
+    tokens = run_tokens(run_dir, recipe, loaded, fingerprint)
+    stored_fp = (summary.get("model") or {}).get("fingerprint")
+    notes = []
+    if stored_fp and stored_fp != fingerprint:
+        notes.append(f"the model's weights (fingerprint {fingerprint}) differ from the run's ({stored_fp}); "
+                     "the plan was searched on other weights")
+    status(f"quantizing plan {plan.id}, exporting, reloading")
+    return export_plan(
+        loaded, plan, tokens, out_dir, summary["workloads"], target=summary.get("target"),
+        stored_kl=record.get("kl"), smoke=smoke, extra_warnings=tuple(notes),
+    )

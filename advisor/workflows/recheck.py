@@ -1,0 +1,122 @@
+"""`advisor recheck`, top to bottom: read the stored recommendation, prepare the new model the
+same way the search did, score the plan and BF16, check against the stored thresholds,
+optionally re-search around the old plan, write recheck.json and recheck.md."""
+
+from __future__ import annotations
+
+import json
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from advisor.deploy.recheck import (
+    RecheckResult,
+    neighbours,
+    read_summary,
+    recheck_checks,
+    render_markdown,
+    score_benchmark,
+    stored_numbers,
+    stored_plan,
+    summary_recipe,
+)
+from advisor.errors import InputError
+from advisor.formats import Format
+from advisor.plan import LayerGroup, Plan
+
+
+def research_around(ctx: Any, plan: Plan, groups: tuple[LayerGroup, ...], trials: int) -> dict[str, Any]:
+    """A short in-memory study on the new model, seeded with the old plan, the baselines and
+    the old plan's one-group neighbours (closest first); the sampler fills the rest."""
+    import optuna
+
+    from advisor.search.frontier import recommend
+    from advisor.search.study import baseline_plans, candidates, enqueue_baselines, make_sampler, run_search
+
+    recipe = ctx.recipe
+    recipe = recipe.model_copy(update={"search": recipe.search.model_copy(update={"trials": trials})})
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(directions=["minimize", "minimize"],
+                                sampler=make_sampler(recipe.search.sampler, recipe.search.seed))
+    study.enqueue_trial({k: v.value for k, v in plan.formats.items()})
+    enqueue_baselines(study, baseline_plans(groups, recipe.formats))
+    room = max(0, trials - 1 - len(recipe.formats))
+    for n in neighbours(plan, list(recipe.formats))[:room]:
+        study.enqueue_trial({k: v.value for k, v in n.formats.items()}, skip_if_exists=True)
+    run_search(study, ctx, recipe, groups)
+    cands = candidates(study)
+    rec = recommend(cands, [w.name for w in recipe.workloads])
+    out: dict[str, Any] = {"trials": len(cands), "seeded_with": plan.id}
+    if rec is not None:
+        c = rec.candidate
+        out.update({
+            "plan_id": c.plan.id, "label": c.plan.label(), "kl": c.kl, "feasible": c.feasible,
+            "energy_j_per_token": c.energy_j_per_token, "reason": rec.reason,
+            "formats": {k: v.value for k, v in c.plan.formats.items()}, "same_as_stored": c.plan.id == plan.id,
+        })
+    return out
+
+
+def run_recheck(
+    summary_path: Path,
+    model: str,
+    out_dir: Path,
+    recipe_path: Path | None = None,
+    research: bool = False,
+    research_trials: int = 12,
+    device: str | None = None,
+    status: Any = lambda _msg: None,
+) -> RecheckResult:
+    """Score the stored recommendation and BF16 on ``model``; write recheck.json and recheck.md."""
+    from advisor.workflows.context import prepare
+
+    t0 = time.perf_counter()
+    summary = read_summary(summary_path)
+    plan, record = stored_plan(summary, None, summary_path)
+    base = summary_recipe(summary, model=model, recipe_path=recipe_path)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    used = {Format.BF16, *plan.formats.values()}
+    formats = list(base.formats) if research else [f for f in base.formats if f in used]
+    recipe = base.model_copy(update={"out": out_dir, "name": "recheck", "storage": None, "formats": formats,
+                                     **({"device": device} if device else {})})
+    ctx = prepare(recipe, status=status)
+    groups = ctx.loaded.shape.groups
+    try:
+        plan.check_against(groups)
+    except InputError as exc:
+        raise InputError(f"the new model's layers differ from the stored plan's ({exc}); "
+                         "the plan cannot be applied: run `advisor search` on the new model") from None
+    bf16 = Plan.uniform(groups, Format.BF16)
+    status("scoring the stored plan and BF16 on the new model")
+    ev_bf16 = ctx.evaluate(bf16)
+    ev = ctx.evaluate(plan)
+    status("lm-eval tasks")
+    bench = score_benchmark(ctx, plan, bf16, out_dir)
+    checks = recheck_checks(recipe, ev, ev_bf16, bench)
+    research_out = None
+    if research:
+        status(f"re-searching around the old plan ({research_trials} trials)")
+        research_out = research_around(ctx, plan, groups, research_trials)
+    stored_fp = (summary.get("model") or {}).get("fingerprint")
+    label = f"measured (proxy on {ctx.tokens.heldout.numel()} held-out tokens, {ctx.tokens.source}, on {ctx.device})"
+    result = RecheckResult(
+        verdict="pass" if all(c.ok for c in checks) else "regression",
+        checks=checks,
+        plan_id=plan.id,
+        plan_label=plan.label(),
+        model={"name": ctx.loaded.name, "fingerprint": ctx.fingerprint,
+               "same_weights_as_stored": stored_fp == ctx.fingerprint},
+        stored=stored_numbers(summary, record),
+        new={"kl": ev.kl, "ppl": ev.ppl, "ppl_bf16": ev.ppl_bf16,
+             "energy": [e.to_dict() for e in ev.energy], "bf16_energy": [e.to_dict() for e in ev_bf16.energy]},
+        labels={"accuracy": label, "energy": sorted({e.source for e in ev.energy})},
+        benchmark=bench,
+        research=research_out,
+        timings_s={**ctx.timings_s, "total_s": time.perf_counter() - t0},
+        generated=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    )
+    (out_dir / "recheck.json").write_text(json.dumps(result.to_dict(), indent=2, default=str))
+    (out_dir / "recheck.md").write_text(render_markdown(result))
+    return result
