@@ -25,3 +25,9 @@ class UnsupportedError(AdvisorError):
     """The request is valid but cannot be done on this hardware (exit code 3)."""
 
     exit_code = 3
+
+
+class Interrupted(AdvisorError):
+    """The user (Ctrl-C) or the system (SIGTERM) stopped a run; finished work is kept (exit 130)."""
+
+    exit_code = 130

@@ -13,17 +13,24 @@ from advisor.errors import InputError
 
 
 def _open_run(run_dir: Path, storage: str | None):
+    """The run's study; a SQLite or journal file inside the folder is found wherever the folder is."""
     import optuna
+
+    from advisor.search.storage import open_storage, redact_url, resolve_url
 
     meta_path = run_dir / "recipe.json"
     if not meta_path.is_file():
         raise InputError(f"{run_dir} is not a run directory (no recipe.json); give the folder `advisor search` wrote")
-    data = json.loads(meta_path.read_text())
-    url = storage or data.get("storage_url")
     try:
-        return optuna.load_study(study_name=data["name"], storage=url)
+        data = json.loads(meta_path.read_text())
+        name = data["name"]
+    except (ValueError, KeyError, TypeError):
+        raise InputError(f"{meta_path} is not a run file `advisor search` wrote (unreadable JSON or no name)") from None
+    url = storage or resolve_url(data.get("storage_url"), run_dir)
+    try:
+        return optuna.load_study(study_name=name, storage=open_storage(url))
     except KeyError:
-        raise InputError(f"no study named {data['name']!r} in {url}") from None
+        raise InputError(f"no study named {name!r} in {redact_url(url)}") from None
 
 
 @handle_errors

@@ -76,9 +76,18 @@ def search(
     rec = load_recipe(recipe, overrides)
     from advisor.workflows.search import run
 
-    summary = run(rec, resume=resume, console=err)
+    summary = run(rec, resume=resume, console=err, resume_command=_resume_command())
     _print_summary(summary.model_dump(mode="json"))
     out.print(f"\nreport: {rec.run_dir / 'report.md'}")
+
+
+def _resume_command() -> str:
+    """This command line with --resume: what continues an interrupted study."""
+    import shlex
+    import sys
+
+    args = [a for a in sys.argv[1:] if a != "--resume"]
+    return shlex.join(["advisor", *args, "--resume"])
 
 
 def _print_summary(summary: dict) -> None:

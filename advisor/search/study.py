@@ -25,6 +25,10 @@ from advisor.formats import Format
 from advisor.plan import LayerGroup, Plan
 from advisor.recipe.schema import AccuracySpec, Recipe
 from advisor.search.frontier import Candidate
+from advisor.search.recovery import WORKER_ATTR, retry_dead_local_trials, this_worker
+from advisor.search.storage import open_storage, redact_url
+from advisor.search.study_key import KEY_ATTR, check_same_key, study_key
+from advisor.versions import package_versions
 
 log = logging.getLogger(__name__)
 
@@ -66,34 +70,72 @@ def baseline_plans(groups: Sequence[LayerGroup], formats: Sequence[Format]) -> l
     return [Plan.uniform(groups, f) for f in formats]
 
 
-def open_study(recipe: Recipe, resume: bool, sampler: optuna.samplers.BaseSampler | None = None) -> optuna.Study:
-    """Create the study, or load it when ``resume``; refuse to silently mix two runs."""
+def open_study(
+    recipe: Recipe,
+    resume: bool,
+    key: dict[str, Any] | None = None,
+    url: str | None = None,
+    sampler: optuna.samplers.BaseSampler | None = None,
+) -> optuna.Study:
+    """Create the study, or load it when ``resume``; never silently mix two runs.
+
+    Refused: a name that exists without ``resume``, unless it is the leftover of a run that
+    failed before finishing any trial (replaced, so the corrected rerun just works); a
+    ``resume`` of a missing study; a ``resume`` whose study key differs (the fields are named).
+    """
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+    silence_interrupt_tracebacks()
+    key = key if key is not None else study_key(recipe, package_versions())
     sampler = sampler or make_sampler(recipe.search.sampler, recipe.search.seed)
-    storage = recipe.storage_url
-    try:
-        names = [s.study_name for s in optuna.get_all_study_summaries(storage)]
-    except Exception as exc:  # optuna raises several storage-specific errors
-        raise InputError(f"storage: cannot open {storage!r}: {exc}") from None
+    url = url or recipe.storage_url
+    storage = open_storage(url, heartbeat_s=recipe.search.heartbeat_s)
+    shown = redact_url(url)
+    names = {s.study_name for s in storage.get_all_studies()}
     exists = recipe.name in names
     if exists and not resume:
-        raise InputError(
-            f"a study named {recipe.name!r} already exists in {storage}; "
-            "pass --resume to continue it, or choose another --name or --out"
-        )
+        old = optuna.load_study(study_name=recipe.name, storage=storage)
+        if not is_leftover(old):
+            raise InputError(f"a study named {recipe.name!r} already exists in {shown}; "
+                             "pass --resume to continue it, or choose another --name or --out")
+        log.warning("replacing study %r: a run that failed before finishing any trial left it", recipe.name)
+        optuna.delete_study(study_name=recipe.name, storage=storage)
+        exists = False
     if resume and not exists:
-        raise InputError(f"--resume: no study named {recipe.name!r} in {storage} to resume")
-    study = optuna.create_study(
-        study_name=recipe.name,
-        storage=storage,
-        directions=["minimize", "minimize"],
-        sampler=sampler,
-        load_if_exists=resume,
-    )
+        raise InputError(f"--resume: no study named {recipe.name!r} in {shown} to resume")
+    if exists:
+        study = optuna.load_study(study_name=recipe.name, storage=storage, sampler=sampler)
+        check_same_key(study.user_attrs.get(KEY_ATTR), key, recipe.name, "--resume")
+    else:
+        study = optuna.create_study(study_name=recipe.name, storage=storage,
+                                    directions=["minimize", "minimize"], sampler=sampler)
+        study.set_user_attr(KEY_ATTR, key)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         study.set_metric_names(["kl", "j_per_token"])
     return study
+
+
+def is_leftover(study: optuna.Study) -> bool:
+    """A study that holds no finished and no running trial: what a run that failed early leaves."""
+    states = {t.state for t in study.get_trials(deepcopy=False)}
+    return not states & {optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.RUNNING}
+
+
+class _DropInterruptTraceback(logging.Filter):
+    """Optuna logs a failed trial with its traceback; for an interrupt (Ctrl-C, SIGTERM) the
+    user asked for it, so the one-line resume hint is all that should show."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and isinstance(record.exc_info[1], KeyboardInterrupt):
+            record.exc_info = None
+            record.msg = str(record.msg).split(" because of the following error")[0] + " (interrupted)"
+        return True
+
+
+def silence_interrupt_tracebacks() -> None:
+    logger = logging.getLogger("optuna")
+    if not any(isinstance(f, _DropInterruptTraceback) for f in logger.filters):
+        logger.addFilter(_DropInterruptTraceback())
 
 
 def enqueue_baselines(study: optuna.Study, plans: Sequence[Plan]) -> None:
@@ -114,11 +156,14 @@ def make_objective(
     groups: Sequence[LayerGroup],
     formats: Sequence[Format],
     budget: AccuracySpec,
+    worker: dict[str, Any] | None = None,
 ) -> Callable[[optuna.Trial], tuple[float, float]]:
     choices = [f.value for f in formats]
     seen: dict[str, Evaluation] = {}
+    worker = worker or this_worker()
 
     def objective(trial: optuna.Trial) -> tuple[float, float]:
+        trial.set_user_attr(WORKER_ATTR, worker)  # first: a RUNNING trial names its process
         plan = Plan({g.name: Format(trial.suggest_categorical(g.name, choices)) for g in groups})
         ev = seen.get(plan.id)
         trial.set_user_attr("repeat", ev is not None)
@@ -159,7 +204,9 @@ def candidates(study: optuna.Study) -> list[Candidate]:
     where lm-eval scored it, within the benchmark budget)."""
     trials = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
     bench: dict[str, dict[str, dict[str, Any]]] = study.user_attrs.get("benchmark", {})
-    max_drop = study.user_attrs.get("recipe", {}).get("benchmark", {}).get("max_drop", math.inf)
+    recipe = study.user_attrs.get("recipe", {})
+    max_drop = recipe.get("benchmark", {}).get("max_drop", math.inf)
+    budget = AccuracySpec.model_validate(recipe["accuracy"]) if "accuracy" in recipe else None
     plans = [Plan({k: Format(v) for k, v in t.params.items()}) for t in trials]
     bf16_id = next((p.id for p in plans if p.uniform_format() == Format.BF16), None)
     bf16_scores = bench.get(bf16_id, {}) if bf16_id else {}
@@ -168,7 +215,7 @@ def candidates(study: optuna.Study) -> list[Candidate]:
         ua = t.user_attrs
         scores = bench.get(plan.id)
         drop = benchmark_drop(scores, bf16_scores) if scores else None
-        feasible = all(v <= 0 for v in ua.get("constraint", [math.inf]))
+        feasible = within_budget(ua, budget)
         if drop is not None:
             feasible = feasible and drop <= max_drop
         out.append(
@@ -184,6 +231,15 @@ def candidates(study: optuna.Study) -> list[Candidate]:
             )
         )
     return out
+
+
+def within_budget(user_attrs: dict[str, Any], budget: AccuracySpec | None) -> bool:
+    """Feasibility recomputed from a trial's raw values and the study's budget (not from stored
+    constraint values, which a changed budget would leave stale)."""
+    if budget is None:
+        return all(v <= 0 for v in user_attrs.get("constraint", [math.inf]))
+    ev = Evaluation(user_attrs["kl"], user_attrs["ppl"], user_attrs["ppl_bf16"], [])
+    return all(v <= 0 for v in constraint_values(ev, budget).values())
 
 
 def finished_trials(study: optuna.Study) -> int:
@@ -244,6 +300,7 @@ def run_search(
     the sampler. Every finished trial is committed to storage as it ends, so an
     interruption (Ctrl-C, a crash) loses only the trial in flight.
     """
+    retry_dead_local_trials(study)
     enqueue_baselines(study, baseline_plans(groups, recipe.formats))
     before = finished_trials(study)
     objective = make_objective(evaluator, groups, recipe.formats, recipe.accuracy)

@@ -4,7 +4,11 @@ lm-eval on the candidates the policy picks, the report."""
 from __future__ import annotations
 
 import json
+import signal
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -12,32 +16,60 @@ import optuna
 from rich.console import Console
 
 from advisor import __version__
+from advisor.errors import Interrupted
 from advisor.recipe.schema import Recipe
 from advisor.report.schema import Summary
 from advisor.report.summary import write_report
 from advisor.search.policy import benchmark_targets, best_feasible_line
-from advisor.search.storage import redact_url, url_without_password
+from advisor.search.storage import portable_url, redact_url, url_without_password
 from advisor.search.study import finished_trials, open_study, record_benchmark, run_search, save_run_meta
+from advisor.search.study_key import check_same_model, study_key
+from advisor.versions import package_versions
 from advisor.workflows.progress import ProgressReporter
-from advisor.workflows.versions import package_versions
 
 
-def run(recipe: Recipe, resume: bool = False, console: Console | None = None) -> Summary:
+def run(recipe: Recipe, resume: bool = False, console: Console | None = None,
+        resume_command: str = "advisor search ... --resume") -> Summary:
     progress = ProgressReporter(console or Console(stderr=True))
+    key = study_key(recipe, package_versions())
     recipe.run_dir.mkdir(parents=True, exist_ok=True)
-    study = open_study(recipe, resume)
-    write_run_file(recipe)
+    study = open_study(recipe, resume, key)
+    if not resume:
+        write_run_file(recipe)
     t0 = time.perf_counter()
-    ctx = prepare_model_side(recipe, progress)
-    save_run_meta(study, run_meta(recipe, ctx))
-    proposer = sensitivity_stage(study, ctx, recipe, progress) if recipe.search.sampler == "guided" else None
-    trials_stage(study, ctx, recipe, progress, proposer)
-    t_bench = time.perf_counter()
-    bench_status = benchmark_stage(study, ctx, recipe, progress)
+    with interrupts_as_errors(study, recipe, resume_command):
+        ctx = prepare_model_side(recipe, progress)
+        check_same_model(study.user_attrs.get("model", {}).get("fingerprint"), ctx.fingerprint, recipe.name)
+        save_run_meta(study, run_meta(recipe, ctx))
+        proposer = sensitivity_stage(study, ctx, recipe, progress) if recipe.search.sampler == "guided" else None
+        trials_stage(study, ctx, recipe, progress, proposer)
+        t_bench = time.perf_counter()
+        bench_status = benchmark_stage(study, ctx, recipe, progress)
     save_run_meta(study, {"timings": timings(ctx, recipe, t0, t_bench), "benchmark_status": bench_status})
     with progress.stage("report"):
         write_report(study, recipe.run_dir)
     return build_summary_from(recipe.run_dir)
+
+
+@contextmanager
+def interrupts_as_errors(study: optuna.Study, recipe: Recipe, resume_command: str) -> Iterator[None]:
+    """SIGTERM behaves as Ctrl-C; either ends the trial in flight as failed (Optuna) and becomes one
+    line with the command that continues the study."""
+
+    def on_term(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, on_term) if threading.current_thread() is threading.main_thread() \
+        else None
+    try:
+        yield
+    except KeyboardInterrupt:
+        done = finished_trials(study)
+        raise Interrupted(f"interrupted: {done} finished trials are kept in {redact_url(recipe.storage_url)}; "
+                          f"continue with: {resume_command}") from None
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
 
 
 def write_run_file(recipe: Recipe) -> None:
@@ -45,7 +77,7 @@ def write_run_file(recipe: Recipe) -> None:
     recipe_data = recipe.model_dump(mode="json")
     if recipe_data.get("storage"):
         recipe_data["storage"] = url_without_password(recipe_data["storage"])
-    data = {"name": recipe.name, "storage_url": url_without_password(recipe.storage_url), "recipe": recipe_data}
+    data = {"name": recipe.name, "storage_url": portable_url(recipe.storage_url, recipe.run_dir), "recipe": recipe_data}
     (recipe.run_dir / "recipe.json").write_text(json.dumps(data, indent=2))
 
 

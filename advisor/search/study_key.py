@@ -1,0 +1,65 @@
+"""The study key: the settings that make two trials' numbers comparable.
+
+Stored with the study when it is created; a `--resume` or a worker whose key differs is
+refused with the fields that differ, so one study never mixes numbers that cannot be
+compared (another model, other tokens, another budget, another energy method, other
+library versions). Trial count, time limit, sampler and seed may change on resume.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from advisor.errors import InputError
+from advisor.recipe.schema import Recipe
+
+KEY_ATTR = "study_key"
+# Recipe fields that change what a trial's numbers mean.
+COMPARABLE = ("model", "target", "formats", "workloads", "calibration", "accuracy", "benchmark", "energy",
+              "energy_profile", "device")
+# benchmark.max_candidates only says how many plans get lm-eval; it changes no number.
+POLICY_ONLY = {("benchmark", "max_candidates")}
+VERSIONED = ("torch", "transformers", "nvidia-modelopt", "lm_eval")
+
+
+def study_key(recipe: Recipe, versions: dict[str, str]) -> dict[str, Any]:
+    data = recipe.model_dump(mode="json")
+    key: dict[str, Any] = {field: data[field] for field in COMPARABLE}
+    for section, name in POLICY_ONLY:
+        key[section].pop(name, None)
+    key["versions"] = {p: versions.get(p, "not installed") for p in VERSIONED}
+    return json.loads(json.dumps(key))
+
+
+def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(value, dict):
+        out: dict[str, Any] = {}
+        for k, v in value.items():
+            out.update(_flatten(v, f"{prefix}.{k}" if prefix else str(k)))
+        return out
+    return {prefix: value}
+
+
+def key_differences(stored: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """``field: stored -> current`` for every leaf that differs."""
+    a, b = _flatten(stored), _flatten(current)
+    return [f"{k}: {a.get(k)!r} -> {b.get(k)!r}" for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+
+
+def check_same_key(stored: dict[str, Any] | None, current: dict[str, Any], study: str, action: str) -> None:
+    if stored is None:
+        raise InputError(f"{action}: study {study!r} has no study key (made by an older advisor); "
+                         "start a new study with another --name")
+    diffs = key_differences(stored, current)
+    if diffs:
+        shown = "; ".join(diffs[:6]) + (f"; and {len(diffs) - 6} more" if len(diffs) > 6 else "")
+        raise InputError(f"{action}: study {study!r} was run with other settings, so its numbers cannot be "
+                         f"mixed with this run's ({shown}); use the study's own settings, or start a new "
+                         "study with another --name")
+
+
+def check_same_model(stored_fingerprint: str | None, fingerprint: str, study: str) -> None:
+    if stored_fingerprint and stored_fingerprint != fingerprint:
+        raise InputError(f"study {study!r} was run on model weights {stored_fingerprint}; this model's are "
+                         f"{fingerprint}: start a new study with another --name (or `advisor recheck` it)")
