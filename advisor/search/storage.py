@@ -11,32 +11,104 @@ import re
 import warnings
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote, quote_plus
 
 import optuna
 
 from advisor.errors import InputError, SetupError
 
-_SECRET_RE = re.compile(r"^(?P<scheme>[a-zA-Z][\w+.-]*://)(?P<user>[^:/@]*):(?P<password>[^@/]*)@")
+DRIVER_PACKAGES: dict[tuple[str, str], str] = {
+    ("postgresql", "psycopg"): "psycopg[binary]",  # default for postgresql:// in SQLAlchemy 2.1
+    ("postgresql", "psycopg2"): "psycopg2-binary",  # default in SQLAlchemy 1.x/2.0
+    ("postgresql", "psycopg2cffi"): "psycopg2cffi",
+    ("postgresql", "pg8000"): "pg8000",
+    ("postgresql", "asyncpg"): "asyncpg",
+    ("mysql", "mysqldb"): "mysqlclient",  # default for mysql://
+    ("mysql", "pymysql"): "pymysql",
+    ("mysql", "mysqlconnector"): "mysql-connector-python",
+    ("mysql", "mariadbconnector"): "mariadb",
+    ("mariadb", "mysqldb"): "mysqlclient",
+    ("mariadb", "pymysql"): "pymysql",
+    ("mariadb", "mariadbconnector"): "mariadb",
+    ("mssql", "pyodbc"): "pyodbc",
+    ("oracle", "oracledb"): "oracledb",
+}
+_ASYNC_ONLY = {"asyncpg", "aiomysql", "aiosqlite", "asyncmy", "psycopg_async"}
+
+
+_QUERY_SECRET = re.compile(r"(?i)([?&](?:password|passwd|pwd|sslpassword)=)[^&#]*")
+# scheme://user:password@  -- the password runs up to the LAST '@' (before any '?'): a raw,
+# un-%-encoded '@' in a password makes SQLAlchemy cut it at the first '@' ("p@ss@h" -> password
+# "p", host "ss@h"), and render_as_string(hide_password=True) would then print "ss".
+_NETLOC_SECRET = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*://[^:/@?#]*:)(.*)@(?=[^@]*$)", re.S)
+
+
+def _split_query(url: str) -> tuple[str, str]:
+    base, sep, query = url.partition("?")
+    return base, sep + query
+
+
+def _raw_password(url: str) -> str | None:
+    """The password as written between 'user:' and the last '@' (conservative: the longest)."""
+    m = _NETLOC_SECRET.match(_split_query(url)[0])
+    return m.group(2) if m else None
 
 
 def redact_url(url: str) -> str:
-    """``url`` with any password replaced by ``***`` (for output)."""
-    return _SECRET_RE.sub(lambda m: f"{m['scheme']}{m['user']}:***@", url)
+    """``url`` with any password replaced by ``***`` (in user:pass@ and in ?password=).
+    Non-URLs (e.g. a journal file path) come back unchanged. A password with raw '@', ':'
+    or '/' (not %-encoded) is masked up to the last '@' rather than trusted to the parser."""
+    from urllib.parse import unquote
+
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        u = make_url(url)
+        raw = _raw_password(url)
+        if raw is not None and unquote(raw) != (u.password or ""):
+            raise ValueError("ambiguous password")  # SQLAlchemy split it differently: be conservative
+    except (ArgumentError, ValueError, TypeError):
+        base, query = _split_query(url)
+        return _NETLOC_SECRET.sub(r"\1***@", base) + _QUERY_SECRET.sub(r"\1***", query)
+    if u.query:
+        u = u.update_query_dict(
+            {k: "***" for k in u.query if k.lower() in ("password", "passwd", "pwd", "sslpassword")}
+        )
+    return u.render_as_string(hide_password=True).replace("=%2A%2A%2A", "=***")
+
+
+def redact_text(text: str, url: str | None) -> str:
+    """Scrub ``url``'s password (raw and %-encoded forms) from arbitrary text, e.g. an
+    exception message that quoted the URL; use before logging or raising."""
+    from urllib.parse import unquote
+
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    if not url:
+        return text
+    candidates = set()
+    raw = _raw_password(url)
+    if raw:
+        candidates |= {raw, unquote(raw)}
+    try:
+        if make_url(url).password:
+            candidates.add(str(make_url(url).password))
+    except (ArgumentError, ValueError, TypeError):
+        pass
+    text = text.replace(url, redact_url(url))
+    for pw in sorted(candidates, key=len, reverse=True):
+        for form in (pw, quote(pw, safe=""), quote_plus(pw)):
+            if form:
+                text = text.replace(form, "***")
+    return text
 
 
 def url_without_password(url: str) -> str:
     """``url`` with any password removed (for files); libpq falls back to PGPASSWORD / ~/.pgpass."""
-    return _SECRET_RE.sub(lambda m: f"{m['scheme']}{m['user']}@", url)
-
-
-def redact_text(text: str, url: str | None) -> str:
-    """``text`` with the password of ``url`` (if any) replaced by ``***`` wherever it appears."""
-    if not url:
-        return text
-    m = _SECRET_RE.match(url)
-    if not m or not m["password"]:
-        return text
-    return text.replace(m["password"], "***")
+    base, query = _split_query(url)
+    return _NETLOC_SECRET.sub(lambda m: m.group(1)[:-1] + "@", base) + _QUERY_SECRET.sub(r"\1***", query)
 
 
 JOURNAL_PREFIX = "journal:"
@@ -100,27 +172,29 @@ def open_storage(url: str, heartbeat_s: int | None = None) -> optuna.storages.Ba
         raise InputError(f"storage: cannot open {redact_url(url)}: {msg}") from None
 
 
-# URL scheme (dialect[+driver]) -> (importable module, pip package)
-_DRIVERS = {
-    "postgresql": ("psycopg2", "psycopg2-binary"),
-    "postgresql+psycopg2": ("psycopg2", "psycopg2-binary"),
-    "postgresql+psycopg": ("psycopg", "psycopg[binary]"),
-    "mysql": ("MySQLdb", "mysqlclient"),
-    "mysql+pymysql": ("pymysql", "pymysql"),
-}
-
-
 def check_driver(url: str) -> None:
-    """Refuse a database URL whose driver is not installed, naming the package (exit 3)."""
-    import importlib.util
+    """Refuse a database URL whose DBAPI driver is not installed, naming the pip package (exit 3).
 
-    scheme = url.split("://", 1)[0].lower()
-    if scheme == "sqlite":
-        return
-    if scheme not in _DRIVERS:
-        allowed = ", ".join(["sqlite:///PATH", "journal:PATH", *(f"{s}://" for s in _DRIVERS)])
-        raise InputError(f"storage: unsupported URL scheme {scheme!r} in {redact_url(url)}; use one of {allowed}")
-    module, package = _DRIVERS[scheme]
-    if importlib.util.find_spec(module) is None:
-        raise SetupError(f"storage {redact_url(url)} needs the database driver {module!r}: "
-                         f"pip install {package}")
+    Imports the driver module through SQLAlchemy's dialect; never connects. SQLAlchemy 2.1 maps a
+    bare ``postgresql://`` to psycopg (3), not psycopg2.
+    """
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError, NoSuchModuleError
+
+    safe = redact_url(url)
+    try:
+        u = make_url(url)
+        dialect = u.get_dialect()
+    except (ArgumentError, NoSuchModuleError, ValueError):
+        hint = " (write postgresql://, not postgres://)" if url.startswith("postgres://") else ""
+        raise InputError(f"storage: {safe} is not a database URL Optuna can use{hint}; use sqlite:///PATH, "
+                         "journal:PATH or postgresql://USER@HOST/DB") from None
+    if getattr(dialect, "is_async", False):
+        raise InputError(f"storage {safe}: driver {dialect.driver!r} is asyncio-only; Optuna needs a synchronous "
+                         "one, e.g. postgresql+psycopg://")
+    try:
+        dialect.import_dbapi()
+    except ImportError:
+        package = DRIVER_PACKAGES.get((dialect.name, dialect.driver), dialect.driver)
+        raise SetupError(f"storage {safe} needs the database driver {dialect.driver!r}, which is not installed: "
+                         f"pip install '{package}'") from None

@@ -1,0 +1,184 @@
+"""Interruptions, resumes and run folders: nothing finished is lost, nothing incomparable is mixed,
+and a failed run never blocks the corrected one."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from advisor.cli import app
+from advisor.recipe import validate_recipe
+from advisor.search.study import open_study, run_search
+from advisor.testing import AdditiveEvaluator
+
+ROOT = Path(__file__).resolve().parents[1]
+runner = CliRunner()
+GROUPS_CODE = ('tuple(LayerGroup(f"layers.{i}.{r}", (f"m{i}{r}",), ((64, 64),)) '
+               'for i in range(3) for r in ("qkv", "down"))')
+
+
+def _study_recipe(tmp_path: Path, trials: int = 12):
+    return validate_recipe({"name": "s", "target": "b200", "out": str(tmp_path), "accuracy": {"max_kl": 0.1},
+                            "search": {"trials": trials, "seed": 1, "sampler": "random", "heartbeat_s": 1}})
+
+
+SLOW_WORKER = textwrap.dedent(f"""
+    import sys, time
+    from advisor.plan import LayerGroup
+    from advisor.recipe import validate_recipe
+    from advisor.search.study import open_study, run_search
+    from advisor.testing import AdditiveEvaluator
+
+    class Slow(AdditiveEvaluator):
+        def evaluate(self, plan):
+            time.sleep(0.4)
+            return super().evaluate(plan)
+
+    recipe = validate_recipe({{"name": "s", "target": "b200", "out": sys.argv[1], "accuracy": {{"max_kl": 0.1}},
+                              "search": {{"trials": 12, "seed": 1, "sampler": "random", "heartbeat_s": 1}}}})
+    recipe.run_dir.mkdir(parents=True, exist_ok=True)
+    study = open_study(recipe, resume=False)
+    run_search(study, Slow(), recipe, {GROUPS_CODE})
+""")
+
+
+def _wait_for(predicate, timeout_s: float = 60.0) -> None:
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        if predicate():
+            return
+        time.sleep(0.1)
+    raise AssertionError("timed out")
+
+
+def test_kill_9_mid_trial_then_resume_loses_nothing_and_retries_the_stranded_trial(tmp_path):
+    recipe = _study_recipe(tmp_path)
+    proc = subprocess.Popen([sys.executable, "-c", SLOW_WORKER, str(tmp_path)], cwd=ROOT)
+    storage = recipe.storage_url
+
+    def states():
+        try:
+            study = optuna.load_study(study_name="s", storage=storage)
+        except Exception:
+            return []
+        return [t.state for t in study.get_trials(deepcopy=False)]
+
+    _wait_for(lambda: states().count(optuna.trial.TrialState.COMPLETE) >= 3
+              and optuna.trial.TrialState.RUNNING in states())
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    before = optuna.load_study(study_name="s", storage=storage)
+    done = {t.number: t.values for t in before.get_trials(states=(optuna.trial.TrialState.COMPLETE,))}
+    stranded = next(t for t in before.get_trials() if t.state == optuna.trial.TrialState.RUNNING)
+
+    from advisor.plan import LayerGroup
+
+    groups = tuple(LayerGroup(f"layers.{i}.{r}", (f"m{i}{r}",), ((64, 64),)) for i in range(3) for r in ("qkv", "down"))
+    study = open_study(recipe, resume=True)
+    run_search(study, AdditiveEvaluator(), recipe, groups)
+    trials = study.get_trials()
+    assert {t.number: t.values for t in trials if t.number in done} == done  # nothing finished changed
+    assert trials[stranded.number].state == optuna.trial.TrialState.FAIL
+    retried = [t for t in trials if t.system_attrs.get("failed_trial") == stranded.number]
+    assert len(retried) == 1 and retried[0].state == optuna.trial.TrialState.COMPLETE
+    assert retried[0].params == stranded.params
+    assert sum(t.state == optuna.trial.TrialState.COMPLETE for t in trials) == 12
+
+
+def _tiny_yaml(tmp_path: Path, tiny_recipe: dict, **changes) -> Path:
+    data = {**tiny_recipe, "search": {"trials": 40, "seed": 0, "sampler": "random"}, **changes}
+    path = tmp_path / "r.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_ends_the_trial_cleanly_and_prints_the_resume_command(tmp_path, tiny_recipe, sig):
+    path = _tiny_yaml(tmp_path, tiny_recipe)
+    proc = subprocess.Popen([sys.executable, "-c", "from advisor.cli import main; main()", "search", "-r", str(path)],
+                            cwd=ROOT, stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    seen = []
+    while True:
+        line = proc.stderr.readline()
+        assert line, "".join(seen)
+        seen.append(line)
+        if line.startswith("trial 2:"):
+            break
+    proc.send_signal(sig)
+    _, rest = proc.communicate(timeout=60)
+    err = "".join(seen) + rest
+    assert proc.returncode == 130, err
+    assert "interrupted:" in err and "--resume" in err and "Traceback" not in err
+    study = optuna.load_study(study_name="t", storage=f"sqlite:///{tmp_path / 'runs' / 't' / 'study.db'}")
+    assert not [t for t in study.get_trials() if t.state == optuna.trial.TrialState.RUNNING]
+    resumed = runner.invoke(app, ["search", "-r", str(path), "--trials", "6", "--resume"])
+    assert resumed.exit_code == 0, resumed.output
+
+
+def test_a_failed_first_run_does_not_block_the_corrected_rerun(tmp_path, tiny_recipe):
+    bad = _tiny_yaml(tmp_path, tiny_recipe, calibration={**tiny_recipe["calibration"],
+                                                         "source": str(tmp_path / "missing.txt")})
+    failed = runner.invoke(app, ["search", "-r", str(bad)])
+    assert failed.exit_code == 2 and "missing.txt" in failed.output
+    good = _tiny_yaml(tmp_path, tiny_recipe)
+    rerun = runner.invoke(app, ["search", "-r", str(good), "--trials", "4"])
+    assert rerun.exit_code == 0, rerun.output
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory):
+    from conftest import TINY_MODEL
+
+    tmp = tmp_path_factory.mktemp("lifecycle")
+    recipe = {"name": "t", "model": {"source": str(TINY_MODEL)}, "target": "b200", "device": "cpu",
+              "workloads": [{"name": "chat", "batch_size": 8, "input_tokens": 128, "output_tokens": 64}],
+              "calibration": {"num_samples": 2, "seq_len": 16, "heldout_samples": 2, "heldout_seq_len": 16},
+              "search": {"trials": 4, "seed": 0, "sampler": "random"}, "out": str(tmp / "runs")}
+    path = tmp / "r.yaml"
+    path.write_text(yaml.safe_dump(recipe))
+    res = runner.invoke(app, ["search", "-r", str(path)])
+    assert res.exit_code == 0, res.output
+    return tmp, path
+
+
+def test_a_moved_and_a_copied_run_folder_report_from_their_own_study(finished_run, tmp_path):
+    src = finished_run[0] / "runs" / "t"
+    copied = tmp_path / "copy"
+    shutil.copytree(src, copied)
+    (copied / "summary.json").unlink()
+    moved = tmp_path / "moved"
+    shutil.move(str(copied), moved)
+    res = runner.invoke(app, ["report", str(moved)])
+    assert res.exit_code == 0, res.output
+    assert json.loads((moved / "summary.json").read_text())["run"] == "t"
+    assert "sqlite:///study.db" in (moved / "recipe.json").read_text()  # relative, not the original's path
+
+
+@pytest.mark.parametrize(("flags", "field"), [
+    (["--max-kl", "0.01"], "accuracy.max_kl"),
+    (["--model", "../shared/models/other"], "model.source"),
+    (["--formats", "bf16,fp8"], "formats"),
+    (["--target", "h100", "--formats", "bf16,fp8"], "target"),
+    (["--batch-size", "64"], "workloads"),
+    (["--energy", "measured"], "energy"),
+    (["--tasks", "lambada_openai"], "benchmark.tasks"),
+    (["--calibration", "../shared/data/text/tinystories_val.txt"], "calibration.source"),
+])
+def test_resume_with_a_changed_comparability_field_is_refused(finished_run, flags, field):
+    tmp, path = finished_run
+    stored = (tmp / "runs" / "t" / "recipe.json").read_text()
+    res = runner.invoke(app, ["search", "-r", str(path), "--resume", *flags])
+    assert res.exit_code == 2, res.output
+    assert "Error:" in res.output and field in res.output and "Traceback" not in res.output
+    assert (tmp / "runs" / "t" / "recipe.json").read_text() == stored
