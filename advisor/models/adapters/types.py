@@ -1,0 +1,165 @@
+"""The adapter data types: roles, stacks, adapters, group info and layer geometry (plain data)."""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Literal
+
+from advisor.errors import InputError
+from advisor.plan import DENSE_GROUP_KINDS, LayerGroup
+
+Layout = Literal["linear", "fused_experts"]
+
+#: every group kind, in the order the groups of one layer are listed
+KIND_ORDER = (*DENSE_GROUP_KINDS, "shared_gate_up", "shared_down", "experts_gate_up", "experts_down")
+#: kinds of which one token uses only top_k / num_experts of the weights
+ROUTED_KINDS = frozenset({"experts_gate_up", "experts_down"})
+
+
+class UnsupportedArchitectureError(InputError):
+    """The model's family has no adapter, or the model is not a decoder-only causal LM."""
+
+
+# ----------------------------------------------------------------------------- data types
+
+
+@dataclass(frozen=True)
+class Role:
+    """One quantizable weight of a decoder layer.
+
+    ``path`` is relative to the layer (``self_attn.q_proj``); ``*`` stands for an expert
+    index of a per-expert ``ModuleList`` (transformers 4 layout). ``layout`` is
+    ``fused_experts`` when ``path`` names a 3-D ``[E, out, in]`` parameter. ``export``:
+    the module paths (relative to the layer, ``{e}`` = expert index) under which
+    ``export_hf_checkpoint`` writes this weight; empty means ``path`` itself.
+    """
+
+    path: str
+    kind: str
+    layout: Layout = "linear"
+    export: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Stack:
+    """Where the text decoder layers sit for one outer ``config.model_type``."""
+
+    layers: str  # e.g. "model.layers"
+    never_quantize: tuple[str, ...] = ()  # extra patterns of this wrapper (vision tower, projector)
+    export_prefix: tuple[str, str] = ("", "")  # (in-memory, checkpoint) prefix of the text model's names
+
+
+@dataclass(frozen=True)
+class Adapter:
+    model_type: str  # text model_type: the registry key
+    family: str
+    roles: tuple[Role, ...]
+    stacks: Mapping[str, Stack]  # outer config.model_type -> Stack
+    never_quantize: tuple[str, ...]
+    routers: tuple[str, ...] = ()  # patterns (also in never_quantize), for checks
+    format_ties: tuple[tuple[str, ...], ...] = ()  # kinds that must share a format within a layer
+    activation_attr: str = "hidden_act"
+    norms_per_layer: int = 2
+    qk_norm: bool = False
+    qkv_bias: bool | str = False  # constant, or the config attribute holding it
+    sliding_pattern: int | None = None  # fallback when the config has no layer_types (Gemma)
+    moe: bool = False
+    experts_attr: str = "num_experts"
+    moe_intermediate_attr: str | None = None  # None: experts use intermediate_size
+    shared_expert_attr: str | None = None
+    causal_lm_classes: tuple[str, ...] = ()  # accepted besides AutoModelForCausalLM's class
+
+    @property
+    def kinds(self) -> tuple[str, ...]:
+        present = {r.kind for r in self.roles}
+        return tuple(k for k in KIND_ORDER if k in present)
+
+    def stack_for(self, outer_model_type: str) -> Stack:
+        try:
+            return self.stacks[outer_model_type]
+        except KeyError:
+            raise UnsupportedArchitectureError(
+                f"model_type {outer_model_type!r} wraps a {self.model_type!r} text model, but the "
+                f"{self.family} adapter knows only the wrappers {sorted(self.stacks)}"
+            ) from None
+
+    def is_never_quantized(self, module_name: str, outer_model_type: str | None = None) -> bool:
+        extra = self.stacks[outer_model_type].never_quantize if outer_model_type in self.stacks else ()
+        return any(fnmatch.fnmatchcase(module_name, p) for p in self.never_quantize + extra)
+
+    def is_router(self, module_name: str) -> bool:
+        return any(fnmatch.fnmatchcase(module_name, p) for p in self.routers)
+
+
+@dataclass(frozen=True)
+class GroupInfo:
+    """A :class:`LayerGroup` plus what the adapter knows about it."""
+
+    group: LayerGroup
+    stack: str
+    layer: int
+    kind: str
+    layout: Layout
+    quantizers: tuple[str, ...]  # ModelOpt quantizer names: weight and input of each member
+    exported: tuple[str, ...]  # module names of the members in the exported checkpoint
+    num_experts: int = 0  # routed experts behind each member (0: dense)
+    top_k: int = 0
+
+    @property
+    def name(self) -> str:
+        return self.group.name
+
+    @property
+    def active_fraction(self) -> float:
+        """Share of the group's weights one token uses (top_k / num_experts for routed experts)."""
+        return self.top_k / self.num_experts if self.kind in ROUTED_KINDS and self.num_experts else 1.0
+
+
+@dataclass(frozen=True)
+class LayerGeometry:
+    index: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    sliding_window: int | None  # None: full (global) attention
+    qk_norm: bool
+    qkv_bias: bool
+    activation: str
+    norms: int  # RMSNorms of the layer, q/k norms not counted
+    intermediate: int  # dense MLP intermediate size; 0 in a MoE layer
+    num_experts: int = 0
+    top_k: int = 0
+    moe_intermediate: int = 0
+    shared_expert_intermediate: int = 0
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    def kv_tokens(self, context: int) -> int:
+        """Tokens of K/V this layer keeps for a sequence at ``context``."""
+        return context if self.sliding_window is None else min(context, self.sliding_window)
+
+
+@dataclass(frozen=True)
+class TextGeometry:
+    model_type: str  # text model_type
+    outer_model_type: str
+    family: str
+    layers: tuple[LayerGeometry, ...]
+    vocab: int
+    hidden: int
+    tied_embeddings: bool
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)
+
+    def kv_bytes(self, context: int, bytes_per_element: float = 2.0) -> float:
+        """Bytes of K/V cache of one sequence at ``context`` tokens (sliding windows capped)."""
+        return bytes_per_element * sum(2 * g.kv_heads * g.head_dim * g.kv_tokens(context) for g in self.layers)
+
+
