@@ -255,7 +255,19 @@ class EnergyMeter:
 
 
 def open_meter(index: int = 0, config: MeterConfig | None = None) -> EnergyMeter:
-    """A meter on GPU ``index`` through NVML (SetupError when there is none)."""
+    """A meter on the GPU torch calls ``cuda:index``, found in NVML by its UUID: with
+    ``CUDA_VISIBLE_DEVICES=3`` torch's device 0 is NVML's device 3 (SetupError without a GPU)."""
     from advisor.energy.nvml import NvmlDevice
 
-    return EnergyMeter(NvmlDevice(index), config)
+    return EnergyMeter(NvmlDevice(index, uuid=torch_device_uuid(index)), config)
+
+
+def torch_device_uuid(index: int) -> str | None:
+    """The UUID of torch's CUDA device ``index`` (None when torch or CUDA is absent)."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    if not torch.cuda.is_available():
+        return None
+    return str(torch.cuda.get_device_properties(index).uuid)

@@ -45,10 +45,23 @@ def _pynvml() -> Any:
     return pynvml
 
 
+def normalize_uuid(uuid: str) -> str:
+    """NVML writes ``GPU-8d1a...``, torch ``8d1a...``: compare them without prefix or case."""
+    return uuid.lower().removeprefix("gpu-")
+
+
+def _index_of_uuid(nv: Any, count: int, uuid: str) -> int:
+    for i in range(count):
+        raw = nv.nvmlDeviceGetUUID(nv.nvmlDeviceGetHandleByIndex(i))
+        if normalize_uuid(raw.decode() if isinstance(raw, bytes) else str(raw)) == normalize_uuid(uuid):
+            return i
+    raise SetupError(f"NVML sees no GPU with UUID {uuid} (the one torch uses); the energy counter cannot be read")
+
+
 class NvmlDevice:
     """One GPU seen through NVML. ``energy_mj()`` is the total-energy counter."""
 
-    def __init__(self, index: int = 0) -> None:
+    def __init__(self, index: int = 0, uuid: str | None = None) -> None:
         nv = _pynvml()
         self._nv = nv
         try:
@@ -60,6 +73,8 @@ class NvmlDevice:
             ) from exc
         try:
             count = nv.nvmlDeviceGetCount()
+            if uuid is not None:
+                index = _index_of_uuid(nv, count, uuid)
             if index >= count:
                 raise SetupError(f"GPU index {index} does not exist: NVML sees {count} GPU(s)")
             self.index = index

@@ -12,12 +12,20 @@ from __future__ import annotations
 
 import os
 import socket
+import warnings
 
 import optuna
 from optuna.storages import RetryHeartbeatStaleTrialCallback
 from optuna.trial import TrialState
 
 WORKER_ATTR = "worker"
+
+
+def retry_callback(max_retry: int = 2) -> RetryHeartbeatStaleTrialCallback:
+    """Optuna's retry of a failed trial (same params, ``failed_trial`` system attr); experimental."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        return RetryHeartbeatStaleTrialCallback(max_retry=max_retry)
 
 
 def this_worker(gpu_uuid: str | None = None) -> dict[str, object]:
@@ -37,7 +45,7 @@ def _alive(pid: int) -> bool:
 def retry_dead_local_trials(study: optuna.Study, max_retry: int = 2) -> list[int]:
     """Fail and re-enqueue RUNNING trials whose worker process on this host is gone."""
     host = socket.gethostname()
-    retry = RetryHeartbeatStaleTrialCallback(max_retry=max_retry)
+    retry = retry_callback(max_retry)
     storage = study._storage  # Optuna's public API offers no other way to fail a foreign trial
     failed = []
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
@@ -51,3 +59,20 @@ def retry_dead_local_trials(study: optuna.Study, max_retry: int = 2) -> list[int
         except optuna.exceptions.UpdateFinishedTrialError:
             pass  # another process got there first
     return failed
+
+
+def retry_interrupted_trials(study: optuna.Study, max_retry: int = 2) -> list[int]:
+    """Re-enqueue this process's trials that an interrupt failed (Optuna marks them FAIL), so a
+    resume runs them again instead of counting them against the budget."""
+    me = this_worker()
+    trials = study.get_trials(deepcopy=False)
+    retried = {t.system_attrs.get("failed_trial") for t in trials}
+    retry = retry_callback(max_retry)
+    out = []
+    for t in trials:
+        worker = t.user_attrs.get(WORKER_ATTR) or {}
+        mine = worker.get("host") == me["host"] and worker.get("pid") == me["pid"]
+        if t.state == TrialState.FAIL and mine and t.number not in retried:
+            retry(study, t)
+            out.append(t.number)
+    return out

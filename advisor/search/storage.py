@@ -159,10 +159,10 @@ def open_storage(url: str, heartbeat_s: int | None = None) -> optuna.storages.Ba
     check_driver(url)
     kwargs: dict[str, Any] = {}
     if heartbeat_s:
-        from optuna.storages import RetryHeartbeatStaleTrialCallback
+        from advisor.search.recovery import retry_callback
 
         kwargs = {"heartbeat_interval": heartbeat_s, "grace_period": 3 * heartbeat_s,
-                  "heartbeat_stale_trial_callback": RetryHeartbeatStaleTrialCallback(max_retry=2)}
+                  "heartbeat_stale_trial_callback": retry_callback(), "engine_kwargs": {"pool_pre_ping": True}}
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)

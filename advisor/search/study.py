@@ -24,8 +24,9 @@ from advisor.estimate import EnergyEstimate
 from advisor.formats import Format
 from advisor.plan import LayerGroup, Plan
 from advisor.recipe.schema import AccuracySpec, Recipe
+from advisor.search.budget import TrialBudget, reap, work
 from advisor.search.frontier import Candidate
-from advisor.search.recovery import WORKER_ATTR, retry_dead_local_trials, this_worker
+from advisor.search.recovery import WORKER_ATTR, this_worker
 from advisor.search.storage import open_storage, redact_url
 from advisor.search.study_key import KEY_ATTR, check_same_key, study_key
 from advisor.versions import package_versions
@@ -292,33 +293,33 @@ def run_search(
     groups: Sequence[LayerGroup],
     callbacks: Sequence[Callable[[optuna.Study, optuna.trial.FrozenTrial], None]] = (),
     proposer: Proposer | None = None,
+    coordinator: bool = True,
 ) -> int:
-    """Run trials until the study holds ``recipe.search.trials`` finished ones. Returns how many ran.
+    """Run trials until the study has used ``recipe.search.trials``; returns how many finished here.
 
-    Order: baselines; then, with a ``proposer``, its knapsack plans, re-proposed once
-    with the damage scale corrected by what the first proposals really scored; then
-    the sampler. Every finished trial is committed to storage as it ends, so an
-    interruption (Ctrl-C, a crash) loses only the trial in flight.
+    The coordinator (``advisor search``) enqueues the baselines, then, with a ``proposer``,
+    its knapsack plans, re-proposed once with the damage scale corrected by what the first
+    proposals really scored; then the sampler fills the budget. Other workers (``advisor
+    worker``) only run waiting trials and the sampler's. Every finished trial is committed
+    to storage as it ends, so an interruption loses only the trial in flight (retried).
     """
-    retry_dead_local_trials(study)
-    enqueue_baselines(study, baseline_plans(groups, recipe.formats))
     before = finished_trials(study)
     objective = make_objective(evaluator, groups, recipe.formats, recipe.accuracy)
+    budget = TrialBudget(recipe.search.trials)
     deadline = None if recipe.search.timeout_s is None else time.monotonic() + recipe.search.timeout_s
 
-    def optimize(n: int) -> None:
-        n = min(n, recipe.search.trials - finished_trials(study))
-        if n <= 0:
-            return
-        timeout = None if deadline is None else max(deadline - time.monotonic(), 0.001)
-        study.optimize(objective, n_trials=n, timeout=timeout, callbacks=list(callbacks),
-                       catch=(RuntimeError,), gc_after_trial=False)
+    def run(waiting_only: bool) -> None:
+        work(study, objective, budget, callbacks, deadline, waiting_only=waiting_only)
 
-    if proposer is not None:
-        first = _enqueue(study, proposer.propose(1.0))
-        optimize(len(baseline_plans(groups, recipe.formats)) + first)
-        optimize(_enqueue(study, proposer.propose(_damage_scale(study, proposer))))
-    optimize(recipe.search.trials)
+    reap(study)
+    if coordinator:
+        enqueue_baselines(study, baseline_plans(groups, recipe.formats))
+        if proposer is not None:
+            _enqueue(study, proposer.propose(1.0))
+            run(waiting_only=True)
+            _enqueue(study, proposer.propose(_damage_scale(study, proposer)))
+            run(waiting_only=True)
+    run(waiting_only=False)
     return finished_trials(study) - before
 
 
