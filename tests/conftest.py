@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from pg_server import postgres_server, postgres_url  # noqa: F401  (pytest fixtures: a real PostgreSQL)
 
 # Triton reads TRITON_INTERPRET once, when it is first imported: without a GPU the
 # runtime's kernels run in its CPU interpreter (tests/test_runtime_kernels.py).

@@ -92,7 +92,7 @@ def test_kill_9_mid_trial_then_resume_loses_nothing_and_retries_the_stranded_tri
     assert trials[stranded.number].state == optuna.trial.TrialState.FAIL
     retried = [t for t in trials if t.system_attrs.get("failed_trial") == stranded.number]
     assert len(retried) == 1 and retried[0].state == optuna.trial.TrialState.COMPLETE
-    assert retried[0].params == stranded.params
+    assert stranded.params.items() <= retried[0].params.items()  # the params it had drawn before it died
     assert sum(t.state == optuna.trial.TrialState.COMPLETE for t in trials) == 12
 
 

@@ -52,12 +52,14 @@ from advisor.cli.energy import profile as profile_command  # noqa: E402
 from advisor.cli.evaluate import eval_plan  # noqa: E402
 from advisor.cli.runs import report, show  # noqa: E402
 from advisor.cli.search import search  # noqa: E402
+from advisor.cli.worker import worker  # noqa: E402
 
 app.command()(search)
 app.command()(report)
 app.command()(show)
 app.command()(export)
 app.command()(recheck)
+app.command()(worker)
 app.command(name="profile")(handle_errors(profile_command))
 app.command(name="measure")(handle_errors(measure_command))
 app.command(name="eval")(handle_errors(eval_plan))

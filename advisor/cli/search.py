@@ -52,7 +52,14 @@ def search(
     calibration: Annotated[str | None, typer.Option(help="'self' or a .txt/.jsonl file for calibration.")] = None,
     tasks: Annotated[str | None, typer.Option(help="Comma-separated lm-eval tasks scored on the front.")] = None,
     limit: Annotated[int | None, typer.Option(help="lm-eval items per task (seeded sample).")] = None,
-    storage: Annotated[str | None, typer.Option(help="Optuna storage URL (default: sqlite in the run dir).")] = None,
+    storage: Annotated[str | None, typer.Option(
+        envvar="ADVISOR_STORAGE", show_envvar=True,
+        help="Optuna storage: sqlite:///PATH, journal:PATH (processes of one host) or postgresql://USER@HOST/DB "
+             "(hosts; password from PGPASSWORD/~/.pgpass or in this variable). Default: RUN_DIR/study.db, "
+             "or RUN_DIR/study.journal with --workers.")] = None,
+    workers: Annotated[int, typer.Option(
+        min=1, help="Worker processes on this host sharing the study (one GPU each when there are enough); "
+                    "more can join from other hosts with `advisor worker`.")] = 1,
     out_dir: OutOpt = None,
     name: NameOpt = None,
     device: Annotated[str | None, typer.Option(help="auto, cpu or cuda (where accuracy is computed).")] = None,
@@ -76,7 +83,7 @@ def search(
     rec = load_recipe(recipe, overrides)
     from advisor.workflows.search import run
 
-    summary = run(rec, resume=resume, console=err, resume_command=_resume_command())
+    summary = run(rec, resume=resume, console=err, resume_command=_resume_command(), workers=workers)
     _print_summary(summary.model_dump(mode="json"))
     out.print(f"\nreport: {rec.run_dir / 'report.md'}")
 

@@ -8,6 +8,7 @@ the standard places for it), output shows ``***``.
 from __future__ import annotations
 
 import re
+import time
 import warnings
 from pathlib import Path
 from typing import Any
@@ -163,13 +164,23 @@ def open_storage(url: str, heartbeat_s: int | None = None) -> optuna.storages.Ba
 
         kwargs = {"heartbeat_interval": heartbeat_s, "grace_period": 3 * heartbeat_s,
                   "heartbeat_stale_trial_callback": retry_callback(), "engine_kwargs": {"pool_pre_ping": True}}
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            return optuna.storages.RDBStorage(url, **kwargs)
-    except Exception as exc:  # SQLAlchemy and the drivers raise many kinds
-        msg = redact_text(str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__, url)
-        raise InputError(f"storage: cannot open {redact_url(url)}: {msg}") from None
+    import sqlalchemy.exc
+
+    for attempt in range(5):
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                return optuna.storages.RDBStorage(url, **kwargs)
+        except (sqlalchemy.exc.IntegrityError, sqlalchemy.exc.ProgrammingError):
+            # Several processes creating the tables of a fresh PostgreSQL database race
+            # (measured: 1-3 of 3 lose); the tables exist on the next try.
+            if attempt == 4:
+                raise
+            time.sleep(0.2 * (attempt + 1))
+        except Exception as exc:  # SQLAlchemy and the drivers raise many kinds
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise InputError(f"storage: cannot open {redact_url(url)}: {redact_text(first, url)}") from None
+    raise AssertionError("unreachable")
 
 
 def check_driver(url: str) -> None:

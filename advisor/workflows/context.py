@@ -40,6 +40,11 @@ def model_fingerprint(loaded: LoadedModel) -> str:
     return fingerprint(loaded.model)
 
 
+def tokens_key(recipe: Recipe, fingerprint: str) -> dict[str, Any]:
+    """What token sets depend on: the calibration settings and the model's weights."""
+    return json.loads(json.dumps({"calibration": recipe.calibration.model_dump(), "model": fingerprint}))
+
+
 def load_or_build_tokens(
     recipe: Recipe, loaded: LoadedModel, run_dir: Path, fingerprint: str, store: bool = True
 ) -> TokenSets:
@@ -47,7 +52,7 @@ def load_or_build_tokens(
     ones (stored when ``store``), so a resumed study scores on the same tokens."""
     path = run_dir / "tokens.pt"
     key_path = run_dir / "tokens.key.json"
-    key = {"calibration": recipe.calibration.model_dump(), "model": fingerprint}
+    key = tokens_key(recipe, fingerprint)
     try:
         if path.is_file() and key_path.is_file() and json.loads(key_path.read_text()) == key:
             return TokenSets.load(path)

@@ -20,35 +20,57 @@ from advisor.errors import Interrupted
 from advisor.recipe.schema import Recipe
 from advisor.report.schema import Summary
 from advisor.report.summary import write_report
+from advisor.search.artifacts import share_tokens
 from advisor.search.policy import benchmark_targets, best_feasible_line
-from advisor.search.storage import portable_url, redact_url, url_without_password
+from advisor.search.storage import default_url, portable_url, redact_url, url_without_password
 from advisor.search.study import finished_trials, open_study, record_benchmark, run_search, save_run_meta
 from advisor.search.study_key import check_same_model, study_key
 from advisor.versions import package_versions
+from advisor.workflows.context import tokens_key
 from advisor.workflows.progress import ProgressReporter
+from advisor.workflows.spawn import spawn_workers, stop_workers, wait_workers
 
 
 def run(recipe: Recipe, resume: bool = False, console: Console | None = None,
-        resume_command: str = "advisor search ... --resume") -> Summary:
+        resume_command: str = "advisor search ... --resume", workers: int = 1) -> Summary:
     progress = ProgressReporter(console or Console(stderr=True))
+    if workers > 1 and recipe.storage is None:  # processes of one host share Optuna's journal file
+        recipe = recipe.model_copy(update={"storage": default_url(recipe.run_dir, workers)})
     key = study_key(recipe, package_versions())
     recipe.run_dir.mkdir(parents=True, exist_ok=True)
     study = open_study(recipe, resume, key)
     if not resume:
         write_run_file(recipe)
     t0 = time.perf_counter()
-    with interrupts_as_errors(study, recipe, resume_command):
+    children: list = []
+    with interrupts_as_errors(study, recipe, resume_command), stopped_on_exit(children):
         ctx = prepare_model_side(recipe, progress)
         check_same_model(study.user_attrs.get("model", {}).get("fingerprint"), ctx.fingerprint, recipe.name)
         save_run_meta(study, run_meta(recipe, ctx))
+        share_tokens(study, recipe.run_dir / "tokens.pt", tokens_key(recipe, ctx.fingerprint),
+                     recipe.run_dir / "artifacts")
+        if workers > 1:
+            children += spawn_workers(workers - 1, recipe.storage_url, recipe.name, recipe.run_dir)
+            progress.print(f"workers: {workers - 1} more on this host (logs in {recipe.run_dir / 'workers'})")
         proposer = sensitivity_stage(study, ctx, recipe, progress) if recipe.search.sampler == "guided" else None
         trials_stage(study, ctx, recipe, progress, proposer)
+        wait_workers(children)
         t_bench = time.perf_counter()
         bench_status = benchmark_stage(study, ctx, recipe, progress)
     save_run_meta(study, {"timings": timings(ctx, recipe, t0, t_bench), "benchmark_status": bench_status})
     with progress.stage("report"):
         write_report(study, recipe.run_dir)
     return build_summary_from(recipe.run_dir)
+
+
+@contextmanager
+def stopped_on_exit(children: list) -> Iterator[None]:
+    """Worker children never outlive a coordinator that fails or is interrupted."""
+    try:
+        yield
+    except BaseException:
+        stop_workers(children)
+        raise
 
 
 @contextmanager
@@ -97,6 +119,7 @@ def run_meta(recipe: Recipe, ctx: Any) -> dict[str, Any]:
         "storage": redact_url(recipe.storage_url),
         "recipe": recipe_data,
         "shape": ctx.loaded.shape.to_dict(),
+        "device": ctx.device,
         "model": {"name": ctx.loaded.name, "fingerprint": ctx.fingerprint},
         "versions": package_versions(),
         "accuracy_label": f"measured (proxy on {ctx.tokens.heldout.numel()} held-out tokens, "

@@ -1,0 +1,54 @@
+"""Worker processes on this host for `advisor search --workers N`: N-1 `advisor worker` children
+beside the coordinator, one GPU each when there are enough (CUDA_VISIBLE_DEVICES), logs in
+RUN_DIR/workers/. The storage URL travels in the environment, never on a command line."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+STORAGE_ENV = "ADVISOR_STORAGE"
+
+
+def visible_gpus() -> int:
+    try:
+        import torch
+    except ImportError:
+        return 0
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def spawn_workers(n: int, url: str, study: str, run_dir: Path) -> list[subprocess.Popen]:
+    """Start ``n`` workers; with at least n+1 GPUs, worker i gets GPU i+1 (the coordinator keeps 0)."""
+    gpus = visible_gpus()
+    logs = run_dir / "workers"
+    logs.mkdir(parents=True, exist_ok=True)
+    procs = []
+    for i in range(n):
+        env = {**os.environ, STORAGE_ENV: url}
+        if gpus > n:
+            env["CUDA_VISIBLE_DEVICES"] = str(i + 1)
+        cmd = [sys.executable, "-c", "from advisor.cli import main; main()", "worker", "--study", study,
+               "--work-dir", str(logs / f"worker-{i + 1}")]
+        with open(logs / f"worker-{i + 1}.log", "w") as log:
+            procs.append(subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT))
+    return procs
+
+
+def stop_workers(procs: list[subprocess.Popen], timeout_s: float = 30.0) -> None:
+    """SIGTERM each (its trial in flight fails and is re-enqueued), then wait."""
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    for p in procs:
+        try:
+            p.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            p.kill()
+
+
+def wait_workers(procs: list[subprocess.Popen]) -> list[int]:
+    return [p.wait() for p in procs]

@@ -1,0 +1,77 @@
+"""`advisor worker`, top to bottom: join a study from any host, check that this worker's numbers
+would be comparable, fetch the shared token sets, prepare the model side, run trials from
+the study's shared budget until it is used, then leave.
+
+The coordinator (`advisor search`) enqueues baselines and proposals, runs the lm-eval and
+report stages and owns the run folder; a worker only evaluates trials.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+import optuna
+from rich.console import Console
+
+from advisor.errors import InputError
+from advisor.recipe import validate_recipe
+from advisor.search.artifacts import fetch_tokens
+from advisor.search.storage import open_storage, redact_url
+from advisor.search.study import finished_trials, make_sampler, run_search
+from advisor.search.study_key import KEY_ATTR, check_same_key, check_same_model, study_key
+from advisor.versions import package_versions
+from advisor.workflows.progress import ProgressReporter
+
+
+def run_worker(url: str, study_name: str, work_dir: Path | None = None, artifacts: Path | None = None,
+               console: Console | None = None) -> int:
+    """Returns how many trials this worker finished."""
+    progress = ProgressReporter(console or Console(stderr=True))
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    attrs = _study_attrs(url, study_name)
+    work_dir = Path(work_dir or tempfile.mkdtemp(prefix=f"advisor-worker-{study_name}-"))
+    recipe = validate_recipe({**attrs["recipe"], "name": study_name, "out": str(work_dir), "storage": url},
+                             f"recipe stored in study {study_name!r}")
+    check_same_key(attrs.get(KEY_ATTR), study_key(recipe, package_versions()), study_name, "advisor worker")
+    storage = open_storage(url, heartbeat_s=recipe.search.heartbeat_s)
+    sampler = make_sampler(recipe.search.sampler, (recipe.search.seed + os.getpid()) % 2**32)
+    study = optuna.load_study(study_name=study_name, storage=storage, sampler=sampler)
+
+    with progress.stage("fetch shared token sets"):
+        key = fetch_tokens(study, recipe.run_dir / "tokens.pt", artifacts)
+        (recipe.run_dir / "tokens.key.json").write_text(json.dumps(key, indent=2))
+    from advisor.workflows.context import prepare
+
+    with progress.stage("prepare") as stage:
+        ctx = prepare(recipe, status=lambda msg: (stage.advance(note=msg), progress.step(f"  {msg}")))
+    check_same_model(study.user_attrs.get("model", {}).get("fingerprint"), ctx.fingerprint, study_name)
+    if (coordinator_device := study.user_attrs.get("device")) and coordinator_device != ctx.device:
+        raise InputError(f"advisor worker: study {study_name!r} scores accuracy on {coordinator_device}, this "
+                         f"worker on {ctx.device}; their KL values are not comparable: pass --device "
+                         f"{coordinator_device} (or run the worker where that device exists)")
+    before = finished_trials(study)
+    with progress.stage("trials", total=recipe.search.trials) as stage:
+        def on_trial(st: optuna.Study, t: optuna.trial.FrozenTrial) -> None:
+            stage.advance(finished_trials(st))
+            if not progress.terminal and t.values:
+                progress.print(f"trial {t.number}: {t.user_attrs.get('label')} KL {t.values[0]:.4f}, "
+                               f"{t.values[1]:.4g} J/token")
+
+        run_search(study, ctx, recipe, ctx.loaded.shape.groups, callbacks=[on_trial], coordinator=False)
+    return finished_trials(study) - before
+
+
+def _study_attrs(url: str, study_name: str) -> dict:
+    try:
+        study = optuna.load_study(study_name=study_name, storage=open_storage(url))
+    except KeyError:
+        raise InputError(f"advisor worker: no study named {study_name!r} in {redact_url(url)}; start it with "
+                         "`advisor search ... --storage URL` first") from None
+    attrs = study.user_attrs
+    if "recipe" not in attrs:
+        raise InputError(f"advisor worker: study {study_name!r} has no recipe yet (its coordinator is still "
+                         "preparing, or it was made by an older advisor); retry in a minute")
+    return attrs

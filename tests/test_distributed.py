@@ -1,0 +1,181 @@
+"""Many workers, one study, on Optuna's own storages: a real PostgreSQL server (started by the
+tests, 127.0.0.1 only) and the journal file. Workers are real processes."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+import yaml
+from optuna.trial import TrialState
+from typer.testing import CliRunner
+
+from advisor.cli import app
+
+ROOT = Path(__file__).resolve().parents[1]
+TRIALS = 12
+
+WORKER = textwrap.dedent("""
+    import os, sys, time
+    from advisor.plan import LayerGroup
+    from advisor.recipe import validate_recipe
+    from advisor.search.study import open_study, run_search, make_sampler
+    from advisor.testing import AdditiveEvaluator
+    import optuna
+
+    from advisor.search.storage import open_storage
+
+    url, role, out, delay, trials = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4]), int(sys.argv[5])
+
+    class Slow(AdditiveEvaluator):
+        def evaluate(self, plan):
+            time.sleep(delay)
+            return super().evaluate(plan)
+
+    groups = tuple(LayerGroup(f"layers.{i}.{r}", (f"m{i}{r}",), ((64, 64),)) for i in range(3) for r in ("qkv", "down"))
+    recipe = validate_recipe({"name": "d", "target": "b200", "out": out, "storage": url, "accuracy": {"max_kl": 0.1},
+                              "search": {"trials": trials, "seed": 1, "sampler": "random", "heartbeat_s": 1}})
+    if role == "coordinator":
+        study = open_study(recipe, resume=False)
+        study.set_user_attr("ready", True)
+    else:
+        storage = open_storage(url, heartbeat_s=1)
+        while True:
+            try:
+                study = optuna.load_study(study_name="d", storage=storage, sampler=make_sampler("random", os.getpid()))
+                if study.user_attrs.get("ready"):
+                    break
+            except KeyError:
+                pass
+            time.sleep(0.1)
+    run_search(study, Slow(), recipe, groups, coordinator=(role == "coordinator"))
+""")
+
+
+def _start(url: str, role: str, out: Path, delay: float) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", WORKER, url, role, str(out), str(delay), str(TRIALS)], cwd=ROOT,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def _load(url: str) -> optuna.Study:
+    from advisor.search.storage import open_storage
+
+    return optuna.load_study(study_name="d", storage=open_storage(url))
+
+
+def _baseline_trials(study: optuna.Study) -> list[str]:
+    return [t.user_attrs.get("label") for t in study.get_trials()
+            if t.state == TrialState.COMPLETE and t.user_attrs.get("label", "").startswith("all-")
+            and "fixed_params" in t.system_attrs]
+
+
+@pytest.fixture(params=["postgresql", "journal"])
+def storage_url(request, tmp_path):
+    if request.param == "journal":
+        return f"journal:{tmp_path / 'study.journal'}"
+    server = request.getfixturevalue("postgres_server")
+    return server.create_database(f"d{abs(hash(str(tmp_path))) % 10**8}")
+
+
+def test_three_workers_share_one_budget_and_run_each_baseline_once(storage_url, tmp_path):
+    procs = [_start(storage_url, "coordinator", tmp_path, 0.1)]
+    procs += [_start(storage_url, "worker", tmp_path, 0.1) for _ in range(2)]
+    errors = [p.communicate(timeout=180)[1] for p in procs]
+    assert all(p.returncode == 0 for p in procs), errors
+    study = _load(storage_url)
+    complete = [t for t in study.get_trials() if t.state == TrialState.COMPLETE]
+    assert len(complete) == TRIALS  # none lost, none over budget
+    assert sorted(_baseline_trials(study)) == ["all-bf16", "all-fp8", "all-nvfp4"]
+    pids = {t.user_attrs["worker"]["pid"] for t in complete}
+    assert len(pids) >= 2  # the work was really shared
+
+
+def test_a_worker_killed_mid_trial_has_its_trial_retried_and_nothing_else_changes(storage_url, tmp_path):
+    procs = [_start(storage_url, "coordinator", tmp_path, 0.5)]
+    victim = _start(storage_url, "worker", tmp_path, 0.5)
+
+    def victim_running() -> bool:
+        try:
+            study = _load(storage_url)
+        except KeyError:
+            return False
+        return any(t.state == TrialState.RUNNING and t.user_attrs.get("worker", {}).get("pid") == victim.pid
+                   for t in study.get_trials())
+
+    end = time.monotonic() + 60
+    while not victim_running():
+        assert time.monotonic() < end, "the worker never started a trial"
+        time.sleep(0.05)
+    victim.send_signal(signal.SIGKILL)
+    victim.wait()
+    assert procs[0].wait(timeout=180) == 0, procs[0].communicate()[1]
+    study = _load(storage_url)
+    trials = study.get_trials()
+    killed = [t for t in trials if t.state == TrialState.FAIL]
+    assert len(killed) == 1 and killed[0].user_attrs["worker"]["pid"] == victim.pid
+    retried = [t for t in trials if t.system_attrs.get("failed_trial") == killed[0].number]
+    assert len(retried) == 1 and retried[0].state == TrialState.COMPLETE
+    assert killed[0].params.items() <= retried[0].params.items()  # the params it had drawn before it died
+    assert sum(t.state == TrialState.COMPLETE for t in trials) == TRIALS
+    assert not [t for t in trials if t.state == TrialState.RUNNING]
+
+
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def postgres_run(tmp_path_factory, postgres_server):
+    """A finished tiny search whose study lives in PostgreSQL, run through the CLI with a password."""
+    from conftest import TINY_MODEL
+
+    tmp = tmp_path_factory.mktemp("pg")
+    url = postgres_server.create_database("tinyrun")
+    recipe = {"name": "t", "model": {"source": str(TINY_MODEL)}, "target": "b200", "device": "cpu",
+              "workloads": [{"name": "chat", "batch_size": 8, "input_tokens": 128, "output_tokens": 64}],
+              "calibration": {"num_samples": 2, "seq_len": 16, "heldout_samples": 2, "heldout_seq_len": 16},
+              "search": {"trials": 4, "seed": 0, "sampler": "random"}, "out": str(tmp / "runs")}
+    path = tmp / "r.yaml"
+    path.write_text(yaml.safe_dump(recipe))
+    res = runner.invoke(app, ["search", "-r", str(path), "--storage", url])
+    assert res.exit_code == 0, res.output
+    return tmp, path, url, postgres_server.password
+
+
+def test_a_postgresql_password_never_reaches_a_file_or_the_output(postgres_run):
+    tmp, path, url, password = postgres_run
+    run_dir = tmp / "runs" / "t"
+    outputs = [runner.invoke(app, ["report", str(run_dir), "--storage", url]).output,
+               runner.invoke(app, ["show", str(run_dir)]).output,
+               runner.invoke(app, ["search", "-r", str(path), "--storage", url]).output]  # refused: exists
+    assert "already exists" in outputs[-1] and "***" in outputs[-1]
+    for text in outputs:
+        assert password not in text
+    for f in run_dir.rglob("*"):
+        if f.is_file():
+            assert password.encode() not in f.read_bytes(), f
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["storage"].startswith("postgresql") and ":***@" in summary["storage"]
+
+
+def test_resume_and_worker_with_changed_settings_are_refused(postgres_run):
+    tmp, path, url, _ = postgres_run
+    resumed = runner.invoke(app, ["search", "-r", str(path), "--storage", url, "--resume", "--max-kl", "0.01"])
+    assert resumed.exit_code == 2 and "accuracy.max_kl" in resumed.output
+    from advisor.search.storage import open_storage
+
+    study = optuna.load_study(study_name="t", storage=open_storage(url))
+    key = study.user_attrs["study_key"]
+    study.set_user_attr("study_key", {**key, "versions": {**key["versions"], "torch": "1.0.0"}})
+    try:
+        joined = runner.invoke(app, ["worker", "--study", "t", "--storage", url, "--work-dir", str(tmp / "w")])
+    finally:
+        study.set_user_attr("study_key", key)
+    assert joined.exit_code == 2, joined.output
+    assert "versions.torch" in joined.output and "Traceback" not in joined.output
