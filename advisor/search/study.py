@@ -294,6 +294,7 @@ def run_search(
     callbacks: Sequence[Callable[[optuna.Study, optuna.trial.FrozenTrial], None]] = (),
     proposer: Proposer | None = None,
     coordinator: bool = True,
+    worker: dict[str, Any] | None = None,
 ) -> int:
     """Run trials until the study has used ``recipe.search.trials``; returns how many finished here.
 
@@ -304,7 +305,7 @@ def run_search(
     to storage as it ends, so an interruption loses only the trial in flight (retried).
     """
     before = finished_trials(study)
-    objective = make_objective(evaluator, groups, recipe.formats, recipe.accuracy)
+    objective = make_objective(evaluator, groups, recipe.formats, recipe.accuracy, worker)
     budget = TrialBudget(recipe.search.trials)
     deadline = None if recipe.search.timeout_s is None else time.monotonic() + recipe.search.timeout_s
 

@@ -78,6 +78,17 @@ class RunContext:
     timings_s: dict[str, float] = field(default_factory=dict)
     trial_times_s: list[float] = field(default_factory=list)
 
+    def worker(self) -> dict[str, Any]:
+        """This process as trials record it: host, pid and the UUID of the GPU it computes on."""
+        from advisor.energy.meter import torch_device_uuid
+        from advisor.search.recovery import this_worker
+
+        if self.device != "cuda":
+            return this_worker(None)
+        import torch
+
+        return this_worker(torch_device_uuid(torch.cuda.current_device()))
+
     def assemble(self, plan: Plan):
         return self.bank.assemble(plan)
 

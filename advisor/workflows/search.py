@@ -154,7 +154,8 @@ def trials_stage(study: optuna.Study, ctx: Any, recipe: Recipe, progress: Progre
                 progress.print(f"trial {t.number}: {t.user_attrs.get('label')} KL {t.values[0]:.4f}, "
                                f"{t.values[1]:.4g} J/token; {best}")
 
-        run_search(study, ctx, recipe, ctx.loaded.shape.groups, callbacks=[on_trial], proposer=proposer)
+        run_search(study, ctx, recipe, ctx.loaded.shape.groups, callbacks=[on_trial], proposer=proposer,
+                   worker=ctx.worker())
 
 
 def benchmark_stage(study: optuna.Study, ctx: Any, recipe: Recipe, progress: ProgressReporter) -> str | None:

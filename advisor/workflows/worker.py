@@ -60,7 +60,8 @@ def run_worker(url: str, study_name: str, work_dir: Path | None = None, artifact
                 progress.print(f"trial {t.number}: {t.user_attrs.get('label')} KL {t.values[0]:.4f}, "
                                f"{t.values[1]:.4g} J/token")
 
-        run_search(study, ctx, recipe, ctx.loaded.shape.groups, callbacks=[on_trial], coordinator=False)
+        run_search(study, ctx, recipe, ctx.loaded.shape.groups, callbacks=[on_trial], coordinator=False,
+                   worker=ctx.worker())
     return finished_trials(study) - before
 
 
