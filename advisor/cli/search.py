@@ -9,10 +9,12 @@ import typer
 from rich.table import Table
 
 from advisor.cli.common import err, handle_errors, out
+from advisor.recipe.choices import choices_text
+from advisor.recipe.schema import Recipe, SearchSpec
 
 RecipeOpt = Annotated[Path | None, typer.Option("--recipe", "-r", help="YAML recipe (see recipes/quickstart.yaml).")]
 ModelOpt = Annotated[str | None, typer.Option(help="Hub id, local dir, .gguf file, or demo:smollm2-135m.")]
-TargetOpt = Annotated[str | None, typer.Option(help="Target GPU: h100, h200 or b200.")]
+TargetOpt = Annotated[str | None, typer.Option(help=f"Target GPU: {choices_text(Recipe, 'target')}.")]
 FormatsOpt = Annotated[str | None, typer.Option(help="Comma-separated formats, e.g. bf16,fp8,nvfp4.")]
 OutOpt = Annotated[Path | None, typer.Option("--out", "-o", help="Parent folder of run directories.")]
 NameOpt = Annotated[str | None, typer.Option(help="Run (and study) name; the run dir is OUT/NAME.")]
@@ -22,16 +24,16 @@ def _split(value: str | None) -> list[str] | None:
     return None if value is None else [v.strip() for v in value.split(",") if v.strip()]
 
 
-def _workload_overrides(batch: int | None, inp: int | None, outp: int | None, recipe_path: Path | None) -> Any:
-    if batch is None and inp is None and outp is None:
+def _workload_overrides(batch: int | None, inp: int | None, outp: int | None, flags: list[str] | None,
+                        recipe_path: Path | None) -> Any:
+    if batch is None and inp is None and outp is None and not flags:
         return None
     from advisor.recipe.schema import load_recipe
+    from advisor.recipe.workload_flags import edit_workloads
 
-    base = load_recipe(recipe_path).workloads[0].model_dump()
-    for key, value in (("batch_size", batch), ("input_tokens", inp), ("output_tokens", outp)):
-        if value is not None:
-            base[key] = value
-    return [base]
+    current = [w.model_dump() for w in load_recipe(recipe_path).workloads]
+    primary = {"batch_size": batch, "input_tokens": inp, "output_tokens": outp}
+    return edit_workloads(current, primary, flags or [])
 
 
 @handle_errors
@@ -44,11 +46,15 @@ def search(
     trials: Annotated[int | None, typer.Option(help="Total trials in the study, baselines included.")] = None,
     timeout: Annotated[float | None, typer.Option(help="Stop starting trials after this many seconds.")] = None,
     seed: Annotated[int | None, typer.Option(help="Sampler seed.")] = None,
-    sampler: Annotated[str | None, typer.Option(help="tpe, nsga2 or random.")] = None,
+    sampler: Annotated[str | None, typer.Option(
+        help=f"{choices_text(SearchSpec, 'sampler')}; guided: sensitivity-guided knapsack proposals, then TPE.")]
+        = None,
     max_kl: Annotated[float | None, typer.Option(help="Accuracy budget: mean per-token KL vs BF16 (nats).")] = None,
-    batch_size: Annotated[int | None, typer.Option(help="Workload: concurrent sequences (first workload).")] = None,
-    input_tokens: Annotated[int | None, typer.Option(help="Workload: prompt tokens (first workload).")] = None,
-    output_tokens: Annotated[int | None, typer.Option(help="Workload: generated tokens (first workload).")] = None,
+    batch_size: Annotated[int | None, typer.Option(help="Concurrent sequences of the first workload.")] = None,
+    input_tokens: Annotated[int | None, typer.Option(help="Prompt tokens of the first workload.")] = None,
+    output_tokens: Annotated[int | None, typer.Option(help="Generated tokens of the first workload.")] = None,
+    workload: Annotated[list[str] | None, typer.Option(
+        help="Edit or add a workload: NAME:batch=B,input=L,output=L (repeatable); the others are kept.")] = None,
     calibration: Annotated[str | None, typer.Option(help="'self' or a .txt/.jsonl file for calibration.")] = None,
     tasks: Annotated[str | None, typer.Option(help="Comma-separated lm-eval tasks scored on the front.")] = None,
     limit: Annotated[int | None, typer.Option(help="lm-eval items per task (seeded sample).")] = None,
@@ -62,10 +68,12 @@ def search(
                     "more can join from other hosts with `advisor worker`.")] = 1,
     out_dir: OutOpt = None,
     name: NameOpt = None,
-    device: Annotated[str | None, typer.Option(help="auto, cpu or cuda (where accuracy is computed).")] = None,
+    device: Annotated[str | None, typer.Option(
+        help=f"Where accuracy is computed: {choices_text(Recipe, 'device')}.")] = None,
     energy: Annotated[str | None, typer.Option(
-        help="measured (NVML on a GPU of the target kind, ~40 s per plan), predicted (profile or roofline), "
-        "or auto (measured when such a GPU is here).")] = None,
+        help=f"{choices_text(Recipe, 'energy')}. measured: NVML on a GPU of the target kind (~40 s per plan); "
+        "predicted: the target's profile, else the datasheet roofline; auto: measured when such a GPU is here.")]
+        = None,
     energy_profile: Annotated[str | None, typer.Option(help="Profile JSON from `advisor profile`.")] = None,
     resume: Annotated[bool, typer.Option("--resume", help="Continue the study of the same name.")] = False,
 ) -> None:
@@ -78,7 +86,7 @@ def search(
         "accuracy.max_kl": max_kl, "calibration.source": calibration, "benchmark.tasks": _split(tasks),
         "benchmark.limit": limit, "storage": storage, "out": str(out_dir) if out_dir else None,
         "name": name, "device": device, "energy": energy, "energy_profile": energy_profile,
-        "workloads": _workload_overrides(batch_size, input_tokens, output_tokens, recipe),
+        "workloads": _workload_overrides(batch_size, input_tokens, output_tokens, workload, recipe),
     }
     rec = load_recipe(recipe, overrides)
     from advisor.workflows.search import run

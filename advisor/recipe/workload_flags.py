@@ -1,0 +1,58 @@
+"""Workload flags: edit a named workload or add one, never silently drop the recipe's others.
+
+``--workload NAME:batch=64,input=1024,output=256`` edits the workload called NAME (or adds
+it, the rest from the defaults); ``--batch-size``, ``--input-tokens`` and
+``--output-tokens`` edit the first (primary) workload.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from advisor.errors import InputError
+from advisor.recipe.schema import Workload
+
+KEYS = {"batch": "batch_size", "batch_size": "batch_size", "input": "input_tokens", "in": "input_tokens",
+        "input_tokens": "input_tokens", "output": "output_tokens", "out": "output_tokens",
+        "output_tokens": "output_tokens"}
+
+
+def parse_workload_flag(text: str) -> tuple[str, dict[str, int]]:
+    """``NAME:key=value,...`` -> (NAME, {field: value})."""
+    name, sep, body = text.partition(":")
+    if not sep or not name.strip() or not body.strip():
+        raise InputError(f"--workload {text!r}: write NAME:batch=B,input=L,output=L (any of the three)")
+    fields: dict[str, int] = {}
+    for item in body.split(","):
+        key, eq, value = item.partition("=")
+        field = KEYS.get(key.strip().lower())
+        if not eq or field is None:
+            raise InputError(f"--workload {text!r}: unknown setting {key.strip()!r}; allowed: batch, input, output")
+        try:
+            fields[field] = int(value)
+        except ValueError:
+            raise InputError(f"--workload {text!r}: {key.strip()} must be a whole number, got {value!r}") from None
+    return name.strip(), fields
+
+
+def edit_workloads(workloads: Sequence[dict[str, Any]], primary: dict[str, int | None],
+                   flags: Sequence[str]) -> list[dict[str, Any]]:
+    """The recipe's workloads with the primary edits and the ``--workload`` flags applied, in order."""
+    out = [dict(w) for w in workloads]
+    first = {k: v for k, v in primary.items() if v is not None}
+    if first:
+        out[0] = {**out[0], **first}
+    for text in flags:
+        name, fields = parse_workload_flag(text)
+        match = next((w for w in out if w["name"] == name), None)
+        if match is None:
+            out.append({**Workload(name=name).model_dump(), **fields})
+        else:
+            match.update(fields)
+    return out
+
+
+def describe(workloads: Sequence[Workload]) -> str:
+    return "; ".join(f"{w.name}: batch {w.batch_size}, {w.input_tokens} in / {w.output_tokens} out"
+                     for w in workloads)
