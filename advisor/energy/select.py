@@ -27,30 +27,42 @@ def gpu_here() -> tuple[GPU | None, str | None]:
     return gpu_from_device_name(name), name
 
 
-def make_energy_model(
+def make_energy_tiers(
     mode: str,
     shape: ModelShape,
     target: GPU,
     profile: Path | None = None,
-) -> EnergyModel:
-    """The energy model for ``--energy measured|predicted|auto``.
+) -> tuple[EnergyModel, EnergyModel | None]:
+    """(predicted, measured) for ``--energy predicted|measured|auto``.
 
-    * ``measured``: the NVML meter on the GPU here running the plan in the serving
-      runtime (random weights of ``shape``); the GPU must be of the ``target`` kind.
-      About 40 s per plan and workload.
-    * ``predicted``: the cost model on ``profile`` if given, else on the shipped
-      profile of ``target`` (advisor/profiles/), else the datasheet roofline.
-    * ``auto``: measured when a GPU of the target kind is here, else predicted.
+    The predicted tier prices every trial: the cost model on ``profile`` if given, else on the
+    shipped profile of ``target`` (advisor/energy/profiles/), else the datasheet roofline. The
+    measured tier (NVML on the GPU here, the serving runtime on random weights of ``shape``,
+    about 40 s per plan and workload) re-prices the baselines and the front afterwards:
+    ``measured`` requires a GPU of the target kind, ``auto`` uses one when it is here,
+    ``predicted`` never measures.
     """
     if mode not in ENERGY_MODES:
         raise InputError(f"--energy must be one of {', '.join(ENERGY_MODES)}, got {mode!r}")
+    predicted = make_predicted_model(shape, target, profile)
     if mode == "auto":
         here, _ = gpu_here()
         mode = "measured" if here == target else "predicted"
-    if mode == "measured":
-        from advisor.energy.measure import MeasuredEnergyModel
+    if mode == "predicted":
+        return predicted, None
+    from advisor.energy.measure import MeasuredEnergyModel
 
-        return MeasuredEnergyModel(shape, target)
+    return predicted, MeasuredEnergyModel(shape, target)
+
+
+def make_energy_model(mode: str, shape: ModelShape, target: GPU, profile: Path | None = None) -> EnergyModel:
+    """One energy model: the measured tier for ``measured`` (or ``auto`` with a GPU of the target
+    kind here), else the predicted one (used by `advisor measure` and `recheck`)."""
+    predicted, measured = make_energy_tiers(mode, shape, target, profile)
+    return measured or predicted
+
+
+def make_predicted_model(shape: ModelShape, target: GPU, profile: Path | None = None) -> EnergyModel:
     from advisor.energy.costmodel import ProfileCostModel
     from advisor.energy.profile import load_profile, shipped_profile
 

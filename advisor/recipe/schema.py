@@ -91,6 +91,8 @@ class SearchSpec(_Strict):
         "guided", description="guided: sensitivity + knapsack proposals, then TPE; or a plain Optuna sampler"
     )
     sensitivity_samples: int = Field(4, ge=1, description="held-out sequences used for per-group sensitivity")
+    measured_candidates: int = Field(6, ge=0, description="front plans measured on the GPU after the search "
+                                     "(energy: measured or auto), besides the baselines")
     heartbeat_s: int = Field(10, ge=1, le=3600, description="trial heartbeat (database storages); a trial "
                              "silent for 3 heartbeats is failed and retried")
 

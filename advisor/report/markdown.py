@@ -24,6 +24,25 @@ def _row(r: dict, workloads: list[str]) -> list[str]:
     ]
 
 
+def _measured_vs_predicted(summary: dict[str, Any], workloads: list[str]) -> list[str]:
+    """Both energy tiers side by side for the plans measured after the search."""
+    rows = []
+    for r in {r["plan_id"]: r for r in summary["trials"] if r.get("energy_measured")}.values():
+        pred = {e["workload"]: e["j_per_token"] for e in r["predicted_energy"]}
+        meas = {e["workload"]: e["j_per_token"] for e in r["energy"]}
+        err = r.get("prediction_error_pct") or {}
+        rows.append([f"`{r['plan_id']}`", r["label"],
+                     *[f"{_fmt_j(pred[w])} / {_fmt_j(meas[w])} ({err.get(w, float('nan')):+.1f}%)"
+                       for w in workloads]])
+    if not rows:
+        return []
+    return ["## Energy: predicted / measured", "",
+            "Every trial was priced by the predicted tier; these plans were then measured on the GPU, and their "
+            "measured J/token is what the front and the recommendation use (only measured plans compete once any "
+            "is measured). In brackets: the prediction's error against the measurement.", "",
+            _table(rows, ["plan id", "plan", *[f"J/token {w}" for w in workloads]]), ""]
+
+
 def render_markdown(summary: dict[str, Any]) -> str:
     workloads = [w["name"] for w in summary["workloads"]]
     by_trial = {r["trial"]: r for r in summary["trials"]}
@@ -65,6 +84,7 @@ def render_markdown(summary: dict[str, Any]) -> str:
             _table([_row(by_trial[t], workloads) for t in summary["front_trials"]], header), "",
             "![accuracy vs energy](front.png)", "", "## Baselines", "",
             _table([_row(by_trial[t], workloads) for t in summary["baselines"].values()], header), ""]
+    out += _measured_vs_predicted(summary, workloads)
     if summary.get("benchmark_status"):
         out += [f"lm-eval stage: {summary['benchmark_status']}", ""]
     bench_rows = list({r["plan_id"]: r for r in summary["trials"] if r.get("benchmark")}.values())

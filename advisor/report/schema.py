@@ -37,7 +37,10 @@ class TrialRecord(BaseModel):
     kl: float
     ppl: float
     ppl_increase_pct: float
-    energy: list[EnergyRecord]
+    energy: list[EnergyRecord]  # what the front and the recommendation use: measured where it exists
+    predicted_energy: list[EnergyRecord] = Field(default_factory=list)
+    energy_measured: bool = False
+    prediction_error_pct: dict[str, float] | None = None  # (predicted - measured) / measured per workload
     feasible: bool
     benchmark: dict[str, Any] = Field(default_factory=dict)
     benchmark_drop: float | None = None

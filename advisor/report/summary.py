@@ -16,14 +16,17 @@ from advisor.plan import LayerGroup
 from advisor.report.markdown import render_markdown
 from advisor.report.plots import plot_format_map, plot_front
 from advisor.report.schema import SCHEMA_VERSION, Summary
+from advisor.search.energy_tiers import measured_energy, prediction_errors
 from advisor.search.frontier import Candidate, Recommendation, pareto_front, recommend
 from advisor.search.study import candidates
 
 
 def _trial_record(
-    c: Candidate, study_trial: optuna.trial.FrozenTrial, groups: Sequence[LayerGroup], bench: dict
+    c: Candidate, study_trial: optuna.trial.FrozenTrial, groups: Sequence[LayerGroup], bench: dict,
+    measured: dict[str, list[dict[str, Any]]],
 ) -> dict:
     ua = study_trial.user_attrs
+    measured_here = measured.get(c.plan.id)
     return {
         "trial": c.trial,
         "plan_id": c.plan.id,
@@ -33,7 +36,10 @@ def _trial_record(
         "kl": c.kl,
         "ppl": c.ppl,
         "ppl_increase_pct": 100 * (c.ppl / ua["ppl_bf16"] - 1),
-        "energy": ua["energy"],
+        "energy": measured_here or ua["energy"],
+        "predicted_energy": ua["energy"],
+        "energy_measured": measured_here is not None,
+        "prediction_error_pct": prediction_errors(ua["energy"], measured_here) if measured_here else None,
         "feasible": c.feasible,
         "benchmark": bench.get(c.plan.id, {}),
         "benchmark_drop": c.benchmark_drop,
@@ -50,13 +56,14 @@ def build_summary(study: optuna.Study) -> Summary:
     front = pareto_front(cands, workloads[0])
     rec = recommend(cands, workloads)
     bench = study.user_attrs.get("benchmark", {})
-    records = [_trial_record(c, trials[c.trial], shape.groups, bench) for c in cands]
+    measured = measured_energy(study)
+    records = [_trial_record(c, trials[c.trial], shape.groups, bench, measured) for c in cands]
     baselines = {}
     for c in cands:
         u = c.plan.uniform_format()
         if u is not None and f"all-{u.value}" not in baselines:
             baselines[f"all-{u.value}"] = c.trial
-    energy_labels = sorted({e["source"] for r in records for e in r["energy"]})
+    energy_labels = sorted({e["source"] for r in records for e in r["energy"] + r["predicted_energy"]})
     return Summary.model_validate({
         "schema_version": SCHEMA_VERSION,
         "tool": "precision-advisor",

@@ -21,6 +21,7 @@ class Candidate:
     feasible: bool
     benchmark_drop: float | None = None  # mean absolute accuracy drop vs BF16 over tasks
     benchmark: dict[str, float] = field(default_factory=dict)
+    energy_measured: bool = False  # energy_j_per_token measured on the GPU (else predicted)
 
     def energy(self, workload: str) -> float:
         return self.energy_j_per_token[workload]
@@ -66,10 +67,13 @@ def recommend(
     cands: Sequence[Candidate], workloads: Sequence[str], bf16_plan_id: str | None = None
 ) -> Recommendation | None:
     """Lowest J/token on the primary workload among feasible plans that cost no more than
-    all-BF16 on any workload. Benchmark scores, where present, override the proxy."""
+    all-BF16 on any workload. Benchmark scores, where present, override the proxy; measured
+    energy, where present, replaces the predicted (only measured plans then compete)."""
     if not cands:
         return None
     primary = workloads[0]
+    if any(c.energy_measured for c in cands):  # measured and predicted J/token are never compared
+        cands = [c for c in cands if c.energy_measured]
     bf16 = next((c for c in cands if c.plan.uniform_format() == Format.BF16), None)
     if bf16_plan_id is not None:
         bf16 = next((c for c in cands if c.plan.id == bf16_plan_id), bf16)

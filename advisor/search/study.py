@@ -25,6 +25,7 @@ from advisor.formats import Format
 from advisor.plan import LayerGroup, Plan
 from advisor.recipe.schema import AccuracySpec, Recipe
 from advisor.search.budget import TrialBudget, reap, work
+from advisor.search.energy_tiers import measured_energy
 from advisor.search.frontier import Candidate
 from advisor.search.recovery import WORKER_ATTR, this_worker
 from advisor.search.storage import open_storage, redact_url
@@ -205,6 +206,7 @@ def candidates(study: optuna.Study) -> list[Candidate]:
     where lm-eval scored it, within the benchmark budget)."""
     trials = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
     bench: dict[str, dict[str, dict[str, Any]]] = study.user_attrs.get("benchmark", {})
+    measured = measured_energy(study)
     recipe = study.user_attrs.get("recipe", {})
     max_drop = recipe.get("benchmark", {}).get("max_drop", math.inf)
     budget = AccuracySpec.model_validate(recipe["accuracy"]) if "accuracy" in recipe else None
@@ -225,8 +227,9 @@ def candidates(study: optuna.Study) -> list[Candidate]:
                 plan=plan,
                 kl=ua["kl"],
                 ppl=ua["ppl"],
-                energy_j_per_token={e["workload"]: e["j_per_token"] for e in ua["energy"]},
+                energy_j_per_token={e["workload"]: e["j_per_token"] for e in measured.get(plan.id, ua["energy"])},
                 feasible=feasible,
+                energy_measured=plan.id in measured,
                 benchmark_drop=drop,
                 benchmark={k: v["acc"] for k, v in (scores or {}).items()},
             )

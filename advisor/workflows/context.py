@@ -77,6 +77,7 @@ class RunContext:
     fingerprint: str
     timings_s: dict[str, float] = field(default_factory=dict)
     trial_times_s: list[float] = field(default_factory=list)
+    measured_model: EnergyModel | None = None  # the measured tier, for the baselines and the front
 
     def worker(self) -> dict[str, Any]:
         """This process as trials record it: host, pid and the UUID of the GPU it computes on."""
@@ -165,10 +166,12 @@ def prepare(
     proxy = ProxyEvaluator(bank.assemble(Plan.uniform(loaded.shape.groups, Format.BF16)), tokens.heldout)
     timings["reference_s"] = time.perf_counter() - t
 
+    measured_model = None
     if energy_model is None:
-        from advisor.energy.select import make_energy_model
+        from advisor.energy.select import make_energy_tiers
 
+        status("choosing the energy models (predicted for every trial, measured for the front)")
         profile = Path(recipe.energy_profile) if recipe.energy_profile else None
-        energy_model = make_energy_model(recipe.energy, loaded.shape, recipe.target, profile)
-    energy = energy_model
-    return RunContext(recipe, loaded, tokens, bank, proxy, energy, device, fingerprint, timings)
+        energy_model, measured_model = make_energy_tiers(recipe.energy, loaded.shape, recipe.target, profile)
+    return RunContext(recipe, loaded, tokens, bank, proxy, energy_model, device, fingerprint, timings,
+                      measured_model=measured_model)

@@ -16,12 +16,13 @@ import optuna
 from rich.console import Console
 
 from advisor import __version__
-from advisor.errors import Interrupted
+from advisor.errors import Interrupted, UnsupportedError
 from advisor.recipe.schema import Recipe
 from advisor.recipe.workload_flags import describe
 from advisor.report.schema import Summary
 from advisor.report.summary import write_report
 from advisor.search.artifacts import share_tokens
+from advisor.search.energy_tiers import measured_energy, record_measured
 from advisor.search.policy import benchmark_targets, best_feasible_line
 from advisor.search.storage import default_url, portable_url, redact_url, url_without_password
 from advisor.search.study import finished_trials, open_study, record_benchmark, run_search, save_run_meta
@@ -57,6 +58,7 @@ def run(recipe: Recipe, resume: bool = False, console: Console | None = None,
         proposer = sensitivity_stage(study, ctx, recipe, progress) if recipe.search.sampler == "guided" else None
         trials_stage(study, ctx, recipe, progress, proposer)
         wait_workers(children)
+        energy_stage(study, ctx, recipe, progress)
         t_bench = time.perf_counter()
         bench_status = benchmark_stage(study, ctx, recipe, progress)
     save_run_meta(study, {"timings": timings(ctx, recipe, t0, t_bench), "benchmark_status": bench_status})
@@ -158,6 +160,25 @@ def trials_stage(study: optuna.Study, ctx: Any, recipe: Recipe, progress: Progre
 
         run_search(study, ctx, recipe, ctx.loaded.shape.groups, callbacks=[on_trial], proposer=proposer,
                    worker=ctx.worker())
+
+
+def energy_stage(study: optuna.Study, ctx: Any, recipe: Recipe, progress: ProgressReporter) -> None:
+    """The measured tier: baselines and the front's candidates measured on this GPU (NVML)."""
+    if ctx.measured_model is None:
+        return
+    done = measured_energy(study)
+    plans = [p for p in benchmark_targets(study, recipe.workloads[0].name, recipe.search.measured_candidates)
+             if p.id not in done]
+    with progress.stage(f"measured energy ({ctx.measured_model.label})", total=len(plans)) as stage:
+        for i, plan in enumerate(plans):
+            stage.advance(i, note=plan.label())
+            try:
+                estimates = [ctx.measured_model.estimate(plan, w).to_dict() for w in recipe.workloads]
+            except UnsupportedError as exc:  # e.g. NVFP4 on Hopper: it stays predicted, and says so
+                progress.print(f"  {plan.label()}: stays predicted ({exc})")
+                continue
+            record_measured(study, plan.id, estimates)
+        stage.advance(len(plans))
 
 
 def benchmark_stage(study: optuna.Study, ctx: Any, recipe: Recipe, progress: ProgressReporter) -> str | None:
