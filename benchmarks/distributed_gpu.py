@@ -70,6 +70,7 @@ def worker_main(args: argparse.Namespace) -> None:
     from advisor.search.study import make_sampler, open_study, run_search
     from advisor.workflows.context import prepare
 
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
     recipe = recipe_for(Path(args.model), args.storage, args.trials, args.target, Path(args.work))
     recipe.run_dir.mkdir(parents=True, exist_ok=True)
     if args.role == "coordinator":
