@@ -180,6 +180,13 @@ def validate_recipe(data: dict[str, Any], origin: str = "recipe") -> Recipe:
         raise InputError(f"invalid {origin}: {problems}") from None
 
 
+def yaml_problem(exc: yaml.YAMLError) -> str:
+    """A YAML parse error on one line: what is wrong and where (PyYAML's own text spans lines)."""
+    mark = getattr(exc, "problem_mark", None)
+    problem = getattr(exc, "problem", None) or type(exc).__name__
+    return f"{problem} at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else problem
+
+
 def load_recipe(path: Path | None, overrides: dict[str, Any] | None = None) -> Recipe:
     """Read a YAML recipe (or start from defaults) and apply flag overrides.
 
@@ -197,7 +204,7 @@ def load_recipe(path: Path | None, overrides: dict[str, Any] | None = None) -> R
         try:
             loaded = yaml.safe_load(text)
         except yaml.YAMLError as exc:
-            raise InputError(f"recipe {path} is not valid YAML: {exc}") from None
+            raise InputError(f"recipe {path} is not valid YAML ({yaml_problem(exc)}); fix that line") from None
         if loaded is None:
             loaded = {}
         if not isinstance(loaded, dict):
