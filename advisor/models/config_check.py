@@ -38,15 +38,17 @@ def model_facts(spec: ModelSpec) -> ModelFacts | None:
         return _gguf_facts(path, spec.source) if path.is_file() else None
     folder = Path(where)
     if folder.is_dir():
-        _check_model_folder(folder, spec.source)
+        _check_config_file(folder, spec.source)
     config = _read_config(where, spec)
     check_causal_lm(config, spec.source)
+    if folder.is_dir():
+        _check_weight_files(folder, spec.source)
     arch = ", ".join(getattr(config, "architectures", None) or []) or "no architectures listed"
     return ModelFacts(spec.source, f"{arch} ({config.model_type})",
                       getattr(config, "max_position_embeddings", None), "max_position_embeddings")
 
 
-def _check_model_folder(folder: Path, source: str) -> None:
+def _check_config_file(folder: Path, source: str) -> None:
     if not (folder / "config.json").is_file():
         ggufs = sorted(p.name for p in folder.glob("*.gguf"))
         if ggufs:
@@ -54,6 +56,9 @@ def _check_model_folder(folder: Path, source: str) -> None:
                              f"name one with --gguf-file, or give the .gguf file's path")
         raise InputError(f"model.source: {source} has no config.json, so it is not a Hugging Face model folder; "
                          "give the folder that holds config.json and the weights, a hub id or a .gguf file")
+
+
+def _check_weight_files(folder: Path, source: str) -> None:
     if not any(next(folder.glob(pattern), None) for pattern in WEIGHT_PATTERNS):
         raise InputError(f"model.source: {source} has a config.json but no weights (*.safetensors or *.bin); "
                          "give the complete model folder")
@@ -117,14 +122,15 @@ def _gguf_facts(path: Path, source: str) -> ModelFacts:
     return ModelFacts(source, f"GGUF {arch}", header.context_length, f"{arch}.context_length")
 
 
-def check_context(facts: ModelFacts, recipe: Recipe) -> None:
-    """Refuse token lengths beyond the model's context: calibration windows and every workload."""
+def check_context(facts: ModelFacts, recipe: Recipe, *, workloads: bool = True) -> None:
+    """Refuse token lengths beyond the model's context: calibration windows and (``workloads``)
+    every workload's input + output."""
     limit = facts.context_tokens
     if not limit:
         return
     cal = recipe.calibration
     asked = {"calibration.seq_len": cal.seq_len, "calibration.heldout_seq_len": cal.heldout_seq_len}
-    for i, w in enumerate(recipe.workloads):
+    for i, w in enumerate(recipe.workloads if workloads else []):
         asked[f"workloads[{i}] ({w.name}) input_tokens + output_tokens"] = w.input_tokens + w.output_tokens
     too_long = [f"{name} {n}" for name, n in asked.items() if n > limit]
     if too_long:

@@ -25,11 +25,7 @@ def check_output_dir(path: Path | str, what: str, *, must_be_empty: bool = False
             raise InputError(f"{what}: {path} exists and is not empty; give a new folder")
         _probe_write(path, what, path)
         return
-    ancestor = _nearest_existing(path)
-    if not ancestor.is_dir():
-        raise InputError(f"{what}: cannot create {path}: {ancestor} is a file, not a folder; "
-                         "give a path whose parents are folders")
-    _probe_write(ancestor, what, path)
+    _check_creatable(path, what)
 
 
 def check_output_file(path: Path | str, what: str) -> None:
@@ -37,7 +33,16 @@ def check_output_file(path: Path | str, what: str) -> None:
     path = Path(path).expanduser()
     if path.is_dir():
         raise InputError(f"{what}: {path} is a folder; give a file path")
-    check_output_dir(path.parent, what)
+    _check_creatable(path, what)
+
+
+def _check_creatable(path: Path, what: str) -> None:
+    """``path`` does not exist yet: its nearest existing parent must be a folder we can write into."""
+    ancestor = _nearest_existing(path)
+    if not ancestor.is_dir():
+        raise InputError(f"{what}: cannot create {path}: {ancestor} is a file, not a folder; "
+                         "give a path whose parents are folders")
+    _probe_write(ancestor, what, path)
 
 
 def _nearest_existing(path: Path) -> Path:

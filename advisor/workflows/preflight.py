@@ -43,13 +43,14 @@ def check_input_files(recipe: Recipe) -> None:
                              f"is {recipe.target.value}; give a {recipe.target.value} profile or change --target")
 
 
-def check_model(recipe: Recipe) -> None:
-    """The model's files and config: present, a causal LM, a context long enough for the recipe."""
+def check_model(recipe: Recipe, *, workloads: bool = True) -> None:
+    """The model's files and config: present, a causal LM, a context long enough for the recipe's
+    calibration windows and (``workloads``) its workloads."""
     from advisor.models.config_check import check_context, model_facts
 
     facts = model_facts(recipe.model)
     if facts is not None:
-        check_context(facts, recipe)
+        check_context(facts, recipe, workloads=workloads)
 
 
 def check_devices(recipe: Recipe) -> None:
