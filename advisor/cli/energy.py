@@ -122,6 +122,11 @@ def measure(
     shape = shape_from_model(model)
     p = Plan.load(plan)
     p.check_against(shape.groups)
+    if gpu_here()[1] is None:
+        from advisor.errors import SetupError
+
+        raise SetupError("no NVIDIA GPU visible through NVML: `advisor measure` measures on the GPU it runs on "
+                         "(without one, `advisor search --energy predicted` predicts)")
     workload = Workload(name="cli", batch_size=batch, input_tokens=input_tokens, output_tokens=output_tokens)
     est = MeasuredEnergyModel(shape, tgt).estimate(p, workload)
     typer.echo(json.dumps({"plan": p.id, "label": p.label(), **est.to_dict()}, indent=2))

@@ -76,7 +76,8 @@ def eval_plan(
     if batch_size < 1:
         raise InputError(f"--batch-size: must be at least 1, got {batch_size}")
     if data_dir is not None and not data_dir.is_dir():
-        raise InputError(f"--data-dir: {data_dir} is not a directory")
+        raise InputError(f"--data-dir: {data_dir} is not a directory; give the folder holding the tasks' JSONL "
+                         "files (lambada_openai.jsonl, piqa.jsonl, arc_easy.jsonl)")
     if device is not None and device not in ("auto", "cpu", "cuda"):
         raise InputError(f"--device: got {device!r}; allowed: auto, cpu, cuda")
 

@@ -35,7 +35,8 @@ def usage_errors_as_one_line() -> Iterator[None]:
         raise  # `advisor` alone prints the help
     except _click.ClickException as exc:
         ctx = getattr(exc, "ctx", None)
-        command = ctx.command_path if ctx is not None else "advisor"
+        subcommands = ctx.command_path.split(" ")[1:] if ctx is not None else []
+        command = " ".join(["advisor", *subcommands])  # the root's name is however it was started
         print_error(f"{exc.format_message()} (see `{command} --help`)")
         raise typer.Exit(exc.exit_code) from None
 

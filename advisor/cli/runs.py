@@ -44,7 +44,7 @@ def _check_study_storage(url: str) -> None:
 
     from advisor.search.storage_driver import check_storage_url
 
-    check_storage_url(url)
+    check_storage_url(url, folder_must_exist=False)
     parsed = make_url(url)
     if parsed.get_backend_name() == "sqlite" and not Path(parsed.database or "").is_file():
         raise InputError(f"the study database {parsed.database} does not exist; pass --storage with the study's "
@@ -71,13 +71,13 @@ def report(
 
 @handle_errors
 def show(
-    run_dir: Annotated[Path, typer.Argument(help="Run directory written by `advisor search`.")],
+    run_dir: Annotated[Path, typer.Argument(help="Run directory written by `advisor search` (or its summary.json).")],
     plan: Annotated[str | None, typer.Option(help="Plan id to print (default: the recommendation).")] = None,
 ) -> None:
     """Print the recommendation (or one plan) as JSON: per-group formats and its numbers."""
     from advisor.report.schema import load_summary
 
-    path = run_dir / "summary.json"
+    path = run_dir if run_dir.is_file() else run_dir / "summary.json"
     if not path.is_file():
         raise InputError(f"{path} does not exist; run `advisor report {run_dir}` first")
     summary = load_summary(path)

@@ -46,7 +46,7 @@ def resolve_source(spec: ModelSpec) -> tuple[str, str | None]:
     path = Path(spec.source).expanduser()
     if spec.source.endswith(".gguf"):
         if not path.is_file():
-            raise InputError(f"model.source: GGUF file {spec.source} does not exist")
+            raise InputError(f"model.source: GGUF file {spec.source} does not exist; give the path of a .gguf file")
         check_gguf_complete(path)
         return str(path.parent), path.name
     if path.exists() and not path.is_dir():
@@ -58,7 +58,8 @@ def resolve_source(spec: ModelSpec) -> tuple[str, str | None]:
             check_gguf_complete(path / spec.gguf_file)
         return str(path), spec.gguf_file
     if spec.source.startswith((".", "/", "~")):
-        raise InputError(f"model.source: directory {spec.source} does not exist")
+        raise InputError(f"model.source: directory {spec.source} does not exist; give a model folder "
+                         "(config.json and weights), a hub id or a .gguf file")
     return spec.source, spec.gguf_file
 
 

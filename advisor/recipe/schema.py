@@ -177,7 +177,7 @@ def validate_recipe(data: dict[str, Any], origin: str = "recipe") -> Recipe:
         return Recipe.model_validate(data)
     except ValidationError as exc:
         problems = "; ".join(_describe(e) for e in exc.errors())
-        raise InputError(f"invalid {origin}: {problems}") from None
+        raise InputError(f"invalid {origin}: {problems} (recipes/quickstart.yaml documents every field)") from None
 
 
 def yaml_problem(exc: yaml.YAMLError) -> str:
@@ -200,7 +200,8 @@ def load_recipe(path: Path | None, overrides: dict[str, Any] | None = None) -> R
         try:
             text = Path(path).read_text()
         except OSError as exc:
-            raise InputError(f"cannot read recipe {path}: {exc.strerror}") from None
+            raise InputError(f"cannot read recipe {path}: {exc.strerror}; give the path of a YAML recipe "
+                             "(e.g. recipes/quickstart.yaml)") from None
         try:
             loaded = yaml.safe_load(text)
         except yaml.YAMLError as exc:
@@ -208,7 +209,8 @@ def load_recipe(path: Path | None, overrides: dict[str, Any] | None = None) -> R
         if loaded is None:
             loaded = {}
         if not isinstance(loaded, dict):
-            raise InputError(f"recipe {path} must be a YAML mapping, got {type(loaded).__name__}")
+            raise InputError(f"recipe {path} must be a YAML mapping of fields, got a {type(loaded).__name__}; "
+                         "write `field: value` lines as in recipes/quickstart.yaml")
         data = loaded
     for dotted, value in (overrides or {}).items():
         if value is None:
