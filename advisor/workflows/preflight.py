@@ -32,8 +32,10 @@ def preflight(recipe: Recipe) -> None:
 
 def check_input_files(recipe: Recipe) -> None:
     source = recipe.calibration.source
-    if source != "self" and not Path(source).expanduser().is_file():
-        raise InputError(f"calibration.source: file {source} does not exist; give a .txt or .jsonl file, or 'self'")
+    if source != "self":
+        from advisor.calibration.tokens import read_calibration_text
+
+        read_calibration_text(Path(source).expanduser())
     if recipe.energy_profile:
         from advisor.energy.profile import load_profile
 
