@@ -91,6 +91,8 @@ CASES: list[Case] = [
          "not a causal (decoder-only) language model", "causal LMs such as Llama"),
     case("search --model config without weights", f"{SEARCH} --model {{no_weights}}", 2,
          "has a config.json but no weights", "give the complete model folder"),
+    case("search --gguf-file not in the model folder", f"{SEARCH} --gguf-file none.gguf", 2,
+         "none.gguf is not a file in", "name a .gguf file that is there"),
     case("search --model GGUF missing", f"{SEARCH} --model {{ws}}/none.gguf", 2,
          "does not exist", "give the path of a .gguf file"),
     case("search --model GGUF header only", f"{SEARCH} --model {{gguf_header_only}}", 2,
@@ -278,6 +280,8 @@ CASES: list[Case] = [
     case("measure --model BERT encoder", "measure --plan {tiny_plan} --model {bert}", 2,
          "not a causal (decoder-only) language model", "causal LMs such as Llama"),
     # ---------------------------------------------------------------- the command line itself
+    case("option without its value", "show {run} --plan", 2, "Option '--plan' requires an argument",
+         "see `advisor show --help`"),
     case("unknown command", "serve", 2, "No such command 'serve'", "see `advisor --help`"),
     case("unknown global option", "--verbose show {empty_dir}", 2, "No such option: --verbose",
          "see `advisor --help`"),

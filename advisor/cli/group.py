@@ -26,9 +26,10 @@ def hoist_debug(args: list[str]) -> list[str]:
 
 
 @contextmanager
-def usage_errors_as_one_line() -> Iterator[None]:
+def usage_errors_as_one_line(subcommand: str | None = None) -> Iterator[None]:
     """click's usage errors (unknown option, bad value, missing argument) printed like every
-    other error: one `Error:` line naming the problem and where help is, exit 2."""
+    other error: one `Error:` line naming the problem and where help is, exit 2.
+    ``subcommand`` names the command for errors raised without a context."""
     try:
         yield
     except _click.exceptions.NoArgsIsHelpError:
@@ -36,6 +37,8 @@ def usage_errors_as_one_line() -> Iterator[None]:
     except _click.ClickException as exc:
         ctx = getattr(exc, "ctx", None)
         subcommands = ctx.command_path.split(" ")[1:] if ctx is not None else []
+        if not subcommands and subcommand:
+            subcommands = [subcommand]
         command = " ".join(["advisor", *subcommands])  # the root's name is however it was started
         print_error(f"{exc.format_message()} (see `{command} --help`)")
         raise typer.Exit(exc.exit_code) from None
@@ -51,5 +54,6 @@ class AdvisorGroup(TyperGroup):
             return super().make_context(info_name, args, parent=parent, **extra)
 
     def invoke(self, ctx: _click.Context) -> Any:
-        with usage_errors_as_one_line():
+        name = next(iter(getattr(ctx, "_protected_args", None) or []), None)  # where typer keeps it
+        with usage_errors_as_one_line(name if name in self.commands else None):
             return super().invoke(ctx)

@@ -54,7 +54,8 @@ def resolve_source(spec: ModelSpec) -> tuple[str, str | None]:
     if path.is_dir():
         if spec.gguf_file:
             if not (path / spec.gguf_file).is_file():
-                raise InputError(f"model.gguf_file: {spec.gguf_file} is not a file in {spec.source}")
+                raise InputError(f"model.gguf_file: {spec.gguf_file} is not a file in {spec.source}; "
+                                 "name a .gguf file that is there")
             check_gguf_complete(path / spec.gguf_file)
         return str(path), spec.gguf_file
     if spec.source.startswith((".", "/", "~")):
