@@ -99,7 +99,8 @@ class Plan:
             raise InputError(
                 f"plan {self.id} does not match the model's layer groups: "
                 f"missing {missing[:5]}{'...' if len(missing) > 5 else ''}, "
-                f"unknown {extra[:5]}{'...' if len(extra) > 5 else ''}"
+                f"unknown {extra[:5]}{'...' if len(extra) > 5 else ''}; the plan was made for another model: "
+                "give the model it was searched on"
             )
 
     def to_json(self) -> str:
@@ -118,8 +119,8 @@ class Plan:
             allowed = ", ".join(f.value for f in Format)
             raise InputError(
                 f"not a plan: expected {{'formats': {{group: format}}}} with formats "
-                f"in {allowed} ({exc})"
-            ) from exc
+                f"in {allowed} ({exc}); `advisor show RUN_DIR --plan ID > plan.json` writes one"
+            ) from None
         if "id" in data and data["id"] != plan.id:
             raise InputError(f"plan id {data['id']} does not match its content ({plan.id})")
         return plan
@@ -129,4 +130,5 @@ class Plan:
         try:
             return cls.from_json(Path(path).read_text())
         except OSError as exc:
-            raise InputError(f"cannot read plan file {path}: {exc.strerror}") from exc
+            raise InputError(f"cannot read plan file {path}: {exc.strerror}; "
+                             "`advisor show RUN_DIR --plan ID > plan.json` writes one") from None

@@ -20,6 +20,7 @@ lm-eval and torch are imported inside functions, so importing this module is che
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -34,7 +35,9 @@ from typing import Any
 
 import yaml
 
+from advisor.accuracy.unscorable import drop_unscorable
 from advisor.errors import InputError, SetupError
+from advisor.recipe.schema import yaml_problem
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +58,7 @@ class TaskScore:
     acc_norm: float | None = None
     acc_norm_stderr: float | None = None
     time_s: float = 0.0
+    unscorable: int = 0  # items left out: their answer has no tokens with this tokenizer (unscorable.py)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -78,7 +82,7 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     except OSError as exc:
         raise InputError(f"cannot read task file {path}: {exc.strerror}") from None
     except yaml.YAMLError as exc:
-        raise InputError(f"task file {path} is not valid YAML: {exc}") from None
+        raise InputError(f"task file {path} is not valid YAML ({yaml_problem(exc)}); fix that line") from None
     if not isinstance(cfg, dict) or "task" not in cfg:
         raise InputError(f"task file {path} must be a mapping with a 'task' key")
     return cfg
@@ -93,7 +97,7 @@ def task_config(name: str, data_dir: Path | str | None) -> dict[str, Any] | None
     if name.endswith((".yaml", ".yml")):
         path = Path(name).expanduser()
         if not path.is_file():
-            raise InputError(f"task file {name} does not exist")
+            raise InputError(f"task file {name} does not exist; give the path of a task YAML or a task name")
         cfg = _read_yaml(path)
         bases = [Path(data_dir), path.parent] if data_dir is not None else [path.parent]
     elif name in LOCAL_TASKS and data_dir is not None:
@@ -234,6 +238,7 @@ def evaluate(
         if task.get_config("num_fewshot") is None:
             task.set_config(key="num_fewshot", value=0)
         task.set_fewshot_seed(seed=seed)
+        indices, unscorable = drop_unscorable(task, lm, name, indices)
         _seed_everything(seed)
         t0 = time.perf_counter()
         with warnings.catch_warnings():
@@ -243,7 +248,8 @@ def evaluate(
                 samples={name: indices} if indices is not None else None,
                 bootstrap_iters=bootstrap_iters, log_samples=False,
             )
-        scores[name] = _score_from(results, name, limit, seed, source, time.perf_counter() - t0)
+        score = _score_from(results, name, limit, seed, source, time.perf_counter() - t0)
+        scores[name] = dataclasses.replace(score, unscorable=unscorable)
         log.info("%s: acc %.4f ± %.4f (n=%d)", name, scores[name].acc, scores[name].acc_stderr, scores[name].n)
     return scores
 

@@ -38,19 +38,27 @@ class TokenSets:
         return cls(data["calibration"], data["heldout"], data["source"])
 
 
-def _read_text(path: Path) -> str:
+def read_calibration_text(path: Path) -> str:
+    """The text of a .txt file, or of the rows of a .jsonl file (their "text" field, else their
+    first string); InputError for a file that is missing, not UTF-8 JSON lines, or holds no text."""
     if not path.is_file():
-        raise InputError(f"calibration.source: file {path} does not exist")
+        raise InputError(f"calibration.source: file {path} does not exist; give a .txt or .jsonl file, or 'self'")
     if path.suffix == ".txt":
         return path.read_text(encoding="utf-8", errors="replace")
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError as exc:
+        raise InputError(f"calibration.source: {path} is not UTF-8 text (byte {exc.start}); "
+                         "give a UTF-8 .jsonl file") from None
     texts: list[str] = []
-    for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+    for lineno, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
             row = json.loads(line)
         except json.JSONDecodeError as exc:
-            raise InputError(f"calibration.source: {path} line {lineno} is not JSON ({exc.msg})") from None
+            raise InputError(f"calibration.source: {path} line {lineno} is not JSON ({exc.msg}); "
+                             "give one JSON object per line") from None
         if isinstance(row, dict):
             text = row.get("text")
             if not isinstance(text, str):
@@ -59,11 +67,14 @@ def _read_text(path: Path) -> str:
             text = row if isinstance(row, str) else None
         if text:
             texts.append(text)
+    if not texts:
+        raise InputError(f"calibration.source: {path} holds no text (no row has a string field); "
+                         'give rows like {"text": "..."}')
     return "\n\n".join(texts)
 
 
 def from_file(path: Path, tokenizer: Any, spec: CalibrationSpec) -> TokenSets:
-    ids = tokenizer(_read_text(path), return_tensors="pt").input_ids[0]
+    ids = tokenizer(read_calibration_text(path), return_tensors="pt").input_ids[0]
     need = spec.num_samples * spec.seq_len + spec.heldout_samples * spec.heldout_seq_len
     if ids.numel() < need:
         raise InputError(

@@ -1,8 +1,9 @@
 """The `advisor` command. Thin commands: check flags, call the library, print results.
 
 Precedence: command-line flag > recipe file > default. Results go to stdout; logs and
-progress to stderr. Known errors print one line (`Error: ...`) and exit 2 (bad input),
-3 (missing GPU/package) or 1; `--debug` shows tracebacks.
+progress to stderr. Errors print one line (`Error: ...`) and exit 2 (bad input, usage
+errors included), 3 (missing GPU, package or database driver; unsupported hardware) or 1
+(anything else); `--debug`, anywhere on the line, shows tracebacks.
 """
 
 from __future__ import annotations
@@ -15,8 +16,10 @@ from typing import Annotated
 import typer
 
 from advisor.cli.common import DEBUG, err, handle_errors
+from advisor.cli.group import AdvisorGroup
 
 app = typer.Typer(
+    cls=AdvisorGroup,
     help="Find the per-layer BF16/FP8/NVFP4 plan with the fewest joules per token within an accuracy budget.",
     no_args_is_help=True,
     add_completion=False,

@@ -4,26 +4,38 @@ from __future__ import annotations
 
 import functools
 import sys
+import traceback
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 import typer
 from rich.console import Console
+from rich.markup import escape
+from typer import _click  # typer's own copy of click: its exceptions are the ones typer raises
 
 from advisor.errors import AdvisorError
 
-out = Console(width=None if sys.stdout.isatty() else 160)  # results
+# Results. On a terminal rich fits them to its width; in a pipe or a file nothing is ever
+# wrapped (a script reads whole lines), so: no soft wrapping and no width to fit.
+out = Console() if sys.stdout.isatty() else Console(soft_wrap=True, width=100_000)
 err = Console(stderr=True, soft_wrap=True)  # progress, warnings, errors
 DEBUG = {"on": False}
 F = TypeVar("F", bound=Callable[..., Any])
+UNEXPECTED_EXIT = 1
 
 
-def handle_errors(fn: F | None = None, *, error_exit: int | None = None, catch_all: bool = False) -> Any:
-    """Turn known errors into one `Error:` line and their exit code (tracebacks only with --debug).
+def print_error(message: str) -> None:
+    """The one `Error:` line on stderr (``message`` is plain text, never rich markup)."""
+    err.print(f"[bold red]Error:[/] {escape(message)}", markup=True, highlight=False)
 
-    ``error_exit`` forces one exit code for every error (a CI gate such as `recheck`, where
-    an error must never read as a pass or a regression); ``catch_all`` treats unexpected
-    exceptions the same way instead of letting them raise.
+
+def handle_errors(fn: F | None = None, *, error_exit: int | None = None, catch_all: bool = True) -> Any:
+    """Turn errors into one `Error:` line and an exit code (tracebacks only with --debug).
+
+    Known errors (:class:`AdvisorError`) exit with their own code; anything else is a bug
+    and exits 1 with the hint to rerun with --debug. ``error_exit`` forces one exit code for
+    every error (a CI gate such as `recheck`, where an error must never read as a pass or a
+    regression); ``catch_all=False`` lets unexpected exceptions raise.
     """
 
     def deco(f: F) -> F:
@@ -31,21 +43,27 @@ def handle_errors(fn: F | None = None, *, error_exit: int | None = None, catch_a
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             try:
                 return f(*args, **kwargs)
-            except typer.Exit:
+            except (typer.Exit, typer.Abort, _click.ClickException):
                 raise
             except AdvisorError as exc:
-                if DEBUG["on"]:
-                    raise
-                err.print(f"[bold red]Error:[/] {exc}", markup=True, highlight=False)
+                _traceback_if_debug()
+                print_error(str(exc))
                 raise typer.Exit(error_exit if error_exit is not None else exc.exit_code) from None
             except Exception as exc:
-                if not catch_all or DEBUG["on"]:
+                if not catch_all:
                     raise
+                _traceback_if_debug()
                 first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-                err.print(f"[bold red]Error:[/] unexpected {type(exc).__name__}: {first} "
-                          "(rerun with --debug for the traceback)", markup=True, highlight=False)
-                raise typer.Exit(error_exit if error_exit is not None else 1) from None
+                print_error(f"unexpected {type(exc).__name__}: {first} (a bug: rerun with --debug for the "
+                            "traceback and report it)")
+                raise typer.Exit(error_exit if error_exit is not None else UNEXPECTED_EXIT) from None
 
         return wrapper  # type: ignore[return-value]
 
     return deco(fn) if fn is not None else deco
+
+
+def _traceback_if_debug() -> None:
+    """With --debug, the traceback of the exception being handled; the exit code stays the same."""
+    if DEBUG["on"]:
+        traceback.print_exc(file=sys.stderr)

@@ -37,18 +37,27 @@ def shape_from_model(model: str | None) -> ModelShape:
 
         c = AutoConfig.from_pretrained(model)
     except Exception as exc:  # noqa: BLE001 (transformers raises many kinds)
-        raise InputError(f"cannot read a model config from {model!r}: {exc}") from exc
-    heads = c.num_attention_heads
-    return llama_shape(
-        "model.layers",
-        c.num_hidden_layers,
-        c.hidden_size,
-        c.intermediate_size,
-        heads,
-        getattr(c, "num_key_value_heads", None) or heads,
-        c.vocab_size,
-        getattr(c, "head_dim", None) or c.hidden_size // heads,
-    )
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise InputError(f"--model: cannot read a model config from {model!r} ({first}); give a hub id or a "
+                         "folder with config.json") from None
+    from advisor.models.config_check import check_causal_lm
+
+    check_causal_lm(c, model)
+    try:
+        heads = c.num_attention_heads
+        return llama_shape(
+            "model.layers",
+            c.num_hidden_layers,
+            c.hidden_size,
+            c.intermediate_size,
+            heads,
+            getattr(c, "num_key_value_heads", None) or heads,
+            c.vocab_size,
+            getattr(c, "head_dim", None) or c.hidden_size // heads,
+        )
+    except AttributeError as exc:
+        raise InputError(f"--model: {model} ({c.model_type}) lacks the Llama-family config fields the runtime "
+                         f"is built from ({exc.name or exc}); give a Llama-family model") from None
 
 
 OutOpt = Annotated[
@@ -74,6 +83,10 @@ def profile(out: OutOpt = None) -> None:
     """Measure this GPU's energy profile (Llama-3.1-8B shape, BF16 and FP8; several minutes)."""
     from advisor.energy.profile import measure_profile, save_profile
 
+    if out is not None:
+        from advisor.workflows.outputs import check_output_file
+
+        check_output_file(out, "--out")
     here, name = gpu_here()
     if name is None:
         from advisor.errors import SetupError
@@ -109,6 +122,11 @@ def measure(
     shape = shape_from_model(model)
     p = Plan.load(plan)
     p.check_against(shape.groups)
+    if gpu_here()[1] is None:
+        from advisor.errors import SetupError
+
+        raise SetupError("no NVIDIA GPU visible through NVML: `advisor measure` measures on the GPU it runs on "
+                         "(without one, `advisor search --energy predicted` predicts)")
     workload = Workload(name="cli", batch_size=batch, input_tokens=input_tokens, output_tokens=output_tokens)
     est = MeasuredEnergyModel(shape, tgt).estimate(p, workload)
     typer.echo(json.dumps({"plan": p.id, "label": p.label(), **est.to_dict()}, indent=2))

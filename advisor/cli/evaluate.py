@@ -76,7 +76,8 @@ def eval_plan(
     if batch_size < 1:
         raise InputError(f"--batch-size: must be at least 1, got {batch_size}")
     if data_dir is not None and not data_dir.is_dir():
-        raise InputError(f"--data-dir: {data_dir} is not a directory")
+        raise InputError(f"--data-dir: {data_dir} is not a directory; give the folder holding the tasks' JSONL "
+                         "files (lambada_openai.jsonl, piqa.jsonl, arc_easy.jsonl)")
     if device is not None and device not in ("auto", "cpu", "cuda"):
         raise InputError(f"--device: got {device!r}; allowed: auto, cpu, cuda")
 
@@ -84,9 +85,15 @@ def eval_plan(
 
     rec = load_recipe(recipe, {"model.source": model, "model.gguf_file": gguf_file, "device": device})
     from advisor.accuracy import harness
+    from advisor.accuracy.task_check import check_tasks
+    from advisor.workflows.outputs import check_output_file
+    from advisor.workflows.preflight import check_model
 
-    for t in task_list:  # fail on bad tasks and missing data before loading the model
-        harness.task_config(t, data_dir)
+    # Everything that can be judged before the model is loaded: output, tasks and their data, model config.
+    if out is not None:
+        check_output_file(out, "--out")
+    check_tasks(task_list, data_dir)
+    check_model(rec, workloads=False)
 
     import torch
 

@@ -89,6 +89,9 @@ def search(
         "workloads": _workload_overrides(batch_size, input_tokens, output_tokens, workload, recipe),
     }
     rec = load_recipe(recipe, overrides)
+    from advisor.workflows.preflight import preflight
+
+    preflight(rec)  # judge what can be judged before the study is created
     from advisor.workflows.search import run
 
     summary = run(rec, resume=resume, console=err, resume_command=_resume_command(), workers=workers)

@@ -42,7 +42,8 @@ def read_summary(path: Path | str) -> dict[str, Any]:
     """A validated summary.json (current schema version, with a recommendation) as plain data."""
     summary = load_summary(path)
     if summary.recommendation is None:
-        raise InputError(f"{path} holds no recommendation (the run finished no trial); nothing to re-check")
+        raise InputError(f"{path} holds no recommendation (the run finished no trial), so there is nothing to "
+                         "re-check; finish the search first (`advisor search --resume`)")
     return summary.model_dump(mode="json")
 
 

@@ -64,11 +64,13 @@ def load_profile(path: Path | str) -> dict[str, Any]:
     try:
         text = Path(path).read_text()
     except OSError as exc:
-        raise InputError(f"cannot read profile {path}: {exc.strerror}") from exc
+        raise InputError(f"cannot read profile {path}: {exc.strerror}; give a profile JSON written by "
+                         "`advisor profile` (or leave energy_profile unset)") from None
     try:
         data = json.loads(text)
     except ValueError as exc:
-        raise InputError(f"profile {path} is not JSON: {exc}") from exc
+        raise InputError(f"profile {path} is not JSON ({exc}); give a profile JSON written by "
+                         "`advisor profile`") from None
     return validate_profile(data, f"profile {path}")
 
 

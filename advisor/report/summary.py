@@ -11,6 +11,7 @@ from typing import Any
 import optuna
 
 from advisor.accuracy.stats import spearman
+from advisor.errors import InputError
 from advisor.models.shape import ModelShape
 from advisor.plan import LayerGroup
 from advisor.report.markdown import render_markdown
@@ -49,6 +50,10 @@ def _trial_record(
 def build_summary(study: optuna.Study) -> Summary:
     """The run's summary from the study storage alone (any host can rebuild it)."""
     meta = study.user_attrs
+    missing = [key for key in ("shape", "recipe") if key not in meta]
+    if missing:
+        raise InputError(f"study {study.study_name!r} holds no run record ({', '.join(missing)} missing): its search "
+                         "stopped before the model was prepared, so there is nothing to report; rerun `advisor search`")
     shape = ModelShape.from_dict(meta["shape"])
     workloads = [w["name"] for w in meta["recipe"]["workloads"]]
     cands = candidates(study)

@@ -16,26 +16,7 @@ from urllib.parse import quote, quote_plus
 
 import optuna
 
-from advisor.errors import InputError, SetupError
-
-DRIVER_PACKAGES: dict[tuple[str, str], str] = {
-    ("postgresql", "psycopg"): "psycopg[binary]",  # default for postgresql:// in SQLAlchemy 2.1
-    ("postgresql", "psycopg2"): "psycopg2-binary",  # default in SQLAlchemy 1.x/2.0
-    ("postgresql", "psycopg2cffi"): "psycopg2cffi",
-    ("postgresql", "pg8000"): "pg8000",
-    ("postgresql", "asyncpg"): "asyncpg",
-    ("mysql", "mysqldb"): "mysqlclient",  # default for mysql://
-    ("mysql", "pymysql"): "pymysql",
-    ("mysql", "mysqlconnector"): "mysql-connector-python",
-    ("mysql", "mariadbconnector"): "mariadb",
-    ("mariadb", "mysqldb"): "mysqlclient",
-    ("mariadb", "pymysql"): "pymysql",
-    ("mariadb", "mariadbconnector"): "mariadb",
-    ("mssql", "pyodbc"): "pyodbc",
-    ("oracle", "oracledb"): "oracledb",
-}
-_ASYNC_ONLY = {"asyncpg", "aiomysql", "aiosqlite", "asyncmy", "psycopg_async"}
-
+from advisor.errors import InputError
 
 _QUERY_SECRET = re.compile(r"(?i)([?&](?:password|passwd|pwd|sslpassword)=)[^&#]*")
 # scheme://user:password@  -- the password runs up to the LAST '@' (before any '?'): a raw,
@@ -157,7 +138,9 @@ def open_storage(url: str, heartbeat_s: int | None = None) -> optuna.storages.Ba
         path = Path(url.removeprefix(JOURNAL_PREFIX))
         path.parent.mkdir(parents=True, exist_ok=True)
         return optuna.storages.JournalStorage(JournalFileBackend(str(path)))
-    check_driver(url)
+    from advisor.search.storage_driver import check_storage_url
+
+    check_storage_url(url, folder_must_exist=False)
     kwargs: dict[str, Any] = {}
     if heartbeat_s:
         from advisor.search.recovery import retry_callback
@@ -181,31 +164,3 @@ def open_storage(url: str, heartbeat_s: int | None = None) -> optuna.storages.Ba
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise InputError(f"storage: cannot open {redact_url(url)}: {redact_text(first, url)}") from None
     raise AssertionError("unreachable")
-
-
-def check_driver(url: str) -> None:
-    """Refuse a database URL whose DBAPI driver is not installed, naming the pip package (exit 3).
-
-    Imports the driver module through SQLAlchemy's dialect; never connects. SQLAlchemy 2.1 maps a
-    bare ``postgresql://`` to psycopg (3), not psycopg2.
-    """
-    from sqlalchemy.engine import make_url
-    from sqlalchemy.exc import ArgumentError, NoSuchModuleError
-
-    safe = redact_url(url)
-    try:
-        u = make_url(url)
-        dialect = u.get_dialect()
-    except (ArgumentError, NoSuchModuleError, ValueError):
-        hint = " (write postgresql://, not postgres://)" if url.startswith("postgres://") else ""
-        raise InputError(f"storage: {safe} is not a database URL Optuna can use{hint}; use sqlite:///PATH, "
-                         "journal:PATH or postgresql://USER@HOST/DB") from None
-    if getattr(dialect, "is_async", False):
-        raise InputError(f"storage {safe}: driver {dialect.driver!r} is asyncio-only; Optuna needs a synchronous "
-                         "one, e.g. postgresql+psycopg://")
-    try:
-        dialect.import_dbapi()
-    except ImportError:
-        package = DRIVER_PACKAGES.get((dialect.name, dialect.driver), dialect.driver)
-        raise SetupError(f"storage {safe} needs the database driver {dialect.driver!r}, which is not installed: "
-                         f"pip install '{package}'") from None

@@ -8,6 +8,8 @@ from typing import Any
 
 from advisor.deploy.export import ExportResult, export_plan
 from advisor.errors import InputError
+from advisor.workflows.outputs import check_output_dir
+from advisor.workflows.preflight import check_model
 
 
 def run_tokens(run_dir: Path, recipe: Any, loaded: Any, fingerprint: str) -> Any:
@@ -36,6 +38,8 @@ def export_run(
     summary = read_summary(run_dir / "summary.json")
     plan, record = stored_plan(summary, plan_id, run_dir / "summary.json")
     recipe = summary_recipe(summary, model=model)
+    check_output_dir(out_dir, "--out", must_be_empty=True)
+    check_model(recipe, workloads=False)
     status(f"loading model {recipe.model.source}")
     loaded = load_model(recipe.model, "cpu")
     fingerprint = model_fingerprint(loaded)

@@ -24,6 +24,8 @@ from advisor.deploy.recheck import (
 from advisor.errors import InputError
 from advisor.formats import Format
 from advisor.plan import LayerGroup, Plan
+from advisor.workflows.outputs import check_output_dir
+from advisor.workflows.preflight import check_model
 
 
 def research_around(ctx: Any, plan: Plan, groups: tuple[LayerGroup, ...], trials: int) -> dict[str, Any]:
@@ -76,6 +78,8 @@ def run_recheck(
     plan, record = stored_plan(summary, None, summary_path)
     base = summary_recipe(summary, model=model, recipe_path=recipe_path)
     out_dir = Path(out_dir)
+    check_output_dir(out_dir, "--out")
+    check_model(base)
     out_dir.mkdir(parents=True, exist_ok=True)
     used = {Format.BF16, *plan.formats.values()}
     formats = list(base.formats) if research else [f for f in base.formats if f in used]

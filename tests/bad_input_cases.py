@@ -1,0 +1,462 @@
+"""The bad-input cases of `tests/test_bad_input.py`, across every command, and the workspace of
+broken files they point at. `benchmarks/reliability_table.py` runs that test and writes the
+table in `reports/reliability.md` from what it recorded.
+
+Each case is the argument list of one `advisor` invocation, with ``{placeholders}`` filled
+from :func:`build_workspace`, the exit code it must end with, and two fragments its one
+`Error:` line must hold: one naming the problem, one naming the fix.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+SHARED = Path(__file__).resolve().parents[1].parent / "shared"
+TINY_MODEL = SHARED / "models" / "tinystories-656k"
+EVAL_DATA = SHARED / "data" / "eval"
+LOCAL_TASKS_DIR = Path(__file__).resolve().parents[1] / "advisor" / "accuracy" / "tasks"
+
+
+@dataclass(frozen=True)
+class Case:
+    id: str
+    args: tuple[str, ...]
+    exit_code: int
+    problem: str  # the Error line names the problem with this
+    fix: str  # ... and the fix with this
+    needs: tuple[str, ...] = ()  # workspace keys that may be missing here (the case is skipped then)
+    cpu_only: bool = False  # on a machine with a GPU the command would run for real
+    missing_modules: tuple[str, ...] = ()  # made unimportable for the case (a driver that is not installed)
+    never_shown: tuple[str, ...] = ()  # text that must not appear anywhere (a password)
+    note: str = field(default="", compare=False)
+
+
+def case(id: str, args: str | list[str], exit_code: int, problem: str, fix: str, **kw) -> Case:
+    return Case(id, tuple(args.split() if isinstance(args, str) else args), exit_code, problem, fix, **kw)
+
+
+SEARCH = "search -r {tiny_recipe} --out {fresh_out}"
+
+CASES: list[Case] = [
+    # ---------------------------------------------------------------- search: output and storage
+    case("search --out is a file", "search -r {tiny_recipe} --out {a_file}", 2,
+         "is a file, not a folder", "give a path whose parents are folders"),
+    case("search --out under a file", "search -r {tiny_recipe} --out {a_file}/sub", 2,
+         "is a file, not a folder", "give a path whose parents are folders"),
+    case("search --out read-only", "search -r {tiny_recipe} --out {read_only}", 2,
+         "cannot create", "give a folder you can write to", needs=("read_only",)),
+    case("search --storage unparsable", f"{SEARCH} --storage notaurl", 2,
+         "cannot parse 'notaurl' as a database URL", "give one like sqlite:///"),
+    case("search --storage unknown database", f"{SEARCH} --storage foo://host/db", 2,
+         "not a database SQLAlchemy knows", "give a URL like sqlite:///"),
+    case("search --storage asyncio driver", f"{SEARCH} --storage postgresql+asyncpg://u@localhost/db", 2,
+         "is an asyncio driver", "name a synchronous one"),
+    case("search --storage postgresql:// without psycopg", f"{SEARCH} --storage postgresql://u:s3cret@localhost/db",
+         3, "needs the database driver module 'psycopg'", "pip install 'psycopg[binary]'",
+         missing_modules=("psycopg", "psycopg2", "pg8000"), never_shown=("s3cret",)),
+    case("search --storage postgresql+psycopg2 without it", f"{SEARCH} --storage postgresql+psycopg2://u@localhost/db",
+         3, "needs the database driver module 'psycopg2'", "pip install 'psycopg2-binary'",
+         missing_modules=("psycopg", "psycopg2", "pg8000")),
+    case("search --storage mysql:// without mysqlclient", f"{SEARCH} --storage mysql://u@localhost/db", 3,
+         "needs the database driver module 'MySQLdb'", "pip install 'mysqlclient'",
+         missing_modules=("MySQLdb", "pymysql")),
+    case("search --storage sqlite in a missing folder", f"{SEARCH} --storage sqlite:///{{ws}}/no/such/dir/s.db", 2,
+         "SQLite does not create folders", "create it or give another path"),
+    case("search --storage sqlite file that is no database", f"{SEARCH} --storage sqlite:///{{a_file}}", 2,
+         "is not an SQLite database", "move it away"),
+    case("search --storage in-memory sqlite", f"{SEARCH} --storage sqlite://", 2,
+         "in-memory SQLite database", "give a file: sqlite:///"),
+    case("search on an existing study without --resume", "search -r {tiny_recipe} --out {run_out}", 2,
+         "already exists", "pass --resume"),
+    # ---------------------------------------------------------------- search: the model
+    case("search --model folder missing", f"{SEARCH} --model {{ws}}/no_model", 2,
+         "does not exist", "give a model folder"),
+    case("search --model a plain file", f"{SEARCH} --model {{a_file}}", 2,
+         "is a file", "give a directory, a hub id or a .gguf file"),
+    case("search --model folder without config.json", f"{SEARCH} --model {{empty_dir}}", 2,
+         "has no config.json", "give the folder that holds config.json"),
+    case("search --model corrupt config.json", f"{SEARCH} --model {{corrupt_config}}", 2,
+         "cannot read the model config", "give a folder with a valid config.json"),
+    case("search --model unknown model_type", f"{SEARCH} --model {{unknown_type}}", 2,
+         "cannot read the model config", "give a folder with a valid config.json"),
+    case("search --model BERT encoder", f"{SEARCH} --model {{bert}}", 2,
+         "not a causal (decoder-only) language model", "causal LMs such as Llama"),
+    case("search --model T5 encoder-decoder", f"{SEARCH} --model {{t5}}", 2,
+         "not a causal (decoder-only) language model", "causal LMs such as Llama"),
+    case("search --model config without weights", f"{SEARCH} --model {{no_weights}}", 2,
+         "has a config.json but no weights", "give the complete model folder"),
+    case("search --gguf-file not in the model folder", f"{SEARCH} --gguf-file none.gguf", 2,
+         "none.gguf is not a file in", "name a .gguf file that is there"),
+    case("search --model GGUF missing", f"{SEARCH} --model {{ws}}/none.gguf", 2,
+         "does not exist", "give the path of a .gguf file"),
+    case("search --model GGUF header only", f"{SEARCH} --model {{gguf_header_only}}", 2,
+         "is truncated: its 2 tensors need", "download it again"),
+    case("search --model GGUF cut inside the header", f"{SEARCH} --model {{gguf_cut}}", 2,
+         "truncated GGUF file", "download it again"),
+    case("search --model .gguf that is no GGUF", f"{SEARCH} --model {{gguf_garbage}}", 2,
+         "no GGUF magic bytes", "download it again"),
+    case("search --model GGUF of an encoder (t5)", f"{SEARCH} --model {{gguf_t5}}", 2,
+         "an encoder, not a causal", "causal LMs such as Llama"),
+    case("search --model GGUF architecture transformers lacks", f"{SEARCH} --model {{gguf_rwkv}}", 2,
+         "which transformers cannot load from GGUF", "convert it to a Hugging Face folder"),
+    case("search 1M+1M-token workload on a 512-position model",
+         f"{SEARCH} --input-tokens 1000000 --output-tokens 1000000", 2,
+         "input_tokens + output_tokens 2000000: longer than the model's context of 512", "shorten to at most 512"),
+    case("search calibration seq_len 4096 on a 512-position model", "search -r {long_calibration_recipe}", 2,
+         "calibration.seq_len 4096", "shorten to at most 512"),
+    # ---------------------------------------------------------------- search: tasks and files
+    case("search --tasks unknown name", f"{SEARCH} --tasks nonexistent_task_xyz", 2,
+         "unknown task 'nonexistent_task_xyz'", "check the spelling"),
+    case("search --tasks a group", f"{SEARCH} --tasks mmlu", 2,
+         "is a group of lm-eval tasks", "name its tasks one by one"),
+    case("search --tasks task YAML missing", f"{SEARCH} --tasks {{ws}}/missing_task.yaml", 2,
+         "does not exist", "give the path of a task YAML"),
+    case("search --tasks task YAML not YAML", f"{SEARCH} --tasks {{task_broken_yaml}}", 2,
+         "is not valid YAML", "fix that line"),
+    case("search --tasks task YAML without task key", f"{SEARCH} --tasks {{task_no_key}}", 2,
+         "must be a mapping with a 'task' key", "task"),
+    case("search --tasks task YAML bad output_type", f"{SEARCH} --tasks {{task_bad_type}}", 2,
+         "invalid output_type 'bogus'", "fix the task YAML"),
+    case("search --tasks task YAML unknown field", f"{SEARCH} --tasks {{task_unknown_field}}", 2,
+         "unexpected keyword argument 'foo_unknown'", "fix the task YAML"),
+    case("search --tasks task YAML template error", f"{SEARCH} --tasks {{task_bad_template}}", 2,
+         "'nonexistent_field' is undefined", "fix the task YAML"),
+    case("search --tasks task YAML without acc", f"{SEARCH} --tasks {{task_no_acc}}", 2,
+         "reports no 'acc' metric", "pick an accuracy task"),
+    case("search --tasks local task, data file missing", "search -r {missing_data_recipe}", 2,
+         "piqa.jsonl does not exist", "give the folder holding piqa.jsonl"),
+    case("search --calibration file missing", f"{SEARCH} --calibration {{ws}}/none.txt", 2,
+         "does not exist", "give a .txt or .jsonl file"),
+    case("search --calibration JSONL line not JSON", f"{SEARCH} --calibration {{calib_not_json}}", 2,
+         "line 2 is not JSON", "give one JSON object per line"),
+    case("search --calibration JSONL not UTF-8", f"{SEARCH} --calibration {{calib_not_utf8}}", 2,
+         "is not UTF-8 text", "give a UTF-8 .jsonl file"),
+    case("search --calibration JSONL without text", f"{SEARCH} --calibration {{calib_no_text}}", 2,
+         "holds no text", 'give rows like {"text": "..."}'),
+    case("search --energy-profile missing", f"{SEARCH} --energy-profile {{ws}}/none.json", 2,
+         "cannot read profile", "give a profile JSON written by `advisor profile`"),
+    case("search --energy measured without a GPU", f"{SEARCH} --energy measured", 3,
+         "energy: measured", "use --energy predicted", cpu_only=True),
+    case("search --device cuda without a GPU", f"{SEARCH} --device cuda", 3,
+         "torch sees no CUDA GPU", "use --device cpu", cpu_only=True),
+    # ---------------------------------------------------------------- search: recipe and flags
+    case("search -r missing recipe", "search -r {ws}/none.yaml", 2,
+         "cannot read recipe", "give the path of a YAML recipe"),
+    case("search -r recipe not YAML", "search -r {recipe_broken_yaml}", 2,
+         "is not valid YAML", "fix that line"),
+    case("search -r recipe is a list", "search -r {recipe_list}", 2,
+         "must be a YAML mapping of fields, got a list", "write `field: value` lines"),
+    case("search -r recipe with an unknown field", "search -r {recipe_unknown_field}", 2,
+         "nmae: unknown field", "recipes/quickstart.yaml documents every field"),
+    case("search --target unknown", f"{SEARCH} --target x100", 2,
+         "target: got 'x100'", "'h100', 'h200' or 'b200'"),
+    case("search NVFP4 on an H100", f"{SEARCH} --target h100 --formats bf16,nvfp4", 2,
+         "do not run natively on target h100", "drop them or choose target b200"),
+    case("search --formats without bf16", f"{SEARCH} --formats fp8", 2,
+         "formats", "must include bf16"),
+    case("search --formats unknown", f"{SEARCH} --formats bf16,int3", 2,
+         "got 'int3'", "'bf16', 'fp8' or 'nvfp4'"),
+    case("search --trials 0", f"{SEARCH} --trials 0", 2,
+         "search.trials: got 0", "greater than or equal to 1"),
+    case("search --max-kl negative", f"{SEARCH} --max-kl -1", 2,
+         "accuracy.max_kl: got -1", "greater than 0"),
+    case("search --sampler unknown", f"{SEARCH} --sampler foo", 2,
+         "search.sampler: got 'foo'", "'guided'"),
+    case("search --name with a slash", f"{SEARCH} --name a/b", 2,
+         "name: got 'a/b'", "should match pattern"),
+    case("search --batch-size 0", f"{SEARCH} --batch-size 0", 2,
+         "batch_size: got 0", "greater than or equal to 1"),
+    case("search --trials not a number", f"{SEARCH} --trials abc", 2,
+         "Invalid value for '--trials'", "see `advisor search --help`"),
+    case("search unknown option", f"{SEARCH} --bogus", 2,
+         "No such option: --bogus", "see `advisor search --help`"),
+    # ---------------------------------------------------------------- report
+    case("report on a folder that is no run", "report {empty_dir}", 2,
+         "is not a run directory", "give the folder `advisor search` wrote"),
+    case("report on a missing folder", "report {ws}/no_run", 2,
+         "is not a run directory", "give the folder `advisor search` wrote"),
+    case("report on a corrupt study.db", "report {corrupt_run}", 2,
+         "is not an SQLite database", "move it away"),
+    case("report on a study whose search failed early", "report {early_run}", 2,
+         "holds no run record", "rerun `advisor search`"),
+    case("report with a broken recipe.json", "report {broken_meta_run}", 2,
+         "is not the run file `advisor search` writes", "rerun the search"),
+    case("report whose study.db is gone", "report {gone_db_run}", 2,
+         "does not exist", "pass --storage"),
+    case("report naming a study the storage lacks", "report {wrong_name_run}", 2,
+         "no study named 'other'", "pass --storage"),
+    case("report --storage unparsable", "report {run} --storage notaurl", 2,
+         "cannot parse 'notaurl'", "give one like sqlite:///"),
+    # ---------------------------------------------------------------- show
+    case("show without summary.json", "show {empty_dir}", 2,
+         "does not exist", "run `advisor report"),
+    case("show summary.json not JSON", "show {summary_not_json}", 2,
+         "is not valid JSON", "rebuild it with `advisor report"),
+    case("show summary.json a list", "show {summary_list}", 2,
+         "is not a precision-advisor summary.json", "rebuild it with `advisor report"),
+    case("show summary.json of the wrong shape", "show {summary_wrong_shape}", 2,
+         "is not a valid summary.json: trials", "rebuild it with `advisor report"),
+    case("show summary.json of schema version 1", "show {summary_v1}", 2,
+         "summary schema version 1", "rebuild it with `advisor report"),
+    case("show --plan unknown", "show {run} --plan nope", 2,
+         "no plan 'nope'", "known:"),
+    # ---------------------------------------------------------------- eval
+    case("eval --plan neither file nor format", "eval --plan fp4 --model {tiny_model} --tasks lambada_openai "
+         "--data-dir {eval_data}", 2, "neither a plan file nor a uniform format", "bf16, fp8, nvfp4"),
+    case("eval --plan file that is no plan", "eval --plan {a_file} --model {tiny_model} --tasks lambada_openai "
+         "--data-dir {eval_data}", 2, "not a plan", "writes one"),
+    case("eval --tasks empty", "eval --plan bf16 --tasks ,", 2,
+         "--tasks", "give at least one task"),
+    case("eval --tasks unknown", "eval --plan bf16 --model {tiny_model} --tasks nonexistent_task_xyz", 2,
+         "unknown task", "check the spelling"),
+    case("eval --limit 0", "eval --plan bf16 --limit 0", 2, "--limit", "must be at least 1"),
+    case("eval --batch-size 0", "eval --plan bf16 --batch-size 0", 2, "--batch-size", "must be at least 1"),
+    case("eval --data-dir missing", "eval --plan bf16 --data-dir {ws}/no_data", 2,
+         "is not a directory", "give the folder holding the tasks' JSONL files"),
+    case("eval --device unknown", "eval --plan bf16 --device tpu", 2, "--device: got 'tpu'", "allowed: auto, cpu"),
+    case("eval local task, data file missing", "eval --plan bf16 --model {tiny_model} --tasks piqa "
+         "--data-dir {empty_dir}", 2, "piqa.jsonl does not exist", "give the folder holding piqa.jsonl"),
+    case("eval --out under a file", "eval --plan bf16 --model {tiny_model} --tasks lambada_openai "
+         "--data-dir {eval_data} --out {a_file}/scores.json", 2, "is a file, not a folder",
+         "give a path whose parents are folders"),
+    case("eval --model BERT encoder", "eval --plan bf16 --model {bert} --tasks lambada_openai "
+         "--data-dir {eval_data}", 2, "not a causal (decoder-only) language model", "causal LMs such as Llama"),
+    case("eval --device cuda without a GPU", "eval --plan bf16 --model {tiny_model} --tasks lambada_openai "
+         "--data-dir {eval_data} --device cuda", 3, "no CUDA GPU", "use --device cpu", cpu_only=True),
+    # ---------------------------------------------------------------- export
+    case("export RUN_DIR missing", "export {ws}/no_run --out {ws}/export", 2,
+         "is not a directory", "give the folder `advisor search` wrote"),
+    case("export RUN_DIR without summary.json", "export {empty_dir} --out {ws}/export", 2,
+         "does not exist", "rebuild it with `advisor report"),
+    case("export --out is a file", "export {run} --out {a_file}", 2,
+         "is a file, not a folder", "give a folder path"),
+    case("export --out not empty", "export {run} --out {run}", 2,
+         "exists and is not empty", "give a new folder"),
+    case("export --out read-only", "export {run} --out {read_only}/export", 2,
+         "cannot create", "give a folder you can write to", needs=("read_only",)),
+    case("export --plan unknown", "export {run} --out {ws}/export --plan nope", 2,
+         "no plan 'nope'", "known:"),
+    case("export --model BERT encoder", "export {run} --out {ws}/export --model {bert}", 2,
+         "not a causal (decoder-only) language model", "causal LMs such as Llama"),
+    case("export without --out", "export {run}", 2, "Missing option '--out'", "see `advisor export --help`"),
+    # ---------------------------------------------------------------- recheck (every error exits 2)
+    case("recheck summary missing", "recheck --recommendation {ws}/none.json --model {tiny_model}", 2,
+         "does not exist", "give the summary.json `advisor search` wrote"),
+    case("recheck summary not JSON", "recheck --recommendation {summary_not_json} --model {tiny_model}", 2,
+         "is not valid JSON", "rebuild it with `advisor report"),
+    case("recheck summary without recommendation", "recheck --recommendation {summary_no_rec} "
+         "--model {tiny_model}", 2, "holds no recommendation", "finish the search first"),
+    case("recheck --model folder missing", "recheck --recommendation {run} --model {ws}/no_model "
+         "--out {ws}/recheck", 2, "does not exist", "give a model folder"),
+    case("recheck --model BERT encoder", "recheck --recommendation {run} --model {bert} --out {ws}/recheck", 2,
+         "not a causal (decoder-only) language model", "causal LMs such as Llama"),
+    case("recheck --out is a file", "recheck --recommendation {run} --model {tiny_model} --out {a_file}", 2,
+         "is a file, not a folder", "give a folder path"),
+    case("recheck --device unknown", "recheck --recommendation {run} --model {tiny_model} --device tpu", 2,
+         "--device: got 'tpu'", "allowed: auto, cpu, cuda"),
+    case("recheck --research-trials 0", "recheck --recommendation {run} --model {tiny_model} "
+         "--research-trials 0", 2, "Invalid value for '--research-trials'", "see `advisor recheck --help`"),
+    # ---------------------------------------------------------------- profile and measure
+    case("profile without a GPU", "profile --out {ws}/profile.json", 3,
+         "no NVIDIA GPU visible", "measures the GPU it runs on", cpu_only=True),
+    case("profile --out under a file", "profile --out {a_file}/p.json", 2,
+         "is a file, not a folder", "give a path whose parents are folders"),
+    case("measure without a GPU", "measure --plan {tiny_plan} --model {tiny_model}", 3,
+         "no NVIDIA GPU visible", "measures on the GPU it runs on", cpu_only=True),
+    case("measure --plan missing", "measure --plan {ws}/none.json", 2,
+         "cannot read plan file", "writes one"),
+    case("measure --plan not a plan", "measure --plan {a_file}", 2, "not a plan", "writes one"),
+    case("measure --plan for another model", "measure --plan {tiny_plan}", 2,
+         "does not match the model's layer groups", "give the model it was searched on"),
+    case("measure --batch 0", "measure --plan {tiny_plan} --batch 0", 2, "--batch", "must be >= 1"),
+    case("measure --target unknown", "measure --plan {tiny_plan} --target x100", 2,
+         "--target must be one of h100, h200, b200", "h100"),
+    case("measure --model BERT encoder", "measure --plan {tiny_plan} --model {bert}", 2,
+         "not a causal (decoder-only) language model", "causal LMs such as Llama"),
+    # ---------------------------------------------------------------- the command line itself
+    case("option without its value", "show {run} --plan", 2, "Option '--plan' requires an argument",
+         "see `advisor show --help`"),
+    case("unknown command", "serve", 2, "No such command 'serve'", "see `advisor --help`"),
+    case("unknown global option", "--verbose show {empty_dir}", 2, "No such option: --verbose",
+         "see `advisor --help`"),
+]
+
+
+# ---------------------------------------------------------------- the workspace the cases point at
+
+
+def tiny_recipe(out: Path, **changes) -> dict:
+    recipe = {
+        "name": "tiny", "model": {"source": str(TINY_MODEL)}, "target": "h100", "formats": ["bf16", "fp8"],
+        "workloads": [{"name": "chat", "batch_size": 8, "input_tokens": 128, "output_tokens": 64}],
+        "calibration": {"num_samples": 2, "seq_len": 16, "heldout_samples": 2, "heldout_seq_len": 16},
+        "search": {"trials": 2, "seed": 0, "sampler": "random"}, "out": str(out), "device": "cpu",
+    }
+    for key, value in changes.items():
+        recipe[key] = value
+    return recipe
+
+
+def _write(path: Path, text: str | bytes) -> str:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if isinstance(text, bytes):
+        path.write_bytes(text)
+    else:
+        path.write_text(text)
+    return str(path)
+
+
+def _yaml(path: Path, data) -> str:
+    return _write(path, yaml.safe_dump(data))
+
+
+def _model_dir(path: Path, config: dict, weights: bool = True) -> str:
+    _write(path / "config.json", json.dumps(config))
+    if weights:  # the checks never read weights; their presence is enough
+        _write(path / "model.safetensors", b"")
+    return str(path)
+
+
+def _gguf(path: Path, arch: str) -> str:
+    import numpy as np
+    from gguf import GGUFWriter
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    writer = GGUFWriter(str(path), arch=arch)
+    writer.add_context_length(512)
+    writer.add_token_list(["a", "b", "c"])
+    writer.add_tensor("token_embd.weight", np.zeros((4, 8), dtype=np.float32))
+    writer.add_tensor("output.weight", np.zeros((4, 8), dtype=np.float16))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return str(path)
+
+
+def _writable(folder: Path) -> bool:
+    try:
+        fd, name = tempfile.mkstemp(dir=folder)
+    except OSError:
+        return False
+    os.close(fd)
+    os.unlink(name)
+    return True
+
+
+def read_only_folder(ws: Path) -> str | None:
+    """A folder nobody can write into: a chmod-555 one, or (as root, whom modes do not stop) /sys."""
+    folder = ws / "read_only"
+    folder.mkdir()
+    folder.chmod(0o555)
+    if not _writable(folder):
+        return str(folder)
+    for candidate in (Path("/sys"), Path("/proc")):
+        if candidate.is_dir() and not _writable(candidate):
+            return str(candidate)
+    return None
+
+
+def _task(ws: Path, name: str, change) -> str:
+    cfg = yaml.safe_load((LOCAL_TASKS_DIR / "lambada_openai.yaml").read_text())
+    cfg["dataset_kwargs"]["data_files"]["test"] = str(EVAL_DATA / "lambada_openai.jsonl")
+    change(cfg)
+    return _yaml(ws / "tasks" / f"{name}.yaml", cfg)
+
+
+def _summary_variants(ws: Path, run: Path) -> dict[str, str]:
+    summary = json.loads((run / "summary.json").read_text())
+    wrong = {**summary, "trials": "x"}
+    v1 = {k: v for k, v in summary.items() if k != "schema_version"}
+    no_rec = {**summary, "recommendation": None}
+    return {
+        "summary_not_json": _write(ws / "s_not_json" / "summary.json", "{broken"),
+        "summary_list": _write(ws / "s_list" / "summary.json", "[1, 2]"),
+        "summary_wrong_shape": _write(ws / "s_wrong" / "summary.json", json.dumps(wrong)),
+        "summary_v1": _write(ws / "s_v1" / "summary.json", json.dumps(v1)),
+        "summary_no_rec": _write(ws / "s_no_rec" / "summary.json", json.dumps(no_rec)),
+    }
+
+
+def _runs_with_broken_storage(ws: Path, run: Path) -> dict[str, str]:
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    meta = json.loads((run / "recipe.json").read_text())
+    corrupt = ws / "corrupt_run"
+    _write(corrupt / "study.db", bytes(range(256)) * 8)
+    _write(corrupt / "recipe.json", json.dumps({**meta, "storage_url": f"sqlite:///{corrupt / 'study.db'}"}))
+    early = ws / "early_run"  # what a search leaves when it stops before the model is prepared
+    early.mkdir()
+    optuna.create_study(study_name="tiny", storage=f"sqlite:///{early / 'study.db'}", directions=["minimize"] * 2)
+    _write(early / "recipe.json", json.dumps({**meta, "storage_url": f"sqlite:///{early / 'study.db'}"}))
+    return {
+        "corrupt_run": str(corrupt),
+        "early_run": str(early),
+        "broken_meta_run": str(Path(_write(ws / "broken_meta_run" / "recipe.json", "{not json")).parent),
+        "gone_db_run": str(Path(_write(ws / "gone_db_run" / "recipe.json", json.dumps(
+            {**meta, "storage_url": f"sqlite:///{ws / 'gone' / 'study.db'}"}))).parent),
+        "wrong_name_run": str(Path(_write(ws / "wrong_name_run" / "recipe.json", json.dumps(
+            {**meta, "name": "other"}))).parent),
+    }
+
+
+def build_workspace(ws: Path, run: Path) -> dict[str, str]:
+    """Every file and folder the cases name, under ``ws``; ``run`` is a finished tiny search."""
+    llama = json.loads((TINY_MODEL / "config.json").read_text())
+    summary = json.loads((run / "summary.json").read_text())
+    gguf_full = Path(_gguf(ws / "gguf" / "full.gguf", "llama"))
+    data = gguf_full.read_bytes()
+    out = {
+        "ws": str(ws),
+        "run": str(run),
+        "run_out": str(run.parent),
+        "fresh_out": str(ws / "runs"),
+        "tiny_model": str(TINY_MODEL),
+        "eval_data": str(EVAL_DATA),
+        "a_file": _write(ws / "a_file", "not a folder\n"),
+        "empty_dir": str(Path(_write(ws / "empty" / ".keep", "")).parent),
+        "tiny_recipe": _yaml(ws / "tiny.yaml", tiny_recipe(ws / "runs")),
+        "long_calibration_recipe": _yaml(ws / "long_cal.yaml", tiny_recipe(ws / "runs", calibration={
+            "num_samples": 2, "seq_len": 4096, "heldout_samples": 2, "heldout_seq_len": 16})),
+        "missing_data_recipe": _yaml(ws / "missing_data.yaml", tiny_recipe(ws / "runs", benchmark={
+            "tasks": ["piqa"], "data_dir": str(ws / "empty")})),
+        "recipe_broken_yaml": _write(ws / "broken.yaml", "name: [tiny\n"),
+        "recipe_list": _write(ws / "list.yaml", "- name: tiny\n"),
+        "recipe_unknown_field": _yaml(ws / "unknown_field.yaml", {**tiny_recipe(ws / "runs"), "nmae": "x"}),
+        "bert": _model_dir(ws / "bert", {"model_type": "bert", "architectures": ["BertForMaskedLM"],
+                                         "max_position_embeddings": 512}),
+        "t5": _model_dir(ws / "t5", {"model_type": "t5", "architectures": ["T5ForConditionalGeneration"],
+                                     "is_encoder_decoder": True}),
+        "no_weights": _model_dir(ws / "no_weights", llama, weights=False),
+        "corrupt_config": str(Path(_write(ws / "corrupt_config" / "config.json", "{broken")).parent),
+        "unknown_type": _model_dir(ws / "unknown_type", {"model_type": "no_such_architecture"}),
+        "gguf_header_only": _write(ws / "gguf" / "header_only.gguf", data[:448]),
+        "gguf_cut": _write(ws / "gguf" / "cut.gguf", data[:40]),
+        "gguf_garbage": _write(ws / "gguf" / "garbage.gguf", b"\x00" * 100),
+        "gguf_t5": _gguf(ws / "gguf" / "t5.gguf", "t5"),
+        "gguf_rwkv": _gguf(ws / "gguf" / "rwkv.gguf", "rwkv6"),
+        "task_broken_yaml": _write(ws / "tasks" / "broken.yaml", "task: [a, b\n"),
+        "task_no_key": _yaml(ws / "tasks" / "no_key.yaml", {"dataset_path": "json"}),
+        "task_bad_type": _task(ws, "bad_type", lambda c: c.update(output_type="bogus")),
+        "task_unknown_field": _task(ws, "unknown_field", lambda c: c.update(foo_unknown=1)),
+        "task_bad_template": _task(ws, "bad_template", lambda c: c.update(doc_to_text="{{nonexistent_field}}")),
+        "task_no_acc": _task(ws, "no_acc", lambda c: c.update(
+            metric_list=[{"metric": "perplexity", "aggregation": "perplexity", "higher_is_better": False}])),
+        "calib_not_json": _write(ws / "calib" / "not_json.jsonl", '{"text": "a story"}\n{broken\n'),
+        "calib_not_utf8": _write(ws / "calib" / "latin1.jsonl", '{"text": "caf\u00e9"}\n'.encode("latin-1")),
+        "calib_no_text": _write(ws / "calib" / "numbers.jsonl", '{"n": 1}\n{"n": 2}\n'),
+        "tiny_plan": _write(ws / "tiny_plan.json", json.dumps({"formats": summary["recommendation"]["formats"]})),
+        **_summary_variants(ws, run),
+        **_runs_with_broken_storage(ws, run),
+    }
+    read_only = read_only_folder(ws)
+    if read_only is not None:
+        out["read_only"] = read_only
+    return out
