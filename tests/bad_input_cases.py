@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
@@ -34,7 +34,6 @@ class Case:
     cpu_only: bool = False  # on a machine with a GPU the command would run for real
     missing_modules: tuple[str, ...] = ()  # made unimportable for the case (a driver that is not installed)
     never_shown: tuple[str, ...] = ()  # text that must not appear anywhere (a password)
-    note: str = field(default="", compare=False)
 
 
 def case(id: str, args: str | list[str], exit_code: int, problem: str, fix: str, **kw) -> Case:

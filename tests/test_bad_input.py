@@ -26,7 +26,8 @@ RECORD_ENV = "ADVISOR_RELIABILITY_LOG"  # a JSON-lines file: set by benchmarks/r
 @pytest.fixture(scope="module")
 def workspace(tmp_path_factory) -> dict[str, str]:
     """One finished tiny search (2 baselines, ~10 s) and the broken files the cases name."""
-    need(TINY_MODEL), need(EVAL_DATA)
+    need(TINY_MODEL)
+    need(EVAL_DATA)
     runs = tmp_path_factory.mktemp("finished")
     recipe = runs / "tiny.yaml"
     recipe.write_text(yaml.safe_dump(tiny_recipe(runs)))
