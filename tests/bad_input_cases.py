@@ -402,7 +402,7 @@ def _runs_with_broken_storage(ws: Path, run: Path) -> dict[str, str]:
         "gone_db_run": str(Path(_write(ws / "gone_db_run" / "recipe.json", json.dumps(
             {**meta, "storage_url": f"sqlite:///{ws / 'gone' / 'study.db'}"}))).parent),
         "wrong_name_run": str(Path(_write(ws / "wrong_name_run" / "recipe.json", json.dumps(
-            {**meta, "name": "other"}))).parent),
+            {**meta, "name": "other", "storage_url": f"sqlite:///{(run / 'study.db').resolve()}"}))).parent),
     }
 
 
