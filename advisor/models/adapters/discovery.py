@@ -121,7 +121,7 @@ def group_infos(model: Any, adapter: Adapter | None = None) -> list[GroupInfo]:
             members = tuple(m for _, m, *_ in entries)
             shapes = tuple((i, o) for _, _, i, o, _, _ in entries)
             quantizers = tuple(q for _, m, *_ in entries for q in member_quantizers(m, layout))
-            exported = tuple(_export_name(f"{prefix}.{p}", stack) for *_, rel in entries for p in rel)
+            exported = tuple(tuple(_export_name(f"{prefix}.{p}", stack) for p in rel) for *_, rel in entries)
             name = f"layers.{idx}.{kind}"
             n_exp = experts if kind in ROUTED_KINDS else 0
             infos.append(GroupInfo(LayerGroup(name, members, shapes), stack.layers, idx, kind, layout, quantizers,

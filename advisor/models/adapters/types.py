@@ -103,7 +103,7 @@ class GroupInfo:
     kind: str
     layout: Layout
     quantizers: tuple[str, ...]  # ModelOpt quantizer names: weight and input of each member
-    exported: tuple[str, ...]  # module names of the members in the exported checkpoint
+    member_exports: tuple[tuple[str, ...], ...]  # per member: its module names in the exported checkpoint
     num_experts: int = 0  # routed experts behind each member (0: dense)
     top_k: int = 0
 
@@ -115,6 +115,11 @@ class GroupInfo:
     def active_fraction(self) -> float:
         """Share of the group's weights one token uses (top_k / num_experts for routed experts)."""
         return self.top_k / self.num_experts if self.kind in ROUTED_KINDS and self.num_experts else 1.0
+
+    @property
+    def exported(self) -> tuple[str, ...]:
+        """Module names of all members in the exported checkpoint (per expert for fused experts)."""
+        return tuple(n for names in self.member_exports for n in names)
 
     @property
     def modules(self) -> tuple[str, ...]:
