@@ -29,7 +29,8 @@ def llama31_8b_shape() -> ModelShape:
 
 
 def shape_from_model(model: str | None) -> ModelShape:
-    """Llama-3.1-8B by default; else the Llama-family config of a hub id or local directory."""
+    """Llama-3.1-8B by default; else the shape of a hub id's or local directory's config
+    (any supported family: the model is built on the meta device, no weights are read)."""
     if model is None:
         return llama31_8b_shape()
     try:
@@ -38,17 +39,16 @@ def shape_from_model(model: str | None) -> ModelShape:
         c = AutoConfig.from_pretrained(model)
     except Exception as exc:  # noqa: BLE001 (transformers raises many kinds)
         raise InputError(f"cannot read a model config from {model!r}: {exc}") from exc
-    heads = c.num_attention_heads
-    return llama_shape(
-        "model.layers",
-        c.num_hidden_layers,
-        c.hidden_size,
-        c.intermediate_size,
-        heads,
-        getattr(c, "num_key_value_heads", None) or heads,
-        c.vocab_size,
-        getattr(c, "head_dim", None) or c.hidden_size // heads,
-    )
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from advisor.models.adapters import adapter_for
+    from advisor.models.groups import model_shape
+
+    adapter_for(c)  # an unsupported family: one line, exit 3
+    with torch.device("meta"):
+        skeleton = AutoModelForCausalLM.from_config(c)
+    return model_shape(skeleton)
 
 
 OutOpt = Annotated[
@@ -59,7 +59,7 @@ PlanOpt = Annotated[Path, typer.Option("--plan", "-p", help="Plan JSON file ({'f
 ModelOpt = Annotated[
     str | None,
     typer.Option(
-        "--model", help="Hub id or local dir of a Llama-family model (its config only); default Llama-3.1-8B."
+        "--model", help="Hub id or local dir of a supported model (its config only); default Llama-3.1-8B."
     ),
 ]
 TargetOpt = Annotated[

@@ -118,6 +118,14 @@ class ModelShape:
             return self.layers[int(parts[1])]
         return None
 
+    def routed_layer(self, group: str) -> LayerGeometry | None:
+        """The MoE layer of a routed-experts group (``layers.{i}.experts``); None for every other group.
+
+        Its members are the experts' gate/up then down weights, all experts stacked.
+        """
+        layer = self.layer_of(group)
+        return layer if layer is not None and layer.is_moe and group.endswith(".experts") else None
+
     def kv_bytes_per_token(self, bytes_per_element: float = 2.0) -> float:
         """Bytes of K and V cache one token occupies across all layers (no window cap)."""
         return sum(2 * g.kv_heads * g.head_dim for g in self.layers) * bytes_per_element
