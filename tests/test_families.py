@@ -105,7 +105,8 @@ def _check_checkpoint(family: str, ckpt: Path, shape: ModelShape, plan: dict[str
         experts = sorted({k.rsplit(".", 1)[0] for k in names
                           if re.search(rf"layers\.{lay.index}\.[a-z_]+\.experts\.\d+\.\w+\.weight$", k)})
         assert len(experts) == 3 * lay.num_experts
-        assert set(layer_formats_from_quant_config(qcfg, experts).values()) == {Format(plan[f"layers.{lay.index}.experts"])}
+        planned = Format(plan[f"layers.{lay.index}.experts"])
+        assert set(layer_formats_from_quant_config(qcfg, experts).values()) == {planned}
 
 
 @pytest.mark.parametrize("family", FAMILIES)
