@@ -33,16 +33,7 @@ TEXT_STACK = {f: "model.language_model.layers" if f == "gemma3" else "model.laye
 ROUTER = re.compile(r"\.(mlp\.gate|block_sparse_moe\.gate|mlp\.shared_expert_gate)$")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    """Matrices of a hidden-64 model are too small to share between threads; with other jobs on
-    the cores, two intra-op threads made a forward 5-40x slower than one (spin-waiting)."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _save_tiny(family: str, where: Path) -> Path:
