@@ -100,7 +100,6 @@ def load_model(spec: ModelSpec, device: str = "cpu") -> LoadedModel:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-
     where, gguf_file = resolve_source(spec)
     kwargs: dict[str, Any] = {}
     if gguf_file:

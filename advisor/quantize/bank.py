@@ -2,10 +2,10 @@
 
 :class:`FormatBank` calibrates the whole model once per format (a copy that shares
 the BF16 weight tensors) and assembles any plan by pointing each layer at the
-calibrated ModelOpt ``QuantLinear`` of its format (for a layer's fused MoE experts, the one
-``_QuantFusedExperts`` module that holds gate/up and down: one group, so one format). This is the scheme of ModelOpt's
-AutoQuantize (``algorithms.py``: every candidate format is calibrated per module once,
-then formats switch per module). It is exact, not an approximation: ModelOpt's max
+calibrated ModelOpt ``QuantLinear`` of its format (for a layer's fused MoE experts, the
+one ``_QuantFusedExperts`` module that holds gate/up and down: one group, so one format).
+This is the scheme of ModelOpt's AutoQuantize (``algorithms.py``: every candidate format is
+calibrated per module once, then formats switch per module). It is exact, not an approximation: ModelOpt's max
 calibration collects ranges with quantization switched off, so a layer's calibrated
 range does not depend on the formats of the layers before it (tests/test_quantize.py
 checks mixed plans against :func:`quantize_plan`).

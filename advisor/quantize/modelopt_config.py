@@ -80,6 +80,7 @@ def plan_group_table(model: torch.nn.Module, plan: Plan, groups: Iterable[LayerG
     from advisor.errors import InputError
     from advisor.models.groups import group_table
 
+    groups = tuple(groups)
     infos = group_table(model)
     given = {g.name: g.members for g in groups}
     found = {gi.name: gi.group.members for gi in infos}
