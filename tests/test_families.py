@@ -140,11 +140,18 @@ def test_search_and_export_every_family(family, tmp_path):
     _check_checkpoint(family, out, shape, mixed["formats"])
 
 
-def test_an_unsupported_architecture_is_one_error_line_with_exit_3(tmp_path):
+@pytest.mark.parametrize("model_type", ["gpt2", "brand_new_lm"])
+def test_an_unsupported_architecture_is_one_error_line_with_exit_3(model_type, tmp_path):
+    """A family transformers knows but the advisor does not (GPT-2's Conv1D), and one transformers
+    does not know either: refused from the config, before any weight is read."""
     from transformers import GPT2Config
 
-    source = tmp_path / "gpt2"
-    GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=64).save_pretrained(source)
+    source = tmp_path / model_type
+    if model_type == "gpt2":
+        GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=64).save_pretrained(source)
+    else:
+        source.mkdir()
+        (source / "config.json").write_text(json.dumps({"model_type": model_type, "hidden_size": 64}))
     recipe = _recipe("llama", source, tmp_path / "runs")
     (tmp_path / "r.yaml").write_text(yaml.safe_dump(recipe))
     result = runner.invoke(app, ["search", "-r", str(tmp_path / "r.yaml")])
@@ -152,4 +159,5 @@ def test_an_unsupported_architecture_is_one_error_line_with_exit_3(tmp_path):
     lines = [x for x in result.output.splitlines() if x.strip()]
     errors = [x for x in lines if x.startswith("Error:")]
     assert len(errors) == 1 and "Traceback" not in result.output
-    assert "'gpt2' is not supported" in errors[0] and "qwen3_moe" in errors[0] and "gemma3_text" in errors[0]
+    assert f"'{model_type}' is not supported" in errors[0]
+    assert all(t in errors[0] for t in ("llama", "gemma3_text", "phi3", "qwen3_moe", "mixtral"))
