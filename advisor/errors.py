@@ -27,6 +27,10 @@ class UnsupportedError(AdvisorError):
     exit_code = 3
 
 
+class UnsupportedArchitectureError(UnsupportedError):
+    """The model's family has no adapter, or the model is not a decoder-only causal LM (exit code 3)."""
+
+
 class Interrupted(AdvisorError):
     """The user (Ctrl-C) or the system (SIGTERM) stopped a run; finished work is kept (exit 130)."""
 

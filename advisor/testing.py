@@ -8,6 +8,7 @@ Nothing in the product imports this module.
 from __future__ import annotations
 
 import math
+import warnings
 from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -151,13 +152,60 @@ def tiny_llama_config(**overrides: Any) -> Any:
     return LlamaConfig(**{**base, **overrides})
 
 
+#: one tiny config per supported family (``tiny_config``); "gemma3" is the multimodal wrapper
+FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text", "gemma3", "phi3",
+            "mixtral", "qwen3_moe", "qwen2_moe")
+MOE_FAMILIES = ("mixtral", "qwen3_moe", "qwen2_moe")
+
+
+def tiny_config(family: str, vocab: int = 256) -> Any:
+    """A 2-layer, hidden-64 config of ``family`` (transformers classes, no download).
+
+    Gemma configs get head_dim 32 (not hidden / heads) and a sliding window of 8; Mistral
+    a window of 8; MoE configs 4 experts, top-2; Qwen3-MoE's layer 1 is dense
+    (``mlp_only_layers``) and Qwen2-MoE has a shared expert. The Gemma-3 wrapper's vision
+    tower is a 2-layer SigLIP whose linears are named like text ones
+    (``encoder.layers.N.self_attn.q_proj``).
+    """
+    import transformers as tf
+
+    base = dict(vocab_size=vocab, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=2, max_position_embeddings=256, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    gem = dict(base, head_dim=32, sliding_window=8)
+    moe = dict(num_experts_per_tok=2, moe_intermediate_size=32)
+    make = {
+        "llama": lambda: tf.LlamaConfig(**base),
+        "mistral": lambda: tf.MistralConfig(**base, sliding_window=8),
+        "qwen2": lambda: tf.Qwen2Config(**base),
+        "qwen3": lambda: tf.Qwen3Config(**base, head_dim=32),
+        "gemma2": lambda: tf.Gemma2Config(**gem),
+        "gemma3_text": lambda: tf.Gemma3TextConfig(**gem),
+        "gemma3": lambda: tf.Gemma3Config(
+            text_config=gem,
+            vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+                               image_size=28, patch_size=14),
+            mm_tokens_per_image=4, image_token_index=vocab - 1, boi_token_index=vocab - 3, eoi_token_index=vocab - 2),
+        "phi3": lambda: tf.Phi3Config(**base),
+        "mixtral": lambda: tf.MixtralConfig(**dict(base, intermediate_size=32), num_local_experts=4,
+                                            num_experts_per_tok=2),
+        "qwen3_moe": lambda: tf.Qwen3MoeConfig(**base, num_experts=4, **moe, mlp_only_layers=[1]),
+        "qwen2_moe": lambda: tf.Qwen2MoeConfig(**base, num_experts=4, **moe, shared_expert_intermediate_size=48),
+    }
+    return make[family]()
+
+
 def random_model(config: Any, seed: int = 0) -> Any:
     """A causal LM with random weights from ``config`` (BF16, eval mode)."""
     import torch
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(seed)
-    return AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).eval()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).eval()
+    model.config.architectures = [type(model).__name__]  # export needs it; a saved model has it
+    return model
 
 
-__all__ = ["AdditiveEvaluator", "ReplayCounter", "SimulatedGPU", "VirtualClock", "random_model", "tiny_llama_config"]
+__all__ = ["FAMILIES", "MOE_FAMILIES", "AdditiveEvaluator", "ReplayCounter", "SimulatedGPU", "VirtualClock",
+           "random_model", "tiny_config", "tiny_llama_config"]

@@ -41,3 +41,13 @@ def tiny_recipe(tmp_path, tiny_model_dir):
         "out": str(tmp_path / "runs"),
         "device": "cpu",
     }
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """For tests on hidden-64 models: their matrices are too small to share between threads, and with
+    other jobs on the cores two intra-op threads made a forward 5-40x slower than one (spin-waiting)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

@@ -1,8 +1,4 @@
-"""Architecture adapters on tiny random-weight models of every supported family (CPU, no downloads).
-
-When moved into the project: ``import adapters as A`` becomes
-``from advisor.models import adapters as A``.
-"""
+"""Architecture adapters on tiny random-weight models of every supported family (CPU, no downloads)."""
 
 from __future__ import annotations
 
@@ -17,65 +13,14 @@ import pytest
 import torch
 
 from advisor.models import adapters as A
+from advisor.testing import FAMILIES, random_model, tiny_config
+from advisor.testing import MOE_FAMILIES as MOE
 
-FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text", "gemma3", "phi3",
-            "mixtral", "qwen3_moe", "qwen2_moe")
-MOE = ("mixtral", "qwen3_moe", "qwen2_moe")
 STACK = {f: "model.language_model.layers" if f == "gemma3" else "model.layers" for f in FAMILIES}
 
 
-def tiny_config(family: str):
-    from transformers import (
-        Gemma2Config,
-        Gemma3Config,
-        Gemma3TextConfig,
-        LlamaConfig,
-        MistralConfig,
-        MixtralConfig,
-        Phi3Config,
-        Qwen2Config,
-        Qwen2MoeConfig,
-        Qwen3Config,
-        Qwen3MoeConfig,
-    )
-
-    base = dict(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-                num_key_value_heads=2, max_position_embeddings=128, pad_token_id=0, bos_token_id=1,
-                eos_token_id=2)
-    gem = dict(base, head_dim=32, sliding_window=8)  # head_dim 32 != 64 / 4: explicit head_dim
-    make = {
-        "llama": lambda: LlamaConfig(**base),
-        "mistral": lambda: MistralConfig(**base, sliding_window=8),
-        "qwen2": lambda: Qwen2Config(**base),
-        "qwen3": lambda: Qwen3Config(**base, head_dim=32),
-        "gemma2": lambda: Gemma2Config(**gem),
-        "gemma3_text": lambda: Gemma3TextConfig(**gem),
-        "gemma3": lambda: Gemma3Config(
-            text_config=dict(gem, vocab_size=136),
-            vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
-                               image_size=28, patch_size=14),
-            mm_tokens_per_image=4, image_token_index=135, boi_token_index=133, eoi_token_index=134),
-        "phi3": lambda: Phi3Config(**base),
-        "mixtral": lambda: MixtralConfig(**dict(base, intermediate_size=32), num_local_experts=4,
-                                         num_experts_per_tok=2),
-        # layer 1 dense (mlp_only_layers): a MoE model mixing dense and sparse layers
-        "qwen3_moe": lambda: Qwen3MoeConfig(**base, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
-                                            mlp_only_layers=[1]),
-        "qwen2_moe": lambda: Qwen2MoeConfig(**base, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
-                                            shared_expert_intermediate_size=48),
-    }
-    return make[family]()
-
-
 def build(family: str, seed: int = 0):
-    from transformers import AutoModelForCausalLM
-
-    torch.manual_seed(seed)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        model = AutoModelForCausalLM.from_config(tiny_config(family), dtype=torch.bfloat16).eval()
-    model.config.architectures = [type(model).__name__]  # export needs it
-    return model
+    return random_model(tiny_config(family), seed)
 
 
 @pytest.fixture(scope="module")
@@ -125,7 +70,7 @@ def test_unsupported_model_type_names_type_and_supported_list(model_type):
         A.adapter_for(cfg)
     msg = str(e.value)
     assert repr(model_type) in msg and all(t in msg for t in A.SUPPORTED_MODEL_TYPES)
-    assert isinstance(e.value, A.InputError)  # the CLI maps it to exit code 2
+    assert e.value.exit_code == 3
 
 
 def test_non_causal_lm_is_refused():
@@ -205,7 +150,7 @@ def test_geometry_moe_and_tied_embeddings():
     tied = {f: A.text_geometry(tiny_config(f)).tied_embeddings for f in FAMILIES}
     assert {f for f, t in tied.items() if t} == {"gemma2", "gemma3_text", "gemma3"}
     geo = A.text_geometry(tiny_config("gemma3"))
-    assert (geo.outer_model_type, geo.model_type, geo.vocab, geo.hidden) == ("gemma3", "gemma3_text", 136, 64)
+    assert (geo.outer_model_type, geo.model_type, geo.vocab, geo.hidden) == ("gemma3", "gemma3_text", 256, 64)
 
 
 def test_kv_bytes_caps_sliding_layers():
@@ -231,7 +176,7 @@ def test_groups_stay_in_one_stack_and_layer(family, models, infos):
     members = [m for gi in infos[family] for m in gi.group.members]
     assert len(members) == len(set(members))
     for gi in infos[family]:
-        assert gi.stack == stack and gi.name == f"{stack}.{gi.layer}.{gi.kind}"
+        assert gi.stack == stack and gi.name == f"layers.{gi.layer}.{gi.kind}"
         for m in gi.group.members:
             assert m.startswith(f"{stack}.{gi.layer}.")
     model = models[family]
@@ -273,10 +218,9 @@ def test_kinds_per_family(infos):
     dense = sorted(["qkv", "o", "gate_up", "down"])
     for f in ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text", "gemma3", "phi3"):
         assert kinds[f] == dense
-    assert kinds["mixtral"] == sorted(["qkv", "o", "experts_gate_up", "experts_down"])
-    assert kinds["qwen3_moe"] == sorted(dense + ["experts_gate_up", "experts_down"])  # layer 1 dense
-    assert kinds["qwen2_moe"] == sorted(["qkv", "o", "shared_gate_up", "shared_down", "experts_gate_up",
-                                         "experts_down"])
+    assert kinds["mixtral"] == sorted(["qkv", "o", "experts"])
+    assert kinds["qwen3_moe"] == sorted(dense + ["experts"])  # layer 1 dense
+    assert kinds["qwen2_moe"] == sorted(["qkv", "o", "shared_gate_up", "shared_down", "experts"])
 
 
 def test_phi3_prefused_members(infos):
@@ -290,23 +234,21 @@ def test_phi3_prefused_members(infos):
 def test_moe_groups(family, models, infos):
     model = models[family]
     ad = A.adapter_for(model.config)
+    experts = [gi for gi in infos[family] if gi.kind in A.ROUTED_KINDS]
+    assert [gi.layer for gi in experts] == ([0] if family == "qwen3_moe" else [0, 1])
     for gi in infos[family]:
-        if gi.kind in A.ROUTED_KINDS:
-            assert gi.layout == "fused_experts" and len(gi.group.members) == 1
+        if gi.kind in A.ROUTED_KINDS:  # gate/up and down of every expert: one group, one module
+            stem = f"{STACK[family]}.{gi.layer}.mlp.experts"
+            assert gi.layout == "fused_experts"
+            assert gi.group.members == (f"{stem}.gate_up_proj", f"{stem}.down_proj")
+            assert gi.modules == (stem,)
             assert (gi.num_experts, gi.top_k, gi.active_fraction) == (4, 2, 0.5)
-            assert gi.quantizers == (f"{gi.group.members[0]}_weight_quantizer",
-                                     f"{gi.group.members[0]}_input_quantizer")
+            assert gi.quantizers == tuple(f"{m}_{q}_quantizer" for m in gi.group.members for q in ("weight", "input"))
+            assert not gi.members_share_input
         else:
-            assert gi.active_fraction == 1.0
+            assert gi.active_fraction == 1.0 and gi.modules == gi.group.members
     routers = [n for n, _ in model.named_modules() if ad.is_router(n)]
     assert routers and all(n.endswith(("mlp.gate", "shared_expert_gate")) for n in routers)
-    ties = A.format_tie_sets(infos[family], ad)
-    moe_layers = {gi.layer for gi in infos[family] if gi.kind in A.ROUTED_KINDS}
-    assert len(ties) == len(moe_layers)
-    assert all(t[0].endswith("experts_gate_up") and t[1].endswith("experts_down") for t in ties)
-    bad = {gi.name: ("fp8" if gi.kind == "experts_gate_up" else "bf16") for gi in infos[family]}
-    with pytest.raises(A.InputError, match="must share one format"):
-        A.check_format_ties(infos[family], ad, bad)
 
 
 def test_transformers4_per_expert_layout_is_grouped():
@@ -323,10 +265,12 @@ def test_transformers4_per_expert_layout_is_grouped():
         del layer.mlp
         layer.block_sparse_moe = moe
     infos = A.group_infos(model)
-    gu = next(gi for gi in infos if gi.name == "model.layers.0.experts_gate_up")
-    assert gu.layout == "linear" and len(gu.group.members) == 8 and gu.group.num_weights == 4 * 2 * 64 * 32
-    assert gu.group.members[:2] == ("model.layers.0.block_sparse_moe.experts.0.w1",
-                                    "model.layers.0.block_sparse_moe.experts.0.w3")
+    ex = next(gi for gi in infos if gi.name == "layers.0.experts")
+    assert ex.layout == "linear" and len(ex.group.members) == 12 and ex.group.num_weights == 4 * 3 * 64 * 32
+    assert ex.group.members[:3] == ("model.layers.0.block_sparse_moe.experts.0.w1",
+                                    "model.layers.0.block_sparse_moe.experts.0.w3",
+                                    "model.layers.0.block_sparse_moe.experts.0.w2")
+    assert not ex.members_share_input  # NVFP4 scales are not tied across experts
     assert not any(m.endswith("gate") for gi in infos for m in gi.group.members)
 
 
@@ -337,12 +281,15 @@ def test_unplaced_linear_is_refused():
         A.group_infos(model)
 
 
-def test_legacy_names_and_model_shape(models):
-    g = A.discover_groups(models["llama"], stack_prefix=False)
+def test_short_names_and_model_shape(models):
+    g = A.discover_groups(models["llama"])
     assert [x.name for x in g[:4]] == ["layers.0.qkv", "layers.0.o", "layers.0.gate_up", "layers.0.down"]
     shape = A.model_shape(models["gemma3"])
-    assert shape.num_layers == 2 and shape.head_dim == 32 and shape.vocab_size == 136
-    assert shape.groups[0].name == "model.language_model.layers.0.qkv"
+    assert shape.num_layers == 2 and shape.head_dim == 32 and shape.vocab_size == 256
+    assert shape.groups[0].name == "layers.0.qkv"
+    assert shape.groups[0].members[0] == "model.language_model.layers.0.self_attn.q_proj"
+    assert (shape.model_type, shape.outer_model_type, shape.searches_text_tower_only) == ("gemma3_text", "gemma3", True)
+    assert [x.sliding_window for x in shape.layers] == [8, 8]
 
 
 # ----------------------------------------------------------------------------- ModelOpt
@@ -361,9 +308,8 @@ def _quantizer_cfgs():
 
 
 def _plan(infos):
-    """Mixed plan: layer 0 qkv/gate_up-ish groups FP8, layer 1 down-ish groups FP8, the rest BF16; ties kept."""
-    fp8 = {0: {"qkv", "gate_up", "shared_down", "experts_gate_up", "experts_down"},
-           1: {"down", "shared_gate_up"}}
+    """Mixed plan: layer 0 qkv/gate_up-ish groups and experts FP8, layer 1 down-ish groups FP8, the rest BF16."""
+    fp8 = {0: {"qkv", "gate_up", "shared_down", "experts"}, 1: {"down", "shared_gate_up"}}
     return {gi.name: "fp8" if gi.kind in fp8.get(gi.layer, ()) else "bf16" for gi in infos}
 
 
@@ -394,7 +340,6 @@ def test_modelopt_fp8_mixed_plan_quantize_and_forward(family):
     infos = A.group_infos(model)
     ad = A.adapter_for(model.config)
     plan = _plan(infos)
-    A.check_format_ties(infos, ad, plan)
     assert set(plan.values()) == {"fp8", "bf16"}
     ids = torch.randint(3, 120, (2, 16), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
@@ -409,7 +354,9 @@ def test_modelopt_fp8_mixed_plan_quantize_and_forward(family):
         assert "vision" not in n and "lm_head" not in n
     if family in MOE:  # per-expert weight quantizers, all calibrated
         per_expert = [n for n in on if "_weight_quantizers." in n]
-        assert len(per_expert) == 4 * sum(1 for gi in infos if gi.layout == "fused_experts" and plan[gi.name] == "fp8")
+        fp8_experts = sum(len(gi.group.members) for gi in infos
+                          if gi.layout == "fused_experts" and plan[gi.name] == "fp8")
+        assert len(per_expert) == 4 * fp8_experts
         assert all(q.get_submodule(n).amax is not None for n in on)
     with torch.no_grad():
         out = q(ids).logits.float()
@@ -464,18 +411,22 @@ def test_modelopt_export_names_and_exclusions(family, tmp_path):
             assert _excluded(g, excluded), g
 
 
-def test_modelopt_export_of_untied_expert_formats_is_inconsistent(tmp_path):
-    """Why experts_gate_up/experts_down are tied: ModelOpt 0.47 excludes a fused-experts module only
-    as a whole, so BF16 down experts next to FP8 gate/up experts are written BF16 but NOT excluded.
-    If this starts failing, ModelOpt learned per-projection exclusion and the tie can go."""
+def test_modelopt_export_of_split_expert_formats_is_inconsistent(tmp_path):
+    """Why gate/up and down of a layer's experts are one group: ModelOpt 0.47 excludes a fused-experts
+    module only as a whole, so BF16 down experts next to FP8 gate/up experts are written BF16 but NOT
+    excluded. (Fused-MoE kernels also take one quantization mode per layer.)"""
+    import modelopt.torch.quantization as mtq
     from modelopt.torch.export import export_hf_checkpoint
     from safetensors.torch import load_file
 
     model = build("qwen3_moe")
     infos = A.group_infos(model)
-    plan = {gi.name: "fp8" if gi.kind in ("qkv", "experts_gate_up") else "bf16" for gi in infos}
+    plan = {gi.name: "fp8" if gi.kind in ("qkv", "experts") else "bf16" for gi in infos}
+    entries = [e for e in A.quant_cfg_entries(infos, plan, _quantizer_cfgs()) if "down_proj" not in e["quantizer_name"]]
     ids = torch.randint(3, 120, (2, 16), generator=torch.Generator().manual_seed(1))
-    q = _quantize(model, infos, plan, ids)
+    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+        warnings.simplefilter("ignore")
+        q = mtq.quantize(model, {"quant_cfg": entries, "algorithm": "max"}, lambda m: m(ids))
     with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
         warnings.simplefilter("ignore")
         export_hf_checkpoint(q, export_dir=tmp_path)
@@ -543,8 +494,7 @@ def test_modelopt_fp8_nvfp4_plan_exports_mixed_precision_per_module(tmp_path):
     _nvfp4_cpu_kernel()()
     model = build("qwen2_moe")
     infos = A.group_infos(model)
-    kinds = {"qkv": "fp8", "o": "bf16", "shared_gate_up": "fp8", "shared_down": "nvfp4",
-             "experts_gate_up": "nvfp4", "experts_down": "nvfp4"}
+    kinds = {"qkv": "fp8", "o": "bf16", "shared_gate_up": "fp8", "shared_down": "nvfp4", "experts": "nvfp4"}
     plan = {gi.name: kinds[gi.kind] for gi in infos}
     qc = dict(_quantizer_cfgs())
     qc["nvfp4"] = {e["quantizer_name"].lstrip("*"): e["cfg"] for e in mtq.NVFP4_DEFAULT_CFG["quant_cfg"]

@@ -83,18 +83,20 @@ def test_zero_block_and_largest_value():
 def test_matches_a_linear_quantized_through_modelopt_on_cpu():
     """mtq.quantize with NVFP4_DEFAULT_CFG on CPU runs our kernel through ModelOpt's own quantizers."""
     from advisor.formats import Format
-    from advisor.plan import LayerGroup, Plan
+    from advisor.models.groups import layer_groups
+    from advisor.plan import Plan
     from advisor.quantize.modelopt_config import quantize_plan
+    from advisor.testing import random_model, tiny_llama_config
 
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(64, 32, bias=False)).to(torch.bfloat16)
-    ref_weight = model[0].weight.detach().clone()
-    calib = torch.randn(8, 64, dtype=torch.bfloat16)
-    groups = (LayerGroup("0", ("0",), ((64, 32),)),)
+    # quantize_plan takes its quantizer names from the model's adapter, so the Linear sits in a tiny Llama
+    model = random_model(tiny_llama_config(num_hidden_layers=1))
+    layer = model.model.layers[0].self_attn.o_proj
+    ref_weight = layer.weight.detach().clone()
+    calib = torch.randint(3, 250, (2, 16), generator=torch.Generator().manual_seed(0))
+    groups = layer_groups(model)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        quantize_plan(model, Plan.uniform(groups, Format.NVFP4), groups, lambda m: m(calib))
-    layer = model[0]
+        quantize_plan(model, Plan.uniform(groups, Format.NVFP4), groups, lambda m: m(input_ids=calib))
     x = torch.randn(4, 64, dtype=torch.bfloat16)
     with torch.no_grad():
         wq = layer.weight_quantizer(ref_weight)

@@ -106,3 +106,38 @@ def test_unfolded_bank_shares_weights_and_folded_bank_gives_the_same_logits(tiny
             a = shared.assemble(plan)(input_ids=tokens).logits
             b = folded.assemble(plan)(input_ids=tokens).logits
         torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("family", ["phi3", "gemma3", "qwen2_moe", "mixtral"])
+def test_bank_is_exact_for_prefused_multimodal_and_moe_models(family, one_torch_thread):
+    """Phi-3's pre-fused projections, the Gemma-3 wrapper's text tower, MoE experts swapped as one
+    module: the bank still gives quantize_plan's logits bit for bit; routers are never quantized."""
+    from advisor.models.groups import group_table, model_shape, use_eager_experts
+    from advisor.testing import random_model, tiny_config
+
+    model = random_model(tiny_config(family))
+    use_eager_experts(model)
+    groups = model_shape(model).groups
+    tokens = torch.randint(3, 250, (2, 16), generator=torch.Generator().manual_seed(0))
+    loop, calls = counting_loop(tokens)
+    bank = FormatBank(model, groups, list(Format), loop)
+    assert calls["n"] == 2
+    for seed in range(2):
+        plan = random_plan(groups, seed)
+        with torch.no_grad():
+            fast = bank.assemble(plan)(input_ids=tokens).logits
+            direct = quantize_plan(_share_weights_copy(model), plan, groups, loop)(input_ids=tokens).logits
+            bf16 = model(input_ids=tokens).logits
+        assert torch.equal(fast, direct) and not torch.equal(fast, bf16)
+    experts = [gi for gi in group_table(model) if gi.kind == "experts"]
+    assert bool(experts) == (family in ("qwen2_moe", "mixtral"))
+    for gi in experts:  # one calibrated module per layer's experts, gate/up and down together
+        (module,) = gi.modules
+        plan = Plan({g.name: Format.FP8 if g.name == gi.name else Format.BF16 for g in groups})
+        assert bank.assemble(plan).get_submodule(module) is bank.module_for(module, Format.FP8)
+        quantized = bank.module_for(module, Format.FP8)
+        assert quantized.gate_up_proj_input_quantizer.is_enabled and quantized.down_proj_input_quantizer.is_enabled
+    fp8 = bank.assemble(Plan.uniform(groups, Format.FP8))
+    enabled = {n.rsplit(".", 1)[0] for n, m in fp8.named_modules()
+               if type(m).__name__ == "TensorQuantizer" and m.is_enabled}
+    assert not any(n.endswith(("mlp.gate", "shared_expert_gate", "lm_head")) or "vision" in n for n in enabled)

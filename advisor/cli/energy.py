@@ -29,7 +29,8 @@ def llama31_8b_shape() -> ModelShape:
 
 
 def shape_from_model(model: str | None) -> ModelShape:
-    """Llama-3.1-8B by default; else the Llama-family config of a hub id or local directory."""
+    """Llama-3.1-8B by default; else the shape of a hub id's or local directory's config
+    (any supported family: the model is built on the meta device, no weights are read)."""
     if model is None:
         return llama31_8b_shape()
     try:
@@ -43,21 +44,16 @@ def shape_from_model(model: str | None) -> ModelShape:
     from advisor.models.config_check import check_causal_lm
 
     check_causal_lm(c, model)
-    try:
-        heads = c.num_attention_heads
-        return llama_shape(
-            "model.layers",
-            c.num_hidden_layers,
-            c.hidden_size,
-            c.intermediate_size,
-            heads,
-            getattr(c, "num_key_value_heads", None) or heads,
-            c.vocab_size,
-            getattr(c, "head_dim", None) or c.hidden_size // heads,
-        )
-    except AttributeError as exc:
-        raise InputError(f"--model: {model} ({c.model_type}) lacks the Llama-family config fields the runtime "
-                         f"is built from ({exc.name or exc}); give a Llama-family model") from None
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from advisor.models.adapters import adapter_for
+    from advisor.models.groups import model_shape
+
+    adapter_for(c)  # an unsupported family: one line, exit 3
+    with torch.device("meta"):
+        skeleton = AutoModelForCausalLM.from_config(c)
+    return model_shape(skeleton)
 
 
 OutOpt = Annotated[
@@ -68,7 +64,7 @@ PlanOpt = Annotated[Path, typer.Option("--plan", "-p", help="Plan JSON file ({'f
 ModelOpt = Annotated[
     str | None,
     typer.Option(
-        "--model", help="Hub id or local dir of a Llama-family model (its config only); default Llama-3.1-8B."
+        "--model", help="Hub id or local dir of a supported model (its config only); default Llama-3.1-8B."
     ),
 ]
 TargetOpt = Annotated[

@@ -1,12 +1,18 @@
 """Read an exported checkpoint back into a fake-quantized model (the round-trip check).
 
-A fresh model is built from the exported ``config.json``; each quantized layer's weight
-is read from the file and de-quantized (FP8: ``weight * weight_scale``; NVFP4: unpacked
-E2M1 nibbles times FP8 block scales times ``weight_scale_2``, with ModelOpt's
-``NVFP4QTensor.dequantize``), and ModelOpt input quantizers are inserted with the amax
-that the file's ``input_scale`` implies. The formats come from ``hf_quant_config.json``
-alone, not from the plan. transformers 5 has no loader for ``quant_method: modelopt``
-checkpoints, hence this reader.
+Every weight that has a ``weight_scale`` in the file is de-quantized under its own
+checkpoint name (FP8: ``weight * weight_scale``; NVFP4: unpacked E2M1 nibbles times FP8
+block scales times ``weight_scale_2``, with ModelOpt's ``NVFP4QTensor.dequantize``), in
+the format ``hf_quant_config.json`` gives it (the formats come from the file alone, not
+from the plan). transformers then loads that BF16 state dict into a model built from the
+exported ``config.json``: its own checkpoint conversion maps the saved names back to
+in-memory ones (the Gemma-3 wrapper's ``language_model.model.*``; per-expert
+``experts.{e}.gate_proj``/``up_proj`` or Mixtral ``w1``/``w3`` stacked into the fused
+``gate_up_proj``). Finally ModelOpt input quantizers are inserted with the amax that the
+file's ``input_scale`` implies, under the names of the model's adapter
+(``GroupInfo.member_exports`` links each member to its checkpoint names). transformers 5
+has no loader for ``quant_method: modelopt`` checkpoints (it would read FP8 codes as
+values and drop the scales), hence this reader.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from advisor.formats import Format
 
 _E4M3_MAX = 448.0
 _E2M1_MAX = 6.0
+_SCALES = ("weight_scale", "weight_scale_2", "input_scale")
 
 
 def _dequantize_weight(fmt: Format, tensors: dict[str, Any], name: str, dtype: Any) -> Any:
@@ -38,64 +45,92 @@ def _dequantize_weight(fmt: Format, tensors: dict[str, Any], name: str, dtype: A
                         double_scale=tensors[f"{name}.weight_scale_2"].float(), block_sizes={-1: 16})
 
 
-def load_exported(export_dir: Path | str, device: str = "cpu") -> Any:
-    """Rebuild the fake-quantized model of an exported checkpoint (see the module docstring)."""
-    import torch
+def scaled_modules(tensor_names: Any) -> list[str]:
+    """Modules of a checkpoint that hold a quantized weight (they have a ``weight_scale``)."""
+    return sorted(k.removesuffix(".weight_scale") for k in tensor_names if k.endswith(".weight_scale"))
+
+
+def _model_class(config: Any) -> Any:
+    import transformers
+
+    for name in getattr(config, "architectures", None) or []:
+        cls = getattr(transformers, name, None)
+        if cls is not None:
+            return cls
+    raise InputError(f"config.json names no model class transformers knows (architectures: "
+                     f"{getattr(config, 'architectures', None)})")
+
+
+def _read(export_dir: Path) -> tuple[Any, dict[str, Any] | None, dict[str, Any]]:
     from safetensors.torch import load_file
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig
 
-    from advisor.models.groups import layer_groups
-    from advisor.quantize.modelopt_config import format_quantizer_cfg, modelopt_quantization, prepare_device
-
-    export_dir = Path(export_dir)
     cfg_path = export_dir / "config.json"
     if not cfg_path.is_file():
         raise InputError(f"{export_dir} holds no config.json; not an exported checkpoint")
     raw = json.loads(cfg_path.read_text())
     raw.pop("quantization_config", None)
-    config = AutoConfig.for_model(**raw)
-    dtype = torch.bfloat16
-    with quiet():
-        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
     qpath = export_dir / "hf_quant_config.json"
-    qcfg = json.loads(qpath.read_text()) if qpath.is_file() else None
-
     tensors: dict[str, Any] = {}
     for f in sorted(export_dir.glob("*.safetensors")):
         tensors.update(load_file(str(f)))
-    groups = layer_groups(model)
-    modules = [m for g in groups for m in g.members]
-    formats = layer_formats_from_quant_config(qcfg, modules)
+    return AutoConfig.for_model(**raw), json.loads(qpath.read_text()) if qpath.is_file() else None, tensors
 
-    quantized = [m for m in modules if formats[m] != Format.BF16]
-    special = {f"{m}.{s}" for m in quantized for s in ("weight", "weight_scale", "weight_scale_2", "input_scale")}
-    plain = {k: v for k, v in tensors.items() if k not in special}
-    missing, unexpected = model.load_state_dict(plain, strict=False)
-    missing = [k for k in missing if k.removesuffix(".weight") not in quantized and k != "lm_head.weight"]
-    if missing or unexpected:
+
+def load_exported(export_dir: Path | str, device: str = "cpu") -> Any:
+    """Rebuild the fake-quantized model of an exported checkpoint (see the module docstring)."""
+    import torch
+
+    from advisor.models.adapters import member_quantizers
+    from advisor.models.groups import group_table, use_eager_experts
+    from advisor.quantize.modelopt_config import format_quantizer_cfg, modelopt_quantization, prepare_device
+
+    export_dir = Path(export_dir)
+    config, qcfg, tensors = _read(export_dir)
+    dtype = torch.bfloat16
+    quantized = scaled_modules(tensors)
+    formats = layer_formats_from_quant_config(qcfg, quantized)
+    if unlisted := [m for m in quantized if formats[m] == Format.BF16]:
+        raise InputError(f"{export_dir}: {unlisted[:3]} have quantized weights but hf_quant_config.json "
+                         "lists them as unquantized")
+    state = {k: v for k, v in tensors.items() if k.rsplit(".", 1)[-1] not in _SCALES}
+    for m in quantized:
+        state[f"{m}.weight"] = _dequantize_weight(formats[m], tensors, m, dtype)
+    with quiet():
+        model, info = _model_class(config).from_pretrained(
+            None, config=config, state_dict=state, dtype=dtype, output_loading_info=True)
+    missing = [k for k in info["missing_keys"] if k != "lm_head.weight"]
+    unexpected, mismatched = list(info["unexpected_keys"]), list(info["mismatched_keys"])
+    if missing or unexpected or mismatched:
         raise InputError(f"{export_dir}: checkpoint does not match its config: missing {missing[:3]}, "
-                         f"unexpected {unexpected[:3]}")
-    if getattr(config, "tie_word_embeddings", False):
-        model.tie_weights()
-    with torch.no_grad():
-        for m in quantized:
-            model.get_submodule(m).weight.copy_(_dequantize_weight(formats[m], tensors, m, dtype))
+                         f"unexpected {unexpected[:3]}, mismatched {mismatched[:3]}")
+    use_eager_experts(model)
 
     # Input quantizers only: the weights above already hold the de-quantized values.
-    prepare_device(device)
-    mtq = modelopt_quantization()
     entries: list[dict[str, Any]] = [{"quantizer_name": "*", "enable": False}]
-    for m in quantized:
-        qc = format_quantizer_cfg(formats[m])["input_quantizer"]
-        entries.append({"quantizer_name": f"{m}.input_quantizer", "cfg": qc})
+    amax: dict[str, Any] = {}
+    for gi in group_table(model):
+        fmts = {formats.get(n, Format.BF16) for n in gi.exported}
+        if len(fmts) > 1:
+            raise InputError(f"{export_dir}: group {gi.name} has several formats in the checkpoint "
+                             f"({sorted(f.value for f in fmts)}); engines run it with one")
+        fmt = fmts.pop()
+        if fmt == Format.BF16:
+            continue
+        bound = _E4M3_MAX * (_E2M1_MAX if fmt == Format.NVFP4 else 1.0)
+        for member, names in zip(gi.group.members, gi.member_exports, strict=True):
+            quantizer = member_quantizers(member, gi.layout)[1]
+            entries.append({"quantizer_name": quantizer, "cfg": format_quantizer_cfg(fmt)["input_quantizer"]})
+            # one input scale per member (fused experts share it; export repeats it per expert)
+            scale = torch.stack([tensors[f"{n}.input_scale"].float().reshape(()) for n in names]).max()
+            amax[quantizer] = scale * bound
+    prepare_device(device)
     model.to(device).eval()
-    if quantized:
+    if amax:
         with quiet():
-            mtq.quantize(model, {"quant_cfg": entries, "algorithm": "max"}, lambda _m: None)
-        for m in quantized:
-            scale = tensors[f"{m}.input_scale"].float()
-            bound = _E4M3_MAX * (_E2M1_MAX if formats[m] == Format.NVFP4 else 1.0)
-            iq = model.get_submodule(m).input_quantizer
-            iq.amax = (scale * bound).to(device)
+            modelopt_quantization().quantize(model, {"quant_cfg": entries, "algorithm": "max"}, lambda _m: None)
+        for name, value in amax.items():
+            iq = model.get_submodule(name)
+            iq.amax = value.to(device)
             iq.enable()
     return model

@@ -15,14 +15,14 @@ What :func:`advisor.workflows.export.export_run` writes into the output folder:
 * ``README.md`` with the ``trtllm-serve`` command, the round-trip numbers and warnings;
 * ``export.json``: the same facts for programs.
 
-Round trip (:func:`advisor.deploy.checkpoint.load_exported`): a fresh model is built from the exported
-``config.json``; each quantized layer's weight is read from the file and de-quantized
-(FP8: ``weight * weight_scale``; NVFP4: unpacked E2M1 nibbles times FP8 block scales
-times ``weight_scale_2``, with ModelOpt's ``NVFP4QTensor.dequantize``), and ModelOpt
-input quantizers are inserted with the amax that the file's ``input_scale`` implies.
-The formats come from ``hf_quant_config.json`` alone, not from the plan. transformers
-5 has no loader for ``quant_method: modelopt`` checkpoints, hence this reader. The
-reloaded model's proxy KL is compared with the in-memory quantized model's.
+Round trip (:func:`advisor.deploy.checkpoint.load_exported`): the exported weights are
+de-quantized by their checkpoint names, loaded by transformers into a model built from the
+exported ``config.json`` (its conversion maps saved names back), and ModelOpt input
+quantizers are inserted with the amax that the file's ``input_scale`` implies. The formats
+come from ``hf_quant_config.json`` alone, not from the plan. Before that, the checkpoint is
+checked against the plan: every layer's format, and the set of quantized weights (no
+router, norm or vision weight has a scale). The reloaded model's proxy KL is compared with
+the in-memory quantized model's.
 
 Everything here runs on CPU (NVFP4 fake quantization through ``advisor.quantize.nvfp4_cpu``;
 ModelOpt's NVFP4 weight packing in export is plain torch).
@@ -38,13 +38,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from advisor.deploy.checkpoint import load_exported
+from advisor.deploy.checkpoint import load_exported, scaled_modules
 from advisor.deploy.quant_config import check_quant_config
 from advisor.deploy.quiet import quiet
 from advisor.deploy.readme import render_readme
 from advisor.deploy.trtllm import deployment_warnings, llm_api_options, options_yaml, smoke_test_trtllm
 from advisor.errors import InputError, SetupError
-from advisor.plan import LayerGroup, Plan
+from advisor.models.adapters import GroupInfo
+from advisor.plan import Plan
 
 log = logging.getLogger(__name__)
 
@@ -79,33 +80,58 @@ class ExportResult:
 # ---------------------------------------------------------------- export
 
 
-def _fake_quant_weights(qmodel: Any, groups: tuple[LayerGroup, ...]) -> dict[str, Any]:
-    """Each quantized layer's weight as its ModelOpt weight quantizer sees it (fake-quantized)."""
+def _member_weight(model: Any, member: str, layout: str) -> Any:
+    """A member's weight tensor: a Linear's ``weight``, or a fused-experts 3-D parameter."""
+    if layout == "fused_experts":
+        owner, _, param = member.rpartition(".")
+        return getattr(model.get_submodule(owner), param)
+    return model.get_submodule(member).weight
+
+
+def _fake_quant_weights(qmodel: Any, infos: list[GroupInfo]) -> dict[str, Any]:
+    """Each quantized member's weight as its ModelOpt weight quantizer(s) see it (fake-quantized)."""
     import torch
 
     out = {}
     with torch.no_grad():
-        for g in groups:
-            for m in g.members:
-                mod = qmodel.get_submodule(m)
-                wq = getattr(mod, "weight_quantizer", None)
+        for gi in infos:
+            for m in gi.group.members:
+                w = _member_weight(qmodel, m, gi.layout)
+                if gi.layout == "fused_experts":  # one weight quantizer per expert
+                    owner, _, param = m.rpartition(".")
+                    quantizers = getattr(qmodel.get_submodule(owner), f"{param}_weight_quantizers")
+                    if quantizers[0].is_enabled:
+                        out[m] = torch.stack([q(w[e]) for e, q in enumerate(quantizers)]).detach().clone()
+                    continue
+                wq = getattr(qmodel.get_submodule(m), "weight_quantizer", None)
                 if wq is not None and wq.is_enabled:
-                    out[m] = wq(mod.weight).detach().clone()
+                    out[m] = wq(w).detach().clone()
     return out
 
 
-def _compare_weights(fake: dict[str, Any], reloaded: Any) -> dict[str, Any]:
+def _compare_weights(fake: dict[str, Any], reloaded: Any, infos: list[GroupInfo]) -> dict[str, Any]:
     """How many reloaded weights differ from the in-memory fake-quantized ones."""
+    layouts = {m: gi.layout for gi in infos for m in gi.group.members}
     total = moved = 0
     worst = 0.0
     for m, w in fake.items():
-        r = reloaded.get_submodule(m).weight.detach()
+        r = _member_weight(reloaded, m, layouts[m]).detach()
         d = (r.float() - w.float()).abs()
         total += d.numel()
         moved += int((d > 0).sum())
         worst = max(worst, float((d / w.float().abs().clamp_min(1e-12)).max()) if d.any() else 0.0)
     return {"quantized_weights": total, "differing": moved,
             "differing_pct": 100.0 * moved / total if total else 0.0, "max_rel_diff": worst}
+
+
+def _tensor_names(out_dir: Path) -> list[str]:
+    from safetensors import safe_open
+
+    names: list[str] = []
+    for f in sorted(out_dir.glob("*.safetensors")):
+        with safe_open(str(f), "pt") as st:
+            names += list(st.keys())
+    return names
 
 
 def fuse_like_export(qmodel: Any) -> None:
@@ -154,10 +180,12 @@ def export_plan(
     """
     from advisor.accuracy.proxy import ProxyEvaluator
     from advisor.calibration.tokens import forward_loop
+    from advisor.models.groups import group_table
     from advisor.quantize.modelopt_config import prepare_device, quantize_plan
 
     groups = loaded.shape.groups
     plan.check_against(groups)
+    infos = group_table(loaded.model)
     out_dir = Path(out_dir)
     if out_dir.exists() and any(out_dir.iterdir()):
         raise InputError(f"--out: {out_dir} exists and is not empty; give a new folder")
@@ -178,20 +206,20 @@ def export_plan(
     # here first so the in-memory model scored is the one written.
     fuse_like_export(qmodel)
     mem = proxy.score(qmodel)
-    fake_weights = _fake_quant_weights(qmodel, groups)
+    fake_weights = _fake_quant_weights(qmodel, infos)
     timings["quantize_and_score_s"] = time.perf_counter() - t
 
     t = time.perf_counter()
     qcfg = write_checkpoint(qmodel, loaded.tokenizer, out_dir)
     del qmodel
-    check_quant_config(qcfg, plan, groups)
+    check_quant_config(qcfg, plan, infos, scaled_modules(_tensor_names(out_dir)))
     quant_algo = (qcfg or {}).get("quantization", {}).get("quant_algo")
     timings["export_s"] = time.perf_counter() - t
 
     t = time.perf_counter()
     reloaded = load_exported(out_dir)
     rt = proxy.score(reloaded)
-    weights = _compare_weights(fake_weights, reloaded)
+    weights = _compare_weights(fake_weights, reloaded, infos)
     timings["reload_and_score_s"] = time.perf_counter() - t
     diff = abs(rt.kl - mem.kl)
     tol = rel_tol * mem.kl + abs_tol

@@ -1,20 +1,36 @@
-"""Which format each layer has, as a ModelOpt ``hf_quant_config.json`` says (and as a plan asks)."""
+"""Which format each layer has, as a ModelOpt ``hf_quant_config.json`` says (and as a plan asks).
+
+Names here are the checkpoint's (``GroupInfo.exported``), which differ from in-memory names
+for some families: the Gemma-3 wrapper's ``language_model.model.layers...``, MoE experts
+per expert (``mlp.experts.{e}.gate_proj``, Mixtral ``block_sparse_moe.experts.{e}.w1``).
+ModelOpt names a quantized or excluded fused-experts module as a whole
+(``model.layers.0.mlp.experts``) and may exclude a parent with a wildcard
+(``model.layers.1.mlp*``), so a module's format is that of the nearest entry naming it or
+one of its parents, the way serving engines match.
+"""
 
 from __future__ import annotations
 
 import fnmatch
+from collections.abc import Iterable
 from typing import Any
 
 from advisor.errors import InputError
 from advisor.formats import Format
-from advisor.plan import LayerGroup, Plan
+from advisor.models.adapters import GroupInfo
+from advisor.plan import Plan
 
 _ALGO_FORMAT = {"FP8": Format.FP8, "NVFP4": Format.NVFP4}
 
 
-def expected_layer_formats(plan: Plan, groups: tuple[LayerGroup, ...]) -> dict[str, Format]:
-    """Module name -> format that the plan asks for, for every quantizable linear."""
-    return {m: plan.format_of(g.name) for g in groups for m in g.members}
+def expected_layer_formats(plan: Plan, infos: Iterable[GroupInfo]) -> dict[str, Format]:
+    """Checkpoint module name -> format that the plan asks for, for every quantizable weight."""
+    return {name: plan.format_of(gi.name) for gi in infos for name in gi.exported}
+
+
+def _self_and_parents(module: str) -> list[str]:
+    parts = module.split(".")
+    return [".".join(parts[:i]) for i in range(len(parts), 0, -1)]
 
 
 def layer_formats_from_quant_config(qcfg: dict[str, Any] | None, modules: list[str]) -> dict[str, Format]:
@@ -29,12 +45,13 @@ def layer_formats_from_quant_config(qcfg: dict[str, Any] | None, modules: list[s
         layers = q.get("quantized_layers", {})
         out = {}
         for m in modules:
-            entry = layers.get(m)
+            entry = next((layers[n] for n in _self_and_parents(m) if n in layers), None)
             out[m] = Format.BF16 if entry is None else _algo_format(entry.get("quant_algo"))
         return out
     fmt = _algo_format(algo)
     excluded = q.get("exclude_modules") or []
-    return {m: Format.BF16 if any(fnmatch.fnmatch(m, p) for p in excluded) else fmt for m in modules}
+    return {m: Format.BF16 if any(fnmatch.fnmatchcase(n, p) for n in _self_and_parents(m) for p in excluded)
+            else fmt for m in modules}
 
 
 def _algo_format(algo: str | None) -> Format:
@@ -43,10 +60,22 @@ def _algo_format(algo: str | None) -> Format:
     return _ALGO_FORMAT[algo]
 
 
-def check_quant_config(qcfg: dict[str, Any] | None, plan: Plan, groups: tuple[LayerGroup, ...]) -> None:
-    """Raise unless the checkpoint's quant config gives every layer the plan's format."""
-    expected = expected_layer_formats(plan, groups)
+def check_quant_config(
+    qcfg: dict[str, Any] | None, plan: Plan, infos: Iterable[GroupInfo], scaled_modules: Iterable[str] = ()
+) -> None:
+    """Raise unless the checkpoint gives every layer the plan's format.
+
+    ``scaled_modules``: the modules that have a ``weight_scale`` in the checkpoint; they must
+    be exactly the plan's quantized layers (so no router, norm or vision layer is quantized).
+    """
+    infos = tuple(infos)
+    expected = expected_layer_formats(plan, infos)
     found = layer_formats_from_quant_config(qcfg, list(expected))
     wrong = [f"{m}: plan {expected[m].value}, checkpoint {found[m].value}" for m in expected if found[m] != expected[m]]
+    scaled = set(scaled_modules)
+    if scaled:
+        quantized = {m for m, f in expected.items() if f != Format.BF16}
+        wrong += [f"{m}: quantized in the checkpoint, not in the plan" for m in sorted(scaled - quantized)]
+        wrong += [f"{m}: no weight_scale in the checkpoint" for m in sorted(quantized - scaled)]
     if wrong:
-        raise AssertionError(f"exported quant config disagrees with plan {plan.id}: " + "; ".join(wrong[:5]))
+        raise AssertionError(f"exported checkpoint disagrees with plan {plan.id}: " + "; ".join(wrong[:5]))

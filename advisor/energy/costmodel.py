@@ -4,10 +4,18 @@ Model, for a decode step at batch ``b`` and context ``c`` (prefill alike at leng
 
 * GEMM time of each group: the profile's time of one GEMM of that kind and format
   at ``b`` rows (piecewise linear in ``b``), scaled by the group's weight count over
-  the profiled layer's when the model differs from the profiled one;
+  the profiled layer's when the model differs from the profiled one. Pre-fused
+  projections (Phi-3 ``qkv_proj``, ``gate_up_proj``) are the ``qkv``/``gate_up`` kinds; a
+  shared expert's groups price as ``gate_up``/``down``. A MoE layer's routed experts
+  (:mod:`advisor.energy.routing`, uniform routing assumed and labelled) cost, per
+  projection, ``D`` GEMMs of one expert's weights at ``b * top_k / D`` rows each, where
+  ``D`` is the expected number of distinct experts ``b`` tokens touch;
 * non-GEMM time of the all-``f`` plan: its measured step minus its GEMMs (linear in
   ``c``); a mixed plan takes BF16's plus the FP8 share of groups times the
-  difference (FP8 adds quantization work);
+  difference (FP8 adds quantization work). A sliding-window layer counts at the
+  context it attends to (``min(c, window)``). The profiled layer is a Llama one: norms,
+  activations, q/k norms, biases and MoE routing of other families are priced as its
+  non-GEMM time, and the label says which of them the model has;
 * energy: the BF16 step's measured J/step over its timed step (``P_b``, watts)
   over the non-GEMM time and the BF16 GEMMs, and an FP8-GEMM power ``P_f`` over the FP8 GEMMs, where ``P_f`` is
   the value that makes the all-FP8 plan's predicted energy equal its measured one.
@@ -27,14 +35,17 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_left
+from collections import Counter
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from advisor.energy.profile import KINDS
+from advisor.energy.routing import UNIFORM_ROUTING_NOTE, expected_experts_touched
 from advisor.errors import InputError, UnsupportedError
 from advisor.estimate import EnergyEstimate
 from advisor.formats import Format
-from advisor.models.shape import ModelShape
+from advisor.models.shape import LayerGeometry, ModelShape
 from advisor.plan import Plan
 from advisor.recipe.schema import Workload
 
@@ -53,11 +64,51 @@ def interp(xs: Sequence[float], ys: Sequence[float], x: float, log_x: bool = Fal
     return ys[i - 1] + t * (ys[i] - ys[i - 1])
 
 
+# group kind -> the profiled GEMM kind it runs as
+_PROFILED_KIND = {"qkv": "qkv", "o": "o", "gate_up": "gate_up", "down": "down",
+                  "shared_gate_up": "gate_up", "shared_down": "down"}
+
+
 def _kind(group_name: str) -> str:
-    kind = group_name.rsplit(".", 1)[-1]
-    if kind not in KINDS:
-        raise InputError(f"group {group_name!r} is not one of the profiled kinds {KINDS}")
+    kind = _PROFILED_KIND.get(group_name.rsplit(".", 1)[-1])
+    if kind is None:
+        raise InputError(f"group {group_name!r} is not one of the profiled kinds {KINDS} (or their MoE forms)")
     return kind
+
+
+def _unprofiled_parts(shape: ModelShape) -> list[str]:
+    """What this model's layers have that the profiled Llama layer does not."""
+    layers = shape.layers
+    parts = []
+    if any(g.norms > 2 for g in layers):
+        parts.append(f"{max(g.norms for g in layers)} norms per layer")
+    acts = sorted({g.activation for g in layers} - {"silu"})
+    parts += acts
+    parts += ["q/k norms"] if any(g.qk_norm for g in layers) else []
+    parts += ["qkv biases"] if any(g.qkv_bias for g in layers) else []
+    parts += ["MoE routing"] if shape.is_moe else []
+    return parts
+
+
+@dataclass(frozen=True)
+class _Gemm:
+    """One profiled-kind GEMM of a group: ``scale`` x the profiled GEMM's weights; for routed
+    experts, the GEMM of ONE expert, run once per touched expert."""
+
+    kind: str
+    scale: float
+    moe: LayerGeometry | None = None
+
+
+def _group_gemms(shape: ModelShape, name: str, shapes: tuple[tuple[int, int], ...], ref: dict[str, int]) -> list[_Gemm]:
+    moe = shape.routed_layer(name)
+    if moe is None:
+        kind = _kind(name)
+        return [_Gemm(kind, sum(i * o for i, o in shapes) / ref[kind])]
+    per_kind = {"gate_up": 0, "down": 0}  # experts' members: gate/up read the hidden state, down does not
+    for i, o in shapes:
+        per_kind["gate_up" if i == moe.hidden else "down"] += i * o
+    return [_Gemm(k, w / moe.num_experts / ref[k], moe) for k, w in per_kind.items() if w]
 
 
 class ProfileCostModel:
@@ -66,6 +117,9 @@ class ProfileCostModel:
     measured = False
 
     def __init__(self, profile: dict[str, Any], shape: ModelShape) -> None:
+        if shape.num_layers < 1 or shape.hidden_size < 1 or not shape.groups:
+            raise InputError(f"the model shape has {shape.num_layers} layers, hidden size {shape.hidden_size} and "
+                             f"{len(shape.groups)} groups: nothing the profile can price")
         self.p = profile
         self.shape = shape
         self.formats = {Format(f) for f in profile["formats"]}
@@ -76,26 +130,38 @@ class ProfileCostModel:
             "gate_up": 2 * m["hidden"] * m["intermediate"],
             "down": m["intermediate"] * m["hidden"],
         }
-        self._scale = {g.name: g.num_weights / ref[_kind(g.name)] for g in shape.groups}
+        self._gemms = {g.name: _group_gemms(shape, g.name, g.shapes, ref) for g in shape.groups}
         # non-GEMM part scales with layers x hidden when the model is not the profiled one
         self._ng_scale = (shape.num_layers * shape.hidden_size) / (m["num_layers"] * m["hidden"])
         self._ref_layers = m["num_layers"]
-        self.per_layer_weight_ratio = (
-            sum(g.num_weights for g in shape.groups) / shape.num_layers / sum(ref.values())
-        )
+        active = sum(g.num_weights * (lay.active_share if (lay := shape.routed_layer(g.name)) else 1.0)
+                     for g in shape.groups)
+        self.per_layer_weight_ratio = active / shape.num_layers / sum(ref.values())
         tag = "" if profile.get("verified", False) else ", unverified"
-        self.label = (
-            f"predicted (profile {profile['gpu']}, {profile.get('source', 'measured')} {profile['date']}{tag}"
-            f"{self._scaling_note(m, shape)})"
-        )
+        unprofiled = _unprofiled_parts(shape)
+        notes = "".join([
+            f"; non-GEMM time of the profiled Llama layer, without this model's {', '.join(unprofiled)}"
+            if unprofiled else "",
+            f"; {UNIFORM_ROUTING_NOTE}" if shape.is_moe else "",
+            self._scaling_note(m, shape),
+        ])
+        source = f"{profile.get('source', 'measured')} {profile['date']}{tag}"
+        self.label = f"predicted (profile {profile['gpu']}, {source}{notes})"
 
     def _scaling_note(self, m: dict[str, Any], shape: ModelShape) -> str:
         r = self.per_layer_weight_ratio
-        if shape.num_layers == m["num_layers"] and all(abs(v - 1) < 1e-9 for v in self._scale.values()):
+        scales = [x.scale for gemms in self._gemms.values() for x in gemms]
+        if shape.num_layers == m["num_layers"] and all(abs(v - 1) < 1e-9 for v in scales):
             return ""
         name = m.get("name", "profiled").split(",")[0]
-        note = f"; scaled from its {name} ({r:.3g}x the weights per layer)"
-        return note + (": extrapolated" if not EXTRAPOLATION_RANGE[0] <= r <= EXTRAPOLATION_RANGE[1] else "")
+        note = f"; scaled from its {name} ({r:.3g}x the weights per layer"
+        lo, hi = EXTRAPOLATION_RANGE
+        expert = [x.scale for gemms in self._gemms.values() for x in gemms if x.moe]
+        if expert:
+            span = f"{min(expert):.3g}x" if min(expert) == max(expert) else f"{min(expert):.3g}x-{max(expert):.3g}x"
+            note += f"; one expert's GEMM {span} the profiled one"
+        outside = not lo <= r <= hi or any(not lo <= v <= hi for v in expert)
+        return note + ")" + (": extrapolated" if outside else "")
 
     # -- pieces ------------------------------------------------------------------
     def _check(self, plan: Plan) -> None:
@@ -130,6 +196,17 @@ class ProfileCostModel:
         watts = [j / (ms / 1e3) for j, ms in zip(phase["j_per_step"][fmt.value], t, strict=True)]
         return interp(xs, watts, x, log_x=True)
 
+    def _group_ms(self, phase: dict, fmt: Format, group: str, x: float) -> float:
+        """GEMM time of one group in a step of ``x`` rows (tokens)."""
+        total = 0.0
+        for gm in self._gemms[group]:
+            if gm.moe is None:
+                total += self._gemm(phase, fmt, gm.kind, x) * gm.scale
+                continue
+            touched = expected_experts_touched(gm.moe.num_experts, gm.moe.top_k, x)
+            total += touched * self._gemm(phase, fmt, gm.kind, x * gm.moe.top_k / touched) * gm.scale
+        return total
+
     def _step(self, phase: dict, plan: Plan, x: float, step_ms: dict[Format, float]) -> tuple[float, float]:
         """(time ms, energy J) of one step given the all-format step times at this point."""
         fmts = [f for f in (Format.BF16, Format.FP8, Format.NVFP4) if f.value in phase["step_ms"]]
@@ -137,7 +214,7 @@ class ProfileCostModel:
         gemm_ms = {f: 0.0 for f in fmts}
         for g in self.shape.groups:
             f = plan.format_of(g.name)
-            gemm_ms[f] += self._gemm(phase, f, _kind(g.name), x) * self._scale[g.name]
+            gemm_ms[f] += self._group_ms(phase, f, g.name, x)
         n = len(self.shape.groups)
         share = {f: sum(1 for v in plan.formats.values() if v == f) / n for f in fmts}
         t_ng = ng[Format.BF16] + sum(share[f] * (ng[f] - ng[Format.BF16]) for f in fmts if f != Format.BF16)
@@ -159,10 +236,12 @@ class ProfileCostModel:
         self._check(plan)
         d = self.p["decode"]
         ctxs = [int(c) for c in d["contexts"]]
+        # each layer's share of the step at the context it attends to (sliding windows: their window)
+        layers_at = Counter(g.kv_tokens(context) for g in self.shape.layers)
         step_ms = {}
         for f, per_ctx in d["step_ms"].items():
             at_c = [interp(d["batches"], per_ctx[str(c)], batch) for c in ctxs]
-            step_ms[Format(f)] = interp(ctxs, at_c, context)
+            step_ms[Format(f)] = sum(n / self.shape.num_layers * interp(ctxs, at_c, c) for c, n in layers_at.items())
         return self._step(d, plan, batch, step_ms)
 
     def prefill(self, plan: Plan, length: int) -> tuple[float, float]:

@@ -10,10 +10,16 @@ Model (documented in docs/architecture.md, "Energy"):
   tensor throughput draws its TDP). Both constants are assumptions, not
   measurements; the measured profile (energy.profile) replaces them.
 * Decode step at context ``c`` and batch ``B``: every weight once (in its format's
-  bytes, scales included), the BF16 lm_head, and ``B * c`` tokens of BF16 KV cache;
-  FLOPs ``2 * B * weights`` plus attention ``4 * B * c * heads * head_dim`` per layer.
-* Prefill of one request of ``L`` tokens: weights once, ``2 * L * weights`` FLOPs
-  plus ``2 * L^2 * heads * head_dim`` per layer for attention.
+  bytes, scales included), the BF16 lm_head and MoE routers, and ``B`` sequences of BF16
+  KV cache, a sliding-window layer's capped at its window; FLOPs ``2 * B * weights`` plus
+  attention ``4 * B * c_l * heads * head_dim`` per layer (``c_l``: the tokens layer ``l``
+  attends to).
+* Prefill of one request of ``L`` tokens: weights once, ``2 * L * weights`` FLOPs plus
+  ``4 * heads * head_dim`` per causal (query, key) pair of each layer (``L^2 / 2``, fewer
+  in a sliding-window layer).
+* MoE layers (:mod:`advisor.energy.routing`): a step of ``t`` tokens reads the routed
+  experts its tokens touch (expected distinct experts under uniform routing, labelled so)
+  and multiplies ``t * top_k`` expert rows.
 * J per output token = (prefill J + output_tokens * decode-step J / B) / output_tokens,
   with the decode step taken at the mean context ``input + output / 2``.
 """
@@ -22,6 +28,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from advisor.energy.routing import UNIFORM_ROUTING_NOTE, touched_share
 from advisor.errors import UnsupportedError
 from advisor.estimate import EnergyEstimate
 from advisor.formats import FORMAT_SPECS, GPU, GPU_SPECS, Format, GPUSpec
@@ -52,27 +59,30 @@ class PhaseCost:
 
 
 def _weight_bytes_and_flops(shape: ModelShape, plan: Plan, tokens: int) -> tuple[float, dict[Format, float]]:
-    nbytes = shape.lm_head_weights * 2.0
-    flops: dict[Format, float] = {Format.BF16: 2.0 * tokens * shape.lm_head_weights}
+    bf16_weights = shape.lm_head_weights + shape.router_weights
+    nbytes = bf16_weights * 2.0
+    flops: dict[Format, float] = {Format.BF16: 2.0 * tokens * bf16_weights}
     for g in shape.groups:
         fmt = plan.format_of(g.name)
-        nbytes += g.num_weights * FORMAT_SPECS[fmt].weight_bytes_per_element
-        flops[fmt] = flops.get(fmt, 0.0) + 2.0 * tokens * g.num_weights
+        moe = shape.routed_layer(g.name)
+        read, used = (touched_share(moe, tokens), moe.active_share) if moe else (1.0, 1.0)
+        nbytes += g.num_weights * read * FORMAT_SPECS[fmt].weight_bytes_per_element
+        flops[fmt] = flops.get(fmt, 0.0) + 2.0 * tokens * g.num_weights * used
     return nbytes, flops
 
 
 def decode_step_cost(shape: ModelShape, plan: Plan, batch: int, context: float) -> PhaseCost:
     nbytes, flops = _weight_bytes_and_flops(shape, plan, batch)
-    nbytes += batch * context * shape.kv_bytes_per_token()
-    attn = 4.0 * batch * context * shape.num_attention_heads * shape.head_dim * shape.num_layers
+    nbytes += batch * shape.kv_bytes(context)
+    attn = 4.0 * batch * sum(g.kv_tokens(context) * g.heads * g.head_dim for g in shape.layers)
     flops[Format.BF16] = flops.get(Format.BF16, 0.0) + attn
     return PhaseCost(nbytes, flops)
 
 
 def prefill_cost(shape: ModelShape, plan: Plan, length: int) -> PhaseCost:
     nbytes, flops = _weight_bytes_and_flops(shape, plan, length)
-    nbytes += length * shape.kv_bytes_per_token()  # the cache written once
-    attn = 2.0 * length * length * shape.num_attention_heads * shape.head_dim * shape.num_layers
+    nbytes += shape.kv_bytes(length)  # the cache written once
+    attn = 4.0 * sum(g.causal_pairs(length) * g.heads * g.head_dim for g in shape.layers)
     flops[Format.BF16] = flops.get(Format.BF16, 0.0) + attn
     return PhaseCost(nbytes, flops)
 
@@ -82,10 +92,11 @@ class RooflineEnergyModel:
 
     measured = False
 
-    def __init__(self, shape: ModelShape, target: GPU) -> None:
+    def __init__(self, shape: ModelShape, target: GPU, note: str = "") -> None:
         self.shape = shape
         self.gpu = GPU_SPECS[target]
-        self.label = f"predicted (roofline, datasheet {self.gpu.marketing_name})"
+        notes = [n for n in (note, UNIFORM_ROUTING_NOTE if shape.is_moe else "") if n]
+        self.label = f"predicted (roofline, datasheet {self.gpu.marketing_name}{''.join('; ' + n for n in notes)})"
 
     def _check(self, plan: Plan) -> None:
         for fmt in set(plan.formats.values()):

@@ -71,6 +71,8 @@ def make_predicted_model(shape: ModelShape, target: GPU, profile: Path | None = 
         if data.get("gpu_kind") not in (None, target.value):
             raise InputError(f"profile {profile} is for {data['gpu_kind']}, but the target is {target.value}")
         return ProfileCostModel(data, shape)
+    from advisor.energy.roofline import RooflineEnergyModel
+
     data = shipped_profile(target)
     if data is not None:
         try:
@@ -78,6 +80,5 @@ def make_predicted_model(shape: ModelShape, target: GPU, profile: Path | None = 
         except InputError as exc:  # layer kinds the profile does not cover: the roofline still applies
             log.warning("shipped %s profile does not fit this model (%s); using the datasheet roofline",
                         target.value, exc)
-    from advisor.energy.roofline import RooflineEnergyModel
-
+            return RooflineEnergyModel(shape, target, note=f"the {target.value} profile does not cover this model")
     return RooflineEnergyModel(shape, target)

@@ -1,74 +1,35 @@
-"""A model's quantizable linears grouped as engines fuse them, and its shape for the energy side."""
+"""A loaded model's layer groups and shape, through its family's adapter (:mod:`advisor.models.adapters`).
+
+Groups are ``layers.{i}.{kind}`` for the text decoder stack of every supported family
+(docs/architecture.md, "Layer groups"). A model whose family has no adapter raises
+:class:`advisor.errors.UnsupportedArchitectureError` (exit code 3).
+"""
 
 from __future__ import annotations
 
-import re
-from typing import TYPE_CHECKING
+from typing import Any
 
-from advisor.errors import InputError
-from advisor.models.shape import ModelShape
-from advisor.plan import DENSE_GROUP_KINDS, LayerGroup
+from advisor.models.adapters import GroupInfo, adapter_for, group_infos, model_shape
+from advisor.plan import LayerGroup
 
-if TYPE_CHECKING:
-    import torch
-
-# Llama-family projection names; engines fuse q/k/v and gate/up into one GEMM each.
-_LLAMA_ROLES = {
-    "self_attn.q_proj": "qkv", "self_attn.k_proj": "qkv", "self_attn.v_proj": "qkv",
-    "self_attn.o_proj": "o",
-    "mlp.gate_proj": "gate_up", "mlp.up_proj": "gate_up",
-    "mlp.down_proj": "down",
-}
-_LAYER_RE = re.compile(r"^(?P<prefix>.*\.layers)\.(?P<idx>\d+)\.(?P<role>.+)$")
+__all__ = ["group_table", "layer_groups", "model_shape", "use_eager_experts"]
 
 
-def _linear_modules(model: torch.nn.Module) -> dict[str, torch.nn.Linear]:
-    import torch
-
-    out = {}
-    for name, module in model.named_modules():
-        if isinstance(module, torch.nn.Linear) and not name.endswith("lm_head"):
-            out[name] = module
-    return out
+def group_table(model: Any) -> list[GroupInfo]:
+    """Every searched group with its members, ModelOpt quantizer names and exported names."""
+    return group_infos(model)
 
 
-def layer_groups(model: torch.nn.Module) -> tuple[LayerGroup, ...]:
-    """Groups of quantizable linears: Llama-style fusion where names allow, else one per layer."""
-    linears = _linear_modules(model)
-    fused: dict[tuple[int, str], list[str]] = {}
-    loose: list[str] = []
-    for name in linears:
-        m = _LAYER_RE.match(name)
-        role = _LLAMA_ROLES.get(m["role"]) if m else None
-        if m and role:
-            fused.setdefault((int(m["idx"]), role), []).append(name)
-        else:
-            loose.append(name)
-    groups = []
-    for (idx, role), members in sorted(fused.items(), key=lambda kv: (kv[0][0], DENSE_GROUP_KINDS.index(kv[0][1]))):
-        shapes = tuple((linears[n].in_features, linears[n].out_features) for n in members)
-        groups.append(LayerGroup(f"layers.{idx}.{role}", tuple(members), shapes))
-    for name in loose:
-        lin = linears[name]
-        groups.append(LayerGroup(name, (name,), ((lin.in_features, lin.out_features),)))
-    if not groups:
-        raise InputError("the model has no nn.Linear layers to quantize (lm_head excluded)")
-    return tuple(groups)
+def layer_groups(model: Any) -> tuple[LayerGroup, ...]:
+    return tuple(gi.group for gi in group_infos(model))
 
 
-def model_shape(model: torch.nn.Module) -> ModelShape:
-    cfg = model.config
-    heads = getattr(cfg, "num_attention_heads", 1)
-    hidden = getattr(cfg, "hidden_size", 0)
-    head_dim = getattr(cfg, "head_dim", None) or (hidden // heads if heads else 0)
-    vocab = getattr(cfg, "vocab_size", 0)
-    return ModelShape(
-        groups=layer_groups(model),
-        num_layers=getattr(cfg, "num_hidden_layers", 0),
-        hidden_size=hidden,
-        num_attention_heads=heads,
-        num_kv_heads=getattr(cfg, "num_key_value_heads", None) or heads,
-        head_dim=head_dim,
-        vocab_size=vocab,
-        lm_head_weights=vocab * hidden,
-    )
+def use_eager_experts(model: Any) -> None:
+    """Run transformers-5 fused MoE experts with the eager per-expert loop.
+
+    ModelOpt's ``_QuantFusedExperts`` quantizes through ``F.linear`` and switches the model
+    it quantizes to ``eager``; the BF16 reference and every copy must run the same kernel,
+    or the proxy KL would include grouped_mm-vs-eager rounding differences.
+    """
+    if adapter_for(model.config).moe and hasattr(model, "set_experts_implementation"):
+        model.set_experts_implementation("eager")

@@ -9,7 +9,7 @@ from typing import Any
 
 from advisor.errors import InputError, SetupError
 from advisor.models.gguf_header import check_gguf_complete
-from advisor.models.groups import model_shape
+from advisor.models.groups import model_shape, use_eager_experts
 from advisor.models.shape import ModelShape
 from advisor.recipe.schema import DEMO_MODEL, ModelSpec
 
@@ -75,10 +75,40 @@ def _strip_gguf_quantizer(model: Any) -> None:
             del model.config.quantization_config
 
 
+def check_supported(where: str, auto_config: Any, kwargs: dict[str, Any]) -> None:
+    """Refuse a family without an adapter, from its config alone (UnsupportedArchitectureError, exit 3).
+
+    A config transformers itself does not know is refused the same way when its
+    ``config.json`` names a model_type.
+    """
+    from advisor.models.adapters import adapter_for
+
+    try:
+        config = auto_config.from_pretrained(where, **kwargs)
+    except ValueError:
+        import json
+
+        from advisor.errors import UnsupportedArchitectureError
+        from advisor.models.adapters import SUPPORTED_MODEL_TYPES
+
+        raw = Path(where) / "config.json"
+        model_type = json.loads(raw.read_text()).get("model_type") if raw.is_file() else None
+        if model_type is None or model_type in SUPPORTED_MODEL_TYPES:
+            raise
+        raise UnsupportedArchitectureError(
+            f"model_type {model_type!r} is not supported; supported model types: "
+            f"{', '.join(SUPPORTED_MODEL_TYPES)}") from None
+    adapter_for(config)
+
+
 def load_model(spec: ModelSpec, device: str = "cpu") -> LoadedModel:
-    """Load model and tokenizer in BF16 on ``device``, in eval mode."""
+    """Load model and tokenizer in BF16 on ``device``, in eval mode.
+
+    The config is read first: a family without an adapter is refused (exit code 3) before
+    any weight is loaded.
+    """
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     where, gguf_file = resolve_source(spec)
     kwargs: dict[str, Any] = {}
@@ -87,12 +117,14 @@ def load_model(spec: ModelSpec, device: str = "cpu") -> LoadedModel:
     if spec.revision:
         kwargs["revision"] = spec.revision
     try:
+        check_supported(where, AutoConfig, kwargs)
         tokenizer = AutoTokenizer.from_pretrained(where, **kwargs)
         model = AutoModelForCausalLM.from_pretrained(where, dtype=torch.bfloat16, **kwargs)
     except (OSError, ValueError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise InputError(f"cannot load model {spec.source!r}: {first}") from None
     _strip_gguf_quantizer(model)
+    use_eager_experts(model)
     if not getattr(model.config, "architectures", None):  # GGUF loads leave it unset; export needs it
         model.config.architectures = [type(model).__name__]
     if tokenizer.pad_token is None:

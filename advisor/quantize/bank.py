@@ -2,9 +2,10 @@
 
 :class:`FormatBank` calibrates the whole model once per format (a copy that shares
 the BF16 weight tensors) and assembles any plan by pointing each layer at the
-calibrated ModelOpt ``QuantLinear`` of its format. This is the scheme of ModelOpt's
-AutoQuantize (``algorithms.py``: every candidate format is calibrated per module once,
-then formats switch per module). It is exact, not an approximation: ModelOpt's max
+calibrated ModelOpt ``QuantLinear`` of its format (for a layer's fused MoE experts, the
+one ``_QuantFusedExperts`` module that holds gate/up and down: one group, so one format).
+This is the scheme of ModelOpt's AutoQuantize (``algorithms.py``: every candidate format is
+calibrated per module once, then formats switch per module). It is exact, not an approximation: ModelOpt's max
 calibration collects ranges with quantization switched off, so a layer's calibrated
 range does not depend on the formats of the layers before it (tests/test_quantize.py
 checks mixed plans against :func:`quantize_plan`).
@@ -21,7 +22,7 @@ import torch
 from advisor.errors import SetupError
 from advisor.formats import Format
 from advisor.plan import LayerGroup, Plan
-from advisor.quantize.modelopt_config import ForwardLoop, modelopt_quantization, quantize_plan
+from advisor.quantize.modelopt_config import ForwardLoop, modelopt_quantization, plan_group_table, quantize_plan
 
 
 def _share_weights_copy(model: torch.nn.Module) -> torch.nn.Module:
@@ -52,8 +53,10 @@ class FormatBank:
         self.formats = tuple(formats)
         self.calibrations = 0
         self._modules: dict[Format, dict[str, torch.nn.Module]] = {}
-        members = [m for g in self.groups for m in g.members]
-        self._modules[Format.BF16] = {m: model.get_submodule(m) for m in members}
+        infos = plan_group_table(model, Plan.uniform(self.groups, Format.BF16), self.groups)
+        self._units = {gi.name: gi.modules for gi in infos}  # what is swapped per group
+        swapped = [m for units in self._units.values() for m in units]
+        self._modules[Format.BF16] = {m: model.get_submodule(m) for m in swapped}
         for fmt in self.formats:
             if fmt == Format.BF16:
                 continue
@@ -64,9 +67,9 @@ class FormatBank:
             if fold_weights:
                 modelopt_quantization().fold_weight(calibrated)
             self.calibrations += 1
-            self._modules[fmt] = {m: calibrated.get_submodule(m) for m in members}
+            self._modules[fmt] = {m: calibrated.get_submodule(m) for m in swapped}
         self.model = _share_weights_copy(model)
-        self._current: dict[str, Format] = {m: Format.BF16 for m in members}
+        self._current: dict[str, Format] = {m: Format.BF16 for m in swapped}
 
     def assemble(self, plan: Plan) -> torch.nn.Module:
         """Point every layer of the working model at its plan format's module; no calibration."""
@@ -75,11 +78,12 @@ class FormatBank:
             fmt = plan.format_of(g.name)
             if fmt not in self._modules:
                 raise SetupError(f"format {fmt.value} was not calibrated in this bank")
-            for member in g.members:
-                if self._current[member] != fmt:
-                    self.model.set_submodule(member, self._modules[fmt][member])
-                    self._current[member] = fmt
+            for module in self._units[g.name]:
+                if self._current[module] != fmt:
+                    self.model.set_submodule(module, self._modules[fmt][module])
+                    self._current[module] = fmt
         return self.model
 
-    def module_for(self, member: str, fmt: Format) -> torch.nn.Module:
-        return self._modules[fmt][member]
+    def module_for(self, module: str, fmt: Format) -> torch.nn.Module:
+        """The calibrated module of ``fmt`` at ``module`` (a member, or a fused-experts module)."""
+        return self._modules[fmt][module]

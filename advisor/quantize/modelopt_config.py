@@ -19,6 +19,7 @@ import torch
 
 from advisor.errors import SetupError
 from advisor.formats import Format
+from advisor.models.adapters import GroupInfo, quant_cfg_entries
 from advisor.plan import LayerGroup, Plan
 
 log = logging.getLogger(__name__)
@@ -61,36 +62,49 @@ def format_quantizer_cfg(fmt: Format) -> dict[str, dict[str, Any]]:
     return found
 
 
-def plan_quant_config(plan: Plan, groups: Iterable[LayerGroup]) -> dict[str, Any]:
+def plan_quant_config(plan: Plan, infos: Iterable[GroupInfo]) -> dict[str, Any]:
     """A ModelOpt config that quantizes each group's members in the plan's format.
 
-    Everything starts disabled (so lm_head, embeddings, attention BMMs and BF16 groups
-    stay BF16), then each quantized member gets its format's weight and input quantizer.
+    Everything starts disabled (so lm_head, embeddings, routers, vision towers, attention
+    BMMs and BF16 groups stay BF16), then each quantized member gets its format's weight and
+    input quantizer under its exact ModelOpt name (the adapter's ``GroupInfo.quantizers``:
+    a wildcard such as ``*q_proj*`` would also switch on output quantizers, which export
+    writes as an FP8 KV cache).
     """
-    entries: list[dict[str, Any]] = [{"quantizer_name": "*", "enable": False}]
-    cfgs = {f: format_quantizer_cfg(f) for f in set(plan.formats.values()) if f != Format.BF16}
-    for g in groups:
-        fmt = plan.format_of(g.name)
-        if fmt == Format.BF16:
-            continue
-        for member in g.members:
-            for qname, qcfg in cfgs[fmt].items():
-                entries.append({"quantizer_name": f"{member}.{qname}", "cfg": copy.deepcopy(qcfg)})
-    return {"quant_cfg": entries, "algorithm": "max"}
+    cfgs = {f.value: format_quantizer_cfg(f) for f in set(plan.formats.values()) if f != Format.BF16}
+    return {"quant_cfg": quant_cfg_entries(infos, plan.formats, cfgs), "algorithm": "max"}
 
 
-def tie_fused_nvfp4_scales(model: torch.nn.Module, plan: Plan, groups: Iterable[LayerGroup]) -> None:
+def plan_group_table(model: torch.nn.Module, plan: Plan, groups: Iterable[LayerGroup]) -> list[GroupInfo]:
+    """The model's group table, after checking that ``groups`` and ``plan`` are the model's."""
+    from advisor.errors import InputError
+    from advisor.models.groups import group_table
+
+    groups = tuple(groups)
+    infos = group_table(model)
+    given = {g.name: g.members for g in groups}
+    found = {gi.name: gi.group.members for gi in infos}
+    if given != found:
+        raise InputError("the layer groups given do not match the model's "
+                         f"(first difference: {sorted(set(given.items()) ^ set(found.items()))[:1]})")
+    plan.check_against(groups)
+    return infos
+
+
+def tie_fused_nvfp4_scales(model: torch.nn.Module, plan: Plan, infos: Iterable[GroupInfo]) -> None:
     """Give the members of a fused NVFP4 group one global weight scale (the largest amax).
 
     A serving engine runs q/k/v (and gate/up) as one GEMM with one NVFP4 second-level
     weight scale; ModelOpt's export writes the shared ``weight_scale_2`` the same way.
-    Scoring with the shared scale makes the searched model the deployed one.
+    Scoring with the shared scale makes the searched model the deployed one. Groups whose
+    members read different inputs (a layer's routed experts) keep their own scales.
     """
     with torch.no_grad():
-        for g in groups:
-            if plan.format_of(g.name) != Format.NVFP4 or len(g.members) < 2:
+        for gi in infos:
+            members = gi.group.members
+            if plan.format_of(gi.name) != Format.NVFP4 or len(members) < 2 or not gi.members_share_input:
                 continue
-            quantizers = [model.get_submodule(m).weight_quantizer for m in g.members]
+            quantizers = [model.get_submodule(m).weight_quantizer for m in members]
             amaxes = [q.amax for q in quantizers if getattr(q, "amax", None) is not None]
             if len(amaxes) != len(quantizers):
                 continue
@@ -101,13 +115,12 @@ def tie_fused_nvfp4_scales(model: torch.nn.Module, plan: Plan, groups: Iterable[
 
 def quantize_plan(model: torch.nn.Module, plan: Plan, groups: Iterable[LayerGroup], forward_loop: ForwardLoop):
     """Quantize ``model`` in place with ModelOpt for ``plan`` (calibrates once) and return it."""
-    groups = tuple(groups)
-    plan.check_against(groups)
+    infos = plan_group_table(model, plan, groups)
     prepare_device(next(model.parameters()).device)
     mtq = modelopt_quantization()
     # ModelOpt prints progress to stdout; stdout is for results only.
     with warnings.catch_warnings(), contextlib.redirect_stdout(sys.stderr):
         warnings.simplefilter("ignore")
-        model = mtq.quantize(model, plan_quant_config(plan, groups), forward_loop)
-    tie_fused_nvfp4_scales(model, plan, groups)
+        model = mtq.quantize(model, plan_quant_config(plan, infos), forward_loop)
+    tie_fused_nvfp4_scales(model, plan, infos)
     return model

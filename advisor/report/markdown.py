@@ -43,6 +43,27 @@ def _measured_vs_predicted(summary: dict[str, Any], workloads: list[str]) -> lis
             _table(rows, ["plan id", "plan", *[f"J/token {w}" for w in workloads]]), ""]
 
 
+def _architecture_lines(shape: dict[str, Any]) -> list[str]:
+    """The family, what was searched, and the layer features the energy numbers price."""
+    if not shape.get("family"):
+        return []  # a shape stored before adapters existed
+    layers = shape.get("layers", [])
+    facts = [f"{len(layers)} layers", f"{len(shape['groups'])} searched groups"]
+    sliding = sum(1 for g in layers if g.get("sliding_window"))
+    if sliding:
+        facts.append(f"{sliding} sliding-window layers")
+    moe = [g for g in layers if g.get("num_experts")]
+    if moe:
+        facts.append(f"{len(moe)} MoE layers ({moe[0]['num_experts']} experts, top-{moe[0]['top_k']}; "
+                     "routers stay BF16; a layer's experts share one format)")
+    line = f"- Architecture: {shape['family']} (`{shape['model_type']}`): {', '.join(facts)}"
+    outer = shape.get("outer_model_type")
+    if outer and outer != shape["model_type"]:
+        line += (f". Only the language model of this `{outer}` multimodal model is searched: "
+                 "its vision tower and projector stay BF16")
+    return [line]
+
+
 def render_markdown(summary: dict[str, Any]) -> str:
     workloads = [w["name"] for w in summary["workloads"]]
     by_trial = {r["trial"]: r for r in summary["trials"]}
@@ -54,6 +75,7 @@ def render_markdown(summary: dict[str, Any]) -> str:
                    for w in summary["workloads"])
     out += [
         f"- Model: `{summary['model']['name']}` (fingerprint `{summary['model']['fingerprint']}`)",
+        *_architecture_lines(summary.get("shape") or {}),
         f"- Target GPU: **{summary['target']}**; workloads: {wl}",
         f"- Accuracy budget: KL <= {summary['accuracy_budget']['max_kl']}"
         + (f", perplexity +{summary['accuracy_budget']['max_ppl_increase_pct']}%"

@@ -5,19 +5,17 @@ An :class:`Adapter` is plain data (no torch at import time), found by
 
 * where the text decoder layers are (:class:`Stack`, chosen by the *outer*
   ``config.model_type``): ``model.layers`` for a causal LM, ``model.language_model.layers``
-  for the Gemma-3 multimodal wrapper. Group names keep that prefix
-  (``model.language_model.layers.3.qkv``), so no group spans two stacks and a vision
-  tower's ``encoder.layers.N.self_attn.q_proj`` never joins a text group;
+  for the Gemma-3 multimodal wrapper. Only that stack is searched, so groups are named
+  ``layers.{i}.{kind}`` (``GroupInfo.stack`` keeps the prefix) and a vision tower's
+  ``encoder.layers.N.self_attn.q_proj`` never joins a text group;
 * the linear :class:`Role` s of a decoder layer and the group *kind* of each. A kind is
   what a serving engine runs as one GEMM: ``qkv`` (q/k/v, or Phi-3's pre-fused
   ``qkv_proj``), ``o``, ``gate_up`` (gate/up, or Phi-3's pre-fused ``gate_up_proj``),
-  ``down``; for MoE ``experts_gate_up`` / ``experts_down`` (all routed experts of a layer)
-  and ``shared_gate_up`` / ``shared_down`` (Qwen2-MoE's shared expert);
+  ``down``; for MoE ``experts`` (gate/up and down of all routed experts of a layer: fused-MoE
+  kernels run them with one quantization mode, and ModelOpt 0.47 exports a fused-experts
+  module with one format) and ``shared_gate_up`` / ``shared_down`` (Qwen2-MoE's shared expert);
 * what is never quantized (fnmatch patterns on module names): norms, embeddings,
   ``lm_head``, routers (``mlp.gate``) and the shared-expert gate, vision tower, projector;
-* format ties: kinds that must share one format within a layer for the export to be
-  right (ModelOpt 0.47 exports a fused-experts module with ONE format, so
-  ``experts_gate_up`` and ``experts_down`` of a layer are tied);
 * how the checkpoint written by ``export_hf_checkpoint`` names each member
   (transformers 5 saves in the legacy layout: ``language_model.model.layers`` for
   Gemma-3, per-expert ``experts.{e}.gate_proj`` / Mixtral ``block_sparse_moe.experts.{e}.w1``);
@@ -34,38 +32,25 @@ wraps such a module as ``_QuantFusedExperts`` with quantizers
 ``..._weight_quantizers.{e}`` to ``..._weight_quantizer``, hence :func:`member_quantizers`.
 """
 
-
-from advisor.errors import InputError  # noqa: E402  (re-exported: tests catch it as adapters.InputError)
-from advisor.models.adapters.discovery import (
-    check_format_ties,
-    discover_groups,
-    format_tie_sets,
-    group_infos,
-    member_quantizers,
-    quant_cfg_entries,
-)
+from advisor.models.adapters.discovery import discover_groups, group_infos, member_quantizers, quant_cfg_entries
 from advisor.models.adapters.geometry import expected_group_shapes, layer_geometry, model_shape, text_geometry
-from advisor.models.adapters.registry import (
-    ADAPTERS,
-    SUPPORTED_MODEL_TYPES,
-    UnsupportedArchitectureError,
-    adapter_for,
-    check_causal_lm,
-)
+from advisor.models.adapters.registry import ADAPTERS, SUPPORTED_MODEL_TYPES, adapter_for, check_causal_lm
 from advisor.models.adapters.types import (
     KIND_ORDER,
     ROUTED_KINDS,
+    SHARED_INPUT_KINDS,
     Adapter,
     GroupInfo,
     LayerGeometry,
     Role,
     Stack,
     TextGeometry,
+    UnsupportedArchitectureError,
 )
 
 __all__ = [
-    "ADAPTERS", "KIND_ORDER", "ROUTED_KINDS", "SUPPORTED_MODEL_TYPES", "Adapter", "GroupInfo", "InputError",
+    "ADAPTERS", "KIND_ORDER", "ROUTED_KINDS", "SHARED_INPUT_KINDS", "SUPPORTED_MODEL_TYPES", "Adapter", "GroupInfo",
     "LayerGeometry", "Role", "Stack", "TextGeometry", "UnsupportedArchitectureError", "adapter_for",
-    "check_causal_lm", "check_format_ties", "discover_groups", "expected_group_shapes", "format_tie_sets",
-    "group_infos", "layer_geometry", "member_quantizers", "model_shape", "quant_cfg_entries", "text_geometry",
+    "check_causal_lm", "discover_groups", "expected_group_shapes", "group_infos", "layer_geometry",
+    "member_quantizers", "model_shape", "quant_cfg_entries", "text_geometry",
 ]

@@ -1,4 +1,4 @@
-"""Fused layer groups of a loaded model, their ModelOpt quantizer names and format ties."""
+"""Fused layer groups of a loaded model and their ModelOpt quantizer names."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from advisor.errors import InputError
 from advisor.models.adapters.registry import _text_config, check_causal_lm
 from advisor.models.adapters.types import (
     KIND_ORDER,
@@ -82,13 +81,16 @@ def _export_name(name: str, stack: Stack) -> str:
     return new + name[len(old):] if old and name.startswith(old) else name
 
 
-def group_infos(model: Any, adapter: Adapter | None = None, *, stack_prefix: bool = True) -> list[GroupInfo]:
+def group_infos(model: Any, adapter: Adapter | None = None) -> list[GroupInfo]:
     """Every quantizable group of ``model``, in layer order, kinds in :data:`KIND_ORDER`.
+
+    Groups are named ``layers.{i}.{kind}``: an adapter has exactly one searched stack (the
+    text decoder; ``GroupInfo.stack`` names it), so the short name is unique, and the names
+    of Llama-family plans stay what they were before adapters existed.
 
     Raises :class:`UnsupportedArchitectureError` when a linear (or 3-D expert) weight is
     neither in a group nor declared never-quantized, so an unknown variant of a family
-    is refused rather than partly quantized. ``stack_prefix=False`` names groups
-    ``layers.{i}.{kind}`` (the project's names before adapters; one stack only).
+    is refused rather than partly quantized.
     """
     import torch
 
@@ -119,8 +121,8 @@ def group_infos(model: Any, adapter: Adapter | None = None, *, stack_prefix: boo
             members = tuple(m for _, m, *_ in entries)
             shapes = tuple((i, o) for _, _, i, o, _, _ in entries)
             quantizers = tuple(q for _, m, *_ in entries for q in member_quantizers(m, layout))
-            exported = tuple(_export_name(f"{prefix}.{p}", stack) for *_, rel in entries for p in rel)
-            name = f"{prefix}.{kind}" if stack_prefix else f"layers.{idx}.{kind}"
+            exported = tuple(tuple(_export_name(f"{prefix}.{p}", stack) for p in rel) for *_, rel in entries)
+            name = f"layers.{idx}.{kind}"
             n_exp = experts if kind in ROUTED_KINDS else 0
             infos.append(GroupInfo(LayerGroup(name, members, shapes), stack.layers, idx, kind, layout, quantizers,
                                    exported, n_exp, top_k if n_exp else 0))
@@ -144,34 +146,9 @@ def group_infos(model: Any, adapter: Adapter | None = None, *, stack_prefix: boo
     return infos
 
 
-def discover_groups(model: Any, adapter: Adapter | None = None, *, stack_prefix: bool = True) -> list[LayerGroup]:
+def discover_groups(model: Any, adapter: Adapter | None = None) -> list[LayerGroup]:
     """The :class:`LayerGroup` s of ``model`` (see :func:`group_infos`)."""
-    return [gi.group for gi in group_infos(model, adapter, stack_prefix=stack_prefix)]
-
-
-def format_tie_sets(infos: Iterable[GroupInfo], adapter: Adapter) -> list[tuple[str, ...]]:
-    """Group names that must share one format (per layer, per tie of the adapter)."""
-    by_layer: dict[tuple[str, int], dict[str, str]] = {}
-    for gi in infos:
-        by_layer.setdefault((gi.stack, gi.layer), {})[gi.kind] = gi.name
-    out = []
-    for kinds in by_layer.values():
-        for tie in adapter.format_ties:
-            names = tuple(kinds[k] for k in tie if k in kinds)
-            if len(names) > 1:
-                out.append(names)
-    return out
-
-
-def check_format_ties(infos: Iterable[GroupInfo], adapter: Adapter, formats: Mapping[str, Any]) -> None:
-    """Raise InputError when a plan gives tied groups different formats."""
-    for names in format_tie_sets(infos, adapter):
-        used = {str(getattr(formats[n], "value", formats[n])) for n in names}
-        if len(used) > 1:
-            raise InputError(
-                f"groups {list(names)} must share one format (ModelOpt exports a fused-experts module with "
-                f"a single format), got {sorted(used)}"
-            )
+    return [gi.group for gi in group_infos(model, adapter)]
 
 
 def quant_cfg_entries(

@@ -4,27 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from advisor.models.adapters.discovery import (
-    _routing,
-    check_format_ties,
-    discover_groups,
-    format_tie_sets,
-    group_infos,
-    member_quantizers,
-    quant_cfg_entries,
-)
-from advisor.models.adapters.registry import ADAPTERS, SUPPORTED_MODEL_TYPES, _text_config, adapter_for, check_causal_lm
-from advisor.models.adapters.types import (
-    KIND_ORDER,
-    ROUTED_KINDS,
-    Adapter,
-    GroupInfo,
-    LayerGeometry,
-    Role,
-    Stack,
-    TextGeometry,
-    UnsupportedArchitectureError,
-)
+from advisor.models.adapters.discovery import _routing, discover_groups
+from advisor.models.adapters.registry import _text_config, adapter_for
+from advisor.models.adapters.types import Adapter, TextGeometry
+from advisor.models.shape import LayerGeometry, ModelShape
 
 # ----------------------------------------------------------------------------- geometry
 
@@ -94,11 +77,10 @@ def text_geometry(config: Any) -> TextGeometry:
 def expected_group_shapes(config: Any) -> dict[str, tuple[tuple[int, int], ...]]:
     """Group name -> member shapes the config implies (to check discovery against geometry)."""
     adapter = adapter_for(config)
-    stack = adapter.stack_for(getattr(config, "model_type", adapter.model_type)).layers
     pre_fused = any(r.path == "self_attn.qkv_proj" for r in adapter.roles)
     out: dict[str, tuple[tuple[int, int], ...]] = {}
     for g in layer_geometry(config):
-        p = f"{stack}.{g.index}"
+        p = f"layers.{g.index}"
         q, kv = g.heads * g.head_dim, g.kv_heads * g.head_dim
         out[f"{p}.qkv"] = ((g.hidden, q + 2 * kv),) if pre_fused else ((g.hidden, q), (g.hidden, kv), (g.hidden, kv))
         out[f"{p}.o"] = ((q, g.hidden),)
@@ -112,31 +94,18 @@ def expected_group_shapes(config: Any) -> dict[str, tuple[tuple[int, int], ...]]
             out[f"{p}.shared_gate_up"] = ((g.hidden, s), (g.hidden, s))
             out[f"{p}.shared_down"] = ((s, g.hidden),)
         e, m = g.num_experts, g.moe_intermediate
-        out[f"{p}.experts_gate_up"] = ((g.hidden, e * 2 * m),)
-        out[f"{p}.experts_down"] = ((m, e * g.hidden),)
+        out[f"{p}.experts"] = ((g.hidden, e * 2 * m), (m, e * g.hidden))
     return out
 
 
-def model_shape(model: Any, *, stack_prefix: bool = True) -> Any:
-    """The project's ``ModelShape`` built through the adapter (uniform-attention fields from layer 0)."""
-    try:
-        from advisor.models.shape import ModelShape
-    except ImportError:  # layout before the advisor/models restructure
-        from advisor.shape import ModelShape
-
+def model_shape(model: Any) -> ModelShape:
+    """The model's :class:`ModelShape`: its groups and the per-layer geometry of its text config."""
     geo = text_geometry(model.config)
     first = geo.layers[0]
     return ModelShape(
-        groups=tuple(discover_groups(model, stack_prefix=stack_prefix)),
+        groups=tuple(discover_groups(model)),
         num_layers=geo.num_layers, hidden_size=geo.hidden, num_attention_heads=first.heads,
         num_kv_heads=first.kv_heads, head_dim=first.head_dim, vocab_size=geo.vocab,
-        lm_head_weights=geo.vocab * geo.hidden,
+        lm_head_weights=geo.vocab * geo.hidden, layers=geo.layers, model_type=geo.model_type,
+        outer_model_type=geo.outer_model_type, family=geo.family, tied_embeddings=geo.tied_embeddings,
     )
-
-
-__all__ = [
-    "ADAPTERS", "Adapter", "GroupInfo", "KIND_ORDER", "LayerGeometry", "ROUTED_KINDS", "Role", "Stack",
-    "SUPPORTED_MODEL_TYPES", "TextGeometry", "UnsupportedArchitectureError", "adapter_for", "check_causal_lm",
-    "check_format_ties", "discover_groups", "expected_group_shapes", "format_tie_sets", "group_infos",
-    "layer_geometry", "member_quantizers", "model_shape", "quant_cfg_entries", "text_geometry",
-]

@@ -15,26 +15,30 @@ _ATTN = (
     Role("self_attn.o_proj", "o"),
 )
 _MLP = (Role("mlp.gate_proj", "gate_up"), Role("mlp.up_proj", "gate_up"), Role("mlp.down_proj", "down"))
+# One group per layer for all routed experts, gate/up and down together: fused-MoE kernels
+# (TensorRT-LLM, vLLM) run a layer's experts with one quantization mode, and ModelOpt 0.47
+# exports a fused-experts module with one format (a BF16 down_proj next to FP8 gate_up_proj
+# is written BF16 but not excluded: tests/test_adapters.py keeps a canary).
 _QWEN_FUSED_EXPERTS = (
-    Role("mlp.experts.gate_up_proj", "experts_gate_up", "fused_experts",
+    Role("mlp.experts.gate_up_proj", "experts", "fused_experts",
          ("mlp.experts.{e}.gate_proj", "mlp.experts.{e}.up_proj")),
-    Role("mlp.experts.down_proj", "experts_down", "fused_experts", ("mlp.experts.{e}.down_proj",)),
+    Role("mlp.experts.down_proj", "experts", "fused_experts", ("mlp.experts.{e}.down_proj",)),
 )
 _MIXTRAL_FUSED_EXPERTS = (
-    Role("mlp.experts.gate_up_proj", "experts_gate_up", "fused_experts",
+    Role("mlp.experts.gate_up_proj", "experts", "fused_experts",
          ("block_sparse_moe.experts.{e}.w1", "block_sparse_moe.experts.{e}.w3")),
-    Role("mlp.experts.down_proj", "experts_down", "fused_experts", ("block_sparse_moe.experts.{e}.w2",)),
+    Role("mlp.experts.down_proj", "experts", "fused_experts", ("block_sparse_moe.experts.{e}.w2",)),
 )
 # transformers 4.x per-expert ModuleLists (declared, not testable next to transformers 5 here)
 _QWEN_EXPERTS_V4 = (
-    Role("mlp.experts.*.gate_proj", "experts_gate_up"),
-    Role("mlp.experts.*.up_proj", "experts_gate_up"),
-    Role("mlp.experts.*.down_proj", "experts_down"),
+    Role("mlp.experts.*.gate_proj", "experts"),
+    Role("mlp.experts.*.up_proj", "experts"),
+    Role("mlp.experts.*.down_proj", "experts"),
 )
 _MIXTRAL_EXPERTS_V4 = (
-    Role("block_sparse_moe.experts.*.w1", "experts_gate_up"),
-    Role("block_sparse_moe.experts.*.w3", "experts_gate_up"),
-    Role("block_sparse_moe.experts.*.w2", "experts_down"),
+    Role("block_sparse_moe.experts.*.w1", "experts"),
+    Role("block_sparse_moe.experts.*.w3", "experts"),
+    Role("block_sparse_moe.experts.*.w2", "experts"),
 )
 _SHARED_EXPERT = (
     Role("mlp.shared_expert.gate_proj", "shared_gate_up"),
@@ -43,7 +47,6 @@ _SHARED_EXPERT = (
 )
 _NEVER = ("lm_head", "*embed_tokens", "*norm", "*rotary_emb")
 _ROUTERS = ("*.mlp.gate", "*.block_sparse_moe.gate", "*.mlp.shared_expert_gate")
-_EXPERT_TIES = (("experts_gate_up", "experts_down"),)
 
 
 def _lm(model_type: str) -> dict[str, Stack]:
@@ -55,8 +58,7 @@ def _dense(model_type: str, family: str, **kw: Any) -> Adapter:
 
 
 def _moe(model_type: str, family: str, roles: tuple[Role, ...], **kw: Any) -> Adapter:
-    return Adapter(model_type, family, roles, _lm(model_type), _NEVER + _ROUTERS, routers=_ROUTERS,
-                   format_ties=_EXPERT_TIES, moe=True, **kw)
+    return Adapter(model_type, family, roles, _lm(model_type), _NEVER + _ROUTERS, routers=_ROUTERS, moe=True, **kw)
 
 
 ADAPTERS: dict[str, Adapter] = {

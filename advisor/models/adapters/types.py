@@ -7,20 +7,21 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-from advisor.errors import InputError
+from advisor.errors import UnsupportedArchitectureError
+from advisor.models.shape import LayerGeometry
 from advisor.plan import DENSE_GROUP_KINDS, LayerGroup
 
 Layout = Literal["linear", "fused_experts"]
 
 #: every group kind, in the order the groups of one layer are listed
-KIND_ORDER = (*DENSE_GROUP_KINDS, "shared_gate_up", "shared_down", "experts_gate_up", "experts_down")
+KIND_ORDER = (*DENSE_GROUP_KINDS, "shared_gate_up", "shared_down", "experts")
 #: kinds of which one token uses only top_k / num_experts of the weights
-ROUTED_KINDS = frozenset({"experts_gate_up", "experts_down"})
+ROUTED_KINDS = frozenset({"experts"})
+#: kinds whose members read the same input, fused into one GEMM with one input scale
+SHARED_INPUT_KINDS = frozenset({"qkv", "gate_up", "shared_gate_up"})
 
-
-class UnsupportedArchitectureError(InputError):
-    """The model's family has no adapter, or the model is not a decoder-only causal LM."""
-
+__all__ = ["KIND_ORDER", "ROUTED_KINDS", "SHARED_INPUT_KINDS", "Adapter", "GroupInfo", "LayerGeometry", "Layout",
+           "Role", "Stack", "TextGeometry", "UnsupportedArchitectureError"]
 
 # ----------------------------------------------------------------------------- data types
 
@@ -59,7 +60,6 @@ class Adapter:
     stacks: Mapping[str, Stack]  # outer config.model_type -> Stack
     never_quantize: tuple[str, ...]
     routers: tuple[str, ...] = ()  # patterns (also in never_quantize), for checks
-    format_ties: tuple[tuple[str, ...], ...] = ()  # kinds that must share a format within a layer
     activation_attr: str = "hidden_act"
     norms_per_layer: int = 2
     qk_norm: bool = False
@@ -103,7 +103,7 @@ class GroupInfo:
     kind: str
     layout: Layout
     quantizers: tuple[str, ...]  # ModelOpt quantizer names: weight and input of each member
-    exported: tuple[str, ...]  # module names of the members in the exported checkpoint
+    member_exports: tuple[tuple[str, ...], ...]  # per member: its module names in the exported checkpoint
     num_experts: int = 0  # routed experts behind each member (0: dense)
     top_k: int = 0
 
@@ -116,32 +116,23 @@ class GroupInfo:
         """Share of the group's weights one token uses (top_k / num_experts for routed experts)."""
         return self.top_k / self.num_experts if self.kind in ROUTED_KINDS and self.num_experts else 1.0
 
-
-@dataclass(frozen=True)
-class LayerGeometry:
-    index: int
-    hidden: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-    sliding_window: int | None  # None: full (global) attention
-    qk_norm: bool
-    qkv_bias: bool
-    activation: str
-    norms: int  # RMSNorms of the layer, q/k norms not counted
-    intermediate: int  # dense MLP intermediate size; 0 in a MoE layer
-    num_experts: int = 0
-    top_k: int = 0
-    moe_intermediate: int = 0
-    shared_expert_intermediate: int = 0
+    @property
+    def exported(self) -> tuple[str, ...]:
+        """Module names of all members in the exported checkpoint (per expert for fused experts)."""
+        return tuple(n for names in self.member_exports for n in names)
 
     @property
-    def is_moe(self) -> bool:
-        return self.num_experts > 0
+    def modules(self) -> tuple[str, ...]:
+        """The modules that carry this group's quantizers: the members, or for fused experts the
+        experts module that owns the 3-D weights (one module for gate/up and down)."""
+        if self.layout == "fused_experts":
+            return tuple(dict.fromkeys(m.rpartition(".")[0] for m in self.group.members))
+        return self.group.members
 
-    def kv_tokens(self, context: int) -> int:
-        """Tokens of K/V this layer keeps for a sequence at ``context``."""
-        return context if self.sliding_window is None else min(context, self.sliding_window)
+    @property
+    def members_share_input(self) -> bool:
+        """Members read the same activations (q/k/v, gate/up): engines run them as one GEMM."""
+        return self.kind in SHARED_INPUT_KINDS and self.layout == "linear"
 
 
 @dataclass(frozen=True)
