@@ -171,7 +171,7 @@ def test_a_moved_and_a_copied_run_folder_report_from_their_own_study(finished_ru
     (["--formats", "bf16,fp8"], "formats"),
     (["--target", "h100", "--formats", "bf16,fp8"], "target"),
     (["--batch-size", "64"], "workloads"),
-    (["--energy", "measured"], "energy"),
+    (["--energy", "predicted"], "energy"),
     (["--tasks", "lambada_openai"], "benchmark.tasks"),
     (["--calibration", "../shared/data/text/tinystories_val.txt"], "calibration.source"),
 ])

@@ -89,6 +89,9 @@ def search(
         "workloads": _workload_overrides(batch_size, input_tokens, output_tokens, workload, recipe),
     }
     rec = load_recipe(recipe, overrides)
+    from advisor.recipe.workload_flags import describe
+
+    err.print(f"workloads: {describe(rec.workloads)}", highlight=False, markup=False)
     from advisor.workflows.preflight import preflight
 
     preflight(rec)  # judge what can be judged before the study is created

@@ -5,6 +5,7 @@ they load anything."""
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,6 +40,7 @@ def model_facts(spec: ModelSpec) -> ModelFacts | None:
     folder = Path(where)
     if folder.is_dir():
         _check_config_file(folder, spec.source)
+        _check_family(where, spec)  # an unsupported family is exit 3, before any other complaint
     config = _read_config(where, spec)
     check_causal_lm(config, spec.source)
     if folder.is_dir():
@@ -46,6 +48,16 @@ def model_facts(spec: ModelSpec) -> ModelFacts | None:
     arch = ", ".join(getattr(config, "architectures", None) or []) or "no architectures listed"
     return ModelFacts(spec.source, f"{arch} ({config.model_type})",
                       getattr(config, "max_position_embeddings", None), "max_position_embeddings")
+
+
+def _check_family(where: str, spec: ModelSpec) -> None:
+    from transformers import AutoConfig
+
+    from advisor.models.loading import check_supported
+
+    kwargs = {"revision": spec.revision} if spec.revision else {}
+    with contextlib.suppress(OSError, ValueError, KeyError, TypeError):  # unreadable: _read_config says so
+        check_supported(where, AutoConfig, kwargs)
 
 
 def _check_config_file(folder: Path, source: str) -> None:

@@ -28,7 +28,9 @@ ForwardLoop = Callable[[torch.nn.Module], None]
 
 
 def modelopt_quantization() -> Any:
-    with warnings.catch_warnings():
+    # ModelOpt prints progress to stdout ("Registered ...", "Inserted N quantizers"); stdout
+    # carries the advisor's results, so its chatter goes to stderr.
+    with warnings.catch_warnings(), contextlib.redirect_stdout(sys.stderr):
         warnings.simplefilter("ignore")
         try:
             import modelopt.torch.quantization as mtq
@@ -121,6 +123,7 @@ def quantize_plan(model: torch.nn.Module, plan: Plan, groups: Iterable[LayerGrou
     # ModelOpt prints progress to stdout; stdout is for results only.
     with warnings.catch_warnings(), contextlib.redirect_stdout(sys.stderr):
         warnings.simplefilter("ignore")
-        model = mtq.quantize(model, plan_quant_config(plan, infos), forward_loop)
+        with contextlib.redirect_stdout(sys.stderr):
+            model = mtq.quantize(model, plan_quant_config(plan, infos), forward_loop)
     tie_fused_nvfp4_scales(model, plan, infos)
     return model

@@ -29,6 +29,12 @@ def is_retry(trial: FrozenTrial) -> bool:
     return "failed_trial" in trial.system_attrs  # set by RetryHeartbeatStaleTrialCallback
 
 
+def counts(trial: FrozenTrial) -> bool:
+    """A fresh trial that was not turned away: it uses the budget. Trials pruned as over budget
+    do not, so a resume with a larger budget runs the difference."""
+    return not is_retry(trial) and not trial.user_attrs.get("over_budget")
+
+
 class TrialBudget:
     """Exactly ``n`` fresh trials are evaluated in the study, whatever the number of workers."""
 
@@ -36,13 +42,13 @@ class TrialBudget:
         self.n = n
 
     def used(self, study: optuna.Study) -> int:
-        return sum(1 for t in study.get_trials(deepcopy=False) if not is_retry(t))
+        return sum(1 for t in study.get_trials(deepcopy=False) if counts(t))
 
     def admits(self, study: optuna.Study, trial: optuna.Trial) -> bool:
         trials = study.get_trials(deepcopy=False)
         if any(t.number == trial.number and is_retry(t) for t in trials):
             return True
-        return sum(1 for t in trials if t.number < trial.number and not is_retry(t)) < self.n
+        return sum(1 for t in trials if t.number < trial.number and counts(t)) < self.n
 
     def wrap(self, study: optuna.Study, objective: Callable[[optuna.Trial], Any]) -> Callable[[optuna.Trial], Any]:
         def budgeted(trial: optuna.Trial) -> Any:

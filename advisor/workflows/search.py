@@ -18,7 +18,6 @@ from rich.console import Console
 from advisor import __version__
 from advisor.errors import Interrupted, UnsupportedError
 from advisor.recipe.schema import Recipe
-from advisor.recipe.workload_flags import describe
 from advisor.report.schema import Summary
 from advisor.report.summary import write_report
 from advisor.search.artifacts import share_tokens
@@ -39,7 +38,6 @@ def run(recipe: Recipe, resume: bool = False, console: Console | None = None,
     if workers > 1 and recipe.storage is None:  # processes of one host share Optuna's journal file
         recipe = recipe.model_copy(update={"storage": default_url(recipe.run_dir, workers)})
     key = study_key(recipe, package_versions())
-    progress.print(f"workloads: {describe(recipe.workloads)}")
     recipe.run_dir.mkdir(parents=True, exist_ok=True)
     study = open_study(recipe, resume, key)
     if not resume:
