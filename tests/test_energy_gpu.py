@@ -69,13 +69,14 @@ def _runtime_logits(rt, tokens):
 
 
 def test_bf16_runtime_matches_hf():
-    from advisor.energy.runtime import LlamaRuntime, LlamaWeights
+    from advisor.energy.runtime import DecoderRuntime
+    from advisor.energy.weights import DecoderWeights
 
     model = _small_hf()
     tokens = torch.randint(0, 512, (3, 40), device="cuda")
     with torch.no_grad():
         ref = model(tokens).logits
-    rt = LlamaRuntime(LlamaWeights.from_hf(model), {})
+    rt = DecoderRuntime(DecoderWeights.from_hf(model), {})
     pre, dec = _runtime_logits(rt, tokens)
     assert _rel(pre, ref[:, -2]) < BF16_TOL
     assert _rel(dec, ref[:, -1]) < BF16_TOL
@@ -109,14 +110,15 @@ def _fake_quantize_hf(model, amax):
 
 def test_fp8_runtime_matches_fake_quantized_model_and_runs_fp8_gemms():
     from advisor.energy.cuda_tools import kernel_names
-    from advisor.energy.runtime import LlamaRuntime, LlamaWeights, calibrate
+    from advisor.energy.runtime import DecoderRuntime, calibrate
+    from advisor.energy.weights import DecoderWeights
     from advisor.formats import Format
 
     model = _small_hf()
-    w = LlamaWeights.from_hf(model)
+    w = DecoderWeights.from_hf(model)
     amax = calibrate(w, batch=2, length=64)
     plan = {f"layers.{i}.{k}": Format.FP8 for i in range(3) for k in ("qkv", "o", "gate_up", "down")}
-    rt = LlamaRuntime(w, plan, amax)
+    rt = DecoderRuntime(w, plan, amax)
     tokens = torch.randint(0, 512, (3, 40), device="cuda")
     pre, dec = _runtime_logits(rt, tokens)
     with torch.no_grad():
@@ -158,15 +160,16 @@ def test_fp8_runtime_matches_fake_quantized_model_and_runs_fp8_gemms():
 
 
 def test_nvfp4_energy_is_refused_on_hopper():
-    from advisor.energy.runtime import LlamaRuntime, LlamaWeights
+    from advisor.energy.runtime import DecoderRuntime
+    from advisor.energy.weights import DecoderWeights
     from advisor.errors import UnsupportedError
     from advisor.formats import Format
 
     if torch.cuda.get_device_capability()[0] >= 10:
         pytest.skip("Blackwell: NVFP4 runs natively")
-    w = LlamaWeights.from_hf(_small_hf())
+    w = DecoderWeights.from_hf(_small_hf())
     with pytest.raises(UnsupportedError, match="NVFP4 energy cannot be measured"):
-        LlamaRuntime(w, {"layers.0.qkv": Format.NVFP4})
+        DecoderRuntime(w, {"layers.0.qkv": Format.NVFP4})
 
 
 def test_nvml_meter_on_a_gpu_matmul():
