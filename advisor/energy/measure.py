@@ -138,12 +138,12 @@ class MeasuredEnergyModel:
         config: MeterConfig | None = None,
         model_config: Any = None,
     ) -> None:
-        torch = _torch_with_gpu()
         from advisor.energy.dims import DecoderDims
 
         self.shape = shape
-        # refused (MoE, partial rotary, ...) before any GPU time is spent
+        # refused (MoE, partial rotary, ...) before looking for a GPU
         self.dims = DecoderDims.from_config(model_config) if model_config is not None else DecoderDims.from_shape(shape)
+        torch = _torch_with_gpu()
         self.meter = open_meter(torch.cuda.current_device(), config)
         state = self.meter.counter.state()
         here = gpu_from_device_name(state.name)
