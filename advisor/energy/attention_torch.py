@@ -34,10 +34,11 @@ def attention_over_cache(
     allowed = k_pos <= q_pos
     if spec.sliding_window is not None:
         allowed &= k_pos > q_pos - spec.sliding_window
-    if spec.softcap is None and not eager:
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, scale=1.0, enable_gqa=True)
     group = q.shape[1] // k.shape[1]
+    # heads expanded: with a mask, SDPA's memory-efficient kernel runs only without GQA
     k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+    if spec.softcap is None and not eager:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, scale=1.0)
     scores = torch.matmul(q.float(), k.float().transpose(-1, -2))
     if spec.softcap is not None:
         scores = torch.tanh(scores / spec.softcap) * spec.softcap

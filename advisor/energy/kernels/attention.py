@@ -264,7 +264,9 @@ def decode_attention(
     g = heads // kv_heads
     gp = max(16, triton.next_power_of_2(g))  # tl.dot needs 16 rows
     hp, dp = head_tiles(head_dim)
-    block_n = 64
+    # 256-wide heads (Gemma): smaller key blocks and one stage fewer keep the pipelined
+    # k and v tiles within shared memory; up to 128 the tuned Llama configuration
+    block_n, stages = (64, 3) if dp <= 128 else (32, 2)
     n_old = ctx - 1
     kv_lo = min(max(kv_lo, 0), n_old)
     n_read = n_old - kv_lo
@@ -323,7 +325,7 @@ def decode_attention(
         OUT_FP8=inv_scale is not None,
         INTERPRETED=not qkv.is_cuda,
         num_warps=4,
-        num_stages=3,
+        num_stages=stages,
     )
     if splits > 1:
         _launch(
