@@ -280,3 +280,26 @@ def test_dims_edits_keep_the_rest_of_the_model():
     flat = dataclasses.replace(dims, layers=dims.layers[:1])
     assert flat.family == "Mistral" and flat.layers[0].attention.head_dim == 80
     assert DecoderDims.llama31_8b().summary()["intermediate"] == 14336
+
+
+@pytest.mark.parametrize("start,length", [(0, 9), (5, 4), (20, 1)])
+@pytest.mark.parametrize("window,softcap,eager", [(None, None, False), (3, None, False), (3, 0.7, False),
+                                                  (None, None, True)])
+def test_prefill_and_decode_attention_in_torch_match_a_masked_softmax(start, length, window, softcap, eager):
+    from advisor.energy.attention_torch import attention_over_cache
+    from advisor.energy.dims import AttentionSpec
+
+    g = torch.Generator().manual_seed(start + length)
+    h, kv, d, ctx = 4, 2, 16, start + length
+    q = torch.randn(2, h, length, d, generator=g)
+    kc, vc = torch.randn(2, kv, 32, d, generator=g), torch.randn(2, kv, 32, d, generator=g)
+    spec = AttentionSpec(h, kv, d, sliding_window=window, softcap=softcap)
+    out = attention_over_cache(q, kc, vc, start, spec, eager=eager)
+    k, v = kc[:, :, :ctx].repeat_interleave(2, 1), vc[:, :, :ctx].repeat_interleave(2, 1)
+    scores = q @ k.transpose(-1, -2)
+    if softcap:
+        scores = torch.tanh(scores / softcap) * softcap
+    qp, kp = torch.arange(start, ctx)[:, None], torch.arange(ctx)[None, :]
+    allowed = (kp <= qp) & (kp > qp - (window or ctx + 1))
+    ref = torch.softmax(scores.masked_fill(~allowed, float("-inf")), -1) @ v
+    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5)
