@@ -94,11 +94,12 @@ def _f32_logits(model, tokens) -> torch.Tensor:
         return copy.deepcopy(model).float()(tokens).logits.float()
 
 
-def _runtime_logits(model, tokens, dims: DecoderDims | None = None):
+def _runtime_logits(model, tokens, dims: DecoderDims | None = None, decode_attention: str = "triton"):
     from advisor.energy.runtime import DecoderRuntime
     from advisor.energy.weights import DecoderWeights
 
-    rt = DecoderRuntime(DecoderWeights.from_hf(model, max_pos=SEQ + 4, device="cpu", dims=dims), {})
+    w = DecoderWeights.from_hf(model, max_pos=SEQ + 4, device="cpu", dims=dims)
+    rt = DecoderRuntime(w, {}, decode_attention=decode_attention)
     rt.allocate_cache(tokens.shape[0], SEQ + 4)
     with torch.no_grad():
         prefill = rt.forward(tokens[:, :-1], 0)
@@ -120,6 +121,15 @@ def test_runtime_decoder_matches_the_hf_model(family):
     assert max(errs.values()) < TOL, errs
     for layer, k in zip(rt.dims.layers, rt.k_cache, strict=True):  # windowed layers keep only their window
         assert k.shape[2] == (WINDOW if layer.attention.sliding_window else SEQ + 4)
+
+
+@pytest.mark.parametrize("family,variant", [("mistral", "sdpa"), ("gemma2", "bmm")])
+def test_eager_decode_variants_read_the_ring_cache_too(family, variant):
+    """The benchmarks' eager decode attention (PyTorch) on windowed layers: ring slots, soft-capping."""
+    model, tokens = _hf_model(family)
+    ref = _f32_logits(model, tokens)
+    _, _, decode = _runtime_logits(model, tokens, decode_attention=variant)
+    assert _rel(decode, ref[:, -1]) < TOL
 
 
 def _without(layers_attr: str, value):

@@ -180,31 +180,33 @@ class DecoderRuntime:
         t, d = self.w.t, self.dims
         cos, sin = self.w.rope[spec.rope]
         kc, vc = self.k_cache[i], self.v_cache[i]
-        norms = dict(
-            q_norm=t.get(f"{i}.q_norm"), k_norm=t.get(f"{i}.k_norm"), norm_eps=d.rms_eps, norm_round=not d.gemma_norms
-        )
-        h, kv, hd = spec.heads, spec.kv_heads, spec.head_dim
+        norms = dict(q_norm=t.get(f"{i}.q_norm"), k_norm=t.get(f"{i}.k_norm"), norm_eps=d.rms_eps,
+                     norm_round=not d.gemma_norms, q_scale=spec.q_scale)
         ring = kc.shape[2] < self.cache_len
         if length == 1 and self.decode_attention == "triton":
             return K.decode_attention(
-                qkv, cos, sin, self.pos, kc, vc, ctx, h, kv, hd, inv_scale=self.lin[f"{i}.o"].inv_scale_x,
-                splits=self.attention_splits, pdl=self.pdl, kv_lo=spec.first_key(ctx), softcap=spec.softcap,
-                q_scale=spec.q_scale, ring=ring, **norms,
-            )  # fmt: skip
-        start = ctx - length
-        if ring:  # attend over a linear copy of the window, then keep its last ring-length positions
-            k0 = spec.first_key(start + 1)
-            lin_k = kc.new_empty(b, kv, ctx, hd)
-            lin_v = vc.new_empty(b, kv, ctx, hd)
-            old = torch.arange(k0, start, device=kc.device)
-            lin_k[:, :, k0:start], lin_v[:, :, k0:start] = kc[:, :, old % kc.shape[2]], vc[:, :, old % kc.shape[2]]
-            kc_ring, vc_ring, kc, vc = kc, vc, lin_k, lin_v
-        q = K.rope_qkv(qkv, cos, sin, self.pos, kc, vc, b, length, h, kv, hd, self.pdl, q_scale=spec.q_scale, **norms)
-        att = attention_over_cache(q, kc, vc, start, spec, eager=self.decode_attention == "bmm")
-        if ring:
-            keep = torch.arange(max(0, ctx - kc_ring.shape[2]), ctx, device=kc.device)
-            kc_ring[:, :, keep % kc_ring.shape[2]] = kc[:, :, keep]
-            vc_ring[:, :, keep % kc_ring.shape[2]] = vc[:, :, keep]
+                qkv, cos, sin, self.pos, kc, vc, ctx, spec.heads, spec.kv_heads, spec.head_dim,
+                inv_scale=self.lin[f"{i}.o"].inv_scale_x, splits=self.attention_splits, pdl=self.pdl,
+                kv_lo=spec.first_key(ctx), softcap=spec.softcap, ring=ring, **norms,
+            )
+        if not ring:
+            return self._attention_in_torch(spec, qkv, kc, vc, b, length, ctx, cos, sin, norms)
+        # a ring (sliding window): attend over a linear copy of the window, then keep its last positions
+        start, slots = ctx - length, kc.shape[2]
+        old = torch.arange(spec.first_key(start + 1), start, device=kc.device)
+        lin_k = kc.new_empty(b, spec.kv_heads, ctx, spec.head_dim)
+        lin_v = torch.empty_like(lin_k)
+        lin_k[:, :, old], lin_v[:, :, old] = kc[:, :, old % slots], vc[:, :, old % slots]
+        att = self._attention_in_torch(spec, qkv, lin_k, lin_v, b, length, ctx, cos, sin, norms)
+        keep = torch.arange(max(0, ctx - slots), ctx, device=kc.device)
+        kc[:, :, keep % slots], vc[:, :, keep % slots] = lin_k[:, :, keep], lin_v[:, :, keep]
+        return att
+
+    def _attention_in_torch(self, spec: AttentionSpec, qkv, kc, vc, b: int, length: int, ctx: int, cos, sin, norms):
+        """Prefill, and the eager decode variants: rope_qkv writes k and v, then SDPA (or matmul) attends."""
+        h, hd = spec.heads, spec.head_dim
+        q = K.rope_qkv(qkv, cos, sin, self.pos, kc, vc, b, length, h, spec.kv_heads, hd, self.pdl, **norms)
+        att = attention_over_cache(q, kc, vc, ctx - length, spec, eager=self.decode_attention == "bmm")
         return att.transpose(1, 2).reshape(b * length, h * hd)
 
     def forward(self, tokens: torch.Tensor, start: int, calib: dict | None = None) -> torch.Tensor:
