@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from advisor.energy.cuda_tools import copy_bandwidth_gb_s, kernel_names  # noqa: E402
-from advisor.energy.dims import LlamaDims
+from advisor.energy.dims import DecoderDims
 from advisor.energy.kernels import decode_splits
 from advisor.energy.measure import Bench, decode_step, uniform_formats
 from advisor.energy.meter import open_meter
@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     command = "python " + " ".join([sys.argv[0], *(argv if argv is not None else sys.argv[1:])])
     batches = [int(x) for x in args.batches.split(",") if x]
     ctx = args.context
-    dims = LlamaDims.llama31_8b()
+    dims = DecoderDims.llama31_8b()
     meter = open_meter(torch.cuda.current_device())
     state, idle_w = meter.counter.state(), meter.idle_power_w()
     bw = copy_bandwidth_gb_s()

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from advisor.energy.cuda_tools import copy_bandwidth_gb_s, kernel_names  # noqa: E402
-from advisor.energy.dims import LlamaDims
+from advisor.energy.dims import DecoderDims
 from advisor.energy.measure import Bench, decode_step, measure_step, prefill_step, uniform_formats
 from advisor.energy.meter import MeterConfig, open_meter
 from advisor.energy.profile import measurement_header
@@ -29,7 +29,7 @@ from advisor.formats import Format
 from advisor.plan import Plan
 
 
-def plans(dims: LlamaDims) -> dict[str, dict[str, Format]]:
+def plans(dims: DecoderDims) -> dict[str, dict[str, Format]]:
     bf16 = uniform_formats(dims, Format.BF16)
     mlp = {k: (Format.FP8 if k.endswith(("gate_up", "down")) else Format.BF16) for k in bf16}
     edge = {0, 1, 2, 3, dims.num_layers - 4, dims.num_layers - 3, dims.num_layers - 2, dims.num_layers - 1}
@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     idle_w = meter.idle_power_w()
     bw = copy_bandwidth_gb_s()
     log(f"{state.name}, driver {state.driver}, limit {state.power_limit_w} W, idle {idle_w:.0f} W, copy {bw:.0f} GB/s")
-    dims = LlamaDims.llama31_8b()
+    dims = DecoderDims.llama31_8b()
     bench = Bench.create(dims)
     kv_token = 2 * dims.num_layers * dims.kv_heads * dims.head_dim * 2
     plan_map = plans(dims)
@@ -252,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
         "profile": str(args.profile) if args.profile else None,
         "profile_same_gpu": prof_uuid == state.uuid if prof_uuid else None,
         "quick": args.quick,
-        "model": {"name": "Llama-3.1-8B shape, random weights (std 0.02)", **dims.__dict__},
+        "model": {"name": "Llama-3.1-8B shape, random weights (std 0.02)", **dims.summary()},
         "weight_bytes": wbytes,
         "kv_bytes_per_token": kv_token,
         "decode_attention": args.attention,

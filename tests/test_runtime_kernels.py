@@ -152,3 +152,152 @@ def test_add_rmsnorm_and_silu_mul_match_torch(K):
     gate, up = gu.float()[:, :1500], gu.float()[:, 1500:]
     ref = (torch.nn.functional.silu(gate).to(torch.bfloat16).float() * up).to(torch.bfloat16)
     torch.testing.assert_close(out.float(), ref.float(), rtol=2e-2, atol=1e-2)
+
+
+# -- the families' variants: padded head dims, windows (ring caches), q/k norms, soft-capping
+
+
+def _head_norm(x, w, eps=1e-6):
+    """Llama-style per-head RMSNorm (normalized value rounded to BF16 before the weight)."""
+    y = (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)).to(torch.bfloat16).float()
+    return (y * w.float()).to(torch.bfloat16).float()
+
+
+def _family_case(batch, ctx, d, h=4, kv=2, lmax=96, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    qkv = torch.randn(batch, (h + 2 * kv) * d, generator=g).to(torch.bfloat16).to(DEVICE)
+    kc = torch.randn(batch, kv, lmax, d, generator=g).to(torch.bfloat16).to(DEVICE)
+    vc = torch.randn(batch, kv, lmax, d, generator=g).to(torch.bfloat16).to(DEVICE)
+    cos, sin = _rope_tables(max(lmax, ctx) + 1, d)
+    return qkv, cos, sin, torch.tensor([ctx - 1], device=DEVICE), kc, vc
+
+
+def _family_reference(qkv, cos, sin, kc, vc, ctx, h, kv, kv_lo=0, q_norm=None, k_norm=None, softcap=None):
+    """One decode step over positions [kv_lo, ctx) of a cache holding position n in slot n % length (fp32)."""
+    b, d, length = qkv.shape[0], kc.shape[-1], kc.shape[2]
+    p = ctx - 1
+    c, s = cos[p], sin[p]
+    x = qkv.float().view(b, h + 2 * kv, d)
+    q, k_new = x[:, :h], x[:, h : h + kv]
+    if q_norm is not None:
+        q, k_new = _head_norm(q, q_norm), _head_norm(k_new, k_norm)
+    q = (_rotate(q, c, s) * d**-0.5).to(torch.bfloat16).float()
+    k_new = _rotate(k_new, c, s).to(torch.bfloat16)
+    kc, vc = kc.clone(), vc.clone()
+    kc[:, :, p % length] = k_new
+    vc[:, :, p % length] = qkv.view(b, h + 2 * kv, d)[:, h + kv :]
+    slots = torch.arange(kv_lo, ctx, device=kc.device) % length
+    k = kc[:, :, slots].float().repeat_interleave(h // kv, 1)
+    v = vc[:, :, slots].float().repeat_interleave(h // kv, 1)
+    scores = q[:, :, None] @ k.transpose(-1, -2)
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
+    return (torch.softmax(scores, -1) @ v).reshape(b, h * d), kc, vc
+
+
+@pytest.mark.parametrize("d,splits", [(16, 1), (80, 1), (96, 3), (256, 2), (64, 1)])
+def test_decode_attention_pads_head_dims_that_are_not_a_power_of_two(K, d, splits):
+    qkv, cos, sin, pos, kc, vc = _family_case(2, 70, d)
+    before_k = kc.clone()
+    out = K.decode_attention(qkv, cos, sin, pos, kc, vc, 70, 4, 2, d, splits=splits)
+    ref, ref_k, ref_v = _family_reference(qkv, cos, sin, before_k, vc.clone(), 70, 4, 2)
+    assert out.shape == (2, 4 * d)
+    assert _rel(out, ref) < 2e-2
+    torch.testing.assert_close(kc[:, :, 69].float(), ref_k[:, :, 69].float(), rtol=1e-2, atol=1e-6)
+    assert torch.equal(vc[:, :, 69], ref_v[:, :, 69])
+    assert torch.equal(kc[:, :, :69], before_k[:, :, :69]) and torch.equal(kc[:, :, 70:], before_k[:, :, 70:])
+
+
+def test_decode_attention_with_a_window_reads_only_the_window(K):
+    qkv, cos, sin, pos, kc, vc = _family_case(2, 90, 64)
+    kv_lo = 90 - 20  # window 20: the new token and the 19 before it
+    ref, _, _ = _family_reference(qkv, cos, sin, kc, vc, 90, 4, 2, kv_lo=kv_lo)
+    kc[:, :, :kv_lo] = float("nan")  # before the window: must never be read
+    vc[:, :, :kv_lo] = float("nan")
+    out = K.decode_attention(qkv, cos, sin, pos, kc, vc, 90, 4, 2, 64, kv_lo=kv_lo, splits=2)
+    assert _rel(out, ref) < 2e-2
+
+
+def test_decode_attention_on_a_ring_cache_reads_and_writes_slots_modulo_its_length(K):
+    window, ctx = 24, 150  # the cache holds 24 positions; position n sits in slot n % 24
+    qkv, cos, sin, pos, kc, vc = _family_case(2, ctx, 80, lmax=window)
+    before_k, before_v = kc.clone(), vc.clone()
+    out = K.decode_attention(qkv, cos, sin, pos, kc, vc, ctx, 4, 2, 80, kv_lo=ctx - window, ring=True)
+    ref, ref_k, ref_v = _family_reference(qkv, cos, sin, before_k, before_v, ctx, 4, 2, kv_lo=ctx - window)
+    assert _rel(out, ref) < 2e-2
+    slot = (ctx - 1) % window
+    assert torch.equal(vc[:, :, slot], ref_v[:, :, slot])
+    others = [i for i in range(window) if i != slot]
+    assert torch.equal(kc[:, :, others], before_k[:, :, others])
+
+
+@pytest.mark.parametrize("splits", [1, 3])
+def test_decode_attention_with_qk_norm_and_softcap(K, splits):
+    d = 96
+    qkv, cos, sin, pos, kc, vc = _family_case(2, 80, d, seed=3)
+    g = torch.Generator().manual_seed(4)
+    qn = (torch.rand(d, generator=g) + 0.5).to(torch.bfloat16).to(DEVICE)
+    kn = (torch.rand(d, generator=g) + 0.5).to(torch.bfloat16).to(DEVICE)
+    kc0 = kc.clone()
+    out = K.decode_attention(
+        qkv, cos, sin, pos, kc, vc, 80, 4, 2, d, splits=splits, q_norm=qn, k_norm=kn, softcap=0.5
+    )
+    ref, ref_k, _ = _family_reference(qkv, cos, sin, kc0, vc.clone(), 80, 4, 2, q_norm=qn, k_norm=kn, softcap=0.5)
+    assert _rel(out, ref) < 2e-2
+    torch.testing.assert_close(kc[:, :, 79].float(), ref_k[:, :, 79].float(), rtol=2e-2, atol=1e-2)
+    # the cap binds: without it the same inputs give another output
+    uncapped, _, _ = _family_reference(qkv, cos, sin, kc0, vc.clone(), 80, 4, 2, q_norm=qn, k_norm=kn)
+    assert _rel(uncapped, ref) > 10 * _rel(out, ref)
+
+
+@pytest.mark.parametrize("d", [16, 96])
+def test_rope_qkv_pads_the_head_and_normalizes_q_and_k(K, d):
+    h, kv, length, lmax = 4, 2, 5, 16
+    g = torch.Generator().manual_seed(5)
+    qkv = torch.randn(2 * length, (h + 2 * kv) * d, generator=g).to(torch.bfloat16).to(DEVICE)
+    qn = (torch.rand(d, generator=g) + 0.5).to(torch.bfloat16).to(DEVICE)
+    kn = (torch.rand(d, generator=g) + 0.5).to(torch.bfloat16).to(DEVICE)
+    kc = torch.zeros(2, kv, lmax, d, dtype=torch.bfloat16, device=DEVICE)
+    vc = torch.zeros_like(kc)
+    cos, sin = _rope_tables(lmax, d)
+    pos = torch.tensor([3], device=DEVICE)
+    q = K.rope_qkv(qkv, cos, sin, pos, kc, vc, 2, length, h, kv, d, q_norm=qn, k_norm=kn, q_scale=0.25)
+    x = qkv.float().view(2, length, h + 2 * kv, d)
+    c, s = cos[3 : 3 + length][None, :, None], sin[3 : 3 + length][None, :, None]
+    ref_q = (_rotate(_head_norm(x[:, :, :h], qn), c, s) * 0.25).transpose(1, 2)
+    ref_k = _rotate(_head_norm(x[:, :, h : h + kv], kn), c, s).transpose(1, 2)
+    torch.testing.assert_close(q.float(), ref_q, rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(kc[:, :, 3 : 3 + length].float(), ref_k, rtol=2e-2, atol=2e-2)
+    assert torch.equal(vc[:, :, 3 : 3 + length], qkv.view(2, length, h + 2 * kv, d)[:, :, h + kv :].transpose(1, 2))
+    assert not kc[:, :, :3].any() and not kc[:, :, 3 + length :].any()
+
+
+def test_gelu_tanh_mul_matches_torch(K):
+    g = torch.Generator().manual_seed(6)
+    gu = (torch.randn(3, 2 * 700, generator=g) * 3).to(torch.bfloat16).to(DEVICE)
+    out = K.gated_act(gu, "gelu_tanh")
+    gate, up = gu.float()[:, :700], gu.float()[:, 700:]
+    gelu = torch.nn.functional.gelu(gate, approximate="tanh").to(torch.bfloat16).float()
+    ref = (gelu * up).to(torch.bfloat16)
+    torch.testing.assert_close(out.float(), ref.float(), rtol=2e-2, atol=2e-2)
+    silu = (torch.nn.functional.silu(gate).to(torch.bfloat16).float() * up).to(torch.bfloat16)
+    assert (silu.float() - ref.float()).abs().max() > 0.2  # the two activations differ here: the check can fail
+
+
+def test_add_rmsnorm_normalizes_the_input_first_in_gemma_style(K):
+    """Gemma: residual += norm(x) * (1 + w_post); out = norm(residual) * (1 + w_pre), in float32."""
+    g = torch.Generator().manual_seed(7)
+    x = (torch.randn(3, 96, generator=g) * 4).to(torch.bfloat16).to(DEVICE)
+    r = torch.randn(3, 96, generator=g).to(torch.bfloat16).to(DEVICE)
+    w_post = (torch.rand(96, generator=g) + 0.5).to(DEVICE)  # float32 1 + w, as the runtime stores it
+    w_pre = (torch.rand(96, generator=g) + 0.5).to(DEVICE)
+    resid = r.clone()
+    y = K.add_rmsnorm(x, resid, w_pre, 1e-6, x_weight=w_post, norm_round=False)
+
+    def norm(t, w):
+        t = t.float()
+        return (t * torch.rsqrt(t.pow(2).mean(-1, keepdim=True) + 1e-6) * w).to(torch.bfloat16)
+
+    s = (norm(x, w_post).float() + r.float()).to(torch.bfloat16)
+    torch.testing.assert_close(resid.float(), s.float(), rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(y.float(), norm(s, w_pre).float(), rtol=2e-2, atol=2e-2)

@@ -26,31 +26,35 @@ from advisor.recipe.schema import Workload
 
 @dataclass
 class Bench:
-    """A random-weight model on the GPU, its calibration, and converted weights shared by plans."""
+    """A random-weight model on the GPU, its calibration, and converted weights shared by plans.
+
+    Runtimes are not kept: each holds a KV cache (and its captured graphs hold memory),
+    so callers free a runtime when its measurement is done (:meth:`DecoderRuntime.free`).
+    The converted weights (``linear_cache``) stay: at most one FP8 copy per group.
+    """
 
     dims: Any
     weights: Any
     amax: dict[str, float]
     linear_cache: dict = field(default_factory=dict)
-    runtimes: dict = field(default_factory=dict)
 
     @classmethod
     def create(cls, dims, seed: int = 0, max_pos: int = 8192) -> Bench:
-        from advisor.energy.runtime import LlamaWeights, calibrate
+        from advisor.energy.runtime import calibrate
+        from advisor.energy.weights import DecoderWeights
 
-        w = LlamaWeights.random(dims, max_pos=max_pos, seed=seed)
+        w = DecoderWeights.random(dims, max_pos=max_pos, seed=seed)
         return cls(dims, w, calibrate(w))
 
     def runtime(self, formats: dict[str, Format], key: str | None = None):
-        from advisor.energy.runtime import LlamaRuntime
+        """A new runtime of ``formats`` (``key`` is accepted for older callers and unused)."""
+        from advisor.energy.runtime import DecoderRuntime
 
-        key = key or Plan(formats).id
-        if key not in self.runtimes:
-            self.runtimes[key] = LlamaRuntime(self.weights, formats, self.amax, linear_cache=self.linear_cache)
-        return self.runtimes[key]
+        return DecoderRuntime(self.weights, formats, self.amax, linear_cache=self.linear_cache)
 
 
 def uniform_formats(dims, fmt: Format) -> dict[str, Format]:
+    """Every dense group of ``dims`` in ``fmt``."""
     from advisor.plan import DENSE_GROUP_KINDS
 
     return {f"layers.{i}.{k}": fmt for i in range(dims.num_layers) for k in DENSE_GROUP_KINDS}
@@ -61,7 +65,7 @@ def decode_step(rt, batch: int, context: int, seed: int = 0):
     import torch
 
     rt.allocate_cache(batch, context + 1)
-    g = torch.Generator(device="cuda").manual_seed(seed)
+    g = torch.Generator(device="cuda").manual_seed(seed)  # tokens do not change a step's cost
     tokens = torch.randint(0, rt.dims.vocab, (batch, 1), device="cuda", generator=g)
     return rt.capture(tokens, context)
 
@@ -115,19 +119,31 @@ def _torch_with_gpu():
 
 
 class MeasuredEnergyModel:
-    """Measures a plan on the GPU here, with random weights of the model's shape.
+    """Measures a plan on the GPU here, with random weights of the model's architecture.
 
     Each estimate runs prefill (one request of ``input`` tokens) and decode (the
     workload's batch at the mean context) under the NVML meter; minutes per plan.
+    With the model's transformers ``config`` the runtime runs that family's own layers;
+    without it, Llama layers of the shape, and the label says so. The runtime, its KV
+    cache and graphs are freed after each estimate; RoPE tables grow to the longest
+    workload seen.
     """
 
     measured = True
 
-    def __init__(self, shape: ModelShape, target: GPU | None = None, config: MeterConfig | None = None) -> None:
-        torch = _torch_with_gpu()
-        from advisor.energy.dims import LlamaDims
+    def __init__(
+        self,
+        shape: ModelShape,
+        target: GPU | None = None,
+        config: MeterConfig | None = None,
+        model_config: Any = None,
+    ) -> None:
+        from advisor.energy.dims import DecoderDims
 
         self.shape = shape
+        # refused (MoE, partial rotary, ...) before looking for a GPU
+        self.dims = DecoderDims.from_config(model_config) if model_config is not None else DecoderDims.from_shape(shape)
+        torch = _torch_with_gpu()
         self.meter = open_meter(torch.cuda.current_device(), config)
         state = self.meter.counter.state()
         here = gpu_from_device_name(state.name)
@@ -136,20 +152,32 @@ class MeasuredEnergyModel:
                 f"measured energy for {target.value} asked, but the GPU here is {state.name}; "
                 "use --energy predicted or run on the target GPU"
             )
-        self.dims = LlamaDims.from_shape(shape)
         self._bench: Bench | None = None
-        self.label = f"measured ({state.name}, driver {state.driver}, {time.strftime('%Y-%m-%d')})"
+        self.label = (
+            f"measured ({state.name}, driver {state.driver}, {time.strftime('%Y-%m-%d')}; {self.dims.label})"
+        )
 
     def estimate(self, plan: Plan, workload: Workload) -> EnergyEstimate:
         import torch
 
-        if self._bench is None:
-            self._bench = Bench.create(self.dims, max_pos=max(8192, workload.input_tokens + workload.output_tokens + 1))
-        rt = self._bench.runtime(dict(plan.formats))
         lin, lout, b = workload.input_tokens, workload.output_tokens, workload.batch_size
-        pre = measure_step(self.meter, prefill_step(rt, lin), f"prefill {plan.label()}")
-        torch.cuda.empty_cache()
-        dec = measure_step(self.meter, decode_step(rt, b, lin + lout // 2), f"decode {plan.label()}")
+        positions = lin + lout + 1
+        if self._bench is None:
+            self._bench = Bench.create(self.dims, max_pos=max(8192, positions))
+        self._bench.weights.ensure_positions(positions)
+        rt = self._bench.runtime(dict(plan.formats))
+        try:
+            step = prefill_step(rt, lin)
+            pre = measure_step(self.meter, step, f"prefill {plan.label()}")
+            del step
+            rt.free()
+            step = decode_step(rt, b, lin + lout // 2)
+            dec = measure_step(self.meter, step, f"decode {plan.label()}")
+            del step
+        finally:
+            rt.free()
+            del rt
+            torch.cuda.empty_cache()
         pre_j, step_j = pre["j_per_step"], dec["j_per_step"]
         return EnergyEstimate(
             workload=workload.name,

@@ -136,7 +136,7 @@ def measure_profile(
 
     torch = _torch_with_gpu()
     from advisor.energy.cuda_tools import copy_bandwidth_gb_s
-    from advisor.energy.dims import LlamaDims
+    from advisor.energy.dims import DecoderDims
     from advisor.energy.measure import Bench, decode_step, prefill_step, uniform_formats
     from advisor.energy.meter import open_meter
 
@@ -144,7 +144,7 @@ def measure_profile(
     state = meter.counter.state()
     idle_w = meter.idle_power_w()
     bw = copy_bandwidth_gb_s()
-    dims = bench.dims if bench is not None else LlamaDims.llama31_8b()
+    dims = bench.dims if bench is not None else DecoderDims.llama31_8b()
     bench = bench or Bench.create(dims)
     fmts = (Format.BF16, Format.FP8)
     rts = {f: bench.runtime(uniform_formats(dims, f), key=f"all-{f.value}") for f in fmts}
@@ -219,7 +219,7 @@ def measure_profile(
         "source": "measured",
         "verified": True,
         "formats": [f.value for f in fmts],
-        "model": {"name": "Llama-3.1-8B shape, random weights", **dims.__dict__},
+        "model": {"name": "Llama-3.1-8B shape, random weights", **dims.summary()},
         "decode": decode,
         "prefill": prefill,
     }

@@ -1,52 +1,68 @@
-"""A serving-grade Llama runtime for energy measurement: static KV cache, CUDA graphs, real FP8.
+"""A serving-grade decoder runtime for energy measurement: static KV cache, CUDA graphs, real FP8.
 
 What a serving engine does, and what this runtime does too:
 
+* each dense family's own decoder layer (:class:`~advisor.energy.dims.DecoderDims`, from
+  the model's config through the architecture adapters): Llama 3.x, Mistral, Qwen2/2.5
+  (q/k/v biases), Qwen3 (q/k RMSNorm), Gemma 2/3 (four norms per layer, (1 + w) norm
+  weights, scaled embeddings, GELU-tanh, Gemma 2's soft-capping), Phi-3/Phi-4 (its
+  pre-fused qkv_proj and gate_up_proj are the runtime's fused GEMMs as they are);
+  sliding-window layers read only their window of the KV cache;
 * the weights of each layer group (fused qkv, o, fused gate_up, down) sit in the
   plan's format: BF16 ``F.linear`` or FP8 E4M3 with a per-tensor weight scale, run
   by ``torch._scaled_mm`` (cuBLASLt FP8 tensor-core GEMMs) with the static,
   calibrated per-tensor activation scale; the activation is quantized inside the
-  kernel that produces it (RMSNorm, SiLU*up), not by a separate pass;
+  kernel that produces it (RMSNorm, act*up), not by a separate pass; biases ride in
+  the GEMM epilogue;
 * a static KV cache; the decode step and the prefill are captured once per
   (batch, length) in CUDA graphs and replayed, so no CPU launch overhead;
-* decode attention is one fused kernel (rotary embedding, KV-cache write,
-  flash-decoding, FP8 output for an FP8 o_proj) that reads only the real context
-  (graphs are captured per context length), never the whole allocated cache;
-* each decode layer is 8 kernels: 2 RMSNorms, 4 GEMMs, attention (plus a
-  reduction when it splits the context), SiLU*up;
+* decode attention is one fused kernel (q/k norms, rotary embedding, KV-cache write,
+  flash-decoding, soft-capping, FP8 output for an FP8 o_proj) that reads only the
+  attended context (graphs are captured per context length), never the whole
+  allocated cache;
+* each decode layer is 8 kernels: 2 RMSNorms (Gemma's extra norms are fused into
+  them), 4 GEMMs, attention (plus a reduction when it splits the context), act*up;
 * the lm_head stays BF16 (ModelOpt's default), and prefill computes the logits of
   the last token only.
 
 NVFP4 groups are refused on Hopper (no FP4 tensor cores there) with
 :class:`UnsupportedError`; their accuracy is available from the fake-quantized model.
+Without a GPU the kernels run in Triton's CPU interpreter (tests), BF16 only.
 
 torch and triton are imported lazily by callers: import this module only where a
-GPU run is intended.
+GPU run (or the interpreter) is intended.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 
 import torch
 import torch.nn.functional as F
 
 from advisor.energy import kernels as K
+from advisor.energy.attention_torch import attention_over_cache
 from advisor.energy.cuda_tools import CapturedStep
-from advisor.energy.dims import LlamaDims
-from advisor.energy.gpu_checks import check_formats_supported, require_gpu
+from advisor.energy.dims import AttentionSpec
+from advisor.energy.gpu_checks import check_formats_supported
+from advisor.energy.weights import DecoderWeights
 from advisor.errors import SetupError
 from advisor.formats import Format
 from advisor.plan import DENSE_GROUP_KINDS
 
 FP8_MAX = 448.0
+_PLAN_KEY = re.compile(r"(?:^|\.)layers\.(\d+)\.(" + "|".join(DENSE_GROUP_KINDS) + r")$")
 
 
 class _Linear:
-    """One layer group's weight in one format."""
+    """One layer group's weight (and bias) in one format."""
 
-    def __init__(self, w_bf16: torch.Tensor, fmt: Format, act_amax: float | None) -> None:
+    def __init__(
+        self, w_bf16: torch.Tensor, fmt: Format, act_amax: float | None, bias: torch.Tensor | None = None
+    ) -> None:
         self.fmt = fmt
+        self.bias = bias
         self.out_features, self.in_features = w_bf16.shape
         if fmt == Format.BF16:
             self.w = w_bf16
@@ -67,103 +83,32 @@ class _Linear:
 
     def __call__(self, x: torch.Tensor, pdl: bool = False) -> torch.Tensor:
         if self.fmt == Format.BF16:
-            return F.linear(x, self.w)
+            return F.linear(x, self.w, self.bias)
         if x.dtype != torch.float8_e4m3fn:
             x = K.quant_fp8(x, self.inv_scale_x, pdl)
-        return torch._scaled_mm(x, self.wt, scale_a=self.scale_x, scale_b=self.scale_w, out_dtype=torch.bfloat16)
-
-
-class LlamaWeights:
-    """BF16 weights of a Llama model in fused layout, plus rope tables."""
-
-    def __init__(self, dims: LlamaDims, tensors: dict[str, torch.Tensor], cos: torch.Tensor, sin: torch.Tensor):
-        self.dims, self.t, self.cos, self.sin = dims, tensors, cos, sin
-
-    @staticmethod
-    def _rope(dims: LlamaDims, max_pos: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-        from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
-
-        rot = LlamaRotaryEmbedding(dims.hf_config(), device=device)
-        pos = torch.arange(max_pos, device=device)[None]
-        dummy = torch.zeros(1, device=device, dtype=torch.float32)
-        cos, sin = rot(dummy, pos)
-        half = dims.head_dim // 2
-        return cos[0, :, :half].float().contiguous(), sin[0, :, :half].float().contiguous()
-
-    @classmethod
-    def random(cls, dims: LlamaDims, max_pos: int = 8192, seed: int = 0, std: float = 0.02) -> LlamaWeights:
-        """Random weights (energy does not depend on trained values); no hub, no HF init."""
-        dev = require_gpu()
-        g = torch.Generator(device=dev).manual_seed(seed)
-
-        def rnd(*shape):
-            return (torch.randn(*shape, device=dev, generator=g, dtype=torch.float32) * std).to(torch.bfloat16)
-
-        d = dims
-        t: dict[str, torch.Tensor] = {
-            "embed": rnd(d.vocab, d.hidden),
-            "lm_head": rnd(d.vocab, d.hidden),
-            "norm": torch.ones(d.hidden, device=dev, dtype=torch.bfloat16),
-        }
-        for i in range(d.num_layers):
-            t[f"{i}.qkv"] = rnd((d.heads + 2 * d.kv_heads) * d.head_dim, d.hidden)
-            t[f"{i}.o"] = rnd(d.hidden, d.heads * d.head_dim)
-            t[f"{i}.gate_up"] = rnd(2 * d.intermediate, d.hidden)
-            t[f"{i}.down"] = rnd(d.hidden, d.intermediate)
-            t[f"{i}.ln1"] = torch.ones(d.hidden, device=dev, dtype=torch.bfloat16)
-            t[f"{i}.ln2"] = torch.ones(d.hidden, device=dev, dtype=torch.bfloat16)
-        return cls(dims, t, *cls._rope(dims, max_pos, dev))
-
-    @classmethod
-    def from_hf(cls, model, max_pos: int = 4096) -> LlamaWeights:
-        """Fused copies of a loaded HF Llama's weights (for checking against the HF model)."""
-        c = model.config
-        dims = LlamaDims(
-            c.num_hidden_layers,
-            c.hidden_size,
-            c.intermediate_size,
-            c.num_attention_heads,
-            c.num_key_value_heads,
-            getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads,
-            c.vocab_size,
-            c.rms_norm_eps,
+        return torch._scaled_mm(
+            x, self.wt, scale_a=self.scale_x, scale_b=self.scale_w, bias=self.bias, out_dtype=torch.bfloat16
         )
-        dev = require_gpu()
-        m = model.model
-        bf = lambda x: x.detach().to(dev, torch.bfloat16).contiguous()  # noqa: E731
-        t = {"embed": bf(m.embed_tokens.weight), "lm_head": bf(model.lm_head.weight), "norm": bf(m.norm.weight)}
-        for i, layer in enumerate(m.layers):
-            a, mlp = layer.self_attn, layer.mlp
-            t[f"{i}.qkv"] = bf(torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]))
-            t[f"{i}.o"] = bf(a.o_proj.weight)
-            t[f"{i}.gate_up"] = bf(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]))
-            t[f"{i}.down"] = bf(mlp.down_proj.weight)
-            t[f"{i}.ln1"] = bf(layer.input_layernorm.weight)
-            t[f"{i}.ln2"] = bf(layer.post_attention_layernorm.weight)
-        rot = m.rotary_emb
-        pos = torch.arange(max_pos, device=dev)[None]
-        cos, sin = rot(torch.zeros(1, device=dev), pos)
-        half = dims.head_dim // 2
-        return cls(dims, t, cos[0, :, :half].float().contiguous(), sin[0, :, :half].float().contiguous())
 
 
 def group_formats(plan_formats: Mapping[str, Format], num_layers: int) -> dict[str, Format]:
-    """``layers.{i}.{kind}`` plan keys -> ``{i}.{kind}``; missing groups stay BF16."""
+    """Plan keys (``layers.{i}.{kind}``, with or without a stack prefix) -> ``{i}.{kind}``; missing stay BF16."""
     out = {f"{i}.{k}": Format.BF16 for i in range(num_layers) for k in DENSE_GROUP_KINDS}
     for name, fmt in plan_formats.items():
-        key = name.removeprefix("layers.")
+        m = _PLAN_KEY.search(name)
+        key = f"{m.group(1)}.{m.group(2)}" if m else None
         if key not in out:
-            raise SetupError(f"plan group {name!r} is not a group of this {num_layers}-layer Llama")
+            raise SetupError(f"plan group {name!r} is not a dense group of this {num_layers}-layer decoder")
         out[key] = Format(fmt)
     return out
 
 
-class LlamaRuntime:
-    """Runs one plan of a Llama model: prefill and decode, eager or CUDA-graph captured."""
+class DecoderRuntime:
+    """Runs one plan of a dense decoder: prefill and decode, eager or CUDA-graph captured."""
 
     def __init__(
         self,
-        weights: LlamaWeights,
+        weights: DecoderWeights,
         plan_formats: Mapping[str, Format],
         act_amax: Mapping[str, float] | None = None,
         decode_attention: str = "triton",
@@ -176,22 +121,27 @@ class LlamaRuntime:
         check_formats_supported(set(fmts.values()))
         self.formats = fmts
         self.decode_attention = decode_attention
+        dev = weights.device
+        self.on_gpu = dev.type == "cuda"
         # Programmatic dependent launch of the Triton kernels: off by default, because
         # on an H100 it changed decode step times by -0.7% to +1.6% (it only overlaps
         # launches after cuBLAS GEMMs, which do not trigger early);
         # reports/benchmarks/decode_step_variants.md.
-        self.pdl = pdl and torch.cuda.get_device_capability()[0] >= 9
+        self.pdl = pdl and self.on_gpu and torch.cuda.get_device_capability(dev)[0] >= 9
         self.attention_splits: int | None = None  # None: kernels.decode_splits decides
         # ``linear_cache`` lets several runtimes (plans) share converted weights.
         cache = linear_cache if linear_cache is not None else {}
-        self.lin = {}
+        self.lin: dict[str, _Linear] = {}
         for k, f in fmts.items():
             if (k, f) not in cache:
-                cache[(k, f)] = _Linear(weights.t[k], f, (act_amax or {}).get(k))
+                bias = weights.t.get(f"{k}_bias")
+                cache[(k, f)] = _Linear(weights.t[k], f, (act_amax or {}).get(k), bias)
             self.lin[k] = cache[(k, f)]
-        self.pos = torch.zeros(1, dtype=torch.long, device=weights.t["embed"].device)
-        self.k_cache: torch.Tensor | None = None
-        self.v_cache: torch.Tensor | None = None
+        self.pos = torch.zeros(1, dtype=torch.long, device=dev)
+        # per layer [batch, kv_heads, length, head_dim]; a sliding-window layer's is a ring of window length
+        self.k_cache: list[torch.Tensor] | None = None
+        self.v_cache: list[torch.Tensor] | None = None
+        self.cache_len = 0  # positions the caches cover
 
     # -- bookkeeping ----------------------------------------------------------
     def weight_bytes(self) -> int:
@@ -199,102 +149,114 @@ class LlamaRuntime:
         return sum(lin.weight_bytes for lin in self.lin.values()) + self.w.t["lm_head"].numel() * 2
 
     def allocate_cache(self, batch: int, max_len: int) -> None:
-        """Static KV cache [layers, batch, kv_heads, max_len, head_dim], random (not zeros)."""
-        d = self.dims
-        shape = (d.num_layers, batch, d.kv_heads, max_len, d.head_dim)
-        dev = self.pos.device
-        if self.k_cache is None or self.k_cache.shape != shape:
-            self.k_cache = self.v_cache = None
-            torch.cuda.empty_cache()
-            self.k_cache = torch.randn(shape, device=dev, dtype=torch.bfloat16) * 0.5
-            self.v_cache = torch.randn(shape, device=dev, dtype=torch.bfloat16) * 0.5
+        """Static KV cache for positions [0, max_len), random (not zeros); RoPE tables to max_len.
 
-    def share_cache(self, other: LlamaRuntime) -> None:
-        self.k_cache, self.v_cache = other.k_cache, other.v_cache
+        Per layer [batch, kv_heads, length, head_dim]: length max_len, or the window for a
+        sliding-window layer (a ring: position n in slot n % window), as a serving engine
+        keeps only the window.
+        """
+        self.w.ensure_positions(max_len)
+        shapes = [(batch, la.attention.kv_heads, _cache_len(la.attention, max_len), la.attention.head_dim)
+                  for la in self.dims.layers]
+        if self.k_cache is None or self.cache_len != max_len or [tuple(k.shape) for k in self.k_cache] != shapes:
+            self.free()
+            dev = self.pos.device
+            self.k_cache = [torch.randn(s, device=dev, dtype=torch.bfloat16) * 0.5 for s in shapes]
+            self.v_cache = [torch.randn(s, device=dev, dtype=torch.bfloat16) * 0.5 for s in shapes]
+            self.cache_len = max_len
+
+    def free(self) -> None:
+        """Drop the KV cache (graphs captured on it belong to their CapturedStep: drop those too)."""
+        self.k_cache = self.v_cache = None
+        self.cache_len = 0
+        if self.on_gpu:
+            torch.cuda.empty_cache()
+
+    def share_cache(self, other: DecoderRuntime) -> None:
+        self.k_cache, self.v_cache, self.cache_len = other.k_cache, other.v_cache, other.cache_len
 
     # -- forward --------------------------------------------------------------
-    def _inv(self, key: str):
-        return self.lin[key].inv_scale_x
+    def _attention(self, i: int, spec: AttentionSpec, qkv: torch.Tensor, b: int, length: int, ctx: int):
+        t, d = self.w.t, self.dims
+        cos, sin = self.w.rope[spec.rope]
+        kc, vc = self.k_cache[i], self.v_cache[i]
+        norms = dict(q_norm=t.get(f"{i}.q_norm"), k_norm=t.get(f"{i}.k_norm"), norm_eps=d.rms_eps,
+                     norm_round=not d.gemma_norms, q_scale=spec.q_scale)
+        ring = kc.shape[2] < self.cache_len
+        if length == 1 and self.decode_attention == "triton":
+            return K.decode_attention(
+                qkv, cos, sin, self.pos, kc, vc, ctx, spec.heads, spec.kv_heads, spec.head_dim,
+                inv_scale=self.lin[f"{i}.o"].inv_scale_x, splits=self.attention_splits, pdl=self.pdl,
+                kv_lo=spec.first_key(ctx), softcap=spec.softcap, ring=ring, **norms,
+            )
+        if not ring:
+            return self._attention_in_torch(spec, qkv, kc, vc, b, length, ctx, cos, sin, norms)
+        # a ring (sliding window): attend over a linear copy of the window, then keep its last positions
+        start, slots = ctx - length, kc.shape[2]
+        old = torch.arange(spec.first_key(start + 1), start, device=kc.device)
+        lin_k = kc.new_empty(b, spec.kv_heads, ctx, spec.head_dim)
+        lin_v = torch.empty_like(lin_k)
+        lin_k[:, :, old], lin_v[:, :, old] = kc[:, :, old % slots], vc[:, :, old % slots]
+        att = self._attention_in_torch(spec, qkv, lin_k, lin_v, b, length, ctx, cos, sin, norms)
+        keep = torch.arange(max(0, ctx - slots), ctx, device=kc.device)
+        kc[:, :, keep % slots], vc[:, :, keep % slots] = lin_k[:, :, keep], lin_v[:, :, keep]
+        return att
 
-    def _reference_attention(self, qkv, kc, vc, b: int, length: int, ctx: int, pdl: bool) -> torch.Tensor:
-        """Prefill attention (SDPA), and the eager decode variants the fused kernel is checked against."""
-        d = self.dims
-        q = K.rope_qkv(qkv, self.w.cos, self.w.sin, self.pos, kc, vc, b, length, d.heads, d.kv_heads, d.head_dim, pdl)
-        kk, vv = kc[:, :, :ctx], vc[:, :, :ctx]
-        if length > 1:
-            att = F.scaled_dot_product_attention(q, kk, vv, is_causal=True, scale=1.0, enable_gqa=True)
-            return att.transpose(1, 2).reshape(b * length, d.heads * d.head_dim)
-        qg = q.view(b, d.kv_heads, d.heads // d.kv_heads, d.head_dim)
-        if self.decode_attention == "bmm":
-            att = torch.matmul(torch.softmax(torch.matmul(qg, kk.transpose(-1, -2)), dim=-1), vv)
-        else:
-            att = F.scaled_dot_product_attention(qg, kk, vv, scale=1.0)
-        return att.reshape(b, d.heads * d.head_dim)
+    def _attention_in_torch(self, spec: AttentionSpec, qkv, kc, vc, b: int, length: int, ctx: int, cos, sin, norms):
+        """Prefill, and the eager decode variants: rope_qkv writes k and v, then SDPA (or matmul) attends."""
+        h, hd = spec.heads, spec.head_dim
+        q = K.rope_qkv(qkv, cos, sin, self.pos, kc, vc, b, length, h, spec.kv_heads, hd, self.pdl, **norms)
+        att = attention_over_cache(q, kc, vc, ctx - length, spec, eager=self.decode_attention == "bmm")
+        return att.transpose(1, 2).reshape(b * length, h * hd)
 
     def forward(self, tokens: torch.Tensor, start: int, calib: dict | None = None) -> torch.Tensor:
         """Run ``tokens`` [B, L] at positions ``start..start+L-1``; logits of the last token.
 
-        L == 1 is a decode step attending to ``start + 1`` cached tokens. ``calib``
-        (a dict) records the amax of every group's input (BF16 groups only). The
-        position lives in a device tensor, so a captured graph reads it at replay.
+        L == 1 is a decode step attending to ``start + 1`` cached tokens (or the last
+        window of them). ``calib`` (a dict) records the amax of every group's input
+        (BF16 groups only). The position lives in a device tensor, so a captured graph
+        reads it at replay.
         """
-        d = self.dims
+        d, t, pdl = self.dims, self.w.t, self.pdl
         b, length = tokens.shape
-        if not torch.cuda.is_current_stream_capturing():
-            self.pos.fill_(start)
         ctx = start + length
-        pdl = self.pdl
-        resid = F.embedding(tokens.reshape(-1), self.w.t["embed"])
-        first = True
-        h_out = None
-        for i in range(d.num_layers):
+        if ctx > self.w.max_pos or self.k_cache is None or ctx > self.cache_len:
+            raise SetupError(f"context {ctx} exceeds the allocated cache or RoPE tables: call allocate_cache first")
+        if not (self.on_gpu and torch.cuda.is_current_stream_capturing()):
+            self.pos.fill_(start)
+        eps, rnd = d.rms_eps, not d.gemma_norms
+
+        def record(key: str, x: torch.Tensor) -> None:
+            if calib is not None:
+                calib[key] = max(calib.get(key, 0.0), x.float().abs().amax().item())
+
+        resid = F.embedding(tokens.reshape(-1), t["embed"])
+        h_out = out_norm = None
+        for i, layer in enumerate(d.layers):
             lq, lo, lg, ld = (self.lin[f"{i}.{k}"] for k in DENSE_GROUP_KINDS)
+            first = h_out is None
             a = K.add_rmsnorm(
-                resid if first else h_out,
-                None if first else resid,
-                self.w.t[f"{i}.ln1"],
-                d.rms_eps,
-                lq.inv_scale_x,
-                pdl,
-            )
-            first = False
-            if calib is not None:
-                calib[f"{i}.qkv"] = max(calib.get(f"{i}.qkv", 0.0), a.float().abs().amax().item())
-            qkv = lq(a)
-            kc, vc = self.k_cache[i], self.v_cache[i]
-            if length == 1 and self.decode_attention == "triton":
-                att = K.decode_attention(
-                    qkv,
-                    self.w.cos,
-                    self.w.sin,
-                    self.pos,
-                    kc,
-                    vc,
-                    ctx,
-                    d.heads,
-                    d.kv_heads,
-                    d.head_dim,
-                    inv_scale=lo.inv_scale_x,
-                    splits=self.attention_splits,
-                    pdl=pdl,
-                )
-            else:
-                att = self._reference_attention(qkv, kc, vc, b, length, ctx, pdl)
-            if calib is not None:
-                calib[f"{i}.o"] = max(calib.get(f"{i}.o", 0.0), att.float().abs().amax().item())
+                resid if first else h_out, None if first else resid, t[f"{i}.ln_attn"], eps, lq.inv_scale_x, pdl,
+                x_weight=out_norm, norm_round=rnd,
+            )  # fmt: skip
+            record(f"{i}.qkv", a)
+            att = self._attention(i, layer.attention, lq(a), b, length, ctx)
+            record(f"{i}.o", att)
             h = lo(att, pdl)
-            m = K.add_rmsnorm(h, resid, self.w.t[f"{i}.ln2"], d.rms_eps, lg.inv_scale_x, pdl)
-            if calib is not None:
-                calib[f"{i}.gate_up"] = max(calib.get(f"{i}.gate_up", 0.0), m.float().abs().amax().item())
-            gu = lg(m)
-            act = K.silu_mul(gu, ld.inv_scale_x, pdl)
-            if calib is not None:
-                calib[f"{i}.down"] = max(calib.get(f"{i}.down", 0.0), act.float().abs().amax().item())
-            h_out = ld(act)
+            m = K.add_rmsnorm(
+                h, resid, t[f"{i}.ln_mlp"], eps, lg.inv_scale_x, pdl, x_weight=t.get(f"{i}.ln_attn_out"), norm_round=rnd
+            )
+            record(f"{i}.gate_up", m)
+            act = K.gated_act(lg(m), layer.activation, ld.inv_scale_x, pdl)
+            record(f"{i}.down", act)
+            h_out, out_norm = ld(act), t.get(f"{i}.ln_mlp_out")
         last = h_out.view(b, length, d.hidden)[:, -1].contiguous()
         resid_last = resid.view(b, length, d.hidden)[:, -1].contiguous()
-        y = K.add_rmsnorm(last, resid_last, self.w.t["norm"], d.rms_eps, pdl=pdl)
-        return F.linear(y, self.w.t["lm_head"])
+        y = K.add_rmsnorm(last, resid_last, t["norm"], eps, pdl=pdl, x_weight=out_norm, norm_round=rnd)
+        logits = F.linear(y, t["lm_head"])
+        if d.final_softcap is not None:
+            logits = torch.tanh(logits / d.final_softcap) * d.final_softcap
+        return logits
 
     # -- CUDA graphs ------------------------------------------------------------
     def capture(self, tokens: torch.Tensor, start: int) -> CapturedStep:
@@ -314,14 +276,18 @@ class LlamaRuntime:
         return CapturedStep(graph, logits, tokens.shape[0], tokens.shape[1], start)
 
 
-def calibrate(weights: LlamaWeights, batch: int = 2, length: int = 256, seed: int = 0) -> dict[str, float]:
+def _cache_len(spec: AttentionSpec, max_len: int) -> int:
+    return max_len if spec.sliding_window is None else min(max_len, spec.sliding_window)
+
+
+def calibrate(weights: DecoderWeights, batch: int = 2, length: int = 256, seed: int = 0) -> dict[str, float]:
     """Per-group input amax of the BF16 model on random tokens (static FP8 activation scales)."""
-    rt = LlamaRuntime(weights, {})
+    rt = DecoderRuntime(weights, {})
     rt.allocate_cache(batch, length)
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    tokens = torch.randint(0, weights.dims.vocab, (batch, length), device="cuda", generator=g)
+    g = torch.Generator(device=weights.device).manual_seed(seed)
+    tokens = torch.randint(0, weights.dims.vocab, (batch, length), device=weights.device, generator=g)
     calib: dict[str, float] = {}
     with torch.no_grad():
         rt.forward(tokens, start=0, calib=calib)
-    rt.k_cache = rt.v_cache = None
+    rt.free()
     return calib

@@ -6,7 +6,16 @@ import torch
 import triton
 import triton.language as tl
 
-from advisor.energy.kernels.common import FP8_MAX, _dot, _launch, _let_consumer_start, _wait_for_producer
+from advisor.energy.kernels.common import (
+    FP8_MAX,
+    _below,
+    _dot,
+    _head_rmsnorm,
+    _launch,
+    _let_consumer_start,
+    _softcap,
+    _wait_for_producer,
+)
 
 
 @triton.jit
@@ -30,33 +39,47 @@ def _decode_attn_kernel(
     POS,
     KC,
     VC,
+    QN_W,
+    KN_W,
     M_out,
     L_out,
     ACC,
     OUT,
     inv_scale_ptr,
+    kv_lo,
     n_old,
     LMAX,
     q_scale,
+    norm_eps,
     H: tl.constexpr,
     KV: tl.constexpr,
     G: tl.constexpr,
     GP: tl.constexpr,
     D: tl.constexpr,
+    HP: tl.constexpr,
+    DP: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCKS_PER_SPLIT: tl.constexpr,
     S: tl.constexpr,
+    QK_NORM: tl.constexpr,
+    NORM_ROUND: tl.constexpr,
+    SOFTCAP: tl.constexpr,
+    RING: tl.constexpr,
     OUT_FP8: tl.constexpr,
     INTERPRETED: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
     """Flash-decoding of one new token: one (sequence, kv head, split) per program.
 
-    Split ``sp`` attends to cached positions [sp*chunk, (sp+1)*chunk) below ``n_old``
-    (chunk = BLOCKS_PER_SPLIT * BLOCK_N);
+    Split ``sp`` attends to cached positions [kv_lo + sp*chunk, kv_lo + (sp+1)*chunk)
+    below ``n_old`` (chunk = BLOCKS_PER_SPLIT * BLOCK_N; kv_lo > 0 for a sliding window);
     the last split also attends to the new token itself, taken (rotated) from the
     qkv row, and writes its k and v into the cache at position ``n_old`` for later
     steps. No program reads that position, so the write races with nothing.
+    Head dims that are not a power of two (80, 96) or below 32 run in tiles padded to
+    HP (half) and DP (whole), masked; the padding is zero and adds nothing to the dots.
+    RING: the cache of a sliding-window layer holds only LMAX positions, position n
+    in slot n % LMAX (the window's positions are consecutive, so they never collide).
     """
     bk = tl.program_id(0).to(tl.int64)  # b * KV + kv head
     sp = tl.program_id(1)
@@ -64,49 +87,62 @@ def _decode_attn_kernel(
     kvh = bk % KV
     rows = tl.arange(0, GP)
     rmask = rows < G
-    half = tl.arange(0, D // 2)
-    dd = tl.arange(0, D)
+    half = tl.arange(0, HP)
+    hmask = _below(half, D // 2, HP != D // 2)
+    dd = tl.arange(0, DP)
+    dmask = _below(dd, D, DP != D)
     p = tl.load(POS)
-    c = tl.load(COS + p * (D // 2) + half)[None, :]
-    s = tl.load(SIN + p * (D // 2) + half)[None, :]
+    c = tl.load(COS + p * (D // 2) + half, mask=hmask, other=0.0)[None, :]
+    s = tl.load(SIN + p * (D // 2) + half, mask=hmask, other=0.0)[None, :]
     _wait_for_producer(USE_PDL)
     row = QKV + b * (H + 2 * KV) * D
     heads = kvh * G + rows  # the q heads of this kv head
-    q1 = tl.load(row + heads[:, None] * D + half[None, :], mask=rmask[:, None], other=0.0).to(tl.float32)
-    q2 = tl.load(row + heads[:, None] * D + D // 2 + half[None, :], mask=rmask[:, None], other=0.0).to(tl.float32)
+    qmask = rmask[:, None] & hmask[None, :]
+    q1 = tl.load(row + heads[:, None] * D + half[None, :], mask=qmask, other=0.0).to(tl.float32)
+    q2 = tl.load(row + heads[:, None] * D + D // 2 + half[None, :], mask=qmask, other=0.0).to(tl.float32)
+    if QK_NORM:
+        q1, q2 = _head_rmsnorm(q1, q2, QN_W, half, hmask, D, norm_eps, NORM_ROUND)
     qa = ((q1 * c - q2 * s) * q_scale).to(tl.bfloat16)
     qb = ((q2 * c + q1 * s) * q_scale).to(tl.bfloat16)
 
     m_i = tl.full([GP], float("-inf"), tl.float32)
     l_i = tl.zeros([GP], tl.float32)
-    acc = tl.zeros([GP, D], tl.float32)
+    acc = tl.zeros([GP, DP], tl.float32)
     base = bk * LMAX * D
-    lo = sp * (BLOCKS_PER_SPLIT * BLOCK_N)
+    lo = kv_lo + sp * (BLOCKS_PER_SPLIT * BLOCK_N)
     for it in range(0, BLOCKS_PER_SPLIT):
         n = lo + it * BLOCK_N + tl.arange(0, BLOCK_N)
         nm = n < n_old
-        k1 = tl.load(KC + base + n[:, None] * D + half[None, :], mask=nm[:, None], other=0.0)
-        k2 = tl.load(KC + base + n[:, None] * D + D // 2 + half[None, :], mask=nm[:, None], other=0.0)
+        slot = n % LMAX if RING else n
+        kmask = nm[:, None] & hmask[None, :]
+        k1 = tl.load(KC + base + slot[:, None] * D + half[None, :], mask=kmask, other=0.0)
+        k2 = tl.load(KC + base + slot[:, None] * D + D // 2 + half[None, :], mask=kmask, other=0.0)
         sc = _dot(qa, tl.trans(k1), INTERPRETED) + _dot(qb, tl.trans(k2), INTERPRETED)
+        if SOFTCAP > 0:
+            sc = _softcap(sc, SOFTCAP)
         sc = tl.where(nm[None, :], sc, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(sc, 1))
         m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # a block with no key yet
         alpha = tl.exp(m_i - m_use)
         pr = tl.exp(sc - m_use[:, None])
         l_i = l_i * alpha + tl.sum(pr, 1)
-        v = tl.load(VC + base + n[:, None] * D + dd[None, :], mask=nm[:, None], other=0.0)
+        v = tl.load(VC + base + slot[:, None] * D + dd[None, :], mask=nm[:, None] & dmask[None, :], other=0.0)
         acc = acc * alpha[:, None] + _dot(pr.to(tl.bfloat16), v, INTERPRETED)
         m_i = m_new
 
     # the new token: rotated k (rounded to BF16 as the cache stores it) and v
     last = sp == S - 1
-    kn1 = tl.load(row + (H + kvh) * D + half).to(tl.float32)
-    kn2 = tl.load(row + (H + kvh) * D + D // 2 + half).to(tl.float32)
-    vn = tl.load(row + (H + KV + kvh) * D + dd)
+    kn1 = tl.load(row + (H + kvh) * D + half[None, :], mask=hmask[None, :], other=0.0).to(tl.float32)
+    kn2 = tl.load(row + (H + kvh) * D + D // 2 + half[None, :], mask=hmask[None, :], other=0.0).to(tl.float32)
+    vn = tl.load(row + (H + KV + kvh) * D + dd, mask=dmask, other=0.0)
     _let_consumer_start(USE_PDL)
-    ka = (kn1 * c - kn2 * s).to(tl.bfloat16)
+    if QK_NORM:
+        kn1, kn2 = _head_rmsnorm(kn1, kn2, KN_W, half, hmask, D, norm_eps, NORM_ROUND)
+    ka = (kn1 * c - kn2 * s).to(tl.bfloat16)  # [1, HP]
     kb = (kn2 * c + kn1 * s).to(tl.bfloat16)
     s_new = tl.sum(qa.to(tl.float32) * ka.to(tl.float32), 1) + tl.sum(qb.to(tl.float32) * kb.to(tl.float32), 1)
+    if SOFTCAP > 0:
+        s_new = _softcap(s_new, SOFTCAP)
     s_new = tl.where(last, s_new, float("-inf"))
     m_new = tl.maximum(m_i, s_new)
     m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
@@ -115,20 +151,20 @@ def _decode_attn_kernel(
     l_i = l_i * alpha + p_new
     acc = acc * alpha[:, None] + p_new[:, None] * vn.to(tl.float32)[None, :]
     m_i = m_new
-    wmask = last & (half < D // 2)
-    tl.store(KC + base + p * D + half[None, :], ka, mask=wmask[None, :])
-    tl.store(KC + base + p * D + D // 2 + half[None, :], kb, mask=wmask[None, :])
-    tl.store(VC + base + p * D + dd, vn, mask=last & (dd < D))
+    wmask = last & hmask
+    p_slot = p % LMAX if RING else p
+    tl.store(KC + base + p_slot * D + half[None, :], ka, mask=wmask[None, :])
+    tl.store(KC + base + p_slot * D + D // 2 + half[None, :], kb, mask=wmask[None, :])
+    tl.store(VC + base + p_slot * D + dd, vn, mask=last & dmask)
 
+    omask = rmask[:, None] & dmask[None, :]
     if S == 1:
-        _store_attention_output(
-            OUT, acc / l_i[:, None], b * H + heads, dd, rmask[:, None], inv_scale_ptr, D, OUT_FP8
-        )
+        _store_attention_output(OUT, acc / l_i[:, None], b * H + heads, dd, omask, inv_scale_ptr, D, OUT_FP8)
     else:
         o = (bk * S + sp) * G + rows  # partials [B*KV, S, G, (D)]: only the G real rows
         tl.store(M_out + o, m_i, mask=rmask)
         tl.store(L_out + o, l_i, mask=rmask)
-        tl.store(ACC + o[:, None] * D + dd[None, :], acc, mask=rmask[:, None])
+        tl.store(ACC + o[:, None] * D + dd[None, :], acc, mask=omask)
 
 
 @triton.jit
@@ -141,6 +177,7 @@ def _decode_attn_reduce_kernel(
     KV: tl.constexpr,
     G: tl.constexpr,
     D: tl.constexpr,
+    DP: tl.constexpr,
     S: tl.constexpr,
     SP: tl.constexpr,
     H: tl.constexpr,
@@ -151,7 +188,8 @@ def _decode_attn_reduce_kernel(
     bk = tl.program_id(0).to(tl.int64)
     g = tl.program_id(1)
     sp = tl.arange(0, SP)
-    dd = tl.arange(0, D)
+    dd = tl.arange(0, DP)
+    dmask = _below(dd, D, DP != D)
     ok = sp < S
     _wait_for_producer(USE_PDL)
     idx = (bk * S + sp) * G + g
@@ -159,10 +197,10 @@ def _decode_attn_reduce_kernel(
     lsum = tl.load(L_in + idx, mask=ok, other=0.0)
     mx = tl.max(m, 0)
     w = tl.where(ok & (lsum > 0), tl.exp(m - mx), 0.0)
-    acc = tl.load(ACC + idx[:, None] * D + dd[None, :], mask=ok[:, None], other=0.0)
+    acc = tl.load(ACC + idx[:, None] * D + dd[None, :], mask=ok[:, None] & dmask[None, :], other=0.0)
     out = tl.sum(acc * w[:, None], 0) / tl.sum(lsum * w, 0)
     heads = (bk // KV) * H + (bk % KV) * G + g + tl.zeros([1], tl.int64)
-    _store_attention_output(OUT, out[None, :], heads, dd, dd[None, :] < D, inv_scale_ptr, D, OUT_FP8)
+    _store_attention_output(OUT, out[None, :], heads, dd, dmask[None, :], inv_scale_ptr, D, OUT_FP8)
 
 
 def decode_splits(programs: int, n_old: int, sms: int, block_n: int = 64) -> int:
@@ -179,6 +217,11 @@ def decode_splits(programs: int, n_old: int, sms: int, block_n: int = 64) -> int
     return max(1, min(triton.cdiv(2 * sms, programs), triton.cdiv(n_old, block_n)))
 
 
+def head_tiles(head_dim: int) -> tuple[int, int]:
+    """Power-of-two tiles (half, whole) holding a head: ``tl.dot`` needs >= 16 along each side."""
+    return max(16, triton.next_power_of_2(head_dim // 2)), max(16, triton.next_power_of_2(head_dim))
+
+
 def decode_attention(
     qkv: torch.Tensor,
     cos: torch.Tensor,
@@ -193,27 +236,46 @@ def decode_attention(
     inv_scale: torch.Tensor | None = None,
     splits: int | None = None,
     pdl: bool = False,
+    *,
+    kv_lo: int = 0,
+    q_norm: torch.Tensor | None = None,
+    k_norm: torch.Tensor | None = None,
+    norm_eps: float = 1e-6,
+    norm_round: bool = True,
+    softcap: float | None = None,
+    q_scale: float | None = None,
+    ring: bool = False,
 ) -> torch.Tensor:
-    """Attention of one new token per sequence over its first ``ctx`` positions (GQA).
+    """Attention of one new token per sequence over positions [kv_lo, ctx) (GQA).
 
     qkv: [B, (H + 2*KV) * D], the fused projection of the new tokens, unrotated;
     ``pos`` holds their position ``ctx - 1`` (on the device, so a CUDA graph reads it
     at replay); caches [B, KV, LMAX, D] hold positions below it and receive the new k
-    and v. Returns [B, H * D] in BF16, or FP8 scaled by ``inv_scale`` when given.
-    Only the real context is read, never the whole allocated cache.
+    and v. ``kv_lo`` > 0 is a sliding window's first key: nothing before it is read.
+    ``q_norm``/``k_norm``: per-head RMSNorm weights of q and k, applied before RoPE
+    (Qwen3, Gemma 3). ``softcap``: Gemma 2's score capping. ``q_scale`` defaults to
+    head_dim ** -0.5. ``ring``: the caches hold position n in slot n % LMAX (a
+    sliding-window layer's cache of window length). Returns [B, H * D] in BF16, or FP8
+    scaled by ``inv_scale``.
+    Only the attended context is read, never the whole allocated cache.
     """
     b = qkv.shape[0]
     lmax = k_cache.shape[2]
     g = heads // kv_heads
     gp = max(16, triton.next_power_of_2(g))  # tl.dot needs 16 rows
-    block_n = 64
+    hp, dp = head_tiles(head_dim)
+    # 256-wide heads (Gemma): smaller key blocks and one stage fewer keep the pipelined
+    # k and v tiles within shared memory; up to 128 the tuned Llama configuration
+    block_n, stages = (64, 3) if dp <= 128 else (32, 2)
     n_old = ctx - 1
+    kv_lo = min(max(kv_lo, 0), n_old)
+    n_read = n_old - kv_lo
     if splits is None:
         # Triton's CPU interpreter (tests) has no SMs to fill
         sms = torch.cuda.get_device_properties(qkv.device).multi_processor_count if qkv.is_cuda else 1
-        splits = decode_splits(b * kv_heads, n_old, sms, block_n)
-    chunk = max(block_n, triton.cdiv(triton.cdiv(max(n_old, 1), splits), block_n) * block_n)
-    splits = max(1, triton.cdiv(n_old, chunk))
+        splits = decode_splits(b * kv_heads, n_read, sms, block_n)
+    chunk = max(block_n, triton.cdiv(triton.cdiv(max(n_read, 1), splits), block_n) * block_n)
+    splits = max(1, triton.cdiv(n_read, chunk))
     out = torch.empty(
         b, heads * head_dim, device=qkv.device, dtype=torch.float8_e4m3fn if inv_scale is not None else torch.bfloat16
     )
@@ -233,27 +295,37 @@ def decode_attention(
         pos,
         k_cache,
         v_cache,
+        q_norm if q_norm is not None else cos,
+        k_norm if k_norm is not None else cos,
         m,
         lsum,
         acc,
         out,
         scale_ptr,
+        kv_lo,
         n_old,
         lmax,
-        head_dim**-0.5,
+        q_scale if q_scale is not None else head_dim**-0.5,
+        norm_eps,
         pdl=pdl,
         H=heads,
         KV=kv_heads,
         G=g,
         GP=gp,
         D=head_dim,
+        HP=hp,
+        DP=dp,
         BLOCK_N=block_n,
         BLOCKS_PER_SPLIT=chunk // block_n,
         S=splits,
+        QK_NORM=q_norm is not None,
+        NORM_ROUND=norm_round,
+        SOFTCAP=float(softcap or 0.0),
+        RING=ring,
         OUT_FP8=inv_scale is not None,
         INTERPRETED=not qkv.is_cuda,
         num_warps=4,
-        num_stages=3,
+        num_stages=stages,
     )
     if splits > 1:
         _launch(
@@ -268,6 +340,7 @@ def decode_attention(
             KV=kv_heads,
             G=g,
             D=head_dim,
+            DP=dp,
             S=splits,
             SP=triton.next_power_of_2(splits),
             H=heads,
