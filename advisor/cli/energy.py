@@ -124,5 +124,10 @@ def measure(
         raise SetupError("no NVIDIA GPU visible through NVML: `advisor measure` measures on the GPU it runs on "
                          "(without one, `advisor search --energy predicted` predicts)")
     workload = Workload(name="cli", batch_size=batch, input_tokens=input_tokens, output_tokens=output_tokens)
-    est = MeasuredEnergyModel(shape, tgt).estimate(p, workload)
+    config = None
+    if model is not None:
+        from transformers import AutoConfig
+
+        config = AutoConfig.from_pretrained(model)  # readable: shape_from_model read it above
+    est = MeasuredEnergyModel(shape, tgt, model_config=config).estimate(p, workload)
     typer.echo(json.dumps({"plan": p.id, "label": p.label(), **est.to_dict()}, indent=2))

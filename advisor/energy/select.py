@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import Any
 
 from advisor.errors import InputError
 from advisor.estimate import EnergyModel
@@ -32,6 +33,7 @@ def make_energy_tiers(
     shape: ModelShape,
     target: GPU,
     profile: Path | None = None,
+    model_config: Any = None,
 ) -> tuple[EnergyModel, EnergyModel | None]:
     """(predicted, measured) for ``--energy predicted|measured|auto``.
 
@@ -40,7 +42,8 @@ def make_energy_tiers(
     measured tier (NVML on the GPU here, the serving runtime on random weights of ``shape``,
     about 40 s per plan and workload) re-prices the baselines and the front afterwards:
     ``measured`` requires a GPU of the target kind, ``auto`` uses one when it is here,
-    ``predicted`` never measures.
+    ``predicted`` never measures. ``model_config`` (the transformers config) lets the runtime
+    build the model's own layers; without it, a Llama stand-in of ``shape`` runs, and says so.
     """
     if mode not in ENERGY_MODES:
         raise InputError(f"--energy must be one of {', '.join(ENERGY_MODES)}, got {mode!r}")
@@ -52,13 +55,14 @@ def make_energy_tiers(
         return predicted, None
     from advisor.energy.measure import MeasuredEnergyModel
 
-    return predicted, MeasuredEnergyModel(shape, target)
+    return predicted, MeasuredEnergyModel(shape, target, model_config=model_config)
 
 
-def make_energy_model(mode: str, shape: ModelShape, target: GPU, profile: Path | None = None) -> EnergyModel:
+def make_energy_model(mode: str, shape: ModelShape, target: GPU, profile: Path | None = None,
+                      model_config: Any = None) -> EnergyModel:
     """One energy model: the measured tier for ``measured`` (or ``auto`` with a GPU of the target
     kind here), else the predicted one (used by `advisor measure` and `recheck`)."""
-    predicted, measured = make_energy_tiers(mode, shape, target, profile)
+    predicted, measured = make_energy_tiers(mode, shape, target, profile, model_config)
     return measured or predicted
 
 

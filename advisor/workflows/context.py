@@ -172,6 +172,7 @@ def prepare(
 
         status("choosing the energy models (predicted for every trial, measured for the front)")
         profile = Path(recipe.energy_profile) if recipe.energy_profile else None
-        energy_model, measured_model = make_energy_tiers(recipe.energy, loaded.shape, recipe.target, profile)
+        energy_model, measured_model = make_energy_tiers(recipe.energy, loaded.shape, recipe.target, profile,
+                                                         model_config=loaded.model.config)
     return RunContext(recipe, loaded, tokens, bank, proxy, energy_model, device, fingerprint, timings,
                       measured_model=measured_model)
