@@ -177,6 +177,9 @@ class MeasuredEnergyModel:
         finally:
             rt.free()
             del rt
+            # Each graph capture runs on its own stream, and cuBLAS(Lt) keeps a workspace per
+            # stream (32 MiB on Hopper) until told otherwise: two per estimate, never reused.
+            torch._C._cuda_clearCublasWorkspaces()
             torch.cuda.empty_cache()
         pre_j, step_j = pre["j_per_step"], dec["j_per_step"]
         return EnergyEstimate(
