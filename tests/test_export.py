@@ -38,6 +38,26 @@ def tiny():
     return loaded, build_token_sets(loaded.model, loaded.tokenizer, spec)
 
 
+def _assert_fused_scales_equal(out, plan, groups) -> int:
+    """q/k/v and gate/up of every quantized fused group carry one input and one weight scale in the
+    exported safetensors (for NVFP4 the global ``weight_scale_2``); returns how many groups were read."""
+    from safetensors import safe_open
+
+    with safe_open(str(out / "model.safetensors"), "pt") as st:
+        names = set(st.keys())
+        read = 0
+        for g in groups:
+            fmt = plan.format_of(g.name)
+            if fmt == Format.BF16 or len(g.members) < 2:
+                continue
+            for scale in ("input_scale", "weight_scale_2" if fmt == Format.NVFP4 else "weight_scale"):
+                values = [st.get_tensor(f"{m}.{scale}") for m in g.members]
+                assert all(f"{m}.{scale}" in names for m in g.members)
+                assert all(v.equal(values[0]) for v in values), (g.name, scale, values)
+            read += 1
+    return read
+
+
 def _expected(plan, groups):
     return {m: plan.format_of(g.name) for g in groups for m in g.members}
 
@@ -64,6 +84,7 @@ def test_mixed_plan_exports_mixed_precision_per_layer(tiny, tmp_path):
     assert json.loads((out / "config.json").read_text())["quantization_config"]["quant_method"] == "modelopt"
     assert res.roundtrip["passed"]
     assert any("vLLM" in w for w in res.warnings)
+    assert _assert_fused_scales_equal(out, plan, groups) >= 2
     opts = yaml.safe_load((out / "llm_api_options.yaml").read_text())
     assert opts["max_batch_size"] == 16 and opts["max_seq_len"] == 384
     readme = (out / "README.md").read_text()
@@ -88,6 +109,9 @@ def test_fp8_plan_lists_bf16_groups_in_exclude_modules(tiny, tmp_path):
     rt = res.roundtrip
     assert rt["passed"] and rt["kl_abs_diff"] <= rt["tolerance_kl"]
     assert res.warnings == []
+    assert _assert_fused_scales_equal(tmp_path / "ckpt", plan, groups) == 4  # qkv and gate_up of 2 layers
+    # the search scores these shared scales already: export's own fusion step changes nothing
+    assert rt["kl_in_memory_plan"] == rt["kl_in_memory"]
 
 
 def test_nvfp4_round_trip_is_exact(tiny, tmp_path):

@@ -61,10 +61,27 @@ def test_right_modelopt_quantizers_are_enabled_per_group(tiny):
             if fmt == Format.NVFP4:
                 assert wq.num_bits == (2, 1) and wq.block_sizes[-1] == 16
     assert not model.lm_head.__class__.__name__.startswith("Quant") or not model.lm_head.weight_quantizer.is_enabled
-    for g in groups:  # fused NVFP4 members share one global weight scale, as engines and export do
-        if plan.format_of(g.name) == Format.NVFP4 and len(g.members) > 1:
-            amaxes = {float(model.get_submodule(m).weight_quantizer.amax) for m in g.members}
-            assert len(amaxes) == 1, g.name
+    tied = 0
+    for g in groups:  # fused members share one weight and one input scale, as engines load them
+        if plan.format_of(g.name) != Format.BF16 and len(g.members) > 1:
+            for attr in ("weight_quantizer", "input_quantizer"):
+                amaxes = {float(getattr(model.get_submodule(m), attr).amax) for m in g.members}
+                assert len(amaxes) == 1, (g.name, attr, amaxes)
+            tied += 1
+    assert tied >= 2  # the cycle puts qkv in FP8 and gate_up in NVFP4 (or the reverse)
+
+
+def test_fused_fp8_scales_are_the_largest_member_scale(tiny):
+    """The shared weight amax is the max over q/k/v (gate/up): no member's weights are clipped."""
+    groups = tiny.shape.groups
+    plan = Plan.uniform(groups, Format.FP8)
+    tokens = torch.randint(0, 2048, (2, 16))
+    model = quantize_plan(_share_weights_copy(tiny.model), plan, groups, counting_loop(tokens)[0])
+    for g in groups:
+        if len(g.members) > 1:
+            own = max(float(tiny.model.get_submodule(m).weight.detach().abs().max()) for m in g.members)
+            shared = float(model.get_submodule(g.members[0]).weight_quantizer.amax)
+            assert shared == pytest.approx(own, rel=1e-6), g.name
 
 
 def test_calibration_runs_once_per_format_and_never_per_trial(tiny):

@@ -201,9 +201,9 @@ def export_plan(
     with quiet():
         quantize_plan(qmodel, plan, groups, forward_loop(tokens.calibration))
     planned = proxy.score(qmodel)
-    # Engines fuse q/k/v and gate/up into one GEMM, so export gives fused layers one
-    # weight (global) scale and one input scale: ModelOpt's own pre-export step, run
-    # here first so the in-memory model scored is the one written.
+    # quantize_plan already gave fused layers (q/k/v, gate/up) one weight and one input
+    # scale, as engines load them (tie_fused_scales). ModelOpt's own pre-export step runs
+    # here too, so the in-memory model scored is exactly the one written.
     fuse_like_export(qmodel)
     mem = proxy.score(qmodel)
     fake_weights = _fake_quant_weights(qmodel, infos)
@@ -231,9 +231,9 @@ def export_plan(
         "heldout_tokens": mem.tokens, "kl_stored_in_summary": stored_kl,
         "passed": diff <= tol,
         "ppl_in_memory_plan": planned.ppl,
-        "method": "in-memory: quantize_plan, then ModelOpt's export-time fusion of shared weight/input scales "
-                  "(requantize_resmooth_fused_llm_layers); reloaded: weights de-quantized from the exported "
-                  "safetensors, input quantizers from input_scale, "
+        "method": "in-memory: quantize_plan (fused layers share one weight and one input scale), then "
+                  "ModelOpt's export-time fusion step (requantize_resmooth_fused_llm_layers); reloaded: weights "
+                  "de-quantized from the exported safetensors, input quantizers from input_scale, "
                   "formats from hf_quant_config.json; proxy KL vs the BF16 model on the run's held-out tokens",
     }
     del reloaded

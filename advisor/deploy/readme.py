@@ -48,7 +48,8 @@ def render_readme(result: ExportResult, plan: Plan, options: dict[str, Any]) -> 
         f"**{'passed' if rt['passed'] else 'FAILED'}**. Perplexity {rt['ppl_in_memory']:.3f} vs "
         f"{rt['ppl_reloaded']:.3f} (BF16 {rt['ppl_bf16']:.3f}).",
         "",
-        f"Before scale sharing (the plan as the search scored it): KL {rt['kl_in_memory_plan']:.6f}"
+        f"The plan as the search scored it (before ModelOpt's export-time fusion step): KL "
+        f"{rt['kl_in_memory_plan']:.6f}"
         + (f"; stored in summary.json: {rt['kl_stored_in_summary']:.6f}" if rt["kl_stored_in_summary"] is not None
            else "") + ".",
         "",

@@ -91,26 +91,40 @@ def plan_group_table(model: torch.nn.Module, plan: Plan, groups: Iterable[LayerG
     return infos
 
 
-def tie_fused_nvfp4_scales(model: torch.nn.Module, plan: Plan, infos: Iterable[GroupInfo]) -> None:
-    """Give the members of a fused NVFP4 group one global weight scale (the largest amax).
+def _shared_amax(quantizers: list[Any]) -> torch.Tensor | None:
+    """The largest per-tensor amax of ``quantizers``; None unless each holds one scalar amax."""
+    amaxes = [getattr(q, "amax", None) for q in quantizers]
+    if any(a is None or a.numel() != 1 for a in amaxes):
+        return None
+    return torch.stack([a.float().reshape(()) for a in amaxes]).max()
 
-    A serving engine runs q/k/v (and gate/up) as one GEMM with one NVFP4 second-level
-    weight scale; ModelOpt's export writes the shared ``weight_scale_2`` the same way.
-    Scoring with the shared scale makes the searched model the deployed one. Groups whose
+
+def tie_fused_scales(model: torch.nn.Module, plan: Plan, infos: Iterable[GroupInfo]) -> None:
+    """Give the members of a fused group one input amax and one weight amax: the max over members.
+
+    A serving engine runs q/k/v (and gate/up) as one GEMM with one input scale and one
+    per-tensor weight scale: TensorRT-LLM's ``FP8QDQLinearMethod.rescale_fused_weights``
+    takes the largest input and weight scale and re-quantizes each member's FP8 weights to
+    it, vLLM re-quantizes with ``weight_scale.max()``, and ModelOpt's
+    ``requantize_resmooth_fused_llm_layers`` does the same for NVFP4 at export (it leaves
+    FP8 alone, so an FP8 export would otherwise carry one scale per member). For NVFP4 the
+    weight amax is the global one (``weight_scale_2``); block scales stay per block.
+    Scoring with the shared scales makes the searched model the deployed one. Groups whose
     members read different inputs (a layer's routed experts) keep their own scales.
     """
     with torch.no_grad():
         for gi in infos:
             members = gi.group.members
-            if plan.format_of(gi.name) != Format.NVFP4 or len(members) < 2 or not gi.members_share_input:
+            if plan.format_of(gi.name) == Format.BF16 or len(members) < 2 or not gi.members_share_input:
                 continue
-            quantizers = [model.get_submodule(m).weight_quantizer for m in members]
-            amaxes = [q.amax for q in quantizers if getattr(q, "amax", None) is not None]
-            if len(amaxes) != len(quantizers):
-                continue
-            shared = torch.stack([a.float().reshape(()) for a in amaxes]).max()
-            for q in quantizers:
-                q.amax = shared.to(q.amax.dtype).reshape(q.amax.shape).clone()
+            modules = [model.get_submodule(m) for m in members]
+            for attr in ("weight_quantizer", "input_quantizer"):
+                quantizers = [getattr(mod, attr) for mod in modules]
+                shared = _shared_amax(quantizers)
+                if shared is None:
+                    continue
+                for q in quantizers:
+                    q.amax = shared.to(q.amax.dtype).reshape(q.amax.shape).clone()
 
 
 def quantize_plan(model: torch.nn.Module, plan: Plan, groups: Iterable[LayerGroup], forward_loop: ForwardLoop):
@@ -122,5 +136,5 @@ def quantize_plan(model: torch.nn.Module, plan: Plan, groups: Iterable[LayerGrou
     with warnings.catch_warnings(), contextlib.redirect_stdout(sys.stderr):
         warnings.simplefilter("ignore")
         model = mtq.quantize(model, plan_quant_config(plan, infos), forward_loop)
-    tie_fused_nvfp4_scales(model, plan, infos)
+    tie_fused_scales(model, plan, infos)
     return model
