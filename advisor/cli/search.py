@@ -43,6 +43,8 @@ def search(
     gguf_file: Annotated[str | None, typer.Option(help="GGUF file inside --model (a dir or hub repo).")] = None,
     target: TargetOpt = None,
     formats: FormatsOpt = None,
+    kv_cache: Annotated[str | None, typer.Option(
+        help="Comma-separated KV-cache formats to search: bf16 (default) or bf16,fp8.")] = None,
     trials: Annotated[int | None, typer.Option(help="Total trials in the study, baselines included.")] = None,
     timeout: Annotated[float | None, typer.Option(help="Stop starting trials after this many seconds.")] = None,
     seed: Annotated[int | None, typer.Option(help="Sampler seed.")] = None,
@@ -82,7 +84,8 @@ def search(
 
     overrides = {
         "model.source": model, "model.gguf_file": gguf_file, "target": target, "formats": _split(formats),
-        "search.trials": trials, "search.timeout_s": timeout, "search.seed": seed, "search.sampler": sampler,
+        "kv_cache": _split(kv_cache), "search.trials": trials, "search.timeout_s": timeout, "search.seed": seed,
+        "search.sampler": sampler,
         "accuracy.max_kl": max_kl, "calibration.source": calibration, "benchmark.tasks": _split(tasks),
         "benchmark.limit": limit, "storage": storage, "out": str(out_dir) if out_dir else None,
         "name": name, "device": device, "energy": energy, "energy_profile": energy_profile,

@@ -62,17 +62,48 @@ def format_quantizer_cfg(fmt: Format) -> dict[str, dict[str, Any]]:
     return found
 
 
-def plan_quant_config(plan: Plan, infos: Iterable[GroupInfo]) -> dict[str, Any]:
-    """A ModelOpt config that quantizes each group's members in the plan's format.
+KV_QUANTIZERS = ("k_bmm_quantizer", "v_bmm_quantizer")
 
-    Everything starts disabled (so lm_head, embeddings, routers, vision towers, attention
-    BMMs and BF16 groups stay BF16), then each quantized member gets its format's weight and
-    input quantizer under its exact ModelOpt name (the adapter's ``GroupInfo.quantizers``:
-    a wildcard such as ``*q_proj*`` would also switch on output quantizers, which export
-    writes as an FP8 KV cache).
+
+def kv_cache_quantizer_cfg() -> dict[str, Any]:
+    """The k/v BMM quantizer attributes of ModelOpt's ``FP8_KV_CFG`` (FP8 E4M3, one scale per tensor)."""
+    for entry in modelopt_quantization().FP8_KV_CFG["quant_cfg"]:
+        if entry.get("quantizer_name") == "*[kv]_bmm_quantizer" and "cfg" in entry:
+            return copy.deepcopy(entry["cfg"])
+    raise SetupError("unexpected ModelOpt FP8_KV_CFG layout; this nvidia-modelopt is not supported")
+
+
+def attention_modules(infos: Iterable[GroupInfo]) -> list[str]:
+    """One attention module per layer: the parent of its q/k/v projections. ModelOpt wraps it
+    (``_QuantAttention``) with ``k_bmm_quantizer``/``v_bmm_quantizer`` on the keys and values
+    the attention reads, i.e. what the KV cache holds (keys after RoPE)."""
+    return [gi.group.members[0].rpartition(".")[0] for gi in infos if gi.kind == "qkv"]
+
+
+def kv_cache_entries(infos: Iterable[GroupInfo], kv_cache: Format) -> list[dict[str, Any]]:
+    """``quant_cfg`` entries that turn on the KV-cache quantizers of every layer (none for BF16)."""
+    if kv_cache == Format.BF16:
+        return []
+    cfg = kv_cache_quantizer_cfg()
+    return [{"quantizer_name": f"{attn}.{q}", "cfg": copy.deepcopy(cfg)}
+            for attn in attention_modules(infos) for q in KV_QUANTIZERS]
+
+
+def plan_quant_config(plan: Plan, infos: Iterable[GroupInfo]) -> dict[str, Any]:
+    """A ModelOpt config that quantizes each group's members in the plan's format, and the KV cache.
+
+    Everything starts disabled (so lm_head, embeddings, routers, vision towers and BF16
+    groups stay BF16), then each quantized member gets its format's weight and input
+    quantizer under its exact ModelOpt name (the adapter's ``GroupInfo.quantizers``: a
+    wildcard such as ``*q_proj*`` would also switch on output quantizers, which export
+    writes as an FP8 KV cache). An FP8 KV cache turns on each attention's k/v BMM
+    quantizers (``FP8_KV_CFG``); export then writes ``kv_cache_quant_algo: FP8`` and
+    ``k_scale``/``v_scale``.
     """
+    infos = tuple(infos)
     cfgs = {f.value: format_quantizer_cfg(f) for f in set(plan.formats.values()) if f != Format.BF16}
-    return {"quant_cfg": quant_cfg_entries(infos, plan.formats, cfgs), "algorithm": "max"}
+    entries = quant_cfg_entries(infos, plan.formats, cfgs) + kv_cache_entries(infos, plan.kv_cache)
+    return {"quant_cfg": entries, "algorithm": "max"}
 
 
 def plan_group_table(model: torch.nn.Module, plan: Plan, groups: Iterable[LayerGroup]) -> list[GroupInfo]:

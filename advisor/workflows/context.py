@@ -157,7 +157,7 @@ def prepare(
     t = time.perf_counter()
     bank = FormatBank(
         loaded.model, loaded.shape.groups, recipe.formats, forward_loop(tokens.calibration),
-        on_format=lambda f: status(f"calibrating {f.value} (once for every trial)"),
+        on_format=lambda f: status(f"calibrating {f.value} (once for every trial)"), kv_cache=recipe.kv_cache,
     )
     timings["calibration_s"] = time.perf_counter() - t
 
