@@ -127,6 +127,8 @@ class AdditiveEvaluator:
     """Damage and energy additive over groups; optionally interrupts at a given call."""
 
     DAMAGE = {Format.BF16: 0.0, Format.FP8: 0.01, Format.NVFP4: 0.08}
+    KV_DAMAGE = {Format.BF16: 0.0, Format.FP8: 0.005}  # an FP8 KV cache: small damage
+    KV_SAVING_J = {Format.BF16: 0.0, Format.FP8: 0.3}  # ... and less energy
 
     def __init__(self, interrupt_at: int | None = None, workload: str = "chat") -> None:
         self.calls = 0
@@ -137,8 +139,9 @@ class AdditiveEvaluator:
         self.calls += 1
         if self.interrupt_at is not None and self.calls == self.interrupt_at:
             raise KeyboardInterrupt
-        kl = sum(self.DAMAGE[f] for f in plan.formats.values())
+        kl = sum(self.DAMAGE[f] for f in plan.formats.values()) + self.KV_DAMAGE[plan.kv_cache]
         j = 1.0 + sum(FORMAT_SPECS[f].weight_bytes_per_element for f in plan.formats.values())
+        j -= self.KV_SAVING_J[plan.kv_cache]
         est = EnergyEstimate(self.workload, j, j, j / 10, 1 / j, "predicted (fake)", False)
         return Evaluation(kl=kl, ppl=10 * math.exp(kl), ppl_bf16=10.0, energy=[est])
 

@@ -43,6 +43,30 @@ def _measured_vs_predicted(summary: dict[str, Any], workloads: list[str]) -> lis
             _table(rows, ["plan id", "plan", *[f"J/token {w}" for w in workloads]]), ""]
 
 
+def _kv_cache_effect(summary: dict[str, Any], workloads: list[str]) -> list[str]:
+    """Plans scored with both KV-cache formats and the same weights: what FP8 KV changes per workload."""
+    by_weights: dict[str, dict[str, dict]] = {}
+    for r in summary["trials"]:
+        key = repr(sorted(r["formats"].items()))
+        by_weights.setdefault(key, {}).setdefault(r.get("kv_cache", "bf16"), r)
+    rows = []
+    for pair in by_weights.values():
+        if "bf16" not in pair or "fp8" not in pair:
+            continue
+        a, b = pair["bf16"], pair["fp8"]
+        ea, eb = ({e["workload"]: e["j_per_token"] for e in r["energy"]} for r in (a, b))
+        rows.append([a["label"], f"`{a['plan_id']}` / `{b['plan_id']}`", f"{a['kl']:.4f} -> {b['kl']:.4f}",
+                     *[f"{_fmt_j(ea[w])} -> {_fmt_j(eb[w])} ({100 * (eb[w] / ea[w] - 1):+.1f}%)" for w in workloads]])
+    if not rows:
+        return []
+    return ["## KV cache: BF16 -> FP8", "",
+            "Plans scored with both KV-cache formats and the same weights (KV format per plan: the `+ fp8 KV` in "
+            "its name). FP8 KV halves the KV bytes a decode step reads, so it saves most at long contexts and large "
+            "batches; its KL is measured with ModelOpt's FP8 k/v quantizers (FP8_KV_CFG).", "",
+            _table(rows, ["weights", "plan ids (BF16 KV / FP8 KV)", "KL", *[f"J/token '{w}'" for w in workloads]]),
+            ""]
+
+
 def _architecture_lines(shape: dict[str, Any]) -> list[str]:
     """The family, what was searched, and the layer features the energy numbers price."""
     if not shape.get("family"):
@@ -106,6 +130,7 @@ def render_markdown(summary: dict[str, Any]) -> str:
             _table([_row(by_trial[t], workloads) for t in summary["front_trials"]], header), "",
             "![accuracy vs energy](front.png)", "", "## Baselines", "",
             _table([_row(by_trial[t], workloads) for t in summary["baselines"].values()], header), ""]
+    out += _kv_cache_effect(summary, workloads)
     out += _measured_vs_predicted(summary, workloads)
     if summary.get("benchmark_status"):
         out += [f"lm-eval stage: {summary['benchmark_status']}", ""]

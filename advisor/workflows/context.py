@@ -104,6 +104,8 @@ class RunContext:
         key = {"model": self.fingerprint, "calibration": self.recipe.calibration.model_dump(), "samples": n,
                "formats": [f.value for f in self.recipe.formats], "energy": self.energy_model.label,
                "workload": self.recipe.workloads[0].model_dump()}
+        if len(self.recipe.kv_cache) > 1:  # only then, so caches written before it stay valid
+            key["kv_cache"] = [f.value for f in self.recipe.kv_cache]
 
         def compute():
             small = ProxyEvaluator(self.bank.assemble(Plan.uniform(groups, Format.BF16)), self.tokens.heldout[:n])
@@ -111,7 +113,7 @@ class RunContext:
                 groups, self.recipe.formats,
                 damage_of=lambda p: small.score(self.bank.assemble(p)).kl,
                 energy_of=lambda p: self.energy_model.estimate(p, self.recipe.workloads[0]).j_per_token,
-                on_step=on_step,
+                on_step=on_step, kv_cache=self.recipe.kv_cache,
             )
             sens.tokens = int(self.tokens.heldout[:n].numel())
             return sens
