@@ -87,6 +87,7 @@ def test_mixed_plan_exports_mixed_precision_per_layer(tiny, tmp_path):
     assert _assert_fused_scales_equal(out, plan, groups) >= 2
     opts = yaml.safe_load((out / "llm_api_options.yaml").read_text())
     assert opts["max_batch_size"] == 16 and opts["max_seq_len"] == 384
+    assert "dtype" not in opts["kv_cache_config"] and q.get("kv_cache_quant_algo") is None  # BF16 KV
     readme = (out / "README.md").read_text()
     assert "trtllm-serve" in readme and "--extra_llm_api_options llm_api_options.yaml" in readme
     try:
@@ -121,6 +122,34 @@ def test_nvfp4_round_trip_is_exact(tiny, tmp_path):
     assert res.roundtrip["weights"]["differing"] == 0
     assert res.roundtrip["kl_abs_diff"] <= ROUNDTRIP_KL_ABS_TOL
     assert any("Blackwell" in w for w in res.warnings)
+
+
+def test_fp8_kv_cache_exports_kv_cache_quant_algo_scales_and_the_trtllm_dtype(tiny, tmp_path):
+    from safetensors import safe_open
+
+    from advisor.deploy.quant_config import kv_cache_format_from_quant_config
+
+    loaded, tokens = tiny
+    groups = loaded.shape.groups
+    plan = Plan({g.name: Format.FP8 if g.name.endswith(".qkv") else Format.BF16 for g in groups}, Format.FP8)
+    res = export_plan(loaded, plan, tokens, tmp_path / "ckpt", WORKLOADS, target="h100")
+    out = tmp_path / "ckpt"
+    q = res.hf_quant_config["quantization"]
+    assert q["kv_cache_quant_algo"] == "FP8" and q["quant_algo"] == "FP8"
+    assert kv_cache_format_from_quant_config(res.hf_quant_config) == Format.FP8
+    with safe_open(str(out / "model.safetensors"), "pt") as st:
+        for i in range(2):
+            for kv in "kv":
+                scale = float(st.get_tensor(f"model.layers.{i}.self_attn.{kv}_proj.{kv}_scale"))
+                assert 0 < scale < 1  # amax / 448 of the calibrated keys or values
+    opts = yaml.safe_load((out / "llm_api_options.yaml").read_text())
+    assert opts["kv_cache_config"]["dtype"] == "fp8"
+    assert "kv_cache_config.dtype: fp8" in (out / "README.md").read_text()
+    assert res.roundtrip["passed"]  # the reader inserts the k/v quantizers from k_scale / v_scale
+    kv_only = export_plan(loaded, Plan.uniform(groups, Format.BF16, Format.FP8), tokens, tmp_path / "kv",
+                          WORKLOADS, target="h100", smoke=False)
+    assert kv_only.roundtrip["kl_abs_diff"] == 0.0 and kv_only.roundtrip["kl_in_memory"] > 0  # KV scales exact
+    assert kv_only.warnings == []  # not "all-BF16": its KV cache is FP8
 
 
 def test_quant_config_reader():

@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from advisor.deploy.checkpoint import load_exported, scaled_modules
-from advisor.deploy.quant_config import check_quant_config
+from advisor.deploy.quant_config import check_kv_cache, check_quant_config
 from advisor.deploy.quiet import quiet
 from advisor.deploy.readme import render_readme
 from advisor.deploy.trtllm import deployment_warnings, llm_api_options, options_yaml, smoke_test_trtllm
@@ -212,7 +212,9 @@ def export_plan(
     t = time.perf_counter()
     qcfg = write_checkpoint(qmodel, loaded.tokenizer, out_dir)
     del qmodel
-    check_quant_config(qcfg, plan, infos, scaled_modules(_tensor_names(out_dir)))
+    names = _tensor_names(out_dir)
+    check_quant_config(qcfg, plan, infos, scaled_modules(names))
+    check_kv_cache(qcfg, plan, infos, names)
     quant_algo = (qcfg or {}).get("quantization", {}).get("quant_algo")
     timings["export_s"] = time.perf_counter() - t
 
@@ -233,12 +235,13 @@ def export_plan(
         "ppl_in_memory_plan": planned.ppl,
         "method": "in-memory: quantize_plan (fused layers share one weight and one input scale), then "
                   "ModelOpt's export-time fusion step (requantize_resmooth_fused_llm_layers); reloaded: weights "
-                  "de-quantized from the exported safetensors, input quantizers from input_scale, "
+                  "de-quantized from the exported safetensors, input quantizers from input_scale, KV-cache "
+                  "quantizers from k_scale/v_scale, "
                   "formats from hf_quant_config.json; proxy KL vs the BF16 model on the run's held-out tokens",
     }
     del reloaded
 
-    options = llm_api_options(workloads)
+    options = llm_api_options(workloads, plan.kv_cache)
     (out_dir / "llm_api_options.yaml").write_text(options_yaml(options, workloads))
     t = time.perf_counter()
     smoke_result = smoke_test_trtllm(out_dir) if smoke else "not run: disabled"

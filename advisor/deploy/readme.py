@@ -31,7 +31,10 @@ def render_readme(result: ExportResult, plan: Plan, options: dict[str, Any]) -> 
         " with `from tensorrt_llm import LLM`.",
         "",
         f"`llm_api_options.yaml`: max_batch_size {options['max_batch_size']}, max_num_tokens "
-        f"{options['max_num_tokens']}, max_seq_len {options['max_seq_len']} (from the run's workloads).",
+        f"{options['max_num_tokens']}, max_seq_len {options['max_seq_len']} (from the run's workloads); KV cache "
+        + ("**FP8** (`kv_cache_config.dtype: fp8`; `kv_cache_quant_algo: FP8` and per-layer `k_scale`/`v_scale` "
+           "in the checkpoint; vLLM and SGLang: `--kv-cache-dtype fp8`)." if plan.kv_cache.value == "fp8"
+           else "BF16 (the model's dtype)."),
         "",
         f"TensorRT-LLM smoke test: {result.smoke_test}.",
         "",
