@@ -83,7 +83,11 @@ def test_mixed_plan_exports_mixed_precision_per_layer(tiny, tmp_path):
     assert "lm_head" not in layers
     assert json.loads((out / "config.json").read_text())["quantization_config"]["quant_method"] == "modelopt"
     assert res.roundtrip["passed"]
-    assert any("vLLM" in w for w in res.warnings)
+    readme = (out / "README.md").read_text()
+    assert any(w.startswith("vLLM: NGC's vLLM 26.02") and "issues/37854" in w for w in res.warnings)
+    assert any(w.startswith("SGLang:") and "pull/32740" in w for w in res.warnings)
+    assert res.engines["vLLM"]["verdict"] == "may fail" and res.engines["TensorRT-LLM"]["verdict"] != "may fail"
+    assert "## Serving engines" in readme and "| SGLang | **may fail** |" in readme
     assert _assert_fused_scales_equal(out, plan, groups) >= 2
     opts = yaml.safe_load((out / "llm_api_options.yaml").read_text())
     assert opts["max_batch_size"] == 16 and opts["max_seq_len"] == 384
@@ -149,7 +153,8 @@ def test_fp8_kv_cache_exports_kv_cache_quant_algo_scales_and_the_trtllm_dtype(ti
     kv_only = export_plan(loaded, Plan.uniform(groups, Format.BF16, Format.FP8), tokens, tmp_path / "kv",
                           WORKLOADS, target="h100", smoke=False)
     assert kv_only.roundtrip["kl_abs_diff"] == 0.0 and kv_only.roundtrip["kl_in_memory"] > 0  # KV scales exact
-    assert kv_only.warnings == []  # not "all-BF16": its KV cache is FP8
+    assert not any("all-BF16" in w for w in kv_only.warnings)  # its KV cache is FP8
+    assert any(w.startswith("vLLM: with the Flash Attention 3 backend") for w in kv_only.warnings)
 
 
 def test_quant_config_reader():

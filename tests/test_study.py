@@ -85,6 +85,7 @@ def test_report_is_built_from_storage(recipe):
     assert (recipe.run_dir / "front.png").stat().st_size > 1000
     assert (recipe.run_dir / "format_map.png").stat().st_size > 1000
     assert "## Pareto front (within budget)" in md and "predicted (fake)" in md
+    assert "## Serving engines (recommended plan)" in md and "| TensorRT-LLM | **" in md
     import json
 
     summary = json.loads((recipe.run_dir / "summary.json").read_text())

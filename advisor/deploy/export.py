@@ -12,7 +12,8 @@ What :func:`advisor.workflows.export.export_run` writes into the output folder:
   ``exclude_modules``. An all-BF16 plan is a plain BF16 checkpoint.
 * the tokenizer;
 * ``llm_api_options.yaml``: TensorRT-LLM LLM-API options sized from the run's workloads;
-* ``README.md`` with the ``trtllm-serve`` command, the round-trip numbers and warnings;
+* ``README.md`` with the ``trtllm-serve`` command, the round-trip numbers, which engines can serve
+  the plan (``deploy.compat``: TensorRT-LLM, vLLM, SGLang, with sources) and a warning per known problem;
 * ``export.json``: the same facts for programs.
 
 Round trip (:func:`advisor.deploy.checkpoint.load_exported`): the exported weights are
@@ -39,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from advisor.deploy.checkpoint import load_exported, scaled_modules
+from advisor.deploy.compat import compatibility_record, compatibility_warnings, engine_compatibility
 from advisor.deploy.quant_config import check_kv_cache, check_quant_config
 from advisor.deploy.quiet import quiet
 from advisor.deploy.readme import render_readme
@@ -72,6 +74,7 @@ class ExportResult:
     smoke_test: str
     warnings: list[str] = field(default_factory=list)
     timings_s: dict[str, float] = field(default_factory=dict)
+    engines: dict[str, Any] = field(default_factory=dict)  # deploy.compat verdicts per serving engine
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -246,12 +249,15 @@ def export_plan(
     t = time.perf_counter()
     smoke_result = smoke_test_trtllm(out_dir) if smoke else "not run: disabled"
     timings["smoke_test_s"] = time.perf_counter() - t
+    verdicts = engine_compatibility(plan, target)
     result = ExportResult(
         out_dir=str(out_dir), plan_id=plan.id, plan_label=plan.label(), files=[],
         quant_algo=quant_algo, hf_quant_config=qcfg, roundtrip=roundtrip, smoke_test=smoke_result,
-        warnings=[*deployment_warnings(quant_algo, plan, target), *extra_warnings], timings_s=timings,
+        warnings=[*deployment_warnings(quant_algo, plan), *compatibility_warnings(verdicts),
+                  *extra_warnings],
+        timings_s=timings, engines=compatibility_record(verdicts),
     )
-    (out_dir / "README.md").write_text(render_readme(result, plan, options))
+    (out_dir / "README.md").write_text(render_readme(result, plan, options, verdicts))
     (out_dir / "export.json").write_text("{}")
     result.files = sorted(p.name for p in out_dir.iterdir())
     (out_dir / "export.json").write_text(json.dumps(result.to_dict(), indent=2))

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from advisor.deploy.compat import NOT_RUN, EngineVerdict, compatibility_table
 from advisor.plan import Plan
 
 if TYPE_CHECKING:
     from advisor.deploy.export import ExportResult
 
 
-def render_readme(result: ExportResult, plan: Plan, options: dict[str, Any]) -> str:
+def render_readme(result: ExportResult, plan: Plan, options: dict[str, Any],
+                  verdicts: Sequence[EngineVerdict] = ()) -> str:
     rt = result.roundtrip
     algo = result.quant_algo or "none (BF16)"
     lines = [
@@ -39,6 +42,9 @@ def render_readme(result: ExportResult, plan: Plan, options: dict[str, Any]) -> 
         f"TensorRT-LLM smoke test: {result.smoke_test}.",
         "",
     ]
+    if verdicts:
+        lines += ["## Serving engines", "", f"Which engines can serve this plan ({NOT_RUN}):", "",
+                  *compatibility_table(verdicts), ""]
     if result.warnings:
         lines += ["## Warnings", ""] + [f"- {w}" for w in result.warnings] + [""]
     lines += [

@@ -8,7 +8,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from advisor.formats import GPU, GPU_SPECS, Format
+from advisor.formats import Format
 from advisor.plan import Plan
 
 
@@ -41,16 +41,9 @@ def options_yaml(options: dict[str, Any], workloads: list[dict[str, Any]]) -> st
     return head + yaml.safe_dump(options, sort_keys=False)
 
 
-def deployment_warnings(quant_algo: str | None, plan: Plan, target: str | None) -> list[str]:
+def deployment_warnings(quant_algo: str | None, plan: Plan) -> list[str]:
+    """Warnings about the checkpoint itself; what each engine makes of it is ``deploy.compat``'s."""
     out = []
-    if quant_algo == "MIXED_PRECISION":
-        out.append("quant_algo is MIXED_PRECISION: vLLM has rejected ModelOpt MIXED_PRECISION checkpoints "
-                   "(per-layer FP8/NVFP4); serve it with TensorRT-LLM, or export a single-format plan for vLLM.")
-    if Format.NVFP4 in plan.formats.values():
-        gpu = GPU_SPECS.get(GPU(target)) if target in {g.value for g in GPU} else None
-        if gpu is None or not gpu.supports(Format.NVFP4):
-            out.append(f"the plan has NVFP4 layers; NVFP4 W4A4 GEMMs run natively only on Blackwell (sm_100+), "
-                       f"not on target {target!r}.")
     if quant_algo is None and plan.kv_cache == Format.BF16:
         out.append("the plan is all-BF16: the checkpoint is unquantized (no hf_quant_config.json).")
     return out

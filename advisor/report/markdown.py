@@ -67,6 +67,21 @@ def _kv_cache_effect(summary: dict[str, Any], workloads: list[str]) -> list[str]
             ""]
 
 
+def _serving_engines(summary: dict[str, Any]) -> list[str]:
+    """Which engines can serve the recommended plan, and a warning per known problem (deploy.compat)."""
+    from advisor.deploy.compat import NOT_RUN, compatibility_table, compatibility_warnings, engine_compatibility
+    from advisor.plan import Plan
+
+    rec = summary.get("recommendation")
+    if not rec:
+        return []
+    plan = Plan(rec["formats"], rec.get("kv_cache", "bf16"))
+    verdicts = engine_compatibility(plan, summary["target"])
+    warnings = compatibility_warnings(verdicts)
+    return ["## Serving engines (recommended plan)", "", f"Which engines can serve plan `{plan.id}` ({NOT_RUN}):",
+            "", *compatibility_table(verdicts), "", *[f"- Warning: {w}" for w in warnings], *([""] if warnings else [])]
+
+
 def _architecture_lines(shape: dict[str, Any]) -> list[str]:
     """The family, what was searched, and the layer features the energy numbers price."""
     if not shape.get("family"):
@@ -126,6 +141,7 @@ def render_markdown(summary: dict[str, Any]) -> str:
         ]
     else:
         out += ["No trial finished; nothing to recommend.", ""]
+    out += _serving_engines(summary)
     out += ["## Pareto front (within budget)", "",
             _table([_row(by_trial[t], workloads) for t in summary["front_trials"]], header), "",
             "![accuracy vs energy](front.png)", "", "## Baselines", "",
