@@ -30,6 +30,8 @@ BAD_RECIPES = [
     ({"kv_cache": ["fp8"]}, "kv_cache: must include bf16"),
     ({"kv_cache": ["bf16", "nvfp4"]}, "kv_cache: ['nvfp4'] cannot be a KV-cache format here; allowed: bf16, fp8"),
     ({"kv_cache": ["bf16", "int4"]}, "kv_cache.1: got 'int4'"),
+    ({"engine": "vllm"}, "engine: got 'vllm'"),
+    ({"engine": "tensorrt_llm", "energy": "predicted"}, "engine tensorrt_llm measures energy, but energy: predicted"),
 ]
 
 
@@ -127,3 +129,18 @@ def test_study_key_names_the_kv_cache_only_when_it_is_searched():
 
     assert "kv_cache" not in study_key(load_recipe(None), {})  # studies made before it keep their key
     assert study_key(load_recipe(None, {"kv_cache": ["bf16", "fp8"]}), {})["kv_cache"] == ["bf16", "fp8"]
+
+
+def test_engine_is_in_the_study_key_only_when_not_builtin_and_preflight_needs_the_package(monkeypatch):
+    import sys
+
+    from advisor.errors import SetupError
+    from advisor.search.study_key import study_key
+    from advisor.workflows.preflight import check_devices
+
+    assert "engine" not in study_key(load_recipe(None), {})
+    trt = load_recipe(None, {"engine": "tensorrt_llm", "energy": "auto"})
+    assert study_key(trt, {})["engine"] == "tensorrt_llm"
+    monkeypatch.setitem(sys.modules, "tensorrt_llm", None)  # not importable
+    with pytest.raises(SetupError, match="pip install tensorrt_llm"):
+        check_devices(trt)

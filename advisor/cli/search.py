@@ -77,6 +77,9 @@ def search(
         "predicted: the target's profile, else the datasheet roofline; auto: measured when such a GPU is here.")]
         = None,
     energy_profile: Annotated[str | None, typer.Option(help="Profile JSON from `advisor profile`.")] = None,
+    engine: Annotated[str | None, typer.Option(
+        help=f"What the measured tier runs: {choices_text(Recipe, 'engine')}. tensorrt_llm serves each measured "
+        "plan's exported checkpoint through TensorRT-LLM's LLM API (not verified on a GPU here).")] = None,
     resume: Annotated[bool, typer.Option("--resume", help="Continue the study of the same name.")] = False,
 ) -> None:
     """Search per-layer formats; write the report, summary.json and the study to OUT/NAME."""
@@ -89,6 +92,7 @@ def search(
         "accuracy.max_kl": max_kl, "calibration.source": calibration, "benchmark.tasks": _split(tasks),
         "benchmark.limit": limit, "storage": storage, "out": str(out_dir) if out_dir else None,
         "name": name, "device": device, "energy": energy, "energy_profile": energy_profile,
+        "engine": engine,
         "workloads": _workload_overrides(batch_size, input_tokens, output_tokens, workload, recipe),
     }
     rec = load_recipe(recipe, overrides)

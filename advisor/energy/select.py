@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
 
 from advisor.errors import InputError, UnsupportedError
@@ -48,6 +49,7 @@ def make_energy_tiers(
     shape: ModelShape,
     target: GPU,
     profile: Path | None = None,
+    measured_engine: Callable[[], EnergyModel] | None = None,
 ) -> tuple[EnergyModel, EnergyModel | None]:
     """(predicted, measured) for ``--energy predicted|measured|auto``.
 
@@ -56,7 +58,8 @@ def make_energy_tiers(
     measured tier (NVML on the GPU here, the serving runtime on random weights of ``shape``,
     about 40 s per plan and workload) re-prices the baselines and the front afterwards:
     ``measured`` requires a GPU of the target kind, ``auto`` uses one when it is here,
-    ``predicted`` never measures.
+    ``predicted`` never measures. ``measured_engine`` builds another measured tier than the
+    built-in runtime (``--engine tensorrt_llm``: ``deploy.engines``).
     """
     if mode not in ENERGY_MODES:
         raise InputError(f"--energy must be one of {', '.join(ENERGY_MODES)}, got {mode!r}")
@@ -66,6 +69,8 @@ def make_energy_tiers(
         mode = "measured" if here == target else "predicted"
     if mode == "predicted":
         return predicted, None
+    if measured_engine is not None:
+        return predicted, measured_engine()
     from advisor.energy.measure import MeasuredEnergyModel
 
     return predicted, BF16KvCacheOnly(MeasuredEnergyModel(shape, target))

@@ -119,6 +119,10 @@ class Recipe(_Strict):
         "predicted: the target's measured profile, else the datasheet roofline; auto: measured when possible"
     )
     energy_profile: str | None = Field(None, description="a profile JSON from `advisor profile` to predict with")
+    engine: Literal["builtin", "tensorrt_llm"] = Field(
+        "builtin", description="what runs the plans the measured tier measures: builtin (the advisor's runtime, "
+        "random weights of the model's shape) or tensorrt_llm (the exported checkpoint through TensorRT-LLM's "
+        "LLM API; needs the package)")
 
     @field_validator("formats")
     @classmethod
@@ -166,6 +170,9 @@ class Recipe(_Strict):
                 f"(sm_{gpu.compute_capability[0]}{gpu.compute_capability[1]}); "
                 "drop them or choose target b200"
             )
+        if self.engine != "builtin" and self.energy == "predicted":
+            raise ValueError(f"engine {self.engine} measures energy, but energy: predicted never measures; "
+                             "use energy: measured or auto")
         if no_kv := [f.value for f in self.kv_cache if not gpu.supports_kv_cache(f)]:
             raise ValueError(f"kv_cache {no_kv} is not served on target {self.target.value}; drop it")
         return self

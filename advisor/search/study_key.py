@@ -31,6 +31,8 @@ def study_key(recipe: Recipe, versions: dict[str, str]) -> dict[str, Any]:
         key[section].pop(name, None)
     if data["kv_cache"] != [Format.BF16.value]:  # only then: studies made before it keep their key
         key["kv_cache"] = data["kv_cache"]
+    if data["engine"] != "builtin":  # measured numbers of two engines are not comparable
+        key["engine"] = data["engine"]
     key["versions"] = {p: versions.get(p, "not installed") for p in VERSIONED}
     return json.loads(json.dumps(key))
 

@@ -174,6 +174,12 @@ def prepare(
 
         status("choosing the energy models (predicted for every trial, measured for the front)")
         profile = Path(recipe.energy_profile) if recipe.energy_profile else None
-        energy_model, measured_model = make_energy_tiers(recipe.energy, loaded.shape, recipe.target, profile)
+        engine = None
+        if recipe.engine == "tensorrt_llm":
+            from advisor.deploy.engines import tensorrt_llm_tier
+
+            def engine():
+                return tensorrt_llm_tier(recipe, loaded, tokens)
+        energy_model, measured_model = make_energy_tiers(recipe.energy, loaded.shape, recipe.target, profile, engine)
     return RunContext(recipe, loaded, tokens, bank, proxy, energy_model, device, fingerprint, timings,
                       measured_model=measured_model)
