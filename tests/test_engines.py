@@ -118,3 +118,16 @@ def test_search_run_exports_each_measured_plan_once_and_serves_that_checkpoint(t
     again = tier.estimate(plan, WORKLOAD)
     assert (ckpt / "export.json").stat().st_mtime_ns == stamp and len(trtllm.instances) == 2
     assert first.j_per_token == pytest.approx(again.j_per_token, rel=0.02) and NOT_VERIFIED in first.source
+
+
+def test_a_checkpoint_the_engine_cannot_load_stays_predicted_with_the_reason(engine):
+    from advisor.errors import UnsupportedError
+
+    model, trtllm, _, _ = engine
+
+    def refuse(model, **kwargs):
+        raise ValueError("quant_algo MIXED_PRECISION is ambiguous\nmore lines")
+
+    trtllm.LLM = refuse
+    with pytest.raises(UnsupportedError, match="could not load plan .*ValueError: quant_algo MIXED_PRECISION is"):
+        model.estimate(Plan.uniform(GROUPS, Format.FP8), WORKLOAD)

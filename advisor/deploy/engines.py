@@ -36,7 +36,7 @@ from typing import Any
 
 from advisor.deploy.trtllm import llm_api_options
 from advisor.energy.meter import EnergyMeter, Measurement
-from advisor.errors import SetupError
+from advisor.errors import SetupError, UnsupportedError
 from advisor.estimate import EnergyEstimate
 from advisor.plan import Plan
 from advisor.recipe.schema import Workload
@@ -123,7 +123,13 @@ class TensorRTLLMEnergyModel:
         return self.make_meter(depth).measure(step, f"tensorrt_llm {what} {plan.label()}", tokens)
 
     def estimate(self, plan: Plan, workload: Workload) -> EnergyEstimate:
-        llm = self.trtllm.LLM(**llm_kwargs(self.trtllm, self.checkpoint_for(plan), plan, workload))
+        kwargs = llm_kwargs(self.trtllm, self.checkpoint_for(plan), plan, workload)
+        try:
+            llm = self.trtllm.LLM(**kwargs)
+        except Exception as exc:  # an engine that cannot load the checkpoint is a finding, not a crash
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            raise UnsupportedError(f"TensorRT-LLM could not load plan {plan.id}'s checkpoint "
+                                   f"({type(exc).__name__}: {first}); see the export README's engine table") from None
         try:
             lin, lout, b = workload.input_tokens, workload.output_tokens, workload.batch_size
             full = self._measure(llm, workload, b, lout, lout, "requests", plan)
