@@ -53,6 +53,13 @@ FORMAT_SPECS: dict[Format, FormatSpec] = {
 }
 
 
+# KV-cache formats the advisor searches: BF16, or FP8 E4M3 with per-tensor k/v scales (ModelOpt
+# FP8_KV_CFG; TensorRT-LLM kv_cache_config.dtype fp8, vLLM/SGLang --kv-cache-dtype fp8).
+KV_CACHE_FORMATS = (Format.BF16, Format.FP8)
+# Bytes per cached K or V element.
+KV_CACHE_BYTES = {Format.BF16: 2.0, Format.FP8: 1.0}
+
+
 class GPU(str, Enum):
     """Target GPUs the advisor knows."""
 
@@ -83,6 +90,10 @@ class GPUSpec:
 
     def supports(self, fmt: Format) -> bool:
         return fmt in self.tensor_tflops
+
+    def supports_kv_cache(self, fmt: Format) -> bool:
+        """An FP8 KV cache needs FP8 attention kernels (Hopper, Ada, Blackwell: where FP8 runs)."""
+        return fmt in KV_CACHE_FORMATS and self.supports(fmt)
 
 
 GPU_SPECS: dict[GPU, GPUSpec] = {

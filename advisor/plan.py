@@ -1,4 +1,4 @@
-"""A plan: which format each layer group runs in."""
+"""A plan: which format each layer group runs in, and the format of the KV cache."""
 
 from __future__ import annotations
 
@@ -9,10 +9,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from advisor.errors import InputError
-from advisor.formats import FORMAT_SPECS, Format
+from advisor.formats import FORMAT_SPECS, KV_CACHE_FORMATS, Format
 
 # The fused GEMMs of a dense decoder layer, in execution order (engines fuse q/k/v and gate/up).
 DENSE_GROUP_KINDS = ("qkv", "o", "gate_up", "down")
+# The KV-cache format's key in a plan's JSON and its Optuna parameter name (no group is called so).
+KV_CACHE_KEY = "kv_cache"
 
 
 @dataclass(frozen=True)
@@ -41,25 +43,45 @@ class LayerGroup:
 
 @dataclass(frozen=True)
 class Plan:
-    """Map of group name -> format. Immutable; the id is a hash of the content."""
+    """Map of group name -> format, plus the KV-cache format. Immutable; the id is a hash of the content.
+
+    The KV cache is part of the id only when it is not BF16, so every plan made before the KV
+    cache was searched keeps its id.
+    """
 
     formats: Mapping[str, Format] = field(default_factory=dict)
+    kv_cache: Format = Format.BF16
 
     def __post_init__(self) -> None:
+        if KV_CACHE_KEY in self.formats:
+            raise InputError(f"{KV_CACHE_KEY!r} is not a layer group; give the KV-cache format as kv_cache=")
         object.__setattr__(
             self, "formats", {k: Format(v) for k, v in sorted(self.formats.items())}
         )
+        kv = Format(self.kv_cache)
+        if kv not in KV_CACHE_FORMATS:
+            raise InputError(f"kv_cache: got {kv.value!r}; allowed: {', '.join(f.value for f in KV_CACHE_FORMATS)}")
+        object.__setattr__(self, "kv_cache", kv)
 
     @classmethod
-    def uniform(cls, groups: Iterable[LayerGroup | str], fmt: Format) -> Plan:
-        return cls({g if isinstance(g, str) else g.name: fmt for g in groups})
+    def uniform(cls, groups: Iterable[LayerGroup | str], fmt: Format, kv_cache: Format = Format.BF16) -> Plan:
+        return cls({g if isinstance(g, str) else g.name: fmt for g in groups}, kv_cache)
+
+    def with_kv_cache(self, kv_cache: Format) -> Plan:
+        return Plan(self.formats, kv_cache)
 
     def __hash__(self) -> int:
         return hash(self.id)
 
+    def _content(self) -> dict[str, object]:
+        formats = {k: v.value for k, v in self.formats.items()}
+        if self.kv_cache == Format.BF16:
+            return formats
+        return {"formats": formats, KV_CACHE_KEY: self.kv_cache.value}
+
     @property
     def id(self) -> str:
-        canonical = json.dumps({k: v.value for k, v in self.formats.items()}, sort_keys=True)
+        canonical = json.dumps(self._content(), sort_keys=True)
         return hashlib.sha256(canonical.encode()).hexdigest()[:12]
 
     def format_of(self, group: str) -> Format:
@@ -71,17 +93,42 @@ class Plan:
             out[fmt] += 1
         return out
 
-    def uniform_format(self) -> Format | None:
+    def uniform_weights(self) -> Format | None:
+        """The one format of every group, whatever the KV cache (None for a mixed plan)."""
         used = set(self.formats.values())
         return used.pop() if len(used) == 1 else None
 
+    def uniform_format(self) -> Format | None:
+        """The plan's one format: every group's, and a BF16 KV cache (None otherwise).
+
+        So the all-BF16 reference is ``uniform_format() == BF16``: BF16 weights with an FP8
+        KV cache are not it.
+        """
+        return self.uniform_weights() if self.kv_cache == Format.BF16 else None
+
     def label(self) -> str:
-        """Short human name: 'all-fp8' for uniform plans, else counts per format."""
-        uniform = self.uniform_format()
+        """Short human name: 'all-fp8' for uniform plans, else counts per format; '+ fp8 KV' when not BF16."""
+        uniform = self.uniform_weights()
         if uniform is not None:
-            return f"all-{uniform.value}"
-        parts = [f"{n} {f.value}" for f, n in self.counts().items() if n]
-        return "mixed (" + ", ".join(parts) + ")"
+            base = f"all-{uniform.value}"
+        else:
+            parts = [f"{n} {f.value}" for f, n in self.counts().items() if n]
+            base = "mixed (" + ", ".join(parts) + ")"
+        return base if self.kv_cache == Format.BF16 else f"{base} + {self.kv_cache.value} KV"
+
+    def params(self, kv_dimension: bool = False) -> dict[str, str]:
+        """The plan as Optuna parameters: one per group, and ``kv_cache`` when the search has that
+        dimension (or the plan's KV cache is not BF16)."""
+        out = {k: v.value for k, v in self.formats.items()}
+        if kv_dimension or self.kv_cache != Format.BF16:
+            out[KV_CACHE_KEY] = self.kv_cache.value
+        return out
+
+    @classmethod
+    def from_params(cls, params: Mapping[str, object]) -> Plan:
+        """The plan of Optuna parameters (:meth:`params`); no ``kv_cache`` parameter means BF16."""
+        formats = {k: Format(str(v)) for k, v in params.items() if k != KV_CACHE_KEY}
+        return cls(formats, Format(str(params.get(KV_CACHE_KEY, Format.BF16.value))))
 
     def effective_bits(self, groups: Iterable[LayerGroup]) -> float:
         """Weight bits per element over the quantizable layers, scales included."""
@@ -104,21 +151,22 @@ class Plan:
             )
 
     def to_json(self) -> str:
-        return json.dumps(
-            {"id": self.id, "formats": {k: v.value for k, v in self.formats.items()}},
-            indent=2,
-        )
+        data: dict[str, object] = {"id": self.id, "formats": {k: v.value for k, v in self.formats.items()}}
+        if self.kv_cache != Format.BF16:
+            data[KV_CACHE_KEY] = self.kv_cache.value
+        return json.dumps(data, indent=2)
 
     @classmethod
     def from_json(cls, text: str) -> Plan:
         try:
             data = json.loads(text)
             formats = data.get("formats", data)
-            plan = cls({str(k): Format(v) for k, v in formats.items()})
+            kv = Format(data.get(KV_CACHE_KEY, Format.BF16.value)) if "formats" in data else Format.BF16
+            plan = cls({str(k): Format(v) for k, v in formats.items()}, kv)
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             allowed = ", ".join(f.value for f in Format)
             raise InputError(
-                f"not a plan: expected {{'formats': {{group: format}}}} with formats "
+                f"not a plan: expected {{'formats': {{group: format}}, 'kv_cache': bf16|fp8}} with formats "
                 f"in {allowed} ({exc}); `advisor show RUN_DIR --plan ID > plan.json` writes one"
             ) from None
         if "id" in data and data["id"] != plan.id:

@@ -8,6 +8,8 @@ Nothing in the product imports this module.
 from __future__ import annotations
 
 import math
+import queue
+import types
 import warnings
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -89,9 +91,9 @@ class SimulatedGPU:
         self._acc_j = 0.0
         self.launched = 0
 
-    def launch(self) -> _SimHandle:
+    def launch(self, step_s: float | None = None) -> _SimHandle:
         start = max(self.clock.t, self.busy_until)
-        self.busy_until = start + self.step_s
+        self.busy_until = start + (self.step_s if step_s is None else step_s)
         self._intervals.append((start, self.busy_until))
         self.launched += 1
         return _SimHandle(self, self.busy_until)
@@ -123,10 +125,70 @@ class SimulatedGPU:
         return _FAKE_STATE
 
 
+class _FakeGenerationResult:
+    """Shaped like TensorRT-LLM's ``GenerationResult``: ``finished`` turns true only once the result's
+    queue is read (``result(timeout)``, which raises ``queue.Empty`` when nothing has arrived)."""
+
+    def __init__(self, handle: _SimHandle, clock: VirtualClock) -> None:
+        self._handle, self._clock, self._done = handle, clock, False
+
+    @property
+    def finished(self) -> bool:
+        return self._done
+
+    def result(self, timeout: float | None = None) -> _FakeGenerationResult:
+        while not self._handle.query():
+            if timeout is not None:
+                raise queue.Empty
+            self._clock.sleep(0.001)
+        self._done = True
+        return self
+
+
+def fake_tensorrt_llm(gpu: SimulatedGPU, prefill_s_per_token: float = 1e-5, decode_s_per_token: float = 2e-3
+                      ) -> types.ModuleType:
+    """A module shaped like ``tensorrt_llm`` (``LLM``, ``SamplingParams``, ``llmapi.KvCacheConfig``,
+    ``llmapi.CudaGraphConfig``) whose requests run on ``gpu``: one request takes
+    ``prefill_s_per_token * prompt + decode_s_per_token * max_tokens``. ``module.instances`` keeps
+    every LLM made, with its kwargs, requests and whether it was shut down."""
+    module = types.ModuleType("tensorrt_llm")
+    module.__version__ = "0.0-fake"
+    module.instances = []
+
+    class SamplingParams:
+        def __init__(self, max_tokens: int = 16, ignore_eos: bool = False, temperature: float = 1.0) -> None:
+            self.max_tokens, self.ignore_eos, self.temperature = max_tokens, ignore_eos, temperature
+
+    class LLM:
+        def __init__(self, model: str, **kwargs: Any) -> None:
+            self.model, self.kwargs, self.requests, self.closed = model, kwargs, [], False
+            module.instances.append(self)
+
+        def generate_async(self, inputs: list[int], sampling_params: SamplingParams) -> _FakeGenerationResult:
+            self.requests.append((list(inputs), sampling_params))
+            duration = prefill_s_per_token * len(inputs) + decode_s_per_token * sampling_params.max_tokens
+            return _FakeGenerationResult(gpu.launch(duration), gpu.clock)
+
+        def shutdown(self) -> None:
+            self.closed = True
+
+    class _Config:
+        def __init__(self, **kwargs: Any) -> None:
+            self.__dict__.update(kwargs)
+
+    llmapi = types.ModuleType("tensorrt_llm.llmapi")
+    llmapi.KvCacheConfig = type("KvCacheConfig", (_Config,), {})
+    llmapi.CudaGraphConfig = type("CudaGraphConfig", (_Config,), {})
+    module.LLM, module.SamplingParams, module.llmapi = LLM, SamplingParams, llmapi
+    return module
+
+
 class AdditiveEvaluator:
     """Damage and energy additive over groups; optionally interrupts at a given call."""
 
     DAMAGE = {Format.BF16: 0.0, Format.FP8: 0.01, Format.NVFP4: 0.08}
+    KV_DAMAGE = {Format.BF16: 0.0, Format.FP8: 0.005}  # an FP8 KV cache: small damage
+    KV_SAVING_J = {Format.BF16: 0.0, Format.FP8: 0.3}  # ... and less energy
 
     def __init__(self, interrupt_at: int | None = None, workload: str = "chat") -> None:
         self.calls = 0
@@ -137,8 +199,9 @@ class AdditiveEvaluator:
         self.calls += 1
         if self.interrupt_at is not None and self.calls == self.interrupt_at:
             raise KeyboardInterrupt
-        kl = sum(self.DAMAGE[f] for f in plan.formats.values())
+        kl = sum(self.DAMAGE[f] for f in plan.formats.values()) + self.KV_DAMAGE[plan.kv_cache]
         j = 1.0 + sum(FORMAT_SPECS[f].weight_bytes_per_element for f in plan.formats.values())
+        j -= self.KV_SAVING_J[plan.kv_cache]
         est = EnergyEstimate(self.workload, j, j, j / 10, 1 / j, "predicted (fake)", False)
         return Evaluation(kl=kl, ppl=10 * math.exp(kl), ppl_bf16=10.0, energy=[est])
 

@@ -27,7 +27,7 @@ def _help(command: str) -> str:
 
 @pytest.mark.parametrize(("option", "model", "field"), [
     ("--sampler", SearchSpec, "sampler"), ("--energy", Recipe, "energy"), ("--target", Recipe, "target"),
-    ("--device", Recipe, "device"),
+    ("--device", Recipe, "device"), ("--engine", Recipe, "engine"),
 ])
 def test_search_help_lists_exactly_the_schema_choices(option, model, field):
     text = _help("search")

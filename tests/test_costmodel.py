@@ -234,3 +234,16 @@ def test_predicted_falls_back_to_the_roofline_for_layers_no_profile_covers():
 
     generic = ModelShape((LayerGroup("encoder.fc1", ("encoder.fc1",), ((64, 256),)),), 1, 64, 4, 4, 16, 100, 6400)
     assert isinstance(make_energy_model("predicted", generic, GPU.H200), RooflineEnergyModel)
+
+
+def test_fp8_kv_cache_halves_the_context_dependent_part_of_the_decode_step(model):
+    fp8_kv = FP8.with_kv_cache(Format.FP8)
+    ms = {c: model.decode_step(FP8, 64, c)[0] for c in (512, 2048)}
+    ms_kv = {c: model.decode_step(fp8_kv, 64, c)[0] for c in (512, 2048)}
+    assert ms_kv[2048] - ms_kv[512] == pytest.approx((ms[2048] - ms[512]) / 2)  # the slope (KV read) halves
+    assert 0 < ms[512] - ms_kv[512] < ms[2048] - ms_kv[2048]
+    assert model.prefill(fp8_kv, 512) == model.prefill(FP8, 512)
+    long = Workload(name="long", batch_size=64, input_tokens=8192, output_tokens=512)
+    est = model.estimate(fp8_kv, long)
+    assert est.j_per_token < model.estimate(FP8, long).j_per_token
+    assert "FP8 KV cache" in est.source and "FP8 KV" not in model.estimate(FP8, long).source

@@ -38,6 +38,26 @@ def tiny():
     return loaded, build_token_sets(loaded.model, loaded.tokenizer, spec)
 
 
+def _assert_fused_scales_equal(out, plan, groups) -> int:
+    """q/k/v and gate/up of every quantized fused group carry one input and one weight scale in the
+    exported safetensors (for NVFP4 the global ``weight_scale_2``); returns how many groups were read."""
+    from safetensors import safe_open
+
+    with safe_open(str(out / "model.safetensors"), "pt") as st:
+        names = set(st.keys())
+        read = 0
+        for g in groups:
+            fmt = plan.format_of(g.name)
+            if fmt == Format.BF16 or len(g.members) < 2:
+                continue
+            for scale in ("input_scale", "weight_scale_2" if fmt == Format.NVFP4 else "weight_scale"):
+                values = [st.get_tensor(f"{m}.{scale}") for m in g.members]
+                assert all(f"{m}.{scale}" in names for m in g.members)
+                assert all(v.equal(values[0]) for v in values), (g.name, scale, values)
+            read += 1
+    return read
+
+
 def _expected(plan, groups):
     return {m: plan.format_of(g.name) for g in groups for m in g.members}
 
@@ -63,9 +83,15 @@ def test_mixed_plan_exports_mixed_precision_per_layer(tiny, tmp_path):
     assert "lm_head" not in layers
     assert json.loads((out / "config.json").read_text())["quantization_config"]["quant_method"] == "modelopt"
     assert res.roundtrip["passed"]
-    assert any("vLLM" in w for w in res.warnings)
+    readme = (out / "README.md").read_text()
+    assert any(w.startswith("vLLM: NGC's vLLM 26.02") and "issues/37854" in w for w in res.warnings)
+    assert any(w.startswith("SGLang:") and "pull/32740" in w for w in res.warnings)
+    assert res.engines["vLLM"]["verdict"] == "may fail" and res.engines["TensorRT-LLM"]["verdict"] != "may fail"
+    assert "## Serving engines" in readme and "| SGLang | **may fail** |" in readme
+    assert _assert_fused_scales_equal(out, plan, groups) >= 2
     opts = yaml.safe_load((out / "llm_api_options.yaml").read_text())
     assert opts["max_batch_size"] == 16 and opts["max_seq_len"] == 384
+    assert "dtype" not in opts["kv_cache_config"] and q.get("kv_cache_quant_algo") is None  # BF16 KV
     readme = (out / "README.md").read_text()
     assert "trtllm-serve" in readme and "--extra_llm_api_options llm_api_options.yaml" in readme
     try:
@@ -88,6 +114,9 @@ def test_fp8_plan_lists_bf16_groups_in_exclude_modules(tiny, tmp_path):
     rt = res.roundtrip
     assert rt["passed"] and rt["kl_abs_diff"] <= rt["tolerance_kl"]
     assert res.warnings == []
+    assert _assert_fused_scales_equal(tmp_path / "ckpt", plan, groups) == 4  # qkv and gate_up of 2 layers
+    # the search scores these shared scales already: export's own fusion step changes nothing
+    assert rt["kl_in_memory_plan"] == rt["kl_in_memory"]
 
 
 def test_nvfp4_round_trip_is_exact(tiny, tmp_path):
@@ -97,6 +126,35 @@ def test_nvfp4_round_trip_is_exact(tiny, tmp_path):
     assert res.roundtrip["weights"]["differing"] == 0
     assert res.roundtrip["kl_abs_diff"] <= ROUNDTRIP_KL_ABS_TOL
     assert any("Blackwell" in w for w in res.warnings)
+
+
+def test_fp8_kv_cache_exports_kv_cache_quant_algo_scales_and_the_trtllm_dtype(tiny, tmp_path):
+    from safetensors import safe_open
+
+    from advisor.deploy.quant_config import kv_cache_format_from_quant_config
+
+    loaded, tokens = tiny
+    groups = loaded.shape.groups
+    plan = Plan({g.name: Format.FP8 if g.name.endswith(".qkv") else Format.BF16 for g in groups}, Format.FP8)
+    res = export_plan(loaded, plan, tokens, tmp_path / "ckpt", WORKLOADS, target="h100")
+    out = tmp_path / "ckpt"
+    q = res.hf_quant_config["quantization"]
+    assert q["kv_cache_quant_algo"] == "FP8" and q["quant_algo"] == "FP8"
+    assert kv_cache_format_from_quant_config(res.hf_quant_config) == Format.FP8
+    with safe_open(str(out / "model.safetensors"), "pt") as st:
+        for i in range(2):
+            for kv in "kv":
+                scale = float(st.get_tensor(f"model.layers.{i}.self_attn.{kv}_proj.{kv}_scale"))
+                assert 0 < scale < 1  # amax / 448 of the calibrated keys or values
+    opts = yaml.safe_load((out / "llm_api_options.yaml").read_text())
+    assert opts["kv_cache_config"]["dtype"] == "fp8"
+    assert "kv_cache_config.dtype: fp8" in (out / "README.md").read_text()
+    assert res.roundtrip["passed"]  # the reader inserts the k/v quantizers from k_scale / v_scale
+    kv_only = export_plan(loaded, Plan.uniform(groups, Format.BF16, Format.FP8), tokens, tmp_path / "kv",
+                          WORKLOADS, target="h100", smoke=False)
+    assert kv_only.roundtrip["kl_abs_diff"] == 0.0 and kv_only.roundtrip["kl_in_memory"] > 0  # KV scales exact
+    assert not any("all-BF16" in w for w in kv_only.warnings)  # its KV cache is FP8
+    assert any(w.startswith("vLLM: with the Flash Attention 3 backend") for w in kv_only.warnings)
 
 
 def test_quant_config_reader():

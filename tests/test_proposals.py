@@ -57,3 +57,32 @@ def test_measure_quantizes_one_group_at_a_time():
     assert sens.damage == DAMAGE and sens.energy == COST
     assert sens.most_sensitive(1) == [("g4", Format.NVFP4, 0.25)]
     assert Sensitivity.from_json(sens.to_json()).damage == DAMAGE
+
+
+def test_kv_cache_is_one_more_knapsack_row_with_its_own_choices():
+    kv_damage = {**DAMAGE, "kv_cache": {Format.BF16: 0.0, Format.FP8: 0.015}}
+    kv_cost = {**COST, "kv_cache": {Format.BF16: 0.0, Format.FP8: -1.2}}
+    kv = (Format.BF16, Format.FP8)
+    for budget in (0.0, 0.02, 0.05, 0.1, 0.3):
+        plan = solve_knapsack(GROUPS, FORMATS, kv_damage, kv_cost, budget, kv)
+        best = None
+        for combo in itertools.product(FORMATS, repeat=len(GROUPS)):
+            for k in kv:
+                p = Plan({g.name: f for g, f in zip(GROUPS, combo, strict=True)}, k)
+                if predicted(p, kv_damage) <= budget + 1e-12 and (best is None or predicted(p, kv_cost) <
+                                                                  predicted(best, kv_cost) - 1e-12):
+                    best = p
+        assert predicted(plan, kv_cost) == pytest.approx(predicted(best, kv_cost)), budget
+    assert solve_knapsack(GROUPS, FORMATS, kv_damage, kv_cost, 0.015, kv).kv_cache == Format.FP8  # cheapest move
+    assert solve_knapsack(GROUPS, FORMATS, kv_damage, kv_cost, 0.0, kv).kv_cache == Format.BF16
+
+
+def test_measure_adds_the_kv_cache_row_only_when_it_is_searched():
+    def damage_of(plan):
+        return 0.015 if plan.kv_cache == Format.FP8 else sum(DAMAGE[g][f] for g, f in plan.formats.items())
+
+    sens = measure(GROUPS, FORMATS, damage_of, lambda p: -1.2 * (p.kv_cache == Format.FP8),
+                   kv_cache=(Format.BF16, Format.FP8))
+    assert sens.damage["kv_cache"] == {Format.BF16: 0.0, Format.FP8: 0.015}
+    assert sens.energy["kv_cache"][Format.FP8] == pytest.approx(-1.2)
+    assert "kv_cache" not in measure(GROUPS, FORMATS, damage_of, lambda p: 0.0).damage

@@ -27,6 +27,11 @@ BAD_RECIPES = [
     ({"bogus": 1}, "bogus: unknown field"),
     ({"model": {"source": " "}}, "model.source"),
     ({"device": "tpu"}, "device: got 'tpu'"),
+    ({"kv_cache": ["fp8"]}, "kv_cache: must include bf16"),
+    ({"kv_cache": ["bf16", "nvfp4"]}, "kv_cache: ['nvfp4'] cannot be a KV-cache format here; allowed: bf16, fp8"),
+    ({"kv_cache": ["bf16", "int4"]}, "kv_cache.1: got 'int4'"),
+    ({"engine": "vllm"}, "engine: got 'vllm'"),
+    ({"engine": "tensorrt_llm", "energy": "predicted"}, "engine tensorrt_llm measures energy, but energy: predicted"),
 ]
 
 
@@ -104,3 +109,38 @@ def test_shipped_recipes_are_valid():
     root = Path(__file__).resolve().parents[1] / "recipes"
     for path in root.glob("*.yaml"):
         load_recipe(path)
+
+
+def test_kv_cache_defaults_to_bf16_and_fp8_is_checked_against_the_target(tmp_path, monkeypatch):
+    from dataclasses import replace
+
+    from advisor.formats import GPU, GPU_SPECS
+
+    assert load_recipe(None).kv_cache == [Format.BF16]
+    assert load_recipe(None, {"kv_cache": ["bf16", "fp8"]}).kv_cache == [Format.BF16, Format.FP8]
+    no_fp8 = replace(GPU_SPECS[GPU.H100], tensor_tflops={Format.BF16: 989.0})  # a GPU without FP8 kernels
+    monkeypatch.setitem(GPU_SPECS, GPU.H100, no_fp8)
+    with pytest.raises(InputError, match=r"kv_cache \['fp8'\] is not served on target h100"):
+        load_recipe(None, {"target": "h100", "formats": ["bf16"], "kv_cache": ["bf16", "fp8"]})
+
+
+def test_study_key_names_the_kv_cache_only_when_it_is_searched():
+    from advisor.search.study_key import study_key
+
+    assert "kv_cache" not in study_key(load_recipe(None), {})  # studies made before it keep their key
+    assert study_key(load_recipe(None, {"kv_cache": ["bf16", "fp8"]}), {})["kv_cache"] == ["bf16", "fp8"]
+
+
+def test_engine_is_in_the_study_key_only_when_not_builtin_and_preflight_needs_the_package(monkeypatch):
+    import sys
+
+    from advisor.errors import SetupError
+    from advisor.search.study_key import study_key
+    from advisor.workflows.preflight import check_devices
+
+    assert "engine" not in study_key(load_recipe(None), {})
+    trt = load_recipe(None, {"engine": "tensorrt_llm", "energy": "auto"})
+    assert study_key(trt, {})["engine"] == "tensorrt_llm"
+    monkeypatch.setitem(sys.modules, "tensorrt_llm", None)  # not importable
+    with pytest.raises(SetupError, match="pip install tensorrt_llm"):
+        check_devices(trt)

@@ -37,3 +37,19 @@ def test_energy_falls_with_batch_and_with_fewer_bits():
 def test_nvfp4_energy_on_hopper_is_refused():
     with pytest.raises(UnsupportedError, match="does not run natively"):
         RooflineEnergyModel(LLAMA8B, GPU.H100).estimate(Plan.uniform(LLAMA8B.groups, Format.NVFP4), Workload())
+
+
+def test_fp8_kv_cache_halves_the_kv_bytes_and_says_so():
+    plan = Plan.uniform(LLAMA8B.groups, Format.FP8)
+    bf16_kv = decode_step_cost(LLAMA8B, plan, 64, 8192)
+    fp8_kv = decode_step_cost(LLAMA8B, plan.with_kv_cache(Format.FP8), 64, 8192)
+    assert bf16_kv.bytes - fp8_kv.bytes == pytest.approx(64 * LLAMA8B.kv_bytes(8192) / 2)
+    model = RooflineEnergyModel(LLAMA8B, GPU.H100)
+    long = Workload(name="long", batch_size=64, input_tokens=8192, output_tokens=512)
+    short = Workload(name="short", batch_size=1, input_tokens=128, output_tokens=128)
+    saving = {w.name: 1 - model.estimate(plan.with_kv_cache(Format.FP8), w).j_per_token
+              / model.estimate(plan, w).j_per_token for w in (long, short)}
+    assert saving["long"] > 0.2 > 0.01 > saving["short"] > 0  # the KV read dominates only at long contexts
+    est = model.estimate(plan.with_kv_cache(Format.FP8), long)
+    assert est.source.startswith("predicted (roofline") and est.source.endswith("KV bytes per token halved)")
+    assert model.estimate(plan, long).source == model.label

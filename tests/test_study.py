@@ -85,6 +85,7 @@ def test_report_is_built_from_storage(recipe):
     assert (recipe.run_dir / "front.png").stat().st_size > 1000
     assert (recipe.run_dir / "format_map.png").stat().st_size > 1000
     assert "## Pareto front (within budget)" in md and "predicted (fake)" in md
+    assert "## Serving engines (recommended plan)" in md and "| TensorRT-LLM | **" in md
     import json
 
     summary = json.loads((recipe.run_dir / "summary.json").read_text())
@@ -142,3 +143,42 @@ def test_guided_search_evaluates_knapsack_proposals_after_the_baselines(recipe):
     assert len(study.trials) == recipe.search.trials
     # the fake is additive, so the proposals' observed damage equals the prediction
     assert all(t.values[0] == pytest.approx(predicted(Plan(t.params), sens.damage)) for t in study.trials)
+
+
+def test_kv_cache_is_a_search_parameter_only_when_the_recipe_lists_two(recipe, tmp_path):
+    """One extra categorical ``kv_cache``; baselines with both KV formats; the knapsack's KV row;
+    summary and report show the KV format per plan. Without it, the parameters are the groups'."""
+    import json
+
+    from advisor.search.proposals import KnapsackProposer
+    from advisor.search.sensitivity import measure
+
+    recipe.run_dir.mkdir(parents=True)
+    plain = open_study(recipe, resume=False)
+    run_search(plain, AdditiveEvaluator(), recipe, GROUPS)
+    assert all("kv_cache" not in t.params for t in plain.trials)
+
+    kv = recipe.model_copy(update={"name": "kv", "kv_cache": [Format.BF16, Format.FP8]})
+    ev = AdditiveEvaluator()
+    sens = measure(GROUPS, list(Format), lambda p: ev.evaluate(p).kl,
+                   lambda p: ev.evaluate(p).energy[0].j_per_token, kv_cache=kv.kv_cache)
+    proposer = KnapsackProposer(GROUPS, list(Format), sens, kv.accuracy.max_kl, kv.kv_cache)
+    assert any(p.kv_cache == Format.FP8 for p in proposer.propose(1.0))  # FP8 KV is the cheapest damage
+    kv.run_dir.mkdir(parents=True)
+    study = open_study(kv, resume=False)
+    save_run_meta(study, meta(kv))
+    run_search(study, AdditiveEvaluator(), kv, GROUPS, proposer=proposer)
+    assert all(t.params["kv_cache"] in ("bf16", "fp8") for t in study.trials)
+    labels = [t.user_attrs["label"] for t in study.trials[:6]]
+    assert labels == ["all-bf16", "all-fp8", "all-nvfp4", "all-bf16 + fp8 KV", "all-fp8 + fp8 KV",
+                      "all-nvfp4 + fp8 KV"]
+    cands = {c.plan.id: c for c in candidates(study)}
+    assert any(c.plan.kv_cache == Format.FP8 for c in cands.values())
+    write_report(study, kv.run_dir)
+    summary = json.loads((kv.run_dir / "summary.json").read_text())
+    assert {r["kv_cache"] for r in summary["trials"]} == {"bf16", "fp8"}
+    bf16 = summary["trials"][summary["baselines"]["all-bf16"]]
+    assert bf16["kv_cache"] == "bf16" and bf16["kl"] == 0  # the reference is BF16 weights and BF16 KV
+    assert "all-bf16 + fp8 KV" in summary["baselines"]
+    md = (kv.run_dir / "report.md").read_text()
+    assert "KV cache" in md and "+ fp8 KV" in md

@@ -43,6 +43,8 @@ def search(
     gguf_file: Annotated[str | None, typer.Option(help="GGUF file inside --model (a dir or hub repo).")] = None,
     target: TargetOpt = None,
     formats: FormatsOpt = None,
+    kv_cache: Annotated[str | None, typer.Option(
+        help="Comma-separated KV-cache formats to search: bf16 (default) or bf16,fp8.")] = None,
     trials: Annotated[int | None, typer.Option(help="Total trials in the study, baselines included.")] = None,
     timeout: Annotated[float | None, typer.Option(help="Stop starting trials after this many seconds.")] = None,
     seed: Annotated[int | None, typer.Option(help="Sampler seed.")] = None,
@@ -75,6 +77,9 @@ def search(
         "predicted: the target's profile, else the datasheet roofline; auto: measured when such a GPU is here.")]
         = None,
     energy_profile: Annotated[str | None, typer.Option(help="Profile JSON from `advisor profile`.")] = None,
+    engine: Annotated[str | None, typer.Option(
+        help=f"What the measured tier runs: {choices_text(Recipe, 'engine')}. tensorrt_llm serves each measured "
+        "plan's exported checkpoint through TensorRT-LLM's LLM API (not verified on a GPU here).")] = None,
     resume: Annotated[bool, typer.Option("--resume", help="Continue the study of the same name.")] = False,
 ) -> None:
     """Search per-layer formats; write the report, summary.json and the study to OUT/NAME."""
@@ -82,10 +87,12 @@ def search(
 
     overrides = {
         "model.source": model, "model.gguf_file": gguf_file, "target": target, "formats": _split(formats),
-        "search.trials": trials, "search.timeout_s": timeout, "search.seed": seed, "search.sampler": sampler,
+        "kv_cache": _split(kv_cache), "search.trials": trials, "search.timeout_s": timeout, "search.seed": seed,
+        "search.sampler": sampler,
         "accuracy.max_kl": max_kl, "calibration.source": calibration, "benchmark.tasks": _split(tasks),
         "benchmark.limit": limit, "storage": storage, "out": str(out_dir) if out_dir else None,
         "name": name, "device": device, "energy": energy, "energy_profile": energy_profile,
+        "engine": engine,
         "workloads": _workload_overrides(batch_size, input_tokens, output_tokens, workload, recipe),
     }
     rec = load_recipe(recipe, overrides)

@@ -10,7 +10,9 @@ in-memory ones (the Gemma-3 wrapper's ``language_model.model.*``; per-expert
 ``experts.{e}.gate_proj``/``up_proj`` or Mixtral ``w1``/``w3`` stacked into the fused
 ``gate_up_proj``). Finally ModelOpt input quantizers are inserted with the amax that the
 file's ``input_scale`` implies, under the names of the model's adapter
-(``GroupInfo.member_exports`` links each member to its checkpoint names). transformers 5
+(``GroupInfo.member_exports`` links each member to its checkpoint names), and, when
+``kv_cache_quant_algo`` is FP8, each attention's k/v BMM quantizers with the amax its
+``k_scale``/``v_scale`` imply (scale = amax / 448, as ModelOpt writes them). transformers 5
 has no loader for ``quant_method: modelopt`` checkpoints (it would read FP8 codes as
 values and drop the scales), hence this reader.
 """
@@ -21,14 +23,18 @@ import json
 from pathlib import Path
 from typing import Any
 
-from advisor.deploy.quant_config import layer_formats_from_quant_config
+from advisor.deploy.quant_config import (
+    kv_cache_format_from_quant_config,
+    kv_scale_names,
+    layer_formats_from_quant_config,
+)
 from advisor.deploy.quiet import quiet
 from advisor.errors import InputError
 from advisor.formats import Format
 
 _E4M3_MAX = 448.0
 _E2M1_MAX = 6.0
-_SCALES = ("weight_scale", "weight_scale_2", "input_scale")
+_SCALES = ("weight_scale", "weight_scale_2", "input_scale", "k_scale", "v_scale")
 
 
 def _dequantize_weight(fmt: Format, tensors: dict[str, Any], name: str, dtype: Any) -> Any:
@@ -83,7 +89,14 @@ def load_exported(export_dir: Path | str, device: str = "cpu") -> Any:
 
     from advisor.models.adapters import member_quantizers
     from advisor.models.groups import group_table, use_eager_experts
-    from advisor.quantize.modelopt_config import format_quantizer_cfg, modelopt_quantization, prepare_device
+    from advisor.quantize.modelopt_config import (
+        KV_QUANTIZERS,
+        attention_modules,
+        format_quantizer_cfg,
+        kv_cache_quantizer_cfg,
+        modelopt_quantization,
+        prepare_device,
+    )
 
     export_dir = Path(export_dir)
     config, qcfg, tensors = _read(export_dir)
@@ -124,6 +137,14 @@ def load_exported(export_dir: Path | str, device: str = "cpu") -> Any:
             # one input scale per member (fused experts share it; export repeats it per expert)
             scale = torch.stack([tensors[f"{n}.input_scale"].float().reshape(()) for n in names]).max()
             amax[quantizer] = scale * bound
+    if kv_cache_format_from_quant_config(qcfg) == Format.FP8:
+        infos = group_table(model)
+        for attn, names in zip(attention_modules(infos), kv_scale_names(infos), strict=True):
+            for quantizer, name in zip(KV_QUANTIZERS, names, strict=True):
+                if name not in tensors:
+                    raise InputError(f"{export_dir}: kv_cache_quant_algo is FP8 but {name} is missing")
+                entries.append({"quantizer_name": f"{attn}.{quantizer}", "cfg": kv_cache_quantizer_cfg()})
+                amax[f"{attn}.{quantizer}"] = tensors[name].float().reshape(()) * _E4M3_MAX
     prepare_device(device)
     model.to(device).eval()
     if amax:

@@ -12,7 +12,8 @@ What :func:`advisor.workflows.export.export_run` writes into the output folder:
   ``exclude_modules``. An all-BF16 plan is a plain BF16 checkpoint.
 * the tokenizer;
 * ``llm_api_options.yaml``: TensorRT-LLM LLM-API options sized from the run's workloads;
-* ``README.md`` with the ``trtllm-serve`` command, the round-trip numbers and warnings;
+* ``README.md`` with the ``trtllm-serve`` command, the round-trip numbers, which engines can serve
+  the plan (``deploy.compat``: TensorRT-LLM, vLLM, SGLang, with sources) and a warning per known problem;
 * ``export.json``: the same facts for programs.
 
 Round trip (:func:`advisor.deploy.checkpoint.load_exported`): the exported weights are
@@ -39,7 +40,8 @@ from pathlib import Path
 from typing import Any
 
 from advisor.deploy.checkpoint import load_exported, scaled_modules
-from advisor.deploy.quant_config import check_quant_config
+from advisor.deploy.compat import compatibility_record, compatibility_warnings, engine_compatibility
+from advisor.deploy.quant_config import check_kv_cache, check_quant_config
 from advisor.deploy.quiet import quiet
 from advisor.deploy.readme import render_readme
 from advisor.deploy.trtllm import deployment_warnings, llm_api_options, options_yaml, smoke_test_trtllm
@@ -72,6 +74,7 @@ class ExportResult:
     smoke_test: str
     warnings: list[str] = field(default_factory=list)
     timings_s: dict[str, float] = field(default_factory=dict)
+    engines: dict[str, Any] = field(default_factory=dict)  # deploy.compat verdicts per serving engine
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -201,9 +204,9 @@ def export_plan(
     with quiet():
         quantize_plan(qmodel, plan, groups, forward_loop(tokens.calibration))
     planned = proxy.score(qmodel)
-    # Engines fuse q/k/v and gate/up into one GEMM, so export gives fused layers one
-    # weight (global) scale and one input scale: ModelOpt's own pre-export step, run
-    # here first so the in-memory model scored is the one written.
+    # quantize_plan already gave fused layers (q/k/v, gate/up) one weight and one input
+    # scale, as engines load them (tie_fused_scales). ModelOpt's own pre-export step runs
+    # here too, so the in-memory model scored is exactly the one written.
     fuse_like_export(qmodel)
     mem = proxy.score(qmodel)
     fake_weights = _fake_quant_weights(qmodel, infos)
@@ -212,7 +215,9 @@ def export_plan(
     t = time.perf_counter()
     qcfg = write_checkpoint(qmodel, loaded.tokenizer, out_dir)
     del qmodel
-    check_quant_config(qcfg, plan, infos, scaled_modules(_tensor_names(out_dir)))
+    names = _tensor_names(out_dir)
+    check_quant_config(qcfg, plan, infos, scaled_modules(names))
+    check_kv_cache(qcfg, plan, infos, names)
     quant_algo = (qcfg or {}).get("quantization", {}).get("quant_algo")
     timings["export_s"] = time.perf_counter() - t
 
@@ -231,24 +236,28 @@ def export_plan(
         "heldout_tokens": mem.tokens, "kl_stored_in_summary": stored_kl,
         "passed": diff <= tol,
         "ppl_in_memory_plan": planned.ppl,
-        "method": "in-memory: quantize_plan, then ModelOpt's export-time fusion of shared weight/input scales "
-                  "(requantize_resmooth_fused_llm_layers); reloaded: weights de-quantized from the exported "
-                  "safetensors, input quantizers from input_scale, "
+        "method": "in-memory: quantize_plan (fused layers share one weight and one input scale), then "
+                  "ModelOpt's export-time fusion step (requantize_resmooth_fused_llm_layers); reloaded: weights "
+                  "de-quantized from the exported safetensors, input quantizers from input_scale, KV-cache "
+                  "quantizers from k_scale/v_scale, "
                   "formats from hf_quant_config.json; proxy KL vs the BF16 model on the run's held-out tokens",
     }
     del reloaded
 
-    options = llm_api_options(workloads)
+    options = llm_api_options(workloads, plan.kv_cache)
     (out_dir / "llm_api_options.yaml").write_text(options_yaml(options, workloads))
     t = time.perf_counter()
     smoke_result = smoke_test_trtllm(out_dir) if smoke else "not run: disabled"
     timings["smoke_test_s"] = time.perf_counter() - t
+    verdicts = engine_compatibility(plan, target)
     result = ExportResult(
         out_dir=str(out_dir), plan_id=plan.id, plan_label=plan.label(), files=[],
         quant_algo=quant_algo, hf_quant_config=qcfg, roundtrip=roundtrip, smoke_test=smoke_result,
-        warnings=[*deployment_warnings(quant_algo, plan, target), *extra_warnings], timings_s=timings,
+        warnings=[*deployment_warnings(quant_algo, plan), *compatibility_warnings(verdicts),
+                  *extra_warnings],
+        timings_s=timings, engines=compatibility_record(verdicts),
     )
-    (out_dir / "README.md").write_text(render_readme(result, plan, options))
+    (out_dir / "README.md").write_text(render_readme(result, plan, options, verdicts))
     (out_dir / "export.json").write_text("{}")
     result.files = sorted(p.name for p in out_dir.iterdir())
     (out_dir / "export.json").write_text(json.dumps(result.to_dict(), indent=2))

@@ -79,3 +79,41 @@ def check_quant_config(
         wrong += [f"{m}: no weight_scale in the checkpoint" for m in sorted(quantized - scaled)]
     if wrong:
         raise AssertionError(f"exported checkpoint disagrees with plan {plan.id}: " + "; ".join(wrong[:5]))
+
+
+def kv_cache_format_from_quant_config(qcfg: dict[str, Any] | None) -> Format:
+    """The KV-cache format an ``hf_quant_config.json`` declares (``kv_cache_quant_algo``; absent: BF16)."""
+    algo = (qcfg or {}).get("quantization", qcfg or {}).get("kv_cache_quant_algo")
+    if algo is None:
+        return Format.BF16
+    if algo != "FP8":
+        raise InputError(f"hf_quant_config.json: kv_cache_quant_algo {algo!r} is not one the advisor writes (FP8)")
+    return Format.FP8
+
+
+def kv_scale_names(infos: Iterable[GroupInfo]) -> list[tuple[str, str]]:
+    """Per layer, the checkpoint names of its ``k_scale`` and ``v_scale``. ModelOpt names them after the
+    attention module (``...self_attn.k_proj.k_scale``), also for a model with a fused ``qkv_proj``."""
+    out = []
+    for gi in infos:
+        if gi.kind == "qkv":
+            attn = gi.member_exports[0][0].rpartition(".")[0]
+            out.append((f"{attn}.k_proj.k_scale", f"{attn}.v_proj.v_scale"))
+    return out
+
+
+def check_kv_cache(
+    qcfg: dict[str, Any] | None, plan: Plan, infos: Iterable[GroupInfo], tensor_names: Iterable[str]
+) -> None:
+    """Raise unless the checkpoint's KV cache is the plan's: ``kv_cache_quant_algo`` and, for FP8, a
+    k and v scale for every layer (none for BF16)."""
+    found = kv_cache_format_from_quant_config(qcfg)
+    names = set(tensor_names)
+    scales = [n for pair in kv_scale_names(infos) for n in pair]
+    wrong = [] if found == plan.kv_cache else [f"kv cache: plan {plan.kv_cache.value}, checkpoint {found.value}"]
+    if plan.kv_cache == Format.FP8:
+        wrong += [f"{n}: missing" for n in scales if n not in names]
+    else:
+        wrong += [f"{n}: a KV scale in a checkpoint with a BF16 KV cache" for n in scales if n in names]
+    if wrong:
+        raise AssertionError(f"exported checkpoint disagrees with plan {plan.id}: " + "; ".join(wrong[:5]))

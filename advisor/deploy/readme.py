@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from advisor.deploy.compat import NOT_RUN, EngineVerdict, compatibility_table
 from advisor.plan import Plan
 
 if TYPE_CHECKING:
     from advisor.deploy.export import ExportResult
 
 
-def render_readme(result: ExportResult, plan: Plan, options: dict[str, Any]) -> str:
+def render_readme(result: ExportResult, plan: Plan, options: dict[str, Any],
+                  verdicts: Sequence[EngineVerdict] = ()) -> str:
     rt = result.roundtrip
     algo = result.quant_algo or "none (BF16)"
     lines = [
@@ -31,11 +34,17 @@ def render_readme(result: ExportResult, plan: Plan, options: dict[str, Any]) -> 
         " with `from tensorrt_llm import LLM`.",
         "",
         f"`llm_api_options.yaml`: max_batch_size {options['max_batch_size']}, max_num_tokens "
-        f"{options['max_num_tokens']}, max_seq_len {options['max_seq_len']} (from the run's workloads).",
+        f"{options['max_num_tokens']}, max_seq_len {options['max_seq_len']} (from the run's workloads); KV cache "
+        + ("**FP8** (`kv_cache_config.dtype: fp8`; `kv_cache_quant_algo: FP8` and per-layer `k_scale`/`v_scale` "
+           "in the checkpoint; vLLM and SGLang: `--kv-cache-dtype fp8`)." if plan.kv_cache.value == "fp8"
+           else "BF16 (the model's dtype)."),
         "",
         f"TensorRT-LLM smoke test: {result.smoke_test}.",
         "",
     ]
+    if verdicts:
+        lines += ["## Serving engines", "", f"Which engines can serve this plan ({NOT_RUN}):", "",
+                  *compatibility_table(verdicts), ""]
     if result.warnings:
         lines += ["## Warnings", ""] + [f"- {w}" for w in result.warnings] + [""]
     lines += [
@@ -48,7 +57,8 @@ def render_readme(result: ExportResult, plan: Plan, options: dict[str, Any]) -> 
         f"**{'passed' if rt['passed'] else 'FAILED'}**. Perplexity {rt['ppl_in_memory']:.3f} vs "
         f"{rt['ppl_reloaded']:.3f} (BF16 {rt['ppl_bf16']:.3f}).",
         "",
-        f"Before scale sharing (the plan as the search scored it): KL {rt['kl_in_memory_plan']:.6f}"
+        f"The plan as the search scored it (before ModelOpt's export-time fusion step): KL "
+        f"{rt['kl_in_memory_plan']:.6f}"
         + (f"; stored in summary.json: {rt['kl_stored_in_summary']:.6f}" if rt["kl_stored_in_summary"] is not None
            else "") + ".",
         "",

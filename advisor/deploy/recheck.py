@@ -57,7 +57,7 @@ def stored_plan(summary: dict[str, Any], plan_id: str | None, path: Path | str) 
         known = ", ".join(sorted({r["plan_id"] for r in summary["trials"]})[:10])
         raise InputError(f"--plan: no plan {target!r} in {path}; known: {known}")
     try:
-        plan = Plan({k: Format(v) for k, v in record["formats"].items()})
+        plan = Plan({k: Format(v) for k, v in record["formats"].items()}, Format(record.get("kv_cache", "bf16")))
     except (KeyError, ValueError, AttributeError) as exc:
         raise InputError(f"{path}: plan {target!r} has no valid formats ({exc})") from None
     if plan.id != target:
@@ -186,7 +186,7 @@ def neighbours(plan: Plan, formats: list[Format]) -> list[Plan]:
     for g, f in plan.formats.items():
         for other in formats:
             if other != f:
-                out.append(Plan({**plan.formats, g: other}))
+                out.append(Plan({**plan.formats, g: other}, plan.kv_cache))
     return out
 
 

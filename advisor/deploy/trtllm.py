@@ -8,12 +8,13 @@ import math
 from pathlib import Path
 from typing import Any
 
-from advisor.formats import GPU, GPU_SPECS, Format
+from advisor.formats import Format
 from advisor.plan import Plan
 
 
-def llm_api_options(workloads: list[dict[str, Any]]) -> dict[str, Any]:
-    """TensorRT-LLM LLM-API options (``--extra_llm_api_options``) sized for the workloads."""
+def llm_api_options(workloads: list[dict[str, Any]], kv_cache: Format = Format.BF16) -> dict[str, Any]:
+    """TensorRT-LLM LLM-API options (``--extra_llm_api_options``) sized for the workloads; an FP8 KV
+    cache is asked for explicitly (``kv_cache_config.dtype: fp8``), not left to the checkpoint."""
     batch = max(int(w["batch_size"]) for w in workloads)
     seq = max(int(w["input_tokens"]) + int(w["output_tokens"]) for w in workloads)
     prompt = max(int(w["input_tokens"]) for w in workloads)
@@ -23,7 +24,8 @@ def llm_api_options(workloads: list[dict[str, Any]]) -> dict[str, Any]:
         "max_batch_size": batch,
         "max_num_tokens": num_tokens,
         "max_seq_len": seq,
-        "kv_cache_config": {"free_gpu_memory_fraction": 0.9, "enable_block_reuse": True},
+        "kv_cache_config": {"free_gpu_memory_fraction": 0.9, "enable_block_reuse": True,
+                            **({"dtype": "fp8"} if kv_cache == Format.FP8 else {})},
         "cuda_graph_config": {"enable_padding": True, "max_batch_size": batch},
     }
 
@@ -39,17 +41,10 @@ def options_yaml(options: dict[str, Any], workloads: list[dict[str, Any]]) -> st
     return head + yaml.safe_dump(options, sort_keys=False)
 
 
-def deployment_warnings(quant_algo: str | None, plan: Plan, target: str | None) -> list[str]:
+def deployment_warnings(quant_algo: str | None, plan: Plan) -> list[str]:
+    """Warnings about the checkpoint itself; what each engine makes of it is ``deploy.compat``'s."""
     out = []
-    if quant_algo == "MIXED_PRECISION":
-        out.append("quant_algo is MIXED_PRECISION: vLLM has rejected ModelOpt MIXED_PRECISION checkpoints "
-                   "(per-layer FP8/NVFP4); serve it with TensorRT-LLM, or export a single-format plan for vLLM.")
-    if Format.NVFP4 in plan.formats.values():
-        gpu = GPU_SPECS.get(GPU(target)) if target in {g.value for g in GPU} else None
-        if gpu is None or not gpu.supports(Format.NVFP4):
-            out.append(f"the plan has NVFP4 layers; NVFP4 W4A4 GEMMs run natively only on Blackwell (sm_100+), "
-                       f"not on target {target!r}.")
-    if quant_algo is None:
+    if quant_algo is None and plan.kv_cache == Format.BF16:
         out.append("the plan is all-BF16: the checkpoint is unquantized (no hf_quant_config.json).")
     return out
 

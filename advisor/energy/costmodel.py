@@ -24,6 +24,12 @@ Model, for a decode step at batch ``b`` and context ``c`` (prefill alike at leng
 So all-BF16 and all-FP8 reproduce the profile's own measurements by construction;
 mixed plans, other batches and contexts are predictions.
 
+An FP8 KV cache halves the part of the decode step that grows with the context (the step
+time is linear in ``c``: its slope is the KV read, 1.1-1.2x the KV bytes at full HBM
+bandwidth in the H100 profile), at the same power; prefill is unchanged. Profiles hold no
+FP8-KV measurement (the runtime has no FP8 KV attention yet), so estimates of such plans say
+so in their label.
+
 Models of another size are scaled, and the label says so ("scaled from ..."). Far
 from the profiled size the scaling is extrapolation and is labelled that way: the
 per-kernel launch floors and the low power of a latency-bound step are not in the
@@ -44,13 +50,14 @@ from advisor.energy.profile import KINDS
 from advisor.energy.routing import UNIFORM_ROUTING_NOTE, expected_experts_touched
 from advisor.errors import InputError, UnsupportedError
 from advisor.estimate import EnergyEstimate
-from advisor.formats import Format
+from advisor.formats import KV_CACHE_BYTES, Format
 from advisor.models.shape import LayerGeometry, ModelShape
 from advisor.plan import Plan
 from advisor.recipe.schema import Workload
 
 # Per-layer weight ratios (model / profiled model) beyond which scaling is extrapolation.
 EXTRAPOLATION_RANGE = (0.25, 4.0)
+FP8_KV_NOTE = "FP8 KV cache: the context-dependent part of the decode step halved (not profiled)"
 
 
 def interp(xs: Sequence[float], ys: Sequence[float], x: float, log_x: bool = False) -> float:
@@ -165,6 +172,8 @@ class ProfileCostModel:
 
     # -- pieces ------------------------------------------------------------------
     def _check(self, plan: Plan) -> None:
+        if plan.kv_cache != Format.BF16 and plan.kv_cache not in self.formats:
+            raise UnsupportedError(f"the {self.p['gpu']} profile has no {plan.kv_cache.value} kernels for a KV cache")
         bad = set(plan.formats.values()) - self.formats
         if bad:
             names = ", ".join(sorted(f.value for f in bad))
@@ -238,10 +247,13 @@ class ProfileCostModel:
         ctxs = [int(c) for c in d["contexts"]]
         # each layer's share of the step at the context it attends to (sliding windows: their window)
         layers_at = Counter(g.kv_tokens(context) for g in self.shape.layers)
+        kv_share = KV_CACHE_BYTES[plan.kv_cache] / KV_CACHE_BYTES[Format.BF16]
         step_ms = {}
         for f, per_ctx in d["step_ms"].items():
             at_c = [interp(d["batches"], per_ctx[str(c)], batch) for c in ctxs]
-            step_ms[Format(f)] = sum(n / self.shape.num_layers * interp(ctxs, at_c, c) for c, n in layers_at.items())
+            at_0 = interp(ctxs, at_c, 0)  # the step without a KV read (linear extrapolation to context 0)
+            step_ms[Format(f)] = sum(n / self.shape.num_layers * (at_0 + kv_share * (interp(ctxs, at_c, c) - at_0))
+                                     for c, n in layers_at.items())
         return self._step(d, plan, batch, step_ms)
 
     def prefill(self, plan: Plan, length: int) -> tuple[float, float]:
@@ -261,6 +273,6 @@ class ProfileCostModel:
             decode_j_per_token=step_j / b,
             prefill_j_per_input_token=pre_j / lin,
             decode_tokens_per_s=b / (step_ms / 1e3),
-            source=self.label,
+            source=self.label if plan.kv_cache == Format.BF16 else f"{self.label[:-1]}; {FP8_KV_NOTE})",
             measured=False,
         )

@@ -10,8 +10,9 @@ Model (documented in docs/architecture.md, "Energy"):
   tensor throughput draws its TDP). Both constants are assumptions, not
   measurements; the measured profile (energy.profile) replaces them.
 * Decode step at context ``c`` and batch ``B``: every weight once (in its format's
-  bytes, scales included), the BF16 lm_head and MoE routers, and ``B`` sequences of BF16
-  KV cache, a sliding-window layer's capped at its window; FLOPs ``2 * B * weights`` plus
+  bytes, scales included), the BF16 lm_head and MoE routers, and ``B`` sequences of KV
+  cache (2 bytes per element, 1 with an FP8 KV cache), a sliding-window layer's capped at
+  its window; FLOPs ``2 * B * weights`` plus
   attention ``4 * B * c_l * heads * head_dim`` per layer (``c_l``: the tokens layer ``l``
   attends to).
 * Prefill of one request of ``L`` tokens: weights once, ``2 * L * weights`` FLOPs plus
@@ -31,12 +32,13 @@ from dataclasses import dataclass
 from advisor.energy.routing import UNIFORM_ROUTING_NOTE, touched_share
 from advisor.errors import UnsupportedError
 from advisor.estimate import EnergyEstimate
-from advisor.formats import FORMAT_SPECS, GPU, GPU_SPECS, Format, GPUSpec
+from advisor.formats import FORMAT_SPECS, GPU, GPU_SPECS, KV_CACHE_BYTES, Format, GPUSpec
 from advisor.models.shape import ModelShape
 from advisor.plan import Plan
 from advisor.recipe.schema import Workload
 
 MEMORY_BOUND_POWER_FRACTION = 0.6
+FP8_KV_NOTE = "FP8 KV cache: KV bytes per token halved"
 
 
 @dataclass(frozen=True)
@@ -73,7 +75,7 @@ def _weight_bytes_and_flops(shape: ModelShape, plan: Plan, tokens: int) -> tuple
 
 def decode_step_cost(shape: ModelShape, plan: Plan, batch: int, context: float) -> PhaseCost:
     nbytes, flops = _weight_bytes_and_flops(shape, plan, batch)
-    nbytes += batch * shape.kv_bytes(context)
+    nbytes += batch * shape.kv_bytes(context, KV_CACHE_BYTES[plan.kv_cache])
     attn = 4.0 * batch * sum(g.kv_tokens(context) * g.heads * g.head_dim for g in shape.layers)
     flops[Format.BF16] = flops.get(Format.BF16, 0.0) + attn
     return PhaseCost(nbytes, flops)
@@ -81,7 +83,7 @@ def decode_step_cost(shape: ModelShape, plan: Plan, batch: int, context: float) 
 
 def prefill_cost(shape: ModelShape, plan: Plan, length: int) -> PhaseCost:
     nbytes, flops = _weight_bytes_and_flops(shape, plan, length)
-    nbytes += shape.kv_bytes(length)  # the cache written once
+    nbytes += shape.kv_bytes(length, KV_CACHE_BYTES[plan.kv_cache])  # the cache written once
     attn = 4.0 * sum(g.causal_pairs(length) * g.heads * g.head_dim for g in shape.layers)
     flops[Format.BF16] = flops.get(Format.BF16, 0.0) + attn
     return PhaseCost(nbytes, flops)
@@ -99,6 +101,8 @@ class RooflineEnergyModel:
         self.label = f"predicted (roofline, datasheet {self.gpu.marketing_name}{''.join('; ' + n for n in notes)})"
 
     def _check(self, plan: Plan) -> None:
+        if not self.gpu.supports_kv_cache(plan.kv_cache):
+            raise UnsupportedError(f"an {plan.kv_cache.value} KV cache is not served on {self.gpu.marketing_name}")
         for fmt in set(plan.formats.values()):
             if not self.gpu.supports(fmt):
                 raise UnsupportedError(
@@ -120,6 +124,6 @@ class RooflineEnergyModel:
             decode_j_per_token=decode_per_token,
             prefill_j_per_input_token=pre_j / lin,
             decode_tokens_per_s=b / step.time_s(self.gpu),
-            source=self.label,
+            source=self.label if plan.kv_cache == Format.BF16 else f"{self.label[:-1]}; {FP8_KV_NOTE})",
             measured=False,
         )

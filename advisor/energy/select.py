@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from advisor.errors import InputError
-from advisor.estimate import EnergyModel
-from advisor.formats import GPU, gpu_from_device_name
+from advisor.errors import InputError, UnsupportedError
+from advisor.estimate import EnergyEstimate, EnergyModel
+from advisor.formats import GPU, Format, gpu_from_device_name
 from advisor.models.shape import ModelShape
+from advisor.plan import Plan
+from advisor.recipe.schema import Workload
 
 log = logging.getLogger(__name__)
 
@@ -28,11 +31,26 @@ def gpu_here() -> tuple[GPU | None, str | None]:
     return gpu_from_device_name(name), name
 
 
+class BF16KvCacheOnly:
+    """The built-in runtime as the measured tier, for the plans it can run: it has no FP8 KV-cache
+    attention yet, so a plan with an FP8 KV cache is refused (it stays predicted, and says why)."""
+
+    def __init__(self, inner: EnergyModel) -> None:
+        self.inner, self.label, self.measured = inner, inner.label, inner.measured
+
+    def estimate(self, plan: Plan, workload: Workload) -> EnergyEstimate:
+        if plan.kv_cache != Format.BF16:
+            raise UnsupportedError("the built-in measurement runtime has no FP8 KV-cache attention yet; "
+                                   "measure FP8 KV with --engine tensorrt_llm")
+        return self.inner.estimate(plan, workload)
+
+
 def make_energy_tiers(
     mode: str,
     shape: ModelShape,
     target: GPU,
     profile: Path | None = None,
+    measured_engine: Callable[[], EnergyModel] | None = None,
     model_config: Any = None,
 ) -> tuple[EnergyModel, EnergyModel | None]:
     """(predicted, measured) for ``--energy predicted|measured|auto``.
@@ -42,8 +60,10 @@ def make_energy_tiers(
     measured tier (NVML on the GPU here, the serving runtime on random weights of ``shape``,
     about 40 s per plan and workload) re-prices the baselines and the front afterwards:
     ``measured`` requires a GPU of the target kind, ``auto`` uses one when it is here,
-    ``predicted`` never measures. ``model_config`` (the transformers config) lets the runtime
-    build the model's own layers; without it, a Llama stand-in of ``shape`` runs, and says so.
+    ``predicted`` never measures. ``measured_engine`` builds another measured tier than the
+    built-in runtime (``--engine tensorrt_llm``: ``deploy.engines``). ``model_config`` (the
+    transformers config) lets the runtime build the model's own layers; without it, a Llama
+    stand-in of ``shape`` runs, and says so.
     """
     if mode not in ENERGY_MODES:
         raise InputError(f"--energy must be one of {', '.join(ENERGY_MODES)}, got {mode!r}")
@@ -53,16 +73,18 @@ def make_energy_tiers(
         mode = "measured" if here == target else "predicted"
     if mode == "predicted":
         return predicted, None
+    if measured_engine is not None:
+        return predicted, measured_engine()
     from advisor.energy.measure import MeasuredEnergyModel
 
-    return predicted, MeasuredEnergyModel(shape, target, model_config=model_config)
+    return predicted, BF16KvCacheOnly(MeasuredEnergyModel(shape, target, model_config=model_config))
 
 
 def make_energy_model(mode: str, shape: ModelShape, target: GPU, profile: Path | None = None,
                       model_config: Any = None) -> EnergyModel:
     """One energy model: the measured tier for ``measured`` (or ``auto`` with a GPU of the target
     kind here), else the predicted one (used by `advisor measure` and `recheck`)."""
-    predicted, measured = make_energy_tiers(mode, shape, target, profile, model_config)
+    predicted, measured = make_energy_tiers(mode, shape, target, profile, model_config=model_config)
     return measured or predicted
 
 

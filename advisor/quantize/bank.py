@@ -9,6 +9,10 @@ calibrated per module once, then formats switch per module). It is exact, not an
 calibration collects ranges with quantization switched off, so a layer's calibrated
 range does not depend on the formats of the layers before it (tests/test_quantize.py
 checks mixed plans against :func:`quantize_plan`).
+
+An FP8 KV cache is one more calibration: the working model itself is quantized with only the
+KV-cache quantizers on (the k/v BMM quantizers of every attention, ``FP8_KV_CFG``), and a plan
+switches them on or off. Their ranges are BF16 keys and values for the same reason as above.
 """
 
 from __future__ import annotations
@@ -22,7 +26,14 @@ import torch
 from advisor.errors import SetupError
 from advisor.formats import Format
 from advisor.plan import LayerGroup, Plan
-from advisor.quantize.modelopt_config import ForwardLoop, modelopt_quantization, plan_group_table, quantize_plan
+from advisor.quantize.modelopt_config import (
+    KV_QUANTIZERS,
+    ForwardLoop,
+    attention_modules,
+    modelopt_quantization,
+    plan_group_table,
+    quantize_plan,
+)
 
 
 def _share_weights_copy(model: torch.nn.Module) -> torch.nn.Module:
@@ -48,9 +59,11 @@ class FormatBank:
         forward_loop: ForwardLoop,
         on_format: Callable[[Format], None] | None = None,
         fold_weights: bool = True,
+        kv_cache: Iterable[Format] = (Format.BF16,),
     ) -> None:
         self.groups = tuple(groups)
         self.formats = tuple(formats)
+        self.kv_cache = tuple(kv_cache)
         self.calibrations = 0
         self._modules: dict[Format, dict[str, torch.nn.Module]] = {}
         infos = plan_group_table(model, Plan.uniform(self.groups, Format.BF16), self.groups)
@@ -69,7 +82,33 @@ class FormatBank:
             self.calibrations += 1
             self._modules[fmt] = {m: calibrated.get_submodule(m) for m in swapped}
         self.model = _share_weights_copy(model)
+        self._kv_quantizers: list[torch.nn.Module] = []
+        if Format.FP8 in self.kv_cache:
+            if on_format:
+                on_format(Format.FP8)
+            kv_plan = Plan.uniform(self.groups, Format.BF16, kv_cache=Format.FP8)
+            self.model = quantize_plan(self.model, kv_plan, self.groups, forward_loop)
+            self.calibrations += 1
+            for m in swapped:  # the BF16 modules themselves, as in a bank without a KV cache
+                self.model.set_submodule(m, self._modules[Format.BF16][m])
+            self._kv_quantizers = [self.model.get_submodule(f"{a}.{q}")
+                                   for a in attention_modules(infos) for q in KV_QUANTIZERS]
+        self._kv_on = bool(self._kv_quantizers)
+        self._set_kv_cache(Format.BF16)
         self._current: dict[str, Format] = {m: Format.BF16 for m in swapped}
+
+    def _set_kv_cache(self, fmt: Format) -> None:
+        on = fmt == Format.FP8
+        if on == self._kv_on:
+            return
+        if on and not self._kv_quantizers:
+            raise SetupError("an FP8 KV cache was not calibrated in this bank (give kv_cache=[bf16, fp8])")
+        for q in self._kv_quantizers:
+            if on:
+                q.enable()
+            else:
+                q.disable()
+        self._kv_on = on
 
     def assemble(self, plan: Plan) -> torch.nn.Module:
         """Point every layer of the working model at its plan format's module; no calibration."""
@@ -82,6 +121,7 @@ class FormatBank:
                 if self._current[module] != fmt:
                     self.model.set_submodule(module, self._modules[fmt][module])
                     self._current[module] = fmt
+        self._set_kv_cache(plan.kv_cache)
         return self.model
 
     def module_for(self, module: str, fmt: Format) -> torch.nn.Module:

@@ -64,17 +64,48 @@ def format_quantizer_cfg(fmt: Format) -> dict[str, dict[str, Any]]:
     return found
 
 
-def plan_quant_config(plan: Plan, infos: Iterable[GroupInfo]) -> dict[str, Any]:
-    """A ModelOpt config that quantizes each group's members in the plan's format.
+KV_QUANTIZERS = ("k_bmm_quantizer", "v_bmm_quantizer")
 
-    Everything starts disabled (so lm_head, embeddings, routers, vision towers, attention
-    BMMs and BF16 groups stay BF16), then each quantized member gets its format's weight and
-    input quantizer under its exact ModelOpt name (the adapter's ``GroupInfo.quantizers``:
-    a wildcard such as ``*q_proj*`` would also switch on output quantizers, which export
-    writes as an FP8 KV cache).
+
+def kv_cache_quantizer_cfg() -> dict[str, Any]:
+    """The k/v BMM quantizer attributes of ModelOpt's ``FP8_KV_CFG`` (FP8 E4M3, one scale per tensor)."""
+    for entry in modelopt_quantization().FP8_KV_CFG["quant_cfg"]:
+        if entry.get("quantizer_name") == "*[kv]_bmm_quantizer" and "cfg" in entry:
+            return copy.deepcopy(entry["cfg"])
+    raise SetupError("unexpected ModelOpt FP8_KV_CFG layout; this nvidia-modelopt is not supported")
+
+
+def attention_modules(infos: Iterable[GroupInfo]) -> list[str]:
+    """One attention module per layer: the parent of its q/k/v projections. ModelOpt wraps it
+    (``_QuantAttention``) with ``k_bmm_quantizer``/``v_bmm_quantizer`` on the keys and values
+    the attention reads, i.e. what the KV cache holds (keys after RoPE)."""
+    return [gi.group.members[0].rpartition(".")[0] for gi in infos if gi.kind == "qkv"]
+
+
+def kv_cache_entries(infos: Iterable[GroupInfo], kv_cache: Format) -> list[dict[str, Any]]:
+    """``quant_cfg`` entries that turn on the KV-cache quantizers of every layer (none for BF16)."""
+    if kv_cache == Format.BF16:
+        return []
+    cfg = kv_cache_quantizer_cfg()
+    return [{"quantizer_name": f"{attn}.{q}", "cfg": copy.deepcopy(cfg)}
+            for attn in attention_modules(infos) for q in KV_QUANTIZERS]
+
+
+def plan_quant_config(plan: Plan, infos: Iterable[GroupInfo]) -> dict[str, Any]:
+    """A ModelOpt config that quantizes each group's members in the plan's format, and the KV cache.
+
+    Everything starts disabled (so lm_head, embeddings, routers, vision towers and BF16
+    groups stay BF16), then each quantized member gets its format's weight and input
+    quantizer under its exact ModelOpt name (the adapter's ``GroupInfo.quantizers``: a
+    wildcard such as ``*q_proj*`` would also switch on output quantizers, which export
+    writes as an FP8 KV cache). An FP8 KV cache turns on each attention's k/v BMM
+    quantizers (``FP8_KV_CFG``); export then writes ``kv_cache_quant_algo: FP8`` and
+    ``k_scale``/``v_scale``.
     """
+    infos = tuple(infos)
     cfgs = {f.value: format_quantizer_cfg(f) for f in set(plan.formats.values()) if f != Format.BF16}
-    return {"quant_cfg": quant_cfg_entries(infos, plan.formats, cfgs), "algorithm": "max"}
+    entries = quant_cfg_entries(infos, plan.formats, cfgs) + kv_cache_entries(infos, plan.kv_cache)
+    return {"quant_cfg": entries, "algorithm": "max"}
 
 
 def plan_group_table(model: torch.nn.Module, plan: Plan, groups: Iterable[LayerGroup]) -> list[GroupInfo]:
@@ -93,26 +124,40 @@ def plan_group_table(model: torch.nn.Module, plan: Plan, groups: Iterable[LayerG
     return infos
 
 
-def tie_fused_nvfp4_scales(model: torch.nn.Module, plan: Plan, infos: Iterable[GroupInfo]) -> None:
-    """Give the members of a fused NVFP4 group one global weight scale (the largest amax).
+def _shared_amax(quantizers: list[Any]) -> torch.Tensor | None:
+    """The largest per-tensor amax of ``quantizers``; None unless each holds one scalar amax."""
+    amaxes = [getattr(q, "amax", None) for q in quantizers]
+    if any(a is None or a.numel() != 1 for a in amaxes):
+        return None
+    return torch.stack([a.float().reshape(()) for a in amaxes]).max()
 
-    A serving engine runs q/k/v (and gate/up) as one GEMM with one NVFP4 second-level
-    weight scale; ModelOpt's export writes the shared ``weight_scale_2`` the same way.
-    Scoring with the shared scale makes the searched model the deployed one. Groups whose
+
+def tie_fused_scales(model: torch.nn.Module, plan: Plan, infos: Iterable[GroupInfo]) -> None:
+    """Give the members of a fused group one input amax and one weight amax: the max over members.
+
+    A serving engine runs q/k/v (and gate/up) as one GEMM with one input scale and one
+    per-tensor weight scale: TensorRT-LLM's ``FP8QDQLinearMethod.rescale_fused_weights``
+    takes the largest input and weight scale and re-quantizes each member's FP8 weights to
+    it, vLLM re-quantizes with ``weight_scale.max()``, and ModelOpt's
+    ``requantize_resmooth_fused_llm_layers`` does the same for NVFP4 at export (it leaves
+    FP8 alone, so an FP8 export would otherwise carry one scale per member). For NVFP4 the
+    weight amax is the global one (``weight_scale_2``); block scales stay per block.
+    Scoring with the shared scales makes the searched model the deployed one. Groups whose
     members read different inputs (a layer's routed experts) keep their own scales.
     """
     with torch.no_grad():
         for gi in infos:
             members = gi.group.members
-            if plan.format_of(gi.name) != Format.NVFP4 or len(members) < 2 or not gi.members_share_input:
+            if plan.format_of(gi.name) == Format.BF16 or len(members) < 2 or not gi.members_share_input:
                 continue
-            quantizers = [model.get_submodule(m).weight_quantizer for m in members]
-            amaxes = [q.amax for q in quantizers if getattr(q, "amax", None) is not None]
-            if len(amaxes) != len(quantizers):
-                continue
-            shared = torch.stack([a.float().reshape(()) for a in amaxes]).max()
-            for q in quantizers:
-                q.amax = shared.to(q.amax.dtype).reshape(q.amax.shape).clone()
+            modules = [model.get_submodule(m) for m in members]
+            for attr in ("weight_quantizer", "input_quantizer"):
+                quantizers = [getattr(mod, attr) for mod in modules]
+                shared = _shared_amax(quantizers)
+                if shared is None:
+                    continue
+                for q in quantizers:
+                    q.amax = shared.to(q.amax.dtype).reshape(q.amax.shape).clone()
 
 
 def quantize_plan(model: torch.nn.Module, plan: Plan, groups: Iterable[LayerGroup], forward_loop: ForwardLoop):
@@ -125,5 +170,5 @@ def quantize_plan(model: torch.nn.Module, plan: Plan, groups: Iterable[LayerGrou
         warnings.simplefilter("ignore")
         with contextlib.redirect_stdout(sys.stderr):
             model = mtq.quantize(model, plan_quant_config(plan, infos), forward_loop)
-    tie_fused_nvfp4_scales(model, plan, infos)
+    tie_fused_scales(model, plan, infos)
     return model

@@ -14,7 +14,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from advisor.errors import InputError
-from advisor.formats import GPU, GPU_SPECS, Format
+from advisor.formats import GPU, GPU_SPECS, KV_CACHE_FORMATS, Format
 
 DEMO_MODEL = "demo:smollm2-135m"
 
@@ -103,6 +103,8 @@ class Recipe(_Strict):
     name: str = Field("run", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
     model: ModelSpec = ModelSpec()
     formats: list[Format] = Field(description="allowed formats; default: all the target runs natively")
+    kv_cache: list[Format] = Field(default_factory=lambda: [Format.BF16],
+                                   description="KV-cache formats to search: [bf16] (default) or [bf16, fp8]")
     target: GPU = GPU.H100
     workloads: list[Workload] = Field(default_factory=lambda: [Workload()], min_length=1)
     calibration: CalibrationSpec = CalibrationSpec()
@@ -117,6 +119,10 @@ class Recipe(_Strict):
         "predicted: the target's measured profile, else the datasheet roofline; auto: measured when possible"
     )
     energy_profile: str | None = Field(None, description="a profile JSON from `advisor profile` to predict with")
+    engine: Literal["builtin", "tensorrt_llm"] = Field(
+        "builtin", description="what runs the plans the measured tier measures: builtin (the advisor's runtime, "
+        "random weights of the model's shape) or tensorrt_llm (the exported checkpoint through TensorRT-LLM's "
+        "LLM API; needs the package)")
 
     @field_validator("formats")
     @classmethod
@@ -125,6 +131,18 @@ class Recipe(_Strict):
             raise ValueError("must include bf16 (the reference every plan is compared with)")
         if len(set(v)) != len(v):
             raise ValueError("lists a format twice")
+        return v
+
+    @field_validator("kv_cache")
+    @classmethod
+    def _kv_cache(cls, v: list[Format]) -> list[Format]:
+        if Format.BF16 not in v:
+            raise ValueError("must include bf16 (the reference every plan is compared with)")
+        if len(set(v)) != len(v):
+            raise ValueError("lists a format twice")
+        if other := [f.value for f in v if f not in KV_CACHE_FORMATS]:
+            raise ValueError(f"{other} cannot be a KV-cache format here; allowed: "
+                             f"{', '.join(f.value for f in KV_CACHE_FORMATS)}")
         return v
 
     @model_validator(mode="before")
@@ -152,6 +170,11 @@ class Recipe(_Strict):
                 f"(sm_{gpu.compute_capability[0]}{gpu.compute_capability[1]}); "
                 "drop them or choose target b200"
             )
+        if self.engine != "builtin" and self.energy == "predicted":
+            raise ValueError(f"engine {self.engine} measures energy, but energy: predicted never measures; "
+                             "use energy: measured or auto")
+        if no_kv := [f.value for f in self.kv_cache if not gpu.supports_kv_cache(f)]:
+            raise ValueError(f"kv_cache {no_kv} is not served on target {self.target.value}; drop it")
         return self
 
     @property

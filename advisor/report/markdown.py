@@ -43,6 +43,45 @@ def _measured_vs_predicted(summary: dict[str, Any], workloads: list[str]) -> lis
             _table(rows, ["plan id", "plan", *[f"J/token {w}" for w in workloads]]), ""]
 
 
+def _kv_cache_effect(summary: dict[str, Any], workloads: list[str]) -> list[str]:
+    """Plans scored with both KV-cache formats and the same weights: what FP8 KV changes per workload."""
+    by_weights: dict[str, dict[str, dict]] = {}
+    for r in summary["trials"]:
+        key = repr(sorted(r["formats"].items()))
+        by_weights.setdefault(key, {}).setdefault(r.get("kv_cache", "bf16"), r)
+    rows = []
+    for pair in by_weights.values():
+        if "bf16" not in pair or "fp8" not in pair:
+            continue
+        a, b = pair["bf16"], pair["fp8"]
+        ea, eb = ({e["workload"]: e["j_per_token"] for e in r["energy"]} for r in (a, b))
+        rows.append([a["label"], f"`{a['plan_id']}` / `{b['plan_id']}`", f"{a['kl']:.4f} -> {b['kl']:.4f}",
+                     *[f"{_fmt_j(ea[w])} -> {_fmt_j(eb[w])} ({100 * (eb[w] / ea[w] - 1):+.1f}%)" for w in workloads]])
+    if not rows:
+        return []
+    return ["## KV cache: BF16 -> FP8", "",
+            "Plans scored with both KV-cache formats and the same weights (KV format per plan: the `+ fp8 KV` in "
+            "its name). FP8 KV halves the KV bytes a decode step reads, so it saves most at long contexts and large "
+            "batches; its KL is measured with ModelOpt's FP8 k/v quantizers (FP8_KV_CFG).", "",
+            _table(rows, ["weights", "plan ids (BF16 KV / FP8 KV)", "KL", *[f"J/token '{w}'" for w in workloads]]),
+            ""]
+
+
+def _serving_engines(summary: dict[str, Any]) -> list[str]:
+    """Which engines can serve the recommended plan, and a warning per known problem (deploy.compat)."""
+    from advisor.deploy.compat import NOT_RUN, compatibility_table, compatibility_warnings, engine_compatibility
+    from advisor.plan import Plan
+
+    rec = summary.get("recommendation")
+    if not rec:
+        return []
+    plan = Plan(rec["formats"], rec.get("kv_cache", "bf16"))
+    verdicts = engine_compatibility(plan, summary["target"])
+    warnings = compatibility_warnings(verdicts)
+    return ["## Serving engines (recommended plan)", "", f"Which engines can serve plan `{plan.id}` ({NOT_RUN}):",
+            "", *compatibility_table(verdicts), "", *[f"- Warning: {w}" for w in warnings], *([""] if warnings else [])]
+
+
 def _architecture_lines(shape: dict[str, Any]) -> list[str]:
     """The family, what was searched, and the layer features the energy numbers price."""
     if not shape.get("family"):
@@ -102,10 +141,12 @@ def render_markdown(summary: dict[str, Any]) -> str:
         ]
     else:
         out += ["No trial finished; nothing to recommend.", ""]
+    out += _serving_engines(summary)
     out += ["## Pareto front (within budget)", "",
             _table([_row(by_trial[t], workloads) for t in summary["front_trials"]], header), "",
             "![accuracy vs energy](front.png)", "", "## Baselines", "",
             _table([_row(by_trial[t], workloads) for t in summary["baselines"].values()], header), ""]
+    out += _kv_cache_effect(summary, workloads)
     out += _measured_vs_predicted(summary, workloads)
     if summary.get("benchmark_status"):
         out += [f"lm-eval stage: {summary['benchmark_status']}", ""]

@@ -33,6 +33,7 @@ class TrialRecord(BaseModel):
     plan_id: str
     label: str
     formats: dict[str, str]
+    kv_cache: str = "bf16"  # KV-cache format (absent in summaries written before it was searched)
     effective_bits: float
     kl: float
     ppl: float

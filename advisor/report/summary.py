@@ -33,6 +33,7 @@ def _trial_record(
         "plan_id": c.plan.id,
         "label": c.plan.label(),
         "formats": {k: v.value for k, v in c.plan.formats.items()},
+        "kv_cache": c.plan.kv_cache.value,
         "effective_bits": round(c.plan.effective_bits(groups), 3),
         "kl": c.kl,
         "ppl": c.ppl,
@@ -65,9 +66,8 @@ def build_summary(study: optuna.Study) -> Summary:
     records = [_trial_record(c, trials[c.trial], shape.groups, bench, measured) for c in cands]
     baselines = {}
     for c in cands:
-        u = c.plan.uniform_format()
-        if u is not None and f"all-{u.value}" not in baselines:
-            baselines[f"all-{u.value}"] = c.trial
+        if c.plan.uniform_weights() is not None and c.plan.label() not in baselines:
+            baselines[c.plan.label()] = c.trial
     energy_labels = sorted({e["source"] for r in records for e in r["energy"] + r["predicted_energy"]})
     return Summary.model_validate({
         "schema_version": SCHEMA_VERSION,

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from advisor.formats import Format
-from advisor.plan import LayerGroup, Plan
+from advisor.plan import KV_CACHE_KEY, LayerGroup, Plan
 
 
 @dataclass
@@ -48,23 +48,26 @@ def measure(
     damage_of: Callable[[Plan], float],
     energy_of: Callable[[Plan], float],
     on_step: Callable[[int, int], None] | None = None,
+    kv_cache: Sequence[Format] = (Format.BF16,),
 ) -> Sensitivity:
-    """One evaluation per (group, non-BF16 format), all other groups BF16."""
+    """One evaluation per (group, non-BF16 format), all other groups BF16; and, when the KV cache
+    is searched, one per non-BF16 KV-cache format with every group BF16 (the ``kv_cache`` row)."""
     t0 = time.perf_counter()
     base = {g.name: Format.BF16 for g in groups}
     e_bf16 = energy_of(Plan(base))
     damage = {g.name: {Format.BF16: 0.0} for g in groups}
     energy = {g.name: {Format.BF16: 0.0} for g in groups}
     lower = [f for f in formats if f != Format.BF16]
-    total, done = len(groups) * len(lower), 0
-    for g in groups:
-        for f in lower:
-            plan = Plan({**base, g.name: f})
-            damage[g.name][f] = max(damage_of(plan), 0.0)
-            energy[g.name][f] = energy_of(plan) - e_bf16
-            done += 1
-            if on_step:
-                on_step(done, total)
+    kv_lower = [f for f in kv_cache if f != Format.BF16]
+    one_group = [(g.name, f, Plan({**base, g.name: f})) for g in groups for f in lower]
+    if kv_lower:
+        damage[KV_CACHE_KEY], energy[KV_CACHE_KEY] = {Format.BF16: 0.0}, {Format.BF16: 0.0}
+    steps = one_group + [(KV_CACHE_KEY, f, Plan(base, f)) for f in kv_lower]
+    for done, (row, f, plan) in enumerate(steps, start=1):
+        damage[row][f] = max(damage_of(plan), 0.0)
+        energy[row][f] = energy_of(plan) - e_bf16
+        if on_step:
+            on_step(done, len(steps))
     return Sensitivity(damage, energy, 0, time.perf_counter() - t0)
 
 

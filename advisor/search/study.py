@@ -1,7 +1,9 @@
 """The Optuna study over per-group formats.
 
 Objectives (both minimized): proxy KL vs BF16, and J/token on the primary workload.
-The accuracy budget is an Optuna constraint (feasible when every value <= 0). The
+The accuracy budget is an Optuna constraint (feasible when every value <= 0). Parameters:
+one categorical per group, and ``kv_cache`` when the recipe lists more than one KV-cache
+format (so studies without that dimension keep their parameters). The
 study talks to the model side only through :class:`PlanEvaluator`, so tests can
 drive it with fakes and the GPU path plugs in the same way.
 """
@@ -22,7 +24,7 @@ import optuna
 from advisor.errors import InputError
 from advisor.estimate import EnergyEstimate
 from advisor.formats import Format
-from advisor.plan import LayerGroup, Plan
+from advisor.plan import KV_CACHE_KEY, LayerGroup, Plan
 from advisor.recipe.schema import AccuracySpec, Recipe
 from advisor.search.budget import TrialBudget, reap, work
 from advisor.search.energy_tiers import measured_energy
@@ -68,8 +70,11 @@ def make_sampler(name: str, seed: int) -> optuna.samplers.BaseSampler:
     raise InputError(f"search.sampler: unknown sampler {name!r}; allowed: guided, tpe, nsga2, random")
 
 
-def baseline_plans(groups: Sequence[LayerGroup], formats: Sequence[Format]) -> list[Plan]:
-    return [Plan.uniform(groups, f) for f in formats]
+def baseline_plans(
+    groups: Sequence[LayerGroup], formats: Sequence[Format], kv_cache: Sequence[Format] = (Format.BF16,)
+) -> list[Plan]:
+    """Every uniform plan: all-BF16 first, then each format, each with every KV-cache format."""
+    return [Plan.uniform(groups, f, kv) for kv in kv_cache for f in formats]
 
 
 def open_study(
@@ -140,7 +145,7 @@ def silence_interrupt_tracebacks() -> None:
         logger.addFilter(_DropInterruptTraceback())
 
 
-def enqueue_baselines(study: optuna.Study, plans: Sequence[Plan]) -> None:
+def enqueue_baselines(study: optuna.Study, plans: Sequence[Plan], kv_dimension: bool = False) -> None:
     """Enqueue each baseline unless a finished or waiting trial already has it."""
     seen = {
         p.id
@@ -150,7 +155,7 @@ def enqueue_baselines(study: optuna.Study, plans: Sequence[Plan]) -> None:
     }
     for plan in plans:
         if plan.id not in seen:
-            study.enqueue_trial({k: v.value for k, v in plan.formats.items()}, skip_if_exists=True)
+            study.enqueue_trial(plan.params(kv_dimension), skip_if_exists=True)
 
 
 def make_objective(
@@ -159,14 +164,17 @@ def make_objective(
     formats: Sequence[Format],
     budget: AccuracySpec,
     worker: dict[str, Any] | None = None,
+    kv_cache: Sequence[Format] = (Format.BF16,),
 ) -> Callable[[optuna.Trial], tuple[float, float]]:
     choices = [f.value for f in formats]
+    kv_choices = [f.value for f in kv_cache]
     seen: dict[str, Evaluation] = {}
     worker = worker or this_worker()
 
     def objective(trial: optuna.Trial) -> tuple[float, float]:
         trial.set_user_attr(WORKER_ATTR, worker)  # first: a RUNNING trial names its process
-        plan = Plan({g.name: Format(trial.suggest_categorical(g.name, choices)) for g in groups})
+        kv = trial.suggest_categorical(KV_CACHE_KEY, kv_choices) if len(kv_choices) > 1 else Format.BF16
+        plan = Plan({g.name: Format(trial.suggest_categorical(g.name, choices)) for g in groups}, Format(kv))
         ev = seen.get(plan.id)
         trial.set_user_attr("repeat", ev is not None)
         if ev is None:  # samplers repeat plans; a repeat is not scored again
@@ -210,7 +218,7 @@ def candidates(study: optuna.Study) -> list[Candidate]:
     recipe = study.user_attrs.get("recipe", {})
     max_drop = recipe.get("benchmark", {}).get("max_drop", math.inf)
     budget = AccuracySpec.model_validate(recipe["accuracy"]) if "accuracy" in recipe else None
-    plans = [Plan({k: Format(v) for k, v in t.params.items()}) for t in trials]
+    plans = [Plan.from_params(t.params) for t in trials]
     bf16_id = next((p.id for p in plans if p.uniform_format() == Format.BF16), None)
     bf16_scores = bench.get(bf16_id, {}) if bf16_id else {}
     out = []
@@ -261,15 +269,15 @@ class Proposer(Protocol):
 def _trial_plan(t: optuna.trial.FrozenTrial) -> Plan | None:
     """A trial's plan: its params, or for a waiting (enqueued) trial its fixed params."""
     params = t.params or t.system_attrs.get("fixed_params")
-    return Plan(params) if params else None
+    return Plan.from_params(params) if params else None
 
 
-def _enqueue(study: optuna.Study, plans: Sequence[Plan]) -> int:
+def _enqueue(study: optuna.Study, plans: Sequence[Plan], kv_dimension: bool = False) -> int:
     seen = {p.id for t in study.get_trials(deepcopy=False) if (p := _trial_plan(t)) is not None}
     n = 0
     for plan in plans:
         if plan.id not in seen:
-            study.enqueue_trial({k: v.value for k, v in plan.formats.items()})
+            study.enqueue_trial(plan.params(kv_dimension))
             seen.add(plan.id)
             n += 1
     return n
@@ -279,7 +287,7 @@ def _damage_scale(study: optuna.Study, proposer: Proposer) -> float:
     """Median of observed KL over the additive prediction, over evaluated non-BF16 plans."""
     ratios = []
     for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
-        plan = Plan(t.params)
+        plan = Plan.from_params(t.params)
         pred = proposer.predicted_damage(plan)
         if pred > 0 and t.values:
             ratios.append(t.values[0] / pred)
@@ -308,7 +316,8 @@ def run_search(
     to storage as it ends, so an interruption loses only the trial in flight (retried).
     """
     before = finished_trials(study)
-    objective = make_objective(evaluator, groups, recipe.formats, recipe.accuracy, worker)
+    objective = make_objective(evaluator, groups, recipe.formats, recipe.accuracy, worker, recipe.kv_cache)
+    kv_dimension = len(recipe.kv_cache) > 1
     budget = TrialBudget(recipe.search.trials)
     deadline = None if recipe.search.timeout_s is None else time.monotonic() + recipe.search.timeout_s
 
@@ -317,11 +326,11 @@ def run_search(
 
     reap(study)
     if coordinator:
-        enqueue_baselines(study, baseline_plans(groups, recipe.formats))
+        enqueue_baselines(study, baseline_plans(groups, recipe.formats, recipe.kv_cache), kv_dimension)
         if proposer is not None:
-            _enqueue(study, proposer.propose(1.0))
+            _enqueue(study, proposer.propose(1.0), kv_dimension)
             run(waiting_only=True)
-            _enqueue(study, proposer.propose(_damage_scale(study, proposer)))
+            _enqueue(study, proposer.propose(_damage_scale(study, proposer)), kv_dimension)
             run(waiting_only=True)
     run(waiting_only=False)
     return finished_trials(study) - before

@@ -12,6 +12,7 @@ import json
 from typing import Any
 
 from advisor.errors import InputError
+from advisor.formats import Format
 from advisor.recipe.schema import Recipe
 
 KEY_ATTR = "study_key"
@@ -28,6 +29,10 @@ def study_key(recipe: Recipe, versions: dict[str, str]) -> dict[str, Any]:
     key: dict[str, Any] = {field: data[field] for field in COMPARABLE}
     for section, name in POLICY_ONLY:
         key[section].pop(name, None)
+    if data["kv_cache"] != [Format.BF16.value]:  # only then: studies made before it keep their key
+        key["kv_cache"] = data["kv_cache"]
+    if data["engine"] != "builtin":  # measured numbers of two engines are not comparable
+        key["engine"] = data["engine"]
     key["versions"] = {p: versions.get(p, "not installed") for p in VERSIONED}
     return json.loads(json.dumps(key))
 

@@ -104,6 +104,8 @@ class RunContext:
         key = {"model": self.fingerprint, "calibration": self.recipe.calibration.model_dump(), "samples": n,
                "formats": [f.value for f in self.recipe.formats], "energy": self.energy_model.label,
                "workload": self.recipe.workloads[0].model_dump()}
+        if len(self.recipe.kv_cache) > 1:  # only then, so caches written before it stay valid
+            key["kv_cache"] = [f.value for f in self.recipe.kv_cache]
 
         def compute():
             small = ProxyEvaluator(self.bank.assemble(Plan.uniform(groups, Format.BF16)), self.tokens.heldout[:n])
@@ -111,7 +113,7 @@ class RunContext:
                 groups, self.recipe.formats,
                 damage_of=lambda p: small.score(self.bank.assemble(p)).kl,
                 energy_of=lambda p: self.energy_model.estimate(p, self.recipe.workloads[0]).j_per_token,
-                on_step=on_step,
+                on_step=on_step, kv_cache=self.recipe.kv_cache,
             )
             sens.tokens = int(self.tokens.heldout[:n].numel())
             return sens
@@ -157,7 +159,7 @@ def prepare(
     t = time.perf_counter()
     bank = FormatBank(
         loaded.model, loaded.shape.groups, recipe.formats, forward_loop(tokens.calibration),
-        on_format=lambda f: status(f"calibrating {f.value} (once for every trial)"),
+        on_format=lambda f: status(f"calibrating {f.value} (once for every trial)"), kv_cache=recipe.kv_cache,
     )
     timings["calibration_s"] = time.perf_counter() - t
 
@@ -172,7 +174,13 @@ def prepare(
 
         status("choosing the energy models (predicted for every trial, measured for the front)")
         profile = Path(recipe.energy_profile) if recipe.energy_profile else None
-        energy_model, measured_model = make_energy_tiers(recipe.energy, loaded.shape, recipe.target, profile,
+        engine = None
+        if recipe.engine == "tensorrt_llm":
+            from advisor.deploy.engines import tensorrt_llm_tier
+
+            def engine():
+                return tensorrt_llm_tier(recipe, loaded, tokens)
+        energy_model, measured_model = make_energy_tiers(recipe.energy, loaded.shape, recipe.target, profile, engine,
                                                          model_config=loaded.model.config)
     return RunContext(recipe, loaded, tokens, bank, proxy, energy_model, device, fingerprint, timings,
                       measured_model=measured_model)

@@ -41,11 +41,13 @@ def research_around(ctx: Any, plan: Plan, groups: tuple[LayerGroup, ...], trials
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.create_study(directions=["minimize", "minimize"],
                                 sampler=make_sampler(recipe.search.sampler, recipe.search.seed))
-    study.enqueue_trial({k: v.value for k, v in plan.formats.items()})
-    enqueue_baselines(study, baseline_plans(groups, recipe.formats))
-    room = max(0, trials - 1 - len(recipe.formats))
+    kv_dimension = len(recipe.kv_cache) > 1
+    study.enqueue_trial(plan.params(kv_dimension))
+    baselines = baseline_plans(groups, recipe.formats, recipe.kv_cache)
+    enqueue_baselines(study, baselines, kv_dimension)
+    room = max(0, trials - 1 - len(baselines))
     for n in neighbours(plan, list(recipe.formats))[:room]:
-        study.enqueue_trial({k: v.value for k, v in n.formats.items()}, skip_if_exists=True)
+        study.enqueue_trial(n.params(kv_dimension), skip_if_exists=True)
     run_search(study, ctx, recipe, groups)
     cands = candidates(study)
     rec = recommend(cands, [w.name for w in recipe.workloads])
@@ -55,7 +57,8 @@ def research_around(ctx: Any, plan: Plan, groups: tuple[LayerGroup, ...], trials
         out.update({
             "plan_id": c.plan.id, "label": c.plan.label(), "kl": c.kl, "feasible": c.feasible,
             "energy_j_per_token": c.energy_j_per_token, "reason": rec.reason,
-            "formats": {k: v.value for k, v in c.plan.formats.items()}, "same_as_stored": c.plan.id == plan.id,
+            "formats": {k: v.value for k, v in c.plan.formats.items()}, "kv_cache": c.plan.kv_cache.value,
+            "same_as_stored": c.plan.id == plan.id,
         })
     return out
 

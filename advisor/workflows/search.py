@@ -140,7 +140,7 @@ def sensitivity_stage(study: optuna.Study, ctx: Any, recipe: Recipe, progress: P
         "time_s": sens.time_s, "tokens": sens.tokens,
         "most_sensitive": [{"group": g, "format": f.value, "kl": v} for g, f, v in sens.most_sensitive(10)],
     }})
-    return KnapsackProposer(ctx.loaded.shape.groups, recipe.formats, sens, recipe.accuracy.max_kl)
+    return KnapsackProposer(ctx.loaded.shape.groups, recipe.formats, sens, recipe.accuracy.max_kl, recipe.kv_cache)
 
 
 def trials_stage(study: optuna.Study, ctx: Any, recipe: Recipe, progress: ProgressReporter, proposer: Any) -> None:
