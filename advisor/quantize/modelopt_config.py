@@ -168,7 +168,6 @@ def quantize_plan(model: torch.nn.Module, plan: Plan, groups: Iterable[LayerGrou
     # ModelOpt prints progress to stdout; stdout is for results only.
     with warnings.catch_warnings(), contextlib.redirect_stdout(sys.stderr):
         warnings.simplefilter("ignore")
-        with contextlib.redirect_stdout(sys.stderr):
-            model = mtq.quantize(model, plan_quant_config(plan, infos), forward_loop)
+        model = mtq.quantize(model, plan_quant_config(plan, infos), forward_loop)
     tie_fused_scales(model, plan, infos)
     return model
