@@ -95,7 +95,9 @@ def test_report_is_built_from_storage(recipe):
     assert set(summary["baselines"]) == {"all-bf16", "all-fp8", "all-nvfp4"}
 
 
-def test_benchmark_scores_override_the_proxy_budget(recipe):
+def test_benchmark_verdicts_override_the_proxy_budget(recipe):
+    from advisor.accuracy.stats import paired_drop
+    from advisor.search.acceptance import TaskAcceptance, Verdict, judge
     from advisor.search.frontier import recommend
     from advisor.search.study import record_benchmark
 
@@ -107,14 +109,20 @@ def test_benchmark_scores_override_the_proxy_budget(recipe):
     bf16, fp8 = by_label["all-bf16"], by_label["all-fp8"]
     assert fp8.feasible and recommend(candidates(study), ["chat"]).candidate.trial != bf16.trial
 
-    def score(acc):
-        return {"lambada_openai": {"acc": acc, "acc_stderr": 0.01, "n": 100}}
+    def score(value):
+        return {"lambada_openai": {"task": "lambada_openai", "metric": "acc,none", "value": value, "stderr": 0.01,
+                                   "n": 1000}}
 
+    ref = [1] * 400 + [0] * 600
+    plan = [0] * 50 + [1] * 350 + [0] * 600  # 5 points worse on the same items
+    interval = paired_drop(ref, plan, 0.95)
+    result = judge([TaskAcceptance("lambada_openai", "acc,none", 1000, 1, interval, Verdict.UNDECIDED)], 0.02)
     record_benchmark(study, bf16.plan.id, score(0.40))
-    record_benchmark(study, fp8.plan.id, score(0.35))  # drop 0.05 > 0.02
+    record_benchmark(study, fp8.plan.id, score(0.35), result.to_dict())
     after = {c.plan.label(): c for c in candidates(study)}
-    assert after["all-fp8"].benchmark_drop == pytest.approx(0.05)
-    assert not after["all-fp8"].feasible
+    assert after["all-fp8"].acceptance.task("lambada_openai").interval.drop == pytest.approx(0.05)
+    assert after["all-fp8"].verdict is Verdict.FAILS and not after["all-fp8"].feasible
+    assert after["all-bf16"].acceptance is None and after["all-bf16"].benchmark == {"lambada_openai": 0.40}
     rec = recommend(candidates(study), ["chat"])
     assert rec.candidate.plan.id == bf16.plan.id and "lm-eval" in rec.accuracy_metric
 
