@@ -54,4 +54,4 @@ def test_benchmark_verdicts_take_over_from_the_proxy():
     rec = recommend([cand(0, Format.BF16, Format.BF16, 0.0, 2.0), passes, unjudged, undecided], ["w"])
     assert rec.candidate.trial == 1 and "lm-eval" in rec.accuracy_metric
     rec = recommend([cand(0, Format.BF16, Format.BF16, 0.0, 2.0), unjudged, undecided], ["w"])
-    assert rec.candidate.trial == 0
+    assert rec.candidate.trial == 0 and "1 cheaper plan(s) judged by lm-eval stayed undecided" in rec.reason

@@ -150,3 +150,20 @@ def test_guided_search_evaluates_knapsack_proposals_after_the_baselines(recipe):
     assert len(study.trials) == recipe.search.trials
     # the fake is additive, so the proposals' observed damage equals the prediction
     assert all(t.values[0] == pytest.approx(predicted(Plan(t.params), sens.damage)) for t in study.trials)
+
+
+def test_a_study_scored_before_per_item_results_still_reports(recipe):
+    """Scores stored as {acc, acc_stderr, n} (summary v2 era) rebuild into the v3 summary, unjudged."""
+    from advisor.report.summary import build_summary
+    from advisor.search.study import record_benchmark
+
+    recipe.run_dir.mkdir(parents=True)
+    study = open_study(recipe, resume=False)
+    save_run_meta(study, meta(recipe))
+    run_search(study, AdditiveEvaluator(), recipe, GROUPS)
+    bf16 = next(c for c in candidates(study) if c.plan.label() == "all-bf16")
+    record_benchmark(study, bf16.plan.id, {"piqa": {"acc": 0.6, "acc_stderr": 0.05, "n": 100}})
+    summary = build_summary(study)
+    record = summary.record(bf16.plan.id)
+    assert record.benchmark["piqa"].value == 0.6 and record.benchmark["piqa"].metric == "acc,none"
+    assert record.acceptance is None and summary.schema_version == 3

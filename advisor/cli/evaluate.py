@@ -85,8 +85,7 @@ def eval_plan(
     rec = load_recipe(recipe, {"model.source": model, "model.gguf_file": gguf_file, "device": device})
     from advisor.accuracy import harness
 
-    for t in task_list:  # fail on bad tasks and missing data before loading the model
-        harness.task_config(t, data_dir)
+    harness.validate_tasks(task_list, data_dir)  # fail on bad tasks and missing data before loading the model
 
     import torch
 

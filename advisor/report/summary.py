@@ -36,9 +36,17 @@ def _trial_record(
         "ppl_increase_pct": 100 * (c.ppl / ua["ppl_bf16"] - 1),
         "energy": ua["energy"],
         "feasible": c.feasible,
-        "benchmark": bench.get(c.plan.id, {}),
+        "benchmark": {t: _score_record(t, v) for t, v in bench.get(c.plan.id, {}).items()},
         "acceptance": as_record(c.acceptance) if c.acceptance is not None else None,
     }
+
+
+def _score_record(task: str, score: dict[str, Any]) -> dict[str, Any]:
+    """A stored lm-eval score; studies written before per-item results stored {acc, acc_stderr, n}."""
+    if "value" in score:
+        return score
+    return {"task": task, "metric": "acc,none", "value": score["acc"], "stderr": score.get("acc_stderr"),
+            "n": score["n"]}
 
 
 def build_summary(study: optuna.Study) -> Summary:

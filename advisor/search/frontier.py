@@ -105,6 +105,11 @@ def recommend(
             return None
         return Recommendation(bf16, "no plan met the accuracy budget without costing more energy; keep BF16", metric)
     best = min(pool, key=lambda c: (c.energy(primary), c.kl))
+    undecided = {c.plan.id for c in cands if c.verdict is Verdict.UNDECIDED and c.proxy_feasible
+                 and c.energy(primary) < best.energy(primary)}
+    if bf16 is not None and best.plan.id == bf16.plan.id and undecided:
+        return Recommendation(best, f"keep BF16: {len(undecided)} cheaper plan(s) judged by lm-eval stayed undecided "
+                              "on the items allowed (raise benchmark.limit to decide them)", metric)
     saving = ""
     if bf16 is not None and bf16.energy(primary) > 0:
         saving = f", {100 * (1 - best.energy(primary) / bf16.energy(primary)):.1f}% less energy than all-BF16"

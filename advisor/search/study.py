@@ -180,7 +180,7 @@ def candidates(study: optuna.Study) -> list[Candidate]:
                 ppl=ua["ppl"],
                 energy_j_per_token={e["workload"]: e["j_per_token"] for e in ua["energy"]},
                 feasible=proxy_ok and (acceptance is None or acceptance.verdict is Verdict.PASSES),
-                benchmark={k: v["value"] for k, v in bench.get(plan.id, {}).items()},
+                benchmark={k: v.get("value", v.get("acc")) for k, v in bench.get(plan.id, {}).items()},
                 acceptance=acceptance,
                 proxy_feasible=proxy_ok,
             )

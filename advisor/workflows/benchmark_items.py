@@ -37,7 +37,7 @@ class PairedScorer:
         self.n_docs = dict(n_docs)
         self.seed, self.data_dir, self.cache_dir, self.batch_size = seed, data_dir, cache_dir, batch_size
         self.largest: dict[tuple[str, str], Any] = {}  # (plan id, task) -> TaskScore of the most items
-        self.items_scored = 0
+        self.items_used = 0
 
     def score(self, plan: Plan, task: str, n: int) -> Any:
         """The TaskScore of ``plan`` on the first ``n`` items of ``task``."""
@@ -50,7 +50,7 @@ class PairedScorer:
             batch_size=self.batch_size, n_docs=self.n_docs,
         ).values()
         if before is None or score.n > before.n:
-            self.items_scored += score.n - (before.n if before is not None else 0)
+            self.items_used += score.n - (before.n if before is not None else 0)
             self.largest[(plan.id, task)] = score
         return score
 

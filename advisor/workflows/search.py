@@ -149,7 +149,7 @@ def benchmark_stage(study: optuna.Study, ctx: Any, recipe: Recipe, progress: Pro
     outcome = f"the lowest-energy passing candidate is {passed.label()}" if passed else (
         "no candidate passed" if queue.candidates else "no candidate within the proxy budget")
     return (f"measured: {judged} plans judged against BF16 on {', '.join(n_docs)} ({design}; "
-            f"{scorer.items_scored} items scored) on {ctx.device}; {outcome}")
+            f"{scorer.items_used} items used, BF16's included) on {ctx.device}; {outcome}")
 
 
 def timings(ctx: Any, recipe: Recipe, t0: float, t_bench: float) -> dict[str, float]:
