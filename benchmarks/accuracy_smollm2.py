@@ -73,8 +73,8 @@ def write(out: Path, report: dict[str, Any]) -> None:
     rows: dict[str, dict[str, harness.TaskScore]] = {}
     for r in report["results"]:
         rows.setdefault(r["plan"], {})[r["task"]] = harness.TaskScore(
-            task=r["task"], acc=r["acc"], acc_stderr=r["acc_stderr"], n=r["n"], limit=r.get("limit"),
-            seed=report.get("seed", 0), source="")
+            task=r["task"], metric=r.get("metric", "acc,none"), value=r["acc"], stderr=r["acc_stderr"], n=r["n"],
+            limit=r.get("limit"), seed=report.get("seed", 0), source="")
     tasks = list(dict.fromkeys(r["task"] for r in report["results"]))
     md = [
         "# lm-eval accuracy: SmolLM2-135M, uniform plans", "",
@@ -186,11 +186,11 @@ def main() -> None:
                 continue
             score = harness.evaluate(hflm, [task], limit=args.limit, seed=args.seed, data_dir=args.data_dir)[task]
             report["results"].append({
-                "plan": f"all-{fmt.value}", "task": task, "n": score.n, "acc": score.acc,
-                "acc_stderr": score.acc_stderr, "device": report["device"], "acc_norm": score.acc_norm,
-                "acc_norm_stderr": score.acc_norm_stderr, "time_s": score.time_s, "limit": args.limit,
+                "plan": f"all-{fmt.value}", "task": task, "n": score.n, "acc": score.value,
+                "acc_stderr": score.stderr, "metric": score.metric, "device": report["device"],
+                "time_s": score.time_s, "limit": args.limit,
             })
-            print(f"all-{fmt.value} {task}: acc {score.acc:.4f} ± {score.acc_stderr:.4f} n={score.n} "
+            print(f"all-{fmt.value} {task}: {score.metric} {score.value:.4f} ± {score.stderr:.4f} n={score.n} "
                   f"({score.time_s:.1f}s)", flush=True)
             write(args.out, report)
     report["total_time_s"] = round(time.perf_counter() - t_start, 1)

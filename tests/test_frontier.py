@@ -1,12 +1,21 @@
 from __future__ import annotations
 
+from advisor.accuracy.stats import PairedInterval
 from advisor.formats import Format
 from advisor.plan import Plan
+from advisor.search.acceptance import PlanAcceptance, TaskAcceptance, Verdict
 from advisor.search.frontier import Candidate, hypervolume, pareto_front, recommend
 
 
-def cand(trial, fmt_a, fmt_b, kl, j, feasible=True, drop=None):
-    return Candidate(trial, Plan({"a": fmt_a, "b": fmt_b}), kl, 10.0, {"w": j, "v": j}, feasible, drop)
+def judged(verdict: Verdict) -> PlanAcceptance:
+    task = TaskAcceptance("piqa", "acc,none", 100, 1, PairedInterval(100, 0.0, -0.01, 0.01, 0.95, "t"), verdict)
+    return PlanAcceptance(verdict, (task,))
+
+
+def cand(trial, fmt_a, fmt_b, kl, j, feasible=True, verdict=None):
+    acceptance = judged(verdict) if verdict is not None else None
+    return Candidate(trial, Plan({"a": fmt_a, "b": fmt_b}), kl, 10.0, {"w": j, "v": j}, feasible,
+                     acceptance=acceptance)
 
 
 BF16 = cand(0, Format.BF16, Format.BF16, 0.0, 2.0)
@@ -36,8 +45,13 @@ def test_never_recommends_a_plan_costlier_than_bf16_on_any_workload():
     assert rec.candidate.trial == 0
 
 
-def test_benchmark_scores_take_over_from_the_proxy():
-    scored_ok = cand(1, Format.FP8, Format.BF16, 0.02, 1.5, drop=0.01)
-    unscored = cand(2, Format.FP8, Format.FP8, 0.03, 1.0)
-    rec = recommend([cand(0, Format.BF16, Format.BF16, 0.0, 2.0, drop=0.0), scored_ok, unscored], ["w"])
+def test_benchmark_verdicts_take_over_from_the_proxy():
+    """Once lm-eval judged plans, only a plan that passes (or BF16, the reference) is eligible:
+    an unjudged or undecided plan is not, however cheap."""
+    passes = cand(1, Format.FP8, Format.BF16, 0.02, 1.5, verdict=Verdict.PASSES)
+    unjudged = cand(2, Format.FP8, Format.FP8, 0.03, 1.0)
+    undecided = cand(3, Format.NVFP4, Format.FP8, 0.04, 0.8, verdict=Verdict.UNDECIDED)
+    rec = recommend([cand(0, Format.BF16, Format.BF16, 0.0, 2.0), passes, unjudged, undecided], ["w"])
     assert rec.candidate.trial == 1 and "lm-eval" in rec.accuracy_metric
+    rec = recommend([cand(0, Format.BF16, Format.BF16, 0.0, 2.0), unjudged, undecided], ["w"])
+    assert rec.candidate.trial == 0 and "1 cheaper plan(s) judged by lm-eval stayed undecided" in rec.reason

@@ -61,21 +61,29 @@ def test_report_and_show_refuse_a_folder_that_is_no_run(tmp_path):
     assert result.exit_code == 2 and "not valid JSON" in result.output
 
 
-def test_lm_eval_stage_scores_baselines_and_front(tmp_path, tiny_recipe):
+def test_lm_eval_stage_judges_baselines_and_the_cheapest_candidate(tmp_path, tiny_recipe):
     from conftest import SHARED
 
     data_dir = need(SHARED / "data" / "eval")
-    tiny_recipe["benchmark"] = {"tasks": ["piqa"], "limit": 6, "data_dir": str(data_dir), "max_candidates": 1,
+    tiny_recipe["benchmark"] = {"tasks": ["piqa"], "limit": 6, "data_dir": str(data_dir), "max_candidates": 2,
                                 "max_drop": 1.0}
     path = tmp_path / "r.yaml"
     path.write_text(yaml.safe_dump(tiny_recipe))
     result = runner.invoke(app, ["search", "-r", str(path), "--trials", "4", "--sampler", "tpe"])
     assert result.exit_code == 0, result.output
     summary = json.loads((tmp_path / "runs" / "t" / "summary.json").read_text())
+    assert summary["schema_version"] == 3
     scored = {r["label"]: r for r in summary["trials"] if r["benchmark"]}
     assert {"all-bf16", "all-fp8", "all-nvfp4"} <= set(scored)
-    assert all(r["benchmark"]["piqa"]["n"] == 6 for r in scored.values())
-    assert scored["all-bf16"]["benchmark_drop"] == 0
+    assert all(r["benchmark"]["piqa"]["n"] == 6 and r["benchmark"]["piqa"]["metric"] == "acc,none"
+               for r in scored.values())
+    assert scored["all-bf16"]["acceptance"] is None  # the reference
+    judged = [r for r in scored.values() if r["acceptance"]]
+    # a budget of 100 points: every judged plan passes at its first (and only) look of 6 items
+    assert judged and all(r["acceptance"]["verdict"] == "passes" for r in judged)
+    assert all(t["n_items"] == 6 and t["looks"] == 1 for r in judged for t in r["acceptance"]["tasks"])
     assert "lm-eval" in summary["recommendation"]["accuracy_metric"]
+    assert summary["recommendation"]["acceptance"]["verdict"] == "passes"
     assert summary["benchmark_status"].startswith("measured: ")
-    assert "## Benchmark accuracy (lm-eval, measured)" in (tmp_path / "runs" / "t" / "report.md").read_text()
+    report = (tmp_path / "runs" / "t" / "report.md").read_text()
+    assert "## Benchmark acceptance (lm-eval, measured)" in report and "passes: " in report

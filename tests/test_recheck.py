@@ -110,7 +110,8 @@ def test_recheck_missing_summary_exits_2(tmp_path):
     ('{"tool": "precision-advisor", "trials": [', "is not valid JSON"),
     ('{"hello": 1}', "is not a precision-advisor summary.json"),
     ('{"tool": "precision-advisor", "trials": []}', "schema version 1"),
-    ('{"tool": "precision-advisor", "schema_version": 2, "trials": []}', "is not a valid summary.json"),
+    ('{"tool": "precision-advisor", "schema_version": 2, "trials": []}', "schema version 2"),
+    ('{"tool": "precision-advisor", "schema_version": 3, "trials": []}', "is not a valid summary.json"),
 ])
 def test_recheck_corrupt_summary_exits_2(tmp_path, content, message):
     path = tmp_path / "summary.json"

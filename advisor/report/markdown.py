@@ -150,24 +150,7 @@ def render_markdown(summary: dict[str, Any]) -> str:
     out += _measured_vs_predicted(summary, workloads)
     if summary.get("benchmark_status"):
         out += [f"lm-eval stage: {summary['benchmark_status']}", ""]
-    bench_rows = list({r["plan_id"]: r for r in summary["trials"] if r.get("benchmark")}.values())
-    if bench_rows:
-        tasks = sorted({t for r in bench_rows for t in r["benchmark"]})
-        rows = []
-        for r in bench_rows:
-            cells = []
-            for t in tasks:
-                s = r["benchmark"].get(t)
-                cells.append(f"{s['acc']:.4f} ± {s['acc_stderr']:.4f} (n={s['n']})" if s else "-")
-            drop = r.get("benchmark_drop")
-            rows.append([f"`{r['plan_id']}`", r["label"], *cells, "-" if drop is None else f"{drop:+.4f}"])
-        out += ["## Benchmark accuracy (lm-eval, measured)", "",
-                _table(rows, ["plan id", "plan", *tasks, "mean drop vs BF16"]), ""]
-        corr = summary.get("proxy_benchmark_spearman")
-        if corr is not None:
-            out += [f"Spearman rank correlation between proxy KL and mean benchmark accuracy over the "
-                    f"{len(bench_rows)} scored plans: {corr:+.3f} (a strongly negative value means the "
-                    f"proxy ranks plans as the benchmark does).", ""]
+    out += _benchmark_section(summary)
     sens = summary.get("sensitivity")
     if sens:
         rows = [[s["group"], s["format"], f"{s['kl']:.4f}"] for s in sens["most_sensitive"]]
@@ -194,3 +177,74 @@ def render_markdown(summary: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
+
+
+def _pts(x: float) -> str:
+    return f"{100 * x:+.1f}"
+
+
+def verdict_cell(t: dict[str, Any]) -> str:
+    """'passes: +1.2 [-0.4, +2.9] pts, 400/5153 items'."""
+    return (f"{t['verdict']}: {_pts(t['drop'])} [{_pts(t['ci_low'])}, {_pts(t['ci_high'])}] pts, "
+            f"{t['n_items']}/{t['n_available']} items")
+
+
+def _benchmark_section(summary: dict[str, Any]) -> list[str]:
+    rows = list({r["plan_id"]: r for r in summary["trials"] if r.get("benchmark")}.values())
+    if not rows:
+        return []
+    spec = summary.get("benchmark") or {}
+    tasks = sorted({t for r in rows for t in r["benchmark"]})
+    score_rows = []
+    for r in rows:
+        cells = []
+        for t in tasks:
+            s = r["benchmark"].get(t)
+            cells.append(f"{s['value']:.4f} ± {s['stderr'] or 0:.4f} (n={s['n']})" if s else "-")
+        score_rows.append([f"`{r['plan_id']}`", r["label"], *cells])
+    metrics = sorted({s["metric"] for r in rows for s in r["benchmark"].values()})
+    out = ["## Benchmark acceptance (lm-eval, measured)", "",
+           f"A plan passes when, on every task, the upper bound of the {spec.get('confidence', 0.95):.0%} interval "
+           f"of its drop against BF16, paired on the same items, is within {100 * spec.get('max_drop', 0):g} "
+           "points; it fails when a lower bound exceeds that; otherwise it is undecided. Items come in nested "
+           f"batches ({spec.get('first_batch', '?')}, doubling, up to {spec.get('limit') or 'the full set'}), more "
+           "only while a task is undecided; each interval's level is corrected for the looks its task could take. "
+           "Drops in points (BF16 minus plan; positive is worse).", ""]
+    judged = [r for r in rows if r.get("acceptance")]
+    if judged:
+        table = [[f"`{r['plan_id']}`", r["label"], f"**{r['acceptance']['verdict']}**",
+                  *[next((verdict_cell(t) for t in r["acceptance"]["tasks"] if t["task"] == task),
+                         "not needed (another task failed)" if r["acceptance"]["verdict"] == "fails" else "not scored")
+                    for task in tasks]] for r in judged]
+        out += [_table(table, ["plan id", "plan", "verdict", *tasks]), ""]
+        methods = sorted({t["method"] for r in judged for t in r["acceptance"]["tasks"]})
+        out += [f"Intervals: {'; '.join(methods)}.", ""]
+    out += [f"Scores ({', '.join(metrics)}; ± lm-eval's standard error):", "",
+            _table(score_rows, ["plan id", "plan", *tasks]), ""]
+    out += _calibration_lines(summary.get("proxy_calibration") or [])
+    return out
+
+
+def _calibration_lines(fits: list[dict[str, Any]]) -> list[str]:
+    if not fits:
+        return []
+    out = ["### Proxy calibration (KL against benchmark drop)", ""]
+    for f in fits:
+        if f["slope"] is None:
+            out.append(f"- {f['task']}: {f['n_plans']} plans; too few to fit (3 or more with distinct KL needed).")
+        else:
+            rho_ci = f["spearman_ci"]
+            rho = "n/a" if f["spearman"] is None else f"{f['spearman']:+.2f}" + (
+                f" [{rho_ci[0]:+.2f}, {rho_ci[1]:+.2f}]" if rho_ci else "")
+            out.append(f"- {f['task']}: {f['n_plans']} plans; Spearman rho {rho}; drop = "
+                       f"{100 * f['intercept']:+.2f} + {100 * f['slope']:.1f} x KL points per nat "
+                       f"(slope {f['confidence']:.0%} interval [{100 * f['slope_ci'][0]:.1f}, "
+                       f"{100 * f['slope_ci'][1]:.1f}]).")
+        for better, worse_by_proxy in f["contradicted_pairs"]:
+            out.append(f"  - the proxy prefers {better} (lower KL) but the benchmark's intervals put "
+                       f"{worse_by_proxy} clearly ahead")
+    if any(f["disagrees"] for f in fits):
+        out += ["", "**Warning:** the proxy's ranking disagrees with the benchmark beyond noise on "
+                f"{', '.join(f['task'] for f in fits if f['disagrees'])}: do not trust the KL budget alone "
+                "to order plans for this model; judge candidates with lm-eval."]
+    return [*out, ""]

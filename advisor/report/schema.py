@@ -14,7 +14,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from advisor.errors import InputError
 
-SCHEMA_VERSION = 2  # 1: the untyped summary.json written before 2026-11-22 (no schema_version)
+SCHEMA_VERSION = 3
+# 1: the untyped summary.json written before 2026-11-22 (no schema_version)
+# 2: benchmark scores as {task: {acc, acc_stderr, ...}} and a mean drop over tasks (benchmark_drop)
+# 3: benchmark scores of any primary metric ({task: {metric, value, stderr, ...}}), per-task paired
+#    intervals and verdicts against BF16 (acceptance), proxy calibration per task
 
 
 class EnergyRecord(BaseModel):
@@ -24,6 +28,59 @@ class EnergyRecord(BaseModel):
     j_per_token: float
     source: str
     measured: bool = False
+
+
+class BenchmarkScore(BaseModel):
+    """A plan's primary metric on one task (the items it was scored on)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    task: str
+    metric: str  # lm-eval result key, e.g. "acc,none", "exact_match,flexible-extract"
+    value: float
+    stderr: float | None
+    n: int
+    n_docs: int = 0
+    higher_is_better: bool = True
+
+
+Verdict = Literal["passes", "fails", "undecided"]
+
+
+class TaskVerdict(BaseModel):
+    """A plan's drop against BF16 on one task, paired on the same items, and the verdict."""
+
+    task: str
+    metric: str
+    verdict: Verdict
+    n_items: int  # items the sequential judge needed
+    n_available: int  # items it could have used
+    looks: int  # looks of its schedule (the interval level corrects for them)
+    drop: float  # BF16 minus plan (positive: worse), a fraction
+    ci_low: float
+    ci_high: float
+    confidence: float  # level of this interval
+    method: str
+
+
+class Acceptance(BaseModel):
+    verdict: Verdict
+    tasks: list[TaskVerdict]
+
+
+class ProxyCalibrationRecord(BaseModel):
+    """Benchmark drop against proxy KL over the scored plans of one task."""
+
+    task: str
+    n_plans: int
+    spearman: float | None
+    spearman_ci: tuple[float, float] | None
+    slope: float | None  # drop per nat of KL
+    slope_ci: tuple[float, float] | None
+    intercept: float | None
+    contradicted_pairs: list[tuple[str, str]]  # (proxy's better plan, benchmark's clearly better plan)
+    disagrees: bool
+    confidence: float
 
 
 class TrialRecord(BaseModel):
@@ -43,8 +100,8 @@ class TrialRecord(BaseModel):
     energy_measured: bool = False
     prediction_error_pct: dict[str, float] | None = None  # (predicted - measured) / measured per workload
     feasible: bool
-    benchmark: dict[str, Any] = Field(default_factory=dict)
-    benchmark_drop: float | None = None
+    benchmark: dict[str, BenchmarkScore] = Field(default_factory=dict)
+    acceptance: Acceptance | None = None  # None: not judged against BF16 (or BF16 itself)
 
     def energy_by_workload(self) -> dict[str, float]:
         return {e.workload: e.j_per_token for e in self.energy}
@@ -65,7 +122,7 @@ class Summary(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    schema_version: Literal[2] = SCHEMA_VERSION
+    schema_version: Literal[3] = SCHEMA_VERSION
     tool: Literal["precision-advisor"] = "precision-advisor"
     version: str | None
     generated: str
@@ -84,7 +141,7 @@ class Summary(BaseModel):
     front_trials: list[int]
     baselines: dict[str, int]
     recommendation: RecommendationRecord | None
-    proxy_benchmark_spearman: float | None
+    proxy_calibration: list[ProxyCalibrationRecord]
     benchmark_status: str | None
     sensitivity: dict[str, Any] | None
     shape: dict[str, Any]

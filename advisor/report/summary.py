@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from datetime import datetime, timezone
 from pathlib import Path
@@ -10,16 +9,18 @@ from typing import Any
 
 import optuna
 
-from advisor.accuracy.stats import spearman
+from advisor.accuracy.stats import proxy_calibration
 from advisor.errors import InputError
+from advisor.formats import Format
 from advisor.models.shape import ModelShape
 from advisor.plan import LayerGroup
 from advisor.report.markdown import render_markdown
 from advisor.report.plots import plot_format_map, plot_front
 from advisor.report.schema import SCHEMA_VERSION, Summary
+from advisor.search.acceptance import as_record
 from advisor.search.energy_tiers import measured_energy, prediction_errors
 from advisor.search.frontier import Candidate, Recommendation, pareto_front, recommend
-from advisor.search.study import candidates
+from advisor.search.study import benchmark_budget, candidates
 
 
 def _trial_record(
@@ -43,9 +44,17 @@ def _trial_record(
         "energy_measured": measured_here is not None,
         "prediction_error_pct": prediction_errors(ua["energy"], measured_here) if measured_here else None,
         "feasible": c.feasible,
-        "benchmark": bench.get(c.plan.id, {}),
-        "benchmark_drop": c.benchmark_drop,
+        "benchmark": {t: _score_record(t, v) for t, v in bench.get(c.plan.id, {}).items()},
+        "acceptance": as_record(c.acceptance) if c.acceptance is not None else None,
     }
+
+
+def _score_record(task: str, score: dict[str, Any]) -> dict[str, Any]:
+    """A stored lm-eval score; studies written before per-item results stored {acc, acc_stderr, n}."""
+    if "value" in score:
+        return score
+    return {"task": task, "metric": "acc,none", "value": score["acc"], "stderr": score.get("acc_stderr"),
+            "n": score["n"]}
 
 
 def build_summary(study: optuna.Study) -> Summary:
@@ -60,7 +69,9 @@ def build_summary(study: optuna.Study) -> Summary:
     cands = candidates(study)
     trials = {t.number: t for t in study.get_trials(deepcopy=False)}
     front = pareto_front(cands, workloads[0])
-    rec = recommend(cands, workloads)
+    max_drop, confidence = benchmark_budget(study)
+    rec = recommend(cands, workloads, benchmark_rule=f"upper bound of the {confidence:.0%} paired interval "
+                    f"of the drop within {max_drop:g} on every task")
     bench = study.user_attrs.get("benchmark", {})
     measured = measured_energy(study)
     records = [_trial_record(c, trials[c.trial], shape.groups, bench, measured) for c in cands]
@@ -92,7 +103,7 @@ def build_summary(study: optuna.Study) -> Summary:
         "front_trials": [c.trial for c in front],
         "baselines": baselines,
         "recommendation": _recommendation_dict(rec, records),
-        "proxy_benchmark_spearman": _spearman(records),
+        "proxy_calibration": _proxy_calibration(cands, confidence),
         "benchmark_status": meta.get("benchmark_status"),
         "sensitivity": meta.get("sensitivity"),
         "shape": meta["shape"],
@@ -100,15 +111,25 @@ def build_summary(study: optuna.Study) -> Summary:
     })
 
 
-def _spearman(records: list[dict[str, Any]]) -> float | None:
-    """Rank correlation of proxy KL and mean benchmark accuracy over distinct scored plans."""
-    scored = {r["plan_id"]: r for r in records if r["benchmark"]}
-    if len(scored) < 3:
-        return None
-    kl = [r["kl"] for r in scored.values()]
-    acc = [sum(s["acc"] for s in r["benchmark"].values()) / len(r["benchmark"]) for r in scored.values()]
-    value = spearman(kl, acc)
-    return None if math.isnan(value) else value
+def _proxy_calibration(cands: list[Candidate], confidence: float) -> list[dict[str, Any]]:
+    """Per task: benchmark drop against proxy KL over the distinct plans judged against BF16
+    (BF16 itself counts as drop 0 at KL 0)."""
+    judged = list({c.plan.id: c for c in cands if c.acceptance is not None}.values())
+    bf16 = next((c for c in cands if c.plan.uniform_format() == Format.BF16 and c.benchmark), None)
+    tasks = sorted({t.task for c in judged for t in c.acceptance.tasks})
+    out = []
+    for task in tasks:
+        rows = [(c.plan.label() + f" ({c.plan.id})", c.kl, t.interval) for c in judged
+                if (t := c.acceptance.task(task)) is not None]
+        if bf16 is not None:
+            rows.append((f"all-bf16 ({bf16.plan.id})", 0.0, None))
+        fit = proxy_calibration(task, [r[0] for r in rows], [r[1] for r in rows],
+                                [r[2].drop if r[2] else 0.0 for r in rows],
+                                [(r[2].ci_low, r[2].ci_high) if r[2] else (0.0, 0.0) for r in rows], confidence)
+        record = {k: getattr(fit, k) for k in ("task", "n_plans", "spearman", "spearman_ci", "slope", "slope_ci",
+                                                "intercept", "contradicted_pairs", "confidence")}
+        out.append({**record, "disagrees": fit.disagrees})
+    return out
 
 
 def _recommendation_dict(rec: Recommendation | None, records: list[dict]) -> dict | None:

@@ -7,11 +7,15 @@ from dataclasses import dataclass, field
 
 from advisor.formats import Format
 from advisor.plan import Plan
+from advisor.search.acceptance import PlanAcceptance, Verdict
 
 
 @dataclass(frozen=True)
 class Candidate:
-    """One evaluated plan: proxy damage, energy per workload, and optional benchmark scores."""
+    """One evaluated plan: proxy damage, energy per workload, and optional benchmark results.
+
+    ``feasible``: within the proxy budget and, once lm-eval judged it, accepted on every task.
+    """
 
     trial: int
     plan: Plan
@@ -19,12 +23,21 @@ class Candidate:
     ppl: float
     energy_j_per_token: dict[str, float]  # workload name -> J/token
     feasible: bool
-    benchmark_drop: float | None = None  # mean absolute accuracy drop vs BF16 over tasks
-    benchmark: dict[str, float] = field(default_factory=dict)
+    benchmark: dict[str, float] = field(default_factory=dict)  # task -> primary metric
+    acceptance: PlanAcceptance | None = None  # against BF16; None: not judged (or the reference)
+    proxy_feasible: bool | None = None  # within the proxy budget (None: same as feasible)
     energy_measured: bool = False  # energy_j_per_token measured on the GPU (else predicted)
+
+    def __post_init__(self) -> None:
+        if self.proxy_feasible is None:
+            object.__setattr__(self, "proxy_feasible", self.feasible)
 
     def energy(self, workload: str) -> float:
         return self.energy_j_per_token[workload]
+
+    @property
+    def verdict(self) -> Verdict | None:
+        return self.acceptance.verdict if self.acceptance is not None else None
 
 
 def _dominates(a: tuple[float, float], b: tuple[float, float]) -> bool:
@@ -64,11 +77,13 @@ class Recommendation:
 
 
 def recommend(
-    cands: Sequence[Candidate], workloads: Sequence[str], bf16_plan_id: str | None = None
+    cands: Sequence[Candidate], workloads: Sequence[str], bf16_plan_id: str | None = None,
+    benchmark_rule: str = "upper confidence bound of the paired drop within max_drop on every task",
 ) -> Recommendation | None:
     """Lowest J/token on the primary workload among feasible plans that cost no more than
-    all-BF16 on any workload. Benchmark scores, where present, override the proxy; measured
-    energy, where present, replaces the predicted (only measured plans then compete)."""
+    all-BF16 on any workload. Once lm-eval has judged plans, only plans that pass on every
+    task are eligible (BF16, the reference, always is); measured energy, where present,
+    replaces the predicted (only measured plans then compete)."""
     if not cands:
         return None
     primary = workloads[0]
@@ -77,13 +92,14 @@ def recommend(
     bf16 = next((c for c in cands if c.plan.uniform_format() == Format.BF16), None)
     if bf16_plan_id is not None:
         bf16 = next((c for c in cands if c.plan.id == bf16_plan_id), bf16)
-    scored = [c for c in cands if c.benchmark_drop is not None]
-    metric = "lm-eval mean accuracy drop vs BF16" if scored else "proxy KL vs BF16"
+    judged = any(c.acceptance is not None for c in cands)
+    metric = f"lm-eval vs BF16: {benchmark_rule}" if judged else "proxy KL vs BF16"
 
     def ok(c: Candidate) -> bool:
         if not c.feasible:
             return False
-        if scored and c.benchmark_drop is None:
+        is_reference = bf16 is not None and c.plan.id == bf16.plan.id
+        if judged and not is_reference and c.verdict is not Verdict.PASSES:
             return False
         return bf16 is None or all(c.energy(w) <= bf16.energy(w) for w in workloads)
 
@@ -93,6 +109,11 @@ def recommend(
             return None
         return Recommendation(bf16, "no plan met the accuracy budget without costing more energy; keep BF16", metric)
     best = min(pool, key=lambda c: (c.energy(primary), c.kl))
+    undecided = {c.plan.id for c in cands if c.verdict is Verdict.UNDECIDED and c.proxy_feasible
+                 and c.energy(primary) < best.energy(primary)}
+    if bf16 is not None and best.plan.id == bf16.plan.id and undecided:
+        return Recommendation(best, f"keep BF16: {len(undecided)} cheaper plan(s) judged by lm-eval stayed undecided "
+                              "on the items allowed (raise benchmark.limit to decide them)", metric)
     saving = ""
     if bf16 is not None and bf16.energy(primary) > 0:
         saving = f", {100 * (1 - best.energy(primary) / bf16.energy(primary)):.1f}% less energy than all-BF16"

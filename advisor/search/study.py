@@ -26,6 +26,7 @@ from advisor.estimate import EnergyEstimate
 from advisor.formats import Format
 from advisor.plan import KV_CACHE_KEY, LayerGroup, Plan
 from advisor.recipe.schema import AccuracySpec, Recipe
+from advisor.search.acceptance import Verdict, from_stored
 from advisor.search.budget import TrialBudget, reap, work
 from advisor.search.energy_tiers import measured_energy
 from advisor.search.frontier import Candidate
@@ -194,41 +195,41 @@ def make_objective(
     return objective
 
 
-def record_benchmark(study: optuna.Study, plan_id: str, scores: dict[str, dict[str, Any]]) -> None:
-    """Store lm-eval scores of a plan ({task: TaskScore dict}) with the study."""
+def record_benchmark(study: optuna.Study, plan_id: str, scores: dict[str, dict[str, Any]],
+                     acceptance: dict[str, Any] | None = None) -> None:
+    """Store a plan's lm-eval scores ({task: TaskScore dict without items}) with the study and,
+    for a plan judged against BF16, its per-task paired intervals (PlanAcceptance.to_dict())."""
     bench = dict(study.user_attrs.get("benchmark", {}))
     bench[plan_id] = scores
     study.set_user_attr("benchmark", bench)
+    if acceptance is not None:
+        judged = dict(study.user_attrs.get("acceptance", {}))
+        judged[plan_id] = {t["task"]: t for t in acceptance["tasks"]}
+        study.set_user_attr("acceptance", judged)
 
 
-def benchmark_drop(scores: dict[str, dict[str, Any]], bf16: dict[str, dict[str, Any]]) -> float | None:
-    """Mean absolute accuracy drop vs BF16 over the tasks both have scores for."""
-    tasks = [t for t in scores if t in bf16]
-    if not tasks:
-        return None
-    return sum(bf16[t]["acc"] - scores[t]["acc"] for t in tasks) / len(tasks)
+def benchmark_budget(study: optuna.Study) -> tuple[float, float]:
+    """(max_drop, confidence) of the run's recipe."""
+    spec = study.user_attrs.get("recipe", {}).get("benchmark", {})
+    return float(spec.get("max_drop", math.inf)), float(spec.get("confidence", 0.95))
 
 
 def candidates(study: optuna.Study) -> list[Candidate]:
-    """Every finished trial as a Candidate (feasible: within the proxy budget and,
-    where lm-eval scored it, within the benchmark budget)."""
+    """Every finished trial as a Candidate (feasible: within the proxy budget and, where
+    lm-eval judged it against BF16, passing on every task: :mod:`advisor.search.acceptance`)."""
     trials = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
     bench: dict[str, dict[str, dict[str, Any]]] = study.user_attrs.get("benchmark", {})
+    judged: dict[str, dict[str, dict[str, Any]]] = study.user_attrs.get("acceptance", {})
+    max_drop, _ = benchmark_budget(study)
     measured = measured_energy(study)
     recipe = study.user_attrs.get("recipe", {})
-    max_drop = recipe.get("benchmark", {}).get("max_drop", math.inf)
     budget = AccuracySpec.model_validate(recipe["accuracy"]) if "accuracy" in recipe else None
-    plans = [Plan.from_params(t.params) for t in trials]
-    bf16_id = next((p.id for p in plans if p.uniform_format() == Format.BF16), None)
-    bf16_scores = bench.get(bf16_id, {}) if bf16_id else {}
     out = []
-    for t, plan in zip(trials, plans, strict=True):
+    for t in trials:
+        plan = Plan({k: Format(v) for k, v in t.params.items()})
         ua = t.user_attrs
-        scores = bench.get(plan.id)
-        drop = benchmark_drop(scores, bf16_scores) if scores else None
-        feasible = within_budget(ua, budget)
-        if drop is not None:
-            feasible = feasible and drop <= max_drop
+        acceptance = from_stored(judged.get(plan.id, {}), max_drop)
+        proxy_ok = within_budget(ua, budget)
         out.append(
             Candidate(
                 trial=t.number,
@@ -236,10 +237,11 @@ def candidates(study: optuna.Study) -> list[Candidate]:
                 kl=ua["kl"],
                 ppl=ua["ppl"],
                 energy_j_per_token={e["workload"]: e["j_per_token"] for e in measured.get(plan.id, ua["energy"])},
-                feasible=feasible,
+                feasible=proxy_ok and (acceptance is None or acceptance.verdict is Verdict.PASSES),
+                benchmark={k: v.get("value", v.get("acc")) for k, v in bench.get(plan.id, {}).items()},
+                acceptance=acceptance,
+                proxy_feasible=proxy_ok,
                 energy_measured=plan.id in measured,
-                benchmark_drop=drop,
-                benchmark={k: v["acc"] for k, v in (scores or {}).items()},
             )
         )
     return out

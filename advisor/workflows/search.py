@@ -180,7 +180,9 @@ def energy_stage(study: optuna.Study, ctx: Any, recipe: Recipe, progress: Progre
 
 
 def benchmark_stage(study: optuna.Study, ctx: Any, recipe: Recipe, progress: ProgressReporter) -> str | None:
-    """Multi-fidelity: lm-eval scores for the plans the policy picks (cached per plan)."""
+    """Multi-fidelity: lm-eval judges BF16's rivals against it item by item (search.policy):
+    the other baselines, then the candidates by rising energy until one passes. Items come
+    in nested, doubling batches, more only while a task is undecided; all cached per plan."""
     spec = recipe.benchmark
     if not spec.tasks:
         return None
@@ -188,21 +190,43 @@ def benchmark_stage(study: optuna.Study, ctx: Any, recipe: Recipe, progress: Pro
         msg = f"not run: benchmark.data_dir {spec.data_dir} does not exist; the proxy decided"
         progress.print(f"warning: lm-eval {msg}")
         return msg
-    from advisor.accuracy.harness import score_plan
+    from advisor.accuracy.harness import task_sizes, validate_tasks
+    from advisor.search.acceptance import Verdict, describe
+    from advisor.workflows.benchmark_items import PairedScorer
 
-    plans = benchmark_targets(study, recipe.workloads[0].name, spec.max_candidates)
-    limit = "full sets" if spec.limit is None else f"limit {spec.limit}, seed {spec.seed}"
-    with progress.stage(f"lm-eval ({', '.join(spec.tasks)}; {limit})", total=len(plans)) as stage:
+    queue = benchmark_targets(study, [w.name for w in recipe.workloads], spec.max_candidates)
+    if queue is None:
+        return "not run: no all-BF16 trial finished, so there is no reference to compare with"
+    validate_tasks(spec.tasks, spec.data_dir)
+    n_docs = task_sizes(spec.tasks, spec.data_dir)
+    n_available = {t: min(n, spec.limit or n) for t, n in n_docs.items()}
+    scorer = PairedScorer(ctx.assemble, ctx.loaded.tokenizer, ctx.fingerprint, queue.reference, spec.tasks, n_docs,
+                          spec.seed, spec.data_dir, recipe.run_dir / "lm_eval_cache")
+    candidate_ids = {p.id for p in queue.candidates}
+    plans = [p for p in queue.baselines if p.id not in candidate_ids] + queue.candidates  # then by energy
+    judged, passed = 0, None
+    design = (f"first batch {spec.first_batch}, doubling to {spec.limit or 'the full sets'}; "
+              f"{spec.confidence:.0%} intervals over all looks")
+    with progress.stage(f"lm-eval ({', '.join(n_docs)}; {design})", total=len(plans)) as stage:
         for i, plan in enumerate(plans):
+            if passed is not None and plan.id in candidate_ids:
+                continue  # a cheaper candidate already passed
             stage.advance(i, note=plan.label())
-            scores = score_plan(
-                ctx.assemble(plan), ctx.loaded.tokenizer, plan.id, ctx.fingerprint, spec.tasks,
-                limit=spec.limit, seed=spec.seed, data_dir=spec.data_dir,
-                cache_dir=recipe.run_dir / "lm_eval_cache",
-            )
-            record_benchmark(study, plan.id, {t: s.to_dict() for t, s in scores.items()})
+            result = scorer.judge(plan, n_available, spec.first_batch, spec.max_drop, spec.confidence,
+                                  on_look=lambda task, t, p=plan, done=i: stage.advance(
+                                      done, note=f"{p.label()}: {task} {t.verdict.value} at {t.n_items} items"))
+            record_benchmark(study, plan.id, scorer.scores_of(plan), result.to_dict())
+            judged += 1
+            progress.print(f"lm-eval: {plan.label()} {describe(result)} "
+                           f"({', '.join(f'{t.task} {t.n_items}/{t.n_available}' for t in result.tasks)} items)")
+            if result.verdict is Verdict.PASSES and plan.id in candidate_ids:
+                passed = plan
+        record_benchmark(study, queue.reference.id, scorer.scores_of(queue.reference))
         stage.advance(len(plans))
-    return f"measured: {len(plans)} plans on {', '.join(spec.tasks)} ({limit}) on {ctx.device}"
+    outcome = f"the lowest-energy passing candidate is {passed.label()}" if passed else (
+        "no candidate passed" if queue.candidates else "no candidate within the proxy budget")
+    return (f"measured: {judged} plans judged against BF16 on {', '.join(n_docs)} ({design}; "
+            f"{scorer.items_used} items used, BF16's included) on {ctx.device}; {outcome}")
 
 
 def timings(ctx: Any, recipe: Recipe, t0: float, t_bench: float) -> dict[str, float]:
