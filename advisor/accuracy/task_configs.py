@@ -30,6 +30,7 @@ from typing import Any
 import yaml
 
 from advisor.errors import InputError, SetupError
+from advisor.recipe.schema import yaml_problem
 
 LOCAL_TASKS = ("lambada_openai", "piqa", "arc_easy", "gsm8k")
 
@@ -56,7 +57,7 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     except OSError as exc:
         raise InputError(f"cannot read task file {path}: {exc.strerror}") from None
     except yaml.YAMLError as exc:
-        raise InputError(f"task file {path} is not valid YAML: {exc}") from None
+        raise InputError(f"task file {path} is not valid YAML ({yaml_problem(exc)}); fix that line") from None
     if not isinstance(cfg, dict) or "task" not in cfg:
         raise InputError(f"task file {path} must be a mapping with a 'task' key")
     return cfg
@@ -75,7 +76,7 @@ def task_config(name: str, data_dir: Path | str | None) -> dict[str, Any] | None
     if is_task_file(name):
         path = Path(name).expanduser()
         if not path.is_file():
-            raise InputError(f"task file {name} does not exist")
+            raise InputError(f"task file {name} does not exist; give the path of a task YAML or a task name")
         cfg = _read_yaml(path)
         bases = [Path(data_dir), path.parent] if data_dir is not None else [path.parent]
     elif name in LOCAL_TASKS and data_dir is not None:

@@ -51,7 +51,8 @@ def _read_rows(path: Path) -> list[Any]:
         try:
             rows.append(json.loads(line))
         except json.JSONDecodeError as exc:
-            raise InputError(f"calibration.source: {path} line {lineno} is not JSON ({exc.msg})") from None
+            raise InputError(f"calibration.source: {path} line {lineno} is not JSON ({exc.msg}); "
+                             "give one JSON object per line") from None
     return rows
 
 
@@ -116,12 +117,12 @@ def is_chat_source(source: str) -> bool:
     path = Path(source)
     if path.suffix not in (".jsonl", ".json") or not path.is_file():
         return False
-    with path.open(encoding="utf-8") as f:
-        first = next((line for line in f if line.strip()), "")
     try:
+        with path.open(encoding="utf-8") as f:
+            first = next((line for line in f if line.strip()), "")
         row = json.loads(first)
-    except json.JSONDecodeError:
-        return False
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return False  # not chat data; reading it as text says what is wrong
     return isinstance(row, dict) and "messages" in row
 
 

@@ -40,9 +40,15 @@ def model_facts(spec: ModelSpec) -> ModelFacts | None:
     folder = Path(where)
     if folder.is_dir():
         _check_config_file(folder, spec.source)
-        _check_family(where, spec)  # an unsupported family is exit 3, before any other complaint
-    config = _read_config(where, spec)
-    check_causal_lm(config, spec.source)
+    try:
+        config = _read_config(where, spec)
+    except InputError:
+        if folder.is_dir():
+            _check_family(where, spec)  # a model_type transformers does not know: unsupported, exit 3
+        raise
+    check_causal_lm(config, spec.source)  # an encoder: says so (exit 2)
+    if folder.is_dir():
+        _check_family(where, spec)  # a causal LM without an adapter: exit 3, before other complaints
     if folder.is_dir():
         _check_weight_files(folder, spec.source)
     arch = ", ".join(getattr(config, "architectures", None) or []) or "no architectures listed"

@@ -226,7 +226,7 @@ def candidates(study: optuna.Study) -> list[Candidate]:
     budget = AccuracySpec.model_validate(recipe["accuracy"]) if "accuracy" in recipe else None
     out = []
     for t in trials:
-        plan = Plan({k: Format(v) for k, v in t.params.items()})
+        plan = Plan.from_params(t.params)
         ua = t.user_attrs
         acceptance = from_stored(judged.get(plan.id, {}), max_drop)
         proxy_ok = within_budget(ua, budget)

@@ -165,8 +165,9 @@ def energy_stage(study: optuna.Study, ctx: Any, recipe: Recipe, progress: Progre
     if ctx.measured_model is None:
         return
     done = measured_energy(study)
-    plans = [p for p in benchmark_targets(study, recipe.workloads[0].name, recipe.search.measured_candidates)
-             if p.id not in done]
+    queue = benchmark_targets(study, [w.name for w in recipe.workloads], recipe.search.measured_candidates)
+    plans = [] if queue is None else [queue.reference, *queue.baselines, *queue.candidates]
+    plans = [p for p in plans if p.id not in done]
     with progress.stage(f"measured energy ({ctx.measured_model.label})", total=len(plans)) as stage:
         for i, plan in enumerate(plans):
             stage.advance(i, note=plan.label())
