@@ -2,5 +2,7 @@
 lm-eval tasks on the in-memory model for the candidates that matter, and their statistics.
 
 :mod:`~advisor.accuracy.proxy` and :mod:`~advisor.accuracy.harness` import torch / lm-eval
-when used; :mod:`~advisor.accuracy.stats` is pure.
+when used; :mod:`~advisor.accuracy.task_configs` (which tasks, which metric) and
+:mod:`~advisor.accuracy.score_cache` (per-item results) import lm-eval only to load tasks;
+:mod:`~advisor.accuracy.stats` (paired intervals, proxy calibration) is numpy and scipy.
 """
