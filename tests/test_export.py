@@ -187,6 +187,7 @@ def test_cli_exports_the_recommendation(run_dir, tmp_path):
     # The run's own tokens are reused: the in-memory plan scores what the search stored.
     assert data["roundtrip"]["kl_in_memory_plan"] == pytest.approx(summary["recommendation"]["kl"], abs=1e-6)
     assert "round trip" in res.output and "trtllm-serve" in res.output
+    assert "engines: TensorRT-LLM " in res.output and "SGLang" in res.output
 
 
 def test_cli_export_refuses_a_non_empty_folder(run_dir, tmp_path):

@@ -38,6 +38,8 @@ def export(
     out.print(f"round trip: KL in memory {rt['kl_in_memory']:.6f}, reloaded {rt['kl_reloaded']:.6f}, "
               f"|diff| {rt['kl_abs_diff']:.2e} <= {rt['tolerance_kl']:.2e}: passed", highlight=False)
     out.print(f"TensorRT-LLM smoke test: {result.smoke_test}", highlight=False)
+    out.print("engines: " + "; ".join(f"{e} {v['verdict']}" for e, v in result.engines.items())
+              + " (README.md: why, with sources)", highlight=False)
     out.print(f"serve: trtllm-serve {result.out_dir} --extra_llm_api_options "
               f"{Path(result.out_dir) / 'llm_api_options.yaml'}", highlight=False)
     for w in result.warnings:
