@@ -31,6 +31,10 @@ def replay_check(report: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
+def _label(p: dict[str, Any]) -> str:
+    return f"`{p['plan_id']}` {p['label']}" + (" (off the front)" if p.get("on_front") is False else "")
+
+
 def write_markdown(report: dict[str, Any], path: Path, notes: str = "") -> None:
     tasks = list(report["task_sets"])
     max_drop = report["max_drop"]
@@ -40,8 +44,11 @@ def write_markdown(report: dict[str, Any], path: Path, notes: str = "") -> None:
         f"- machine: {report['machine'].get('device', report['machine']['cpu'])}; {report['machine']['cores']} CPU "
         f"cores (load average {', '.join(f'{x:.1f}' for x in report['machine']['load_average_at_start'])} at the "
         f"start), torch {report['machine']['torch_threads']} threads",
-        f"- date: {report['date']}; total {report['total_s'] / 60:.1f} min (setup {report['setup_s']:.0f} s)",
-        f"- command: `{report['command']}`",
+        *([f"- run: `{r['command']}` on {r['date']}: {r['total_s'] / 60:.1f} min (setup {r['setup_s']:.0f} s, "
+           f"load average {r['load_average_at_start'][0]:.1f} at the start); scored {', '.join(r['scored'])}"
+           for r in report["runs"]] if report.get("runs") else [
+            f"- date: {report['date']}; total {report['total_s'] / 60:.1f} min (setup {report['setup_s']:.0f} s)",
+            f"- command: `{report['command']}`"]),
         f"- versions: {report['versions']}",
         f"- calibration: {report['calibration']}",
         f"- rule: a plan passes when, on every task, the upper bound of the {report['confidence']:.0%} interval of "
@@ -62,7 +69,7 @@ def write_markdown(report: dict[str, Any], path: Path, notes: str = "") -> None:
     rows = []
     for p in report["plans"]:
         for t in p["tasks"]:
-            rows.append([f"`{p['plan_id']}` {p['label']}", f"**{p['verdict']}**", t["task"], t["verdict"],
+            rows.append([_label(p), f"**{p['verdict']}**", t["task"], t["verdict"],
                          f"{t['n_items']}/{t['n_available']}",
                          f"{_pts(t['drop'])} [{_pts(t['ci_low'])}, {_pts(t['ci_high'])}]",
                          f"{_pts(t['full_set_drop'])} [{_pts(t['full_set_ci_low'])}, {_pts(t['full_set_ci_high'])}]",
