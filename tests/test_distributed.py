@@ -98,8 +98,8 @@ def test_three_workers_share_one_budget_and_run_each_baseline_once(storage_url, 
 
 
 def test_a_worker_killed_mid_trial_has_its_trial_retried_and_nothing_else_changes(storage_url, tmp_path):
-    procs = [_start(storage_url, "coordinator", tmp_path, 0.5)]
-    victim = _start(storage_url, "worker", tmp_path, 0.5)
+    procs = [_start(storage_url, "coordinator", tmp_path, 1.5)]
+    victim = _start(storage_url, "worker", tmp_path, 1.5)  # long trials: the kill lands inside one
 
     def victim_running() -> bool:
         try:

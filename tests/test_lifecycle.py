@@ -42,7 +42,7 @@ SLOW_WORKER = textwrap.dedent(f"""
 
     class Slow(AdditiveEvaluator):
         def evaluate(self, plan):
-            time.sleep(0.4)
+            time.sleep(2.0)  # long trials: the kill lands inside one, not between two
             return super().evaluate(plan)
 
     recipe = validate_recipe({{"name": "s", "target": "b200", "out": sys.argv[1], "accuracy": {{"max_kl": 0.1}},
