@@ -106,3 +106,22 @@ def test_matches_a_linear_quantized_through_modelopt_on_cpu():
     assert torch.equal(wq, nvfp4_fake_quant(ref_weight, w_amax.float().reshape(-1).amax()))
     assert torch.equal(xq, nvfp4_fake_quant(x, layer.input_quantizer.amax.float().reshape(-1).amax()))
     assert torch.equal(y, torch.nn.functional.linear(xq, wq))
+
+
+def _threshold_chain(a: torch.Tensor) -> torch.Tensor:
+    """ModelOpt's Triton comparison chain, written out: the reference for the faster rounding."""
+    edges = [(0.25, ">"), (0.75, ">="), (1.25, ">"), (1.75, ">="), (2.5, ">"), (3.5, ">="), (5.0, ">")]
+    values = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
+    q = torch.zeros_like(a)
+    for (edge, op), value in zip(edges, values[1:], strict=True):
+        q = torch.where(a > edge if op == ">" else a >= edge, torch.full_like(a, value), q)
+    return q
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rounding_matches_the_comparison_chain_on_ties_and_their_neighbours(dtype):
+    g = torch.Generator().manual_seed(3)
+    a = torch.cat([torch.rand(200_000, generator=g) * 8,
+                   torch.tensor([0.25, 0.75, 1.25, 1.75, 2.0, 2.5, 3.5, 4.0, 5.0, 6.0, 0.0, 1e30])]).to(dtype)
+    a = torch.cat([a, torch.nextafter(a, torch.zeros_like(a)), torch.nextafter(a, torch.full_like(a, 1e38))])
+    assert torch.equal(e2m1_round_magnitude(a), _threshold_chain(a))

@@ -207,3 +207,17 @@ def test_a_study_scored_before_per_item_results_still_reports(recipe):
     record = summary.record(bf16.plan.id)
     assert record.benchmark["piqa"].value == 0.6 and record.benchmark["piqa"].metric == "acc,none"
     assert record.acceptance is None and summary.schema_version == 3
+
+
+def test_sqlite_study_storage_commits_in_wal_mode(tmp_path):
+    import sqlite3
+
+    from advisor.search.storage import open_storage
+
+    db = tmp_path / "study.db"
+    storage = open_storage(f"sqlite:///{db}")
+    optuna.create_study(storage=storage, study_name="s").optimize(lambda t: t.suggest_float("x", 0, 1), n_trials=2)
+    with storage.engine.connect() as conn:
+        assert conn.exec_driver_sql("PRAGMA synchronous").scalar() == 1  # NORMAL
+    assert sqlite3.connect(db).execute("PRAGMA journal_mode").fetchone()[0] == "wal"  # stored in the file
+    assert len(optuna.load_study(study_name="s", storage=f"sqlite:///{db}").trials) == 2

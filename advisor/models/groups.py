@@ -12,7 +12,7 @@ from typing import Any
 from advisor.models.adapters import GroupInfo, adapter_for, group_infos, model_shape
 from advisor.plan import LayerGroup
 
-__all__ = ["group_table", "layer_groups", "model_shape", "use_eager_experts"]
+__all__ = ["decoder_layers_path", "group_table", "layer_groups", "model_shape", "use_eager_experts"]
 
 
 def group_table(model: Any) -> list[GroupInfo]:
@@ -22,6 +22,11 @@ def group_table(model: Any) -> list[GroupInfo]:
 
 def layer_groups(model: Any) -> tuple[LayerGroup, ...]:
     return tuple(gi.group for gi in group_infos(model))
+
+
+def decoder_layers_path(model: Any) -> str:
+    """Dotted path of the searched decoder-layer list (``model.layers``; the text stack of a wrapper)."""
+    return adapter_for(model.config).stack_for(model.config.model_type).layers
 
 
 def use_eager_experts(model: Any) -> None:

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from advisor.errors import InputError, SetupError
+from advisor.models.gguf_cache import gguf_parsed_once
 from advisor.models.gguf_header import check_gguf_complete
 from advisor.models.groups import model_shape, use_eager_experts
 from advisor.models.shape import ModelShape
@@ -117,9 +118,10 @@ def load_model(spec: ModelSpec, device: str = "cpu") -> LoadedModel:
     if spec.revision:
         kwargs["revision"] = spec.revision
     try:
-        check_supported(where, AutoConfig, kwargs)
-        tokenizer = AutoTokenizer.from_pretrained(where, **kwargs)
-        model = AutoModelForCausalLM.from_pretrained(where, dtype=torch.bfloat16, **kwargs)
+        with gguf_parsed_once():
+            check_supported(where, AutoConfig, kwargs)
+            tokenizer = AutoTokenizer.from_pretrained(where, **kwargs)
+            model = AutoModelForCausalLM.from_pretrained(where, dtype=torch.bfloat16, **kwargs)
     except (OSError, ValueError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise InputError(f"cannot load model {spec.source!r}: {first}") from None

@@ -40,11 +40,12 @@ def modelopt_quantization() -> Any:
 
 
 def prepare_device(device: torch.device | str) -> None:
-    """On CPU, give ModelOpt the NVFP4 kernel it lacks there (see nvfp4_cpu)."""
+    """On CPU, give ModelOpt the NVFP4 kernel it lacks there and a faster FP8 one (nvfp4_cpu, fp8_cpu)."""
     if torch.device(device).type == "cpu":
-        from advisor.quantize.nvfp4_cpu import register_cpu_kernel
+        from advisor.quantize import fp8_cpu, nvfp4_cpu
 
-        register_cpu_kernel()
+        nvfp4_cpu.register_cpu_kernel()
+        fp8_cpu.register_cpu_kernel()
 
 
 def _preset(fmt: Format) -> dict[str, Any]:

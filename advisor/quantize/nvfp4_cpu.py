@@ -29,19 +29,15 @@ _lock = threading.Lock()
 
 
 def e2m1_round_magnitude(a: torch.Tensor) -> torch.Tensor:
-    """Round |x|/scale to the nearest E2M1 magnitude, with ModelOpt's kernel's tie rules.
+    """Round |x|/scale (>= 0) to the nearest E2M1 magnitude, with ModelOpt's kernel's tie rules.
 
     Triton: <=0.25 -> 0, <0.75 -> 0.5, <=1.25 -> 1, <1.75 -> 1.5, <=2.5 -> 2, <3.5 -> 3,
-    <=5 -> 4, else 6. Written as a sum of steps: one pass per threshold, no gathers.
+    <=5 -> 4, else 6. That is round-half-to-even on the grid's local step (0.5 below 2,
+    1 below 4, 2 above), capped at 6: a handful of tensor passes instead of a comparison
+    chain (divisions by powers of two are exact, torch.round ties to even).
     """
-    q = (a > 0.25).to(a.dtype) * 0.5
-    q += (a >= 0.75).to(a.dtype) * 0.5
-    q += (a > 1.25).to(a.dtype) * 0.5
-    q += (a >= 1.75).to(a.dtype) * 0.5
-    q += (a > 2.5).to(a.dtype)
-    q += (a >= 3.5).to(a.dtype)
-    q += (a > 5.0).to(a.dtype) * 2.0
-    return q
+    step = torch.where(a < 2.0, 0.5, torch.where(a < 4.0, 1.0, 2.0)).to(a.dtype)
+    return torch.round(a / step).mul_(step).clamp_(max=_E2M1_MAX)
 
 
 def nvfp4_block_scales(x: torch.Tensor, global_amax: torch.Tensor, block_size: int = 16) -> torch.Tensor:
@@ -65,8 +61,8 @@ def nvfp4_fake_quant(x: torch.Tensor, global_amax: torch.Tensor, block_size: int
         raise ValueError(f"NVFP4 needs the last dimension ({shape[-1]}) to be a multiple of {block_size}")
     blocks = x.float().reshape(-1, block_size)
     scale = nvfp4_block_scales(x, global_amax, block_size)
-    q = e2m1_round_magnitude(blocks.abs() / scale) * scale
-    return torch.where(blocks >= 0, q, -q).reshape(shape).to(dtype)
+    q = e2m1_round_magnitude(blocks.abs().div_(scale)).mul_(scale)
+    return torch.where(blocks >= 0, q, q.neg()).reshape(shape).to(dtype)
 
 
 def register_cpu_kernel() -> None:
@@ -85,14 +81,14 @@ def register_cpu_kernel() -> None:
                 return nvfp4_fake_quant(inputs, amax, block_size)
             return original(inputs, block_size, amax, num_bits, exponent_bits, scale_num_bits, scale_exponent_bits)
 
-        _override_cpu_kernel("dynamic_block_quantize_op", cpu_impl)
+        override_cpu_kernel("dynamic_block_quantize_op", cpu_impl)
         _registered = True
 
 
 _library: torch.library.Library | None = None
 
 
-def _override_cpu_kernel(op: str, fn) -> None:
+def override_cpu_kernel(op: str, fn) -> None:
     """Replace ModelOpt's Python CPU kernel of ``tensorrt::<op>`` with ``fn``.
 
     torch >= 2.13 allows the override by default; older releases refuse a second Python

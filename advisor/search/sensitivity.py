@@ -71,6 +71,24 @@ def measure(
     return Sensitivity(damage, energy, 0, time.perf_counter() - t0)
 
 
+def first_changed_layer(plan: Plan) -> int:
+    """Index of the first decoder layer a plan changes from BF16 (0 when it cannot tell).
+
+    Groups are ``layers.{i}.{kind}``; an FP8 KV cache changes every layer.
+    """
+    if plan.kv_cache != Format.BF16:
+        return 0
+    layers = []
+    for group, fmt in plan.formats.items():
+        parts = group.split(".")
+        if fmt == Format.BF16:
+            continue
+        if len(parts) != 3 or parts[0] != "layers" or not parts[1].isdigit():
+            return 0
+        layers.append(int(parts[1]))
+    return min(layers, default=0)
+
+
 def load_or_measure(path: Path, key: dict, compute: Callable[[], Sensitivity]) -> Sensitivity:
     if path.exists():
         data = json.loads(path.read_text())

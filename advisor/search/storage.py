@@ -128,6 +128,23 @@ def resolve_url(url: str | None, run_dir: Path) -> str:
     return url
 
 
+def _commit_without_fsync(storage: optuna.storages.RDBStorage) -> None:
+    """SQLite in WAL mode with ``synchronous=NORMAL``: Optuna commits every suggested parameter,
+    and with SQLite's default (a rollback journal, an fsync per commit) that took 2.5-3 s per
+    120-group trial here. A crash or Ctrl-C still keeps every finished trial; only an OS crash
+    or power cut can lose the last ones, and the file stays consistent (sqlite.org/wal.html)."""
+    from sqlalchemy import event
+
+    def on_connect(dbapi_connection: Any, _record: Any) -> None:
+        cursor = dbapi_connection.cursor()
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute("PRAGMA synchronous=NORMAL")
+        cursor.close()
+
+    event.listen(storage.engine, "connect", on_connect)
+    storage.engine.dispose()  # connections opened while creating the tables had the defaults
+
+
 def open_storage(url: str, heartbeat_s: int | None = None) -> optuna.storages.BaseStorage:
     """Optuna's own storage for ``url``: RDB (SQLite, PostgreSQL, MySQL) with a heartbeat, whose
     stale trials Optuna fails and :class:`RetryHeartbeatStaleTrialCallback` re-enqueues, or the journal
@@ -153,7 +170,10 @@ def open_storage(url: str, heartbeat_s: int | None = None) -> optuna.storages.Ba
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-                return optuna.storages.RDBStorage(url, **kwargs)
+                storage = optuna.storages.RDBStorage(url, **kwargs)
+            if url.startswith("sqlite:"):
+                _commit_without_fsync(storage)
+            return storage
         except (sqlalchemy.exc.IntegrityError, sqlalchemy.exc.ProgrammingError):
             # Several processes creating the tables of a fresh PostgreSQL database race
             # (measured: 1-3 of 3 lose); the tables exist on the next try.

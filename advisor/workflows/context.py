@@ -97,7 +97,8 @@ class RunContext:
         """Per-group damage and energy tables (cached in the run dir)."""
         from advisor.accuracy.proxy import ProxyEvaluator
         from advisor.formats import Format
-        from advisor.search.sensitivity import load_or_measure, measure
+        from advisor.models.groups import decoder_layers_path
+        from advisor.search.sensitivity import first_changed_layer, load_or_measure, measure
 
         n = min(self.recipe.search.sensitivity_samples, self.tokens.heldout.shape[0])
         groups = self.loaded.shape.groups
@@ -108,10 +109,12 @@ class RunContext:
             key["kv_cache"] = [f.value for f in self.recipe.kv_cache]
 
         def compute():
-            small = ProxyEvaluator(self.bank.assemble(Plan.uniform(groups, Format.BF16)), self.tokens.heldout[:n])
+            # Each one-group plan reuses the reference outputs of the BF16 layers before its group.
+            small = ProxyEvaluator(self.bank.assemble(Plan.uniform(groups, Format.BF16)), self.tokens.heldout[:n],
+                                   layers=decoder_layers_path(self.loaded.model))
             sens = measure(
                 groups, self.recipe.formats,
-                damage_of=lambda p: small.score(self.bank.assemble(p)).kl,
+                damage_of=lambda p: small.score(self.bank.assemble(p), reuse_layers=first_changed_layer(p)).kl,
                 energy_of=lambda p: self.energy_model.estimate(p, self.recipe.workloads[0]).j_per_token,
                 on_step=on_step, kv_cache=self.recipe.kv_cache,
             )
