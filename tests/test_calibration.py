@@ -89,3 +89,21 @@ def test_smollm2_instruct_template_marks_every_turn(tmp_path):
     assert ids.count(start) >= 2 * 3  # user + assistant (+ a default system turn) per conversation
     text = tok.decode(sets.calibration[0])
     assert "<|im_start|>user" in text or "<|im_start|>assistant" in text
+
+
+@pytest.mark.parametrize("heldout_len", [16, 12])
+def test_self_sampled_sets_are_seeded_and_distinct(heldout_len):
+    from transformers import AutoTokenizer
+
+    from advisor.testing import random_model, tiny_llama_config
+
+    model = random_model(tiny_llama_config())
+    tok = AutoTokenizer.from_pretrained(str(need(TINY_MODEL)))
+    tok.bos_token_id = 1
+    spec = CalibrationSpec(**{**SPEC, "num_samples": 3, "heldout_samples": 2, "heldout_seq_len": heldout_len})
+    first, again = build_token_sets(model, tok, spec), build_token_sets(model, tok, spec)
+    assert first.calibration.shape == (3, 16) and first.heldout.shape == (2, heldout_len)
+    assert torch.equal(first.calibration, again.calibration) and torch.equal(first.heldout, again.heldout)
+    assert (first.calibration[:, 0] == 1).all() and (first.heldout[:, 0] == 1).all()
+    rows = {tuple(r.tolist()) for r in first.calibration}
+    assert not any(tuple(r.tolist()) in rows for r in first.heldout)  # sampled rows, not copies

@@ -118,10 +118,26 @@ def _threshold_chain(a: torch.Tensor) -> torch.Tensor:
     return q
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_rounding_matches_the_comparison_chain_on_ties_and_their_neighbours(dtype):
+def test_rounding_matches_the_comparison_chain_on_ties_and_their_neighbours():
     g = torch.Generator().manual_seed(3)
     a = torch.cat([torch.rand(200_000, generator=g) * 8,
-                   torch.tensor([0.25, 0.75, 1.25, 1.75, 2.0, 2.5, 3.5, 4.0, 5.0, 6.0, 0.0, 1e30])]).to(dtype)
+                   torch.tensor([0.25, 0.75, 1.25, 1.75, 2.0, 2.5, 3.5, 4.0, 5.0, 6.0, 0.0, 1e-40, 1e30])])
     a = torch.cat([a, torch.nextafter(a, torch.zeros_like(a)), torch.nextafter(a, torch.full_like(a, 1e38))])
     assert torch.equal(e2m1_round_magnitude(a), _threshold_chain(a))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_fake_quant_equals_the_comparison_chain_kernel(dtype):
+    g = torch.Generator().manual_seed(4)
+    x = (torch.randn(32, 256, generator=g) * 10 ** (torch.rand(32, 256, generator=g) * 4 - 2)).to(dtype)
+    x[0, :16], x[1, :3] = 0.0, torch.tensor([-0.0, -1e-30, 1e-30])
+    amax = x.float().abs().amax()
+    blocks = x.float().reshape(-1, 16)
+    scale = nvfp4_block_scales(x, amax)
+    q = _threshold_chain(blocks.abs() / scale) * scale
+    reference = torch.where(blocks >= 0, q, -q).reshape(x.shape).to(dtype)
+    got = nvfp4_fake_quant(x, amax)
+    assert torch.equal(got, reference)  # values; a -0.0 input keeps its sign (only bits of a zero differ)
+    nonzero = reference != 0
+    bits = torch.int32 if dtype == torch.float32 else torch.int16
+    assert torch.equal(got[nonzero].view(bits), reference[nonzero].view(bits))

@@ -29,40 +29,51 @@ _lock = threading.Lock()
 
 
 def e2m1_round_magnitude(a: torch.Tensor) -> torch.Tensor:
-    """Round |x|/scale (>= 0) to the nearest E2M1 magnitude, with ModelOpt's kernel's tie rules.
+    """Round float32 |x|/scale (>= 0) to the nearest E2M1 magnitude, with ModelOpt's kernel's tie rules.
 
     Triton: <=0.25 -> 0, <0.75 -> 0.5, <=1.25 -> 1, <1.75 -> 1.5, <=2.5 -> 2, <3.5 -> 3,
     <=5 -> 4, else 6. That is round-half-to-even on the grid's local step (0.5 below 2,
-    1 below 4, 2 above), capped at 6: a handful of tensor passes instead of a comparison
+    1 below 4, 2 above), capped at 6. The step is 2 ** (clamp(exponent(a), 1, 3) - 2),
+    built from the float32 exponent bits: a few integer passes instead of a comparison
     chain (divisions by powers of two are exact, torch.round ties to even).
     """
-    step = torch.where(a < 2.0, 0.5, torch.where(a < 4.0, 1.0, 2.0)).to(a.dtype)
+    a = a.float()
+    exponent = a.view(torch.int32) >> 23  # biased: 128 for [2, 4)
+    step = exponent.clamp_(127, 129).sub_(1).bitwise_left_shift_(23).view(torch.float32)
     return torch.round(a / step).mul_(step).clamp_(max=_E2M1_MAX)
 
 
-def nvfp4_block_scales(x: torch.Tensor, global_amax: torch.Tensor, block_size: int = 16) -> torch.Tensor:
-    """Per-block scales (float32, FP8-representable multiples of the global scale)."""
-    blocks = x.float().reshape(-1, block_size)
+def _scales_from_block_amax(block_amax: torch.Tensor, global_amax: torch.Tensor) -> torch.Tensor:
     # ModelOpt's CUDA path computes amax / 2688 as amax * fl32(1 / 2688) (PyTorch on CUDA
     # divides by a Python number through its reciprocal); do the same, or 1-ulp differences
     # in the global scale flip block scales (reports/nvfp4_cpu_parity/).
     global_scale = global_amax.float().reshape(()) * (torch.tensor(1.0) / (_E2M1_MAX * _E4M3_MAX))
     global_scale = torch.where(global_scale > 0, global_scale, torch.full_like(global_scale, 1e-12))
-    block_amax = blocks.abs().amax(dim=1, keepdim=True)
     in_fp8_range = torch.clamp(block_amax / (_E2M1_MAX * global_scale), max=_E4M3_MAX)
     scale = in_fp8_range.to(torch.float8_e4m3fn).float() * global_scale
     return torch.where(scale >= 1e-5, scale, torch.ones_like(scale))
 
 
+def nvfp4_block_scales(x: torch.Tensor, global_amax: torch.Tensor, block_size: int = 16) -> torch.Tensor:
+    """Per-block scales (float32, FP8-representable multiples of the global scale)."""
+    block_amax = x.float().reshape(-1, block_size).abs().amax(dim=1, keepdim=True)
+    return _scales_from_block_amax(block_amax, global_amax)
+
+
 def nvfp4_fake_quant(x: torch.Tensor, global_amax: torch.Tensor, block_size: int = 16) -> torch.Tensor:
-    """Quantize-dequantize ``x`` (last dim a multiple of ``block_size``) to NVFP4."""
+    """Quantize-dequantize ``x`` (last dim a multiple of ``block_size``) to NVFP4.
+
+    Equal to the comparison-chain kernel value for value; the one difference in bits is the
+    sign of a zero from a ``-0.0`` input (``copysign`` keeps it).
+    """
     shape, dtype = x.shape, x.dtype
     if shape[-1] % block_size:
         raise ValueError(f"NVFP4 needs the last dimension ({shape[-1]}) to be a multiple of {block_size}")
     blocks = x.float().reshape(-1, block_size)
-    scale = nvfp4_block_scales(x, global_amax, block_size)
-    q = e2m1_round_magnitude(blocks.abs().div_(scale)).mul_(scale)
-    return torch.where(blocks >= 0, q, q.neg()).reshape(shape).to(dtype)
+    magnitude = blocks.abs()
+    scale = _scales_from_block_amax(magnitude.amax(dim=1, keepdim=True), global_amax)
+    q = e2m1_round_magnitude(magnitude.div_(scale)).mul_(scale)
+    return q.copysign_(blocks).reshape(shape).to(dtype)
 
 
 def register_cpu_kernel() -> None:
