@@ -35,15 +35,40 @@ def _label(p: dict[str, Any]) -> str:
     return f"`{p['plan_id']}` {p['label']}" + (" (off the front)" if p.get("on_front") is False else "")
 
 
+def _machine(m: dict[str, Any]) -> str:
+    cpu = (f"{m['cores']} CPU cores (load average {', '.join(f'{x:.1f}' for x in m['load_average_at_start'])} at "
+           f"the start), torch {m['torch_threads']} threads")
+    if "gpu" in m:
+        return f"{m['gpu']} (driver {m['driver']}, CUDA {m['cuda']}, power limit {m['power_limit_w']:.0f} W); {cpu}"
+    return f"{m.get('device', m['cpu'])}; {cpu}"
+
+
+def _model_check(check: dict[str, Any] | None) -> list[str]:
+    """The same-weights evidence, when the run compared itself with another machine's load of the model."""
+    if not check:
+        return []
+    out = [f"- model file: `{check['gguf_file']}` sha256 `{check['gguf_sha256']}`; BF16 weights sha256 "
+           f"`{check['weights_sha256']}`"]
+    other = check.get("other")
+    if other:
+        probe = check["probe_vs_other"]
+        n, same = probe.get("positions", "?"), probe.get("same_argmax", "?")
+        weights = "identical" if check["same_weights_as_other"] else "DIFFER"
+        out.append(
+            f"- same model as the {other['machine']['device']} run (transformers {other['versions']['transformers']}, "
+            f"torch {other['versions']['torch']}): weights {weights}; logits on a {n}-token prompt: same arg-max at "
+            f"{same} of {n} positions, largest difference {probe.get('max_abs_logit_diff', '?')} in a logit and "
+            f"{probe.get('max_abs_logprob_diff', '?')} in the next token's log-probability")
+    return [*out, ""]
+
+
 def write_markdown(report: dict[str, Any], path: Path, notes: str = "") -> None:
     tasks = list(report["task_sets"])
     max_drop = report["max_drop"]
     md = [
         "# Sequential paired acceptance: SmolLM2-135M, the quickstart's front plans", "",
         f"- model: {report['model']}",
-        f"- machine: {report['machine'].get('device', report['machine']['cpu'])}; {report['machine']['cores']} CPU "
-        f"cores (load average {', '.join(f'{x:.1f}' for x in report['machine']['load_average_at_start'])} at the "
-        f"start), torch {report['machine']['torch_threads']} threads",
+        f"- machine: {_machine(report['machine'])}",
         *([f"- run: `{r['command']}` on {r['date']}: {r['total_s'] / 60:.1f} min (setup {r['setup_s']:.0f} s, "
            f"load average {r['load_average_at_start'][0]:.1f} at the start); scored {', '.join(r['scored'])}"
            for r in report["runs"]] if report.get("runs") else [
@@ -60,6 +85,7 @@ def write_markdown(report: dict[str, Any], path: Path, notes: str = "") -> None:
                                for t, s in report["task_sets"].items()),
         "",
     ]
+    md = md[:-1] + (_model_check(report.get("model_check")) or [""])
     if notes:
         md += [notes, ""]
     md += ["## Sequential verdicts against the full sets", "",

