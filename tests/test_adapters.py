@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from advisor.models import adapters as A
+from advisor.quantize.modelopt_config import prepare_device
 from advisor.testing import FAMILIES, random_model, tiny_config
 from advisor.testing import MOE_FAMILIES as MOE
 
@@ -477,21 +478,12 @@ def test_fits_project_plan_and_formats(models):
     assert len(entries) == 1 + sum(len(gi.quantizers) for gi in infos)
 
 
-def _nvfp4_cpu_kernel():
-    for mod in ("advisor.quantize.nvfp4_cpu", "advisor.nvfp4_cpu"):
-        try:
-            return __import__(mod, fromlist=["register_cpu_kernel"]).register_cpu_kernel
-        except ImportError:
-            continue
-    pytest.skip("the project's CPU NVFP4 kernel is not importable")
-
-
 def test_modelopt_fp8_nvfp4_plan_exports_mixed_precision_per_module(tmp_path):
     """FP8 + NVFP4 gives quant_algo MIXED_PRECISION; a fused-experts module is ONE entry."""
     import modelopt.torch.quantization as mtq
     from modelopt.torch.export import export_hf_checkpoint
 
-    _nvfp4_cpu_kernel()()
+    prepare_device("cpu")
     model = build("qwen2_moe")
     infos = A.group_infos(model)
     kinds = {"qkv": "fp8", "o": "bf16", "shared_gate_up": "fp8", "shared_down": "nvfp4", "experts": "nvfp4"}
