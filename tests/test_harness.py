@@ -282,3 +282,19 @@ def test_local_gsm8k_runs_as_a_generative_task(tmp_path):
     assert score.metric == "exact_match,flexible-extract" and score.n == 3 and score.n_docs == 1319
     assert sorted(score.items) == harness.select_indices(1319, 3, 0)
     assert set(score.items.values()) <= {0.0, 1.0}
+
+
+def test_lm_eval_bars_and_notices_stay_out_of_the_log(tmp_path, capfd):
+    import lm_eval.models.huggingface as hf_module
+    import tqdm
+
+    from advisor.models.loading import load_model
+    from advisor.recipe.schema import ModelSpec
+
+    lm = load_model(ModelSpec(source=str(need(TINY))))
+    scores = harness.score_plan(lm.model, lm.tokenizer, "bf16", "tiny", ["piqa"], limit=4, seed=0,
+                                data_dir=need(EVAL), batch_size=4)
+    assert scores["piqa"].n == 4
+    err = capfd.readouterr().err
+    assert "Running loglikelihood" not in err and "already-initialized" not in err, err[-500:]
+    assert hf_module.tqdm is tqdm.tqdm  # put back

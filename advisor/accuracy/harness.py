@@ -16,11 +16,12 @@ lm-eval and torch are imported inside functions, so importing this module is che
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import random
 import time
 import warnings
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -72,9 +73,39 @@ def _lm_eval_evaluate() -> Any:
     return lm_evaluate
 
 
+@contextlib.contextmanager
+def lm_eval_quiet() -> Iterator[None]:
+    """lm-eval without its progress bars and notices: the advisor's own stage progress reports
+    the benchmark (a line a minute without a terminal), and lm-eval's bars and "already
+    initialized model" warnings would fill a CI log. Errors still propagate and still log."""
+    import lm_eval.api.model
+    import lm_eval.api.task
+    import lm_eval.models.huggingface
+    from tqdm import tqdm
+
+    class SilentTqdm(tqdm):  # type: ignore[misc]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            kwargs["disable"] = True
+            super().__init__(*args, **kwargs)
+
+    modules = (lm_eval.api.model, lm_eval.api.task, lm_eval.models.huggingface)
+    saved = [m.tqdm for m in modules]
+    logger = logging.getLogger("lm_eval")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    for m in modules:
+        m.tqdm = SilentTqdm
+    try:
+        yield
+    finally:
+        for m, original in zip(modules, saved, strict=True):
+            m.tqdm = original
+        logger.setLevel(level)
+
+
 def make_lm(model: Any, tokenizer: Any, batch_size: int | str = 16, max_length: int | None = None) -> Any:
     """Wrap an in-memory HF causal LM (quantized or not) in lm-eval's HFLM."""
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), lm_eval_quiet():
         warnings.simplefilter("ignore")
         from lm_eval.models.huggingface import HFLM
 
@@ -141,7 +172,7 @@ def evaluate(
         chosen = kept if kept is not None else chosen
         _seed_everything(seed)
         t0 = time.perf_counter()
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), lm_eval_quiet():
             warnings.simplefilter("ignore")
             results = lm_evaluate(
                 lm=lm, task_dict={"tasks": {name: task}, "groups": {}, "group_map": {}},
