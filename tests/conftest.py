@@ -28,19 +28,24 @@ def tiny_model_dir() -> Path:
     return need(TINY_MODEL)
 
 
-@pytest.fixture
-def tiny_recipe(tmp_path, tiny_model_dir):
-    """A recipe dict for the trained tiny model, writing into tmp_path."""
+def tiny_recipe_dict(out: Path, **search: object) -> dict:
+    """A recipe for the trained tiny model that writes into ``out``; ``search`` overrides its search block."""
     return {
         "name": "t",
-        "model": {"source": str(tiny_model_dir)},
+        "model": {"source": str(need(TINY_MODEL))},
         "target": "b200",
         "workloads": [{"name": "chat", "batch_size": 8, "input_tokens": 128, "output_tokens": 64}],
         "calibration": {"num_samples": 2, "seq_len": 16, "heldout_samples": 2, "heldout_seq_len": 16},
-        "search": {"trials": 5, "seed": 0},
-        "out": str(tmp_path / "runs"),
+        "search": {"trials": 5, "seed": 0, **search},
+        "out": str(out),
         "device": "cpu",
     }
+
+
+@pytest.fixture
+def tiny_recipe(tmp_path, tiny_model_dir):
+    """A recipe dict for the trained tiny model, writing into tmp_path."""
+    return tiny_recipe_dict(tmp_path / "runs")
 
 
 @pytest.fixture(scope="module")

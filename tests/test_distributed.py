@@ -133,14 +133,11 @@ runner = CliRunner()
 @pytest.fixture(scope="module")
 def postgres_run(tmp_path_factory, postgres_server):
     """A finished tiny search whose study lives in PostgreSQL, run through the CLI with a password."""
-    from conftest import TINY_MODEL
+    from conftest import tiny_recipe_dict
 
     tmp = tmp_path_factory.mktemp("pg")
     url = postgres_server.create_database("tinyrun")
-    recipe = {"name": "t", "model": {"source": str(TINY_MODEL)}, "target": "b200", "device": "cpu",
-              "workloads": [{"name": "chat", "batch_size": 8, "input_tokens": 128, "output_tokens": 64}],
-              "calibration": {"num_samples": 2, "seq_len": 16, "heldout_samples": 2, "heldout_seq_len": 16},
-              "search": {"trials": 4, "seed": 0, "sampler": "random"}, "out": str(tmp / "runs")}
+    recipe = tiny_recipe_dict(tmp / "runs", trials=4, sampler="random")
     path = tmp / "r.yaml"
     path.write_text(yaml.safe_dump(recipe))
     res = runner.invoke(app, ["search", "-r", str(path), "--storage", url])

@@ -138,13 +138,10 @@ def test_a_failed_first_run_does_not_block_the_corrected_rerun(tmp_path, tiny_re
 
 @pytest.fixture(scope="module")
 def finished_run(tmp_path_factory):
-    from conftest import TINY_MODEL
+    from conftest import tiny_recipe_dict
 
     tmp = tmp_path_factory.mktemp("lifecycle")
-    recipe = {"name": "t", "model": {"source": str(TINY_MODEL)}, "target": "b200", "device": "cpu",
-              "workloads": [{"name": "chat", "batch_size": 8, "input_tokens": 128, "output_tokens": 64}],
-              "calibration": {"num_samples": 2, "seq_len": 16, "heldout_samples": 2, "heldout_seq_len": 16},
-              "search": {"trials": 4, "seed": 0, "sampler": "random"}, "out": str(tmp / "runs")}
+    recipe = tiny_recipe_dict(tmp / "runs", trials=4, sampler="random")
     path = tmp / "r.yaml"
     path.write_text(yaml.safe_dump(recipe))
     res = runner.invoke(app, ["search", "-r", str(path)])
