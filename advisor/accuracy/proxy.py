@@ -11,7 +11,7 @@ the result is the same number (tests/test_proxy.py compares every group).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -105,7 +105,7 @@ class ProxyEvaluator:
                 stack[i] = layer
 
     @torch.no_grad()
-    def _logprobs(self, model: torch.nn.Module, stand_ins: list[_RecordedLayer] = ()) -> Iterator[torch.Tensor]:
+    def _logprobs(self, model: torch.nn.Module, stand_ins: Sequence[_RecordedLayer] = ()) -> Iterator[torch.Tensor]:
         device = next(model.parameters()).device
         for batch, i in enumerate(range(0, self.heldout.shape[0], self.batch_size)):
             for stand_in in stand_ins:
