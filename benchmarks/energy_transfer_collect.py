@@ -36,6 +36,15 @@ BENCH_METER = MeterConfig(warmup_s=1.0, min_window_s=0.8, min_ticks=8, repeats=3
 PROFILE_METER = MeterConfig(warmup_s=0.8, min_window_s=0.6, min_ticks=6, repeats=3)
 
 
+def parse_models(text: str) -> list[tuple[str, int | None]]:
+    """``name[:layers],...`` -> [(reference shape, layers or None)]."""
+    out = []
+    for item in filter(None, text.split(",")):
+        name, _, layers = item.partition(":")
+        out.append((name, int(layers) if layers else dict(SHAPES).get(name)))
+    return out
+
+
 def plan_formats(num_layers: int) -> dict[str, dict[str, Format]]:
     """The four plans, as runtime group formats: all-BF16, all-FP8, MLP-only FP8, and the middle half
     of the layers FP8 (first and last quarter BF16, as sensitivity often leaves them)."""
@@ -79,7 +88,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--tables", type=Path, help="also measure the shipped GPU profile into this file")
-    ap.add_argument("--shapes", default=",".join(s for s, _ in SHAPES))
+    ap.add_argument("--shapes", default=",".join(s for s, _ in SHAPES), help="name[:layers],... profiled and measured")
+    ap.add_argument("--anchors", default="", help="name[:layers],... only profiled (the shipped profile's anchors)")
+    ap.add_argument("--bench-window-s", type=float, default=BENCH_METER.min_window_s)
     ap.add_argument("--deadline-s", type=float, default=560.0, help="stop starting new work after this")
     args = ap.parse_args(argv)
     import torch
@@ -94,20 +105,22 @@ def main(argv: list[str] | None = None) -> int:
     def log(*a) -> None:
         print(f"[{time.perf_counter() - t_start:6.1f}s]", *a, flush=True)
 
-    bench_meter = open_meter(0, BENCH_METER)
+    from dataclasses import replace
+
+    bench_config = replace(BENCH_METER, min_window_s=args.bench_window_s, min_ticks=round(10 * args.bench_window_s))
+    bench_meter = open_meter(0, bench_config)
     profile_meter = open_meter(0, PROFILE_METER)
     state = bench_meter.counter.state()
     out = {"gpu": state.name, "gpu_uuid": state.uuid, "driver": state.driver, "power_limit_w": state.power_limit_w,
            "idle_power_w": bench_meter.idle_power_w(), "date": time.strftime("%Y-%m-%d"), "command": command,
-           "torch": torch.__version__, "bench_meter": BENCH_METER.__dict__, "profile_meter": PROFILE_METER.__dict__,
-           "shapes": {}}
-    layers = dict(SHAPES)
-    for name in args.shapes.split(","):
+           "torch": torch.__version__, "bench_meter": bench_config.__dict__, "profile_meter": PROFILE_METER.__dict__,
+           "shapes": {}, "anchors": {}}
+    for name, layers in parse_models(args.shapes):
         if time.perf_counter() - t_start > args.deadline_s:
             log(f"deadline: {name} not run")
             break
         ref = REFERENCE_SHAPES[name]
-        dims = ref.dims(layers.get(name))
+        dims = ref.dims(layers)
         log(f"{name}: {dims.num_layers} layers")
         t0 = time.perf_counter()
         bench = Bench.create(dims, max_pos=4096)
@@ -118,6 +131,18 @@ def main(argv: list[str] | None = None) -> int:
         rows = measure_plans(bench, bench_meter, log)
         out["shapes"][name] = {"num_layers": dims.num_layers, "full_layers": ref.num_layers,
                                "params_b": ref.params_b, "profile": prof, "bench_create_s": t_bench, "rows": rows}
+        args.out.write_text(json.dumps(out, indent=1))
+        del bench, prof
+        _release()
+    for name, layers in parse_models(args.anchors):
+        if time.perf_counter() - t_start > args.deadline_s:
+            log(f"deadline: anchor {name} not run")
+            break
+        dims = REFERENCE_SHAPES[name].dims(layers)
+        bench = Bench.create(dims, max_pos=4096)
+        prof = measure_model_profile(dims, batches=BATCHES, prefill_lengths=(512, 2048), meter=profile_meter,
+                                     bench=bench, command=command, log=log)
+        out["anchors"][name] = prof
         args.out.write_text(json.dumps(out, indent=1))
         del bench, prof
         _release()

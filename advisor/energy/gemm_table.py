@@ -58,7 +58,7 @@ def gemm_row_ms(n: int, k: int, fmt: Format, ms: tuple[int, ...]) -> list[float]
                 lin(x)
 
         out.append(_graph_ms(run, iters=10) / copies)
-    del lins
+    lins.clear()
     return out
 
 

@@ -9,8 +9,8 @@ and one model (its :class:`~advisor.energy.dims.DecoderDims`, random weights):
 * ``decode.step_ms[fmt][context][i]``: the whole decode step of the all-``fmt`` plan (CUDA
   events over graph replays); the step minus its GEMMs is the non-GEMM part (attention,
   norms, activation, quantization, lm_head, gaps between kernels);
-* ``decode.j_per_step[fmt][i]``: that step's energy from the NVML meter at
-  ``decode.energy_context``;
+* ``decode.j_per_step[fmt][context][i]``: that step's energy from the NVML meter at each of
+  ``decode.energy_contexts``;
 * ``prefill``: the same per prompt length (one request).
 
 It is keyed (:func:`profile_key`) by the GPU (name, UUID, driver, power limit), the model
@@ -211,7 +211,7 @@ def measure_model_profile(
         m = meter.measure(step.launch, label, step.tokens_per_step)
         return {"j": m.j_per_step, "w": m.power_w, "s": m.s_per_step, "cv": m.cv}
 
-    dec: dict[str, Any] = {"batches": list(batches), "contexts": list(contexts), "energy_context": contexts[0],
+    dec: dict[str, Any] = {"batches": list(batches), "contexts": list(contexts), "energy_contexts": list(contexts),
                            "gemm_ms": gemms(batches), "lm_head_ms": [lm_head_ms(bench, b) for b in batches],
                            "step_ms": {}, "j_per_step": {}, "power_w": {}, "meter_ms_per_step": {}, "cv": {}}
     pre: dict[str, Any] = {"batch": 1, "lengths": list(prefill_lengths), "gemm_ms": gemms(prefill_lengths),
@@ -221,20 +221,18 @@ def measure_model_profile(
         rt, fv = rts[f], f.value
         dec["step_ms"][fv] = {str(c): [] for c in contexts}
         for key in ("j_per_step", "power_w", "meter_ms_per_step", "cv"):
-            dec[key][fv], pre[key][fv] = [], []
+            dec[key][fv], pre[key][fv] = {str(c): [] for c in contexts}, []
         for b in batches:
             for c in contexts:
                 step = decode_step(rt, b, c)
                 dec["step_ms"][fv][str(c)].append(step.time_ms())
-                if c == dec["energy_context"]:
-                    e = energy(step, f"profile decode {fv} b{b} c{c}")
-                    _append(dec, fv, e)
+                _append(dec, fv, energy(step, f"profile decode {fv} b{b} c{c}"), str(c))
                 del step
                 rt.free()
             _release()
             log(f"profile {dims.family} decode {fv} b{b}: "
-                + ", ".join(f"c{c} {dec['step_ms'][fv][str(c)][-1]:.3f} ms" for c in contexts)
-                + f"; {dec['power_w'][fv][-1]:.0f} W")
+                + ", ".join(f"c{c} {dec['step_ms'][fv][str(c)][-1]:.3f} ms {dec['power_w'][fv][str(c)][-1]:.0f} W"
+                            for c in contexts))
         pre["step_ms"][fv] = []
         for length in prefill_lengths:
             step = prefill_step(rt, length)
@@ -261,8 +259,6 @@ def measure_model_profile(
     }
 
 
-def _append(phase: dict, fv: str, e: dict[str, float]) -> None:
-    phase["j_per_step"][fv].append(e["j"])
-    phase["power_w"][fv].append(e["w"])
-    phase["meter_ms_per_step"][fv].append(e["s"] * 1e3)
-    phase["cv"][fv].append(e["cv"])
+def _append(phase: dict, fv: str, e: dict[str, float], ctx: str | None = None) -> None:
+    for key, v in (("j_per_step", e["j"]), ("power_w", e["w"]), ("meter_ms_per_step", e["s"] * 1e3), ("cv", e["cv"])):
+        (phase[key][fv] if ctx is None else phase[key][fv][ctx]).append(v)
