@@ -7,9 +7,10 @@ At a decode step of batch ``b`` and context ``c`` (prefill alike, per prompt len
   quantization in the norms), plus each group's own GEMM in its format at ``b`` rows. Steps
   and GEMMs are measured at this model's shapes, so kernel-launch floors and latency-bound
   small kernels are in them; times are linear in ``c`` and piecewise linear in ``b``;
-* energy: each all-``f`` step's measured J/step over its timed step gives a power ``P_f(b)``
-  (interpolated in log2(b)); the non-GEMM part and the BF16 GEMMs draw the BF16 step's power,
-  and an FP8 GEMM the power that makes the all-FP8 plan's energy its measured one.
+* energy: each all-``f`` step's measured J/step over its timed step gives a power ``P_f(b, c)``
+  (interpolated in log2(b), linear in ``c`` between the profiled contexts); the non-GEMM part
+  and the BF16 GEMMs draw the BF16 step's power, and an FP8 GEMM the power that makes the
+  all-FP8 plan's energy its measured one.
 
 So all-BF16 and all-FP8 reproduce the profile at its own points by construction; mixed plans,
 other batches and contexts are predictions. torch-free.
@@ -70,17 +71,22 @@ class ModelProfileCostModel:
     def _all_gemms(self, phase: dict, fmt: Format, x: float) -> float:
         return self.shape.num_layers * sum(self._layer_gemm(phase, fmt, k, x) for k in DENSE_GROUP_KINDS)
 
-    def _power(self, phase: dict, fmt: Format, x: float) -> float:
-        """W of the all-``fmt`` step: measured J/step over the step's CUDA-event time at the energy point."""
-        xs = self._xs(phase)
-        if "batches" in phase:
-            t = phase["step_ms"][fmt.value][str(phase["energy_context"])]
-        else:
-            t = phase["step_ms"][fmt.value]
-        watts = [j / (ms / 1e3) for j, ms in zip(phase["j_per_step"][fmt.value], t, strict=True)]
-        return interp(xs, watts, x, log_x=True)
+    @staticmethod
+    def _watts(xs: list[int], j: list[float], t: list[float], x: float) -> float:
+        """Measured J/step over the step's CUDA-event time (W), interpolated in log2(x)."""
+        return interp(xs, [jj / (ms / 1e3) for jj, ms in zip(j, t, strict=True)], x, log_x=True)
 
-    def _step(self, phase: dict, plan: Plan, x: float, step_ms: dict[Format, float]) -> tuple[float, float]:
+    def _decode_power(self, d: dict, fmt: Format, b: float, context: float) -> float:
+        """W of the all-``fmt`` decode step, linear in the context between the energy contexts."""
+        j = d["j_per_step"][fmt.value]
+        if not isinstance(j, dict):  # energy at one context only
+            j = {str(d["energy_context"]): j}
+        ctxs = sorted(int(c) for c in j)
+        return interp(ctxs, [self._watts(d["batches"], j[str(c)], d["step_ms"][fmt.value][str(c)], b)
+                             for c in ctxs], context)
+
+    def _step(self, phase: dict, plan: Plan, x: float, step_ms: dict[Format, float],
+              power: dict[Format, float]) -> tuple[float, float]:
         fmts = [f for f in (Format.BF16, Format.FP8) if f.value in phase["step_ms"]]
         ng = {f: step_ms[f] - self._all_gemms(phase, f, x) for f in fmts}
         gemm = {f: 0.0 for f in fmts}
@@ -90,12 +96,12 @@ class ModelProfileCostModel:
         n = len(self.shape.groups)
         share = {f: sum(1 for g in self.shape.groups if plan.format_of(g.name) == f) / n for f in fmts}
         t_ng = ng[Format.BF16] + sum(share[f] * (ng[f] - ng[Format.BF16]) for f in fmts if f != Format.BF16)
-        p_b = self._power(phase, Format.BF16, x)
+        p_b = power[Format.BF16]
         energy = p_b * (t_ng + gemm[Format.BF16])
         for f in fmts:
             if f == Format.BF16 or gemm[f] == 0.0:
                 continue
-            p_gemm = (self._power(phase, f, x) * step_ms[f] - p_b * ng[f]) / self._all_gemms(phase, f, x)
+            p_gemm = (power[f] * step_ms[f] - p_b * ng[f]) / self._all_gemms(phase, f, x)
             energy += p_gemm * gemm[f]
         return t_ng + sum(gemm.values()), energy / 1e3
 
@@ -106,14 +112,17 @@ class ModelProfileCostModel:
         ctxs = [int(c) for c in d["contexts"]]
         step_ms = {Format(f): interp(ctxs, [interp(d["batches"], v[str(c)], batch) for c in ctxs], context)
                    for f, v in d["step_ms"].items()}
-        return self._step(d, plan, batch, step_ms)
+        power = {f: self._decode_power(d, f, batch, context) for f in step_ms}
+        return self._step(d, plan, batch, step_ms, power)
 
     def prefill(self, plan: Plan, length: int) -> tuple[float, float]:
         """(ms, J) of the prefill of one request of ``length`` tokens."""
         self._check(plan)
         d = self.p["prefill"]
         step_ms = {Format(f): interp(d["lengths"], v, length) for f, v in d["step_ms"].items()}
-        return self._step(d, plan, length, step_ms)
+        power = {f: self._watts(d["lengths"], d["j_per_step"][f.value], d["step_ms"][f.value], length)
+                 for f in step_ms}
+        return self._step(d, plan, length, step_ms, power)
 
     def estimate(self, plan: Plan, workload: Workload) -> EnergyEstimate:
         b, lin, lout = workload.batch_size, workload.input_tokens, workload.output_tokens
