@@ -15,7 +15,9 @@ request of ``L`` tokens, ``x`` = ``b`` or ``L`` rows):
 Energy of a step: ``P_0 x time + e_byte x bytes + e_bf16 x BF16 FLOPs + e_fp8 x FP8 FLOPs``:
 a static power while the GPU works (idle and clocks), a cost per HBM byte (weights in their
 format, KV cache, activations) and per tensor-core FLOP of each format, fitted to the anchors'
-measured joules. torch-free; numpy and scipy fit.
+measured joules (steps below 95% of the power limit). Where that power exceeds the GPU's power
+limit (large prefills), the GPU lowers its clocks: the step runs at the limit, longer by the
+cube root of the excess (:func:`at_power_limit`). torch-free; numpy and scipy fit.
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ from advisor.plan import Plan
 from advisor.recipe.schema import Workload
 
 BYTES = {Format.BF16: 2.0, Format.FP8: 1.0}
+#: anchor steps drawing this share of the power limit or more are at the limit: left out of the energy fit
+CAPPED_SHARE = 0.95
 FORMATS = (Format.BF16, Format.FP8)
 
 
@@ -174,6 +178,7 @@ def fit_gpu_profile(profile: dict[str, Any]) -> dict[str, Any]:
     table = GemmTable(profile)
     ng_rows: dict[tuple[str, Format], list] = {}
     e_rows: list = []
+    cap_w = CAPPED_SHARE * profile["power_limit_w"]
     for anchor in profile["anchors"].values():
         geo = Geometry.from_dims(anchor["model"])
         for f in FORMATS:
@@ -185,13 +190,15 @@ def fit_gpu_profile(profile: dict[str, Any]) -> dict[str, Any]:
                     parts = step_parts(geo, table, uniform, "decode", b, c)
                     ng_rows.setdefault(("decode", f), []).append((ng_features(parts, "decode"), t - parts["gemm_ms"]))
                     j = _energy_at(d, f, c, i)
-                    if j is not None:
+                    if j is not None and j / (t / 1e3) < cap_w:
                         e_rows.append((energy_features(t, parts), j))
             for i, length in enumerate(p["lengths"]):
                 t = p["step_ms"][f.value][i]
                 parts = step_parts(geo, table, uniform, "prefill", length, length)
                 ng_rows.setdefault(("prefill", f), []).append((ng_features(parts, "prefill"), t - parts["gemm_ms"]))
-                e_rows.append((energy_features(t, parts), p["j_per_step"][f.value][i]))
+                j = p["j_per_step"][f.value][i]
+                if j / (t / 1e3) < cap_w:  # a step at the power limit follows the cap rule, not the fit
+                    e_rows.append((energy_features(t, parts), j))
     if not e_rows:
         raise InputError("the GPU profile has no anchor models to fit its non-GEMM and energy terms to")
 
@@ -209,6 +216,17 @@ def fit_gpu_profile(profile: dict[str, Any]) -> dict[str, Any]:
         "energy": solve(e_rows),
         "anchors": sorted(profile["anchors"]),
     }
+
+
+def at_power_limit(t_ms: float, energy_j: float, limit_w: float) -> tuple[float, float]:
+    """(ms, J) of a step whose predicted power exceeds the power limit: the GPU lowers its clocks
+    until it draws the limit; with dynamic power ~ f^3 (voltage following frequency), the step
+    takes (P / limit)^(1/3) longer, at the limit."""
+    power = energy_j / (t_ms / 1e3)
+    if power <= limit_w:
+        return t_ms, energy_j
+    t = t_ms * (power / limit_w) ** (1 / 3)
+    return t, limit_w * t / 1e3
 
 
 def _energy_at(d: dict, f: Format, c: int, i: int) -> float | None:
@@ -260,7 +278,7 @@ class GpuProfileCostModel:
             ng += parts["share"][f] * sum(a * b for a, b in zip(coef, feats, strict=True))
         t = parts["gemm_ms"] + ng
         energy = sum(a * b for a, b in zip(self.fit["energy"], energy_features(t, parts), strict=True))
-        return t, energy
+        return at_power_limit(t, energy, self.p["power_limit_w"])
 
     def decode_step(self, plan: Plan, batch: int, context: float) -> tuple[float, float]:
         return self._step(plan, "decode", batch, context)

@@ -39,6 +39,15 @@ RUNTIME_VERSION = "2026-11-22.1"
 FORMATS = (Format.BF16, Format.FP8)
 
 
+def profile_meter_config():
+    """Shorter windows than a plan's measurement (0.6 s x 3 after 0.8 s of warm-up): a profile meters
+    ~14 points; on an H100 these reproduced the default windows' J/step within the run-to-run spread
+    (reports/benchmarks/energy_transfer.md)."""
+    from advisor.energy.meter import MeterConfig
+
+    return MeterConfig(warmup_s=0.8, min_window_s=0.6, min_ticks=6, repeats=3)
+
+
 def model_digest(dims_dict: dict[str, Any]) -> str:
     """A stable digest of a model's layer-by-layer description (``DecoderDims.to_dict()``)."""
     text = json.dumps(dims_dict, sort_keys=True, default=str)

@@ -90,8 +90,10 @@ def ensure_model_profile(measured, workloads: Sequence[Workload], store: Profile
     """This model's profile on the GPU here: reused from ``store`` when its key matches (GPU unit, driver,
     power limit, model, runtime) and it covers ``workloads``, else measured now with ``measured``'s
     runtime, meter and weights, and stored. None where no per-model profile applies."""
+    from advisor.energy import model_profile
     from advisor.energy.measure import Bench
-    from advisor.energy.model_profile import measure_model_profile
+    from advisor.energy.meter import EnergyMeter
+    from advisor.energy.model_profile import profile_meter_config
     from advisor.formats import gpu_from_device_name
 
     dims = measured.dims
@@ -106,7 +108,8 @@ def ensure_model_profile(measured, workloads: Sequence[Workload], store: Profile
     if measured._bench is None:
         positions = max(regime["contexts"][-1] + 2, max(regime["prefill_lengths"]) + 1)
         measured._bench = Bench.create(dims, max_pos=max(8192, positions))
-    prof = measure_model_profile(dims, **regime, meter=measured.meter, bench=measured._bench,
+    meter = EnergyMeter(measured.meter.counter, profile_meter_config())
+    prof = model_profile.measure_model_profile(dims, **regime, meter=meter, bench=measured._bench,
                                  command="advisor search (per-model profile)", log=log.info)
     store.save(prof)
     return prof
