@@ -91,8 +91,15 @@ def _ints(text: str, flag: str) -> tuple[int, ...]:
     return values
 
 
+ProfileModelOpt = Annotated[
+    str | None,
+    typer.Option("--model", help="Hub id or local dir of a supported model (its config only); without it, the "
+                 "GPU profile for unprofiled models."),
+]
+
+
 def profile(
-    model: ModelOpt = None,
+    model: ProfileModelOpt = None,
     target: TargetOpt = None,
     out: OutOpt = None,
     batches: BatchesOpt = "1,16,64",
