@@ -62,6 +62,20 @@ def _read_json_profile(path: Path) -> dict[str, Any]:
                          "`advisor profile`") from None
 
 
+def read_any_profile(path: Path) -> dict[str, Any]:
+    """A per-model, GPU or layer profile JSON, checked against its schema (InputError naming the file)."""
+    from advisor.energy.gpu_costmodel import validate_gpu_profile
+    from advisor.energy.model_profile import is_model_profile, validate_model_profile
+    from advisor.energy.profile import validate_profile
+
+    data = _read_json_profile(path)
+    if is_model_profile(data):
+        return validate_model_profile(data, f"profile {path}")
+    if data.get("schema") == GPU_SCHEMA:
+        return validate_gpu_profile(data, f"profile {path}")
+    return validate_profile(data, f"profile {path}")
+
+
 def _dims_or_none(shape: ModelShape, model_config: Any):
     """The runtime's decoder of this model (its own layers from the config, else a Llama stand-in), or
     None where the runtime cannot build it (MoE, partial rotary, ...): then no per-model profile."""

@@ -14,8 +14,8 @@ from advisor.energy.profile_select import (
     GPU_SCHEMA,
     WithFallback,
     _dims_or_none,
-    _read_json_profile,
     ensure_model_profile,
+    read_any_profile,
     shipped_gpu_profile,
 )
 from advisor.errors import InputError, UnsupportedError
@@ -117,7 +117,7 @@ def make_predicted_model(shape: ModelShape, target: GPU, profile: Path | None = 
     shipped layer profile, else the datasheet roofline."""
     legacy = _legacy_predicted_model(shape, target)
     if profile is not None:
-        data = _read_json_profile(profile)
+        data = read_any_profile(profile)
         if data.get("gpu_kind") not in (None, target.value):
             raise InputError(f"profile {profile} is for {data['gpu_kind']}, but the target is {target.value}")
         if is_model_profile(data):
@@ -125,9 +125,8 @@ def make_predicted_model(shape: ModelShape, target: GPU, profile: Path | None = 
         if data.get("schema") == GPU_SCHEMA:
             return WithFallback(GpuProfileCostModel(data, shape), legacy)
         from advisor.energy.costmodel import ProfileCostModel
-        from advisor.energy.profile import validate_profile
 
-        return ProfileCostModel(validate_profile(data, f"profile {profile}"), shape)
+        return ProfileCostModel(data, shape)
     dims = _dims_or_none(shape, model_config)
     if per_model and dims is not None:
         found = (store or ProfileStore()).find_for_kind(target.value, model_digest(dims.to_dict()))
