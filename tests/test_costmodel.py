@@ -165,9 +165,8 @@ def test_make_energy_model_predicted_uses_the_shipped_profiles():
     assert isinstance(h200, ProfileCostModel) and h200.label.startswith("predicted (profile NVIDIA H200, measured")
     b200 = make_energy_model("predicted", SHAPE, GPU.B200)
     assert "unverified" in b200.label
-    h100 = make_energy_model("predicted", SHAPE, GPU.H100)
-    assert isinstance(h100, ProfileCostModel)
-    assert h100.label.startswith("predicted (profile NVIDIA H100 80GB HBM3, measured")
+    h100 = make_energy_model("predicted", SHAPE, GPU.H100)  # H100 also has a GPU profile (GEMM tables): it wins
+    assert h100.label.startswith("predicted (GPU profile NVIDIA H100 80GB HBM3, measured")
 
 
 def test_make_energy_model_auto_without_a_target_gpu_predicts(monkeypatch):

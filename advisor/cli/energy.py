@@ -58,7 +58,8 @@ def shape_from_model(model: str | None) -> ModelShape:
 
 OutOpt = Annotated[
     Path | None,
-    typer.Option("--out", "-o", help="Profile JSON to write (default: profiles/<gpu>_<date>.json)."),
+    typer.Option("--out", "-o", help="Also write the profile JSON here (default: the profile store; "
+                 "GPU profiles: profiles/<gpu>_gemm_<date>.json)."),
 ]
 PlanOpt = Annotated[Path, typer.Option("--plan", "-p", help="Plan JSON file ({'formats': {group: format}}).")]
 ModelOpt = Annotated[
@@ -75,25 +76,81 @@ InOpt = Annotated[int, typer.Option("--input-tokens", help="Prompt tokens per re
 OutTokOpt = Annotated[int, typer.Option("--output-tokens", help="Generated tokens per request.")]
 
 
-def profile(out: OutOpt = None) -> None:
-    """Measure this GPU's energy profile (Llama-3.1-8B shape, BF16 and FP8; several minutes)."""
-    from advisor.energy.profile import measure_profile, save_profile
+BatchesOpt = Annotated[str, typer.Option("--batches", help="Decode batches to profile, comma-separated.")]
+ContextsOpt = Annotated[str, typer.Option("--contexts", help="Two decode contexts bracketing the workloads'.")]
+PromptsOpt = Annotated[str, typer.Option("--prompt-lengths", help="Prompt lengths to profile, comma-separated.")]
+
+
+def _ints(text: str, flag: str) -> tuple[int, ...]:
+    try:
+        values = tuple(sorted({int(v) for v in text.split(",") if v.strip()}))
+    except ValueError:
+        raise InputError(f"{flag} takes comma-separated positive integers, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise InputError(f"{flag} takes comma-separated positive integers, got {text!r}")
+    return values
+
+
+ProfileModelOpt = Annotated[
+    str | None,
+    typer.Option("--model", help="Hub id or local dir of a supported model (its config only); without it, the "
+                 "GPU profile for unprofiled models."),
+]
+
+
+def profile(
+    model: ProfileModelOpt = None,
+    target: TargetOpt = None,
+    out: OutOpt = None,
+    batches: BatchesOpt = "1,16,64",
+    contexts: ContextsOpt = "512,2048",
+    prompt_lengths: PromptsOpt = "512",
+) -> None:
+    """Measure an energy profile on this GPU: with --model, that model's own (its layers' GEMMs per format,
+    non-GEMM part, lm_head, steps and energy; about a minute), stored for searches to reuse; without it,
+    the GPU profile shipped for unprofiled models (GEMM tables and anchor models; several minutes)."""
+    from advisor.energy.model_profile import ProfileStore, measure_model_profile
 
     if out is not None:
         from advisor.workflows.outputs import check_output_file
 
         check_output_file(out, "--out")
+    regime = {"batches": _ints(batches, "--batches"), "contexts": _ints(contexts, "--contexts"),
+              "prefill_lengths": _ints(prompt_lengths, "--prompt-lengths")}
     here, name = gpu_here()
     if name is None:
         from advisor.errors import SetupError
 
         raise SetupError("no NVIDIA GPU visible through NVML: `advisor profile` measures the GPU it runs on")
+    if target is not None and (here is None or here.value != target.lower()):
+        from advisor.errors import UnsupportedError
+
+        raise UnsupportedError(f"--target {target}: the GPU here is {name}; profile on a GPU of the target kind")
     command = "advisor " + " ".join(sys.argv[1:])
-    data = measure_profile(command, log=lambda *a: typer.echo(" ".join(map(str, a)), err=True))
+    echo = lambda *a: typer.echo(" ".join(map(str, a)), err=True)  # noqa: E731
     kind = here.value if here else name.replace(" ", "-").lower()
-    path = out or Path("profiles") / f"{kind}_{time.strftime('%Y-%m-%d')}.json"
-    save_profile(data, path)
-    typer.echo(json.dumps({"profile": str(path), "gpu": data["gpu"], "driver": data["driver"], "date": data["date"]}))
+    if model is None:
+        from advisor.energy.gemm_table import measure_gpu_profile
+
+        data = measure_gpu_profile(command, log=echo)
+        path = out or Path("profiles") / f"{kind}_gemm_{time.strftime('%Y-%m-%d')}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(data, indent=1))
+    else:
+        from transformers import AutoConfig
+
+        from advisor.energy.dims import DecoderDims
+
+        shape_from_model(model)  # checks the model (one line, exit code) before any GPU work
+        dims = DecoderDims.from_config(AutoConfig.from_pretrained(model))
+        data = measure_model_profile(dims, **regime, command=command, log=echo)
+        path = ProfileStore().save(data)
+        if out is not None:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(json.dumps(data, indent=1))
+            path = out
+    typer.echo(json.dumps({"profile": str(path), "gpu": data["gpu"], "driver": data["driver"], "date": data["date"],
+                           "seconds": round(data.get("profile_seconds", data.get("seconds", 0.0)), 1)}))
 
 
 def measure(

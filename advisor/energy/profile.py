@@ -79,8 +79,9 @@ def shipped_profile(gpu: GPU) -> dict[str, Any] | None:
     folder = resources.files("advisor.energy") / "profiles"
     try:
         names = sorted(
-            p.name for p in folder.iterdir() if p.name.startswith(f"{gpu.value}_") and p.name.endswith(".json")
-        )
+            p.name for p in folder.iterdir()
+            if p.name.startswith(f"{gpu.value}_") and p.name.endswith(".json") and "_gemm_" not in p.name
+        )  # <gpu>_gemm_<date>.json are GPU profiles (energy.gemm_table), not layer profiles
     except (FileNotFoundError, NotADirectoryError):
         return None
     if not names:

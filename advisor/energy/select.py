@@ -3,10 +3,21 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from advisor.energy.gpu_costmodel import GpuProfileCostModel
+from advisor.energy.model_costmodel import ModelProfileCostModel
+from advisor.energy.model_profile import ProfileStore, is_model_profile, model_digest
+from advisor.energy.profile_select import (
+    GPU_SCHEMA,
+    WithFallback,
+    _dims_or_none,
+    ensure_model_profile,
+    read_any_profile,
+    shipped_gpu_profile,
+)
 from advisor.errors import InputError, UnsupportedError
 from advisor.estimate import EnergyEstimate, EnergyModel
 from advisor.formats import GPU, Format, gpu_from_device_name
@@ -52,11 +63,16 @@ def make_energy_tiers(
     profile: Path | None = None,
     measured_engine: Callable[[], EnergyModel] | None = None,
     model_config: Any = None,
+    workloads: Sequence[Workload] = (),
+    store: ProfileStore | None = None,
 ) -> tuple[EnergyModel, EnergyModel | None]:
     """(predicted, measured) for ``--energy predicted|measured|auto``.
 
-    The predicted tier prices every trial: the cost model on ``profile`` if given, else on the
-    shipped profile of ``target`` (advisor/energy/profiles/), else the datasheet roofline. The
+    The predicted tier prices every trial (:func:`make_predicted_model`): ``profile`` if given,
+    else this model's per-model profile, else the shipped GPU profile of ``target``. Where the
+    measured tier runs (a GPU of the target kind here, built-in runtime), this model's per-model
+    profile is built first for ``workloads``' batches and contexts (about a minute), or reused
+    from ``store`` when one of this GPU, driver, power limit, model and runtime is there. The
     measured tier (NVML on the GPU here, the serving runtime on random weights of ``shape``,
     about 40 s per plan and workload) re-prices the baselines and the front afterwards:
     ``measured`` requires a GPU of the target kind, ``auto`` uses one when it is here,
@@ -67,17 +83,22 @@ def make_energy_tiers(
     """
     if mode not in ENERGY_MODES:
         raise InputError(f"--energy must be one of {', '.join(ENERGY_MODES)}, got {mode!r}")
-    predicted = make_predicted_model(shape, target, profile)
     if mode == "auto":
         here, _ = gpu_here()
         mode = "measured" if here == target else "predicted"
     if mode == "predicted":
-        return predicted, None
+        return make_predicted_model(shape, target, profile, model_config, store), None
     if measured_engine is not None:
-        return predicted, measured_engine()
+        return make_predicted_model(shape, target, profile, model_config, store), measured_engine()
     from advisor.energy.measure import MeasuredEnergyModel
 
-    return predicted, BF16KvCacheOnly(MeasuredEnergyModel(shape, target, model_config=model_config))
+    measured = MeasuredEnergyModel(shape, target, model_config=model_config)
+    if profile is None:
+        built = ensure_model_profile(measured, workloads, store or ProfileStore())
+        if built is not None:
+            fallback = make_predicted_model(shape, target, None, model_config, store, per_model=False)
+            return WithFallback(ModelProfileCostModel(built, shape), fallback), BF16KvCacheOnly(measured)
+    return make_predicted_model(shape, target, profile, model_config, store), BF16KvCacheOnly(measured)
 
 
 def make_energy_model(mode: str, shape: ModelShape, target: GPU, profile: Path | None = None,
@@ -88,15 +109,42 @@ def make_energy_model(mode: str, shape: ModelShape, target: GPU, profile: Path |
     return measured or predicted
 
 
-def make_predicted_model(shape: ModelShape, target: GPU, profile: Path | None = None) -> EnergyModel:
-    from advisor.energy.costmodel import ProfileCostModel
-    from advisor.energy.profile import load_profile, shipped_profile
-
+def make_predicted_model(shape: ModelShape, target: GPU, profile: Path | None = None, model_config: Any = None,
+                         store: ProfileStore | None = None, per_model: bool = True) -> EnergyModel:
+    """The predicted tier: ``profile`` (a per-model, GPU or layer profile JSON) if given; else this model's
+    per-model profile for a GPU of ``target``'s kind in ``store``; else the shipped GPU profile (GEMM tables)
+    of ``target``; plans those cannot price (FP8 KV cache, formats not native there) fall back to the
+    shipped layer profile, else the datasheet roofline."""
+    legacy = _legacy_predicted_model(shape, target)
     if profile is not None:
-        data = load_profile(profile)
+        data = read_any_profile(profile)
         if data.get("gpu_kind") not in (None, target.value):
             raise InputError(f"profile {profile} is for {data['gpu_kind']}, but the target is {target.value}")
+        if is_model_profile(data):
+            return WithFallback(ModelProfileCostModel(data, shape), legacy)
+        if data.get("schema") == GPU_SCHEMA:
+            return WithFallback(GpuProfileCostModel(data, shape), legacy)
+        from advisor.energy.costmodel import ProfileCostModel
+
         return ProfileCostModel(data, shape)
+    dims = _dims_or_none(shape, model_config)
+    if per_model and dims is not None:
+        found = (store or ProfileStore()).find_for_kind(target.value, model_digest(dims.to_dict()))
+        if found is not None:
+            return WithFallback(ModelProfileCostModel(found, shape), legacy)
+    gpu_profile = shipped_gpu_profile(target)
+    if gpu_profile is not None and not shape.is_moe:
+        try:
+            return WithFallback(GpuProfileCostModel(gpu_profile, shape), legacy)
+        except InputError as exc:
+            log.warning("the shipped %s GPU profile does not fit this model (%s)", target.value, exc)
+    return legacy
+
+
+def _legacy_predicted_model(shape: ModelShape, target: GPU) -> EnergyModel:
+    """The shipped layer profile scaled by weight count (or the roofline): prices what the others cannot."""
+    from advisor.energy.costmodel import ProfileCostModel
+    from advisor.energy.profile import shipped_profile
     from advisor.energy.roofline import RooflineEnergyModel
 
     data = shipped_profile(target)

@@ -184,6 +184,7 @@ def prepare(
             def engine():
                 return tensorrt_llm_tier(recipe, loaded, tokens)
         energy_model, measured_model = make_energy_tiers(recipe.energy, loaded.shape, recipe.target, profile, engine,
-                                                         model_config=loaded.model.config)
+                                                         model_config=loaded.model.config,
+                                                         workloads=recipe.workloads)
     return RunContext(recipe, loaded, tokens, bank, proxy, energy_model, device, fingerprint, timings,
                       measured_model=measured_model)

@@ -37,9 +37,9 @@ def check_input_files(recipe: Recipe) -> None:
 
         read_calibration_text(Path(source).expanduser())
     if recipe.energy_profile:
-        from advisor.energy.profile import load_profile
+        from advisor.energy.profile_select import read_any_profile
 
-        data = load_profile(recipe.energy_profile)
+        data = read_any_profile(Path(recipe.energy_profile))
         if data.get("gpu_kind") not in (None, recipe.target.value):
             raise InputError(f"energy_profile: {recipe.energy_profile} is for {data['gpu_kind']}, but the target "
                              f"is {recipe.target.value}; give a {recipe.target.value} profile or change --target")

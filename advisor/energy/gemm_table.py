@@ -1,0 +1,113 @@
+"""Measure a shipped GPU profile: GEMM cost tables over common models' shapes, plus anchor models.
+
+A GPU profile (schema ``precision-advisor/gpu-energy-profile``, version 1) holds:
+
+* ``gemm_ms[fmt]["NxK"][i]``: one GEMM of an ``N x K`` weight (the runtime's BF16 ``F.linear``
+  or FP8 ``torch._scaled_mm``) at ``m_buckets[i]`` rows, from CUDA-graph replays over enough
+  distinct weight copies that the L2 cache does not hold them; the shapes are every fused group
+  and lm_head of :data:`~advisor.energy.reference_shapes.REFERENCE_SHAPES` (0.1B-70B);
+* ``anchors``: per-model profiles (:mod:`advisor.energy.model_profile`) of a few models that
+  the transfer benchmark does not test; the cost model (:mod:`advisor.energy.gpu_costmodel`)
+  fits from them the per-layer kernel floors of the non-GEMM part and the power split.
+
+Measuring needs torch and a GPU (a few minutes on an H100).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+from advisor.formats import Format
+
+SCHEMA = "precision-advisor/gpu-energy-profile"
+VERSION = 1
+M_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
+#: models measured whole (or their first layers) to fit the non-GEMM and power terms
+ANCHORS = (("SmolLM2-360M", None), ("Llama-3.2-1B", None), ("Llama-3.2-3B", 14), ("Qwen2.5-14B", 8))
+L2_DEFEAT_BYTES = 256 << 20
+
+
+def nk_key(n: int, k: int) -> str:
+    return f"{n}x{k}"
+
+
+def gemm_row_ms(n: int, k: int, fmt: Format, ms: tuple[int, ...]) -> list[float]:
+    """Time of one ``n x k`` GEMM in ``fmt`` at each row count in ``ms``."""
+    import torch
+
+    from advisor.energy.model_profile import _graph_ms
+    from advisor.energy.runtime import _Linear
+
+    copies = max(1, min(16, math.ceil(L2_DEFEAT_BYTES / (n * k * (2 if fmt == Format.BF16 else 1)))))
+    lins = []
+    for _ in range(copies):
+        w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02
+        lins.append(_Linear(w, fmt, act_amax=4.0))
+        if fmt != Format.BF16:
+            del w
+    out = []
+    for m in (ms[0], *ms):  # the first pass only warms up (clocks, cuBLASLt heuristics)
+        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        if fmt == Format.FP8:
+            x = x.clamp(-448, 448).to(torch.float8_e4m3fn)
+
+        def run(x=x) -> None:
+            for lin in lins:
+                lin(x)
+
+        out.append(_graph_ms(run, iters=10) / copies)
+    lins.clear()
+    return out[1:]
+
+
+def measure_gpu_profile(command: str, deadline_s: float = 600.0, anchors=ANCHORS, log=print) -> dict[str, Any]:
+    from advisor.energy.cuda_tools import copy_bandwidth_gb_s
+    from advisor.energy.measure import Bench, _torch_with_gpu
+    from advisor.energy.meter import MeterConfig, open_meter
+    from advisor.energy.model_profile import _release, measure_model_profile
+    from advisor.energy.profile import measurement_header
+    from advisor.energy.reference_shapes import REFERENCE_SHAPES, table_nk
+    from advisor.formats import gpu_from_device_name
+
+    torch = _torch_with_gpu()
+    t0 = time.perf_counter()
+    meter = open_meter(torch.cuda.current_device(), MeterConfig(warmup_s=0.8, min_window_s=0.6, min_ticks=6))
+    state = meter.counter.state()
+    header = measurement_header(state, meter.idle_power_w(), copy_bandwidth_gb_s(), command, torch.__version__)
+    heads = {s.gemm_nk()["lm_head"] for s in REFERENCE_SHAPES.values()}
+    table: dict[str, dict[str, list[float]]] = {Format.BF16.value: {}, Format.FP8.value: {}}
+    for n, k in table_nk():
+        for fmt in (Format.BF16, Format.FP8):
+            if fmt == Format.FP8 and (n, k) in heads:
+                continue  # the lm_head stays BF16
+            table[fmt.value][nk_key(n, k)] = gemm_row_ms(n, k, fmt, M_BUCKETS)
+        _release()
+    log(f"gemm tables: {sum(len(v) for v in table.values())} shapes x {len(M_BUCKETS)} rows, "
+        f"{time.perf_counter() - t0:.0f} s")
+    measured_anchors: dict[str, Any] = {}
+    for name, layers in anchors:
+        if time.perf_counter() - t0 > deadline_s:
+            log(f"deadline: anchor {name} not measured")
+            break
+        dims = REFERENCE_SHAPES[name].dims(layers)
+        bench = Bench.create(dims, max_pos=4096)
+        measured_anchors[name] = measure_model_profile(dims, batches=(1, 16, 64), prefill_lengths=(512, 2048),
+                                                       meter=meter, bench=bench, command=command, log=log)
+        del bench
+        _release()
+    kind = gpu_from_device_name(state.name)
+    return {
+        "schema": SCHEMA,
+        "version": VERSION,
+        **header,
+        "gpu_kind": kind.value if kind else None,
+        "source": "measured",
+        "verified": True,
+        "formats": [Format.BF16.value, Format.FP8.value],
+        "m_buckets": list(M_BUCKETS),
+        "gemm_ms": table,
+        "anchors": measured_anchors,
+        "seconds": time.perf_counter() - t0,
+    }

@@ -1,0 +1,304 @@
+"""Predict a plan of a model nobody profiled, from a shipped GPU profile (:mod:`advisor.energy.gemm_table`).
+
+Time of a step (a decode step of ``b`` sequences at context ``c``, or the prefill of one
+request of ``L`` tokens, ``x`` = ``b`` or ``L`` rows):
+
+* GEMMs: each group's GEMM in its format at ``x`` rows, read from the measured table at the
+  group's ``(N, K)`` (linear in ``x`` between row buckets); the BF16 lm_head likewise at ``b``
+  rows (one row in prefill). A shape outside the table scales the nearest one's time above
+  the kernel floor (the fastest GEMM at ``x`` rows) by the weight-count ratio, and says so;
+* the rest (norms, attention, activation, quantization, embedding; the gaps between kernels):
+  ``layers x (floor_f + per-activation-byte + per-KV-byte)`` plus a constant, the per-layer
+  kernel floor ``floor_f`` per format; fitted (non-negative least squares, relative errors)
+  to the anchor models' measured steps minus their table GEMMs.
+
+Energy of a step: ``P_0 x time + e_byte x bytes + e_bf16 x BF16 FLOPs + e_fp8 x FP8 FLOPs``:
+a static power while the GPU works (idle and clocks), a cost per HBM byte (weights in their
+format, KV cache, activations) and per tensor-core FLOP of each format, fitted to the anchors'
+measured joules (steps below 95% of the power limit). Where that power exceeds the GPU's power
+limit (large prefills), the GPU lowers its clocks: the step runs at the limit, longer by the
+cube root of the excess (:func:`at_power_limit`). torch-free; numpy and scipy fit.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from advisor.energy.costmodel import interp
+from advisor.energy.gemm_table import SCHEMA, VERSION, nk_key
+from advisor.errors import InputError, UnsupportedError
+from advisor.estimate import EnergyEstimate
+from advisor.formats import Format
+from advisor.models.shape import ModelShape
+from advisor.plan import Plan
+from advisor.recipe.schema import Workload
+
+BYTES = {Format.BF16: 2.0, Format.FP8: 1.0}
+#: anchor steps drawing this share of the power limit or more are at the limit: left out of the energy fit
+CAPPED_SHARE = 0.95
+FORMATS = (Format.BF16, Format.FP8)
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """What the model costs need: per layer, its groups' (kind, N, K) and its attention."""
+
+    hidden: int
+    vocab: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    groups: tuple[tuple[str, str, int, int], ...]  # (group name, kind, N, K)
+    windows: tuple[int | None, ...]  # per layer: sliding window or None
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.windows)
+
+    def kv_tokens(self, context: float) -> float:
+        return sum(context if w is None else min(context, w) for w in self.windows)
+
+    @classmethod
+    def from_shape(cls, shape: ModelShape) -> Geometry:
+        groups = []
+        for g in shape.groups:
+            kind = g.name.rsplit(".", 1)[-1]
+            if shape.routed_layer(g.name) is not None:
+                raise InputError("the shipped GPU profile prices dense layers; this model has routed experts")
+            groups.append((g.name, kind, sum(o for _, o in g.shapes), g.shapes[0][0]))
+        windows = tuple(lay.sliding_window for lay in shape.layers) if shape.layers else (None,) * shape.num_layers
+        return cls(shape.hidden_size, shape.vocab_size, shape.num_attention_heads, shape.num_kv_heads,
+                   shape.head_dim, tuple(groups), windows)
+
+    @classmethod
+    def from_dims(cls, d: dict[str, Any]) -> Geometry:
+        """From a per-model profile's ``model`` (``DecoderDims.to_dict()``)."""
+        groups, windows = [], []
+        for i, la in enumerate(d["layers"]):
+            a, h = la["attention"], d["hidden"]
+            q = a["heads"] * a["head_dim"]
+            groups += [(f"layers.{i}.qkv", "qkv", q + 2 * a["kv_heads"] * a["head_dim"], h),
+                       (f"layers.{i}.o", "o", h, q), (f"layers.{i}.gate_up", "gate_up", 2 * la["intermediate"], h),
+                       (f"layers.{i}.down", "down", h, la["intermediate"])]
+            windows.append(a.get("sliding_window"))
+        a0 = d["layers"][0]["attention"]
+        return cls(d["hidden"], d["vocab"], a0["heads"], a0["kv_heads"], a0["head_dim"], tuple(groups),
+                   tuple(windows))
+
+
+class GemmTable:
+    """GEMM times per format and ``NxK``, made non-decreasing in the rows (a suffix minimum): a GEMM of
+    fewer rows never takes longer, and in the 2026-11-22 H100 table the first row bucket of 11 of 42 FP8
+    shapes carried a start-up delay (up to 19%) that the same GEMM inside a model did not show."""
+
+    def __init__(self, profile: dict[str, Any]) -> None:
+        self.ms = profile["m_buckets"]
+        self.t = {Format(f): {k: _suffix_min(row) for k, row in v.items()} for f, v in profile["gemm_ms"].items()}
+        self.approximate: set[tuple[int, int]] = set()
+
+    def floor(self, fmt: Format, m: float) -> float:
+        return min(interp(self.ms, row, m) for row in self.t[fmt].values())
+
+    def ms_at(self, fmt: Format, n: int, k: int, m: float) -> float:
+        row = self.t[fmt].get(nk_key(n, k))
+        if row is not None:
+            return interp(self.ms, row, m)
+        self.approximate.add((n, k))
+        ref = min(self.t[fmt], key=lambda s: _log_distance(s, n, k))
+        rn, rk = (int(v) for v in ref.split("x"))
+        f = self.floor(fmt, m)
+        return f + (interp(self.ms, self.t[fmt][ref], m) - f) * (n * k) / (rn * rk)
+
+
+def _suffix_min(row: list[float]) -> list[float]:
+    out, low = [], math.inf
+    for v in reversed(row):
+        low = min(low, v)
+        out.append(low)
+    return out[::-1]
+
+
+def _log_distance(key: str, n: int, k: int) -> float:
+    rn, rk = (int(v) for v in key.split("x"))
+    return abs(math.log(rn / n)) + abs(math.log(rk / k))
+
+
+def fmt_of(plan_formats: dict[str, Format], name: str) -> Format:
+    return plan_formats.get(name, Format.BF16)
+
+
+def step_parts(geo: Geometry, table: GemmTable, formats: dict[str, Format], phase: str, x: float,
+               context: float) -> dict[str, Any]:
+    """GEMM time, the features of the fitted non-GEMM time, and bytes / FLOPs of one step."""
+    gemm_ms, flops = 0.0, {f: 0.0 for f in FORMATS}
+    weight_bytes = 0.0
+    share = {f: 0.0 for f in FORMATS}
+    for name, _kind, n, k in geo.groups:
+        f = fmt_of(formats, name)
+        gemm_ms += table.ms_at(f, n, k, x)
+        flops[f] += 2.0 * x * n * k
+        weight_bytes += BYTES[f] * n * k
+        share[f] += 1 / len(geo.groups)
+    head_rows = x if phase == "decode" else 1
+    gemm_ms += table.ms_at(Format.BF16, geo.vocab, geo.hidden, head_rows)
+    flops[Format.BF16] += 2.0 * head_rows * geo.vocab * geo.hidden
+    weight_bytes += 2.0 * geo.vocab * geo.hidden
+    kv_per_token = 2 * geo.kv_heads * geo.head_dim * 2.0  # K and V, BF16
+    layers = geo.num_layers
+    if phase == "decode":
+        kv_bytes = x * kv_per_token * geo.kv_tokens(context)
+        attn_flops = 4.0 * x * geo.heads * geo.head_dim * geo.kv_tokens(context)
+    else:
+        kv_bytes = x * kv_per_token * layers  # written once
+        attn_flops = 2.0 * geo.heads * geo.head_dim * x * x * layers  # causal: half of 4 L^2 h d
+    act_bytes = x * geo.hidden * 2.0 * layers
+    flops[Format.BF16] += attn_flops
+    return {"gemm_ms": gemm_ms, "share": share, "layers": layers, "act_bytes": act_bytes, "kv_bytes": kv_bytes,
+            "attn_flops": attn_flops, "bytes": weight_bytes + kv_bytes + act_bytes, "flops": flops}
+
+
+def ng_features(parts: dict[str, Any], phase: str) -> list[float]:
+    """Non-GEMM time features: layers (the per-layer kernel floor), activation bytes, KV bytes (decode)
+    or attention FLOPs (prefill), and 1."""
+    third = parts["kv_bytes"] if phase == "decode" else parts["attn_flops"]
+    return [parts["layers"], parts["act_bytes"], third, 1.0]
+
+
+def energy_features(t_ms: float, parts: dict[str, Any]) -> list[float]:
+    return [t_ms / 1e3, parts["bytes"], parts["flops"][Format.BF16], parts["flops"][Format.FP8]]
+
+
+def fit_gpu_profile(profile: dict[str, Any]) -> dict[str, Any]:
+    """Fit the non-GEMM time (per phase and format) and the energy coefficients to the anchors."""
+    import numpy as np
+    from scipy.optimize import nnls
+
+    table = GemmTable(profile)
+    ng_rows: dict[tuple[str, Format], list] = {}
+    e_rows: list = []
+    cap_w = CAPPED_SHARE * profile["power_limit_w"]
+    for anchor in profile["anchors"].values():
+        geo = Geometry.from_dims(anchor["model"])
+        for f in FORMATS:
+            uniform = {name: f for name, *_ in geo.groups}
+            d, p = anchor["decode"], anchor["prefill"]
+            for i, b in enumerate(d["batches"]):
+                for c in d["contexts"]:
+                    t = d["step_ms"][f.value][str(c)][i]
+                    parts = step_parts(geo, table, uniform, "decode", b, c)
+                    ng_rows.setdefault(("decode", f), []).append((ng_features(parts, "decode"), t - parts["gemm_ms"]))
+                    j = _energy_at(d, f, c, i)
+                    if j is not None and j / (t / 1e3) < cap_w:
+                        e_rows.append((energy_features(t, parts), j))
+            for i, length in enumerate(p["lengths"]):
+                t = p["step_ms"][f.value][i]
+                parts = step_parts(geo, table, uniform, "prefill", length, length)
+                ng_rows.setdefault(("prefill", f), []).append((ng_features(parts, "prefill"), t - parts["gemm_ms"]))
+                j = p["j_per_step"][f.value][i]
+                if j / (t / 1e3) < cap_w:  # a step at the power limit follows the cap rule, not the fit
+                    e_rows.append((energy_features(t, parts), j))
+    if not e_rows:
+        raise InputError("the GPU profile has no anchor models to fit its non-GEMM and energy terms to")
+
+    def solve(rows) -> list[float]:
+        a = np.array([r for r, _ in rows], dtype=float)
+        y = np.array([v for _, v in rows], dtype=float)
+        scale = a.max(axis=0)
+        scale[scale == 0] = 1.0
+        w = 1.0 / np.maximum(np.abs(y), 1e-12)  # relative errors
+        coef, _ = nnls(a / scale * w[:, None], y * w)
+        return list(coef / scale)
+
+    return {
+        "non_gemm": {f"{ph}:{f.value}": solve(rows) for (ph, f), rows in ng_rows.items()},
+        "energy": solve(e_rows),
+        "anchors": sorted(profile["anchors"]),
+    }
+
+
+def at_power_limit(t_ms: float, energy_j: float, limit_w: float) -> tuple[float, float]:
+    """(ms, J) of a step whose predicted power exceeds the power limit: the GPU lowers its clocks
+    until it draws the limit; with dynamic power ~ f^3 (voltage following frequency), the step
+    takes (P / limit)^(1/3) longer, at the limit."""
+    power = energy_j / (t_ms / 1e3)
+    if power <= limit_w:
+        return t_ms, energy_j
+    t = t_ms * (power / limit_w) ** (1 / 3)
+    return t, limit_w * t / 1e3
+
+
+def _energy_at(d: dict, f: Format, c: int, i: int) -> float | None:
+    j = d["j_per_step"][f.value]
+    if isinstance(j, dict):
+        return j[str(c)][i] if str(c) in j else None
+    return j[i] if c == d.get("energy_context") else None
+
+
+def validate_gpu_profile(data: dict[str, Any], origin: str = "GPU profile") -> dict[str, Any]:
+    if data.get("schema") != SCHEMA or data.get("version") != VERSION:
+        raise InputError(f"{origin} is not a GPU profile of schema {SCHEMA} version {VERSION}")
+    for k in ("gpu", "gpu_kind", "driver", "date", "m_buckets", "gemm_ms", "anchors", "formats"):
+        if k not in data:
+            raise InputError(f"{origin} lacks the field {k!r}")
+    return data
+
+
+class GpuProfileCostModel:
+    """An :class:`~advisor.estimate.EnergyModel` from a shipped GPU profile (no per-model profile)."""
+
+    measured = False
+
+    def __init__(self, profile: dict[str, Any], shape: ModelShape) -> None:
+        self.p = validate_gpu_profile(profile)
+        self.fit = profile.get("fit") or fit_gpu_profile(profile)
+        self.geo = Geometry.from_shape(shape)
+        self.table = GemmTable(profile)
+        self.formats = {Format(f) for f in profile["formats"]}
+        tag = "" if profile.get("verified", False) else ", unverified"
+        self.label = (f"predicted (GPU profile {profile['gpu']}, {profile.get('source', 'measured')} "
+                      f"{profile['date']}{tag}: GEMM tables and {len(self.fit['anchors'])} anchor models)")
+
+    def _check(self, plan: Plan) -> None:
+        if plan.kv_cache != Format.BF16:
+            raise UnsupportedError("the GPU profile has no FP8 KV-cache measurement")
+        bad = set(plan.formats.values()) - self.formats
+        if bad:
+            raise UnsupportedError(f"the {self.p['gpu']} profile has no {', '.join(sorted(f.value for f in bad))} "
+                                   "costs: the format does not run natively there")
+
+    def _step(self, plan: Plan, phase: str, x: float, context: float) -> tuple[float, float]:
+        self._check(plan)
+        parts = step_parts(self.geo, self.table, dict(plan.formats), phase, x, context)
+        feats = ng_features(parts, phase)
+        ng = 0.0
+        for f in FORMATS:
+            coef = self.fit["non_gemm"][f"{phase}:{f.value}"]
+            ng += parts["share"][f] * sum(a * b for a, b in zip(coef, feats, strict=True))
+        t = parts["gemm_ms"] + ng
+        energy = sum(a * b for a, b in zip(self.fit["energy"], energy_features(t, parts), strict=True))
+        return at_power_limit(t, energy, self.p["power_limit_w"])
+
+    def decode_step(self, plan: Plan, batch: int, context: float) -> tuple[float, float]:
+        return self._step(plan, "decode", batch, context)
+
+    def prefill(self, plan: Plan, length: int) -> tuple[float, float]:
+        return self._step(plan, "prefill", length, length)
+
+    def estimate(self, plan: Plan, workload: Workload) -> EnergyEstimate:
+        b, lin, lout = workload.batch_size, workload.input_tokens, workload.output_tokens
+        step_ms, step_j = self.decode_step(plan, b, lin + lout / 2)
+        _, pre_j = self.prefill(plan, lin)
+        label = self.label
+        if self.table.approximate:
+            label = f"{label[:-1]}; GEMM shapes outside the table scaled from the nearest)"
+        return EnergyEstimate(
+            workload=workload.name,
+            j_per_token=(pre_j + lout * step_j / b) / lout,
+            decode_j_per_token=step_j / b,
+            prefill_j_per_input_token=pre_j / lin,
+            decode_tokens_per_s=b / (step_ms / 1e3),
+            source=label,
+            measured=False,
+        )

@@ -1,0 +1,273 @@
+"""Per-model energy profiles: this model's own layer kinds measured on this GPU with the runtime.
+
+A profile (schema ``precision-advisor/model-energy-profile``, version 1) holds, for one GPU
+and one model (its :class:`~advisor.energy.dims.DecoderDims`, random weights):
+
+* ``decode.gemm_ms[fmt][kind][i]``: one layer's fused-group GEMM (qkv, o, gate_up, down) at
+  ``decode.batches[i]`` rows, from CUDA-graph replays over all layers' distinct weights;
+* ``decode.lm_head_ms[i]``: the BF16 lm_head at that many rows;
+* ``decode.step_ms[fmt][context][i]``: the whole decode step of the all-``fmt`` plan (CUDA
+  events over graph replays); the step minus its GEMMs is the non-GEMM part (attention,
+  norms, activation, quantization, lm_head, gaps between kernels);
+* ``decode.j_per_step[fmt][context][i]``: that step's energy from the NVML meter at each of
+  ``decode.energy_contexts``;
+* ``prefill``: the same per prompt length (one request).
+
+It is keyed (:func:`profile_key`) by the GPU (name, UUID, driver, power limit), the model
+(a digest of its layer-by-layer description) and the runtime version: a profile is reused only
+where all match (:class:`ProfileStore`). The cost model is :mod:`advisor.energy.model_costmodel`.
+Measuring needs torch and a GPU; keying and storing do not.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from advisor.errors import InputError
+from advisor.formats import Format
+from advisor.plan import DENSE_GROUP_KINDS
+
+SCHEMA = "precision-advisor/model-energy-profile"
+VERSION = 1
+#: Bump when the runtime's kernels change what a step costs (profiles of older runtimes are not reused).
+RUNTIME_VERSION = "2026-11-22.1"
+FORMATS = (Format.BF16, Format.FP8)
+
+
+def profile_meter_config():
+    """Shorter windows than a plan's measurement (0.6 s x 3 after 0.8 s of warm-up): a profile meters
+    ~14 points; on an H100 these reproduced the default windows' J/step within the run-to-run spread
+    (reports/benchmarks/energy_transfer.md)."""
+    from advisor.energy.meter import MeterConfig
+
+    return MeterConfig(warmup_s=0.8, min_window_s=0.6, min_ticks=6, repeats=3)
+
+
+def model_digest(dims_dict: dict[str, Any]) -> str:
+    """A stable digest of a model's layer-by-layer description (``DecoderDims.to_dict()``)."""
+    text = json.dumps(dims_dict, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def profile_key(state: Any, dims_dict: dict[str, Any], runtime: str = RUNTIME_VERSION) -> dict[str, Any]:
+    """What must match for a stored profile to be reused: GPU unit and settings, model, runtime."""
+    return {
+        "gpu": state.name,
+        "gpu_uuid": state.uuid,
+        "driver": state.driver,
+        "power_limit_w": float(state.power_limit_w),
+        "model": model_digest(dims_dict),
+        "runtime": runtime,
+    }
+
+
+def key_digest(key: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def validate_model_profile(data: dict[str, Any], origin: str = "model profile") -> dict[str, Any]:
+    if data.get("schema") != SCHEMA or data.get("version") != VERSION:
+        raise InputError(f"{origin} is not a per-model energy profile of schema {SCHEMA} version {VERSION}")
+    for k in ("key", "gpu", "gpu_kind", "driver", "date", "model", "decode", "prefill", "formats"):
+        if k not in data:
+            raise InputError(f"{origin} lacks the field {k!r}")
+    return data
+
+
+def is_model_profile(data: dict[str, Any]) -> bool:
+    return data.get("schema") == SCHEMA
+
+
+class ProfileStore:
+    """Per-model profiles on disk: ``<root>/<gpu kind>/<model digest>/<key digest>.json``.
+
+    ``root`` defaults to ``$ADVISOR_PROFILE_DIR`` or ``~/.cache/precision-advisor/profiles``.
+    """
+
+    def __init__(self, root: Path | str | None = None) -> None:
+        default = os.environ.get("ADVISOR_PROFILE_DIR") or Path.home() / ".cache" / "precision-advisor" / "profiles"
+        self.root = Path(root or default)
+
+    def path_for(self, profile: dict[str, Any]) -> Path:
+        key = profile["key"]
+        return self.root / str(profile["gpu_kind"]) / key["model"] / f"{key_digest(key)}.json"
+
+    def save(self, profile: dict[str, Any]) -> Path:
+        path = self.path_for(profile)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(profile, indent=1))
+        tmp.replace(path)
+        return path
+
+    def _candidates(self, gpu_kind: str, model: str) -> list[dict[str, Any]]:
+        folder = self.root / gpu_kind / model
+        out = []
+        for p in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+            try:
+                out.append(validate_model_profile(json.loads(p.read_text()), str(p)))
+            except (ValueError, InputError):
+                continue  # a damaged or foreign file is not a profile
+        return out
+
+    def find(self, key: dict[str, Any], gpu_kind: str) -> dict[str, Any] | None:
+        """The profile of exactly this key (same GPU unit, driver, power limit, model, runtime)."""
+        for p in self._candidates(gpu_kind, key["model"]):
+            if p["key"] == key:
+                return p
+        return None
+
+    def find_for_kind(self, gpu_kind: str, model: str, runtime: str = RUNTIME_VERSION) -> dict[str, Any] | None:
+        """The newest profile of this model on any GPU of ``gpu_kind`` with this runtime (for predicting
+        without that GPU here)."""
+        found = [p for p in self._candidates(gpu_kind, model) if p["key"]["runtime"] == runtime]
+        return max(found, key=lambda p: p.get("measured_at", 0.0)) if found else None
+
+
+# -- measuring (GPU) ---------------------------------------------------------------
+
+
+def _graph_ms(fn, iters: int = 20) -> float:
+    """ms per call of ``fn`` replayed from a CUDA graph (warm-up on a side stream first)."""
+    import torch
+
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    for _ in range(3):
+        g.replay()
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    for _ in range(iters):
+        g.replay()
+    b.record()
+    b.synchronize()
+    return a.elapsed_time(b) / iters
+
+
+def layer_gemm_ms(bench, kind: str, fmt: Format, m: int) -> float:
+    """One layer's ``kind`` GEMM at ``m`` rows: a graph over all layers' (distinct) weights."""
+    import torch
+
+    lins = [bench.linear_cache[(f"{i}.{kind}", fmt)] for i in range(bench.dims.num_layers)]
+    x = torch.randn(m, lins[0].in_features, device="cuda", dtype=torch.bfloat16)
+    if fmt == Format.FP8:
+        x = x.clamp(-448, 448).to(torch.float8_e4m3fn)
+
+    def run() -> None:
+        for lin in lins:
+            lin(x)
+
+    return _graph_ms(run) / len(lins)
+
+
+def lm_head_ms(bench, m: int) -> float:
+    import torch
+    import torch.nn.functional as F
+
+    w = bench.weights.t["lm_head"]
+    y = torch.randn(m, w.shape[1], device="cuda", dtype=torch.bfloat16)
+    return _graph_ms(lambda: F.linear(y, w))
+
+
+def _release() -> None:
+    import torch
+
+    torch._C._cuda_clearCublasWorkspaces()
+    torch.cuda.empty_cache()
+
+
+def measure_model_profile(
+    dims,
+    batches: tuple[int, ...] = (1, 16, 64),
+    contexts: tuple[int, ...] = (512, 2048),
+    prefill_lengths: tuple[int, ...] = (512,),
+    meter=None,
+    bench=None,
+    command: str = "",
+    log=print,
+) -> dict[str, Any]:
+    """Measure ``dims``'s profile on the GPU here (the runtime, random weights, the NVML meter)."""
+    from advisor.energy.cuda_tools import copy_bandwidth_gb_s
+    from advisor.energy.measure import Bench, _torch_with_gpu, decode_step, prefill_step, uniform_formats
+    from advisor.energy.meter import open_meter
+    from advisor.energy.profile import measurement_header
+    from advisor.formats import gpu_from_device_name
+
+    torch = _torch_with_gpu()
+    t0 = time.perf_counter()
+    meter = meter or open_meter(torch.cuda.current_device())
+    state = meter.counter.state()
+    header = measurement_header(state, meter.idle_power_w(), copy_bandwidth_gb_s(), command, torch.__version__)
+    bench = bench or Bench.create(dims, max_pos=max(8192, max(contexts) + 2, max(prefill_lengths) + 1))
+    bench.weights.ensure_positions(max(max(contexts) + 2, max(prefill_lengths) + 1))
+    rts = {f: bench.runtime(uniform_formats(dims, f)) for f in FORMATS}
+
+    def gemms(ms: tuple[int, ...]) -> dict:
+        return {f.value: {k: [layer_gemm_ms(bench, k, f, m) for m in ms] for k in DENSE_GROUP_KINDS} for f in FORMATS}
+
+    def energy(step, label: str) -> dict[str, float]:
+        m = meter.measure(step.launch, label, step.tokens_per_step)
+        return {"j": m.j_per_step, "w": m.power_w, "s": m.s_per_step, "cv": m.cv}
+
+    dec: dict[str, Any] = {"batches": list(batches), "contexts": list(contexts), "energy_contexts": list(contexts),
+                           "gemm_ms": gemms(batches), "lm_head_ms": [lm_head_ms(bench, b) for b in batches],
+                           "step_ms": {}, "j_per_step": {}, "power_w": {}, "meter_ms_per_step": {}, "cv": {}}
+    pre: dict[str, Any] = {"batch": 1, "lengths": list(prefill_lengths), "gemm_ms": gemms(prefill_lengths),
+                           "lm_head_ms": lm_head_ms(bench, 1), "step_ms": {}, "j_per_step": {}, "power_w": {},
+                           "meter_ms_per_step": {}, "cv": {}}
+    for f in FORMATS:
+        rt, fv = rts[f], f.value
+        dec["step_ms"][fv] = {str(c): [] for c in contexts}
+        for key in ("j_per_step", "power_w", "meter_ms_per_step", "cv"):
+            dec[key][fv], pre[key][fv] = {str(c): [] for c in contexts}, []
+        for b in batches:
+            for c in contexts:
+                step = decode_step(rt, b, c)
+                dec["step_ms"][fv][str(c)].append(step.time_ms())
+                _append(dec, fv, energy(step, f"profile decode {fv} b{b} c{c}"), str(c))
+                del step
+                rt.free()
+            _release()
+            log(f"profile {dims.family} decode {fv} b{b}: "
+                + ", ".join(f"c{c} {dec['step_ms'][fv][str(c)][-1]:.3f} ms {dec['power_w'][fv][str(c)][-1]:.0f} W"
+                            for c in contexts))
+        pre["step_ms"][fv] = []
+        for length in prefill_lengths:
+            step = prefill_step(rt, length)
+            pre["step_ms"][fv].append(step.time_ms())
+            _append(pre, fv, energy(step, f"profile prefill {fv} L{length}"))
+            del step
+            rt.free()
+            _release()
+    kind = gpu_from_device_name(state.name)
+    dims_dict = dims.to_dict()
+    return {
+        "schema": SCHEMA,
+        "version": VERSION,
+        **header,
+        "key": profile_key(state, dims_dict),
+        "gpu_kind": kind.value if kind else None,
+        "runtime": RUNTIME_VERSION,
+        "formats": [f.value for f in FORMATS],
+        "model": dims_dict,
+        "decode": dec,
+        "prefill": pre,
+        "profile_seconds": time.perf_counter() - t0,
+        "measured_at": time.time(),
+    }
+
+
+def _append(phase: dict, fv: str, e: dict[str, float], ctx: str | None = None) -> None:
+    for key, v in (("j_per_step", e["j"]), ("power_w", e["w"]), ("meter_ms_per_step", e["s"] * 1e3), ("cv", e["cv"])):
+        (phase[key][fv] if ctx is None else phase[key][fv][ctx]).append(v)

@@ -1,0 +1,40 @@
+"""Assemble a shipped GPU profile: measured GEMM tables, anchor models' per-model profiles, and the fit.
+
+    python benchmarks/build_gpu_profile.py --tables TABLES.json --anchors RAW.json [--anchors RAW2.json] \
+        --out advisor/energy/profiles/h100_gemm_<date>.json
+
+``--tables`` is ``advisor profile`` (or ``energy_transfer_collect.py --tables``) output; each
+``--anchors`` file's ``anchors`` (collect ``--anchors``) replace those of the same name before it.
+The fit (:func:`advisor.energy.gpu_costmodel.fit_gpu_profile`) is stored so predicting needs no solver.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from advisor.energy.gpu_costmodel import fit_gpu_profile  # noqa: E402
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--tables", type=Path, required=True)
+    ap.add_argument("--anchors", type=Path, action="append", default=[])
+    ap.add_argument("--out", type=Path, required=True)
+    args = ap.parse_args(argv)
+    profile = json.loads(args.tables.read_text())
+    for path in args.anchors:
+        profile["anchors"].update(json.loads(path.read_text()).get("anchors", {}))
+    profile["fit"] = fit_gpu_profile(profile)
+    profile["assembled_by"] = "python " + " ".join([sys.argv[0], *(argv if argv is not None else sys.argv[1:])])
+    args.out.write_text(json.dumps(profile, indent=1))
+    print(json.dumps(profile["fit"], indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

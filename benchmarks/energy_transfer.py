@@ -1,0 +1,179 @@
+"""Energy you can trust for your own model: per-model and shipped GPU profiles against measurements.
+
+Reads what ``benchmarks/energy_transfer_collect.py`` measured on the GPU (per-model profiles and
+end-to-end measurements of each shape and plan), predicts every measured row with
+
+* the per-model profile of that shape (``advisor.energy.model_costmodel``),
+* the shipped GPU profile (``advisor.energy.gpu_costmodel``: GEMM tables plus anchor models that
+  are none of the tested shapes), as for a model nobody profiled,
+* the older layer profile scaled by weight count (``advisor.energy.costmodel``), for comparison,
+
+and writes ``reports/benchmarks/energy_transfer.{json,md}``. No GPU needed here.
+
+    python benchmarks/energy_transfer.py --raw RAW.json [--raw RAW2.json] \
+        --gpu-profile advisor/energy/profiles/h100_gemm_<date>.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from energy_transfer_collect import DECODE_CONTEXT, INPUT, OUTPUT, plan_formats  # noqa: E402
+
+from advisor.energy.costmodel import ProfileCostModel  # noqa: E402
+from advisor.energy.gpu_costmodel import GpuProfileCostModel  # noqa: E402
+from advisor.energy.model_costmodel import ModelProfileCostModel  # noqa: E402
+from advisor.energy.profile import shipped_profile  # noqa: E402
+from advisor.energy.reference_shapes import REFERENCE_SHAPES  # noqa: E402
+from advisor.formats import GPU  # noqa: E402
+from advisor.plan import Plan  # noqa: E402
+
+MODEL_TARGET, SHIPPED_TARGET = 0.03, 0.10
+
+
+def predict(model, plan: Plan, row: dict) -> float:
+    """Predicted J per token of one measured row (decode: per generated token; prefill: per prompt token)."""
+    if row["phase"] == "decode":
+        _, j = model.decode_step(plan, row["batch"], row["context"])
+    else:
+        _, j = model.prefill(plan, row["context"])
+    return j / row["tokens_per_step"]
+
+
+def shape_rows(name: str, data: dict, gpu_profile: dict, legacy_profile: dict) -> list[dict]:
+    layers = data["num_layers"]
+    shape = REFERENCE_SHAPES[name].shape(layers)
+    models = {"model_profile": ModelProfileCostModel(data["profile"], shape),
+              "shipped_profile": GpuProfileCostModel(gpu_profile, shape),
+              "layer_profile": ProfileCostModel(legacy_profile, shape)}
+    plans = {k: Plan(v) for k, v in plan_formats(layers).items()}
+    rows = []
+    for r in data["rows"]:
+        row = {"shape": name, "params_b": round(REFERENCE_SHAPES[name].params_b, 3), "layers": layers,
+               "full_layers": data["full_layers"], "plan": r["plan"], "phase": r["phase"], "batch": r["batch"],
+               "context": r["context"], "measured_j_per_token": r["measured_j_per_token"],
+               "measured_cv": r["cv"], "measured_power_w": r["power_w"]}
+        for key, model in models.items():
+            row[f"{key}_j_per_token"] = predict(model, plans[r["plan"]], r)
+            row[f"{key}_error"] = row[f"{key}_j_per_token"] / r["measured_j_per_token"] - 1
+        rows.append(row)
+    return rows
+
+
+def request_rows(rows: list[dict]) -> list[dict]:
+    """J per generated token of a request (512 in, 256 out) at each batch: prefill + decode."""
+    out = []
+    keys = ("measured", "model_profile", "shipped_profile", "layer_profile")
+    by = {(r["shape"], r["plan"], r["phase"], r["batch"]): r for r in rows}
+    for (shape, plan, phase, b), r in by.items():
+        if phase != "decode":
+            continue
+        pre = by[(shape, plan, "prefill", 1)]
+        row = {"shape": shape, "plan": plan, "batch": b}
+        for k in keys:
+            # prefill J/token x prompt tokens + decode J/token x output tokens, per output token
+            row[f"{k}_j_per_token"] = (pre[f"{k}_j_per_token"] * INPUT + r[f"{k}_j_per_token"] * OUTPUT) / OUTPUT
+        for k in keys[1:]:
+            row[f"{k}_error"] = row[f"{k}_j_per_token"] / row["measured_j_per_token"] - 1
+        out.append(row)
+    return out
+
+
+def pct(v: float) -> str:
+    return f"{v * 100:+.1f}%"
+
+
+def render(d: dict) -> str:
+    lines = [
+        "# Energy transfer: per-model and shipped GPU profiles against end-to-end measurements",
+        "",
+        f"Measured on **{d['gpu']}**, driver {d['driver']}, {d['date']} (random weights of each shape, the "
+        f"project's runtime, NVML meter); command `{d['command']}`. Predicted: this table's predictions, "
+        "computed from profiles measured on the GPU (no GPU needed to predict).",
+        "",
+        f"Decode rows: J per generated token of a decode step at context {DECODE_CONTEXT} (= {INPUT} + {OUTPUT}/2); "
+        f"prefill rows: J per prompt token of one {INPUT}-token prompt (batch 1). Targets: per-model profile "
+        f"within {MODEL_TARGET:.0%}, shipped GPU profile within {SHIPPED_TARGET:.0%}.",
+        "",
+        "## Summary (max |error| over plans, phases and batches)",
+        "",
+        "| shape | params (B) | layers run | per-model profile | shipped GPU profile | old layer profile | "
+        "profile time (s) |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for s in d["shapes"]:
+        lines.append(f"| {s['shape']} | {s['params_b']:.2f} | {s['layers']}/{s['full_layers']} | "
+                     f"{s['model_profile_max_abs_error'] * 100:.1f}% | {s['shipped_profile_max_abs_error'] * 100:.1f}% "
+                     f"| {s['layer_profile_max_abs_error'] * 100:.0f}% | {s['profile_seconds']:.0f} |")
+    lines += ["", "## Every row", "",
+              "| shape | plan | phase | batch | measured J/token | per-model | err | shipped | err | old layer | err |",
+              "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in d["rows"]:
+        lines.append(
+            f"| {r['shape']} | {r['plan']} | {r['phase']} | {r['batch']} | {r['measured_j_per_token']:.5g} | "
+            f"{r['model_profile_j_per_token']:.5g} | {pct(r['model_profile_error'])} | "
+            f"{r['shipped_profile_j_per_token']:.5g} | {pct(r['shipped_profile_error'])} | "
+            f"{r['layer_profile_j_per_token']:.5g} | {pct(r['layer_profile_error'])} |")
+    lines += ["", f"## Requests ({INPUT} prompt + {OUTPUT} generated tokens), J per generated token", "",
+              "| shape | plan | batch | measured | per-model err | shipped err | old layer err |",
+              "|---|---|---:|---:|---:|---:|---:|"]
+    for r in d["requests"]:
+        lines.append(f"| {r['shape']} | {r['plan']} | {r['batch']} | {r['measured_j_per_token']:.5g} | "
+                     f"{pct(r['model_profile_error'])} | {pct(r['shipped_profile_error'])} | "
+                     f"{pct(r['layer_profile_error'])} |")
+    if d.get("notes"):
+        lines += ["", "## Notes", ""] + [f"- {n}" for n in d["notes"]]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--raw", type=Path, action="append", required=True,
+                    help="collect output; a shape in a later file replaces the earlier one")
+    ap.add_argument("--gpu-profile", type=Path, required=True)
+    ap.add_argument("--notes", type=Path, help="a JSON list of notes for the Markdown")
+    ap.add_argument("--out", type=Path, default=Path("reports/benchmarks/energy_transfer.json"))
+    args = ap.parse_args(argv)
+    raws = [json.loads(p.read_text()) for p in args.raw]
+    shapes: dict[str, dict] = {}
+    source: dict[str, str] = {}
+    for path, raw in zip(args.raw, raws, strict=True):
+        for name, data in raw["shapes"].items():
+            shapes[name], source[name] = data, str(path)
+    gpu_profile = json.loads(args.gpu_profile.read_text())
+    legacy = shipped_profile(GPU(gpu_profile["gpu_kind"]))
+    rows, summary = [], []
+    for name, data in shapes.items():
+        these = shape_rows(name, data, gpu_profile, legacy)
+        rows += these
+        prof = data["profile"]
+        summary.append({"shape": name, "params_b": REFERENCE_SHAPES[name].params_b, "layers": data["num_layers"],
+                        "full_layers": data["full_layers"], "raw": source[name],
+                        "profile_seconds": prof["profile_seconds"] + data.get("bench_create_s", 0.0),
+                        **{f"{k}_max_abs_error": max(abs(r[f"{k}_error"]) for r in these)
+                           for k in ("model_profile", "shipped_profile", "layer_profile")}})
+    first = raws[0]
+    out = {
+        "gpu": first["gpu"], "gpu_uuid": sorted({r["gpu_uuid"] for r in raws}), "driver": first["driver"],
+        "power_limit_w": first["power_limit_w"], "date": first["date"],
+        "command": " ; ".join(r["command"] for r in raws) + " ; python " + " ".join(
+            [sys.argv[0], *(argv if argv is not None else sys.argv[1:])]),
+        "gpu_profile": str(args.gpu_profile), "gpu_profile_anchors": sorted(gpu_profile["anchors"]),
+        "shapes": summary, "rows": rows, "requests": request_rows(rows),
+        "notes": json.loads(args.notes.read_text()) if args.notes else [],
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(out, indent=1))
+    args.out.with_suffix(".md").write_text(render(out))
+    print(render(out))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,159 @@
+"""GPU half of the energy-transfer benchmark: per-model profiles and end-to-end measurements.
+
+For each shape (random weights, the project's runtime, the NVML meter): the per-model profile
+(:func:`advisor.energy.model_profile.measure_model_profile`, its wall time recorded), then each
+plan (all-BF16, all-FP8, two mixed) measured end to end: prefill of one 512-token request and
+decode at the workload's mean context (512 + 256 / 2) at batch 1, 16 and 64. ``--tables`` also
+measures the shipped GPU profile (:mod:`advisor.energy.gemm_table`: GEMM tables and anchor
+models). Results are written after every shape, so a run cut short keeps what it measured.
+The CPU half (``benchmarks/energy_transfer.py``) predicts and renders.
+
+    python benchmarks/energy_transfer_collect.py --out raw.json [--tables tables.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from advisor.energy.meter import MeterConfig  # noqa: E402
+from advisor.energy.reference_shapes import REFERENCE_SHAPES  # noqa: E402
+from advisor.formats import Format  # noqa: E402
+from advisor.plan import DENSE_GROUP_KINDS  # noqa: E402
+
+#: (reference shape, layers run: None = all); the 70B runs 10 of its 80 layers to fit time and memory
+SHAPES = (("SmolLM2-135M", None), ("Qwen2.5-0.5B", None), ("Llama-3.1-8B", None), ("Llama-3.1-70B", 10))
+BATCHES = (1, 16, 64)
+INPUT, OUTPUT = 512, 256
+DECODE_CONTEXT = INPUT + OUTPUT // 2
+# Shorter windows than the project's default (5 s x 3): 96 meter points must fit one 600 s call.
+BENCH_METER = MeterConfig(warmup_s=1.0, min_window_s=0.8, min_ticks=8, repeats=3)
+PROFILE_METER = MeterConfig(warmup_s=0.8, min_window_s=0.6, min_ticks=6, repeats=3)
+
+
+def parse_models(text: str) -> list[tuple[str, int | None]]:
+    """``name[:layers],...`` -> [(reference shape, layers or None)]."""
+    out = []
+    for item in filter(None, text.split(",")):
+        name, _, layers = item.partition(":")
+        out.append((name, int(layers) if layers else dict(SHAPES).get(name)))
+    return out
+
+
+def plan_formats(num_layers: int) -> dict[str, dict[str, Format]]:
+    """The four plans, as runtime group formats: all-BF16, all-FP8, MLP-only FP8, and the middle half
+    of the layers FP8 (first and last quarter BF16, as sensitivity often leaves them)."""
+    q = max(1, num_layers // 4)
+    out: dict[str, dict[str, Format]] = {"bf16": {}, "fp8": {}, "mlp-fp8": {}, "middle-fp8": {}}
+    for i in range(num_layers):
+        for k in DENSE_GROUP_KINDS:
+            g = f"layers.{i}.{k}"
+            out["bf16"][g] = Format.BF16
+            out["fp8"][g] = Format.FP8
+            out["mlp-fp8"][g] = Format.FP8 if k in ("gate_up", "down") else Format.BF16
+            out["middle-fp8"][g] = Format.FP8 if q <= i < num_layers - q else Format.BF16
+    return out
+
+
+def measure_plans(bench, meter, log) -> list[dict]:
+    from advisor.energy.measure import decode_step, prefill_step
+
+    rows = []
+    for name, fmts in plan_formats(bench.dims.num_layers).items():
+        rt = bench.runtime(fmts)
+        points = [("prefill", 1)] + [("decode", b) for b in BATCHES]
+        for phase, b in points:
+            step = prefill_step(rt, INPUT) if phase == "prefill" else decode_step(rt, b, DECODE_CONTEXT)
+            ms = step.time_ms()
+            m = meter.measure(step.launch, f"{name} {phase} b{b}", step.tokens_per_step)
+            rows.append({"plan": name, "phase": phase, "batch": b, "tokens_per_step": step.tokens_per_step,
+                         "context": DECODE_CONTEXT if phase == "decode" else INPUT,
+                         "measured_j_per_step": m.j_per_step, "measured_j_per_token": m.j_per_token,
+                         "ms_per_step_events": ms, "ms_per_step_meter": m.s_per_step * 1e3,
+                         "power_w": m.power_w, "cv": m.cv})
+            log(f"  {name:10s} {phase:7s} b{b:<3d} {ms:8.3f} ms  {m.j_per_token:.6f} J/tok  {m.power_w:.0f} W "
+                f"cv {m.cv:.4f}")
+            del step
+            rt.free()
+        del rt
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--tables", type=Path, help="also measure the shipped GPU profile into this file")
+    ap.add_argument("--shapes", default=",".join(s for s, _ in SHAPES), help="name[:layers],... profiled and measured")
+    ap.add_argument("--anchors", default="", help="name[:layers],... only profiled (the shipped profile's anchors)")
+    ap.add_argument("--bench-window-s", type=float, default=BENCH_METER.min_window_s)
+    ap.add_argument("--deadline-s", type=float, default=560.0, help="stop starting new work after this")
+    args = ap.parse_args(argv)
+    import torch
+
+    from advisor.energy.measure import Bench
+    from advisor.energy.meter import open_meter
+    from advisor.energy.model_profile import _release, measure_model_profile
+
+    t_start = time.perf_counter()
+    command = "python " + " ".join([sys.argv[0], *(argv if argv is not None else sys.argv[1:])])
+
+    def log(*a) -> None:
+        print(f"[{time.perf_counter() - t_start:6.1f}s]", *a, flush=True)
+
+    from dataclasses import replace
+
+    bench_config = replace(BENCH_METER, min_window_s=args.bench_window_s, min_ticks=round(10 * args.bench_window_s))
+    bench_meter = open_meter(0, bench_config)
+    profile_meter = open_meter(0, PROFILE_METER)
+    state = bench_meter.counter.state()
+    out = {"gpu": state.name, "gpu_uuid": state.uuid, "driver": state.driver, "power_limit_w": state.power_limit_w,
+           "idle_power_w": bench_meter.idle_power_w(), "date": time.strftime("%Y-%m-%d"), "command": command,
+           "torch": torch.__version__, "bench_meter": bench_config.__dict__, "profile_meter": PROFILE_METER.__dict__,
+           "shapes": {}, "anchors": {}}
+    for name, layers in parse_models(args.shapes):
+        if time.perf_counter() - t_start > args.deadline_s:
+            log(f"deadline: {name} not run")
+            break
+        ref = REFERENCE_SHAPES[name]
+        dims = ref.dims(layers)
+        log(f"{name}: {dims.num_layers} layers")
+        t0 = time.perf_counter()
+        bench = Bench.create(dims, max_pos=4096)
+        t_bench = time.perf_counter() - t0
+        prof = measure_model_profile(dims, batches=BATCHES, meter=profile_meter, bench=bench, command=command,
+                                     log=log)
+        log(f"{name}: profile {prof['profile_seconds']:.1f} s (+{t_bench:.1f} s weights and calibration)")
+        rows = measure_plans(bench, bench_meter, log)
+        out["shapes"][name] = {"num_layers": dims.num_layers, "full_layers": ref.num_layers,
+                               "params_b": ref.params_b, "profile": prof, "bench_create_s": t_bench, "rows": rows}
+        args.out.write_text(json.dumps(out, indent=1))
+        del bench, prof
+        _release()
+    for name, layers in parse_models(args.anchors):
+        if time.perf_counter() - t_start > args.deadline_s:
+            log(f"deadline: anchor {name} not run")
+            break
+        dims = REFERENCE_SHAPES[name].dims(layers)
+        bench = Bench.create(dims, max_pos=4096)
+        prof = measure_model_profile(dims, batches=BATCHES, prefill_lengths=(512, 2048), meter=profile_meter,
+                                     bench=bench, command=command, log=log)
+        out["anchors"][name] = prof
+        args.out.write_text(json.dumps(out, indent=1))
+        del bench, prof
+        _release()
+    if args.tables is not None and time.perf_counter() - t_start < args.deadline_s:
+        from advisor.energy.gemm_table import measure_gpu_profile
+
+        data = measure_gpu_profile(command, deadline_s=args.deadline_s - (time.perf_counter() - t_start), log=log)
+        args.tables.write_text(json.dumps(data, indent=1))
+    log("done")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,126 @@
+"""Shipped GPU profiles (GEMM tables + anchor models): the fit, the power limit, the table, the choice."""
+
+from __future__ import annotations
+
+import pytest
+
+from advisor.energy.gemm_table import SCHEMA, VERSION, nk_key
+from advisor.energy.gpu_costmodel import (
+    FORMATS,
+    GemmTable,
+    Geometry,
+    GpuProfileCostModel,
+    at_power_limit,
+    energy_features,
+    fit_gpu_profile,
+    ng_features,
+    step_parts,
+)
+from advisor.energy.reference_shapes import REFERENCE_SHAPES
+from advisor.formats import GPU, Format
+from advisor.plan import Plan
+from advisor.recipe.schema import Workload
+
+M = [1, 4, 16, 64, 256, 1024]
+ANCHORS = {"SmolLM2-360M": 6, "Llama-3.2-1B": 4, "Qwen2.5-1.5B": 5, "Qwen2.5-14B": 2}
+TEST = REFERENCE_SHAPES["Qwen2.5-0.5B"]
+# ground truth: per-layer floor, per activation byte, per KV byte (decode) or attention FLOP (prefill), constant
+NG = {("decode", Format.BF16): [0.011, 1e-9, 3e-10, 0.03], ("decode", Format.FP8): [0.014, 2e-9, 3e-10, 0.01],
+      ("prefill", Format.BF16): [0.013, 1e-9, 8e-12, 0.4], ("prefill", Format.FP8): [0.024, 1e-9, 7e-12, 0.2]}
+ENERGY = [230.0, 1.1e-10, 9e-13, 6e-13]
+LIMIT_W = 700.0
+
+
+def gemm_ms(fmt: Format, n: int, k: int, m: int) -> float:
+    byte = 2 if fmt == Format.BF16 else 1
+    return 0.003 + n * k * byte / 2.5e9 + 2 * m * n * k / (6e11 if fmt == Format.BF16 else 1.2e12)
+
+
+def table() -> dict:
+    shapes = [REFERENCE_SHAPES[n] for n in ANCHORS] + [TEST]
+    nks = {nk for s in shapes for nk in s.gemm_nk().values()}
+    return {f.value: {nk_key(n, k): [gemm_ms(f, n, k, m) for m in M] for n, k in nks} for f in FORMATS}
+
+
+def anchor_profile(geo: Geometry, tab: GemmTable, dims: dict) -> dict:
+    d = {"batches": [1, 16, 64], "contexts": [512, 2048], "step_ms": {}, "j_per_step": {}}
+    p = {"lengths": [512, 2048], "step_ms": {}, "j_per_step": {}}
+    for f in FORMATS:
+        uniform = {name: f for name, *_ in geo.groups}
+
+        def step(phase: str, x: int, c: int, f: Format = f, uniform: dict = uniform) -> tuple[float, float]:
+            parts = step_parts(geo, tab, uniform, phase, x, c)
+            t = parts["gemm_ms"] + sum(a * b for a, b in zip(NG[(phase, f)], ng_features(parts, phase), strict=True))
+            return t, sum(a * b for a, b in zip(ENERGY, energy_features(t, parts), strict=True))
+
+        d["step_ms"][f.value] = {str(c): [step("decode", b, c)[0] for b in d["batches"]] for c in d["contexts"]}
+        d["j_per_step"][f.value] = {str(c): [step("decode", b, c)[1] for b in d["batches"]] for c in d["contexts"]}
+        p["step_ms"][f.value] = [step("prefill", n, n)[0] for n in p["lengths"]]
+        p["j_per_step"][f.value] = [step("prefill", n, n)[1] for n in p["lengths"]]
+    return {"model": dims, "decode": d, "prefill": p}
+
+
+@pytest.fixture(scope="module")
+def profile() -> dict:
+    prof = {"schema": SCHEMA, "version": VERSION, "gpu": "NVIDIA H100 80GB HBM3", "gpu_kind": "h100",
+            "driver": "580", "date": "2026-11-22", "power_limit_w": LIMIT_W, "formats": ["bf16", "fp8"],
+            "m_buckets": M, "gemm_ms": table(), "verified": True, "anchors": {}}
+    tab = GemmTable(prof)
+    for name, layers in ANCHORS.items():
+        dims = REFERENCE_SHAPES[name].dims(layers).to_dict()
+        prof["anchors"][name] = anchor_profile(Geometry.from_dims(dims), tab, dims)
+    return prof
+
+
+def test_the_fit_recovers_the_anchor_physics_and_prices_an_unseen_model(profile):
+    fit = fit_gpu_profile(profile)
+    assert fit["energy"] == pytest.approx(ENERGY, rel=1e-3)
+    model = GpuProfileCostModel({**profile, "fit": fit}, TEST.shape(3))
+    truth = anchor_profile(Geometry.from_dims(TEST.dims(3).to_dict()), GemmTable(profile), TEST.dims(3).to_dict())
+    for f in FORMATS:
+        plan = Plan({g.name: f for g in TEST.shape(3).groups})
+        for i, b in enumerate((1, 16, 64)):
+            t, j = model.decode_step(plan, b, 2048)
+            assert t == pytest.approx(truth["decode"]["step_ms"][f.value]["2048"][i], rel=1e-3)
+            assert j == pytest.approx(truth["decode"]["j_per_step"][f.value]["2048"][i], rel=1e-3)
+        assert model.prefill(plan, 512)[1] == pytest.approx(truth["prefill"]["j_per_step"][f.value][0], rel=1e-3)
+    assert "4 anchor models" in model.label and "unverified" not in model.label
+
+
+def test_a_mixed_plan_costs_between_the_uniform_ones(profile):
+    shape = TEST.shape(3)
+    model = GpuProfileCostModel(profile, shape)
+    w = Workload(batch_size=16)
+    e = {k: model.estimate(Plan({g.name: (Format.FP8 if k == "fp8" or (k == "mlp" and g.name.endswith(
+        ("gate_up", "down"))) else Format.BF16) for g in shape.groups}), w).j_per_token for k in ("bf16", "mlp", "fp8")}
+    assert e["fp8"] < e["mlp"] < e["bf16"]
+
+
+def test_a_step_above_the_power_limit_runs_at_the_limit_and_longer():
+    assert at_power_limit(10.0, 5.0, 700.0) == (10.0, 5.0)  # 500 W: untouched
+    t, j = at_power_limit(10.0, 8.0, 400.0)  # 800 W asked of a 400 W GPU
+    assert t == pytest.approx(10.0 * 2 ** (1 / 3)) and j / (t / 1e3) == pytest.approx(400.0)
+
+
+def test_the_table_is_monotone_in_rows_and_scales_shapes_it_lacks(profile):
+    prof = {**profile, "gemm_ms": {"bf16": {"100x100": [0.02, 0.01, 0.012, 0.03, 0.05, 0.09], "10x10": [0.005] * 6}}}
+    tab = GemmTable(prof)
+    assert tab.ms_at(Format.BF16, 100, 100, 1) == pytest.approx(0.01)  # the first bucket's start-up delay is gone
+    assert tab.ms_at(Format.BF16, 100, 100, 4) == pytest.approx(0.01)
+    bigger = tab.ms_at(Format.BF16, 200, 100, 64)
+    # the nearest shape's time above the kernel floor (the fastest GEMM at 64 rows), times the weight ratio
+    assert bigger == pytest.approx(0.005 + (0.03 - 0.005) * 2) and (200, 100) in tab.approximate
+
+
+def test_h100_predictions_use_the_shipped_gpu_profile_and_fall_back_where_it_cannot_price():
+    from advisor.energy.select import make_energy_model
+
+    shape = REFERENCE_SHAPES["SmolLM2-135M"].shape()
+    model = make_energy_model("predicted", shape, GPU.H100)
+    assert "GEMM tables and 5 anchor models" in model.label
+    w = Workload(batch_size=16)
+    plan = Plan.uniform(shape.groups, Format.FP8)
+    assert "GEMM tables" in model.estimate(plan, w).source
+    kv = model.estimate(Plan(dict(plan.formats), kv_cache=Format.FP8), w)
+    assert kv.source.startswith("predicted (profile NVIDIA H100") and "no FP8 KV-cache" in kv.source
+    assert "unverified" in make_energy_model("predicted", shape, GPU.B200).label  # datasheet-derived, says so

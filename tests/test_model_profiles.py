@@ -1,0 +1,233 @@
+"""Per-model profiles (keying, store, cost model) and their place in the two energy tiers, on a simulated
+GPU measured through the real meter (no GPU needed)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+
+from advisor.energy.dims import DecoderDims
+from advisor.energy.meter import EnergyMeter, MeterConfig
+from advisor.energy.model_costmodel import ModelProfileCostModel
+from advisor.energy.model_profile import (
+    RUNTIME_VERSION,
+    SCHEMA,
+    VERSION,
+    ProfileStore,
+    key_digest,
+    model_digest,
+    profile_key,
+)
+from advisor.energy.nvml import GPUState
+from advisor.energy.reference_shapes import REFERENCE_SHAPES
+from advisor.errors import InputError, UnsupportedError
+from advisor.formats import GPU, Format
+from advisor.plan import DENSE_GROUP_KINDS, Plan
+from advisor.recipe.schema import Workload
+from advisor.testing import SimulatedGPU, VirtualClock
+
+REF = REFERENCE_SHAPES["SmolLM2-135M"]
+LAYERS = 4
+SHAPE = REF.shape(LAYERS)
+DIMS = DecoderDims.from_shape(SHAPE)  # what the runtime builds without the model's config
+METER = MeterConfig(warmup_s=0.05, min_window_s=0.3, min_ticks=3, repeats=2, idle_s=0.1, depth=64)
+# the simulated physics: per-layer GEMM ms (a + b * rows) per format, non-GEMM ms, powers
+GEMM = {Format.BF16: {"qkv": (0.004, 2e-5), "o": (0.003, 1e-5), "gate_up": (0.008, 5e-5), "down": (0.005, 3e-5)}}
+GEMM[Format.FP8] = {k: (a * 0.9, b * 0.5) for k, (a, b) in GEMM[Format.BF16].items()}
+P_BF16_W, P_FP8_GEMM_W = 400.0, 300.0
+
+
+def gemm_ms(f: Format, kind: str, rows: float) -> float:
+    a, b = GEMM[f][kind]
+    return a + b * rows
+
+
+def ng_ms(f: Format, rows: float, context: float, phase: str) -> float:
+    """One layer's non-GEMM ms: a floor, activations, KV (decode) or attention (prefill); FP8 quantizes more."""
+    per = 0.02 + 2e-5 * rows + (1e-7 * rows * context if phase == "decode" else 1e-8 * rows * rows)
+    return per + (0.001 if f == Format.FP8 else 0.0)
+
+
+def truth(formats: dict[str, Format], rows: float, context: float, phase: str) -> tuple[float, float]:
+    """(ms, J) of a step of any plan on the simulated GPU."""
+    n = len(SHAPE.groups)
+    t_ng = sum(ng_ms(formats.get(g.name, Format.BF16), rows, context, phase) for g in SHAPE.groups) / n * LAYERS
+    gb = sum(gemm_ms(Format.BF16, g.name.rsplit(".", 1)[-1], rows) for g in SHAPE.groups
+             if formats.get(g.name, Format.BF16) == Format.BF16)
+    gf = sum(gemm_ms(Format.FP8, g.name.rsplit(".", 1)[-1], rows) for g in SHAPE.groups
+             if formats.get(g.name) == Format.FP8)
+    return t_ng + gb + gf, (P_BF16_W * (t_ng + gb) + P_FP8_GEMM_W * gf) / 1e3
+
+
+def meter_on(gpu: SimulatedGPU, clock: VirtualClock) -> EnergyMeter:
+    return EnergyMeter(gpu, METER, clock=clock, sleep=clock.sleep)
+
+
+def simulated_profile(state: GPUState, batches=(1, 16, 64), contexts=(512, 2048), lengths=(512,)) -> dict:
+    """A per-model profile of the simulated GPU: times from its physics, energies through the real meter."""
+    clock = VirtualClock()
+    gpu = SimulatedGPU(clock, tick_s=0.01)
+    meter = meter_on(gpu, clock)
+
+    def measure(ms: float, j: float) -> float:
+        gpu.step_s, gpu.busy_w = ms / 1e3, j / (ms / 1e3)
+        return meter.measure(lambda: gpu.launch()).j_per_step
+
+    dec = {"batches": list(batches), "contexts": list(contexts), "energy_contexts": list(contexts),
+           "gemm_ms": {}, "step_ms": {}, "j_per_step": {}}
+    pre = {"batch": 1, "lengths": list(lengths), "gemm_ms": {}, "step_ms": {}, "j_per_step": {}}
+    for f in (Format.BF16, Format.FP8):
+        uniform = {g.name: f for g in SHAPE.groups}
+        dec["gemm_ms"][f.value] = {k: [gemm_ms(f, k, b) for b in batches] for k in DENSE_GROUP_KINDS}
+        pre["gemm_ms"][f.value] = {k: [gemm_ms(f, k, n) for n in lengths] for k in DENSE_GROUP_KINDS}
+        dec["step_ms"][f.value] = {str(c): [truth(uniform, b, c, "decode")[0] for b in batches] for c in contexts}
+        dec["j_per_step"][f.value] = {str(c): [measure(*truth(uniform, b, c, "decode")) for b in batches]
+                                      for c in contexts}
+        pre["step_ms"][f.value] = [truth(uniform, n, n, "prefill")[0] for n in lengths]
+        pre["j_per_step"][f.value] = [measure(*truth(uniform, n, n, "prefill")) for n in lengths]
+    return {"schema": SCHEMA, "version": VERSION, "key": profile_key(state, DIMS.to_dict()), "gpu": state.name,
+            "gpu_kind": "h100", "driver": state.driver, "date": "2026-11-22", "formats": ["bf16", "fp8"],
+            "model": DIMS.to_dict(), "decode": dec, "prefill": pre, "measured_at": 1.0}
+
+
+STATE = GPUState("NVIDIA H100 80GB HBM3", 0, "580.1", 700.0, 1980, 2619, 40, 0.0, uuid="GPU-a")
+
+
+@pytest.fixture(scope="module")
+def profile() -> dict:
+    return simulated_profile(STATE)
+
+
+def plans() -> dict[str, Plan]:
+    names = [g.name for g in SHAPE.groups]
+    return {"bf16": Plan({n: Format.BF16 for n in names}), "fp8": Plan({n: Format.FP8 for n in names}),
+            "mlp": Plan({n: Format.FP8 if n.endswith(("gate_up", "down")) else Format.BF16 for n in names}),
+            "layer1": Plan({n: Format.FP8 if n.startswith("layers.1.") else Format.BF16 for n in names})}
+
+
+# -- keying and the store -----------------------------------------------------------------
+
+
+def test_the_key_changes_with_the_gpu_unit_its_settings_the_model_and_the_runtime():
+    base = profile_key(STATE, DIMS.to_dict())
+    assert profile_key(STATE, DIMS.to_dict()) == base
+    for other in (replace(STATE, uuid="GPU-b"), replace(STATE, driver="590.0"), replace(STATE, power_limit_w=500.0)):
+        assert profile_key(other, DIMS.to_dict()) != base
+    assert profile_key(STATE, REF.dims(LAYERS).to_dict())["model"] != base["model"]  # its own layers
+    assert profile_key(STATE, DIMS.to_dict(), runtime="older")["runtime"] != base["runtime"]
+    assert len({key_digest(base), key_digest(profile_key(replace(STATE, uuid="GPU-b"), DIMS.to_dict()))}) == 2
+
+
+def test_the_store_reuses_only_an_exact_key_and_predicts_from_the_newest_of_a_kind(tmp_path, profile):
+    store = ProfileStore(tmp_path)
+    store.save(profile)
+    assert store.find(profile["key"], "h100")["key"] == profile["key"]
+    other = profile_key(replace(STATE, driver="590.0"), DIMS.to_dict())
+    assert store.find(other, "h100") is None
+    newer = {**profile, "key": other, "driver": "590.0", "measured_at": 2.0}
+    store.save(newer)
+    assert store.find_for_kind("h100", model_digest(DIMS.to_dict()))["driver"] == "590.0"
+    assert store.find_for_kind("h100", model_digest(DIMS.to_dict()), runtime="other") is None
+    assert store.find_for_kind("h200", model_digest(DIMS.to_dict())) is None
+    (store.path_for(profile).parent / "broken.json").write_text("{")
+    assert store.find(profile["key"], "h100") is not None  # a damaged file is skipped, not fatal
+    assert profile["key"]["runtime"] == RUNTIME_VERSION
+
+
+# -- the cost model ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["bf16", "fp8", "mlp", "layer1"])
+@pytest.mark.parametrize("batch", [1, 16, 40, 64])
+def test_any_plan_is_predicted_within_a_percent_of_the_simulated_gpu(profile, name, batch):
+    model = ModelProfileCostModel(profile, SHAPE)
+    plan = plans()[name]
+    context = 640  # between the profiled contexts
+    ms, j = model.decode_step(plan, batch, context)
+    t_true, j_true = truth(dict(plan.formats), batch, context, "decode")
+    assert ms == pytest.approx(t_true, rel=1e-6) if batch in (1, 16, 64) else ms == pytest.approx(t_true, rel=0.02)
+    assert j == pytest.approx(j_true, rel=0.01)
+    _, pj = model.prefill(plan, 512)
+    assert pj == pytest.approx(truth(dict(plan.formats), 512, 512, "prefill")[1], rel=0.01)
+
+
+def test_fp8_saves_where_the_simulated_gpu_saves_and_the_estimate_is_labelled(profile):
+    model = ModelProfileCostModel(profile, SHAPE)
+    w = Workload(name="chat", batch_size=16, input_tokens=512, output_tokens=256)
+    bf16, fp8, mlp = (model.estimate(plans()[k], w) for k in ("bf16", "fp8", "mlp"))
+    assert fp8.j_per_token < mlp.j_per_token < bf16.j_per_token
+    assert not fp8.measured and fp8.source.startswith("predicted (per-model profile, NVIDIA H100")
+
+
+def test_the_profile_refuses_another_model_and_what_it_did_not_measure(profile):
+    with pytest.raises(InputError, match="4-layer"):
+        ModelProfileCostModel(profile, REF.shape(LAYERS + 2))
+    model = ModelProfileCostModel(profile, SHAPE)
+    with pytest.raises(UnsupportedError, match="KV"):
+        model.decode_step(Plan(dict(plans()["bf16"].formats), kv_cache=Format.FP8), 16, 640)
+    nvfp4 = Plan({g.name: Format.NVFP4 for g in SHAPE.groups})
+    with pytest.raises(UnsupportedError, match="nvfp4"):
+        model.decode_step(nvfp4, 16, 640)
+
+
+# -- the two tiers: a search on a GPU of the target kind builds the profile once, then reuses it
+
+
+class FakeMeasured:
+    """The measured tier on a simulated GPU (what make_energy_tiers builds from the runtime)."""
+
+    label, measured = "measured (simulated)", True
+
+    def __init__(self, shape, target=None, model_config=None, state=STATE) -> None:
+        self.dims, self._bench = DIMS, object()
+        clock = VirtualClock()
+        self.meter = meter_on(SimulatedGPU(clock, tick_s=0.01), clock)
+        self.meter.counter.state = lambda: state
+
+    def estimate(self, plan, workload):
+        raise AssertionError("not called here")
+
+
+def test_a_measured_search_builds_the_per_model_profile_once_and_reuses_it(tmp_path, monkeypatch):
+    from advisor.energy import measure, model_profile, select
+
+    built: list[dict] = []
+
+    def fake_measure(dims, batches, contexts, prefill_lengths, meter, bench, command, log):
+        assert dims == DIMS and 16 in batches and min(contexts) <= 640 <= max(contexts)
+        built.append(simulated_profile(meter.counter.state(), batches, contexts, prefill_lengths))
+        return built[-1]
+
+    monkeypatch.setattr(model_profile, "measure_model_profile", fake_measure)
+    monkeypatch.setattr(measure, "MeasuredEnergyModel", FakeMeasured)
+    store = ProfileStore(tmp_path)
+    w = [Workload(name="chat", batch_size=16, input_tokens=512, output_tokens=256)]
+    predicted, measured = select.make_energy_tiers("measured", SHAPE, GPU.H100, workloads=w, store=store)
+    assert len(built) == 1 and measured.measured and "per-model profile" in predicted.label
+    select.make_energy_tiers("measured", SHAPE, GPU.H100, workloads=w, store=store)
+    assert len(built) == 1  # reused: same GPU, driver, power limit, model and runtime
+    est = predicted.estimate(plans()["mlp"], w[0])
+    assert est.j_per_token == pytest.approx(ModelProfileCostModel(built[0], SHAPE).estimate(plans()["mlp"], w[0])
+                                            .j_per_token)
+    # an FP8 KV cache is not in the profile: priced by the fallback, labelled, never an abort
+    kv = predicted.estimate(Plan(dict(plans()["mlp"].formats), kv_cache=Format.FP8), w[0])
+    assert "not in predicted (per-model profile" in kv.source
+    # without a GPU, predicted uses the stored per-model profile of a GPU of the target kind
+    monkeypatch.setattr(select, "gpu_here", lambda: (None, None))
+    alone, none = select.make_energy_tiers("auto", SHAPE, GPU.H100, workloads=w, store=store)
+    assert none is None and "per-model profile" in alone.label
+    other, _ = select.make_energy_tiers("auto", SHAPE, GPU.H200, workloads=w, store=store)
+    assert "per-model profile" not in other.label
+
+
+def test_a_per_model_profile_given_as_a_file_is_used_and_checked(tmp_path, profile):
+    from advisor.energy.select import make_energy_model
+
+    p = tmp_path / "p.json"
+    p.write_text(json.dumps(profile))
+    m = make_energy_model("predicted", SHAPE, GPU.H100, profile=p)
+    assert "per-model profile" in m.label
+    with pytest.raises(InputError, match="target is h200"):
+        make_energy_model("predicted", SHAPE, GPU.H200, profile=p)
