@@ -46,11 +46,11 @@ class Bench:
         w = DecoderWeights.random(dims, max_pos=max_pos, seed=seed)
         return cls(dims, w, calibrate(w))
 
-    def runtime(self, formats: dict[str, Format], key: str | None = None):
-        """A new runtime of ``formats`` (``key`` is accepted for older callers and unused)."""
+    def runtime(self, formats: dict[str, Format], key: str | None = None, kv_cache: Format = Format.BF16):
+        """A new runtime of ``formats`` with a ``kv_cache`` KV cache (``key``: older callers, unused)."""
         from advisor.energy.runtime import DecoderRuntime
 
-        return DecoderRuntime(self.weights, formats, self.amax, linear_cache=self.linear_cache)
+        return DecoderRuntime(self.weights, formats, self.amax, linear_cache=self.linear_cache, kv_cache=kv_cache)
 
 
 def uniform_formats(dims, fmt: Format) -> dict[str, Format]:
@@ -165,7 +165,7 @@ class MeasuredEnergyModel:
         if self._bench is None:
             self._bench = Bench.create(self.dims, max_pos=max(8192, positions))
         self._bench.weights.ensure_positions(positions)
-        rt = self._bench.runtime(dict(plan.formats))
+        rt = self._bench.runtime(dict(plan.formats), kv_cache=plan.kv_cache)
         try:
             step = prefill_step(rt, lin)
             pre = measure_step(self.meter, step, f"prefill {plan.label()}")

@@ -20,6 +20,11 @@ What a serving engine does, and what this runtime does too:
   flash-decoding, soft-capping, FP8 output for an FP8 o_proj) that reads only the
   attended context (graphs are captured per context length), never the whole
   allocated cache;
+* the KV cache in the plan's format: BF16, or FP8 E4M3 with one calibrated scale per
+  layer for K and one for V (amax / 448 of the cached keys after RoPE and of the values,
+  as ModelOpt exports ``k_scale``/``v_scale``); decode attention reads the FP8 bytes and
+  widens them in registers, as TensorRT-LLM's and vLLM's FP8 KV caches do; prefill attends
+  in BF16 and stores FP8;
 * each decode layer is 8 kernels: 2 RMSNorms (Gemma's extra norms are fused into
   them), 4 GEMMs, attention (plus a reduction when it splits the context), act*up;
 * the lm_head stays BF16 (ModelOpt's default), and prefill computes the logits of
@@ -114,6 +119,7 @@ class DecoderRuntime:
         decode_attention: str = "triton",
         linear_cache: dict | None = None,
         pdl: bool = False,
+        kv_cache: Format = Format.BF16,
     ) -> None:
         self.w = weights
         self.dims = weights.dims
@@ -137,6 +143,10 @@ class DecoderRuntime:
                 bias = weights.t.get(f"{k}_bias")
                 cache[(k, f)] = _Linear(weights.t[k], f, (act_amax or {}).get(k), bias)
             self.lin[k] = cache[(k, f)]
+        self.kv_fp8 = Format(kv_cache) == Format.FP8
+        if Format(kv_cache) not in (Format.BF16, Format.FP8):
+            raise SetupError(f"a {Format(kv_cache).value} KV cache is not in the runtime (BF16 or FP8)")
+        self.kv_scales = _kv_scales(act_amax or {}, self.dims.num_layers, dev) if self.kv_fp8 else None
         self.pos = torch.zeros(1, dtype=torch.long, device=dev)
         # per layer [batch, kv_heads, length, head_dim]; a sliding-window layer's is a ring of window length
         self.k_cache: list[torch.Tensor] | None = None
@@ -158,11 +168,13 @@ class DecoderRuntime:
         self.w.ensure_positions(max_len)
         shapes = [(batch, la.attention.kv_heads, _cache_len(la.attention, max_len), la.attention.head_dim)
                   for la in self.dims.layers]
-        if self.k_cache is None or self.cache_len != max_len or [tuple(k.shape) for k in self.k_cache] != shapes:
+        dtype = torch.float8_e4m3fn if self.kv_fp8 else torch.bfloat16
+        if (self.k_cache is None or self.cache_len != max_len or [tuple(k.shape) for k in self.k_cache] != shapes
+                or self.k_cache[0].dtype != dtype):
             self.free()
             dev = self.pos.device
-            self.k_cache = [torch.randn(s, device=dev, dtype=torch.bfloat16) * 0.5 for s in shapes]
-            self.v_cache = [torch.randn(s, device=dev, dtype=torch.bfloat16) * 0.5 for s in shapes]
+            self.k_cache = [_random_cache(s, dev, self.kv_scales, i, 0) for i, s in enumerate(shapes)]
+            self.v_cache = [_random_cache(s, dev, self.kv_scales, i, 1) for i, s in enumerate(shapes)]
             self.cache_len = max_len
 
     def free(self) -> None:
@@ -173,22 +185,41 @@ class DecoderRuntime:
             torch.cuda.empty_cache()
 
     def share_cache(self, other: DecoderRuntime) -> None:
+        if other.kv_fp8 != self.kv_fp8:
+            raise SetupError("runtimes with different KV-cache formats cannot share a cache")
         self.k_cache, self.v_cache, self.cache_len = other.k_cache, other.v_cache, other.cache_len
 
     # -- forward --------------------------------------------------------------
-    def _attention(self, i: int, spec: AttentionSpec, qkv: torch.Tensor, b: int, length: int, ctx: int):
+    def _attention(self, i: int, spec: AttentionSpec, qkv: torch.Tensor, b: int, length: int, ctx: int, record=None):
         t, d = self.w.t, self.dims
         cos, sin = self.w.rope[spec.rope]
         kc, vc = self.k_cache[i], self.v_cache[i]
         norms = dict(q_norm=t.get(f"{i}.q_norm"), k_norm=t.get(f"{i}.k_norm"), norm_eps=d.rms_eps,
                      norm_round=not d.gemma_norms, q_scale=spec.q_scale)
         ring = kc.shape[2] < self.cache_len
+        ks, vs = self.kv_scales[i] if self.kv_fp8 else (None, None)
         if length == 1 and self.decode_attention == "triton":
             return K.decode_attention(
                 qkv, cos, sin, self.pos, kc, vc, ctx, spec.heads, spec.kv_heads, spec.head_dim,
                 inv_scale=self.lin[f"{i}.o"].inv_scale_x, splits=self.attention_splits, pdl=self.pdl,
-                kv_lo=spec.first_key(ctx), softcap=spec.softcap, ring=ring, **norms,
+                kv_lo=spec.first_key(ctx), softcap=spec.softcap, ring=ring, k_scale=ks, v_scale=vs, **norms,
             )
+        if self.kv_fp8:  # attend in BF16 over the dequantized cache, store the new positions back in FP8
+            kb, vb = (kc.float() * ks).to(torch.bfloat16), (vc.float() * vs).to(torch.bfloat16)
+            att = self._attention_bf16(spec, qkv, kb, vb, b, length, ctx, cos, sin, norms, ring)
+            kc.copy_((kb.float() / ks).clamp(-FP8_MAX, FP8_MAX))
+            vc.copy_((vb.float() / vs).clamp(-FP8_MAX, FP8_MAX))
+            return att
+        att = self._attention_bf16(spec, qkv, kc, vc, b, length, ctx, cos, sin, norms, ring)
+        if record is not None:  # the cached keys (after RoPE) and values: the FP8 KV scales
+            n = min(ctx, kc.shape[2])
+            record(f"{i}.k_cache", kc[:, :, :n])
+            record(f"{i}.v_cache", vc[:, :, :n])
+        return att
+
+    def _attention_bf16(self, spec: AttentionSpec, qkv, kc, vc, b: int, length: int, ctx: int, cos, sin, norms,
+                        ring: bool):
+        """Prefill and the eager decode variants over a BF16 cache (rope_qkv writes it, SDPA attends)."""
         if not ring:
             return self._attention_in_torch(spec, qkv, kc, vc, b, length, ctx, cos, sin, norms)
         # a ring (sliding window): attend over a linear copy of the window, then keep its last positions
@@ -240,7 +271,7 @@ class DecoderRuntime:
                 x_weight=out_norm, norm_round=rnd,
             )  # fmt: skip
             record(f"{i}.qkv", a)
-            att = self._attention(i, layer.attention, lq(a), b, length, ctx)
+            att = self._attention(i, layer.attention, lq(a), b, length, ctx, record if calib is not None else None)
             record(f"{i}.o", att)
             h = lo(att, pdl)
             m = K.add_rmsnorm(
@@ -274,6 +305,23 @@ class DecoderRuntime:
             logits = self.forward(tokens, start)
         torch.cuda.synchronize()
         return CapturedStep(graph, logits, tokens.shape[0], tokens.shape[1], start)
+
+
+def _kv_scales(amax: Mapping[str, float], num_layers: int, device) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Per layer (k_scale, v_scale) = amax / 448 of the calibrated cache, as float32 device scalars."""
+    missing = [i for i in range(num_layers) if f"{i}.k_cache" not in amax or f"{i}.v_cache" not in amax]
+    if missing:
+        raise SetupError(f"an FP8 KV cache needs the calibrated k/v amax of every layer (missing: layers {missing})")
+    return [tuple(torch.tensor([max(amax[f"{i}.{c}_cache"], 1e-12) / FP8_MAX], device=device) for c in "kv")
+            for i in range(num_layers)]
+
+
+def _random_cache(shape, device, scales, layer: int, which: int) -> torch.Tensor:
+    """A cache of random values (BF16), or their FP8 codes under the layer's k or v scale."""
+    x = torch.randn(shape, device=device, dtype=torch.bfloat16) * 0.5
+    if scales is None:
+        return x
+    return (x.float() / scales[layer][which]).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
 
 
 def _cache_len(spec: AttentionSpec, max_len: int) -> int:

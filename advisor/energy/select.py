@@ -7,12 +7,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from advisor.errors import InputError, UnsupportedError
-from advisor.estimate import EnergyEstimate, EnergyModel
-from advisor.formats import GPU, Format, gpu_from_device_name
+from advisor.errors import InputError
+from advisor.estimate import EnergyModel
+from advisor.formats import GPU, gpu_from_device_name
 from advisor.models.shape import ModelShape
-from advisor.plan import Plan
-from advisor.recipe.schema import Workload
 
 log = logging.getLogger(__name__)
 
@@ -29,20 +27,6 @@ def gpu_here() -> tuple[GPU | None, str | None]:
     except SetupError:
         return None, None
     return gpu_from_device_name(name), name
-
-
-class BF16KvCacheOnly:
-    """The built-in runtime as the measured tier, for the plans it can run: it has no FP8 KV-cache
-    attention yet, so a plan with an FP8 KV cache is refused (it stays predicted, and says why)."""
-
-    def __init__(self, inner: EnergyModel) -> None:
-        self.inner, self.label, self.measured = inner, inner.label, inner.measured
-
-    def estimate(self, plan: Plan, workload: Workload) -> EnergyEstimate:
-        if plan.kv_cache != Format.BF16:
-            raise UnsupportedError("the built-in measurement runtime has no FP8 KV-cache attention yet; "
-                                   "measure FP8 KV with --engine tensorrt_llm")
-        return self.inner.estimate(plan, workload)
 
 
 def make_energy_tiers(
@@ -77,7 +61,7 @@ def make_energy_tiers(
         return predicted, measured_engine()
     from advisor.energy.measure import MeasuredEnergyModel
 
-    return predicted, BF16KvCacheOnly(MeasuredEnergyModel(shape, target, model_config=model_config))
+    return predicted, MeasuredEnergyModel(shape, target, model_config=model_config)
 
 
 def make_energy_model(mode: str, shape: ModelShape, target: GPU, profile: Path | None = None,

@@ -1,4 +1,10 @@
-"""Decode attention in one kernel: RoPE, KV-cache write, flash-decoding over the real context, BF16/FP8 output."""
+"""Decode attention in one kernel: RoPE, KV-cache write, flash-decoding over the real context, BF16/FP8 output.
+
+The KV cache is BF16, or FP8 E4M3 with one scale per tensor (per layer, one for K and one
+for V: what ModelOpt exports as ``k_scale``/``v_scale`` and TensorRT-LLM and vLLM serve):
+the kernel reads the FP8 bytes, widens them to BF16 in registers (exact) for the dots, and
+applies the scales to the scores and to the output, so the step reads half the KV bytes.
+"""
 
 from __future__ import annotations
 
@@ -46,6 +52,8 @@ def _decode_attn_kernel(
     ACC,
     OUT,
     inv_scale_ptr,
+    KS,
+    VS,
     kv_lo,
     n_old,
     LMAX,
@@ -66,6 +74,7 @@ def _decode_attn_kernel(
     SOFTCAP: tl.constexpr,
     RING: tl.constexpr,
     OUT_FP8: tl.constexpr,
+    KV_FP8: tl.constexpr,
     INTERPRETED: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
@@ -80,6 +89,10 @@ def _decode_attn_kernel(
     HP (half) and DP (whole), masked; the padding is zero and adds nothing to the dots.
     RING: the cache of a sliding-window layer holds only LMAX positions, position n
     in slot n % LMAX (the window's positions are consecutive, so they never collide).
+    KV_FP8: the caches hold E4M3 codes of k / KS and v / VS; scores are the BF16 dots of
+    q with the codes times KS, the accumulator sums probabilities times v codes and is
+    multiplied by VS once at the end; the new token is quantized the same way and
+    attended to as the cache will hold it.
     """
     bk = tl.program_id(0).to(tl.int64)  # b * KV + kv head
     sp = tl.program_id(1)
@@ -105,6 +118,12 @@ def _decode_attn_kernel(
     qa = ((q1 * c - q2 * s) * q_scale).to(tl.bfloat16)
     qb = ((q2 * c + q1 * s) * q_scale).to(tl.bfloat16)
 
+    if KV_FP8:
+        k_sc = tl.load(KS)
+        v_sc = tl.load(VS)
+    else:
+        k_sc = 1.0
+        v_sc = 1.0
     m_i = tl.full([GP], float("-inf"), tl.float32)
     l_i = tl.zeros([GP], tl.float32)
     acc = tl.zeros([GP, DP], tl.float32)
@@ -117,7 +136,12 @@ def _decode_attn_kernel(
         kmask = nm[:, None] & hmask[None, :]
         k1 = tl.load(KC + base + slot[:, None] * D + half[None, :], mask=kmask, other=0.0)
         k2 = tl.load(KC + base + slot[:, None] * D + D // 2 + half[None, :], mask=kmask, other=0.0)
+        if KV_FP8:
+            k1 = k1.to(tl.bfloat16)
+            k2 = k2.to(tl.bfloat16)
         sc = _dot(qa, tl.trans(k1), INTERPRETED) + _dot(qb, tl.trans(k2), INTERPRETED)
+        if KV_FP8:
+            sc = sc * k_sc
         if SOFTCAP > 0:
             sc = _softcap(sc, SOFTCAP)
         sc = tl.where(nm[None, :], sc, float("-inf"))
@@ -127,6 +151,8 @@ def _decode_attn_kernel(
         pr = tl.exp(sc - m_use[:, None])
         l_i = l_i * alpha + tl.sum(pr, 1)
         v = tl.load(VC + base + slot[:, None] * D + dd[None, :], mask=nm[:, None] & dmask[None, :], other=0.0)
+        if KV_FP8:
+            v = v.to(tl.bfloat16)
         acc = acc * alpha[:, None] + _dot(pr.to(tl.bfloat16), v, INTERPRETED)
         m_i = m_new
 
@@ -140,7 +166,13 @@ def _decode_attn_kernel(
         kn1, kn2 = _head_rmsnorm(kn1, kn2, KN_W, half, hmask, D, norm_eps, NORM_ROUND)
     ka = (kn1 * c - kn2 * s).to(tl.bfloat16)  # [1, HP]
     kb = (kn2 * c + kn1 * s).to(tl.bfloat16)
+    if KV_FP8:  # the codes the cache will hold, and the new token as read back from them
+        ka = tl.minimum(tl.maximum(ka.to(tl.float32) / k_sc, -FP8_MAX), FP8_MAX).to(tl.float8e4nv)
+        kb = tl.minimum(tl.maximum(kb.to(tl.float32) / k_sc, -FP8_MAX), FP8_MAX).to(tl.float8e4nv)
+        vn = tl.minimum(tl.maximum(vn.to(tl.float32) / v_sc, -FP8_MAX), FP8_MAX).to(tl.float8e4nv)
     s_new = tl.sum(qa.to(tl.float32) * ka.to(tl.float32), 1) + tl.sum(qb.to(tl.float32) * kb.to(tl.float32), 1)
+    if KV_FP8:
+        s_new = s_new * k_sc
     if SOFTCAP > 0:
         s_new = _softcap(s_new, SOFTCAP)
     s_new = tl.where(last, s_new, float("-inf"))
@@ -151,6 +183,8 @@ def _decode_attn_kernel(
     l_i = l_i * alpha + p_new
     acc = acc * alpha[:, None] + p_new[:, None] * vn.to(tl.float32)[None, :]
     m_i = m_new
+    if KV_FP8:
+        acc = acc * v_sc
     wmask = last & hmask
     p_slot = p % LMAX if RING else p
     tl.store(KC + base + p_slot * D + half[None, :], ka, mask=wmask[None, :])
@@ -245,6 +279,8 @@ def decode_attention(
     softcap: float | None = None,
     q_scale: float | None = None,
     ring: bool = False,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention of one new token per sequence over positions [kv_lo, ctx) (GQA).
 
@@ -256,9 +292,13 @@ def decode_attention(
     (Qwen3, Gemma 3). ``softcap``: Gemma 2's score capping. ``q_scale`` defaults to
     head_dim ** -0.5. ``ring``: the caches hold position n in slot n % LMAX (a
     sliding-window layer's cache of window length). Returns [B, H * D] in BF16, or FP8
-    scaled by ``inv_scale``.
+    scaled by ``inv_scale``. FP8 (E4M3) caches hold k / ``k_scale`` and v / ``v_scale``
+    (float32 one-element tensors on the device); the new k and v are written the same way.
     Only the attended context is read, never the whole allocated cache.
     """
+    kv_fp8 = k_cache.dtype == torch.float8_e4m3fn
+    if kv_fp8 != (v_cache.dtype == torch.float8_e4m3fn) or (kv_fp8 and (k_scale is None or v_scale is None)):
+        raise ValueError("an FP8 KV cache needs FP8 k and v caches and both scales")
     b = qkv.shape[0]
     lmax = k_cache.shape[2]
     g = heads // kv_heads
@@ -302,6 +342,8 @@ def decode_attention(
         acc,
         out,
         scale_ptr,
+        k_scale if kv_fp8 else cos,
+        v_scale if kv_fp8 else cos,
         kv_lo,
         n_old,
         lmax,
@@ -323,6 +365,7 @@ def decode_attention(
         SOFTCAP=float(softcap or 0.0),
         RING=ring,
         OUT_FP8=inv_scale is not None,
+        KV_FP8=kv_fp8,
         INTERPRETED=not qkv.is_cuda,
         num_warps=4,
         num_stages=stages,
