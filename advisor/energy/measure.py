@@ -54,10 +54,10 @@ class Bench:
 
 
 def uniform_formats(dims, fmt: Format) -> dict[str, Format]:
-    """Every dense group of ``dims`` in ``fmt``."""
-    from advisor.plan import DENSE_GROUP_KINDS
+    """Every group of ``dims`` (a MoE layer's routed experts are one) in ``fmt``."""
+    from advisor.energy.runtime import layer_kinds
 
-    return {f"layers.{i}.{k}": fmt for i in range(dims.num_layers) for k in DENSE_GROUP_KINDS}
+    return {f"layers.{i}.{k}": fmt for i, kinds in enumerate(layer_kinds(dims)) for k in kinds}
 
 
 def decode_step(rt, batch: int, context: int, seed: int = 0):

@@ -51,13 +51,15 @@ from advisor.energy.attention_torch import attention_over_cache
 from advisor.energy.cuda_tools import CapturedStep
 from advisor.energy.dims import AttentionSpec
 from advisor.energy.gpu_checks import check_formats_supported
+from advisor.energy.moe import RoutedExperts
 from advisor.energy.weights import DecoderWeights
 from advisor.errors import SetupError
 from advisor.formats import Format
 from advisor.plan import DENSE_GROUP_KINDS
 
 FP8_MAX = 448.0
-_PLAN_KEY = re.compile(r"(?:^|\.)layers\.(\d+)\.(" + "|".join(DENSE_GROUP_KINDS) + r")$")
+MOE_GROUP_KINDS = ("qkv", "o", "experts")
+_PLAN_KEY = re.compile(r"(?:^|\.)layers\.(\d+)\.(" + "|".join((*DENSE_GROUP_KINDS, "experts")) + r")$")
 
 
 class _Linear:
@@ -96,14 +98,25 @@ class _Linear:
         )
 
 
-def group_formats(plan_formats: Mapping[str, Format], num_layers: int) -> dict[str, Format]:
-    """Plan keys (``layers.{i}.{kind}``, with or without a stack prefix) -> ``{i}.{kind}``; missing stay BF16."""
-    out = {f"{i}.{k}": Format.BF16 for i in range(num_layers) for k in DENSE_GROUP_KINDS}
+def layer_kinds(dims_or_layers) -> list[tuple[str, ...]]:
+    """The group kinds of each layer: dense (qkv, o, gate_up, down) or MoE (qkv, o, experts)."""
+    if isinstance(dims_or_layers, int):
+        return [DENSE_GROUP_KINDS] * dims_or_layers
+    return [MOE_GROUP_KINDS if la.moe is not None else DENSE_GROUP_KINDS for la in dims_or_layers.layers]
+
+
+def group_formats(plan_formats: Mapping[str, Format], dims_or_layers) -> dict[str, Format]:
+    """Plan keys (``layers.{i}.{kind}``, with or without a stack prefix) -> ``{i}.{kind}``; missing stay BF16.
+
+    ``dims_or_layers``: the DecoderDims (MoE layers have an ``experts`` group), or a layer count (dense)."""
+    kinds = layer_kinds(dims_or_layers)
+    num_layers = len(kinds)
+    out = {f"{i}.{k}": Format.BF16 for i, ks in enumerate(kinds) for k in ks}
     for name, fmt in plan_formats.items():
         m = _PLAN_KEY.search(name)
         key = f"{m.group(1)}.{m.group(2)}" if m else None
         if key not in out:
-            raise SetupError(f"plan group {name!r} is not a dense group of this {num_layers}-layer decoder")
+            raise SetupError(f"plan group {name!r} is not a group of this {num_layers}-layer decoder")
         out[key] = Format(fmt)
     return out
 
@@ -123,7 +136,7 @@ class DecoderRuntime:
     ) -> None:
         self.w = weights
         self.dims = weights.dims
-        fmts = group_formats(plan_formats, self.dims.num_layers)
+        fmts = group_formats(plan_formats, self.dims)
         check_formats_supported(set(fmts.values()))
         self.formats = fmts
         self.decode_attention = decode_attention
@@ -138,11 +151,22 @@ class DecoderRuntime:
         # ``linear_cache`` lets several runtimes (plans) share converted weights.
         cache = linear_cache if linear_cache is not None else {}
         self.lin: dict[str, _Linear] = {}
+        self.experts: dict[int, RoutedExperts] = {}
+        amax = act_amax or {}
         for k, f in fmts.items():
             if (k, f) not in cache:
-                bias = weights.t.get(f"{k}_bias")
-                cache[(k, f)] = _Linear(weights.t[k], f, (act_amax or {}).get(k), bias)
-            self.lin[k] = cache[(k, f)]
+                if k.endswith(".experts"):
+                    i = int(k.split(".")[0])
+                    la, t = self.dims.layers[i], weights.t
+                    cache[(k, f)] = RoutedExperts(la.moe, t[f"{i}.router"], t[f"{i}.experts_gate_up"],
+                                                  t[f"{i}.experts_down"], f, amax.get(k), amax.get(f"{k}_down"),
+                                                  la.activation)
+                else:
+                    cache[(k, f)] = _Linear(weights.t[k], f, amax.get(k), weights.t.get(f"{k}_bias"))
+            if k.endswith(".experts"):
+                self.experts[int(k.split(".")[0])] = cache[(k, f)]
+            else:
+                self.lin[k] = cache[(k, f)]
         self.kv_fp8 = Format(kv_cache) == Format.FP8
         if Format(kv_cache) not in (Format.BF16, Format.FP8):
             raise SetupError(f"a {Format(kv_cache).value} KV cache is not in the runtime (BF16 or FP8)")
@@ -155,8 +179,10 @@ class DecoderRuntime:
 
     # -- bookkeeping ----------------------------------------------------------
     def weight_bytes(self) -> int:
-        """Bytes of every weight a decode step reads (linear groups + BF16 lm_head)."""
-        return sum(lin.weight_bytes for lin in self.lin.values()) + self.w.t["lm_head"].numel() * 2
+        """Bytes of every weight (linear groups, every routed expert, BF16 routers and lm_head)."""
+        routers = sum(self.w.t[f"{i}.router"].numel() * 2 for i in self.experts)
+        return (sum(lin.weight_bytes for lin in self.lin.values()) + sum(e.weight_bytes for e in self.experts.values())
+                + routers + self.w.t["lm_head"].numel() * 2)
 
     def allocate_cache(self, batch: int, max_len: int) -> None:
         """Static KV cache for positions [0, max_len), random (not zeros); RoPE tables to max_len.
@@ -264,7 +290,9 @@ class DecoderRuntime:
         resid = F.embedding(tokens.reshape(-1), t["embed"])
         h_out = out_norm = None
         for i, layer in enumerate(d.layers):
-            lq, lo, lg, ld = (self.lin[f"{i}.{k}"] for k in DENSE_GROUP_KINDS)
+            lq, lo = self.lin[f"{i}.qkv"], self.lin[f"{i}.o"]
+            moe = self.experts.get(i)
+            lg, ld = (None, None) if moe else (self.lin[f"{i}.gate_up"], self.lin[f"{i}.down"])
             first = h_out is None
             a = K.add_rmsnorm(
                 resid if first else h_out, None if first else resid, t[f"{i}.ln_attn"], eps, lq.inv_scale_x, pdl,
@@ -275,8 +303,13 @@ class DecoderRuntime:
             record(f"{i}.o", att)
             h = lo(att, pdl)
             m = K.add_rmsnorm(
-                h, resid, t[f"{i}.ln_mlp"], eps, lg.inv_scale_x, pdl, x_weight=t.get(f"{i}.ln_attn_out"), norm_round=rnd
-            )
+                h, resid, t[f"{i}.ln_mlp"], eps, None if moe else lg.inv_scale_x, pdl,
+                x_weight=t.get(f"{i}.ln_attn_out"), norm_round=rnd,
+            )  # fmt: skip
+            if moe:  # the router reads the BF16 norm output; the experts quantize it themselves
+                h_out = moe(m, record if calib is not None else None, f"{i}.experts")
+                out_norm = t.get(f"{i}.ln_mlp_out")
+                continue
             record(f"{i}.gate_up", m)
             act = K.gated_act(lg(m), layer.activation, ld.inv_scale_x, pdl)
             record(f"{i}.down", act)
