@@ -64,7 +64,10 @@ class RoutedExperts:
         else:
             raise SetupError(f"{fmt.value} experts are not in the measurement runtime (BF16, FP8)")
         self.track = False  # set to record the experts each eager call touches (a host sync)
-        self.touched: list[int] = []
+        self.touched: list[int] = []  # distinct experts of each tracked call
+        self.load = torch.zeros(self.num_experts, dtype=torch.float64)  # choices per expert, tracked calls
+        self.tokens_seen = 0
+        self.loop = False  # run the grouped GEMMs as a loop over experts (the reference, also on a GPU)
 
     @property
     def weight_bytes(self) -> int:
@@ -92,7 +95,10 @@ class RoutedExperts:
         experts = torch.arange(self.num_experts, device=x.device, dtype=sorted_ids.dtype)
         offs = torch.searchsorted(sorted_ids, experts, right=True).to(torch.int32)  # each group's end row
         if self.track:
-            self.touched.append(int(torch.unique(flat).numel()))
+            per_expert = torch.bincount(flat, minlength=self.num_experts).double().cpu()
+            self.touched.append(int((per_expert > 0).sum()))
+            self.load += per_expert
+            self.tokens_seen += t
         rows = order // k  # the token of each sorted copy
         if record is not None:
             record(f"{key}", x)
@@ -112,7 +118,7 @@ class RoutedExperts:
 
     def _gemm(self, xs: torch.Tensor, which: int, offs: torch.Tensor) -> torch.Tensor:
         w = self.w1 if which == 1 else self.w2  # [E, N, K]
-        if not xs.is_cuda:
+        if not xs.is_cuda or self.loop:
             return self._loop(xs, w, which, offs)
         if self.fmt == Format.BF16:
             return torch._grouped_mm(xs, w.transpose(1, 2), offs=offs)
