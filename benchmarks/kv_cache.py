@@ -25,6 +25,7 @@ import dataclasses
 import json
 import sys
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -52,18 +53,83 @@ def layers_that_fit(dims: DecoderDims, batch: int, context: int) -> int:
     return max(1, min(dims.num_layers, int(room // (per_layer_w + per_layer_kv))))
 
 
+def _rotate(x: torch.Tensor, c: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2:]
+    return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], -1)
+
+
+def attention_kernel(log, heads: int = 32, kv_heads: int = 8, d: int = 128) -> dict[str, Any]:
+    """Decode attention alone at the model's head shape: FP8 cache vs a float32 PyTorch reference, and times.
+
+    The reference attends over the cache as its FP8 codes say (dequantized), the new token as the
+    kernel wrote it; ``fp8_vs_bf16_cache`` is FP8's own effect (the kernel on the BF16 cache).
+    Times: CUDA events over eager launches, BF16 (64-key blocks) and FP8 with 64- and 128-key blocks.
+    """
+    from advisor.energy import kernels as K
+
+    out: dict[str, Any] = {"heads": heads, "kv_heads": kv_heads, "head_dim": d, "points": []}
+    for b, ctx in [(16, 512), (64, 512), (16, 8192), (64, 8192)]:
+        g = torch.Generator("cuda").manual_seed(b + ctx)
+        qkv = torch.randn(b, (heads + 2 * kv_heads) * d, device="cuda", generator=g).to(torch.bfloat16)
+        kc = torch.randn(b, kv_heads, ctx + 1, d, device="cuda", generator=g).to(torch.bfloat16)
+        vc = torch.randn(b, kv_heads, ctx + 1, d, device="cuda", generator=g).to(torch.bfloat16)
+        ang = torch.arange(ctx + 1, device="cuda")[:, None] / 10000 ** (torch.arange(0, d // 2, device="cuda") * 2 / d)
+        cos, sin = ang.cos().float(), ang.sin().float()
+        pos = torch.tensor([ctx], device="cuda")
+        ks, vs = (kc.float().abs().amax() / 448).reshape(1), (vc.float().abs().amax() / 448).reshape(1)
+        k8, v8 = (kc.float() / ks).to(torch.float8_e4m3fn), (vc.float() / vs).to(torch.float8_e4m3fn)
+        geo = (ctx + 1, heads, kv_heads, d)
+        run = {
+            "bf16": partial(K.decode_attention, qkv, cos, sin, pos, kc, vc, *geo),
+            "fp8_block64": partial(K.decode_attention, qkv, cos, sin, pos, k8, v8, *geo, k_scale=ks, v_scale=vs,
+                                   block_n=64),
+            "fp8_block128": partial(K.decode_attention, qkv, cos, sin, pos, k8, v8, *geo, k_scale=ks, v_scale=vs,
+                                    block_n=128),
+        }
+        res = {name: f() for name, f in run.items()}
+        q = (_rotate(qkv.float().view(b, -1, d)[:, :heads], cos[ctx], sin[ctx]) * d**-0.5).to(torch.bfloat16).float()
+        errs, errs_bf16 = [], []
+        for s0 in range(0, b, 8):  # float32 reference, 8 sequences at a time
+            k = (k8[s0:s0 + 8].float() * ks).repeat_interleave(heads // kv_heads, 1)
+            v = (v8[s0:s0 + 8].float() * vs).repeat_interleave(heads // kv_heads, 1)
+            ref = (torch.softmax(q[s0:s0 + 8, :, None] @ k.transpose(-1, -2), -1) @ v).reshape(-1, heads * d)
+            for name, lst in (("fp8_block128", errs), ("bf16", errs_bf16)):
+                y = res[name][s0:s0 + 8].float()
+                lst.append(((y - ref).norm() / ref.norm()).item())
+            del k, v
+        point = {"batch": b, "context": ctx, "fp8_rel_err_vs_reference": max(errs),
+                 "fp8_vs_bf16_cache_rel_err": max(errs_bf16),
+                 "fp8_block64_vs_block128_max_abs": (res["fp8_block64"].float() - res["fp8_block128"].float()).abs()
+                 .max().item()}
+        for name, f in run.items():
+            for _ in range(3):
+                f()
+            t0, t1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            t0.record()
+            for _ in range(20):
+                f()
+            t1.record()
+            t1.synchronize()
+            point[f"us_{name}"] = t0.elapsed_time(t1) / 20 * 1e3
+        out["points"].append(point)
+        log(f"attention b{b} c{ctx}: {point}")
+        del kc, vc, k8, v8
+        torch.cuda.empty_cache()
+    return out
+
+
 def numerics(log) -> dict[str, Any]:
-    """Logits of one decode step (2 layers, batch 4, context 300): FP8 cache, fused kernel vs fallback."""
+    """Logits of one decode step (2 layers, BF16 weights, batch 4, context 300): FP8 cache, kernel vs fallback."""
     from advisor.energy.runtime import DecoderRuntime
 
     dims = DecoderDims.llama31_8b().with_layers(2)
     bench = Bench.create(dims, max_pos=512)
     tokens = torch.randint(0, dims.vocab, (4, 300), device="cuda", generator=torch.Generator("cuda").manual_seed(1))
-    out: dict[str, Any] = {"layers": 2, "batch": 4, "context": 300}
+    out: dict[str, Any] = {"layers": 2, "batch": 4, "context": 300, "weights": "bf16"}
     logits = {}
-    for name, kv, att in [("bf16_kv", Format.BF16, "triton"), ("fp8_kv", Format.FP8, "triton"),
-                          ("fp8_kv_torch", Format.FP8, "sdpa")]:
-        rt = DecoderRuntime(bench.weights, uniform_formats(dims, Format.FP8), bench.amax, decode_attention=att,
+    for name, kv, att in [("bf16_kv", Format.BF16, "triton"), ("bf16_kv_torch", Format.BF16, "sdpa"),
+                          ("fp8_kv", Format.FP8, "triton"), ("fp8_kv_torch", Format.FP8, "sdpa")]:
+        rt = DecoderRuntime(bench.weights, uniform_formats(dims, Format.BF16), bench.amax, decode_attention=att,
                             linear_cache=bench.linear_cache, kv_cache=kv)
         rt.allocate_cache(4, 304)
         with torch.no_grad():
@@ -72,6 +138,7 @@ def numerics(log) -> dict[str, Any]:
         rt.free()
     rel = lambda a, b: ((a - b).norm() / b.norm()).item()  # noqa: E731
     out["fp8_kv_kernel_vs_torch_rel_err"] = rel(logits["fp8_kv"], logits["fp8_kv_torch"])
+    out["bf16_kv_kernel_vs_torch_rel_err"] = rel(logits["bf16_kv"], logits["bf16_kv_torch"])
     out["fp8_kv_vs_bf16_kv_rel_err"] = rel(logits["fp8_kv"], logits["bf16_kv"])
     out["argmax_agreement_fp8_vs_bf16_kv"] = (logits["fp8_kv"].argmax(-1) == logits["bf16_kv"].argmax(-1)).float(
     ).mean().item()
@@ -141,10 +208,24 @@ def render(d: dict) -> str:
             f"{r['cv']:.4f} |")
     n = d.get("numerics", {})
     lines += ["", "## Kernel and numerics checks (GPU)", ""]
+    a = d.get("attention_kernel")
+    if a:
+        lines += [f"Decode attention alone ({a['heads']}/{a['kv_heads']} heads x {a['head_dim']}, random q/k/v): "
+                  "the FP8-cache kernel against a float32 PyTorch reference over the dequantized cache (rel. L2, "
+                  "worst of 8-sequence chunks), the BF16-cache kernel against the same reference (FP8's own "
+                  "rounding), and kernel times (CUDA events, eager launches):", "",
+                  "| batch | context | FP8 kernel vs reference | BF16-cache kernel vs FP8 reference | us BF16 | "
+                  "us FP8 (64-key blocks) | us FP8 (128-key blocks) |", "|---:|---:|---:|---:|---:|---:|---:|"]
+        for p in a["points"]:
+            lines.append(f"| {p['batch']} | {p['context']} | {p['fp8_rel_err_vs_reference']:.5f} | "
+                         f"{p['fp8_vs_bf16_cache_rel_err']:.4f} | {p['us_bf16']:.1f} | {p['us_fp8_block64']:.1f} | "
+                         f"{p['us_fp8_block128']:.1f} |")
+        lines.append("")
     if n:
-        lines.append(f"- One decode step's logits ({n['layers']} layers, batch {n['batch']}, context {n['context']},"
-                     f" FP8 weights): fused FP8-KV kernel vs the PyTorch fallback (SDPA over the dequantized cache) "
-                     f"rel. L2 {n['fp8_kv_kernel_vs_torch_rel_err']:.4f}; FP8 KV vs BF16 KV "
+        lines.append(f"- One decode step's logits ({n['layers']} layers, BF16 weights, batch {n['batch']}, context "
+                     f"{n['context']}): fused FP8-KV kernel vs the PyTorch fallback (SDPA over the dequantized cache) "
+                     f"rel. L2 {n['fp8_kv_kernel_vs_torch_rel_err']:.4f} (the same pair with a BF16 cache: "
+                     f"{n.get('bf16_kv_kernel_vs_torch_rel_err', float('nan')):.4f}); FP8 KV vs BF16 KV "
                      f"{n['fp8_kv_vs_bf16_kv_rel_err']:.4f} (argmax agreement "
                      f"{n['argmax_agreement_fp8_vs_bf16_kv']:.2f}).")
     for kv, rows in d.get("kernels", {}).items():
@@ -180,6 +261,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.cuda.empty_cache()
     out: dict[str, Any] = {**measurement_header(state, idle_w, bw, command, torch.__version__),
                            "meter": dataclasses.asdict(mcfg), "rows": []}
+    out["attention_kernel"] = attention_kernel(log)
     out["numerics"] = numerics(log)
     torch.cuda.empty_cache()
     full = DecoderDims.llama31_8b()

@@ -47,11 +47,13 @@ CONFIG = dict(vocab_size=151936, hidden_size=2048, intermediate_size=6144, moe_i
 MEMORY_MARGIN = 8 << 30
 
 
-def layers_that_fit(dims: DecoderDims) -> int:
+def layers_that_fit(dims: DecoderDims, batch: int, context: int) -> int:
+    """Most layers whose BF16 and FP8 weights and the KV cache of the largest batch fit the free memory."""
     la = dims.layers[0]
     a, m = la.attention, la.moe
     per_layer = ((a.heads + 2 * a.kv_heads) * a.head_dim * dims.hidden + a.heads * a.head_dim * dims.hidden
                  + m.num_experts * 3 * dims.hidden * m.intermediate) * 3  # BF16 + FP8
+    per_layer += 4 * batch * a.kv_heads * a.head_dim * (context + 1)  # K and V, BF16
     free, _ = torch.cuda.mem_get_info()
     return max(1, min(dims.num_layers, int((free - MEMORY_MARGIN - 2 * dims.vocab * dims.hidden * 2) // per_layer)))
 
@@ -190,12 +192,13 @@ def main(argv: list[str] | None = None) -> int:
     state, idle_w, bw = meter.counter.state(), meter.idle_power_w(), copy_bandwidth_gb_s()
     torch.cuda.empty_cache()
     full = DecoderDims.from_config(transformers.Qwen3MoeConfig(**CONFIG))
-    layers = args.layers or layers_that_fit(full)
+    layers = args.layers or layers_that_fit(full, max(batches), args.context)
     dims = full.with_layers(layers)
     out: dict[str, Any] = {**measurement_header(state, idle_w, bw, command, torch.__version__),
                            "meter": dataclasses.asdict(mcfg), "context": args.context, "layers": layers, "rows": [],
                            "shape": f"Qwen3-30B-A3B shapes, {layers} of its 48 layers"
-                           + ("" if layers == 48 else " (GPU memory: BF16 and FP8 experts held at once)")}
+                           + ("" if layers == 48 else " (GPU memory: BF16 and FP8 experts held at once, and the "
+                                                      "KV cache of the largest batch)")}
     log(f"{state.name}, driver {state.driver}, idle {idle_w:.0f} W, copy {bw:.0f} GB/s; {out['shape']}")
     bench = Bench.create(dims, max_pos=args.context + 2)
     rts = {f: bench.runtime(uniform_formats(dims, fmt)) for f, fmt in FORMATS.items()}

@@ -68,6 +68,8 @@ class RoutedExperts:
         self.load = torch.zeros(self.num_experts, dtype=torch.float64)  # choices per expert, tracked calls
         self.tokens_seen = 0
         self.loop = False  # run the grouped GEMMs as a loop over experts (the reference, also on a GPU)
+        self._expert_ids: torch.Tensor | None = None
+        self._row_scales: dict[tuple[int, int], torch.Tensor] = {}  # (projection, rows) -> FP8 input scales
 
     @property
     def weight_bytes(self) -> int:
@@ -78,11 +80,16 @@ class RoutedExperts:
         return self.weight_bytes / self.num_experts
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(top-k expert ids [T, k], their weights [T, k] float32) of tokens ``x`` [T, hidden]."""
-        probs = torch.softmax(F.linear(x, self.router).float(), dim=-1)
-        weights, ids = probs.topk(self.spec.top_k, dim=-1)
+        """(top-k expert ids [T, k], their weights [T, k] float32) of tokens ``x`` [T, hidden].
+
+        The top-k of the logits is the top-k of the softmax, and the softmax renormalized over
+        the top k is the softmax of their logits: one softmax of k values, not of E.
+        """
+        logits = F.linear(x, self.router).float()
         if self.spec.norm_topk_prob:
-            weights = weights / weights.sum(-1, keepdim=True)
+            top, ids = logits.topk(self.spec.top_k, dim=-1)
+            return ids, torch.softmax(top, dim=-1)
+        weights, ids = torch.softmax(logits, dim=-1).topk(self.spec.top_k, dim=-1)
         return ids, weights
 
     def __call__(self, x: torch.Tensor, record: Callable[[str, torch.Tensor], None] | None = None,
@@ -90,10 +97,10 @@ class RoutedExperts:
         t, k = x.shape[0], self.spec.top_k
         ids, weights = self.route(x)
         flat = ids.reshape(-1)
-        order = flat.argsort(stable=True)  # token copies grouped by expert
-        sorted_ids = flat[order]
-        experts = torch.arange(self.num_experts, device=x.device, dtype=sorted_ids.dtype)
-        offs = torch.searchsorted(sorted_ids, experts, right=True).to(torch.int32)  # each group's end row
+        sorted_ids, order = flat.sort(stable=True)  # token copies grouped by expert
+        if self._expert_ids is None or self._expert_ids.device != x.device:
+            self._expert_ids = torch.arange(self.num_experts, device=x.device, dtype=sorted_ids.dtype)
+        offs = torch.searchsorted(sorted_ids, self._expert_ids, right=True, out_int32=True)  # each group's end row
         if self.track:
             per_expert = torch.bincount(flat, minlength=self.num_experts).double().cpu()
             self.touched.append(int((per_expert > 0).sum()))
@@ -114,7 +121,8 @@ class RoutedExperts:
         y = self._gemm(a, 2, offs)
         out = torch.empty_like(y)
         out[order] = y  # back to token-major: copy j of token i at row i*k + j
-        return (out.view(t, k, -1).float() * weights[:, :, None]).sum(1).to(torch.bfloat16)
+        # weights in BF16, as transformers' routers return them; one batched GEMV sums the k copies
+        return torch.bmm(weights.to(torch.bfloat16)[:, None, :], out.view(t, k, -1)).view(t, -1)
 
     def _gemm(self, xs: torch.Tensor, which: int, offs: torch.Tensor) -> torch.Tensor:
         w = self.w1 if which == 1 else self.w2  # [E, N, K]
@@ -122,7 +130,10 @@ class RoutedExperts:
             return self._loop(xs, w, which, offs)
         if self.fmt == Format.BF16:
             return torch._grouped_mm(xs, w.transpose(1, 2), offs=offs)
-        scale_x = (self.scale_x1 if which == 1 else self.scale_x2).expand(xs.shape[0]).contiguous()
+        key = (which, xs.shape[0])
+        if key not in self._row_scales:  # made once per row count (in the warm-up before a capture)
+            self._row_scales[key] = (self.scale_x1 if which == 1 else self.scale_x2).expand(xs.shape[0]).contiguous()
+        scale_x = self._row_scales[key]
         scale_w = self.scale_w1 if which == 1 else self.scale_w2
         return torch._scaled_grouped_mm(xs, w.transpose(1, 2), scale_x, scale_w, offs=offs, out_dtype=torch.bfloat16)
 

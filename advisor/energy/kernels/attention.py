@@ -237,6 +237,11 @@ def _decode_attn_reduce_kernel(
     _store_attention_output(OUT, out[None, :], heads, dd, dmask[None, :], inv_scale_ptr, D, OUT_FP8)
 
 
+#: key block of an FP8 cache (heads up to 128 wide): the same bytes per pipelined block as 64 BF16 keys,
+#: so a program keeps as many bytes in flight (reports/benchmarks/kv_cache.md has both measured)
+FP8_KV_BLOCK_N = 128
+
+
 def decode_splits(programs: int, n_old: int, sms: int, block_n: int = 64) -> int:
     """How many programs share one sequence's context.
 
@@ -281,6 +286,7 @@ def decode_attention(
     ring: bool = False,
     k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None,
+    block_n: int | None = None,
 ) -> torch.Tensor:
     """Attention of one new token per sequence over positions [kv_lo, ctx) (GQA).
 
@@ -294,6 +300,7 @@ def decode_attention(
     sliding-window layer's cache of window length). Returns [B, H * D] in BF16, or FP8
     scaled by ``inv_scale``. FP8 (E4M3) caches hold k / ``k_scale`` and v / ``v_scale``
     (float32 one-element tensors on the device); the new k and v are written the same way.
+    ``block_n``: keys per pipelined block (default 64 BF16, FP8_KV_BLOCK_N FP8; 32 for 256-wide heads).
     Only the attended context is read, never the whole allocated cache.
     """
     kv_fp8 = k_cache.dtype == torch.float8_e4m3fn
@@ -306,7 +313,10 @@ def decode_attention(
     hp, dp = head_tiles(head_dim)
     # 256-wide heads (Gemma): smaller key blocks and one stage fewer keep the pipelined
     # k and v tiles within shared memory; up to 128 the tuned Llama configuration
-    block_n, stages = (64, 3) if dp <= 128 else (32, 2)
+    default_n, stages = (64, 3) if dp <= 128 else (32, 2)
+    if kv_fp8 and dp <= 128:
+        default_n = FP8_KV_BLOCK_N
+    block_n = block_n or default_n
     n_old = ctx - 1
     kv_lo = min(max(kv_lo, 0), n_old)
     n_read = n_old - kv_lo
