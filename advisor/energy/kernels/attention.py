@@ -75,6 +75,7 @@ def _decode_attn_kernel(
     RING: tl.constexpr,
     OUT_FP8: tl.constexpr,
     KV_FP8: tl.constexpr,
+    DOT_F16: tl.constexpr,
     INTERPRETED: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
@@ -124,6 +125,14 @@ def _decode_attn_kernel(
     else:
         k_sc = 1.0
         v_sc = 1.0
+    # DOT_F16: FP8 codes widen to FP16 in one instruction per pair (to BF16 they go through FP32);
+    # q (|q| << 65504) and the probabilities are exact enough in FP16, every code is exact
+    if DOT_F16:
+        q_dot_a = qa.to(tl.float16)
+        q_dot_b = qb.to(tl.float16)
+    else:
+        q_dot_a = qa
+        q_dot_b = qb
     m_i = tl.full([GP], float("-inf"), tl.float32)
     l_i = tl.zeros([GP], tl.float32)
     acc = tl.zeros([GP, DP], tl.float32)
@@ -137,9 +146,9 @@ def _decode_attn_kernel(
         k1 = tl.load(KC + base + slot[:, None] * D + half[None, :], mask=kmask, other=0.0)
         k2 = tl.load(KC + base + slot[:, None] * D + D // 2 + half[None, :], mask=kmask, other=0.0)
         if KV_FP8:
-            k1 = k1.to(tl.bfloat16)
-            k2 = k2.to(tl.bfloat16)
-        sc = _dot(qa, tl.trans(k1), INTERPRETED) + _dot(qb, tl.trans(k2), INTERPRETED)
+            k1 = k1.to(q_dot_a.dtype)
+            k2 = k2.to(q_dot_a.dtype)
+        sc = _dot(q_dot_a, tl.trans(k1), INTERPRETED) + _dot(q_dot_b, tl.trans(k2), INTERPRETED)
         if KV_FP8:
             sc = sc * k_sc
         if SOFTCAP > 0:
@@ -152,8 +161,8 @@ def _decode_attn_kernel(
         l_i = l_i * alpha + tl.sum(pr, 1)
         v = tl.load(VC + base + slot[:, None] * D + dd[None, :], mask=nm[:, None] & dmask[None, :], other=0.0)
         if KV_FP8:
-            v = v.to(tl.bfloat16)
-        acc = acc * alpha[:, None] + _dot(pr.to(tl.bfloat16), v, INTERPRETED)
+            v = v.to(q_dot_a.dtype)
+        acc = acc * alpha[:, None] + _dot(pr.to(q_dot_a.dtype), v, INTERPRETED)
         m_i = m_new
 
     # the new token: rotated k (rounded to BF16 as the cache stores it) and v
@@ -240,6 +249,10 @@ def _decode_attn_reduce_kernel(
 #: key block of an FP8 cache (heads up to 128 wide): the same bytes per pipelined block as 64 BF16 keys,
 #: so a program keeps as many bytes in flight (reports/benchmarks/kv_cache.md has both measured)
 FP8_KV_BLOCK_N = 128
+#: FP8 cache: dots in FP16 (codes widen to FP16 natively), and at least this many splits of a
+#: context of 16+ blocks, so that more programs keep FP8 bytes in flight (kv_cache.md measures both)
+FP8_KV_DOT_F16 = True
+FP8_KV_MIN_SPLITS = 2
 
 
 def decode_splits(programs: int, n_old: int, sms: int, block_n: int = 64) -> int:
@@ -287,6 +300,8 @@ def decode_attention(
     k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None,
     block_n: int | None = None,
+    dot_f16: bool | None = None,
+    min_splits: int | None = None,
 ) -> torch.Tensor:
     """Attention of one new token per sequence over positions [kv_lo, ctx) (GQA).
 
@@ -300,7 +315,8 @@ def decode_attention(
     sliding-window layer's cache of window length). Returns [B, H * D] in BF16, or FP8
     scaled by ``inv_scale``. FP8 (E4M3) caches hold k / ``k_scale`` and v / ``v_scale``
     (float32 one-element tensors on the device); the new k and v are written the same way.
-    ``block_n``: keys per pipelined block (default 64 BF16, FP8_KV_BLOCK_N FP8; 32 for 256-wide heads).
+    ``block_n``: keys per pipelined block (default 64 BF16, FP8_KV_BLOCK_N FP8; 32 for 256-wide heads);
+    ``dot_f16`` / ``min_splits``: FP8-cache variants (defaults FP8_KV_DOT_F16, FP8_KV_MIN_SPLITS).
     Only the attended context is read, never the whole allocated cache.
     """
     kv_fp8 = k_cache.dtype == torch.float8_e4m3fn
@@ -324,6 +340,8 @@ def decode_attention(
         # Triton's CPU interpreter (tests) has no SMs to fill
         sms = torch.cuda.get_device_properties(qkv.device).multi_processor_count if qkv.is_cuda else 1
         splits = decode_splits(b * kv_heads, n_read, sms, block_n)
+        if kv_fp8 and n_read >= 16 * block_n:
+            splits = max(splits, FP8_KV_MIN_SPLITS if min_splits is None else min_splits)
     chunk = max(block_n, triton.cdiv(triton.cdiv(max(n_read, 1), splits), block_n) * block_n)
     splits = max(1, triton.cdiv(n_read, chunk))
     out = torch.empty(
@@ -376,6 +394,7 @@ def decode_attention(
         RING=ring,
         OUT_FP8=inv_scale is not None,
         KV_FP8=kv_fp8,
+        DOT_F16=kv_fp8 and (FP8_KV_DOT_F16 if dot_f16 is None else dot_f16),
         INTERPRETED=not qkv.is_cuda,
         num_warps=4,
         num_stages=stages,
