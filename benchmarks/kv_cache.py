@@ -70,7 +70,7 @@ def attention_kernel(log, heads: int = 32, kv_heads: int = 8, d: int = 128) -> d
     Times: CUDA events over eager launches, BF16 (64-key blocks) and FP8 with 64- and 128-key blocks.
     """
     from advisor.energy import kernels as K
-    from advisor.energy.kernels import attention as A
+    from advisor.energy.kernels import attention_policy as A
 
     out: dict[str, Any] = {"heads": heads, "kv_heads": kv_heads, "head_dim": d, "points": [],
                            "variants": {k: {"dot_f16": f, "min_splits": n} for k, (f, n) in FP8_VARIANTS.items()}}

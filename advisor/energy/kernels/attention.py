@@ -12,6 +12,8 @@ import torch
 import triton
 import triton.language as tl
 
+from advisor.energy.kernels import attention_policy as policy
+from advisor.energy.kernels.attention_policy import decode_splits, head_tiles
 from advisor.energy.kernels.common import (
     FP8_MAX,
     _below,
@@ -246,36 +248,6 @@ def _decode_attn_reduce_kernel(
     _store_attention_output(OUT, out[None, :], heads, dd, dmask[None, :], inv_scale_ptr, D, OUT_FP8)
 
 
-#: key block of an FP8 cache (heads up to 128 wide): the same bytes per pipelined block as 64 BF16 keys
-#: (on an H100, 64 and 128 were within 3% of each other at every measured point)
-FP8_KV_BLOCK_N = 128
-#: FP8 cache: dots in FP16 (codes widen to FP16 natively; to BF16 through FP32), and a minimum
-#: split count for contexts of 16+ blocks. On an H100 (reports/benchmarks/kv_cache.md) FP16 dots
-#: took batch 64 x context 8192 from 493 to 374 us (BF16 cache: 779 us); 2 or 4 splits did not pay
-#: over the four measured points, so 1 (the BF16 policy) stays.
-FP8_KV_DOT_F16 = True
-FP8_KV_MIN_SPLITS = 1
-
-
-def decode_splits(programs: int, n_old: int, sms: int, block_n: int = 64) -> int:
-    """How many programs share one sequence's context.
-
-    One split (no second kernel) once the (sequence, kv head) programs alone cover
-    a quarter of the SMs; otherwise enough splits for about two programs per SM,
-    each with at least one block of keys. On an H100 at context 512, one split was
-    faster from batch 8 (64 programs) and eight splits at batch 1
-    (reports/benchmarks/decode_step_variants.md).
-    """
-    if programs * 4 >= sms:
-        return 1
-    return max(1, min(triton.cdiv(2 * sms, programs), triton.cdiv(n_old, block_n)))
-
-
-def head_tiles(head_dim: int) -> tuple[int, int]:
-    """Power-of-two tiles (half, whole) holding a head: ``tl.dot`` needs >= 16 along each side."""
-    return max(16, triton.next_power_of_2(head_dim // 2)), max(16, triton.next_power_of_2(head_dim))
-
-
 def decode_attention(
     qkv: torch.Tensor,
     cos: torch.Tensor,
@@ -333,7 +305,7 @@ def decode_attention(
     # k and v tiles within shared memory; up to 128 the tuned Llama configuration
     default_n, stages = (64, 3) if dp <= 128 else (32, 2)
     if kv_fp8 and dp <= 128:
-        default_n = FP8_KV_BLOCK_N
+        default_n = policy.FP8_KV_BLOCK_N
     block_n = block_n or default_n
     n_old = ctx - 1
     kv_lo = min(max(kv_lo, 0), n_old)
@@ -343,7 +315,7 @@ def decode_attention(
         sms = torch.cuda.get_device_properties(qkv.device).multi_processor_count if qkv.is_cuda else 1
         splits = decode_splits(b * kv_heads, n_read, sms, block_n)
         if kv_fp8 and n_read >= 16 * block_n:
-            splits = max(splits, FP8_KV_MIN_SPLITS if min_splits is None else min_splits)
+            splits = max(splits, policy.FP8_KV_MIN_SPLITS if min_splits is None else min_splits)
     chunk = max(block_n, triton.cdiv(triton.cdiv(max(n_read, 1), splits), block_n) * block_n)
     splits = max(1, triton.cdiv(n_read, chunk))
     out = torch.empty(
@@ -396,7 +368,7 @@ def decode_attention(
         RING=ring,
         OUT_FP8=inv_scale is not None,
         KV_FP8=kv_fp8,
-        DOT_F16=kv_fp8 and (FP8_KV_DOT_F16 if dot_f16 is None else dot_f16),
+        DOT_F16=kv_fp8 and (policy.FP8_KV_DOT_F16 if dot_f16 is None else dot_f16),
         INTERPRETED=not qkv.is_cuda,
         num_warps=4,
         num_stages=stages,
