@@ -141,7 +141,7 @@ class MeasuredEnergyModel:
         from advisor.energy.dims import DecoderDims
 
         self.shape = shape
-        # refused (MoE, partial rotary, ...) before looking for a GPU
+        # refused (shared experts, partial rotary, ...) before looking for a GPU
         self.dims = DecoderDims.from_config(model_config) if model_config is not None else DecoderDims.from_shape(shape)
         torch = _torch_with_gpu()
         self.meter = open_meter(torch.cuda.current_device(), config)

@@ -4,7 +4,7 @@ What fused-MoE serving kernels do, with PyTorch's grouped GEMMs:
 
 * the router (BF16, never quantized) scores every expert; softmax, top-k, optionally
   renormalized (Mixtral, Qwen3-MoE);
-* the token copies are sorted by expert (a fixed-size argsort, so a CUDA graph captures
+* the token copies are sorted by expert (a fixed-size stable sort, so a CUDA graph captures
   it), and each expert's rows run as one group of ``torch._grouped_mm`` (BF16, CUTLASS
   grouped GEMM on Hopper) or ``torch._scaled_grouped_mm`` (FP8 E4M3: one static input
   scale per projection, one weight scale per expert, as ModelOpt exports fused experts);

@@ -2,12 +2,14 @@
 
 What a serving engine does, and what this runtime does too:
 
-* each dense family's own decoder layer (:class:`~advisor.energy.dims.DecoderDims`, from
+* each family's own decoder layer (:class:`~advisor.energy.dims.DecoderDims`, from
   the model's config through the architecture adapters): Llama 3.x, Mistral, Qwen2/2.5
   (q/k/v biases), Qwen3 (q/k RMSNorm), Gemma 2/3 (four norms per layer, (1 + w) norm
   weights, scaled embeddings, GELU-tanh, Gemma 2's soft-capping), Phi-3/Phi-4 (its
-  pre-fused qkv_proj and gate_up_proj are the runtime's fused GEMMs as they are);
-  sliding-window layers read only their window of the KV cache;
+  pre-fused qkv_proj and gate_up_proj are the runtime's fused GEMMs as they are), and the
+  routed-expert layers of Mixtral and Qwen3-MoE (:mod:`advisor.energy.moe`: BF16 router,
+  grouped GEMMs over the experts the tokens chose); sliding-window layers read only their
+  window of the KV cache;
 * the weights of each layer group (fused qkv, o, fused gate_up, down) sit in the
   plan's format: BF16 ``F.linear`` or FP8 E4M3 with a per-tensor weight scale, run
   by ``torch._scaled_mm`` (cuBLASLt FP8 tensor-core GEMMs) with the static,
@@ -25,8 +27,9 @@ What a serving engine does, and what this runtime does too:
   as ModelOpt exports ``k_scale``/``v_scale``); decode attention reads the FP8 bytes and
   widens them in registers, as TensorRT-LLM's and vLLM's FP8 KV caches do; prefill attends
   in BF16 and stores FP8;
-* each decode layer is 8 kernels: 2 RMSNorms (Gemma's extra norms are fused into
-  them), 4 GEMMs, attention (plus a reduction when it splits the context), act*up;
+* each dense decode layer is 8 kernels: 2 RMSNorms (Gemma's extra norms are fused into
+  them), 4 GEMMs, attention (plus a reduction when it splits the context), act*up (a MoE
+  layer's routing adds about 20 small PyTorch kernels around its two grouped GEMMs);
 * the lm_head stays BF16 (ModelOpt's default), and prefill computes the logits of
   the last token only.
 
@@ -122,7 +125,7 @@ def group_formats(plan_formats: Mapping[str, Format], dims_or_layers) -> dict[st
 
 
 class DecoderRuntime:
-    """Runs one plan of a dense decoder: prefill and decode, eager or CUDA-graph captured."""
+    """Runs one plan of a decoder (dense or routed-expert layers): prefill and decode, eager or graph-captured."""
 
     def __init__(
         self,
