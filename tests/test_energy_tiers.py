@@ -93,17 +93,3 @@ def test_recommendation_compares_measured_numbers_only_and_the_report_shows_both
     assert rec.prediction_error_pct and "chat" in rec.prediction_error_pct
     md = write_report(study, recipe.run_dir).read_text()
     assert "## Energy: predicted / measured" in md
-
-
-def test_builtin_measured_tier_refuses_fp8_kv_plans_so_they_stay_predicted():
-    from advisor.energy.select import BF16KvCacheOnly
-    from advisor.recipe.schema import Workload
-
-    fake = FakeMeasured()
-    tier = BF16KvCacheOnly(fake)
-    assert tier.label == fake.label and tier.measured
-    plan = Plan.uniform(GROUPS, Format.FP8)
-    assert tier.estimate(plan, Workload()).measured
-    with pytest.raises(UnsupportedError, match="no FP8 KV-cache attention"):
-        tier.estimate(plan.with_kv_cache(Format.FP8), Workload())
-    assert fake.calls == [plan.id]

@@ -111,6 +111,9 @@ def test_search_and_export_every_family(family, tmp_path):
     summary = json.loads((run_dir / "summary.json").read_text())
     shape = ModelShape.from_dict(summary["shape"])
     _check_group_table(family, shape)
+    for g in shape.layers:  # the routing measured on the calibration tokens travels with the shape
+        assert (len(g.expert_load) == g.num_experts and abs(sum(g.expert_load) - g.top_k) < 1e-6) if g.is_moe \
+            else not g.expert_load
 
     trials = summary["trials"]
     assert len(trials) == (4 if family in MIXED_FORMAT_FAMILIES else 3)
@@ -118,7 +121,7 @@ def test_search_and_export_every_family(family, tmp_path):
         assert set(r["formats"]) == {g.name for g in shape.groups}
         for e in r["energy"]:
             assert e["source"].startswith("predicted (profile ") and "does not cover" not in e["source"]
-            assert ("uniform routing" in e["source"]) == (family in MOE_FAMILIES)
+            assert ("routing measured on the calibration tokens" in e["source"]) == (family in MOE_FAMILIES)
             assert 0 < e["j_per_token"] < 1e3
     by_label = {r["label"]: r for r in trials}
     assert by_label["all-bf16"]["kl"] == 0 and by_label["all-fp8"]["kl"] > 0

@@ -210,12 +210,11 @@ def test_trained_model_with_head_dim_16_runs_and_matches(tiny_model_dir):
     assert _rel(prefill, ref[:, -2]) < TOL and _rel(decode, ref[:, -1]) < TOL
 
 
-def test_moe_and_unrunnable_variants_are_refused_with_the_reason():
+def test_unrunnable_variants_are_refused_with_the_reason():
     t = transformers
     small = dict(_BASE, hidden_size=64)
     mixtral = t.MixtralConfig(**dict(small, intermediate_size=32), num_local_experts=4, num_experts_per_tok=2)
-    with pytest.raises(UnsupportedError, match="mixture-of-experts"):
-        DecoderDims.from_config(mixtral)
+    assert DecoderDims.from_config(mixtral).is_moe  # routed experts run (tests/test_runtime_moe.py)
     with pytest.raises(UnsupportedError, match="partial rotary"):
         DecoderDims.from_config(t.Phi3Config(**small, partial_rotary_factor=0.75))
     with pytest.raises(UnsupportedError, match="activation 'gelu'"):
@@ -228,18 +227,27 @@ def test_moe_and_unrunnable_variants_are_refused_with_the_reason():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         moe_model = t.AutoModelForCausalLM.from_config(mixtral)
-    with pytest.raises(UnsupportedError, match="dense decoder layers"):  # not a StopIteration
+    with pytest.raises(UnsupportedError, match="dense decoder layers"):  # a stand-in needs the config for MoE
         DecoderDims.from_shape(model_shape(moe_model))
 
 
-def test_measured_energy_refuses_moe_before_looking_for_a_gpu():
+def test_measured_energy_refuses_shared_experts_before_looking_for_a_gpu():
     from advisor.energy.measure import MeasuredEnergyModel
     from advisor.models.shape import llama_shape
 
-    cfg = transformers.Qwen3MoeConfig(**dict(_BASE, hidden_size=64), num_experts=4, num_experts_per_tok=2,
-                                      moe_intermediate_size=32)
-    with pytest.raises(UnsupportedError, match="mixture-of-experts"):
+    cfg = transformers.Qwen2MoeConfig(**dict(_BASE, hidden_size=64), num_experts=4, num_experts_per_tok=2,
+                                      moe_intermediate_size=32, shared_expert_intermediate_size=48)
+    with pytest.raises(UnsupportedError, match="shared experts"):
         MeasuredEnergyModel(llama_shape("model.layers", 2, 64, 96, 2, 1, VOCAB), model_config=cfg)
+
+
+def test_routed_expert_layers_reach_the_runtime_dims():
+    cfg = transformers.Qwen3MoeConfig(**dict(_BASE, hidden_size=64), num_experts=4, num_experts_per_tok=2,
+                                      moe_intermediate_size=32, norm_topk_prob=True)
+    dims = DecoderDims.from_config(cfg)
+    assert dims.is_moe and all(la.moe is not None and la.intermediate == 0 for la in dims.layers)
+    assert (dims.layers[0].moe.num_experts, dims.layers[0].moe.top_k, dims.layers[0].moe.intermediate) == (4, 2, 32)
+    assert dims.layers[0].attention.qk_norm
 
 
 def test_geometry_reaches_the_runtime_dims():
@@ -281,7 +289,7 @@ def test_plan_keys_with_a_stack_prefix_map_to_runtime_groups():
 
     fmts = group_formats({"model.language_model.layers.1.o": Format.FP8, "layers.0.qkv": "fp8"}, 2)
     assert fmts["1.o"] == Format.FP8 and fmts["0.qkv"] == Format.FP8 and fmts["1.qkv"] == Format.BF16
-    with pytest.raises(SetupError, match="not a dense group"):
+    with pytest.raises(SetupError, match="not a group"):
         group_formats({"model.layers.0.experts_gate_up": Format.FP8}, 2)
 
 

@@ -301,3 +301,50 @@ def test_add_rmsnorm_normalizes_the_input_first_in_gemma_style(K):
     s = (norm(x, w_post).float() + r.float()).to(torch.bfloat16)
     torch.testing.assert_close(resid.float(), s.float(), rtol=2e-2, atol=2e-2)
     torch.testing.assert_close(y.float(), norm(s, w_pre).float(), rtol=2e-2, atol=2e-2)
+
+
+def _fp8_cache(kc, vc):
+    """E4M3 codes of a BF16 cache with one scale per tensor (amax / 448, as ModelOpt exports them)."""
+    ks = (kc.float().abs().amax() / 448).reshape(1)
+    vs = (vc.float().abs().amax() / 448).reshape(1)
+    return (kc.float() / ks).to(torch.float8_e4m3fn), (vc.float() / vs).to(torch.float8_e4m3fn), ks, vs
+
+
+@pytest.mark.parametrize("batch,ctx,splits", [(2, 150, 1), (2, 150, 3), (3, 1, None)])
+def test_decode_attention_reads_an_fp8_cache_and_writes_the_new_token_in_fp8(K, batch, ctx, splits):
+    qkv, cos, sin, pos, kc, vc = _case(batch, ctx)
+    k8, v8, ks, vs = _fp8_cache(kc, vc)
+    before_k, before_v = k8.clone(), v8.clone()
+    out = K.decode_attention(qkv, cos, sin, pos, k8, v8, ctx, H, KV, D, splits=splits, k_scale=ks, v_scale=vs)
+    # reference: the cache as its codes say (dequantized), the new token quantized as the cache will hold it
+    p = ctx - 1
+    x = qkv.float().view(batch, H + 2 * KV, D)
+    k_new = _rotate(x[:, H:H + KV], cos[p], sin[p]).to(torch.bfloat16)
+    k_new8 = (k_new.float() / ks).to(torch.float8_e4m3fn)
+    v_new8 = (x[:, H + KV:] / vs).to(torch.float8_e4m3fn)
+    deq_k, deq_v = (k8.float() * ks).to(torch.bfloat16), (v8.float() * vs).to(torch.bfloat16)
+    # the new token as the kernel wrote it (its codes are checked against k_new8 / v_new8 below)
+    deq_k[:, :, p], deq_v[:, :, p] = (k8[:, :, p].float() * ks).to(torch.bfloat16), (v8[:, :, p].float() * vs).to(
+        torch.bfloat16)
+    q = (_rotate(x[:, :H], cos[p], sin[p]) * D**-0.5).to(torch.bfloat16).float()
+    k = deq_k[:, :, :ctx].float().repeat_interleave(H // KV, 1)
+    v = deq_v[:, :, :ctx].float().repeat_interleave(H // KV, 1)
+    ref = (torch.softmax(q[:, :, None] @ k.transpose(-1, -2), -1) @ v).reshape(batch, H * D)
+    assert out.dtype == torch.bfloat16 and _rel(out, ref) < 2e-2
+    # the BF16-cache result differs by FP8's own error, which is far above the kernel's
+    bf16 = K.decode_attention(qkv, cos, sin, pos, kc.clone(), vc.clone(), ctx, H, KV, D, splits=splits)
+    assert _rel(out, ref) < _rel(bf16, ref) or ctx == 1
+    same_k = (k8[:, :, p].view(torch.uint8) == k_new8.view(torch.uint8)).float().mean()
+    same_v = (v8[:, :, p].view(torch.uint8) == v_new8.view(torch.uint8)).float().mean()
+    # codes equal (the GPU's rotation FMAs may move a rare one; the interpreter's FP8 rounding more)
+    assert min(same_k, same_v) > (0.95 if EXACT else 0.9)
+    others = [i for i in range(k8.shape[2]) if i != p]
+    assert torch.equal(k8[:, :, others].view(torch.uint8), before_k[:, :, others].view(torch.uint8))
+    assert torch.equal(v8[:, :, others].view(torch.uint8), before_v[:, :, others].view(torch.uint8))
+
+
+def test_decode_attention_refuses_an_fp8_cache_without_scales(K):
+    qkv, cos, sin, pos, kc, vc = _case(1, 20)
+    k8, v8, ks, _ = _fp8_cache(kc, vc)
+    with pytest.raises(ValueError, match="both scales"):
+        K.decode_attention(qkv, cos, sin, pos, k8, v8, 20, H, KV, D, k_scale=ks)

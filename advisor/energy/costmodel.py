@@ -7,7 +7,7 @@ Model, for a decode step at batch ``b`` and context ``c`` (prefill alike at leng
   the profiled layer's when the model differs from the profiled one. Pre-fused
   projections (Phi-3 ``qkv_proj``, ``gate_up_proj``) are the ``qkv``/``gate_up`` kinds; a
   shared expert's groups price as ``gate_up``/``down``. A MoE layer's routed experts
-  (:mod:`advisor.energy.routing`, uniform routing assumed and labelled) cost, per
+  (:mod:`advisor.energy.routing`, measured or uniform routing, labelled which) cost, per
   projection, ``D`` GEMMs of one expert's weights at ``b * top_k / D`` rows each, where
   ``D`` is the expected number of distinct experts ``b`` tokens touch;
 * non-GEMM time of the all-``f`` plan: its measured step minus its GEMMs (linear in
@@ -47,7 +47,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from advisor.energy.profile import KINDS
-from advisor.energy.routing import UNIFORM_ROUTING_NOTE, expected_experts_touched
+from advisor.energy.routing import layer_experts_touched, routing_note
 from advisor.errors import InputError, UnsupportedError
 from advisor.estimate import EnergyEstimate
 from advisor.formats import KV_CACHE_BYTES, Format
@@ -149,7 +149,7 @@ class ProfileCostModel:
         notes = "".join([
             f"; non-GEMM time of the profiled Llama layer, without this model's {', '.join(unprofiled)}"
             if unprofiled else "",
-            f"; {UNIFORM_ROUTING_NOTE}" if shape.is_moe else "",
+            f"; {routing_note(shape)}" if shape.is_moe else "",
             self._scaling_note(m, shape),
         ])
         source = f"{profile.get('source', 'measured')} {profile['date']}{tag}"
@@ -212,7 +212,7 @@ class ProfileCostModel:
             if gm.moe is None:
                 total += self._gemm(phase, fmt, gm.kind, x) * gm.scale
                 continue
-            touched = expected_experts_touched(gm.moe.num_experts, gm.moe.top_k, x)
+            touched = layer_experts_touched(gm.moe, x)
             total += touched * self._gemm(phase, fmt, gm.kind, x * gm.moe.top_k / touched) * gm.scale
         return total
 

@@ -4,8 +4,9 @@ A :class:`DecoderDims` describes one dense decoder-only model layer by layer, fr
 transformers config through the architecture adapters (:func:`DecoderDims.from_config`),
 or as a Llama stand-in from a :class:`ModelShape` alone (:func:`DecoderDims.from_shape`).
 What the runtime cannot run honestly is refused here, with the reason, before any GPU
-work: mixture-of-experts layers, partial rotary embeddings, activations other than
-SiLU and GELU-tanh, head dims outside 16..256.
+work: shared experts of mixture-of-experts layers, partial rotary embeddings, activations
+other than SiLU and GELU-tanh, head dims outside 16..256. Routed-expert layers (Mixtral,
+Qwen3-MoE) run as grouped GEMMs (:mod:`advisor.energy.moe`).
 """
 
 from __future__ import annotations
@@ -51,11 +52,22 @@ class AttentionSpec:
 
 
 @dataclass(frozen=True)
+class MoESpec:
+    """A layer's routed experts: softmax router over ``num_experts``, ``top_k`` per token."""
+
+    num_experts: int
+    top_k: int
+    intermediate: int  # one expert's
+    norm_topk_prob: bool = True  # renormalize the top-k probabilities (Mixtral, Qwen3-MoE)
+
+
+@dataclass(frozen=True)
 class LayerSpec:
     attention: AttentionSpec
-    intermediate: int
+    intermediate: int  # dense MLP; 0 in a MoE layer
     activation: str = "silu"  # "silu" or "gelu_tanh", applied to gate, times up
     norms: int = 2  # 2: before attention and MLP; 4: Gemma's after them too
+    moe: MoESpec | None = None
 
 
 @dataclass(frozen=True)
@@ -93,6 +105,10 @@ class DecoderDims:
     @property
     def intermediate(self) -> int:
         return self.layers[0].intermediate
+
+    @property
+    def is_moe(self) -> bool:
+        return any(la.moe is not None for la in self.layers)
 
     @property
     def label(self) -> str:
@@ -180,11 +196,11 @@ class DecoderDims:
 
         geo = text_geometry(config)
         text = config.get_text_config() if callable(getattr(config, "get_text_config", None)) else config
-        moe = [g.index for g in geo.layers if g.is_moe]
-        if moe:
+        shared = [g.index for g in geo.layers if g.shared_expert_intermediate]
+        if shared:
             raise UnsupportedError(
-                f"{geo.family} ({geo.model_type}) has mixture-of-experts layers ({len(moe)} of {geo.num_layers}); "
-                "the measurement runtime runs dense decoder layers only; use --energy predicted"
+                f"{geo.family} ({geo.model_type}) has shared experts ({len(shared)} of {geo.num_layers} layers); "
+                "the measurement runtime runs routed experts only; use --energy predicted"
             )
         if getattr(text, "mlp_bias", False):
             raise UnsupportedError(f"{geo.family}: MLP biases (mlp_bias=True) are not in the measurement runtime")
@@ -212,7 +228,9 @@ class DecoderDims:
                 softcap=getattr(text, "attn_logit_softcapping", None) or None,
                 rope=rope,
             )
-            layers.append(LayerSpec(att, g.intermediate, act, g.norms))
+            moe = MoESpec(g.num_experts, g.top_k, g.moe_intermediate,
+                          bool(getattr(text, "norm_topk_prob", True))) if g.is_moe else None
+            layers.append(LayerSpec(att, 0 if moe else g.intermediate, act, g.norms, moe))
         if {(la.attention.kv_heads, la.attention.head_dim) for la in layers} != {(geo.layers[0].kv_heads,
                                                                                  geo.layers[0].head_dim)}:
             raise UnsupportedError(f"{geo.family}: kv heads or head dim differ between layers (one KV cache layout)")

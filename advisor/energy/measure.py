@@ -46,18 +46,18 @@ class Bench:
         w = DecoderWeights.random(dims, max_pos=max_pos, seed=seed)
         return cls(dims, w, calibrate(w))
 
-    def runtime(self, formats: dict[str, Format], key: str | None = None):
-        """A new runtime of ``formats`` (``key`` is accepted for older callers and unused)."""
+    def runtime(self, formats: dict[str, Format], key: str | None = None, kv_cache: Format = Format.BF16):
+        """A new runtime of ``formats`` with a ``kv_cache`` KV cache (``key``: older callers, unused)."""
         from advisor.energy.runtime import DecoderRuntime
 
-        return DecoderRuntime(self.weights, formats, self.amax, linear_cache=self.linear_cache)
+        return DecoderRuntime(self.weights, formats, self.amax, linear_cache=self.linear_cache, kv_cache=kv_cache)
 
 
 def uniform_formats(dims, fmt: Format) -> dict[str, Format]:
-    """Every dense group of ``dims`` in ``fmt``."""
-    from advisor.plan import DENSE_GROUP_KINDS
+    """Every group of ``dims`` (a MoE layer's routed experts are one) in ``fmt``."""
+    from advisor.energy.runtime import layer_kinds
 
-    return {f"layers.{i}.{k}": fmt for i in range(dims.num_layers) for k in DENSE_GROUP_KINDS}
+    return {f"layers.{i}.{k}": fmt for i, kinds in enumerate(layer_kinds(dims)) for k in kinds}
 
 
 def decode_step(rt, batch: int, context: int, seed: int = 0):
@@ -141,7 +141,7 @@ class MeasuredEnergyModel:
         from advisor.energy.dims import DecoderDims
 
         self.shape = shape
-        # refused (MoE, partial rotary, ...) before looking for a GPU
+        # refused (shared experts, partial rotary, ...) before looking for a GPU
         self.dims = DecoderDims.from_config(model_config) if model_config is not None else DecoderDims.from_shape(shape)
         torch = _torch_with_gpu()
         self.meter = open_meter(torch.cuda.current_device(), config)
@@ -165,7 +165,7 @@ class MeasuredEnergyModel:
         if self._bench is None:
             self._bench = Bench.create(self.dims, max_pos=max(8192, positions))
         self._bench.weights.ensure_positions(positions)
-        rt = self._bench.runtime(dict(plan.formats))
+        rt = self._bench.runtime(dict(plan.formats), kv_cache=plan.kv_cache)
         try:
             step = prefill_step(rt, lin)
             pre = measure_step(self.meter, step, f"prefill {plan.label()}")

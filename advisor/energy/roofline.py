@@ -19,8 +19,9 @@ Model (documented in docs/architecture.md, "Energy"):
   ``4 * heads * head_dim`` per causal (query, key) pair of each layer (``L^2 / 2``, fewer
   in a sliding-window layer).
 * MoE layers (:mod:`advisor.energy.routing`): a step of ``t`` tokens reads the routed
-  experts its tokens touch (expected distinct experts under uniform routing, labelled so)
-  and multiplies ``t * top_k`` expert rows.
+  experts its tokens touch (expected distinct experts under the routing measured on the
+  calibration tokens, or uniform routing, labelled which) and multiplies ``t * top_k``
+  expert rows.
 * J per output token = (prefill J + output_tokens * decode-step J / B) / output_tokens,
   with the decode step taken at the mean context ``input + output / 2``.
 """
@@ -29,7 +30,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from advisor.energy.routing import UNIFORM_ROUTING_NOTE, touched_share
+from advisor.energy.routing import routing_note, touched_share
 from advisor.errors import UnsupportedError
 from advisor.estimate import EnergyEstimate
 from advisor.formats import FORMAT_SPECS, GPU, GPU_SPECS, KV_CACHE_BYTES, Format, GPUSpec
@@ -97,7 +98,7 @@ class RooflineEnergyModel:
     def __init__(self, shape: ModelShape, target: GPU, note: str = "") -> None:
         self.shape = shape
         self.gpu = GPU_SPECS[target]
-        notes = [n for n in (note, UNIFORM_ROUTING_NOTE if shape.is_moe else "") if n]
+        notes = [n for n in (note, routing_note(shape)) if n]
         self.label = f"predicted (roofline, datasheet {self.gpu.marketing_name}{''.join('; ' + n for n in notes)})"
 
     def _check(self, plan: Plan) -> None:

@@ -18,6 +18,8 @@ ROTARY_CLASSES = {
     "gemma2": ("gemma2", "Gemma2RotaryEmbedding"),
     "gemma3_text": ("gemma3", "Gemma3RotaryEmbedding"),
     "phi3": ("phi3", "Phi3RotaryEmbedding"),
+    "mixtral": ("mixtral", "MixtralRotaryEmbedding"),
+    "qwen3_moe": ("qwen3_moe", "Qwen3MoeRotaryEmbedding"),
 }
 
 RopeTables = dict[str, tuple[torch.Tensor, torch.Tensor]]

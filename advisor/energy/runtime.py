@@ -2,12 +2,14 @@
 
 What a serving engine does, and what this runtime does too:
 
-* each dense family's own decoder layer (:class:`~advisor.energy.dims.DecoderDims`, from
+* each family's own decoder layer (:class:`~advisor.energy.dims.DecoderDims`, from
   the model's config through the architecture adapters): Llama 3.x, Mistral, Qwen2/2.5
   (q/k/v biases), Qwen3 (q/k RMSNorm), Gemma 2/3 (four norms per layer, (1 + w) norm
   weights, scaled embeddings, GELU-tanh, Gemma 2's soft-capping), Phi-3/Phi-4 (its
-  pre-fused qkv_proj and gate_up_proj are the runtime's fused GEMMs as they are);
-  sliding-window layers read only their window of the KV cache;
+  pre-fused qkv_proj and gate_up_proj are the runtime's fused GEMMs as they are), and the
+  routed-expert layers of Mixtral and Qwen3-MoE (:mod:`advisor.energy.moe`: BF16 router,
+  grouped GEMMs over the experts the tokens chose); sliding-window layers read only their
+  window of the KV cache;
 * the weights of each layer group (fused qkv, o, fused gate_up, down) sit in the
   plan's format: BF16 ``F.linear`` or FP8 E4M3 with a per-tensor weight scale, run
   by ``torch._scaled_mm`` (cuBLASLt FP8 tensor-core GEMMs) with the static,
@@ -20,8 +22,14 @@ What a serving engine does, and what this runtime does too:
   flash-decoding, soft-capping, FP8 output for an FP8 o_proj) that reads only the
   attended context (graphs are captured per context length), never the whole
   allocated cache;
-* each decode layer is 8 kernels: 2 RMSNorms (Gemma's extra norms are fused into
-  them), 4 GEMMs, attention (plus a reduction when it splits the context), act*up;
+* the KV cache in the plan's format: BF16, or FP8 E4M3 with one calibrated scale per
+  layer for K and one for V (amax / 448 of the cached keys after RoPE and of the values,
+  as ModelOpt exports ``k_scale``/``v_scale``); decode attention reads the FP8 bytes and
+  widens them in registers, as TensorRT-LLM's and vLLM's FP8 KV caches do; prefill attends
+  in BF16 and stores FP8;
+* each dense decode layer is 8 kernels: 2 RMSNorms (Gemma's extra norms are fused into
+  them), 4 GEMMs, attention (plus a reduction when it splits the context), act*up (a MoE
+  layer's routing adds about 20 small PyTorch kernels around its two grouped GEMMs);
 * the lm_head stays BF16 (ModelOpt's default), and prefill computes the logits of
   the last token only.
 
@@ -46,13 +54,15 @@ from advisor.energy.attention_torch import attention_over_cache
 from advisor.energy.cuda_tools import CapturedStep
 from advisor.energy.dims import AttentionSpec
 from advisor.energy.gpu_checks import check_formats_supported
+from advisor.energy.moe import RoutedExperts
 from advisor.energy.weights import DecoderWeights
 from advisor.errors import SetupError
 from advisor.formats import Format
 from advisor.plan import DENSE_GROUP_KINDS
 
 FP8_MAX = 448.0
-_PLAN_KEY = re.compile(r"(?:^|\.)layers\.(\d+)\.(" + "|".join(DENSE_GROUP_KINDS) + r")$")
+MOE_GROUP_KINDS = ("qkv", "o", "experts")
+_PLAN_KEY = re.compile(r"(?:^|\.)layers\.(\d+)\.(" + "|".join((*DENSE_GROUP_KINDS, "experts")) + r")$")
 
 
 class _Linear:
@@ -91,20 +101,31 @@ class _Linear:
         )
 
 
-def group_formats(plan_formats: Mapping[str, Format], num_layers: int) -> dict[str, Format]:
-    """Plan keys (``layers.{i}.{kind}``, with or without a stack prefix) -> ``{i}.{kind}``; missing stay BF16."""
-    out = {f"{i}.{k}": Format.BF16 for i in range(num_layers) for k in DENSE_GROUP_KINDS}
+def layer_kinds(dims_or_layers) -> list[tuple[str, ...]]:
+    """The group kinds of each layer: dense (qkv, o, gate_up, down) or MoE (qkv, o, experts)."""
+    if isinstance(dims_or_layers, int):
+        return [DENSE_GROUP_KINDS] * dims_or_layers
+    return [MOE_GROUP_KINDS if la.moe is not None else DENSE_GROUP_KINDS for la in dims_or_layers.layers]
+
+
+def group_formats(plan_formats: Mapping[str, Format], dims_or_layers) -> dict[str, Format]:
+    """Plan keys (``layers.{i}.{kind}``, with or without a stack prefix) -> ``{i}.{kind}``; missing stay BF16.
+
+    ``dims_or_layers``: the DecoderDims (MoE layers have an ``experts`` group), or a layer count (dense)."""
+    kinds = layer_kinds(dims_or_layers)
+    num_layers = len(kinds)
+    out = {f"{i}.{k}": Format.BF16 for i, ks in enumerate(kinds) for k in ks}
     for name, fmt in plan_formats.items():
         m = _PLAN_KEY.search(name)
         key = f"{m.group(1)}.{m.group(2)}" if m else None
         if key not in out:
-            raise SetupError(f"plan group {name!r} is not a dense group of this {num_layers}-layer decoder")
+            raise SetupError(f"plan group {name!r} is not a group of this {num_layers}-layer decoder")
         out[key] = Format(fmt)
     return out
 
 
 class DecoderRuntime:
-    """Runs one plan of a dense decoder: prefill and decode, eager or CUDA-graph captured."""
+    """Runs one plan of a decoder (dense or routed-expert layers): prefill and decode, eager or graph-captured."""
 
     def __init__(
         self,
@@ -114,10 +135,11 @@ class DecoderRuntime:
         decode_attention: str = "triton",
         linear_cache: dict | None = None,
         pdl: bool = False,
+        kv_cache: Format = Format.BF16,
     ) -> None:
         self.w = weights
         self.dims = weights.dims
-        fmts = group_formats(plan_formats, self.dims.num_layers)
+        fmts = group_formats(plan_formats, self.dims)
         check_formats_supported(set(fmts.values()))
         self.formats = fmts
         self.decode_attention = decode_attention
@@ -132,11 +154,26 @@ class DecoderRuntime:
         # ``linear_cache`` lets several runtimes (plans) share converted weights.
         cache = linear_cache if linear_cache is not None else {}
         self.lin: dict[str, _Linear] = {}
+        self.experts: dict[int, RoutedExperts] = {}
+        amax = act_amax or {}
         for k, f in fmts.items():
             if (k, f) not in cache:
-                bias = weights.t.get(f"{k}_bias")
-                cache[(k, f)] = _Linear(weights.t[k], f, (act_amax or {}).get(k), bias)
-            self.lin[k] = cache[(k, f)]
+                if k.endswith(".experts"):
+                    i = int(k.split(".")[0])
+                    la, t = self.dims.layers[i], weights.t
+                    cache[(k, f)] = RoutedExperts(la.moe, t[f"{i}.router"], t[f"{i}.experts_gate_up"],
+                                                  t[f"{i}.experts_down"], f, amax.get(k), amax.get(f"{k}_down"),
+                                                  la.activation)
+                else:
+                    cache[(k, f)] = _Linear(weights.t[k], f, amax.get(k), weights.t.get(f"{k}_bias"))
+            if k.endswith(".experts"):
+                self.experts[int(k.split(".")[0])] = cache[(k, f)]
+            else:
+                self.lin[k] = cache[(k, f)]
+        self.kv_fp8 = Format(kv_cache) == Format.FP8
+        if Format(kv_cache) not in (Format.BF16, Format.FP8):
+            raise SetupError(f"a {Format(kv_cache).value} KV cache is not in the runtime (BF16 or FP8)")
+        self.kv_scales = _kv_scales(act_amax or {}, self.dims.num_layers, dev) if self.kv_fp8 else None
         self.pos = torch.zeros(1, dtype=torch.long, device=dev)
         # per layer [batch, kv_heads, length, head_dim]; a sliding-window layer's is a ring of window length
         self.k_cache: list[torch.Tensor] | None = None
@@ -145,8 +182,10 @@ class DecoderRuntime:
 
     # -- bookkeeping ----------------------------------------------------------
     def weight_bytes(self) -> int:
-        """Bytes of every weight a decode step reads (linear groups + BF16 lm_head)."""
-        return sum(lin.weight_bytes for lin in self.lin.values()) + self.w.t["lm_head"].numel() * 2
+        """Bytes of every weight (linear groups, every routed expert, BF16 routers and lm_head)."""
+        routers = sum(self.w.t[f"{i}.router"].numel() * 2 for i in self.experts)
+        return (sum(lin.weight_bytes for lin in self.lin.values()) + sum(e.weight_bytes for e in self.experts.values())
+                + routers + self.w.t["lm_head"].numel() * 2)
 
     def allocate_cache(self, batch: int, max_len: int) -> None:
         """Static KV cache for positions [0, max_len), random (not zeros); RoPE tables to max_len.
@@ -158,11 +197,13 @@ class DecoderRuntime:
         self.w.ensure_positions(max_len)
         shapes = [(batch, la.attention.kv_heads, _cache_len(la.attention, max_len), la.attention.head_dim)
                   for la in self.dims.layers]
-        if self.k_cache is None or self.cache_len != max_len or [tuple(k.shape) for k in self.k_cache] != shapes:
+        dtype = torch.float8_e4m3fn if self.kv_fp8 else torch.bfloat16
+        if (self.k_cache is None or self.cache_len != max_len or [tuple(k.shape) for k in self.k_cache] != shapes
+                or self.k_cache[0].dtype != dtype):
             self.free()
             dev = self.pos.device
-            self.k_cache = [torch.randn(s, device=dev, dtype=torch.bfloat16) * 0.5 for s in shapes]
-            self.v_cache = [torch.randn(s, device=dev, dtype=torch.bfloat16) * 0.5 for s in shapes]
+            self.k_cache = [_random_cache(s, dev, self.kv_scales, i, 0) for i, s in enumerate(shapes)]
+            self.v_cache = [_random_cache(s, dev, self.kv_scales, i, 1) for i, s in enumerate(shapes)]
             self.cache_len = max_len
 
     def free(self) -> None:
@@ -173,22 +214,41 @@ class DecoderRuntime:
             torch.cuda.empty_cache()
 
     def share_cache(self, other: DecoderRuntime) -> None:
+        if other.kv_fp8 != self.kv_fp8:
+            raise SetupError("runtimes with different KV-cache formats cannot share a cache")
         self.k_cache, self.v_cache, self.cache_len = other.k_cache, other.v_cache, other.cache_len
 
     # -- forward --------------------------------------------------------------
-    def _attention(self, i: int, spec: AttentionSpec, qkv: torch.Tensor, b: int, length: int, ctx: int):
+    def _attention(self, i: int, spec: AttentionSpec, qkv: torch.Tensor, b: int, length: int, ctx: int, record=None):
         t, d = self.w.t, self.dims
         cos, sin = self.w.rope[spec.rope]
         kc, vc = self.k_cache[i], self.v_cache[i]
         norms = dict(q_norm=t.get(f"{i}.q_norm"), k_norm=t.get(f"{i}.k_norm"), norm_eps=d.rms_eps,
                      norm_round=not d.gemma_norms, q_scale=spec.q_scale)
         ring = kc.shape[2] < self.cache_len
+        ks, vs = self.kv_scales[i] if self.kv_fp8 else (None, None)
         if length == 1 and self.decode_attention == "triton":
             return K.decode_attention(
                 qkv, cos, sin, self.pos, kc, vc, ctx, spec.heads, spec.kv_heads, spec.head_dim,
                 inv_scale=self.lin[f"{i}.o"].inv_scale_x, splits=self.attention_splits, pdl=self.pdl,
-                kv_lo=spec.first_key(ctx), softcap=spec.softcap, ring=ring, **norms,
+                kv_lo=spec.first_key(ctx), softcap=spec.softcap, ring=ring, k_scale=ks, v_scale=vs, **norms,
             )
+        if self.kv_fp8:  # attend in BF16 over the dequantized cache, store the new positions back in FP8
+            kb, vb = (kc.float() * ks).to(torch.bfloat16), (vc.float() * vs).to(torch.bfloat16)
+            att = self._attention_bf16(spec, qkv, kb, vb, b, length, ctx, cos, sin, norms, ring)
+            kc.copy_((kb.float() / ks).clamp(-FP8_MAX, FP8_MAX))
+            vc.copy_((vb.float() / vs).clamp(-FP8_MAX, FP8_MAX))
+            return att
+        att = self._attention_bf16(spec, qkv, kc, vc, b, length, ctx, cos, sin, norms, ring)
+        if record is not None:  # the cached keys (after RoPE) and values: the FP8 KV scales
+            n = min(ctx, kc.shape[2])
+            record(f"{i}.k_cache", kc[:, :, :n])
+            record(f"{i}.v_cache", vc[:, :, :n])
+        return att
+
+    def _attention_bf16(self, spec: AttentionSpec, qkv, kc, vc, b: int, length: int, ctx: int, cos, sin, norms,
+                        ring: bool):
+        """Prefill and the eager decode variants over a BF16 cache (rope_qkv writes it, SDPA attends)."""
         if not ring:
             return self._attention_in_torch(spec, qkv, kc, vc, b, length, ctx, cos, sin, norms)
         # a ring (sliding window): attend over a linear copy of the window, then keep its last positions
@@ -233,19 +293,26 @@ class DecoderRuntime:
         resid = F.embedding(tokens.reshape(-1), t["embed"])
         h_out = out_norm = None
         for i, layer in enumerate(d.layers):
-            lq, lo, lg, ld = (self.lin[f"{i}.{k}"] for k in DENSE_GROUP_KINDS)
+            lq, lo = self.lin[f"{i}.qkv"], self.lin[f"{i}.o"]
+            moe = self.experts.get(i)
+            lg, ld = (None, None) if moe else (self.lin[f"{i}.gate_up"], self.lin[f"{i}.down"])
             first = h_out is None
             a = K.add_rmsnorm(
                 resid if first else h_out, None if first else resid, t[f"{i}.ln_attn"], eps, lq.inv_scale_x, pdl,
                 x_weight=out_norm, norm_round=rnd,
             )  # fmt: skip
             record(f"{i}.qkv", a)
-            att = self._attention(i, layer.attention, lq(a), b, length, ctx)
+            att = self._attention(i, layer.attention, lq(a), b, length, ctx, record if calib is not None else None)
             record(f"{i}.o", att)
             h = lo(att, pdl)
             m = K.add_rmsnorm(
-                h, resid, t[f"{i}.ln_mlp"], eps, lg.inv_scale_x, pdl, x_weight=t.get(f"{i}.ln_attn_out"), norm_round=rnd
-            )
+                h, resid, t[f"{i}.ln_mlp"], eps, None if moe else lg.inv_scale_x, pdl,
+                x_weight=t.get(f"{i}.ln_attn_out"), norm_round=rnd,
+            )  # fmt: skip
+            if moe:  # the router reads the BF16 norm output; the experts quantize it themselves
+                h_out = moe(m, record if calib is not None else None, f"{i}.experts")
+                out_norm = t.get(f"{i}.ln_mlp_out")
+                continue
             record(f"{i}.gate_up", m)
             act = K.gated_act(lg(m), layer.activation, ld.inv_scale_x, pdl)
             record(f"{i}.down", act)
@@ -274,6 +341,23 @@ class DecoderRuntime:
             logits = self.forward(tokens, start)
         torch.cuda.synchronize()
         return CapturedStep(graph, logits, tokens.shape[0], tokens.shape[1], start)
+
+
+def _kv_scales(amax: Mapping[str, float], num_layers: int, device) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Per layer (k_scale, v_scale) = amax / 448 of the calibrated cache, as float32 device scalars."""
+    missing = [i for i in range(num_layers) if f"{i}.k_cache" not in amax or f"{i}.v_cache" not in amax]
+    if missing:
+        raise SetupError(f"an FP8 KV cache needs the calibrated k/v amax of every layer (missing: layers {missing})")
+    return [tuple(torch.tensor([max(amax[f"{i}.{c}_cache"], 1e-12) / FP8_MAX], device=device) for c in "kv")
+            for i in range(num_layers)]
+
+
+def _random_cache(shape, device, scales, layer: int, which: int) -> torch.Tensor:
+    """A cache of random values (BF16), or their FP8 codes under the layer's k or v scale."""
+    x = torch.randn(shape, device=device, dtype=torch.bfloat16) * 0.5
+    if scales is None:
+        return x
+    return (x.float() / scales[layer][which]).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
 
 
 def _cache_len(spec: AttentionSpec, max_len: int) -> int:

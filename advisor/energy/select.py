@@ -18,11 +18,10 @@ from advisor.energy.profile_select import (
     read_any_profile,
     shipped_gpu_profile,
 )
-from advisor.errors import InputError, UnsupportedError
-from advisor.estimate import EnergyEstimate, EnergyModel
-from advisor.formats import GPU, Format, gpu_from_device_name
+from advisor.errors import InputError
+from advisor.estimate import EnergyModel
+from advisor.formats import GPU, gpu_from_device_name
 from advisor.models.shape import ModelShape
-from advisor.plan import Plan
 from advisor.recipe.schema import Workload
 
 log = logging.getLogger(__name__)
@@ -40,20 +39,6 @@ def gpu_here() -> tuple[GPU | None, str | None]:
     except SetupError:
         return None, None
     return gpu_from_device_name(name), name
-
-
-class BF16KvCacheOnly:
-    """The built-in runtime as the measured tier, for the plans it can run: it has no FP8 KV-cache
-    attention yet, so a plan with an FP8 KV cache is refused (it stays predicted, and says why)."""
-
-    def __init__(self, inner: EnergyModel) -> None:
-        self.inner, self.label, self.measured = inner, inner.label, inner.measured
-
-    def estimate(self, plan: Plan, workload: Workload) -> EnergyEstimate:
-        if plan.kv_cache != Format.BF16:
-            raise UnsupportedError("the built-in measurement runtime has no FP8 KV-cache attention yet; "
-                                   "measure FP8 KV with --engine tensorrt_llm")
-        return self.inner.estimate(plan, workload)
 
 
 def make_energy_tiers(
@@ -97,8 +82,8 @@ def make_energy_tiers(
         built = ensure_model_profile(measured, workloads, store or ProfileStore())
         if built is not None:
             fallback = make_predicted_model(shape, target, None, model_config, store, per_model=False)
-            return WithFallback(ModelProfileCostModel(built, shape), fallback), BF16KvCacheOnly(measured)
-    return make_predicted_model(shape, target, profile, model_config, store), BF16KvCacheOnly(measured)
+            return WithFallback(ModelProfileCostModel(built, shape), fallback), measured
+    return make_predicted_model(shape, target, profile, model_config, store), measured
 
 
 def make_energy_model(mode: str, shape: ModelShape, target: GPU, profile: Path | None = None,

@@ -8,6 +8,9 @@ MLP), and for Gemma ``{i}.ln_attn_out`` / ``{i}.ln_mlp_out`` (after them). Gemma
 weights are stored as float32 ``1 + w`` (the kernels multiply by them in float32); its
 embedding table is stored pre-multiplied by sqrt(hidden) in BF16, which is exactly
 what its scaled embedding computes, while a tied lm_head keeps the unscaled table.
+A MoE layer has ``{i}.router`` [E, hidden] and ``{i}.experts_gate_up`` [E, 2 I, hidden] /
+``{i}.experts_down`` [E, hidden, I] (transformers 5's fused-experts layout) instead of
+``{i}.gate_up`` / ``{i}.down``.
 """
 
 from __future__ import annotations
@@ -72,8 +75,14 @@ class DecoderWeights:
             a = layer.attention
             t[f"{i}.qkv"] = rnd((a.heads + 2 * a.kv_heads) * a.head_dim, d.hidden)
             t[f"{i}.o"] = rnd(d.hidden, a.heads * a.head_dim)
-            t[f"{i}.gate_up"] = rnd(2 * layer.intermediate, d.hidden)
-            t[f"{i}.down"] = rnd(d.hidden, layer.intermediate)
+            if layer.moe is not None:
+                e, inter = layer.moe.num_experts, layer.moe.intermediate
+                t[f"{i}.router"] = rnd(e, d.hidden)
+                t[f"{i}.experts_gate_up"] = torch.cat([rnd(1, 2 * inter, d.hidden) for _ in range(e)])
+                t[f"{i}.experts_down"] = torch.cat([rnd(1, d.hidden, inter) for _ in range(e)])
+            else:
+                t[f"{i}.gate_up"] = rnd(2 * layer.intermediate, d.hidden)
+                t[f"{i}.down"] = rnd(d.hidden, layer.intermediate)
             if a.qkv_bias:
                 t[f"{i}.qkv_bias"] = rnd((a.heads + 2 * a.kv_heads) * a.head_dim)
             if a.o_bias:
@@ -99,18 +108,26 @@ class DecoderWeights:
         t = {"embed": bf(text.embed_tokens.weight), "norm": text.norm.weight}
         t["lm_head"] = bf(model.get_output_embeddings().weight)
         for i, layer in enumerate(text.layers):
-            spec, a, mlp = dims.layers[i], layer.self_attn, layer.mlp
+            spec, a = dims.layers[i], layer.self_attn
+            mlp = layer.mlp if hasattr(layer, "mlp") else layer.block_sparse_moe
             if hasattr(a, "qkv_proj"):  # Phi-3: already fused in the runtime's layout
                 t[f"{i}.qkv"] = bf(a.qkv_proj.weight)
-                t[f"{i}.gate_up"] = bf(mlp.gate_up_proj.weight)
             else:
                 projections = (a.q_proj, a.k_proj, a.v_proj)
                 t[f"{i}.qkv"] = bf(torch.cat([m.weight for m in projections]))
-                t[f"{i}.gate_up"] = bf(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]))
                 if spec.attention.qkv_bias:
                     t[f"{i}.qkv_bias"] = bf(torch.cat([m.bias for m in projections]))
+            if spec.moe is not None:  # transformers 5's fused experts: [E, 2I, hidden], [E, hidden, I]
+                t[f"{i}.router"] = bf(mlp.gate.weight)
+                t[f"{i}.experts_gate_up"] = bf(mlp.experts.gate_up_proj)
+                t[f"{i}.experts_down"] = bf(mlp.experts.down_proj)
+            elif hasattr(mlp, "gate_up_proj"):
+                t[f"{i}.gate_up"] = bf(mlp.gate_up_proj.weight)
+            else:
+                t[f"{i}.gate_up"] = bf(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]))
+            if spec.moe is None:
+                t[f"{i}.down"] = bf(mlp.down_proj.weight)
             t[f"{i}.o"] = bf(a.o_proj.weight)
-            t[f"{i}.down"] = bf(mlp.down_proj.weight)
             if spec.attention.o_bias:
                 t[f"{i}.o_bias"] = bf(a.o_proj.bias)
             if spec.attention.qk_norm:

@@ -9,7 +9,7 @@ group is read from its name.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from advisor.plan import LayerGroup
 
@@ -33,6 +33,8 @@ class LayerGeometry:
     top_k: int = 0
     moe_intermediate: int = 0
     shared_expert_intermediate: int = 0
+    # measured routing: each expert's share of tokens choosing it (sums to top_k); () = not measured
+    expert_load: tuple[float, ...] = ()
 
     @property
     def is_moe(self) -> bool:
@@ -126,6 +128,12 @@ class ModelShape:
         layer = self.layer_of(group)
         return layer if layer is not None and layer.is_moe and group.endswith(".experts") else None
 
+    def with_expert_load(self, loads: dict[int, tuple[float, ...]]) -> ModelShape:
+        """The shape with measured routing (layer index -> each expert's share of tokens) on its MoE layers."""
+        layers = tuple(replace(g, expert_load=tuple(loads[g.index])) if g.is_moe and g.index in loads else g
+                       for g in self.layers)
+        return replace(self, layers=layers)
+
     def kv_bytes_per_token(self, bytes_per_element: float = 2.0) -> float:
         """Bytes of K and V cache one token occupies across all layers (no window cap)."""
         return sum(2 * g.kv_heads * g.head_dim for g in self.layers) * bytes_per_element
@@ -151,7 +159,8 @@ class ModelShape:
             LayerGroup(g["name"], tuple(g["members"]), tuple(tuple(s) for s in g["shapes"]))
             for g in data["groups"]
         )
-        layers = tuple(LayerGeometry(**g) for g in data.get("layers", ()))
+        layers = tuple(LayerGeometry(**{**g, "expert_load": tuple(g.get("expert_load", ()))})
+                       for g in data.get("layers", ()))
         known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__ and k not in ("groups", "layers")}
         return cls(**{**known, "groups": groups, "layers": layers})
 

@@ -159,6 +159,12 @@ def prepare(
     tokens = load_or_build_tokens(recipe, loaded, run_dir, fingerprint)
     timings["tokens_s"] = time.perf_counter() - t
 
+    if loaded.shape.is_moe:  # the energy models price the experts a batch touches under this routing
+        from advisor.energy.routing_measure import with_measured_routing
+
+        status("measuring the MoE routing on the calibration tokens")
+        loaded.shape = with_measured_routing(loaded.model, loaded.shape, tokens.calibration)
+
     t = time.perf_counter()
     bank = FormatBank(
         loaded.model, loaded.shape.groups, recipe.formats, forward_loop(tokens.calibration),

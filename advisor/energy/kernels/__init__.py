@@ -27,7 +27,8 @@ runtime leaves it off unless asked.
 """
 
 
-from advisor.energy.kernels.attention import decode_attention, decode_splits, head_tiles
+from advisor.energy.kernels.attention import decode_attention
+from advisor.energy.kernels.attention_policy import decode_splits, head_tiles
 from advisor.energy.kernels.elementwise import GATED_ACTIVATIONS, add_rmsnorm, gated_act, quant_fp8, rope_qkv, silu_mul
 
 __all__ = [

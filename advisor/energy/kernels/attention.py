@@ -1,4 +1,10 @@
-"""Decode attention in one kernel: RoPE, KV-cache write, flash-decoding over the real context, BF16/FP8 output."""
+"""Decode attention in one kernel: RoPE, KV-cache write, flash-decoding over the real context, BF16/FP8 output.
+
+The KV cache is BF16, or FP8 E4M3 with one scale per tensor (per layer, one for K and one
+for V: what ModelOpt exports as ``k_scale``/``v_scale`` and TensorRT-LLM and vLLM serve):
+the kernel reads the FP8 bytes, widens them to BF16 in registers (exact) for the dots, and
+applies the scales to the scores and to the output, so the step reads half the KV bytes.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +12,8 @@ import torch
 import triton
 import triton.language as tl
 
+from advisor.energy.kernels import attention_policy as policy
+from advisor.energy.kernels.attention_policy import decode_splits, head_tiles
 from advisor.energy.kernels.common import (
     FP8_MAX,
     _below,
@@ -46,6 +54,8 @@ def _decode_attn_kernel(
     ACC,
     OUT,
     inv_scale_ptr,
+    KS,
+    VS,
     kv_lo,
     n_old,
     LMAX,
@@ -66,6 +76,8 @@ def _decode_attn_kernel(
     SOFTCAP: tl.constexpr,
     RING: tl.constexpr,
     OUT_FP8: tl.constexpr,
+    KV_FP8: tl.constexpr,
+    DOT_F16: tl.constexpr,
     INTERPRETED: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
@@ -80,6 +92,10 @@ def _decode_attn_kernel(
     HP (half) and DP (whole), masked; the padding is zero and adds nothing to the dots.
     RING: the cache of a sliding-window layer holds only LMAX positions, position n
     in slot n % LMAX (the window's positions are consecutive, so they never collide).
+    KV_FP8: the caches hold E4M3 codes of k / KS and v / VS; scores are the BF16 dots of
+    q with the codes times KS, the accumulator sums probabilities times v codes and is
+    multiplied by VS once at the end; the new token is quantized the same way and
+    attended to as the cache will hold it.
     """
     bk = tl.program_id(0).to(tl.int64)  # b * KV + kv head
     sp = tl.program_id(1)
@@ -105,6 +121,20 @@ def _decode_attn_kernel(
     qa = ((q1 * c - q2 * s) * q_scale).to(tl.bfloat16)
     qb = ((q2 * c + q1 * s) * q_scale).to(tl.bfloat16)
 
+    if KV_FP8:
+        k_sc = tl.load(KS)
+        v_sc = tl.load(VS)
+    else:
+        k_sc = 1.0
+        v_sc = 1.0
+    # DOT_F16: FP8 codes widen to FP16 in one instruction per pair (to BF16 they go through FP32);
+    # q (|q| << 65504) and the probabilities are exact enough in FP16, every code is exact
+    if DOT_F16:
+        q_dot_a = qa.to(tl.float16)
+        q_dot_b = qb.to(tl.float16)
+    else:
+        q_dot_a = qa
+        q_dot_b = qb
     m_i = tl.full([GP], float("-inf"), tl.float32)
     l_i = tl.zeros([GP], tl.float32)
     acc = tl.zeros([GP, DP], tl.float32)
@@ -117,7 +147,12 @@ def _decode_attn_kernel(
         kmask = nm[:, None] & hmask[None, :]
         k1 = tl.load(KC + base + slot[:, None] * D + half[None, :], mask=kmask, other=0.0)
         k2 = tl.load(KC + base + slot[:, None] * D + D // 2 + half[None, :], mask=kmask, other=0.0)
-        sc = _dot(qa, tl.trans(k1), INTERPRETED) + _dot(qb, tl.trans(k2), INTERPRETED)
+        if KV_FP8:
+            k1 = k1.to(q_dot_a.dtype)
+            k2 = k2.to(q_dot_a.dtype)
+        sc = _dot(q_dot_a, tl.trans(k1), INTERPRETED) + _dot(q_dot_b, tl.trans(k2), INTERPRETED)
+        if KV_FP8:
+            sc = sc * k_sc
         if SOFTCAP > 0:
             sc = _softcap(sc, SOFTCAP)
         sc = tl.where(nm[None, :], sc, float("-inf"))
@@ -127,7 +162,9 @@ def _decode_attn_kernel(
         pr = tl.exp(sc - m_use[:, None])
         l_i = l_i * alpha + tl.sum(pr, 1)
         v = tl.load(VC + base + slot[:, None] * D + dd[None, :], mask=nm[:, None] & dmask[None, :], other=0.0)
-        acc = acc * alpha[:, None] + _dot(pr.to(tl.bfloat16), v, INTERPRETED)
+        if KV_FP8:
+            v = v.to(q_dot_a.dtype)
+        acc = acc * alpha[:, None] + _dot(pr.to(q_dot_a.dtype), v, INTERPRETED)
         m_i = m_new
 
     # the new token: rotated k (rounded to BF16 as the cache stores it) and v
@@ -140,7 +177,13 @@ def _decode_attn_kernel(
         kn1, kn2 = _head_rmsnorm(kn1, kn2, KN_W, half, hmask, D, norm_eps, NORM_ROUND)
     ka = (kn1 * c - kn2 * s).to(tl.bfloat16)  # [1, HP]
     kb = (kn2 * c + kn1 * s).to(tl.bfloat16)
+    if KV_FP8:  # the codes the cache will hold, and the new token as read back from them
+        ka = tl.minimum(tl.maximum(ka.to(tl.float32) / k_sc, -FP8_MAX), FP8_MAX).to(tl.float8e4nv)
+        kb = tl.minimum(tl.maximum(kb.to(tl.float32) / k_sc, -FP8_MAX), FP8_MAX).to(tl.float8e4nv)
+        vn = tl.minimum(tl.maximum(vn.to(tl.float32) / v_sc, -FP8_MAX), FP8_MAX).to(tl.float8e4nv)
     s_new = tl.sum(qa.to(tl.float32) * ka.to(tl.float32), 1) + tl.sum(qb.to(tl.float32) * kb.to(tl.float32), 1)
+    if KV_FP8:
+        s_new = s_new * k_sc
     if SOFTCAP > 0:
         s_new = _softcap(s_new, SOFTCAP)
     s_new = tl.where(last, s_new, float("-inf"))
@@ -151,6 +194,8 @@ def _decode_attn_kernel(
     l_i = l_i * alpha + p_new
     acc = acc * alpha[:, None] + p_new[:, None] * vn.to(tl.float32)[None, :]
     m_i = m_new
+    if KV_FP8:
+        acc = acc * v_sc
     wmask = last & hmask
     p_slot = p % LMAX if RING else p
     tl.store(KC + base + p_slot * D + half[None, :], ka, mask=wmask[None, :])
@@ -203,25 +248,6 @@ def _decode_attn_reduce_kernel(
     _store_attention_output(OUT, out[None, :], heads, dd, dmask[None, :], inv_scale_ptr, D, OUT_FP8)
 
 
-def decode_splits(programs: int, n_old: int, sms: int, block_n: int = 64) -> int:
-    """How many programs share one sequence's context.
-
-    One split (no second kernel) once the (sequence, kv head) programs alone cover
-    a quarter of the SMs; otherwise enough splits for about two programs per SM,
-    each with at least one block of keys. On an H100 at context 512, one split was
-    faster from batch 8 (64 programs) and eight splits at batch 1
-    (reports/benchmarks/decode_step_variants.md).
-    """
-    if programs * 4 >= sms:
-        return 1
-    return max(1, min(triton.cdiv(2 * sms, programs), triton.cdiv(n_old, block_n)))
-
-
-def head_tiles(head_dim: int) -> tuple[int, int]:
-    """Power-of-two tiles (half, whole) holding a head: ``tl.dot`` needs >= 16 along each side."""
-    return max(16, triton.next_power_of_2(head_dim // 2)), max(16, triton.next_power_of_2(head_dim))
-
-
 def decode_attention(
     qkv: torch.Tensor,
     cos: torch.Tensor,
@@ -245,6 +271,11 @@ def decode_attention(
     softcap: float | None = None,
     q_scale: float | None = None,
     ring: bool = False,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
+    block_n: int | None = None,
+    dot_f16: bool | None = None,
+    min_splits: int | None = None,
 ) -> torch.Tensor:
     """Attention of one new token per sequence over positions [kv_lo, ctx) (GQA).
 
@@ -256,9 +287,15 @@ def decode_attention(
     (Qwen3, Gemma 3). ``softcap``: Gemma 2's score capping. ``q_scale`` defaults to
     head_dim ** -0.5. ``ring``: the caches hold position n in slot n % LMAX (a
     sliding-window layer's cache of window length). Returns [B, H * D] in BF16, or FP8
-    scaled by ``inv_scale``.
+    scaled by ``inv_scale``. FP8 (E4M3) caches hold k / ``k_scale`` and v / ``v_scale``
+    (float32 one-element tensors on the device); the new k and v are written the same way.
+    ``block_n``: keys per pipelined block (default 64 BF16, FP8_KV_BLOCK_N FP8; 32 for 256-wide heads);
+    ``dot_f16`` / ``min_splits``: FP8-cache variants (defaults FP8_KV_DOT_F16, FP8_KV_MIN_SPLITS).
     Only the attended context is read, never the whole allocated cache.
     """
+    kv_fp8 = k_cache.dtype == torch.float8_e4m3fn
+    if kv_fp8 != (v_cache.dtype == torch.float8_e4m3fn) or (kv_fp8 and (k_scale is None or v_scale is None)):
+        raise ValueError("an FP8 KV cache needs FP8 k and v caches and both scales")
     b = qkv.shape[0]
     lmax = k_cache.shape[2]
     g = heads // kv_heads
@@ -266,7 +303,10 @@ def decode_attention(
     hp, dp = head_tiles(head_dim)
     # 256-wide heads (Gemma): smaller key blocks and one stage fewer keep the pipelined
     # k and v tiles within shared memory; up to 128 the tuned Llama configuration
-    block_n, stages = (64, 3) if dp <= 128 else (32, 2)
+    default_n, stages = (64, 3) if dp <= 128 else (32, 2)
+    if kv_fp8 and dp <= 128:
+        default_n = policy.FP8_KV_BLOCK_N
+    block_n = block_n or default_n
     n_old = ctx - 1
     kv_lo = min(max(kv_lo, 0), n_old)
     n_read = n_old - kv_lo
@@ -274,6 +314,8 @@ def decode_attention(
         # Triton's CPU interpreter (tests) has no SMs to fill
         sms = torch.cuda.get_device_properties(qkv.device).multi_processor_count if qkv.is_cuda else 1
         splits = decode_splits(b * kv_heads, n_read, sms, block_n)
+        if kv_fp8 and n_read >= 16 * block_n:
+            splits = max(splits, policy.FP8_KV_MIN_SPLITS if min_splits is None else min_splits)
     chunk = max(block_n, triton.cdiv(triton.cdiv(max(n_read, 1), splits), block_n) * block_n)
     splits = max(1, triton.cdiv(n_read, chunk))
     out = torch.empty(
@@ -302,6 +344,8 @@ def decode_attention(
         acc,
         out,
         scale_ptr,
+        k_scale if kv_fp8 else cos,
+        v_scale if kv_fp8 else cos,
         kv_lo,
         n_old,
         lmax,
@@ -323,6 +367,8 @@ def decode_attention(
         SOFTCAP=float(softcap or 0.0),
         RING=ring,
         OUT_FP8=inv_scale is not None,
+        KV_FP8=kv_fp8,
+        DOT_F16=kv_fp8 and (policy.FP8_KV_DOT_F16 if dot_f16 is None else dot_f16),
         INTERPRETED=not qkv.is_cuda,
         num_warps=4,
         num_stages=stages,
