@@ -181,7 +181,9 @@ def prepare(
     if energy_model is None:
         from advisor.energy.select import make_energy_tiers
 
-        status("choosing the energy models (predicted for every trial, measured for the front)")
+        tiers = {"predicted": "predicted only", "measured": "predicted for every trial, measured for the front",
+                 "auto": "predicted for every trial, measured for the front if this GPU is the target"}
+        status(f"choosing the energy models (energy: {recipe.energy}: {tiers.get(recipe.energy, recipe.energy)})")
         profile = Path(recipe.energy_profile) if recipe.energy_profile else None
         engine = None
         if recipe.engine == "tensorrt_llm":
