@@ -40,18 +40,35 @@ from advisor.workflows.context import prepare
 GRID = [(b, c) for b in (16, 64) for c in (512, 8192)]
 
 
-def accuracy(recipe_path: str, out: Path, lambada_limit: int | None, data_dir: str) -> dict[str, Any]:
+def _kv_drop(rows: list[dict[str, Any]]) -> None:
+    """Each FP8-KV row's LAMBADA drop against the BF16-KV row of the same weights, paired on the same items."""
+    from advisor.accuracy.stats import paired_drop
+
+    by_plan = {(r["weights"], r["kv_cache"]): r for r in rows if "lambada_openai" in r}
+    for (weights, kv), row in by_plan.items():
+        ref = by_plan.get((weights, "bf16"))
+        if kv == "bf16" or ref is None:
+            continue
+        mine, theirs = row["lambada_openai"]["items"], ref["lambada_openai"]["items"]
+        common = sorted(set(mine) & set(theirs), key=int)
+        interval = paired_drop([theirs[i] for i in common], [mine[i] for i in common], 0.95)
+        row["lambada_drop_vs_bf16_kv"] = interval.to_dict()
+
+
+def accuracy(recipe_path: str, out: Path, lambada_limit: int | None, data_dir: str,
+             weight_formats: tuple[Format, ...] = (Format.BF16, Format.FP8)) -> dict[str, Any]:
     recipe = load_recipe(Path(recipe_path), {"name": "kv", "out": str(out), "kv_cache": ["bf16", "fp8"],
                                               "benchmark.tasks": [], "energy": "predicted"})
     t = time.perf_counter()
     ctx = prepare(recipe)
     groups = ctx.loaded.shape.groups
     rows = []
-    for weights in (Format.BF16, Format.FP8):
+    for weights in weight_formats:
         for kv in (Format.BF16, Format.FP8):
             plan = Plan.uniform(groups, weights, kv)
             score = ctx.proxy.score(ctx.bank.assemble(plan))
-            row = {"plan_id": plan.id, "label": plan.label(), "kl": score.kl, "ppl": score.ppl,
+            row = {"plan_id": plan.id, "label": plan.label(), "weights": weights.value, "kv_cache": kv.value,
+                   "kl": score.kl, "ppl": score.ppl,
                    "ppl_bf16": score.ppl_bf16, "heldout_tokens": score.tokens}
             if lambada_limit is not None:
                 from advisor.accuracy.harness import score_plan
@@ -62,6 +79,7 @@ def accuracy(recipe_path: str, out: Path, lambada_limit: int | None, data_dir: s
                 row["lambada_openai"] = scores["lambada_openai"].to_dict()
             rows.append(row)
             print(f"{recipe_path} {plan.label()}: KL {score.kl:.5f}, ppl {score.ppl:.3f}", flush=True)
+    _kv_drop(rows)
     return {"recipe": recipe_path, "model": ctx.loaded.name, "fingerprint": ctx.fingerprint,
             "calibration_s": ctx.timings_s.get("calibration_s"), "wall_s": time.perf_counter() - t, "plans": rows,
             "lambada_limit": lambada_limit}
@@ -92,10 +110,12 @@ def main() -> None:
     ap.add_argument("--recipe", action="append", required=True)
     ap.add_argument("--lambada-limit", type=int, default=None, help="LAMBADA items (0: the full set); omit: skip")
     ap.add_argument("--data-dir", default="../shared/data/eval")
+    ap.add_argument("--weights", default="bf16,fp8", help="weight formats of the uniform plans (comma list)")
     ap.add_argument("--out", default="reports/benchmarks/kv_cache_accuracy_cpu.json")
     args = ap.parse_args()
+    weights = tuple(Format(w.strip()) for w in args.weights.split(","))
     with tempfile.TemporaryDirectory() as tmp:
-        acc = [accuracy(r, Path(tmp), args.lambada_limit, args.data_dir) for r in args.recipe]
+        acc = [accuracy(r, Path(tmp), args.lambada_limit, args.data_dir, weights) for r in args.recipe]
     data = {
         "command": "python " + " ".join(shlex.quote(a) for a in sys.argv),
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
