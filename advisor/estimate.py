@@ -31,6 +31,16 @@ class EnergyEstimate:
     def to_dict(self) -> dict:
         return asdict(self)
 
+    @classmethod
+    def of_request(cls, workload: Workload, prefill_j: float, step_j: float, decode_tokens_per_s: float,
+                   source: str, measured: bool) -> EnergyEstimate:
+        """A request of ``workload``: one prefill of its input, then ``output_tokens`` decode steps
+        of its batch (``step_j`` each, shared by the batch's requests)."""
+        b, lin, lout = workload.batch_size, workload.input_tokens, workload.output_tokens
+        return cls(workload=workload.name, j_per_token=(prefill_j + lout * step_j / b) / lout,
+                   decode_j_per_token=step_j / b, prefill_j_per_input_token=prefill_j / lin,
+                   decode_tokens_per_s=decode_tokens_per_s, source=source, measured=measured)
+
 
 @runtime_checkable
 class EnergyModel(Protocol):

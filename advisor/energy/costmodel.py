@@ -267,12 +267,5 @@ class ProfileCostModel:
         b, lin, lout = workload.batch_size, workload.input_tokens, workload.output_tokens
         step_ms, step_j = self.decode_step(plan, b, lin + lout / 2)
         _, pre_j = self.prefill(plan, lin)
-        return EnergyEstimate(
-            workload=workload.name,
-            j_per_token=(pre_j + lout * step_j / b) / lout,
-            decode_j_per_token=step_j / b,
-            prefill_j_per_input_token=pre_j / lin,
-            decode_tokens_per_s=b / (step_ms / 1e3),
-            source=self.label if plan.kv_cache == Format.BF16 else f"{self.label[:-1]}; {FP8_KV_NOTE})",
-            measured=False,
-        )
+        source = self.label if plan.kv_cache == Format.BF16 else f"{self.label[:-1]}; {FP8_KV_NOTE})"
+        return EnergyEstimate.of_request(workload, pre_j, step_j, b / (step_ms / 1e3), source, measured=False)

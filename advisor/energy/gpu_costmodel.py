@@ -293,12 +293,4 @@ class GpuProfileCostModel:
         label = self.label
         if self.table.approximate:
             label = f"{label[:-1]}; GEMM shapes outside the table scaled from the nearest)"
-        return EnergyEstimate(
-            workload=workload.name,
-            j_per_token=(pre_j + lout * step_j / b) / lout,
-            decode_j_per_token=step_j / b,
-            prefill_j_per_input_token=pre_j / lin,
-            decode_tokens_per_s=b / (step_ms / 1e3),
-            source=label,
-            measured=False,
-        )
+        return EnergyEstimate.of_request(workload, pre_j, step_j, b / (step_ms / 1e3), label, measured=False)

@@ -182,12 +182,4 @@ class MeasuredEnergyModel:
             torch._C._cuda_clearCublasWorkspaces()
             torch.cuda.empty_cache()
         pre_j, step_j = pre["j_per_step"], dec["j_per_step"]
-        return EnergyEstimate(
-            workload=workload.name,
-            j_per_token=(pre_j + lout * step_j / b) / lout,
-            decode_j_per_token=step_j / b,
-            prefill_j_per_input_token=pre_j / lin,
-            decode_tokens_per_s=dec["tokens_per_s"],
-            source=self.label,
-            measured=True,
-        )
+        return EnergyEstimate.of_request(workload, pre_j, step_j, dec["tokens_per_s"], self.label, measured=True)

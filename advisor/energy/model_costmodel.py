@@ -128,12 +128,4 @@ class ModelProfileCostModel:
         b, lin, lout = workload.batch_size, workload.input_tokens, workload.output_tokens
         step_ms, step_j = self.decode_step(plan, b, lin + lout / 2)
         _, pre_j = self.prefill(plan, lin)
-        return EnergyEstimate(
-            workload=workload.name,
-            j_per_token=(pre_j + lout * step_j / b) / lout,
-            decode_j_per_token=step_j / b,
-            prefill_j_per_input_token=pre_j / lin,
-            decode_tokens_per_s=b / (step_ms / 1e3),
-            source=self.label,
-            measured=False,
-        )
+        return EnergyEstimate.of_request(workload, pre_j, step_j, b / (step_ms / 1e3), self.label, measured=False)
