@@ -124,3 +124,17 @@ def test_h100_predictions_use_the_shipped_gpu_profile_and_fall_back_where_it_can
     kv = model.estimate(Plan(dict(plan.formats), kv_cache=Format.FP8), w)
     assert kv.source.startswith("predicted (profile NVIDIA H100") and "no FP8 KV-cache" in kv.source
     assert "unverified" in make_energy_model("predicted", shape, GPU.B200).label  # datasheet-derived, says so
+
+
+def test_the_label_says_when_a_family_is_priced_as_llama_like_layers():
+    from advisor.energy.profile_select import shipped_gpu_profile
+    from advisor.models.groups import model_shape
+    from advisor.testing import random_model, tiny_config
+
+    shipped = shipped_gpu_profile(GPU.H100)
+    llama_like = GpuProfileCostModel(shipped, REFERENCE_SHAPES["SmolLM2-135M"].shape())
+    assert "Llama-like" not in llama_like.label
+    gemma = GpuProfileCostModel(shipped, model_shape(random_model(tiny_config("gemma2"))))
+    assert "non-GEMM work priced as Llama-like layers" in gemma.label
+    plan = Plan.uniform(model_shape(random_model(tiny_config("gemma2"))).groups, Format.FP8)
+    assert "Llama-like" in gemma.estimate(plan, Workload(batch_size=4)).source

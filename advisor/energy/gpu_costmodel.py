@@ -245,6 +245,10 @@ def validate_gpu_profile(data: dict[str, Any], origin: str = "GPU profile") -> d
     return data
 
 
+#: text model types whose layers are what the anchors measured ("" : shapes stored before adapters)
+LLAMA_LIKE_TYPES = frozenset({"", "llama", "mistral", "qwen2"})
+
+
 class GpuProfileCostModel:
     """An :class:`~advisor.estimate.EnergyModel` from a shipped GPU profile (no per-model profile)."""
 
@@ -257,8 +261,12 @@ class GpuProfileCostModel:
         self.table = GemmTable(profile)
         self.formats = {Format(f) for f in profile["formats"]}
         tag = "" if profile.get("verified", False) else ", unverified"
+        # The anchors that fit the non-GEMM part are Llama/Qwen2-like layers (two norms, SwiGLU, no QK
+        # norm); other families' extra per-layer kernels are priced as if they were the same.
+        like = "" if shape.model_type in LLAMA_LIKE_TYPES else \
+            f"; {shape.family or shape.model_type} non-GEMM work priced as Llama-like layers"
         self.label = (f"predicted (GPU profile {profile['gpu']}, {profile.get('source', 'measured')} "
-                      f"{profile['date']}{tag}: GEMM tables and {len(self.fit['anchors'])} anchor models)")
+                      f"{profile['date']}{tag}: GEMM tables and {len(self.fit['anchors'])} anchor models{like})")
 
     def _check(self, plan: Plan) -> None:
         if plan.kv_cache != Format.BF16:
