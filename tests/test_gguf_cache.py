@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import importlib.util
 
+import gguf
 import numpy as np
 import pytest
 import torch
-
-gguf = pytest.importorskip("gguf")
 
 
 def _write_gguf(path):

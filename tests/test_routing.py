@@ -7,6 +7,7 @@ import warnings
 
 import pytest
 import torch
+import transformers
 
 from advisor.energy.routing import (
     MEASURED_ROUTING_NOTE,
@@ -15,8 +16,6 @@ from advisor.energy.routing import (
     layer_experts_touched,
 )
 from advisor.models.shape import ModelShape
-
-transformers = pytest.importorskip("transformers")
 
 
 def test_expected_distinct_experts_under_a_measured_load():

@@ -23,7 +23,7 @@ import warnings
 import pytest
 import torch
 
-pytest.importorskip("triton")
+pytest.importorskip("triton")  # the dev extra installs it on Linux x86_64 only
 transformers = pytest.importorskip("transformers")
 
 from advisor.energy.dims import DecoderDims  # noqa: E402

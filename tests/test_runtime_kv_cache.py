@@ -13,8 +13,8 @@ import os
 import pytest
 import torch
 
-pytest.importorskip("triton")
-transformers = pytest.importorskip("transformers")
+pytest.importorskip("triton")  # the dev extra installs it on Linux x86_64 only
+import transformers  # noqa: E402  (a hard dependency: its absence must fail, not skip)
 
 from advisor.energy.dims import DecoderDims  # noqa: E402
 from advisor.errors import SetupError  # noqa: E402
