@@ -38,6 +38,29 @@ class CapturedStep:
         return start.elapsed_time(end) / iters
 
 
+def graph_ms(fn, iters: int = 20) -> float:
+    """ms per call of ``fn`` replayed from a CUDA graph (warm-up on a side stream first)."""
+    import torch
+
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    for _ in range(3):
+        g.replay()
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    for _ in range(iters):
+        g.replay()
+    b.record()
+    b.synchronize()
+    return a.elapsed_time(b) / iters
+
+
 def copy_bandwidth_gb_s(nbytes: int = 2 << 30, iters: int = 10) -> float:
     """Device-to-device copy bandwidth, bytes read plus written, in GB/s."""
     src = torch.randn(nbytes // 2, device="cuda", dtype=torch.bfloat16)

@@ -37,7 +37,7 @@ def gemm_row_ms(n: int, k: int, fmt: Format, ms: tuple[int, ...]) -> list[float]
     """Time of one ``n x k`` GEMM in ``fmt`` at each row count in ``ms``."""
     import torch
 
-    from advisor.energy.model_profile import _graph_ms
+    from advisor.energy.cuda_tools import graph_ms
     from advisor.energy.runtime import _Linear
 
     copies = max(1, min(16, math.ceil(L2_DEFEAT_BYTES / (n * k * (2 if fmt == Format.BF16 else 1)))))
@@ -57,7 +57,7 @@ def gemm_row_ms(n: int, k: int, fmt: Format, ms: tuple[int, ...]) -> list[float]
             for lin in lins:
                 lin(x)
 
-        out.append(_graph_ms(run, iters=10) / copies)
+        out.append(graph_ms(run, iters=10) / copies)
     lins.clear()
     return out[1:]
 

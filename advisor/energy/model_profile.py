@@ -132,32 +132,11 @@ class ProfileStore:
 # -- measuring (GPU) ---------------------------------------------------------------
 
 
-def _graph_ms(fn, iters: int = 20) -> float:
-    """ms per call of ``fn`` replayed from a CUDA graph (warm-up on a side stream first)."""
-    import torch
-
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    for _ in range(3):
-        g.replay()
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    a.record()
-    for _ in range(iters):
-        g.replay()
-    b.record()
-    b.synchronize()
-    return a.elapsed_time(b) / iters
-
-
 def layer_gemm_ms(bench, kind: str, fmt: Format, m: int) -> float:
     """One layer's ``kind`` GEMM at ``m`` rows: a graph over all layers' (distinct) weights."""
     import torch
+
+    from advisor.energy.cuda_tools import graph_ms
 
     lins = [bench.linear_cache[(f"{i}.{kind}", fmt)] for i in range(bench.dims.num_layers)]
     x = torch.randn(m, lins[0].in_features, device="cuda", dtype=torch.bfloat16)
@@ -168,16 +147,18 @@ def layer_gemm_ms(bench, kind: str, fmt: Format, m: int) -> float:
         for lin in lins:
             lin(x)
 
-    return _graph_ms(run) / len(lins)
+    return graph_ms(run) / len(lins)
 
 
 def lm_head_ms(bench, m: int) -> float:
     import torch
     import torch.nn.functional as F
 
+    from advisor.energy.cuda_tools import graph_ms
+
     w = bench.weights.t["lm_head"]
     y = torch.randn(m, w.shape[1], device="cuda", dtype=torch.bfloat16)
-    return _graph_ms(lambda: F.linear(y, w))
+    return graph_ms(lambda: F.linear(y, w))
 
 
 def _release() -> None:

@@ -96,30 +96,19 @@ def _gemm_ms(bench, kind: str, fmt: Format, m: int, iters: int = 20) -> float:
     """Time of one layer's ``kind`` GEMM at ``m`` rows, from a graph over all layers."""
     import torch
 
+    from advisor.energy.cuda_tools import graph_ms
+
     lins = [bench.linear_cache[(f"{i}.{kind}", fmt)] for i in range(bench.dims.num_layers)]
     k = lins[0].in_features
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     if fmt == Format.FP8:
         x = (x * 4).clamp(-448, 448).to(torch.float8_e4m3fn)
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
+
+    def run() -> None:
         for lin in lins:
             lin(x)
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for lin in lins:
-            lin(x)
-    for _ in range(3):
-        g.replay()
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    a.record()
-    for _ in range(iters):
-        g.replay()
-    b.record()
-    b.synchronize()
-    return a.elapsed_time(b) / iters / len(lins)
+
+    return graph_ms(run, iters) / len(lins)
 
 
 def measure_profile(
