@@ -76,7 +76,7 @@ def read_any_profile(path: Path) -> dict[str, Any]:
     return validate_profile(data, f"profile {path}")
 
 
-def _dims_or_none(shape: ModelShape, model_config: Any):
+def dims_or_none(shape: ModelShape, model_config: Any):
     """The runtime's decoder of this model (its own layers from the config, else a Llama stand-in), or
     None where the runtime cannot build it (MoE, partial rotary, ...): then no per-model profile."""
     from advisor.energy.dims import DecoderDims

@@ -13,7 +13,7 @@ from advisor.energy.model_profile import ProfileStore, is_model_profile, model_d
 from advisor.energy.profile_select import (
     GPU_SCHEMA,
     WithFallback,
-    _dims_or_none,
+    dims_or_none,
     ensure_model_profile,
     read_any_profile,
     shipped_gpu_profile,
@@ -112,7 +112,7 @@ def make_predicted_model(shape: ModelShape, target: GPU, profile: Path | None = 
         from advisor.energy.costmodel import ProfileCostModel
 
         return ProfileCostModel(data, shape)
-    dims = _dims_or_none(shape, model_config)
+    dims = dims_or_none(shape, model_config)
     if per_model and dims is not None:
         found = (store or ProfileStore()).find_for_kind(target.value, model_digest(dims.to_dict()))
         if found is not None:
