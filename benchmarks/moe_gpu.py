@@ -1,7 +1,8 @@
 """A Qwen3-30B-A3B-shaped MoE decoder on the measurement runtime: grouped-GEMM experts, measured vs predicted.
 
     PYTHONPATH=. python benchmarks/moe_gpu.py --out $OUT/moe_gpu.json [--layers N] [--batches 1,16,64,256]
-        [--context 512] [--warmup-s 1 --window-s 2 --ticks 20 --repeats 3]
+        [--extra-batches 32] [--plans bf16,fp8,...] [--context 512] [--profile-contexts 256,768]
+        [--warmup-s 1 --window-s 2 --ticks 20 --repeats 3]
 
 Random weights of Qwen3-30B-A3B's published shapes (hidden 2048, 32/4 heads x 128 with q/k
 norms, 128 experts of 768, top-8 renormalized, vocab 151936) on the GPU; ``--layers`` of its
@@ -9,16 +10,17 @@ norms, 128 experts of 768, top-8 renormalized, vocab 151936) on the GPU; ``--lay
 
 1. Checks: the profiler's kernel names of one eager decode step (grouped GEMMs), and the
    grouped experts against a loop over experts (float32) on the GPU, BF16 and FP8.
-2. Routing: the runtime's router choices give each layer's per-expert load
-   (:mod:`advisor.energy.routing`): on one decode step of the largest batch (used for the
-   prediction: random weights route a prefill of random tokens far more skewed than a decode
-   step), and on a prefill of 4 x 256 random tokens (recorded for contrast).
-3. Per format (all-BF16, all-FP8: attention and experts; routers and lm_head BF16) and batch:
+2. Routing: the runtime's router choices on one decode step of the largest batch give each
+   layer's per-expert load (:mod:`advisor.energy.routing`), used by both predictions.
+3. The per-model profile (what ``advisor profile --model`` measures) at ``--batches`` and
+   ``--profile-contexts``, written beside the output as ``moe_model_profile.json``.
+4. Per plan (all-BF16, all-FP8, FP8 experts only, FP8 attention only, FP8 first half; routers
+   and lm_head BF16 in all) and batch (``--batches`` and the unprofiled ``--extra-batches``):
    one CUDA-graph decode step at ``--context`` under the NVML meter (ms/step, J/token);
    ``floor_ms`` = the bytes the step actually reads (attention weights, routers, lm_head,
    the distinct experts its tokens chose - counted on the same step run eagerly -, KV) / the
-   copy bandwidth measured here; ``predicted_j_per_token``: the shipped H100 profile's cost
-   model with the measured routing (and the datasheet roofline beside it).
+   copy bandwidth measured here; predicted J/token from the per-model profile's cost model
+   and from the shipped H100 layer profile's (and the datasheet roofline).
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from advisor.energy.profile import measurement_header
 from advisor.formats import Format
 
 FORMATS = {"bf16": Format.BF16, "fp8": Format.FP8}
+PLANS = ("bf16", "fp8", "experts-fp8", "attention-fp8", "first-half-fp8")
 CONFIG = dict(vocab_size=151936, hidden_size=2048, intermediate_size=6144, moe_intermediate_size=768,
               num_hidden_layers=48, num_attention_heads=32, num_key_value_heads=4, head_dim=128, num_experts=128,
               num_experts_per_tok=8, norm_topk_prob=True, rope_theta=1e6, rms_norm_eps=1e-6,
@@ -122,24 +125,46 @@ def bytes_read(rt, touched: list[int], batch: int, context: int) -> dict[str, fl
             "kv": kv}
 
 
-def predictions(shape, fmt: Format, batch: int, context: int) -> dict[str, float]:
+def plan_formats(shape, name: str) -> dict[str, Format]:
+    """The benchmark's plans: all-BF16, all-FP8, FP8 experts only, FP8 attention only, FP8 first half."""
+    half = shape.num_layers // 2
+
+    def fmt(group: str) -> Format:
+        fp8 = {"bf16": False, "fp8": True, "experts-fp8": group.endswith(".experts"),
+               "attention-fp8": group.endswith((".qkv", ".o")),
+               "first-half-fp8": int(group.split(".")[1]) < half}[name]
+        return Format.FP8 if fp8 else Format.BF16
+
+    return {g.name: fmt(g.name) for g in shape.groups}
+
+
+def predictions(shape, plan, batch: int, context: int, model_profile: dict | None) -> dict[str, Any]:
     from advisor.energy.costmodel import ProfileCostModel
+    from advisor.energy.model_costmodel import ModelProfileCostModel
     from advisor.energy.profile import shipped_profile
     from advisor.energy.roofline import decode_step_cost
     from advisor.formats import GPU, GPU_SPECS
-    from advisor.plan import Plan
 
-    plan = Plan.uniform(shape.groups, fmt)
+    out: dict[str, Any] = {}
+    if model_profile is not None:  # the step at context c attends c + 1 tokens, as the profile's
+        per_model = ModelProfileCostModel(model_profile, shape)
+        ms, j = per_model.decode_step(plan, batch, context)
+        out.update(model_profile_ms=ms, model_profile_j_per_token=j / batch, model_profile_label=per_model.label)
     model = ProfileCostModel(shipped_profile(GPU.H100), shape)
     ms, j = model.decode_step(plan, batch, context + 1)
     step = decode_step_cost(shape, plan, batch, context + 1)
     gpu = GPU_SPECS[GPU.H100]
-    return {"predicted_ms": ms, "predicted_j_per_token": j / batch, "predicted_label": model.label,
+    return {**out, "predicted_ms": ms, "predicted_j_per_token": j / batch, "predicted_label": model.label,
             "roofline_ms": step.time_s(gpu) * 1e3, "roofline_j_per_token": step.energy_j(gpu) / batch}
+
+
+def _err(r: dict, key: str) -> str:
+    return f"{r[key]:+.1f}%" if key in r else "-"
 
 
 def render(d: dict) -> str:
     m = d["meter"]
+    prof = d.get("model_profile")
     lines = [
         "# Qwen3-30B-A3B-shaped MoE on the measurement runtime (grouped-GEMM experts)", "",
         f"Measured on **{d['gpu']}**, driver {d['driver']}, power limit {d['power_limit_w']:.0f} W (idle "
@@ -148,56 +173,124 @@ def render(d: dict) -> str:
         f"Model: {d['shape']}. Decode steps at context {d['context']}, CUDA graphs; meter warm-up {m['warmup_s']} s, "
         f"windows >= {m['min_window_s']} s and >= {m['min_ticks']} ticks, {m['repeats']} repeats, median. "
         "floor = bytes the step reads (attention weights, routers, lm_head, the distinct experts its tokens chose, "
-        "KV) / copy bandwidth. Predicted: the shipped H100 profile's cost model with the routing measured on "
-        "a decode step's tokens (and the datasheet roofline); 'expected' is the distinct experts that routing "
-        "predicts per layer, '[prefill routing]' what a prefill's routing would predict.", "",
-        "| format | batch | experts touched / layer | ms/step | floor ms | x floor | J/token (measured) | "
-        "predicted J/token | error | predicted ms | roofline J/token | cv |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "KV) / copy bandwidth. Plans: all-BF16, all-FP8 (attention and experts; routers and lm_head BF16 in every "
+        "plan), FP8 experts only, FP8 attention only, FP8 in the first half of the layers.", "",
+    ]
+    if prof:
+        lines += [
+            f"**Per-model profile** (`advisor profile`'s measurement, {prof['seconds']:.0f} s, before the plans, "
+            f"its own shorter meter windows): all-BF16 and all-FP8 decode steps at batches {prof['batches']} and "
+            f"contexts {prof['contexts']}, each group's GEMMs (a MoE layer's routed experts: its grouped GEMMs "
+            "for that many routed random tokens), prefill at 512. Its cost model predicts every row below: "
+            f"the mixed plans, batch{'es' if len(d.get('unprofiled_batches', [])) != 1 else ''} "
+            f"{', '.join(str(b) for b in d.get('unprofiled_batches', [])) or '-'} (not profiled) and context "
+            f"{d['context']} (between the profiled ones) are predictions from it; all-BF16 and all-FP8 at the "
+            "profiled batches it measured itself (in other meter windows, earlier). Routing: measured on a "
+            "decode step's tokens. Shipped: the shipped H100 layer profile's cost model (the model "
+            "without a per-model profile).", ""]
+    lines += [
+        "| plan | batch | experts touched / layer | ms/step | floor ms | x floor | J/token (measured) | "
+        "per-model J/token | error | shipped J/token | error | roofline J/token | cv |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in d["rows"]:
         if r.get("error"):
-            lines.append(f"| {r['format']} | {r['batch']} | {r['error']} ||||||||||")
+            lines.append(f"| {r['format']} | {r['batch']} | {r['error']} |||||||||||")
             continue
+        pm = f"{r['model_profile_j_per_token']:.4f}" if "model_profile_j_per_token" in r else "-"
         lines.append(
-            f"| {r['format']} | {r['batch']} | {r['experts_touched_mean']:.1f} (expected {r['experts_expected']:.1f}) "
-            f"[prefill routing {r['experts_expected_prefill_routing']:.1f}] | {r['ms_per_step']:.3f} | "
-            f"{r['floor_ms']:.3f} | {r['ms_per_step'] / r['floor_ms']:.2f} | "
-            f"{r['j_per_token']:.4f} | {r['predicted_j_per_token']:.4f} | {r['prediction_error_pct']:+.1f}% | "
-            f"{r['predicted_ms']:.3f} | {r['roofline_j_per_token']:.4f} | {r['cv']:.4f} |")
+            f"| {r['format']} | {r['batch']}{'' if r.get('profiled', True) else ' (not profiled)'} | "
+            f"{r['experts_touched_mean']:.1f} (expected {r['experts_expected']:.1f}) | {r['ms_per_step']:.3f} | "
+            f"{r['floor_ms']:.3f} | {r['ms_per_step'] / r['floor_ms']:.2f} | {r['j_per_token']:.4f} | {pm} | "
+            f"{_err(r, 'model_profile_error_pct')} | {r['predicted_j_per_token']:.4f} | "
+            f"{r['prediction_error_pct']:+.1f}% | {r['roofline_j_per_token']:.4f} | {r['cv']:.4f} |")
     ok = [r for r in d["rows"] if not r.get("error")]
+    pm = [r for r in ok if "model_profile_error_pct" in r]
+    if pm:
+        within = [r for r in pm if abs(r["model_profile_error_pct"]) <= 5]
+        worst = max(pm, key=lambda r: abs(r["model_profile_error_pct"]))
+        lines += ["", f"**Per-model profile within 5% of the measured J/token at {len(within)} of {len(pm)} points**; "
+                  f"worst {worst['model_profile_error_pct']:+.1f}% ({worst['format']}, batch {worst['batch']})."]
     if ok:
         within = [r for r in ok if abs(r["prediction_error_pct"]) <= 5]
         worst = max(ok, key=lambda r: abs(r["prediction_error_pct"]))
-        lines += ["", f"Cost model within 5% of the measured J/token at {len(within)} of {len(ok)} points; worst "
-                  f"{worst['prediction_error_pct']:+.1f}% ({worst['format']}, batch {worst['batch']}). What it "
-                  "leaves out: its non-GEMM time is the profiled dense Llama layer's (8 kernels), while a MoE "
-                  "layer here also runs the router GEMV, top-k, a sort, gathers and scatters and the grouped-GEMM "
-                  "setup (about 25 small kernels, listed below), a fixed cost per layer that dominates at small "
-                  "batch; the expert GEMMs themselves are priced from the dense profile scaled by weight count."]
+        lines += ["", f"Shipped layer profile within 5% at {len(within)} of {len(ok)} points; worst "
+                  f"{worst['prediction_error_pct']:+.1f}% ({worst['format']}, batch {worst['batch']}): its "
+                  "non-GEMM time is the profiled dense Llama layer's (8 kernels), while a MoE layer here also runs "
+                  "the router GEMV, top-k, a sort, gathers and scatters and the grouped-GEMM setup (about 25 small "
+                  "kernels, listed below), a fixed cost per layer that dominates at small batch; its expert GEMMs "
+                  "are the dense profile's scaled by weight count. The per-model profile measures both."]
     lines += ["", "## Checks (GPU)", ""]
     for f, c in d.get("checks", {}).items():
         lines.append(f"- {f}: grouped experts vs a float32 loop over experts, rel. L2 {c['rel_err_vs_loop']:.4f}")
     for f, rows in d.get("kernels", {}).items():
         top = ", ".join(f"`{r['name'][:70]}` x{r['count']}" for r in rows[:6])
         lines.append(f"- {f} decode step, batch 16 (eager, profiler), heaviest kernels: {top}")
-    if d["rows"] and d["rows"][0].get("predicted_label"):
-        lines += ["", f"Cost model label: {d['rows'][0]['predicted_label']}"]
+    labels = next((r for r in ok if r.get("predicted_label")), None)
+    if labels:
+        lines += ["", f"Shipped cost model label: {labels['predicted_label']}"]
+        if labels.get("model_profile_label"):
+            lines += ["", f"Per-model cost model label: {labels['model_profile_label']}"]
     return "\n".join(lines) + "\n"
+
+
+def measure_plan(meter, bench, shape, name: str, batches: list[int], context: int, bw: float,
+                 model_profile: dict | None, profiled: set[int], log) -> list[dict[str, Any]]:
+    """Each batch of one plan: the metered decode step, its floor, and both cost models' predictions."""
+    from advisor.energy.routing import layer_experts_touched
+    from advisor.plan import Plan
+
+    formats = plan_formats(shape, name)
+    rt = bench.runtime(formats)
+    rows = []
+    for b in batches:
+        row: dict[str, Any] = {"shape": "qwen3-30b-a3b", "format": name, "batch": b, "layers": shape.num_layers,
+                               "profiled": b in profiled}
+        rows.append(row)
+        try:
+            step, touched = step_with_routing(rt, b, context)
+            r = measure_step(meter, step, f"moe {name} b{b}")
+            del step
+            rt.free()
+            parts = bytes_read(rt, touched, b, context)
+            row.update(ms_per_step=r["ms_per_step"], j_per_token=r["j_per_token"],
+                       floor_ms=sum(parts.values()) / (bw * 1e9) * 1e3, bytes=parts, power_w=r["power_w"],
+                       cv=r["cv"], unstable=r["unstable"], ms_per_step_events=r["ms_per_step_events"],
+                       experts_touched=touched, experts_touched_mean=sum(touched) / len(touched),
+                       experts_expected=sum(layer_experts_touched(g, b) for g in shape.layers) / shape.num_layers,
+                       **predictions(shape, Plan(formats), b, context, model_profile))
+            row["prediction_error_pct"] = (row["predicted_j_per_token"] / row["j_per_token"] - 1) * 100
+            if "model_profile_j_per_token" in row:
+                row["model_profile_error_pct"] = (row["model_profile_j_per_token"] / row["j_per_token"] - 1) * 100
+            log(f"  {name} b{b:<3d} {row['ms_per_step']:8.3f} ms floor {row['floor_ms']:7.3f} "
+                f"{row['j_per_token']:.4f} J/tok (per-model {row.get('model_profile_j_per_token', 0):.4f}, "
+                f"shipped {row['predicted_j_per_token']:.4f}) experts {row['experts_touched_mean']:.1f}")
+        except Exception as exc:  # a point failing must not end the run
+            row["error"] = f"{type(exc).__name__}: {exc}"[:400]
+            log(f"  {name} b{b}: {row['error']}")
+            rt.free()
+    del rt
+    torch.cuda.empty_cache()
+    return rows
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, default=Path("reports/benchmarks/moe_gpu.json"))
     ap.add_argument("--layers", type=int, default=None)
-    ap.add_argument("--batches", default="1,16,64,256")
+    ap.add_argument("--batches", default="1,16,64,256", help="profiled (when --profile-contexts) and measured")
+    ap.add_argument("--extra-batches", default="32", help="measured, not profiled")
+    ap.add_argument("--plans", default=",".join(PLANS))
     ap.add_argument("--context", type=int, default=512)
+    ap.add_argument("--profile-contexts", default="256,768", help="the per-model profile's contexts ('' = none)")
     ap.add_argument("--warmup-s", type=float, default=1.0)
     ap.add_argument("--window-s", type=float, default=2.0)
     ap.add_argument("--ticks", type=int, default=20)
     ap.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args(argv)
     batches = [int(x) for x in args.batches.split(",") if x]
+    extra = [int(x) for x in args.extra_batches.split(",") if x]
+    pctx = tuple(int(x) for x in args.profile_contexts.split(",") if x)
     command = "python " + " ".join([sys.argv[0], *(argv if argv is not None else sys.argv[1:])])
     log = lambda *a: print(*a, flush=True)  # noqa: E731
     start = time.time()
@@ -207,15 +300,16 @@ def main(argv: list[str] | None = None) -> int:
     state, idle_w, bw = meter.counter.state(), meter.idle_power_w(), copy_bandwidth_gb_s()
     torch.cuda.empty_cache()
     full = DecoderDims.from_config(transformers.Qwen3MoeConfig(**CONFIG))
-    layers = args.layers or layers_that_fit(full, max(batches), args.context)
+    layers = args.layers or layers_that_fit(full, max(batches + extra), max((args.context, *pctx)))
     dims = full.with_layers(layers)
     out: dict[str, Any] = {**measurement_header(state, idle_w, bw, command, torch.__version__),
                            "meter": dataclasses.asdict(mcfg), "context": args.context, "layers": layers, "rows": [],
+                           "unprofiled_batches": extra if pctx else [],
                            "shape": f"Qwen3-30B-A3B shapes, {layers} of its 48 layers"
                            + ("" if layers == 48 else " (GPU memory: BF16 and FP8 experts held at once, and the "
                                                       "KV cache of the largest batch)")}
     log(f"{state.name}, driver {state.driver}, idle {idle_w:.0f} W, copy {bw:.0f} GB/s; {out['shape']}")
-    bench = Bench.create(dims, max_pos=args.context + 2)
+    bench = Bench.create(dims, max_pos=max((args.context, *pctx)) + 2)
     rts = {f: bench.runtime(uniform_formats(dims, fmt)) for f, fmt in FORMATS.items()}
     log(f"weights ready in {time.time() - start:.0f} s")
     out["checks"] = {f: experts_check(rt) for f, rt in rts.items()}
@@ -231,45 +325,32 @@ def main(argv: list[str] | None = None) -> int:
     # Random weights have no meaningful routing: a prefill of random tokens routes far more
     # skewed than a decode step over the random cache (measured in the first run: 43 expected vs 82
     # touched at batch 16). The prediction uses the decode steps' own routing (256 tokens, seed 7),
-    # i.e. routing measured on tokens of the state it predicts; the prefill's is kept for contrast.
-    prefill_load = routing_load(rts["bf16"], 4, 256)
-    load = routing_load(rts["bf16"], max(batches), 1, args.context)
+    # i.e. routing measured on tokens of the state it predicts.
+    load = routing_load(rts["bf16"], max(batches + extra), 1, args.context)
+    del rts
     out["routing_load_decode"] = {str(i): q for i, q in load.items()}
-    out["routing_load_prefill"] = {str(i): q for i, q in prefill_load.items()}
     shape = model_shape_of(layers).with_expert_load(load)
-    prefill_shape = model_shape_of(layers).with_expert_load(prefill_load)
-    from advisor.energy.routing import layer_experts_touched
+    model_profile = None
+    if pctx:
+        from advisor.energy.meter import EnergyMeter
+        from advisor.energy.model_profile import measure_model_profile, profile_meter_config
 
-    for f, rt in rts.items():
-        for b in batches:
-            row: dict[str, Any] = {"shape": "qwen3-30b-a3b", "format": f, "batch": b, "layers": layers}
-            out["rows"].append(row)
-            try:
-                step, touched = step_with_routing(rt, b, args.context)
-                r = measure_step(meter, step, f"moe {f} b{b}")
-                del step
-                rt.free()
-                parts = bytes_read(rt, touched, b, args.context)
-                row.update(ms_per_step=r["ms_per_step"], j_per_token=r["j_per_token"],
-                           floor_ms=sum(parts.values()) / (bw * 1e9) * 1e3, bytes=parts, power_w=r["power_w"],
-                           cv=r["cv"], unstable=r["unstable"], ms_per_step_events=r["ms_per_step_events"],
-                           experts_touched=touched, experts_touched_mean=sum(touched) / len(touched),
-                           experts_expected=sum(layer_experts_touched(g, b) for g in shape.layers) / layers,
-                           experts_expected_prefill_routing=sum(layer_experts_touched(g, b)
-                                                                for g in prefill_shape.layers) / layers,
-                           **predictions(shape, FORMATS[f], b, args.context))
-                row["prediction_error_pct"] = (row["predicted_j_per_token"] / row["j_per_token"] - 1) * 100
-                log(f"  {f} b{b:<3d} {row['ms_per_step']:8.3f} ms floor {row['floor_ms']:7.3f} "
-                    f"{row['j_per_token']:.4f} J/tok (pred {row['predicted_j_per_token']:.4f}) "
-                    f"experts {row['experts_touched_mean']:.1f}")
-            except Exception as exc:  # a point failing must not end the run
-                row["error"] = f"{type(exc).__name__}: {exc}"[:400]
-                log(f"  {f} b{b}: {row['error']}")
-                rt.free()
-            out["elapsed_s"] = time.time() - start
-            args.out.parent.mkdir(parents=True, exist_ok=True)
-            args.out.write_text(json.dumps(out, indent=1))
-            args.out.with_suffix(".md").write_text(render(out))
+        t0 = time.time()
+        model_profile = measure_model_profile(dims, batches=tuple(batches), contexts=pctx, prefill_lengths=(512,),
+                                              meter=EnergyMeter(meter.counter, profile_meter_config()), bench=bench,
+                                              command=command + " (per-model profile)", log=log)
+        out["model_profile"] = {"seconds": time.time() - t0, "batches": batches, "contexts": list(pctx),
+                                "file": args.out.with_name("moe_model_profile.json").name}
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.with_name("moe_model_profile.json").write_text(json.dumps(model_profile, indent=1))
+        log(f"per-model profile in {out['model_profile']['seconds']:.0f} s")
+    for name in [p for p in args.plans.split(",") if p]:
+        out["rows"] += measure_plan(meter, bench, shape, name, batches + extra, args.context, bw, model_profile,
+                                    set(batches) if pctx else set(), log)
+        out["elapsed_s"] = time.time() - start
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(out, indent=1))
+        args.out.with_suffix(".md").write_text(render(out))
     log(f"wrote {args.out} in {time.time() - start:.0f} s")
     return 0
 

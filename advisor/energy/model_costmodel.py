@@ -13,7 +13,9 @@ At a decode step of batch ``b`` and context ``c`` (prefill alike, per prompt len
   all-FP8 plan's energy its measured one.
 
 So all-BF16 and all-FP8 reproduce the profile at its own points by construction; mixed plans,
-other batches and contexts are predictions. torch-free.
+other batches and contexts are predictions. A MoE layer's routed experts are one group (kind
+``experts``): their grouped GEMMs are priced like any group's, and the router, sort and gathers sit
+in the non-GEMM part. torch-free.
 """
 
 from __future__ import annotations
@@ -22,11 +24,12 @@ from typing import Any
 
 from advisor.energy.costmodel import interp
 from advisor.energy.model_profile import model_digest, validate_model_profile
+from advisor.energy.routing import layer_experts_touched
 from advisor.errors import InputError, UnsupportedError
 from advisor.estimate import EnergyEstimate
 from advisor.formats import Format
 from advisor.models.shape import ModelShape
-from advisor.plan import DENSE_GROUP_KINDS, Plan
+from advisor.plan import Plan
 from advisor.recipe.schema import Workload
 
 
@@ -46,12 +49,19 @@ class ModelProfileCostModel:
         self.shape = shape
         self.formats = {Format(f) for f in profile["formats"]}
         self.kinds = {g.name: g.name.rsplit(".", 1)[-1] for g in shape.groups}
-        bad = sorted({k for k in self.kinds.values() if k not in DENSE_GROUP_KINDS})
+        profiled = tuple(next(iter(profile["decode"]["gemm_ms"].values())))
+        bad = sorted({k for k in self.kinds.values() if k not in profiled})
         if bad:
-            raise InputError(f"the per-model profile prices dense groups {DENSE_GROUP_KINDS}, not {bad}")
+            raise InputError(f"the per-model profile prices the groups {', '.join(profiled)}, not {bad}")
+        self.routed = {g.name: layer for g in shape.groups if (layer := shape.routed_layer(g.name)) is not None}
         self.digest = model_digest(profile["model"])
+        routing = ""
+        if self.routed:
+            routing = ("; MoE experts: routing measured on the calibration tokens"
+                       if all(la.expert_load for la in self.routed.values())
+                       else "; MoE experts: the profile's routing (random weights)")
         self.label = (f"predicted (per-model profile, {profile['gpu']}, driver {profile['driver']}, "
-                      f"{profile['date']}, model {self.digest})")
+                      f"{profile['date']}, model {self.digest}{routing})")
 
     def _check(self, plan: Plan) -> None:
         if plan.kv_cache != Format.BF16:
@@ -68,8 +78,19 @@ class ModelProfileCostModel:
     def _layer_gemm(self, phase: dict, fmt: Format, kind: str, x: float) -> float:
         return interp(self._xs(phase), phase["gemm_ms"][fmt.value][kind], x)
 
+    def _group_gemm(self, phase: dict, fmt: Format, group: str, x: float, profile_routing: bool = False) -> float:
+        """``group``'s GEMM at ``x`` rows. Routed experts: measured reading the distinct experts the profile's
+        random tokens chose; with this model's measured routing, scaled to the distinct experts it predicts
+        (expert GEMMs of a step are bound by the expert weights they read)."""
+        ms = self._layer_gemm(phase, fmt, self.kinds[group], x)
+        layer = self.routed.get(group)
+        if layer is None or profile_routing or not layer.expert_load:
+            return ms
+        return ms * layer_experts_touched(layer, x) / interp(self._xs(phase), phase["experts_touched"], x)
+
     def _all_gemms(self, phase: dict, fmt: Format, x: float) -> float:
-        return self.shape.num_layers * sum(self._layer_gemm(phase, fmt, k, x) for k in DENSE_GROUP_KINDS)
+        """The GEMMs of the profiled all-``fmt`` step (with the profile's own routing)."""
+        return sum(self._group_gemm(phase, fmt, g.name, x, profile_routing=True) for g in self.shape.groups)
 
     @staticmethod
     def _watts(xs: list[int], j: list[float], t: list[float], x: float) -> float:
@@ -92,7 +113,7 @@ class ModelProfileCostModel:
         gemm = {f: 0.0 for f in fmts}
         for g in self.shape.groups:
             f = plan.format_of(g.name)
-            gemm[f] += self._layer_gemm(phase, f, self.kinds[g.name], x)
+            gemm[f] += self._group_gemm(phase, f, g.name, x)
         n = len(self.shape.groups)
         share = {f: sum(1 for g in self.shape.groups if plan.format_of(g.name) == f) / n for f in fmts}
         t_ng = ng[Format.BF16] + sum(share[f] * (ng[f] - ng[Format.BF16]) for f in fmts if f != Format.BF16)

@@ -3,12 +3,14 @@
 A profile (schema ``precision-advisor/model-energy-profile``, version 1) holds, for one GPU
 and one model (its :class:`~advisor.energy.dims.DecoderDims`, random weights):
 
-* ``decode.gemm_ms[fmt][kind][i]``: one layer's fused-group GEMM (qkv, o, gate_up, down) at
-  ``decode.batches[i]`` rows, from CUDA-graph replays over all layers' distinct weights;
+* ``decode.gemm_ms[fmt][kind][i]``: one layer's fused-group GEMM (qkv, o, gate_up, down; a MoE
+  layer's ``experts``: its routed experts' grouped GEMMs for that many tokens, with
+  ``decode.experts_touched[i]`` the distinct experts they read) at ``decode.batches[i]`` rows,
+  from CUDA-graph replays over all layers' distinct weights;
 * ``decode.lm_head_ms[i]``: the BF16 lm_head at that many rows;
 * ``decode.step_ms[fmt][context][i]``: the whole decode step of the all-``fmt`` plan (CUDA
   events over graph replays); the step minus its GEMMs is the non-GEMM part (attention,
-  norms, activation, quantization, lm_head, gaps between kernels);
+  norms, activation, quantization, MoE routing, lm_head, gaps between kernels);
 * ``decode.j_per_step[fmt][context][i]``: that step's energy from the NVML meter at each of
   ``decode.energy_contexts``;
 * ``prefill``: the same per prompt length (one request).
@@ -30,7 +32,6 @@ from typing import Any
 
 from advisor.errors import InputError
 from advisor.formats import Format
-from advisor.plan import DENSE_GROUP_KINDS
 
 SCHEMA = "precision-advisor/model-energy-profile"
 VERSION = 1
@@ -132,13 +133,31 @@ class ProfileStore:
 # -- measuring (GPU) ---------------------------------------------------------------
 
 
+def profile_kinds(dims) -> tuple[str, ...]:
+    """The group kinds of ``dims``'s layers, in order: dense (qkv, o, gate_up, down), MoE (qkv, o, experts)."""
+    from advisor.energy.runtime import layer_kinds
+
+    out: list[str] = []
+    for kinds in layer_kinds(dims):
+        out += [k for k in kinds if k not in out]
+    return tuple(out)
+
+
+def _layers_with(bench, kind: str) -> list[int]:
+    from advisor.energy.runtime import layer_kinds
+
+    return [i for i, kinds in enumerate(layer_kinds(bench.dims)) if kind in kinds]
+
+
 def layer_gemm_ms(bench, kind: str, fmt: Format, m: int) -> float:
     """One layer's ``kind`` GEMM at ``m`` rows: a graph over all layers' (distinct) weights."""
     import torch
 
     from advisor.energy.cuda_tools import graph_ms
 
-    lins = [bench.linear_cache[(f"{i}.{kind}", fmt)] for i in range(bench.dims.num_layers)]
+    if kind == "experts":
+        return experts_gemm_ms(bench, fmt, m)
+    lins = [bench.linear_cache[(f"{i}.{kind}", fmt)] for i in _layers_with(bench, kind)]
     x = torch.randn(m, lins[0].in_features, device="cuda", dtype=torch.bfloat16)
     if fmt == Format.FP8:
         x = x.clamp(-448, 448).to(torch.float8_e4m3fn)
@@ -148,6 +167,47 @@ def layer_gemm_ms(bench, kind: str, fmt: Format, m: int) -> float:
             lin(x)
 
     return graph_ms(run) / len(lins)
+
+
+def _dispatched(bench, fmt: Format, m: int, seed: int = 0) -> list[tuple[Any, Any]]:
+    """Each MoE layer's ``fmt`` experts with ``m`` random hidden states routed and sorted (same per seed)."""
+    import torch
+
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    out = []
+    with torch.no_grad():
+        for i in _layers_with(bench, "experts"):
+            experts = bench.linear_cache[(f"{i}.experts", fmt)]
+            x = torch.randn(m, bench.dims.hidden, device="cuda", generator=gen).to(torch.bfloat16)
+            out.append((experts, experts.dispatch(x)))
+    return out
+
+
+def experts_gemm_ms(bench, fmt: Format, m: int) -> float:
+    """One MoE layer's routed-expert grouped GEMMs (gate/up, act*up, down) for ``m`` tokens, mean over the
+    MoE layers: each layer routes random hidden states once outside the graph (router, sort and gathers
+    are the step's non-GEMM part), then one graph replays every layer's grouped GEMMs."""
+    import torch
+
+    from advisor.energy.cuda_tools import graph_ms
+
+    dispatched = _dispatched(bench, fmt, m)
+
+    def run() -> None:
+        for experts, d in dispatched:
+            experts.expert_gemms(d)
+
+    with torch.no_grad():
+        return graph_ms(run) / len(dispatched)
+
+
+def experts_touched(bench, m: int) -> float:
+    """Distinct experts per MoE layer that :func:`experts_gemm_ms`'s ``m`` tokens read (mean over layers)."""
+    import torch
+
+    dispatched = _dispatched(bench, Format.BF16, m)
+    return sum(int((torch.diff(d.offs, prepend=d.offs.new_zeros(1)) > 0).sum()) for _, d in dispatched) / len(
+        dispatched)
 
 
 def lm_head_ms(bench, m: int) -> float:
@@ -194,8 +254,10 @@ def measure_model_profile(
     bench.weights.ensure_positions(max(max(contexts) + 2, max(prefill_lengths) + 1))
     rts = {f: bench.runtime(uniform_formats(dims, f)) for f in FORMATS}
 
+    kinds = profile_kinds(dims)
+
     def gemms(ms: tuple[int, ...]) -> dict:
-        return {f.value: {k: [layer_gemm_ms(bench, k, f, m) for m in ms] for k in DENSE_GROUP_KINDS} for f in FORMATS}
+        return {f.value: {k: [layer_gemm_ms(bench, k, f, m) for m in ms] for k in kinds} for f in FORMATS}
 
     def energy(step, label: str) -> dict[str, float]:
         m = meter.measure(step.launch, label, step.tokens_per_step)
@@ -207,6 +269,9 @@ def measure_model_profile(
     pre: dict[str, Any] = {"batch": 1, "lengths": list(prefill_lengths), "gemm_ms": gemms(prefill_lengths),
                            "lm_head_ms": lm_head_ms(bench, 1), "step_ms": {}, "j_per_step": {}, "power_w": {},
                            "meter_ms_per_step": {}, "cv": {}}
+    if "experts" in kinds:  # the distinct experts behind each experts GEMM time
+        dec["experts_touched"] = [experts_touched(bench, b) for b in batches]
+        pre["experts_touched"] = [experts_touched(bench, n) for n in prefill_lengths]
     for f in FORMATS:
         rt, fv = rts[f], f.value
         dec["step_ms"][fv] = {str(c): [] for c in contexts}

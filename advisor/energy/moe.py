@@ -19,6 +19,7 @@ Without CUDA (tests, Triton's interpreter) the grouped GEMMs run as a loop over 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -38,6 +39,16 @@ def _per_expert_fp8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     for e in range(w.shape[0]):  # one expert at a time: no float32 copy of the whole layer
         codes[e] = (w[e].float() / scale[e]).clamp(-FP8_MAX, FP8_MAX)
     return codes, scale
+
+
+class Dispatch(NamedTuple):
+    """Token copies sorted by expert: ``xs`` [T*k, hidden] (FP8 codes for FP8 experts), ``offs``
+    each expert's end row, ``order`` the sort (copy index of each row), ``weights`` [T, k]."""
+
+    xs: torch.Tensor
+    offs: torch.Tensor
+    order: torch.Tensor
+    weights: torch.Tensor
 
 
 class RoutedExperts:
@@ -92,9 +103,8 @@ class RoutedExperts:
         weights, ids = torch.softmax(logits, dim=-1).topk(self.spec.top_k, dim=-1)
         return ids, weights
 
-    def __call__(self, x: torch.Tensor, record: Callable[[str, torch.Tensor], None] | None = None,
-                 key: str = "") -> torch.Tensor:
-        t, k = x.shape[0], self.spec.top_k
+    def dispatch(self, x: torch.Tensor) -> Dispatch:
+        """Route tokens ``x`` [T, hidden] and sort their copies by expert: the grouped GEMMs' inputs."""
         ids, weights = self.route(x)
         flat = ids.reshape(-1)
         sorted_ids, order = flat.sort(stable=True)  # token copies grouped by expert
@@ -105,24 +115,35 @@ class RoutedExperts:
             per_expert = torch.bincount(flat, minlength=self.num_experts).double().cpu()
             self.touched.append(int((per_expert > 0).sum()))
             self.load += per_expert
-            self.tokens_seen += t
-        rows = order // k  # the token of each sorted copy
-        if record is not None:
-            record(f"{key}", x)
+            self.tokens_seen += x.shape[0]
+        rows = order // self.spec.top_k  # the token of each sorted copy
         if self.fmt == Format.FP8:
             x8 = K.quant_fp8(x, self.inv_x1)
             xs = x8.view(torch.uint8)[rows].view(torch.float8_e4m3fn)
         else:
             xs = x[rows]
-        h = self._gemm(xs, 1, offs)
+        return Dispatch(xs, offs, order, weights)
+
+    def expert_gemms(self, d: Dispatch, record: Callable[[str, torch.Tensor], None] | None = None,
+                     key: str = "") -> torch.Tensor:
+        """gate/up, the fused act*up, down: each sorted token copy's expert output [T*k, hidden]."""
+        h = self._gemm(d.xs, 1, d.offs)
         a = K.gated_act(h, self.activation, self.inv_x2)
         if record is not None:
             record(f"{key}_down", a)
-        y = self._gemm(a, 2, offs)
+        return self._gemm(a, 2, d.offs)
+
+    def __call__(self, x: torch.Tensor, record: Callable[[str, torch.Tensor], None] | None = None,
+                 key: str = "") -> torch.Tensor:
+        t, k = x.shape[0], self.spec.top_k
+        if record is not None:
+            record(f"{key}", x)
+        d = self.dispatch(x)
+        y = self.expert_gemms(d, record, key)
         out = torch.empty_like(y)
-        out[order] = y  # back to token-major: copy j of token i at row i*k + j
+        out[d.order] = y  # back to token-major: copy j of token i at row i*k + j
         # weights in BF16, as transformers' routers return them; one batched GEMV sums the k copies
-        return torch.bmm(weights.to(torch.bfloat16)[:, None, :], out.view(t, k, -1)).view(t, -1)
+        return torch.bmm(d.weights.to(torch.bfloat16)[:, None, :], out.view(t, k, -1)).view(t, -1)
 
     def _gemm(self, xs: torch.Tensor, which: int, offs: torch.Tensor) -> torch.Tensor:
         w = self.w1 if which == 1 else self.w2  # [E, N, K]

@@ -1,0 +1,61 @@
+"""GPU test of a MoE model's per-model profile (CI deselects it: -m "not gpu").
+
+A tiny Qwen3-MoE decoder on the runtime: the profile measures the routed experts' grouped GEMMs as a
+group kind beside attention, and its cost model predicts a mixed plan's step time from the all-BF16
+and all-FP8 steps (additivity, checked against the mixed plan's own timed step).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import transformers
+
+from advisor.formats import Format
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+E, K = 16, 4
+
+
+@pytest.fixture(scope="module")
+def moe():
+    from advisor.energy.dims import DecoderDims
+    from advisor.energy.measure import Bench
+    from advisor.models.groups import model_shape
+
+    cfg = transformers.Qwen3MoeConfig(vocab_size=2048, hidden_size=512, intermediate_size=1024,
+                                      moe_intermediate_size=256, num_hidden_layers=4, num_attention_heads=8,
+                                      num_key_value_heads=2, head_dim=64, num_experts=E, num_experts_per_tok=K)
+    with torch.device("meta"):
+        shape = model_shape(transformers.AutoModelForCausalLM.from_config(cfg))
+    dims = DecoderDims.from_config(cfg)
+    return shape, dims, Bench.create(dims, max_pos=512)
+
+
+def test_a_moe_per_model_profile_prices_a_mixed_plan_from_its_uniform_steps(moe):
+    from advisor.energy.measure import decode_step
+    from advisor.energy.meter import MeterConfig, open_meter
+    from advisor.energy.model_costmodel import ModelProfileCostModel
+    from advisor.energy.model_profile import measure_model_profile
+    from advisor.plan import Plan
+
+    shape, dims, bench = moe
+    meter = open_meter(torch.cuda.current_device(), MeterConfig(warmup_s=0.2, min_window_s=0.3, min_ticks=3,
+                                                                repeats=2, idle_s=0.2))
+    prof = measure_model_profile(dims, batches=(1, 8), contexts=(64, 192), prefill_lengths=(64,), meter=meter,
+                                 bench=bench, log=lambda *_: None)
+    dec = prof["decode"]
+    assert set(dec["gemm_ms"]["bf16"]) == {"qkv", "o", "experts"}
+    assert all(ms > 0 for f in ("bf16", "fp8") for v in dec["gemm_ms"][f].values() for ms in v)
+    assert dec["experts_touched"][0] == K  # one token reads exactly top_k experts
+    assert K < dec["experts_touched"][1] <= E
+
+    model = ModelProfileCostModel(prof, shape)
+    mixed = {g.name: Format.FP8 if g.name.endswith(".experts") else Format.BF16 for g in shape.groups}
+    rt = bench.runtime(mixed)
+    for b in (1, 8):
+        measured_ms = decode_step(rt, b, 128).time_ms()
+        rt.free()
+        predicted_ms, _ = model.decode_step(Plan(mixed), b, 128)
+        assert predicted_ms == pytest.approx(measured_ms, rel=0.15)
