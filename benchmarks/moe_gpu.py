@@ -20,7 +20,7 @@ norms, 128 experts of 768, top-8 renormalized, vocab 151936) on the GPU; ``--lay
    ``floor_ms`` = the bytes the step actually reads (attention weights, routers, lm_head,
    the distinct experts its tokens chose - counted on the same step run eagerly -, KV) / the
    copy bandwidth measured here; predicted J/token from the per-model profile's cost model
-   and from the shipped H100 layer profile's (and the datasheet roofline).
+   and from the shipped layer profile's of this GPU (and the datasheet roofline).
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ from advisor.energy.dims import DecoderDims
 from advisor.energy.measure import Bench, measure_step, uniform_formats
 from advisor.energy.meter import MeterConfig, open_meter
 from advisor.energy.profile import measurement_header
-from advisor.formats import Format
+from advisor.formats import GPU, Format, gpu_from_device_name
 
 FORMATS = {"bf16": Format.BF16, "fp8": Format.FP8}
 PLANS = ("bf16", "fp8", "experts-fp8", "attention-fp8", "first-half-fp8")
@@ -138,24 +138,24 @@ def plan_formats(shape, name: str) -> dict[str, Format]:
     return {g.name: fmt(g.name) for g in shape.groups}
 
 
-def predictions(shape, plan, batch: int, context: int, model_profile: dict | None) -> dict[str, Any]:
+def predictions(shape, plan, batch: int, context: int, model_profile: dict | None, gpu) -> dict[str, Any]:
     from advisor.energy.costmodel import ProfileCostModel
     from advisor.energy.model_costmodel import ModelProfileCostModel
     from advisor.energy.profile import shipped_profile
     from advisor.energy.roofline import decode_step_cost
-    from advisor.formats import GPU, GPU_SPECS
+    from advisor.formats import GPU_SPECS
 
     out: dict[str, Any] = {}
     if model_profile is not None:  # the step at context c attends c + 1 tokens, as the profile's
         per_model = ModelProfileCostModel(model_profile, shape)
         ms, j = per_model.decode_step(plan, batch, context)
         out.update(model_profile_ms=ms, model_profile_j_per_token=j / batch, model_profile_label=per_model.label)
-    model = ProfileCostModel(shipped_profile(GPU.H100), shape)
+    model = ProfileCostModel(shipped_profile(gpu), shape)
     ms, j = model.decode_step(plan, batch, context + 1)
     step = decode_step_cost(shape, plan, batch, context + 1)
-    gpu = GPU_SPECS[GPU.H100]
+    spec = GPU_SPECS[gpu]
     return {**out, "predicted_ms": ms, "predicted_j_per_token": j / batch, "predicted_label": model.label,
-            "roofline_ms": step.time_s(gpu) * 1e3, "roofline_j_per_token": step.energy_j(gpu) / batch}
+            "roofline_ms": step.time_s(spec) * 1e3, "roofline_j_per_token": step.energy_j(spec) / batch}
 
 
 def _err(r: dict, key: str) -> str:
@@ -186,7 +186,7 @@ def render(d: dict) -> str:
             f"{', '.join(str(b) for b in d.get('unprofiled_batches', [])) or '-'} (not profiled) and context "
             f"{d['context']} (between the profiled ones) are predictions from it; all-BF16 and all-FP8 at the "
             "profiled batches it measured itself (in other meter windows, earlier). Routing: measured on a "
-            "decode step's tokens. Shipped: the shipped H100 layer profile's cost model (the model "
+            "decode step's tokens. Shipped: the shipped layer profile's cost model of this GPU (the model "
             "without a per-model profile).", ""]
     lines += [
         "| plan | batch | experts touched / layer | ms/step | floor ms | x floor | J/token (measured) | "
@@ -235,7 +235,7 @@ def render(d: dict) -> str:
 
 
 def measure_plan(meter, bench, shape, name: str, batches: list[int], context: int, bw: float,
-                 model_profile: dict | None, profiled: set[int], log) -> list[dict[str, Any]]:
+                 model_profile: dict | None, profiled: set[int], gpu, log) -> list[dict[str, Any]]:
     """Each batch of one plan: the metered decode step, its floor, and both cost models' predictions."""
     from advisor.energy.routing import layer_experts_touched
     from advisor.plan import Plan
@@ -258,7 +258,7 @@ def measure_plan(meter, bench, shape, name: str, batches: list[int], context: in
                        cv=r["cv"], unstable=r["unstable"], ms_per_step_events=r["ms_per_step_events"],
                        experts_touched=touched, experts_touched_mean=sum(touched) / len(touched),
                        experts_expected=sum(layer_experts_touched(g, b) for g in shape.layers) / shape.num_layers,
-                       **predictions(shape, Plan(formats), b, context, model_profile))
+                       **predictions(shape, Plan(formats), b, context, model_profile, gpu))
             row["prediction_error_pct"] = (row["predicted_j_per_token"] / row["j_per_token"] - 1) * 100
             if "model_profile_j_per_token" in row:
                 row["model_profile_error_pct"] = (row["model_profile_j_per_token"] / row["j_per_token"] - 1) * 100
@@ -298,6 +298,7 @@ def main(argv: list[str] | None = None) -> int:
                        repeats=args.repeats, idle_s=0.5)
     meter = open_meter(torch.cuda.current_device(), mcfg)
     state, idle_w, bw = meter.counter.state(), meter.idle_power_w(), copy_bandwidth_gb_s()
+    gpu = gpu_from_device_name(state.name) or GPU.H100
     torch.cuda.empty_cache()
     full = DecoderDims.from_config(transformers.Qwen3MoeConfig(**CONFIG))
     layers = args.layers or layers_that_fit(full, max(batches + extra), max((args.context, *pctx)))
@@ -346,7 +347,7 @@ def main(argv: list[str] | None = None) -> int:
         log(f"per-model profile in {out['model_profile']['seconds']:.0f} s")
     for name in [p for p in args.plans.split(",") if p]:
         out["rows"] += measure_plan(meter, bench, shape, name, batches + extra, args.context, bw, model_profile,
-                                    set(batches) if pctx else set(), log)
+                                    set(batches) if pctx else set(), gpu, log)
         out["elapsed_s"] = time.time() - start
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(out, indent=1))
