@@ -128,3 +128,39 @@ def test_the_models_own_routing_moves_the_experts_gemms_and_says_so():
 def test_a_profile_without_the_experts_kind_is_refused_for_a_moe_model():
     with pytest.raises(InputError, match="experts"):
         ModelProfileCostModel(simulated_profile(kinds=("qkv", "o")), SHAPE)
+
+
+# Qwen3-30B-A3B's published config.json (its text fields): the shipped H200 per-model profile is of this shape
+QWEN3_30B_A3B = dict(attention_bias=False, decoder_sparse_step=1, head_dim=128, hidden_act="silu", hidden_size=2048,
+                     intermediate_size=6144, max_position_embeddings=40960, max_window_layers=48, mlp_only_layers=[],
+                     moe_intermediate_size=768, norm_topk_prob=True, num_attention_heads=32, num_experts=128,
+                     num_experts_per_tok=8, num_hidden_layers=48, num_key_value_heads=4, rms_norm_eps=1e-06,
+                     rope_scaling=None, rope_theta=1000000.0, sliding_window=None, tie_word_embeddings=False,
+                     use_sliding_window=False, vocab_size=151936)
+
+
+def test_a_shipped_per_model_profile_prices_its_model_without_a_gpu_and_a_users_own_comes_first(tmp_path):
+    from advisor.energy.model_profile import ProfileStore
+    from advisor.energy.select import make_predicted_model
+    from advisor.formats import GPU
+    from advisor.recipe.schema import Workload
+
+    cfg = transformers.Qwen3MoeConfig(**QWEN3_30B_A3B)
+    with torch.device("meta"):
+        shape = model_shape(transformers.AutoModelForCausalLM.from_config(cfg))
+    store = ProfileStore(tmp_path)
+    model = make_predicted_model(shape, GPU.H200, model_config=cfg, store=store)
+    assert model.label.startswith("predicted (per-model profile shipped with precision-advisor, NVIDIA H200")
+    w = Workload(name="chat", batch_size=16, input_tokens=512, output_tokens=256)
+    names = [g.name for g in shape.groups]
+    bf16, fp8 = (model.estimate(Plan({n: f for n in names}), w) for f in (Format.BF16, Format.FP8))
+    assert fp8.j_per_token < bf16.j_per_token and not bf16.measured
+    # no shipped profile for an H100, nor for another shape: the layer profile prices them, and says so
+    assert "per-model" not in make_predicted_model(shape, GPU.H100, model_config=cfg, store=store).label
+    assert "per-model" not in make_predicted_model(SHAPE, GPU.H200, model_config=CONFIG, store=store).label
+    # the user's own profile of the same model and GPU kind is preferred
+    own = dict(store.find_for_kind("h200", model.primary.digest))
+    own.pop("shipped")
+    store.save(own)
+    assert make_predicted_model(shape, GPU.H200, model_config=cfg, store=store).label.startswith(
+        "predicted (per-model profile, NVIDIA H200")

@@ -60,7 +60,8 @@ class ModelProfileCostModel:
             routing = ("; MoE experts: routing measured on the calibration tokens"
                        if all(la.expert_load for la in self.routed.values())
                        else "; MoE experts: the profile's routing (random weights)")
-        self.label = (f"predicted (per-model profile, {profile['gpu']}, driver {profile['driver']}, "
+        origin = "per-model profile shipped with precision-advisor" if profile.get("shipped") else "per-model profile"
+        self.label = (f"predicted ({origin}, {profile['gpu']}, driver {profile['driver']}, "
                       f"{profile['date']}, model {self.digest}{routing})")
 
     def _check(self, plan: Plan) -> None:

@@ -84,15 +84,23 @@ def is_model_profile(data: dict[str, Any]) -> bool:
     return data.get("schema") == SCHEMA
 
 
+def shipped_model_profiles() -> Path:
+    """Per-model profiles shipped with the package (``advisor/energy/profiles/models``), laid out as a store."""
+    return Path(__file__).resolve().parent / "profiles" / "models"
+
+
 class ProfileStore:
     """Per-model profiles on disk: ``<root>/<gpu kind>/<model digest>/<key digest>.json``.
 
-    ``root`` defaults to ``$ADVISOR_PROFILE_DIR`` or ``~/.cache/precision-advisor/profiles``.
+    ``root`` defaults to ``$ADVISOR_PROFILE_DIR`` or ``~/.cache/precision-advisor/profiles``. For
+    predicting without the GPU, :meth:`find_for_kind` also reads ``shipped`` (default: the profiles
+    shipped with the package, e.g. Qwen3-30B-A3B on an H200), after the user's own.
     """
 
-    def __init__(self, root: Path | str | None = None) -> None:
+    def __init__(self, root: Path | str | None = None, shipped: Path | None = None) -> None:
         default = os.environ.get("ADVISOR_PROFILE_DIR") or Path.home() / ".cache" / "precision-advisor" / "profiles"
         self.root = Path(root or default)
+        self.shipped = shipped if shipped is not None else shipped_model_profiles()
 
     def path_for(self, profile: dict[str, Any]) -> Path:
         key = profile["key"]
@@ -106,8 +114,8 @@ class ProfileStore:
         tmp.replace(path)
         return path
 
-    def _candidates(self, gpu_kind: str, model: str) -> list[dict[str, Any]]:
-        folder = self.root / gpu_kind / model
+    def _candidates(self, gpu_kind: str, model: str, root: Path | None = None) -> list[dict[str, Any]]:
+        folder = (root or self.root) / gpu_kind / model
         out = []
         for p in sorted(folder.glob("*.json")) if folder.is_dir() else []:
             try:
@@ -125,9 +133,13 @@ class ProfileStore:
 
     def find_for_kind(self, gpu_kind: str, model: str, runtime: str = RUNTIME_VERSION) -> dict[str, Any] | None:
         """The newest profile of this model on any GPU of ``gpu_kind`` with this runtime (for predicting
-        without that GPU here)."""
-        found = [p for p in self._candidates(gpu_kind, model) if p["key"]["runtime"] == runtime]
-        return max(found, key=lambda p: p.get("measured_at", 0.0)) if found else None
+        without that GPU here): the user's own, else one shipped with the package (marked ``shipped``)."""
+        for root, shipped in ((self.root, False), (self.shipped, True)):
+            found = [p for p in self._candidates(gpu_kind, model, root) if p["key"]["runtime"] == runtime]
+            if found:
+                best = max(found, key=lambda p: p.get("measured_at", 0.0))
+                return {**best, "shipped": True} if shipped else best
+        return None
 
 
 # -- measuring (GPU) ---------------------------------------------------------------
