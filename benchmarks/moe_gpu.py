@@ -3,6 +3,7 @@
     PYTHONPATH=. python benchmarks/moe_gpu.py --out $OUT/moe_gpu.json [--layers N] [--batches 1,16,64,256]
         [--extra-batches 32] [--plans bf16,fp8,...] [--context 512] [--profile-contexts 256,768]
         [--warmup-s 1 --window-s 2 --ticks 20 --repeats 3]
+    python benchmarks/moe_gpu.py --out reports/benchmarks/moe_gpu.json --replay PROFILE.json   # no GPU
 
 Random weights of Qwen3-30B-A3B's published shapes (hidden 2048, 32/4 heads x 128 with q/k
 norms, 128 experts of 768, top-8 renormalized, vocab 151936) on the GPU; ``--layers`` of its
@@ -187,7 +188,9 @@ def render(d: dict) -> str:
             f"{d['context']} (between the profiled ones) are predictions from it; all-BF16 and all-FP8 at the "
             "profiled batches it measured itself (in other meter windows, earlier). Routing: measured on a "
             "decode step's tokens. Shipped: the shipped layer profile's cost model of this GPU (the model "
-            "without a per-model profile).", ""]
+            "without a per-model profile)."
+            + (f" Per-model predictions recomputed after the run (no GPU): `{prof['replayed_by']}`."
+               if prof.get("replayed_by") else ""), ""]
     lines += [
         "| plan | batch | experts touched / layer | ms/step | floor ms | x floor | J/token (measured) | "
         "per-model J/token | error | shipped J/token | error | roofline J/token | cv |",
@@ -274,9 +277,32 @@ def measure_plan(meter, bench, shape, name: str, batches: list[int], context: in
     return rows
 
 
+def replay(path: Path, profile_path: Path, command: str) -> None:
+    """Recompute the per-model predictions of a finished run (its JSON) with the cost model here (no GPU)."""
+    from advisor.energy.model_costmodel import ModelProfileCostModel
+    from advisor.plan import Plan
+
+    d = json.loads(path.read_text())
+    prof = json.loads(profile_path.read_text())
+    shape = model_shape_of(d["layers"]).with_expert_load({int(i): tuple(q) for i, q in
+                                                          d["routing_load_decode"].items()})
+    model = ModelProfileCostModel(prof, shape)
+    for r in d["rows"]:
+        if r.get("error"):
+            continue
+        ms, j = model.decode_step(Plan(plan_formats(shape, r["format"])), r["batch"], d["context"])
+        r.update(model_profile_ms=ms, model_profile_j_per_token=j / r["batch"], model_profile_label=model.label,
+                 model_profile_error_pct=(j / r["batch"] / r["j_per_token"] - 1) * 100)
+    d["model_profile"]["replayed_by"] = command
+    path.write_text(json.dumps(d, indent=1))
+    path.with_suffix(".md").write_text(render(d))
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, default=Path("reports/benchmarks/moe_gpu.json"))
+    ap.add_argument("--replay", type=Path, help="the per-model profile of the run in --out: recompute its "
+                    "per-model predictions with this cost model (no GPU) and rewrite --out and its .md")
     ap.add_argument("--layers", type=int, default=None)
     ap.add_argument("--batches", default="1,16,64,256", help="profiled (when --profile-contexts) and measured")
     ap.add_argument("--extra-batches", default="32", help="measured, not profiled")
@@ -288,10 +314,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ticks", type=int, default=20)
     ap.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args(argv)
+    command = "python " + " ".join([sys.argv[0], *(argv if argv is not None else sys.argv[1:])])
+    if args.replay:
+        replay(args.out, args.replay, command)
+        return 0
     batches = [int(x) for x in args.batches.split(",") if x]
     extra = [int(x) for x in args.extra_batches.split(",") if x]
     pctx = tuple(int(x) for x in args.profile_contexts.split(",") if x)
-    command = "python " + " ".join([sys.argv[0], *(argv if argv is not None else sys.argv[1:])])
     log = lambda *a: print(*a, flush=True)  # noqa: E731
     start = time.time()
     mcfg = MeterConfig(warmup_s=args.warmup_s, min_window_s=args.window_s, min_ticks=args.ticks,
