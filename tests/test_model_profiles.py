@@ -186,6 +186,13 @@ class FakeMeasured:
         self.meter = meter_on(SimulatedGPU(clock, tick_s=0.01), clock)
         self.meter.counter.state = lambda: state
 
+    free_total = (80 << 30, 80 << 30)
+
+    def check_fits(self, workloads):
+        from advisor.energy.measure import check_fits
+
+        check_fits(SHAPE, workloads, *self.free_total)
+
     def estimate(self, plan, workload):
         raise AssertionError("not called here")
 
@@ -231,3 +238,30 @@ def test_a_per_model_profile_given_as_a_file_is_used_and_checked(tmp_path, profi
     assert "per-model profile" in m.label
     with pytest.raises(InputError, match="target is h200"):
         make_energy_model("predicted", SHAPE, GPU.H200, profile=p)
+
+
+def test_a_model_whose_measurement_does_not_fit_the_gpu_is_refused_or_predicted(tmp_path, monkeypatch):
+    from advisor.energy import measure, model_profile, select
+    from advisor.energy.measure import WORKSPACE_BYTES, bench_bytes
+
+    w = [Workload(name="chat", batch_size=16, input_tokens=512, output_tokens=256),
+         Workload(name="long", batch_size=4, input_tokens=8000, output_tokens=192)]
+    need = bench_bytes(SHAPE, w)
+    weights = 2 * (SHAPE.quantizable_weights + SHAPE.vocab_size * SHAPE.hidden_size * 2) + SHAPE.quantizable_weights
+    assert need - WORKSPACE_BYTES - weights == pytest.approx(4 * SHAPE.kv_bytes(8193))  # the larger KV cache
+
+    class Small(FakeMeasured):
+        free_total = (need - 1, 80 << 30)
+
+    monkeypatch.setattr(measure, "MeasuredEnergyModel", Small)
+    with pytest.raises(UnsupportedError, match=r"GiB of GPU memory .* use --energy predicted"):
+        select.make_energy_tiers("measured", SHAPE, GPU.H100, workloads=w, store=ProfileStore(tmp_path))
+    monkeypatch.setattr(select, "gpu_here", lambda: (GPU.H100, "NVIDIA H100 80GB HBM3"))
+    predicted, measured = select.make_energy_tiers("auto", SHAPE, GPU.H100, workloads=w, store=ProfileStore(tmp_path))
+    assert measured is None and predicted.label.startswith("predicted")
+    Small.free_total = (need, 80 << 30)
+    monkeypatch.setattr(model_profile, "measure_model_profile",
+                        lambda dims, batches, contexts, prefill_lengths, meter, bench, command, log:
+                        simulated_profile(meter.counter.state(), batches, contexts, prefill_lengths))
+    _, measured = select.make_energy_tiers("auto", SHAPE, GPU.H100, workloads=w, store=ProfileStore(tmp_path))
+    assert measured is not None  # just fits

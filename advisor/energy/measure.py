@@ -12,6 +12,7 @@ torch is imported only inside functions.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -103,6 +104,32 @@ def measure_step(meter: EnergyMeter | None, step, label: str) -> dict:
     return row
 
 
+#: activations, captured graphs and cuBLAS workspaces beside the weights and the KV cache
+WORKSPACE_BYTES = 2 << 30
+
+
+def bench_bytes(shape: ModelShape, workloads: Sequence[Workload]) -> int:
+    """GPU memory that measuring this model needs: its random BF16 weights (embedding and lm_head
+    included), one FP8 copy of every quantizable group, the largest workload's BF16 KV cache, and
+    :data:`WORKSPACE_BYTES`."""
+    embeddings = shape.vocab_size * shape.hidden_size * (1 if shape.tied_embeddings else 2)
+    bf16 = 2 * (shape.quantizable_weights + shape.router_weights + embeddings)
+    kv = max((w.batch_size * shape.kv_bytes(w.input_tokens + w.output_tokens + 1) for w in workloads), default=0.0)
+    return int(bf16 + shape.quantizable_weights + kv) + WORKSPACE_BYTES
+
+
+def check_fits(shape: ModelShape, workloads: Sequence[Workload], free: int, total: int) -> None:
+    """UnsupportedError when measuring ``shape`` (:func:`bench_bytes`) needs more than ``free`` bytes: the
+    measured tier runs on one GPU, beside the model the search scores."""
+    need = bench_bytes(shape, workloads)
+    if need > free:
+        raise UnsupportedError(
+            f"measuring energy needs about {need / 2**30:.1f} GiB of GPU memory (random BF16 weights of the "
+            f"model, an FP8 copy, the largest workload's KV cache), and {free / 2**30:.1f} of {total / 2**30:.1f} "
+            "GiB are free on this GPU; the measured tier runs on one GPU: use --energy predicted (or a GPU "
+            "with more memory)")
+
+
 def _torch_with_gpu():
     """torch, with a CUDA GPU and triton present, or a SetupError that says what is missing."""
     try:
@@ -156,6 +183,13 @@ class MeasuredEnergyModel:
         self.label = (
             f"measured ({state.name}, driver {state.driver}, {time.strftime('%Y-%m-%d')}; {self.dims.label})"
         )
+
+    def check_fits(self, workloads: Sequence[Workload]) -> None:
+        """UnsupportedError when measuring does not fit the GPU memory free here (:func:`check_fits`)."""
+        import torch
+
+        if self._bench is None:
+            check_fits(self.shape, workloads, *torch.cuda.mem_get_info())
 
     def estimate(self, plan: Plan, workload: Workload) -> EnergyEstimate:
         import torch

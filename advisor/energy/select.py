@@ -18,7 +18,7 @@ from advisor.energy.profile_select import (
     read_any_profile,
     shipped_gpu_profile,
 )
-from advisor.errors import InputError
+from advisor.errors import InputError, UnsupportedError
 from advisor.estimate import EnergyModel
 from advisor.formats import GPU, gpu_from_device_name
 from advisor.models.shape import ModelShape
@@ -68,6 +68,7 @@ def make_energy_tiers(
     """
     if mode not in ENERGY_MODES:
         raise InputError(f"--energy must be one of {', '.join(ENERGY_MODES)}, got {mode!r}")
+    asked = mode
     if mode == "auto":
         here, _ = gpu_here()
         mode = "measured" if here == target else "predicted"
@@ -78,6 +79,13 @@ def make_energy_tiers(
     from advisor.energy.measure import MeasuredEnergyModel
 
     measured = MeasuredEnergyModel(shape, target, model_config=model_config)
+    try:
+        measured.check_fits(list(workloads) or [Workload()])
+    except UnsupportedError as exc:
+        if asked != "auto":
+            raise
+        log.warning("energy: auto: predicted only (%s)", exc)
+        return make_predicted_model(shape, target, profile, model_config, store), None
     if profile is None:
         built = ensure_model_profile(measured, workloads, store or ProfileStore())
         if built is not None:
