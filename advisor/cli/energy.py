@@ -98,6 +98,12 @@ ProfileModelOpt = Annotated[
 ]
 
 
+def _check_fits(shape: ModelShape, workload: Workload) -> None:
+    from advisor.energy.measure import _torch_with_gpu, check_fits
+
+    check_fits(shape, [workload], *_torch_with_gpu().cuda.mem_get_info())
+
+
 def profile(
     model: ProfileModelOpt = None,
     target: TargetOpt = None,
@@ -141,8 +147,10 @@ def profile(
 
         from advisor.energy.dims import DecoderDims
 
-        shape_from_model(model)  # checks the model (one line, exit code) before any GPU work
+        shape = shape_from_model(model)  # checks the model (one line, exit code) before any GPU work
         dims = DecoderDims.from_config(AutoConfig.from_pretrained(model))
+        _check_fits(shape, Workload(name="profile", batch_size=max(regime["batches"]), output_tokens=1,
+                                    input_tokens=max(*regime["contexts"], *regime["prefill_lengths"])))
         data = measure_model_profile(dims, **regime, command=command, log=echo)
         path = ProfileStore().save(data)
         if out is not None:
@@ -186,5 +194,7 @@ def measure(
         from transformers import AutoConfig
 
         config = AutoConfig.from_pretrained(model)  # readable: shape_from_model read it above
-    est = MeasuredEnergyModel(shape, tgt, model_config=config).estimate(p, workload)
+    measured = MeasuredEnergyModel(shape, tgt, model_config=config)
+    measured.check_fits([workload])
+    est = measured.estimate(p, workload)
     typer.echo(json.dumps({"plan": p.id, "label": p.label(), **est.to_dict()}, indent=2))
