@@ -99,9 +99,9 @@ ProfileModelOpt = Annotated[
 
 
 def _check_fits(shape: ModelShape, workload: Workload) -> None:
-    from advisor.energy.measure import _torch_with_gpu, check_fits
+    from advisor.energy.measure import check_fits, torch_with_gpu
 
-    check_fits(shape, [workload], *_torch_with_gpu().cuda.mem_get_info())
+    check_fits(shape, [workload], *torch_with_gpu().cuda.mem_get_info())
 
 
 def profile(

@@ -64,14 +64,14 @@ def gemm_row_ms(n: int, k: int, fmt: Format, ms: tuple[int, ...]) -> list[float]
 
 def measure_gpu_profile(command: str, deadline_s: float = 600.0, anchors=ANCHORS, log=print) -> dict[str, Any]:
     from advisor.energy.cuda_tools import copy_bandwidth_gb_s
-    from advisor.energy.measure import Bench, _torch_with_gpu
+    from advisor.energy.measure import Bench, torch_with_gpu
     from advisor.energy.meter import MeterConfig, open_meter
     from advisor.energy.model_profile import _release, measure_model_profile
     from advisor.energy.profile import measurement_header
     from advisor.energy.reference_shapes import REFERENCE_SHAPES, table_nk
     from advisor.formats import gpu_from_device_name
 
-    torch = _torch_with_gpu()
+    torch = torch_with_gpu()
     t0 = time.perf_counter()
     meter = open_meter(torch.cuda.current_device(), MeterConfig(warmup_s=0.8, min_window_s=0.6, min_ticks=6))
     state = meter.counter.state()

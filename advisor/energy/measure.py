@@ -130,7 +130,7 @@ def check_fits(shape: ModelShape, workloads: Sequence[Workload], free: int, tota
             "with more memory)")
 
 
-def _torch_with_gpu():
+def torch_with_gpu():
     """torch, with a CUDA GPU and triton present, or a SetupError that says what is missing."""
     try:
         import torch
@@ -170,7 +170,7 @@ class MeasuredEnergyModel:
         self.shape = shape
         # refused (shared experts, partial rotary, ...) before looking for a GPU
         self.dims = DecoderDims.from_config(model_config) if model_config is not None else DecoderDims.from_shape(shape)
-        torch = _torch_with_gpu()
+        torch = torch_with_gpu()
         self.meter = open_meter(torch.cuda.current_device(), config)
         state = self.meter.counter.state()
         here = gpu_from_device_name(state.name)

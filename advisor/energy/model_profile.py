@@ -252,12 +252,12 @@ def measure_model_profile(
 ) -> dict[str, Any]:
     """Measure ``dims``'s profile on the GPU here (the runtime, random weights, the NVML meter)."""
     from advisor.energy.cuda_tools import copy_bandwidth_gb_s
-    from advisor.energy.measure import Bench, _torch_with_gpu, decode_step, prefill_step, uniform_formats
+    from advisor.energy.measure import Bench, decode_step, prefill_step, torch_with_gpu, uniform_formats
     from advisor.energy.meter import open_meter
     from advisor.energy.profile import measurement_header
     from advisor.formats import gpu_from_device_name
 
-    torch = _torch_with_gpu()
+    torch = torch_with_gpu()
     t0 = time.perf_counter()
     meter = meter or open_meter(torch.cuda.current_device())
     state = meter.counter.state()

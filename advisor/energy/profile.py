@@ -122,9 +122,9 @@ def measure_profile(
     log=print,
 ) -> dict[str, Any]:
     """Measure a profile of the Llama-3.1-8B shape on the GPU here (several minutes)."""
-    from advisor.energy.measure import _torch_with_gpu
+    from advisor.energy.measure import torch_with_gpu
 
-    torch = _torch_with_gpu()
+    torch = torch_with_gpu()
     from advisor.energy.cuda_tools import copy_bandwidth_gb_s
     from advisor.energy.dims import DecoderDims
     from advisor.energy.measure import Bench, decode_step, prefill_step, uniform_formats
