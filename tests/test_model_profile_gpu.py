@@ -1,8 +1,9 @@
 """GPU test of a MoE model's per-model profile (CI deselects it: -m "not gpu").
 
-A tiny Qwen3-MoE decoder on the runtime: the profile measures the routed experts' grouped GEMMs as a
-group kind beside attention, and its cost model predicts a mixed plan's step time from the all-BF16
-and all-FP8 steps (additivity, checked against the mixed plan's own timed step).
+Tiny Qwen3-MoE and Qwen2-MoE (with a shared expert) decoders on the runtime: the profile measures the
+routed experts' grouped GEMMs as a group kind beside attention (and the shared expert's GEMMs), and
+its cost model predicts a mixed plan's step time from the all-BF16 and all-FP8 steps (additivity,
+checked against the mixed plan's own timed step).
 """
 
 from __future__ import annotations
@@ -18,15 +19,17 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 E, K = 16, 4
 
 
-@pytest.fixture(scope="module")
-def moe():
+@pytest.fixture(scope="module", params=["qwen3_moe", "qwen2_moe"])
+def moe(request):
     from advisor.energy.dims import DecoderDims
     from advisor.energy.measure import Bench
     from advisor.models.groups import model_shape
 
-    cfg = transformers.Qwen3MoeConfig(vocab_size=2048, hidden_size=512, intermediate_size=1024,
-                                      moe_intermediate_size=256, num_hidden_layers=4, num_attention_heads=8,
-                                      num_key_value_heads=2, head_dim=64, num_experts=E, num_experts_per_tok=K)
+    common = dict(vocab_size=2048, hidden_size=512, intermediate_size=1024, moe_intermediate_size=256,
+                  num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=2, num_experts=E,
+                  num_experts_per_tok=K)
+    cfg = (transformers.Qwen3MoeConfig(**common, head_dim=64) if request.param == "qwen3_moe"
+           else transformers.Qwen2MoeConfig(**common, shared_expert_intermediate_size=768))
     with torch.device("meta"):
         shape = model_shape(transformers.AutoModelForCausalLM.from_config(cfg))
     dims = DecoderDims.from_config(cfg)
@@ -46,7 +49,8 @@ def test_a_moe_per_model_profile_prices_a_mixed_plan_from_its_uniform_steps(moe)
     prof = measure_model_profile(dims, batches=(1, 8), contexts=(64, 192), prefill_lengths=(64,), meter=meter,
                                  bench=bench, log=lambda *_: None)
     dec = prof["decode"]
-    assert set(dec["gemm_ms"]["bf16"]) == {"qkv", "o", "experts"}
+    shared = {"shared_gate_up", "shared_down"} if dims.layers[0].shared_intermediate else set()
+    assert set(dec["gemm_ms"]["bf16"]) == {"qkv", "o", "experts"} | shared
     assert all(ms > 0 for f in ("bf16", "fp8") for v in dec["gemm_ms"][f].values() for ms in v)
     assert dec["experts_touched"][0] == K  # one token reads exactly top_k experts
     assert K < dec["experts_touched"][1] <= E

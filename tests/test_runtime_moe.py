@@ -1,6 +1,7 @@
 """Routed-expert layers in the measurement runtime, against transformers' own MoE models (CPU interpreter).
 
-Tiny random-weight Qwen3-MoE and Mixtral models (8 experts, top-2, two layers) are built by
+Tiny random-weight Qwen3-MoE, Mixtral and Qwen2-MoE (a shared expert beside the routed ones)
+models (8 experts, top-2, two layers) are built by
 transformers; the runtime copies their weights and prefills 11 tokens, then decodes the
 12th. Its expert path (router, sort by expert, grouped GEMMs - a loop over experts on the
 CPU -, weighted combine) must give the HF model's logits (float32 run) within the
@@ -37,6 +38,9 @@ def _interpreter():
 def _config(family: str):
     if family == "qwen3_moe":
         return transformers.Qwen3MoeConfig(**_MOE, num_experts=8, moe_intermediate_size=48, norm_topk_prob=True)
+    if family == "qwen2_moe":  # a shared expert beside the routed ones; top-k probabilities not renormalized
+        return transformers.Qwen2MoeConfig(**_MOE, num_experts=8, moe_intermediate_size=48,
+                                           shared_expert_intermediate_size=64, norm_topk_prob=False)
     return transformers.MixtralConfig(**_MOE, num_local_experts=8, intermediate_size=48)
 
 
@@ -52,8 +56,8 @@ def _model(family: str):
                 p.uniform_(0.5, 1.5)
             elif "gate.weight" in name:
                 p.normal_(0.0, 0.5)  # a router with clear preferences
-            elif "experts" in name:
-                p.normal_(0.0, 0.15)  # experts that move the logits
+            elif "expert" in name:
+                p.normal_(0.0, 0.15)  # experts (routed and shared) that move the logits
     tokens = torch.randint(3, VOCAB - 3, (2, SEQ), generator=torch.Generator().manual_seed(1))
     return model, tokens
 
@@ -77,7 +81,7 @@ def _logits(rt, tokens):
         return rt.forward(tokens[:, :-1], 0), rt.forward(tokens[:, -1:], SEQ - 1)
 
 
-@pytest.mark.parametrize("family", ["qwen3_moe", "mixtral"])
+@pytest.mark.parametrize("family", ["qwen3_moe", "mixtral", "qwen2_moe"])
 def test_runtime_moe_decoder_matches_the_hf_model(family):
     model, tokens = _model(family)
     with torch.no_grad():
@@ -87,6 +91,12 @@ def test_runtime_moe_decoder_matches_the_hf_model(family):
     prefill, decode = _logits(rt, tokens)
     errs = (_rel(prefill, ref[:, -2]), _rel(decode, ref[:, -1]))
     assert max(errs) < TOL, errs
+    if family == "qwen2_moe":  # the shared expert runs: without it the layer is another function
+        assert {k.split(".", 1)[1] for k in rt.lin} == {"qkv", "o", "shared_gate_up", "shared_down"}
+        alone = _runtime(model)
+        for i in alone.experts:
+            alone.lin[f"{i}.shared_down"].w = torch.zeros_like(alone.lin[f"{i}.shared_down"].w)
+        assert _rel(_logits(alone, tokens)[1], ref[:, -1]) > 5 * TOL
     # routing every token to its experts' neighbours moves the logits far beyond that
     wrong_rt = _runtime(model)
     for e in wrong_rt.experts.values():
@@ -127,3 +137,11 @@ def test_fp8_experts_track_the_bf16_experts():
     # two E4M3 roundings (the input and act*up, static per-tensor scales) of random data, and the
     # interpreter misrounds some codes: ~11% here; a wrong expert or scale would be off by ~100%
     assert 0 < _rel(fp8(x), ref) < 0.2
+
+
+def test_a_shared_expert_is_calibrated():  # the FP8 runtime needs a GPU: tests/test_model_profile_gpu.py
+    from advisor.energy.runtime import calibrate
+
+    model, _ = _model("qwen2_moe")
+    amax = calibrate(_runtime(model).w, batch=2, length=8)
+    assert amax["0.shared_gate_up"] > 0 and amax["0.shared_down"] > 0 and amax["1.experts"] > 0

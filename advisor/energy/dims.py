@@ -4,9 +4,9 @@ A :class:`DecoderDims` describes one dense decoder-only model layer by layer, fr
 transformers config through the architecture adapters (:func:`DecoderDims.from_config`),
 or as a Llama stand-in from a :class:`ModelShape` alone (:func:`DecoderDims.from_shape`).
 What the runtime cannot run honestly is refused here, with the reason, before any GPU
-work: shared experts of mixture-of-experts layers, partial rotary embeddings, activations
-other than SiLU and GELU-tanh, head dims outside 16..256. Routed-expert layers (Mixtral,
-Qwen3-MoE) run as grouped GEMMs (:mod:`advisor.energy.moe`).
+work: partial rotary embeddings, activations other than SiLU and GELU-tanh, head dims
+outside 16..256. Routed-expert layers (Mixtral, Qwen3-MoE, Qwen2-MoE) run as grouped GEMMs
+(:mod:`advisor.energy.moe`); a shared expert (Qwen2-MoE) as a dense gated MLP beside them.
 """
 
 from __future__ import annotations
@@ -68,6 +68,7 @@ class LayerSpec:
     activation: str = "silu"  # "silu" or "gelu_tanh", applied to gate, times up
     norms: int = 2  # 2: before attention and MLP; 4: Gemma's after them too
     moe: MoESpec | None = None
+    shared_intermediate: int = 0  # a MoE layer's shared expert (a gated MLP, sigmoid-gated output); 0: none
 
 
 @dataclass(frozen=True)
@@ -196,12 +197,6 @@ class DecoderDims:
 
         geo = text_geometry(config)
         text = config.get_text_config() if callable(getattr(config, "get_text_config", None)) else config
-        shared = [g.index for g in geo.layers if g.shared_expert_intermediate]
-        if shared:
-            raise UnsupportedError(
-                f"{geo.family} ({geo.model_type}) has shared experts ({len(shared)} of {geo.num_layers} layers); "
-                "the measurement runtime runs routed experts only; use --energy predicted"
-            )
         if getattr(text, "mlp_bias", False):
             raise UnsupportedError(f"{geo.family}: MLP biases (mlp_bias=True) are not in the measurement runtime")
         gemma = geo.model_type in GEMMA_FAMILIES
@@ -223,14 +218,15 @@ class DecoderDims:
                 sliding_window=g.sliding_window,
                 qk_norm=g.qk_norm,
                 qkv_bias=g.qkv_bias,
-                o_bias=g.qkv_bias and geo.model_type != "qwen2",  # Qwen2 biases q, k, v only
+                o_bias=g.qkv_bias and geo.model_type not in ("qwen2", "qwen2_moe"),  # Qwen2 biases q, k, v only
                 scale=float(scalar) ** -0.5 if scalar else None,
                 softcap=getattr(text, "attn_logit_softcapping", None) or None,
                 rope=rope,
             )
             moe = MoESpec(g.num_experts, g.top_k, g.moe_intermediate,
                           bool(getattr(text, "norm_topk_prob", True))) if g.is_moe else None
-            layers.append(LayerSpec(att, 0 if moe else g.intermediate, act, g.norms, moe))
+            layers.append(LayerSpec(att, 0 if moe else g.intermediate, act, g.norms, moe,
+                                    g.shared_expert_intermediate if moe else 0))
         if {(la.attention.kv_heads, la.attention.head_dim) for la in layers} != {(geo.layers[0].kv_heads,
                                                                                  geo.layers[0].head_dim)}:
             raise UnsupportedError(f"{geo.family}: kv heads or head dim differ between layers (one KV cache layout)")

@@ -168,7 +168,7 @@ class MeasuredEnergyModel:
         from advisor.energy.dims import DecoderDims
 
         self.shape = shape
-        # refused (shared experts, partial rotary, ...) before looking for a GPU
+        # refused (partial rotary, MLP biases, ...) before looking for a GPU
         self.dims = DecoderDims.from_config(model_config) if model_config is not None else DecoderDims.from_shape(shape)
         torch = torch_with_gpu()
         self.meter = open_meter(torch.cuda.current_device(), config)

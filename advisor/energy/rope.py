@@ -20,6 +20,7 @@ ROTARY_CLASSES = {
     "phi3": ("phi3", "Phi3RotaryEmbedding"),
     "mixtral": ("mixtral", "MixtralRotaryEmbedding"),
     "qwen3_moe": ("qwen3_moe", "Qwen3MoeRotaryEmbedding"),
+    "qwen2_moe": ("qwen2_moe", "Qwen2MoeRotaryEmbedding"),
 }
 
 RopeTables = dict[str, tuple[torch.Tensor, torch.Tensor]]

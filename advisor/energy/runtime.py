@@ -62,7 +62,9 @@ from advisor.plan import DENSE_GROUP_KINDS
 
 FP8_MAX = 448.0
 MOE_GROUP_KINDS = ("qkv", "o", "experts")
-_PLAN_KEY = re.compile(r"(?:^|\.)layers\.(\d+)\.(" + "|".join((*DENSE_GROUP_KINDS, "experts")) + r")$")
+SHARED_EXPERT_KINDS = ("shared_gate_up", "shared_down")
+_PLAN_KEY = re.compile(r"(?:^|\.)layers\.(\d+)\.("
+                       + "|".join((*DENSE_GROUP_KINDS, *SHARED_EXPERT_KINDS, "experts")) + r")$")
 
 
 class _Linear:
@@ -105,7 +107,9 @@ def layer_kinds(dims_or_layers) -> list[tuple[str, ...]]:
     """The group kinds of each layer: dense (qkv, o, gate_up, down) or MoE (qkv, o, experts)."""
     if isinstance(dims_or_layers, int):
         return [DENSE_GROUP_KINDS] * dims_or_layers
-    return [MOE_GROUP_KINDS if la.moe is not None else DENSE_GROUP_KINDS for la in dims_or_layers.layers]
+    return [DENSE_GROUP_KINDS if la.moe is None else
+            ("qkv", "o", *SHARED_EXPERT_KINDS, "experts") if la.shared_intermediate else MOE_GROUP_KINDS
+            for la in dims_or_layers.layers]
 
 
 def group_formats(plan_formats: Mapping[str, Format], dims_or_layers) -> dict[str, Format]:
@@ -311,6 +315,8 @@ class DecoderRuntime:
             )  # fmt: skip
             if moe:  # the router reads the BF16 norm output; the experts quantize it themselves
                 h_out = moe(m, record if calib is not None else None, f"{i}.experts")
+                if layer.shared_intermediate:
+                    h_out = h_out + self._shared_expert(i, layer.activation, m, record)
                 out_norm = t.get(f"{i}.ln_mlp_out")
                 continue
             record(f"{i}.gate_up", m)
@@ -324,6 +330,14 @@ class DecoderRuntime:
         if d.final_softcap is not None:
             logits = torch.tanh(logits / d.final_softcap) * d.final_softcap
         return logits
+
+    def _shared_expert(self, i: int, activation: str, m: torch.Tensor, record) -> torch.Tensor:
+        """Qwen2-MoE's shared expert: a gated MLP on every token, its output times sigmoid(gate . x)."""
+        sg, sd = self.lin[f"{i}.shared_gate_up"], self.lin[f"{i}.shared_down"]
+        record(f"{i}.shared_gate_up", m)
+        act = K.gated_act(sg(m), activation, sd.inv_scale_x)
+        record(f"{i}.shared_down", act)
+        return sd(act) * torch.sigmoid(F.linear(m, self.w.t[f"{i}.shared_gate"]))
 
     # -- CUDA graphs ------------------------------------------------------------
     def capture(self, tokens: torch.Tensor, start: int) -> CapturedStep:

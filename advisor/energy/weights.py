@@ -10,7 +10,8 @@ embedding table is stored pre-multiplied by sqrt(hidden) in BF16, which is exact
 what its scaled embedding computes, while a tied lm_head keeps the unscaled table.
 A MoE layer has ``{i}.router`` [E, hidden] and ``{i}.experts_gate_up`` [E, 2 I, hidden] /
 ``{i}.experts_down`` [E, hidden, I] (transformers 5's fused-experts layout) instead of
-``{i}.gate_up`` / ``{i}.down``.
+``{i}.gate_up`` / ``{i}.down``, and with a shared expert ``{i}.shared_gate_up`` /
+``{i}.shared_down`` and its output gate ``{i}.shared_gate`` [1, hidden].
 """
 
 from __future__ import annotations
@@ -80,6 +81,10 @@ class DecoderWeights:
                 t[f"{i}.router"] = rnd(e, d.hidden)
                 t[f"{i}.experts_gate_up"] = torch.cat([rnd(1, 2 * inter, d.hidden) for _ in range(e)])
                 t[f"{i}.experts_down"] = torch.cat([rnd(1, d.hidden, inter) for _ in range(e)])
+                if layer.shared_intermediate:
+                    t[f"{i}.shared_gate_up"] = rnd(2 * layer.shared_intermediate, d.hidden)
+                    t[f"{i}.shared_down"] = rnd(d.hidden, layer.shared_intermediate)
+                    t[f"{i}.shared_gate"] = rnd(1, d.hidden)
             else:
                 t[f"{i}.gate_up"] = rnd(2 * layer.intermediate, d.hidden)
                 t[f"{i}.down"] = rnd(d.hidden, layer.intermediate)
@@ -121,6 +126,11 @@ class DecoderWeights:
                 t[f"{i}.router"] = bf(mlp.gate.weight)
                 t[f"{i}.experts_gate_up"] = bf(mlp.experts.gate_up_proj)
                 t[f"{i}.experts_down"] = bf(mlp.experts.down_proj)
+                if spec.shared_intermediate:  # Qwen2-MoE
+                    se = mlp.shared_expert
+                    t[f"{i}.shared_gate_up"] = bf(torch.cat([se.gate_proj.weight, se.up_proj.weight]))
+                    t[f"{i}.shared_down"] = bf(se.down_proj.weight)
+                    t[f"{i}.shared_gate"] = bf(mlp.shared_expert_gate.weight)
             elif hasattr(mlp, "gate_up_proj"):
                 t[f"{i}.gate_up"] = bf(mlp.gate_up_proj.weight)
             else:
