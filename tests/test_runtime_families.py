@@ -231,14 +231,21 @@ def test_unrunnable_variants_are_refused_with_the_reason():
         DecoderDims.from_shape(model_shape(moe_model))
 
 
-def test_measured_energy_refuses_shared_experts_before_looking_for_a_gpu():
+def test_measured_energy_refuses_an_unrunnable_model_before_looking_for_a_gpu():
     from advisor.energy.measure import MeasuredEnergyModel
     from advisor.models.shape import llama_shape
 
+    cfg = transformers.Phi3Config(**dict(_BASE, hidden_size=64), partial_rotary_factor=0.75)
+    with pytest.raises(UnsupportedError, match="partial rotary"):
+        MeasuredEnergyModel(llama_shape("model.layers", 2, 64, 96, 2, 1, VOCAB), model_config=cfg)
+
+
+def test_shared_expert_layers_reach_the_runtime_dims():
     cfg = transformers.Qwen2MoeConfig(**dict(_BASE, hidden_size=64), num_experts=4, num_experts_per_tok=2,
                                       moe_intermediate_size=32, shared_expert_intermediate_size=48)
-    with pytest.raises(UnsupportedError, match="shared experts"):
-        MeasuredEnergyModel(llama_shape("model.layers", 2, 64, 96, 2, 1, VOCAB), model_config=cfg)
+    dims = DecoderDims.from_config(cfg)
+    assert all(la.moe is not None and la.shared_intermediate == 48 for la in dims.layers)
+    assert dims.layers[0].attention.qkv_bias and not dims.layers[0].attention.o_bias  # Qwen2: q, k, v only
 
 
 def test_routed_expert_layers_reach_the_runtime_dims():
