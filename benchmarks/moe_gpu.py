@@ -1,20 +1,21 @@
-"""A Qwen3-30B-A3B-shaped MoE decoder on the measurement runtime: grouped-GEMM experts, measured vs predicted.
+"""A MoE decoder of a real model's shapes on the measurement runtime: grouped-GEMM experts, measured vs predicted.
 
     PYTHONPATH=. python benchmarks/moe_gpu.py --out $OUT/moe_gpu.json [--layers N] [--batches 1,16,64,256]
         [--extra-batches 32] [--plans bf16,fp8,...] [--context 512] [--profile-contexts 256,768]
         [--warmup-s 1 --window-s 2 --ticks 20 --repeats 3]
     python benchmarks/moe_gpu.py --out reports/benchmarks/moe_gpu.json --replay PROFILE.json   # no GPU
 
-Random weights of Qwen3-30B-A3B's published shapes (hidden 2048, 32/4 heads x 128 with q/k
-norms, 128 experts of 768, top-8 renormalized, vocab 151936) on the GPU; ``--layers`` of its
-48, or as many as hold BF16 and FP8 copies of the experts at once (said in the output).
+Random weights of ``--model``'s published shapes on the GPU: Qwen3-30B-A3B (hidden 2048, 32/4
+heads x 128 with q/k norms, 128 experts of 768, top-8 renormalized, vocab 151936) or
+Qwen1.5-MoE-A2.7B (Qwen2-MoE: 60 experts of 1408, top-4, and a shared expert of 5632);
+``--layers`` of its layers, or as many as hold BF16 and FP8 copies at once (said in the output).
 
 1. Checks: the profiler's kernel names of one eager decode step (grouped GEMMs), and the
    grouped experts against a loop over experts (float32) on the GPU, BF16 and FP8.
 2. Routing: the runtime's router choices on one decode step of the largest batch give each
    layer's per-expert load (:mod:`advisor.energy.routing`), used by both predictions.
 3. The per-model profile (what ``advisor profile --model`` measures) at ``--batches`` and
-   ``--profile-contexts``, written beside the output as ``moe_model_profile.json``.
+   ``--profile-contexts``, written beside the output as ``<out>.profile.json``.
 4. Per plan (all-BF16, all-FP8, FP8 experts only, FP8 attention only, FP8 first half; routers
    and lm_head BF16 in all) and batch (``--batches`` and the unprofiled ``--extra-batches``):
    one CUDA-graph decode step at ``--context`` under the NVML meter (ms/step, J/token);
@@ -50,6 +51,16 @@ CONFIG = dict(vocab_size=151936, hidden_size=2048, intermediate_size=6144, moe_i
               num_hidden_layers=48, num_attention_heads=32, num_key_value_heads=4, head_dim=128, num_experts=128,
               num_experts_per_tok=8, norm_topk_prob=True, rope_theta=1e6, rms_norm_eps=1e-6,
               max_position_embeddings=40960, tie_word_embeddings=False)
+#: --model: (title, transformers config class, published config fields)
+MODELS = {
+    "qwen3-30b-a3b": ("Qwen3-30B-A3B", "Qwen3MoeConfig", CONFIG),
+    # 60 routed experts of 1408 (top-4, not renormalized) and a shared expert of 5632 in each of 24 layers
+    "qwen1.5-moe-a2.7b": ("Qwen1.5-MoE-A2.7B", "Qwen2MoeConfig", dict(
+        vocab_size=151936, hidden_size=2048, intermediate_size=5632, moe_intermediate_size=1408,
+        shared_expert_intermediate_size=5632, num_hidden_layers=24, num_attention_heads=16, num_key_value_heads=16,
+        num_experts=60, num_experts_per_tok=4, norm_topk_prob=False, rope_theta=1e6, rms_norm_eps=1e-6,
+        max_position_embeddings=8192, tie_word_embeddings=False)),
+}
 MEMORY_MARGIN = 8 << 30
 
 
@@ -58,18 +69,22 @@ def layers_that_fit(dims: DecoderDims, batch: int, context: int) -> int:
     la = dims.layers[0]
     a, m = la.attention, la.moe
     per_layer = ((a.heads + 2 * a.kv_heads) * a.head_dim * dims.hidden + a.heads * a.head_dim * dims.hidden
-                 + m.num_experts * 3 * dims.hidden * m.intermediate) * 3  # BF16 + FP8
+                 + (m.num_experts * m.intermediate + la.shared_intermediate) * 3 * dims.hidden) * 3  # BF16 + FP8
     per_layer += 4 * batch * a.kv_heads * a.head_dim * (context + 1)  # K and V, BF16
     free, _ = torch.cuda.mem_get_info()
     return max(1, min(dims.num_layers, int((free - MEMORY_MARGIN - 2 * dims.vocab * dims.hidden * 2) // per_layer)))
 
 
-def model_shape_of(layers: int):
+def model_config(model: str, layers: int | None = None):
+    _, cls, fields = MODELS[model]
+    return getattr(transformers, cls)(**{**fields, **({"num_hidden_layers": layers} if layers else {})})
+
+
+def model_shape_of(layers: int, model: str = "qwen3-30b-a3b"):
     from advisor.models.groups import model_shape
 
     with torch.device("meta"):
-        return model_shape(transformers.AutoModelForCausalLM.from_config(
-            transformers.Qwen3MoeConfig(**{**CONFIG, "num_hidden_layers": layers})))
+        return model_shape(transformers.AutoModelForCausalLM.from_config(model_config(model, layers)))
 
 
 def experts_check(rt) -> dict[str, float]:
@@ -167,7 +182,8 @@ def render(d: dict) -> str:
     m = d["meter"]
     prof = d.get("model_profile")
     lines = [
-        "# Qwen3-30B-A3B-shaped MoE on the measurement runtime (grouped-GEMM experts)", "",
+        f"# {MODELS[d.get('model', 'qwen3-30b-a3b')][0]}-shaped MoE on the measurement runtime "
+        "(grouped-GEMM experts)", "",
         f"Measured on **{d['gpu']}**, driver {d['driver']}, power limit {d['power_limit_w']:.0f} W (idle "
         f"{d['idle_power_w']:.0f} W), {d['date']}; copy bandwidth {d['copy_bandwidth_gb_s']:.0f} GB/s; torch "
         f"{d['torch']}. Command: `{d['command']}`.", "",
@@ -238,7 +254,8 @@ def render(d: dict) -> str:
 
 
 def measure_plan(meter, bench, shape, name: str, batches: list[int], context: int, bw: float,
-                 model_profile: dict | None, profiled: set[int], gpu, log) -> list[dict[str, Any]]:
+                 model_profile: dict | None, profiled: set[int], gpu, log,
+                 shape_name: str = "qwen3-30b-a3b") -> list[dict[str, Any]]:
     """Each batch of one plan: the metered decode step, its floor, and both cost models' predictions."""
     from advisor.energy.routing import layer_experts_touched
     from advisor.plan import Plan
@@ -247,7 +264,7 @@ def measure_plan(meter, bench, shape, name: str, batches: list[int], context: in
     rt = bench.runtime(formats)
     rows = []
     for b in batches:
-        row: dict[str, Any] = {"shape": "qwen3-30b-a3b", "format": name, "batch": b, "layers": shape.num_layers,
+        row: dict[str, Any] = {"shape": shape_name, "format": name, "batch": b, "layers": shape.num_layers,
                                "profiled": b in profiled}
         rows.append(row)
         try:
@@ -284,7 +301,7 @@ def replay(path: Path, profile_path: Path, command: str) -> None:
 
     d = json.loads(path.read_text())
     prof = json.loads(profile_path.read_text())
-    shape = model_shape_of(d["layers"]).with_expert_load({int(i): tuple(q) for i, q in
+    shape = model_shape_of(d["layers"], d.get("model", "qwen3-30b-a3b")).with_expert_load({int(i): tuple(q) for i, q in
                                                           d["routing_load_decode"].items()})
     model = ModelProfileCostModel(prof, shape)
     for r in d["rows"]:
@@ -303,6 +320,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=Path("reports/benchmarks/moe_gpu.json"))
     ap.add_argument("--replay", type=Path, help="the per-model profile of the run in --out: recompute its "
                     "per-model predictions with this cost model (no GPU) and rewrite --out and its .md")
+    ap.add_argument("--model", choices=sorted(MODELS), default="qwen3-30b-a3b")
     ap.add_argument("--layers", type=int, default=None)
     ap.add_argument("--batches", default="1,16,64,256", help="profiled (when --profile-contexts) and measured")
     ap.add_argument("--extra-batches", default="32", help="measured, not profiled")
@@ -329,15 +347,17 @@ def main(argv: list[str] | None = None) -> int:
     state, idle_w, bw = meter.counter.state(), meter.idle_power_w(), copy_bandwidth_gb_s()
     gpu = gpu_from_device_name(state.name) or GPU.H100
     torch.cuda.empty_cache()
-    full = DecoderDims.from_config(transformers.Qwen3MoeConfig(**CONFIG))
+    title = MODELS[args.model][0]
+    full = DecoderDims.from_config(model_config(args.model))
     layers = args.layers or layers_that_fit(full, max(batches + extra), max((args.context, *pctx)))
     dims = full.with_layers(layers)
     out: dict[str, Any] = {**measurement_header(state, idle_w, bw, command, torch.__version__),
                            "meter": dataclasses.asdict(mcfg), "context": args.context, "layers": layers, "rows": [],
                            "unprofiled_batches": extra if pctx else [],
-                           "shape": f"Qwen3-30B-A3B shapes, {layers} of its 48 layers"
-                           + ("" if layers == 48 else " (GPU memory: BF16 and FP8 experts held at once, and the "
-                                                      "KV cache of the largest batch)")}
+                           "model": args.model,
+                           "shape": f"{title} shapes, {layers} of its {full.num_layers} layers"
+                           + ("" if layers == full.num_layers else
+                              " (GPU memory: BF16 and FP8 weights held at once, and the largest batch's KV cache)")}
     log(f"{state.name}, driver {state.driver}, idle {idle_w:.0f} W, copy {bw:.0f} GB/s; {out['shape']}")
     bench = Bench.create(dims, max_pos=max((args.context, *pctx)) + 2)
     rts = {f: bench.runtime(uniform_formats(dims, fmt)) for f, fmt in FORMATS.items()}
@@ -359,7 +379,7 @@ def main(argv: list[str] | None = None) -> int:
     load = routing_load(rts["bf16"], max(batches + extra), 1, args.context)
     del rts
     out["routing_load_decode"] = {str(i): q for i, q in load.items()}
-    shape = model_shape_of(layers).with_expert_load(load)
+    shape = model_shape_of(layers, args.model).with_expert_load(load)
     model_profile = None
     if pctx:
         from advisor.energy.meter import EnergyMeter
@@ -370,13 +390,13 @@ def main(argv: list[str] | None = None) -> int:
                                               meter=EnergyMeter(meter.counter, profile_meter_config()), bench=bench,
                                               command=command + " (per-model profile)", log=log)
         out["model_profile"] = {"seconds": time.time() - t0, "batches": batches, "contexts": list(pctx),
-                                "file": args.out.with_name("moe_model_profile.json").name}
+                                "file": args.out.with_suffix(".profile.json").name}
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.with_name("moe_model_profile.json").write_text(json.dumps(model_profile, indent=1))
+        args.out.with_suffix(".profile.json").write_text(json.dumps(model_profile, indent=1))
         log(f"per-model profile in {out['model_profile']['seconds']:.0f} s")
     for name in [p for p in args.plans.split(",") if p]:
         out["rows"] += measure_plan(meter, bench, shape, name, batches + extra, args.context, bw, model_profile,
-                                    set(batches) if pctx else set(), gpu, log)
+                                    set(batches) if pctx else set(), gpu, log, args.model)
         out["elapsed_s"] = time.time() - start
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(out, indent=1))
