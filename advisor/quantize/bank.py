@@ -26,6 +26,7 @@ import torch
 from advisor.errors import SetupError
 from advisor.formats import Format
 from advisor.plan import LayerGroup, Plan
+from advisor.quantize.export_rounding import round_fp8_weights_as_exported
 from advisor.quantize.modelopt_config import (
     KV_QUANTIZERS,
     ForwardLoop,
@@ -45,10 +46,12 @@ def _share_weights_copy(model: torch.nn.Module) -> torch.nn.Module:
 class FormatBank:
     """Per-format calibrated copies of a model, and a working model assembled per plan.
 
-    ``fold_weights=True`` gives each format copy its own weights and folds the
-    fake-quantized weights into them once (ModelOpt's ``mtq.fold_weight``), so a trial
-    only quantizes activations: faster, at one extra model's weight memory per format.
-    ``False`` shares the BF16 weight tensors and re-quantizes weights in every forward.
+    ``fold_weights=True`` gives each format copy its own weights, rounds its FP8 weights as
+    the exported checkpoint will (:mod:`advisor.quantize.export_rounding`: a trial scores the
+    served weights) and folds the fake-quantized weights into them once (ModelOpt's
+    ``mtq.fold_weight``), so a trial only quantizes activations: faster, at one extra model's
+    weight memory per format. ``False`` shares the BF16 weight tensors and re-quantizes weights
+    in every forward (with the fake quantizer's rounding).
     """
 
     def __init__(
@@ -77,7 +80,8 @@ class FormatBank:
                 on_format(fmt)
             copy_ = copy.deepcopy(model) if fold_weights else _share_weights_copy(model)
             calibrated = quantize_plan(copy_, Plan.uniform(self.groups, fmt), self.groups, forward_loop)
-            if fold_weights:
+            if fold_weights:  # its own weights: round FP8 ones as the export will, then fold
+                round_fp8_weights_as_exported(calibrated)
                 modelopt_quantization().fold_weight(calibrated)
             self.calibrations += 1
             self._modules[fmt] = {m: calibrated.get_submodule(m) for m in swapped}
