@@ -7,10 +7,14 @@ At a decode step of batch ``b`` and context ``c`` (prefill alike, per prompt len
   quantization in the norms), plus each group's own GEMM in its format at ``b`` rows. Steps
   and GEMMs are measured at this model's shapes, so kernel-launch floors and latency-bound
   small kernels are in them; times are linear in ``c`` and piecewise linear in ``b``;
-* energy: each all-``f`` step's measured J/step over its timed step gives a power ``P_f(b, c)``
-  (interpolated in log2(b), linear in ``c`` between the profiled contexts); the non-GEMM part
-  and the BF16 GEMMs draw the BF16 step's power, and an FP8 GEMM the power that makes the
-  all-FP8 plan's energy its measured one.
+* energy: each all-``f`` step's measured J (interpolated in log2(b) as a power over its timed
+  step, linear in ``c`` between the profiled contexts). A mixed plan's energy is the all-BF16
+  step's, plus the GPU's idle power (measured with the profile) over its time difference, plus,
+  for each other format, the rest of that format's uniform-step difference in the share of the
+  plan's weights it holds: what a GEMM in FP8 saves beyond time is dynamic energy (bytes read,
+  multiply-adds), proportional to its weights, not to its kernel time, which for small GEMMs is a
+  latency floor (H200, reports/benchmarks/energy_transfer_h200.md: Qwen2.5-0.5B's MLP-only FP8
+  plan drew within 2% of all-FP8's power while its FP8 GEMMs took 64% of all-FP8's GEMM time).
 
 So all-BF16 and all-FP8 reproduce the profile at its own points by construction; mixed plans,
 other batches and contexts are predictions. torch-free.
@@ -50,6 +54,8 @@ class ModelProfileCostModel:
         if bad:
             raise InputError(f"the per-model profile prices dense groups {DENSE_GROUP_KINDS}, not {bad}")
         self.digest = model_digest(profile["model"])
+        self.idle_w = float(profile["idle_power_w"])
+        self.total_weights = sum(g.num_weights for g in shape.groups)
         self.label = (f"predicted (per-model profile, {profile['gpu']}, driver {profile['driver']}, "
                       f"{profile['date']}, model {self.digest})")
 
@@ -90,20 +96,22 @@ class ModelProfileCostModel:
         fmts = [f for f in (Format.BF16, Format.FP8) if f.value in phase["step_ms"]]
         ng = {f: step_ms[f] - self._all_gemms(phase, f, x) for f in fmts}
         gemm = {f: 0.0 for f in fmts}
+        weights = {f: 0 for f in fmts}
         for g in self.shape.groups:
             f = plan.format_of(g.name)
             gemm[f] += self._layer_gemm(phase, f, self.kinds[g.name], x)
+            weights[f] += g.num_weights
         n = len(self.shape.groups)
         share = {f: sum(1 for g in self.shape.groups if plan.format_of(g.name) == f) / n for f in fmts}
         t_ng = ng[Format.BF16] + sum(share[f] * (ng[f] - ng[Format.BF16]) for f in fmts if f != Format.BF16)
-        p_b = power[Format.BF16]
-        energy = p_b * (t_ng + gemm[Format.BF16])
+        t = t_ng + sum(gemm.values())
+        e_bf16, t_bf16 = power[Format.BF16] * step_ms[Format.BF16], step_ms[Format.BF16]
+        energy = e_bf16 + self.idle_w * (t - t_bf16)  # mJ
         for f in fmts:
-            if f == Format.BF16 or gemm[f] == 0.0:
-                continue
-            p_gemm = (power[f] * step_ms[f] - p_b * ng[f]) / self._all_gemms(phase, f, x)
-            energy += p_gemm * gemm[f]
-        return t_ng + sum(gemm.values()), energy / 1e3
+            if f != Format.BF16 and weights[f]:
+                dynamic = power[f] * step_ms[f] - e_bf16 - self.idle_w * (step_ms[f] - t_bf16)
+                energy += dynamic * weights[f] / self.total_weights
+        return t, energy / 1e3
 
     def decode_step(self, plan: Plan, batch: int, context: float) -> tuple[float, float]:
         """(ms, J) of one decode step of ``batch`` sequences at ``context``."""
