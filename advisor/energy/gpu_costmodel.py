@@ -32,7 +32,7 @@ from advisor.errors import InputError, UnsupportedError
 from advisor.estimate import EnergyEstimate
 from advisor.formats import Format
 from advisor.models.shape import ModelShape
-from advisor.plan import Plan
+from advisor.plan import DENSE_GROUP_KINDS, Plan
 from advisor.recipe.schema import Workload
 
 BYTES = {Format.BF16: 2.0, Format.FP8: 1.0}
@@ -67,6 +67,8 @@ class Geometry:
             kind = g.name.rsplit(".", 1)[-1]
             if shape.routed_layer(g.name) is not None:
                 raise InputError("the shipped GPU profile prices dense layers; this model has routed experts")
+            if kind not in DENSE_GROUP_KINDS:
+                raise InputError(f"the shipped GPU profile prices decoder groups {DENSE_GROUP_KINDS}, not {g.name!r}")
             groups.append((g.name, kind, sum(o for _, o in g.shapes), g.shapes[0][0]))
         windows = tuple(lay.sliding_window for lay in shape.layers) if shape.layers else (None,) * shape.num_layers
         return cls(shape.hidden_size, shape.vocab_size, shape.num_attention_heads, shape.num_kv_heads,
