@@ -161,12 +161,21 @@ def test_profile_validation(tmp_path, h200):
 def test_make_energy_model_predicted_uses_the_shipped_profiles():
     from advisor.energy.select import make_energy_model
 
-    h200 = make_energy_model("predicted", SHAPE, GPU.H200)
-    assert isinstance(h200, ProfileCostModel) and h200.label.startswith("predicted (profile NVIDIA H200, measured")
-    b200 = make_energy_model("predicted", SHAPE, GPU.B200)
-    assert "unverified" in b200.label
-    h100 = make_energy_model("predicted", SHAPE, GPU.H100)  # H100 also has a GPU profile (GEMM tables): it wins
+    # H100 and H200 have shipped GPU profiles (GEMM tables + anchors, measured): they win over the layer profile
+    h100 = make_energy_model("predicted", SHAPE, GPU.H100)
     assert h100.label.startswith("predicted (GPU profile NVIDIA H100 80GB HBM3, measured")
+    h200 = make_energy_model("predicted", SHAPE, GPU.H200)
+    assert h200.label.startswith("predicted (GPU profile NVIDIA H200, measured") and "unverified" not in h200.label
+    w = Workload(batch_size=16)
+    bf16, fp8 = Plan.uniform(SHAPE.groups, Format.BF16), Plan.uniform(SHAPE.groups, Format.FP8)
+    assert h200.estimate(fp8, w).j_per_token < h200.estimate(bf16, w).j_per_token
+    # the H200 and H100 tables differ (two GPUs measured), so the predictions do
+    assert h200.estimate(bf16, w).j_per_token != h100.estimate(bf16, w).j_per_token
+    # B200 keeps the datasheet-derived layer profile, labelled unverified; an FP8 KV cache on H200 falls back
+    b200 = make_energy_model("predicted", SHAPE, GPU.B200)
+    assert isinstance(b200, ProfileCostModel) and "unverified" in b200.label
+    kv = h200.estimate(Plan.uniform(SHAPE.groups, Format.FP8, Format.FP8), w)
+    assert kv.source.startswith("predicted (profile NVIDIA H200") and "no FP8 KV-cache" in kv.source
 
 
 def test_make_energy_model_auto_without_a_target_gpu_predicts(monkeypatch):
@@ -232,7 +241,8 @@ def test_predicted_falls_back_to_the_roofline_for_layers_no_profile_covers():
     from advisor.plan import LayerGroup
 
     generic = ModelShape((LayerGroup("encoder.fc1", ("encoder.fc1",), ((64, 256),)),), 1, 64, 4, 4, 16, 100, 6400)
-    assert isinstance(make_energy_model("predicted", generic, GPU.H200), RooflineEnergyModel)
+    for gpu in (GPU.H100, GPU.H200):  # the GPU profiles price decoder groups only: an encoder's fc1 is not one
+        assert isinstance(make_energy_model("predicted", generic, gpu), RooflineEnergyModel)
 
 
 def test_fp8_kv_cache_halves_the_context_dependent_part_of_the_decode_step(model):

@@ -103,8 +103,8 @@ def test_sliding_window_layers_read_only_their_window(shapes):
 
 def test_phi3_prefused_groups_are_priced_by_the_profile(shapes):
     shape = shapes["phi3"]
-    model = make_energy_model("predicted", shape, GPU.H200)
-    assert isinstance(model, ProfileCostModel) and "does not cover" not in model.label
+    model = make_energy_model("predicted", shape, GPU.H200)  # the H200 GPU profile (GEMM tables)
+    assert "GPU profile NVIDIA H200" in model.label and "does not cover" not in model.label
     e = {f: model.estimate(Plan.uniform(shape.groups, f), Workload(batch_size=16)).j_per_token
          for f in (Format.BF16, Format.FP8)}
     assert 0 < e[Format.FP8] < e[Format.BF16]

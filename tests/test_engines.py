@@ -34,7 +34,7 @@ def engine(tmp_path, monkeypatch):
         return tmp_path / plan.id
 
     def make_meter(depth: int) -> EnergyMeter:
-        return EnergyMeter(gpu, replace(FAST, depth=depth), clock=clock, sleep=clock.sleep)
+        return EnergyMeter(gpu, replace(FAST, depth=depth, queued_s=0.0), clock=clock, sleep=clock.sleep)
 
     return TensorRTLLMEnergyModel(checkpoint_for, make_meter, vocab_size=256), trtllm, exported, tmp_path
 
@@ -99,7 +99,7 @@ def test_search_run_exports_each_measured_plan_once_and_serves_that_checkpoint(t
     trtllm = fake_tensorrt_llm(gpu, decode_s_per_token=1e-4)
     monkeypatch.setitem(sys.modules, "tensorrt_llm", trtllm)
     monkeypatch.setattr(meter_mod, "open_meter", lambda index, config: EnergyMeter(
-        gpu, replace(FAST, depth=config.depth), clock=clock, sleep=clock.sleep))
+        gpu, replace(FAST, depth=config.depth, queued_s=config.queued_s), clock=clock, sleep=clock.sleep))
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     recipe = validate_recipe({"name": "e", "model": {"source": str(need(TINY_MODEL))}, "out": str(tmp_path),
                               "target": "h100", "energy": "measured", "engine": "tensorrt_llm",

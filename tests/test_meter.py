@@ -123,3 +123,44 @@ def test_no_driver_is_a_setup_error(monkeypatch):
     monkeypatch.setitem(sys.modules, "pynvml", fake)
     with pytest.raises(SetupError, match="no NVIDIA driver"):
         nvml.NvmlDevice(0)
+
+
+class _SlowReads:
+    """A simulated GPU whose energy reads take ``read_s`` of host time, as NVML's do (2-18 ms on an H200)."""
+
+    def __init__(self, gpu: SimulatedGPU, clock: VirtualClock, read_s: float) -> None:
+        self.gpu, self.clock, self.read_s = gpu, clock, read_s
+
+    def energy_mj(self) -> int:
+        self.clock.sleep(self.read_s)
+        return self.gpu.energy_mj()
+
+    def state(self):
+        return self.gpu.state()
+
+
+@pytest.mark.parametrize("queued_s", [0.0, 0.05])
+def test_slow_counter_reads_do_not_let_short_steps_run_dry(queued_s):
+    clock = VirtualClock()
+    gpu = SimulatedGPU(clock, step_s=0.001, busy_w=300.0, idle_w=100.0)
+    cfg = MeterConfig(warmup_s=0.2, min_window_s=1.0, min_ticks=10, repeats=3, idle_s=0.3, queued_s=queued_s)
+    m = EnergyMeter(_SlowReads(gpu, clock, read_s=0.004), cfg, clock=clock, sleep=clock.sleep).measure(gpu.launch)
+    if queued_s == 0.0:
+        # 4 steps (4 ms) in flight, one loop = 1 ms sleep + a 4 ms read: the GPU idles between
+        assert m.depth == 4
+        assert m.s_per_step > 0.0012
+        assert m.j_per_step > 0.3 * 1.1
+    else:
+        assert m.depth >= 50  # 50 ms of 1 ms steps
+        assert m.s_per_step == pytest.approx(0.001, rel=0.01)
+        assert m.j_per_step == pytest.approx(0.3, rel=0.01)  # 300 W x 1 ms
+
+
+def test_queue_depth_holds_the_queued_time():
+    from advisor.energy.meter import queue_depth
+
+    cfg = MeterConfig(depth=4, queued_s=0.05, max_depth=100)
+    assert queue_depth(cfg, 0.001) == 50
+    assert queue_depth(cfg, 0.02) == 4  # long steps: the configured depth
+    assert queue_depth(cfg, 1e-6) == 100  # capped
+    assert queue_depth(MeterConfig(depth=3, queued_s=0.0), 0.001) == 3  # an engine's exact depth

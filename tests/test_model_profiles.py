@@ -36,7 +36,11 @@ METER = MeterConfig(warmup_s=0.05, min_window_s=0.3, min_ticks=3, repeats=2, idl
 # the simulated physics: per-layer GEMM ms (a + b * rows) per format, non-GEMM ms, powers
 GEMM = {Format.BF16: {"qkv": (0.004, 2e-5), "o": (0.003, 1e-5), "gate_up": (0.008, 5e-5), "down": (0.005, 3e-5)}}
 GEMM[Format.FP8] = {k: (a * 0.9, b * 0.5) for k, (a, b) in GEMM[Format.BF16].items()}
-P_BF16_W, P_FP8_GEMM_W = 400.0, 300.0
+# energy: idle power over the whole step, a dynamic power over the non-GEMM kernels, and each GEMM's dynamic
+# energy per weight (bytes read, multiply-adds), FP8 cheaper; GEMM times are latency floors, so a group's share
+# of the GEMM time (MLP ~65%) is not its share of the weights (MLP 75%)
+P_IDLE_W, P_NON_GEMM_W = 100.0, 150.0
+J_PER_WEIGHT = {Format.BF16: 4e-9, Format.FP8: 1.5e-9}
 
 
 def gemm_ms(f: Format, kind: str, rows: float) -> float:
@@ -58,7 +62,9 @@ def truth(formats: dict[str, Format], rows: float, context: float, phase: str) -
              if formats.get(g.name, Format.BF16) == Format.BF16)
     gf = sum(gemm_ms(Format.FP8, g.name.rsplit(".", 1)[-1], rows) for g in SHAPE.groups
              if formats.get(g.name) == Format.FP8)
-    return t_ng + gb + gf, (P_BF16_W * (t_ng + gb) + P_FP8_GEMM_W * gf) / 1e3
+    t = t_ng + gb + gf
+    dynamic = sum(J_PER_WEIGHT[formats.get(g.name, Format.BF16)] * g.num_weights for g in SHAPE.groups)
+    return t, (P_IDLE_W * t + P_NON_GEMM_W * t_ng) / 1e3 + dynamic * (1 + rows / 1024)
 
 
 def meter_on(gpu: SimulatedGPU, clock: VirtualClock) -> EnergyMeter:
@@ -68,7 +74,7 @@ def meter_on(gpu: SimulatedGPU, clock: VirtualClock) -> EnergyMeter:
 def simulated_profile(state: GPUState, batches=(1, 16, 64), contexts=(512, 2048), lengths=(512,)) -> dict:
     """A per-model profile of the simulated GPU: times from its physics, energies through the real meter."""
     clock = VirtualClock()
-    gpu = SimulatedGPU(clock, tick_s=0.01)
+    gpu = SimulatedGPU(clock, tick_s=0.01, idle_w=P_IDLE_W)
     meter = meter_on(gpu, clock)
 
     def measure(ms: float, j: float) -> float:
@@ -89,7 +95,8 @@ def simulated_profile(state: GPUState, batches=(1, 16, 64), contexts=(512, 2048)
         pre["j_per_step"][f.value] = [measure(*truth(uniform, n, n, "prefill")) for n in lengths]
     return {"schema": SCHEMA, "version": VERSION, "key": profile_key(state, DIMS.to_dict()), "gpu": state.name,
             "gpu_kind": "h100", "driver": state.driver, "date": "2026-11-22", "formats": ["bf16", "fp8"],
-            "model": DIMS.to_dict(), "decode": dec, "prefill": pre, "measured_at": 1.0}
+            "model": DIMS.to_dict(), "decode": dec, "prefill": pre, "measured_at": 1.0,
+            "idle_power_w": meter.idle_power_w()}
 
 
 STATE = GPUState("NVIDIA H100 80GB HBM3", 0, "580.1", 700.0, 1980, 2619, 40, 0.0, uuid="GPU-a")

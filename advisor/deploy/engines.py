@@ -170,7 +170,7 @@ def tensorrt_llm_tier(recipe: Any, loaded: Any, tokens: Any) -> TensorRTLLMEnerg
     def make_meter(depth: int) -> EnergyMeter:
         import torch
 
-        return open_meter(torch.cuda.current_device(), MeterConfig(depth=depth))
+        return open_meter(torch.cuda.current_device(), MeterConfig(depth=depth, queued_s=0.0))
 
     vocab = int(loaded.model.config.get_text_config().vocab_size)
     return TensorRTLLMEnergyModel(checkpoint_for, make_meter, vocab_size=vocab)

@@ -6,6 +6,10 @@ How a measurement runs (``EnergyMeter.measure``):
    power settle).
 2. The GPU is kept busy: at most ``depth`` steps are in flight; a finished one is
    replaced at once, so the queue never runs dry and the host never runs far ahead.
+   ``depth`` grows to hold ``queued_s`` of GPU work (the step's time taken from the
+   warm-up, which reads no counter): one NVML energy read takes 2-4 ms, up to 18 ms
+   (H200, driver 580), so four sub-millisecond steps ran dry between reads and the
+   GPU idled up to 40% of a window (reports/benchmarks/energy_transfer_h200.md).
 3. Windows are aligned to counter ticks (the counter moves about every 100 ms):
    a window opens at one tick edge and closes at the first edge after it has lasted
    ``min_window_s`` or ``min_ticks`` ticks. Its energy is the counter difference
@@ -22,6 +26,7 @@ and after, and the idle power once per meter. Nothing here changes the GPU.
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from collections import deque
@@ -60,6 +65,10 @@ class MeterConfig:
     repeats: int = 3
     max_cv: float = 0.01
     depth: int = 4
+    # GPU work kept queued (s): depth grows to ceil(queued_s / step time). 0 keeps ``depth`` exact
+    # (a serving engine's meter, whose depth is the requests in flight).
+    queued_s: float = 0.05
+    max_depth: int = 1024
     # Host sleep between counter polls. Polling NVML in a tight loop slowed a CUDA-graph
     # decode step by ~8% on an H200 (5.40 vs 5.03 ms); 1 ms costs < 0.1% of a 5 s window.
     poll_s: float = 0.001
@@ -68,8 +77,9 @@ class MeterConfig:
     tick_timeout_s: float = 2.0
 
     def __post_init__(self) -> None:
-        if self.repeats < 1 or self.min_window_s <= 0 or self.depth < 1:
-            raise InputError(f"meter config needs repeats >= 1, min_window_s > 0, depth >= 1 (got {self})")
+        if self.repeats < 1 or self.min_window_s <= 0 or self.depth < 1 or self.queued_s < 0:
+            raise InputError(f"meter config needs repeats >= 1, min_window_s > 0, depth >= 1, queued_s >= 0 "
+                             f"(got {self})")
 
 
 @dataclass(frozen=True)
@@ -110,6 +120,7 @@ class Measurement:
     gpu_before: GPUState
     gpu_after: GPUState
     date: str = field(default_factory=lambda: time.strftime("%Y-%m-%d"))
+    depth: int = 0  # steps kept in flight
 
     @property
     def j_per_token(self) -> float:
@@ -137,6 +148,13 @@ class Measurement:
             j_per_step_range=list(self.j_per_step_range),
         )
         return data
+
+
+def queue_depth(cfg: MeterConfig, step_s: float) -> int:
+    """Steps kept in flight: ``cfg.depth``, or enough steps of ``step_s`` to hold ``cfg.queued_s``."""
+    if cfg.queued_s <= 0 or step_s <= 0:
+        return cfg.depth
+    return max(cfg.depth, min(cfg.max_depth, math.ceil(cfg.queued_s / step_s)))
 
 
 def coefficient_of_variation(values: Sequence[float]) -> float:
@@ -198,21 +216,24 @@ class EnergyMeter:
         before = self.counter.state()
         inflight: deque[StepHandle] = deque()
         done = 0
+        depth = cfg.depth
 
         def pump() -> None:
             nonlocal done
             while inflight and inflight[0].query():
                 inflight.popleft()
                 done += 1
-            while len(inflight) < cfg.depth:
+            while len(inflight) < depth:
                 inflight.append(step())
 
-        t_end = self._clock() + cfg.warmup_s
+        t_start = self._clock()
+        t_end = t_start + cfg.warmup_s
         while self._clock() < t_end:
             pump()
             self._sleep(cfg.poll_s)
         if done == 0:
             raise SetupError(f"no step of {label or 'the workload'} finished during the warm-up")
+        depth = queue_depth(cfg, (self._clock() - t_start) / done)
 
         t0, e0 = self._wait_edge(pump)
         c0 = done
@@ -251,6 +272,7 @@ class EnergyMeter:
             idle_power_w=idle_w,
             gpu_before=before,
             gpu_after=after,
+            depth=depth,
         )
 
 

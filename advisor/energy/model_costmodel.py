@@ -7,10 +7,15 @@ At a decode step of batch ``b`` and context ``c`` (prefill alike, per prompt len
   quantization in the norms), plus each group's own GEMM in its format at ``b`` rows. Steps
   and GEMMs are measured at this model's shapes, so kernel-launch floors and latency-bound
   small kernels are in them; times are linear in ``c`` and piecewise linear in ``b``;
-* energy: each all-``f`` step's measured J/step over its timed step gives a power ``P_f(b, c)``
-  (interpolated in log2(b), linear in ``c`` between the profiled contexts); the non-GEMM part
-  and the BF16 GEMMs draw the BF16 step's power, and an FP8 GEMM the power that makes the
-  all-FP8 plan's energy its measured one.
+* energy: each all-``f`` step's measured J (interpolated in log2(b) as a power over its timed
+  step, linear in ``c`` between the profiled contexts). A mixed plan's energy is the all-BF16
+  step's, plus the GPU's idle power (measured with the profile) over its time difference, plus,
+  for each other format, the rest of that format's uniform-step difference in the share of the
+  plan's weights it holds (of a MoE layer's routed experts, those the step reads): what a GEMM in
+  FP8 saves beyond time is dynamic energy (bytes read,
+  multiply-adds), proportional to its weights, not to its kernel time, which for small GEMMs is a
+  latency floor (H200, reports/benchmarks/energy_transfer_h200.md: Qwen2.5-0.5B's MLP-only FP8
+  plan drew within 2% of all-FP8's power while its FP8 GEMMs took 64% of all-FP8's GEMM time).
 
 So all-BF16 and all-FP8 reproduce the profile at its own points by construction; mixed plans,
 other batches and contexts are predictions. A MoE layer's routed experts are one group (kind
@@ -55,6 +60,7 @@ class ModelProfileCostModel:
             raise InputError(f"the per-model profile prices the groups {', '.join(profiled)}, not {bad}")
         self.routed = {g.name: layer for g in shape.groups if (layer := shape.routed_layer(g.name)) is not None}
         self.digest = model_digest(profile["model"])
+        self.idle_w = float(profile["idle_power_w"])
         routing = ""
         if self.routed:
             routing = ("; MoE experts: routing measured on the calibration tokens"
@@ -99,13 +105,16 @@ class ModelProfileCostModel:
         16) can be over-priced a few % in between; searches profile their workloads' own batches."""
         xs, ms, seen = self._xs(phase), phase["gemm_ms"][fmt.value]["experts"], phase["experts_touched"]
         per_expert = interp(xs, [m / d for m, d in zip(ms, seen, strict=True)], x)
-        if profile_routing or not layer.expert_load:
-            uniform = [expected_experts_touched(layer.num_experts, layer.top_k, v) for v in xs]
-            touched = expected_experts_touched(layer.num_experts, layer.top_k, x) * interp(
-                xs, [d / u for d, u in zip(seen, uniform, strict=True)], x)
-        else:
-            touched = layer_experts_touched(layer, x)
-        return per_expert * touched
+        return per_expert * self._touched(phase, layer, x, profile_routing)
+
+    def _touched(self, phase: dict, layer, x: float, profile_routing: bool) -> float:
+        """Distinct routed experts of ``layer`` that ``x`` tokens read (see :meth:`_experts_gemm`)."""
+        if layer.expert_load and not profile_routing:
+            return layer_experts_touched(layer, x)
+        xs, seen = self._xs(phase), phase["experts_touched"]
+        uniform = [expected_experts_touched(layer.num_experts, layer.top_k, v) for v in xs]
+        return expected_experts_touched(layer.num_experts, layer.top_k, x) * interp(
+            xs, [d / u for d, u in zip(seen, uniform, strict=True)], x)
 
     def _all_gemms(self, phase: dict, fmt: Format, x: float) -> float:
         """The GEMMs of the profiled all-``fmt`` step (with the profile's own routing)."""
@@ -130,20 +139,31 @@ class ModelProfileCostModel:
         fmts = [f for f in (Format.BF16, Format.FP8) if f.value in phase["step_ms"]]
         ng = {f: step_ms[f] - self._all_gemms(phase, f, x) for f in fmts}
         gemm = {f: 0.0 for f in fmts}
+        weights = {f: 0.0 for f in fmts}
         for g in self.shape.groups:
             f = plan.format_of(g.name)
             gemm[f] += self._group_gemm(phase, f, g.name, x)
+            weights[f] += self._read_weights(phase, g, x)
         n = len(self.shape.groups)
         share = {f: sum(1 for g in self.shape.groups if plan.format_of(g.name) == f) / n for f in fmts}
         t_ng = ng[Format.BF16] + sum(share[f] * (ng[f] - ng[Format.BF16]) for f in fmts if f != Format.BF16)
-        p_b = power[Format.BF16]
-        energy = p_b * (t_ng + gemm[Format.BF16])
+        t = t_ng + sum(gemm.values())
+        # each uniform step's dynamic energy (over idle) in the share of the weights read in its format; with
+        # the profile's routing this is the all-BF16 step's energy + idle x time difference + FP8's difference
+        # in its weight share, exact at the uniform plans; with the model's own routing the read weights move
+        profiled = sum(self._read_weights(phase, g, x, profile_routing=True) for g in self.shape.groups)
+        energy = self.idle_w * t  # mJ
         for f in fmts:
-            if f == Format.BF16 or gemm[f] == 0.0:
-                continue
-            p_gemm = (power[f] * step_ms[f] - p_b * ng[f]) / self._all_gemms(phase, f, x)
-            energy += p_gemm * gemm[f]
-        return t_ng + sum(gemm.values()), energy / 1e3
+            energy += (power[f] - self.idle_w) * step_ms[f] * weights[f] / profiled
+        return t, energy / 1e3
+
+    def _read_weights(self, phase: dict, group, x: float, profile_routing: bool = False) -> float:
+        """Weights of ``group`` a step of ``x`` tokens reads: all of them, or for routed experts the
+        distinct experts' share."""
+        layer = self.routed.get(group.name)
+        if layer is None:
+            return float(group.num_weights)
+        return group.num_weights * self._touched(phase, layer, x, profile_routing) / layer.num_experts
 
     def _interp_step(self, phase: dict, fmt: Format, steps: list[float], x: float) -> float:
         """The all-``fmt`` step at ``x`` rows from the profiled ones: its non-GEMM part interpolated (smooth

@@ -35,8 +35,10 @@ from advisor.formats import Format
 
 SCHEMA = "precision-advisor/model-energy-profile"
 VERSION = 1
-#: Bump when the runtime's kernels change what a step costs (profiles of older runtimes are not reused).
-RUNTIME_VERSION = "2026-11-22.1"
+#: Bump when the runtime's kernels, or the meter, change what a step costs (profiles of older runtimes are not
+#: reused). .2: the meter keeps 50 ms of steps queued (MeterConfig.queued_s); .1 profiles of sub-ms steps
+#: held the GPU's idle gaps between NVML reads.
+RUNTIME_VERSION = "2026-11-22.2"
 FORMATS = (Format.BF16, Format.FP8)
 
 
@@ -74,7 +76,7 @@ def key_digest(key: dict[str, Any]) -> str:
 def validate_model_profile(data: dict[str, Any], origin: str = "model profile") -> dict[str, Any]:
     if data.get("schema") != SCHEMA or data.get("version") != VERSION:
         raise InputError(f"{origin} is not a per-model energy profile of schema {SCHEMA} version {VERSION}")
-    for k in ("key", "gpu", "gpu_kind", "driver", "date", "model", "decode", "prefill", "formats"):
+    for k in ("key", "gpu", "gpu_kind", "driver", "date", "idle_power_w", "model", "decode", "prefill", "formats"):
         if k not in data:
             raise InputError(f"{origin} lacks the field {k!r}")
     return data

@@ -1,0 +1,128 @@
+"""Why a per-model profile and a plan measurement of the same step disagree: meter-loop and thermal tests.
+
+Two questions, each answered by re-measuring one fixed step (random weights, the project's runtime):
+
+* **host-bound windows**: on small models the meter's windows saw 1.2-1.7x the step's CUDA-event time
+  (reports/benchmarks/energy_transfer_data/h100_raw*.json), i.e. the GPU idled between steps. The step
+  is metered with the meter's queue depth 4 and 32 and its poll interval 1 ms and 5 ms; the NVML
+  energy read's own latency is timed;
+* **thermal drift**: the profile meters 0.8 s + 3 x 0.6 s per point, a plan's measurement 2 s + 3 x 5 s
+  (the project's default). The same step is metered with the profile's windows, then the default ones,
+  then the profile's again (hot), then after 10 s idle; GPU temperature and SM clock before and after each.
+
+    python benchmarks/meter_diagnostics.py --out diag.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from advisor.energy.meter import MeterConfig  # noqa: E402
+from advisor.energy.reference_shapes import REFERENCE_SHAPES  # noqa: E402
+from advisor.formats import Format  # noqa: E402
+
+PROFILE = MeterConfig(warmup_s=0.8, min_window_s=0.6, min_ticks=6, repeats=3)
+DEFAULT = MeterConfig()
+
+
+def nvml_read_ms(counter, n: int = 200) -> dict[str, float]:
+    ts = []
+    for _ in range(n):
+        t = time.perf_counter()
+        counter.energy_mj()
+        ts.append((time.perf_counter() - t) * 1e3)
+    return {"mean": statistics.fmean(ts), "median": statistics.median(ts), "max": max(ts)}
+
+
+def metered(meter_factory, step, label: str, config: MeterConfig) -> dict:
+    meter = meter_factory(config)
+    s0 = meter.counter.state()
+    m = meter.measure(step.launch, label, step.tokens_per_step)
+    return {"label": label, "config": {k: v for k, v in config.__dict__.items()
+                                       if k in ("warmup_s", "min_window_s", "depth", "poll_s")},
+            "j_per_step": m.j_per_step, "ms_per_step_meter": m.s_per_step * 1e3, "power_w": m.power_w, "cv": m.cv,
+            "temp_before_c": s0.temperature_c, "temp_after_c": m.gpu_after.temperature_c,
+            "sm_clock_after_mhz": m.gpu_after.sm_clock_mhz, "t": time.perf_counter()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--small", default="Qwen2.5-0.5B")
+    ap.add_argument("--large", default="Llama-3.1-8B")
+    args = ap.parse_args(argv)
+    import torch
+
+    from advisor.energy.measure import Bench, decode_step, uniform_formats
+    from advisor.energy.meter import EnergyMeter, open_meter
+    from advisor.energy.model_profile import _release
+
+    base = open_meter(0, PROFILE)
+    state = base.counter.state()
+
+    def factory(config: MeterConfig) -> EnergyMeter:
+        return EnergyMeter(base.counter, config)
+
+    out: dict = {"gpu": state.name, "driver": state.driver, "power_limit_w": state.power_limit_w,
+                 "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "torch": torch.__version__,
+                 "command": "python " + " ".join([sys.argv[0], *(argv if argv is not None else sys.argv[1:])]),
+                 "nvml_read_ms_idle": nvml_read_ms(base.counter), "idle_power_w": base.idle_power_w(), "runs": []}
+
+    def log(r: dict) -> None:
+        print(f"{r['label']:34s} {r['j_per_step']:.5f} J  meter {r['ms_per_step_meter']:.3f} ms  "
+              f"ev {r.get('ms_per_step_events', 0):.3f} ms  {r['power_w']:.0f} W  cv {r['cv']:.4f}  "
+              f"{r['temp_before_c']}->{r['temp_after_c']} C  {r['sm_clock_after_mhz']} MHz", flush=True)
+
+    for name, fmt, b, tests in (
+        (args.small, Format.BF16, 1, "loop"), (args.small, Format.FP8, 1, "loop"),
+        (args.large, Format.FP8, 1, "loop"), (args.large, Format.BF16, 16, "thermal"),
+    ):
+        dims = REFERENCE_SHAPES[name].dims(None)
+        bench = Bench.create(dims, max_pos=4096)
+        rt = bench.runtime(uniform_formats(dims, fmt))
+        step = decode_step(rt, b, 640)
+        ev = step.time_ms()
+        runs = []
+        if tests == "loop":
+            for rep in range(1):
+                for depth, poll in ((4, 0.001), (32, 0.001), (32, 0.005), (4, 0.005)):
+                    cfg = replace(PROFILE, depth=depth, poll_s=poll)
+                    runs.append(metered(factory, step, f"{name} {fmt.value} b{b} d{depth} p{poll * 1e3:.0f}ms #{rep}",
+                                        cfg))
+            bgd = {"nvml_read_ms_busy": None}
+            # the NVML read's latency while the step runs back to back
+            for _ in range(8):
+                step.launch()
+            bgd["nvml_read_ms_busy"] = nvml_read_ms(base.counter, 50)
+            torch.cuda.synchronize()
+            out.setdefault("nvml_busy", {})[f"{name} {fmt.value} b{b}"] = bgd["nvml_read_ms_busy"]
+        else:
+            runs.append(metered(factory, step, f"{name} {fmt.value} b{b} profile-windows #1", PROFILE))
+            runs.append(metered(factory, step, f"{name} {fmt.value} b{b} default-windows", DEFAULT))
+            runs.append(metered(factory, step, f"{name} {fmt.value} b{b} profile-windows hot", PROFILE))
+            runs.append(metered(factory, step, f"{name} {fmt.value} b{b} profile-windows d32 hot",
+                                replace(PROFILE, depth=32)))
+            time.sleep(10)
+            runs.append(metered(factory, step, f"{name} {fmt.value} b{b} profile-windows after 10 s idle",
+                                PROFILE))
+        for r in runs:
+            r["ms_per_step_events"] = ev
+            log(r)
+        out["runs"] += runs
+        args.out.write_text(json.dumps(out, indent=1))
+        del step, rt, bench
+        _release()
+    print(json.dumps({k: v for k, v in out.items() if k != "runs"}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
