@@ -99,10 +99,11 @@ class ModelProfileCostModel:
         routing: measured at the profiled points, the uniform expectation scaled to them in between (the
         count is concave in ``x``: a line between profiled batches misses it by 10-20%).
 
-        Between profiled batches this was within 2.4% of measured steps (H200, batch 32 between 16 and 64,
-        reports/benchmarks/moe_gpu.md); interpolating the times in the count instead (a per-call floor plus
-        a cost per expert) was within 4.5% there. Far apart profiled batches where the floor dominates (1 and
-        16) can be over-priced a few % in between; searches profile their workloads' own batches."""
+        Between profiled batches (H200, Qwen3-30B-A3B, batch 32 between 16 and 64) whole steps came within
+        4.6% of measured (reports/benchmarks/moe_gpu.md); on an earlier run, interpolating the expert times
+        in the count instead (a per-call floor plus a cost per expert) was 2 points worse there. Far apart
+        profiled batches where the floor dominates (1 and 16) can be over-priced a few % in between;
+        searches profile their workloads' own batches."""
         xs, ms, seen = self._xs(phase), phase["gemm_ms"][fmt.value]["experts"], phase["experts_touched"]
         per_expert = interp(xs, [m / d for m, d in zip(ms, seen, strict=True)], x)
         return per_expert * self._touched(phase, layer, x, profile_routing)
