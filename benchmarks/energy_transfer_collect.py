@@ -60,6 +60,18 @@ def plan_formats(num_layers: int) -> dict[str, dict[str, Format]]:
     return out
 
 
+def search_regime() -> dict[str, tuple[int, ...]]:
+    """What a search profiles for these rows' workloads (profile_select.profile_regime): their batches, the
+    prompt length, and the mean decode context bracketed at half and twice (320 and 1280 for 640). Runs
+    before 2026-11-22 15:10 UTC profiled contexts 512 and 2048, which a small model's step is not linear
+    between (reports/benchmarks/energy_transfer.md, notes)."""
+    from advisor.energy.profile_select import profile_regime
+    from advisor.recipe.schema import Workload
+
+    return profile_regime([Workload(name=f"b{b}", batch_size=b, input_tokens=INPUT, output_tokens=OUTPUT)
+                           for b in BATCHES])
+
+
 def measure_plans(bench, meter, log) -> list[dict]:
     from advisor.energy.measure import decode_step, prefill_step
 
@@ -126,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.perf_counter()
         bench = Bench.create(dims, max_pos=4096)
         t_bench = time.perf_counter() - t0
-        prof = measure_model_profile(dims, batches=BATCHES, meter=profile_meter, bench=bench, command=command,
+        prof = measure_model_profile(dims, **search_regime(), meter=profile_meter, bench=bench, command=command,
                                      log=log)
         log(f"{name}: profile {prof['profile_seconds']:.1f} s (+{t_bench:.1f} s weights and calibration)")
         rows = measure_plans(bench, bench_meter, log)
