@@ -141,3 +141,12 @@ def test_the_label_says_when_a_family_is_priced_as_llama_like_layers():
     assert "non-GEMM work priced as Llama-like layers" in gemma.label
     plan = Plan.uniform(model_shape(random_model(tiny_config("gemma2"))).groups, Format.FP8)
     assert "Llama-like" in gemma.estimate(plan, Workload(batch_size=4)).source
+
+
+def test_a_known_flaw_of_a_shipped_profile_is_in_every_label():
+    from advisor.energy.profile_select import shipped_gpu_profile
+
+    shape = REFERENCE_SHAPES["SmolLM2-135M"].shape(4)
+    h100 = GpuProfileCostModel(shipped_gpu_profile(GPU.H100), shape)
+    assert "over-predicted by up to 42%" in h100.label  # its anchors predate the queued meter
+    assert "over-predicted" not in GpuProfileCostModel(shipped_gpu_profile(GPU.H200), shape).label

@@ -287,8 +287,10 @@ class GpuProfileCostModel:
         # norm); other families' extra per-layer kernels are priced as if they were the same.
         like = "" if shape.model_type in LLAMA_LIKE_TYPES else \
             f"; {shape.family or shape.model_type} non-GEMM work priced as Llama-like layers"
+        caveat = f"; {profile['caveat']}" if profile.get("caveat") else ""  # a known flaw of this profile
         self.label = (f"predicted (GPU profile {profile['gpu']}, {profile.get('source', 'measured')} "
-                      f"{profile['date']}{tag}: GEMM tables and {len(self.fit['anchors'])} anchor models{like})")
+                      f"{profile['date']}{tag}: GEMM tables and {len(self.fit['anchors'])} anchor models{like}"
+                      f"{caveat})")
 
     def _check(self, plan: Plan) -> None:
         if plan.kv_cache != Format.BF16:
