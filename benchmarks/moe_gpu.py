@@ -21,8 +21,9 @@ Qwen1.5-MoE-A2.7B (Qwen2-MoE: 60 experts of 1408, top-4, and a shared expert of 
    one CUDA-graph decode step at ``--context`` under the NVML meter (ms/step, J/token);
    ``floor_ms`` = the bytes the step actually reads (attention weights, routers, lm_head,
    the distinct experts its tokens chose - counted on the same step run eagerly -, KV) / the
-   copy bandwidth measured here; predicted J/token from the per-model profile's cost model
-   and from the shipped layer profile's of this GPU (and the datasheet roofline).
+   copy bandwidth measured here; ``predicted_*``: the per-model profile's cost model (what a
+   search on this GPU prices plans with); ``layer_profile_*``: the shipped layer profile's of this
+   GPU (what a model without a per-model profile gets); and the datasheet roofline.
 """
 
 from __future__ import annotations
@@ -165,12 +166,13 @@ def predictions(shape, plan, batch: int, context: int, model_profile: dict | Non
     if model_profile is not None:  # the step at context c attends c + 1 tokens, as the profile's
         per_model = ModelProfileCostModel(model_profile, shape)
         ms, j = per_model.decode_step(plan, batch, context)
-        out.update(model_profile_ms=ms, model_profile_j_per_token=j / batch, model_profile_label=per_model.label)
+        out.update(predicted_ms=ms, predicted_j_per_token=j / batch, predicted_label=per_model.label)
     model = ProfileCostModel(shipped_profile(gpu), shape)
     ms, j = model.decode_step(plan, batch, context + 1)
     step = decode_step_cost(shape, plan, batch, context + 1)
     spec = GPU_SPECS[gpu]
-    return {**out, "predicted_ms": ms, "predicted_j_per_token": j / batch, "predicted_label": model.label,
+    return {**out, "layer_profile_ms": ms, "layer_profile_j_per_token": j / batch,
+            "layer_profile_label": model.label,
             "roofline_ms": step.time_s(spec) * 1e3, "roofline_j_per_token": step.energy_j(spec) / batch}
 
 
@@ -216,25 +218,25 @@ def render(d: dict) -> str:
         if r.get("error"):
             lines.append(f"| {r['format']} | {r['batch']} | {r['error']} |||||||||||")
             continue
-        pm = f"{r['model_profile_j_per_token']:.4f}" if "model_profile_j_per_token" in r else "-"
+        pm = f"{r['predicted_j_per_token']:.4f}" if "predicted_j_per_token" in r else "-"
         lines.append(
             f"| {r['format']} | {r['batch']}{'' if r.get('profiled', True) else ' (not profiled)'} | "
             f"{r['experts_touched_mean']:.1f} (expected {r['experts_expected']:.1f}) | {r['ms_per_step']:.3f} | "
             f"{r['floor_ms']:.3f} | {r['ms_per_step'] / r['floor_ms']:.2f} | {r['j_per_token']:.4f} | {pm} | "
-            f"{_err(r, 'model_profile_error_pct')} | {r['predicted_j_per_token']:.4f} | "
-            f"{r['prediction_error_pct']:+.1f}% | {r['roofline_j_per_token']:.4f} | {r['cv']:.4f} |")
+            f"{_err(r, 'prediction_error_pct')} | {r['layer_profile_j_per_token']:.4f} | "
+            f"{r['layer_profile_error_pct']:+.1f}% | {r['roofline_j_per_token']:.4f} | {r['cv']:.4f} |")
     ok = [r for r in d["rows"] if not r.get("error")]
-    pm = [r for r in ok if "model_profile_error_pct" in r]
+    pm = [r for r in ok if "prediction_error_pct" in r]
     if pm:
-        within = [r for r in pm if abs(r["model_profile_error_pct"]) <= 5]
-        worst = max(pm, key=lambda r: abs(r["model_profile_error_pct"]))
+        within = [r for r in pm if abs(r["prediction_error_pct"]) <= 5]
+        worst = max(pm, key=lambda r: abs(r["prediction_error_pct"]))
         lines += ["", f"**Per-model profile within 5% of the measured J/token at {len(within)} of {len(pm)} points**; "
-                  f"worst {worst['model_profile_error_pct']:+.1f}% ({worst['format']}, batch {worst['batch']})."]
+                  f"worst {worst['prediction_error_pct']:+.1f}% ({worst['format']}, batch {worst['batch']})."]
     if ok:
-        within = [r for r in ok if abs(r["prediction_error_pct"]) <= 5]
-        worst = max(ok, key=lambda r: abs(r["prediction_error_pct"]))
+        within = [r for r in ok if abs(r["layer_profile_error_pct"]) <= 5]
+        worst = max(ok, key=lambda r: abs(r["layer_profile_error_pct"]))
         lines += ["", f"Shipped layer profile within 5% at {len(within)} of {len(ok)} points; worst "
-                  f"{worst['prediction_error_pct']:+.1f}% ({worst['format']}, batch {worst['batch']}): its "
+                  f"{worst['layer_profile_error_pct']:+.1f}% ({worst['format']}, batch {worst['batch']}): its "
                   "non-GEMM time is the profiled dense Llama layer's (8 kernels), while a MoE layer here also runs "
                   "the router GEMV, top-k, a sort, gathers and scatters and the grouped-GEMM setup (about 25 small "
                   "kernels, listed below), a fixed cost per layer that dominates at small batch; its expert GEMMs "
@@ -245,11 +247,11 @@ def render(d: dict) -> str:
     for f, rows in d.get("kernels", {}).items():
         top = ", ".join(f"`{r['name'][:70]}` x{r['count']}" for r in rows[:6])
         lines.append(f"- {f} decode step, batch 16 (eager, profiler), heaviest kernels: {top}")
-    labels = next((r for r in ok if r.get("predicted_label")), None)
+    labels = next((r for r in ok if r.get("layer_profile_label")), None)
     if labels:
-        lines += ["", f"Shipped cost model label: {labels['predicted_label']}"]
-        if labels.get("model_profile_label"):
-            lines += ["", f"Per-model cost model label: {labels['model_profile_label']}"]
+        lines += ["", f"Shipped cost model label: {labels['layer_profile_label']}"]
+        if labels.get("predicted_label"):
+            lines += ["", f"Per-model cost model label: {labels['predicted_label']}"]
     return "\n".join(lines) + "\n"
 
 
@@ -279,12 +281,12 @@ def measure_plan(meter, bench, shape, name: str, batches: list[int], context: in
                        experts_touched=touched, experts_touched_mean=sum(touched) / len(touched),
                        experts_expected=sum(layer_experts_touched(g, b) for g in shape.layers) / shape.num_layers,
                        **predictions(shape, Plan(formats), b, context, model_profile, gpu))
-            row["prediction_error_pct"] = (row["predicted_j_per_token"] / row["j_per_token"] - 1) * 100
-            if "model_profile_j_per_token" in row:
-                row["model_profile_error_pct"] = (row["model_profile_j_per_token"] / row["j_per_token"] - 1) * 100
+            row["layer_profile_error_pct"] = (row["layer_profile_j_per_token"] / row["j_per_token"] - 1) * 100
+            if "predicted_j_per_token" in row:
+                row["prediction_error_pct"] = (row["predicted_j_per_token"] / row["j_per_token"] - 1) * 100
             log(f"  {name} b{b:<3d} {row['ms_per_step']:8.3f} ms floor {row['floor_ms']:7.3f} "
-                f"{row['j_per_token']:.4f} J/tok (per-model {row.get('model_profile_j_per_token', 0):.4f}, "
-                f"shipped {row['predicted_j_per_token']:.4f}) experts {row['experts_touched_mean']:.1f}")
+                f"{row['j_per_token']:.4f} J/tok (per-model {row.get('predicted_j_per_token', 0):.4f}, "
+                f"shipped {row['layer_profile_j_per_token']:.4f}) experts {row['experts_touched_mean']:.1f}")
         except Exception as exc:  # a point failing must not end the run
             row["error"] = f"{type(exc).__name__}: {exc}"[:400]
             log(f"  {name} b{b}: {row['error']}")
@@ -308,8 +310,8 @@ def replay(path: Path, profile_path: Path, command: str) -> None:
         if r.get("error"):
             continue
         ms, j = model.decode_step(Plan(plan_formats(shape, r["format"])), r["batch"], d["context"])
-        r.update(model_profile_ms=ms, model_profile_j_per_token=j / r["batch"], model_profile_label=model.label,
-                 model_profile_error_pct=(j / r["batch"] / r["j_per_token"] - 1) * 100)
+        r.update(predicted_ms=ms, predicted_j_per_token=j / r["batch"], predicted_label=model.label,
+                 prediction_error_pct=(j / r["batch"] / r["j_per_token"] - 1) * 100)
     d["model_profile"]["replayed_by"] = command
     path.write_text(json.dumps(d, indent=1))
     path.with_suffix(".md").write_text(render(d))
