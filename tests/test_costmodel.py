@@ -201,10 +201,11 @@ def test_make_energy_model_rejects_bad_modes_and_mismatched_profiles(tmp_path, h
 
 
 def test_measured_without_a_gpu_is_a_setup_error(monkeypatch):
+    import torch  # a hard dependency
+
     from advisor.energy.select import make_energy_model
     from advisor.errors import SetupError
 
-    torch = pytest.importorskip("torch")
     if torch.cuda.is_available():
         pytest.skip("a GPU is here")
     with pytest.raises(SetupError):

@@ -24,7 +24,7 @@ import pytest
 import torch
 
 pytest.importorskip("triton")  # the dev extra installs it on Linux x86_64 only
-transformers = pytest.importorskip("transformers")
+import transformers  # noqa: E402  (a hard dependency: its absence must fail, not skip)
 
 from advisor.energy.dims import DecoderDims  # noqa: E402
 from advisor.errors import SetupError, UnsupportedError  # noqa: E402
