@@ -71,6 +71,16 @@ def interp(xs: Sequence[float], ys: Sequence[float], x: float, log_x: bool = Fal
     return ys[i - 1] + t * (ys[i] - ys[i - 1])
 
 
+def check_profiled(plan: Plan, formats: set[Format], profile: str) -> None:
+    """UnsupportedError for a plan that ``profile`` (measured in ``formats``, BF16 KV cache) cannot price."""
+    if plan.kv_cache != Format.BF16:
+        raise UnsupportedError(f"the {profile} has no FP8 KV-cache measurement")
+    bad = set(plan.formats.values()) - formats
+    if bad:
+        raise UnsupportedError(f"the {profile} has no {', '.join(sorted(f.value for f in bad))} costs: "
+                               "the format does not run natively there")
+
+
 # group kind -> the profiled GEMM kind it runs as
 _PROFILED_KIND = {"qkv": "qkv", "o": "o", "gate_up": "gate_up", "down": "down",
                   "shared_gate_up": "gate_up", "shared_down": "down"}

@@ -26,9 +26,9 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from advisor.energy.costmodel import interp
+from advisor.energy.costmodel import check_profiled, interp
 from advisor.energy.gemm_table import SCHEMA, VERSION, nk_key
-from advisor.errors import InputError, UnsupportedError
+from advisor.errors import InputError
 from advisor.estimate import EnergyEstimate
 from advisor.formats import Format
 from advisor.models.shape import ModelShape
@@ -292,16 +292,8 @@ class GpuProfileCostModel:
                       f"{profile['date']}{tag}: GEMM tables and {len(self.fit['anchors'])} anchor models{like}"
                       f"{caveat})")
 
-    def _check(self, plan: Plan) -> None:
-        if plan.kv_cache != Format.BF16:
-            raise UnsupportedError("the GPU profile has no FP8 KV-cache measurement")
-        bad = set(plan.formats.values()) - self.formats
-        if bad:
-            raise UnsupportedError(f"the {self.p['gpu']} profile has no {', '.join(sorted(f.value for f in bad))} "
-                                   "costs: the format does not run natively there")
-
     def _step(self, plan: Plan, phase: str, x: float, context: float) -> tuple[float, float]:
-        self._check(plan)
+        check_profiled(plan, self.formats, f"{self.p['gpu']} profile")
         parts = step_parts(self.geo, self.table, dict(plan.formats), phase, x, context)
         feats = ng_features(parts, phase)
         ng = 0.0

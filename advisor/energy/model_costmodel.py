@@ -27,10 +27,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from advisor.energy.costmodel import interp
+from advisor.energy.costmodel import check_profiled, interp
 from advisor.energy.model_profile import model_digest, validate_model_profile
 from advisor.energy.routing import expected_experts_touched, layer_experts_touched
-from advisor.errors import InputError, UnsupportedError
+from advisor.errors import InputError
 from advisor.estimate import EnergyEstimate
 from advisor.formats import Format
 from advisor.models.shape import ModelShape
@@ -69,14 +69,6 @@ class ModelProfileCostModel:
         origin = "per-model profile shipped with precision-advisor" if profile.get("shipped") else "per-model profile"
         self.label = (f"predicted ({origin}, {profile['gpu']}, driver {profile['driver']}, "
                       f"{profile['date']}, model {self.digest}{routing})")
-
-    def _check(self, plan: Plan) -> None:
-        if plan.kv_cache != Format.BF16:
-            raise UnsupportedError("the per-model profile has no FP8 KV-cache measurement")
-        bad = set(plan.formats.values()) - self.formats
-        if bad:
-            raise UnsupportedError(f"the per-model profile ({self.p['gpu']}) has no "
-                                   f"{', '.join(sorted(f.value for f in bad))} costs")
 
     @staticmethod
     def _xs(phase: dict) -> list[int]:
@@ -176,7 +168,7 @@ class ModelProfileCostModel:
 
     def decode_step(self, plan: Plan, batch: int, context: float) -> tuple[float, float]:
         """(ms, J) of one decode step of ``batch`` sequences at ``context``."""
-        self._check(plan)
+        check_profiled(plan, self.formats, f"per-model profile ({self.p['gpu']})")
         d = self.p["decode"]
         ctxs = [int(c) for c in d["contexts"]]
         step_ms = {Format(f): interp(ctxs, [self._interp_step(d, Format(f), v[str(c)], batch) for c in ctxs], context)
@@ -186,7 +178,7 @@ class ModelProfileCostModel:
 
     def prefill(self, plan: Plan, length: int) -> tuple[float, float]:
         """(ms, J) of the prefill of one request of ``length`` tokens."""
-        self._check(plan)
+        check_profiled(plan, self.formats, f"per-model profile ({self.p['gpu']})")
         d = self.p["prefill"]
         step_ms = {Format(f): self._interp_step(d, Format(f), v, length) for f, v in d["step_ms"].items()}
         power = {f: self._watts(d["lengths"], d["j_per_step"][f.value], d["step_ms"][f.value], length)
