@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 
 import pytest
 
@@ -48,8 +49,22 @@ def test_noisy_power_is_flagged_unstable():
     clock = VirtualClock()
     # the power swings by +-20% from one 5 s window to the next
     gpu = SimulatedGPU(clock, step_s=0.01, noise=lambda tick: 1.0 + 0.2 * ((tick // 50) % 2))
-    m = _meter(gpu, clock).measure(gpu.launch)
+    m = _meter(gpu, clock, replace(FAST, attempts=1)).measure(gpu.launch)
     assert m.cv > 0.01 and m.unstable
+
+
+def test_a_passing_disturbance_is_measured_again_and_the_steady_measurement_kept():
+    clock = VirtualClock()
+    cfg = MeterConfig(warmup_s=0.2, min_window_s=0.5, min_ticks=5, repeats=3, idle_s=0.3)
+    # +30% power in the second window of the first attempt only (ticks 0-2 are the idle reading and warm-up)
+    gpu = SimulatedGPU(clock, step_s=0.01, noise=lambda tick: 1.3 if 10 <= tick < 15 else 1.0)
+    m = _meter(gpu, clock, cfg).measure(gpu.launch)
+    assert not m.unstable and m.j_per_step == pytest.approx(5.0, rel=0.005)
+    assert clock.t > 3 * 0.5 * 2  # it measured twice
+    clock = VirtualClock()
+    gpu = SimulatedGPU(clock, step_s=0.01, noise=lambda tick: 1.3 if 10 <= tick < 15 else 1.0)
+    once = _meter(gpu, clock, replace(cfg, attempts=1)).measure(gpu.launch)
+    assert once.unstable and once.cv > 0.05
 
 
 def test_short_config_windows_stop_at_min_ticks():

@@ -160,6 +160,24 @@ def test_any_plan_is_predicted_within_a_percent_of_the_simulated_gpu(profile, na
     assert pj == pytest.approx(truth(dict(plan.formats), 512, 512, "prefill")[1], rel=0.01)
 
 
+@pytest.mark.parametrize("name", ["bf16", "fp8"])
+def test_a_uniform_steps_joules_are_linear_in_the_context_between_the_profiled_ones(profile, name):
+    """A decode step's time and J grow linearly with the KV bytes it reads; its power does not. With the
+    long-context steps drawing far more power (as SmolLM2-135M's batch 64 did on an H100: 277 W at context
+    320, 382 W at 1280), interpolating the power and multiplying by the time would put a mid-context step
+    low; the J of a uniform plan is the line between the profiled J."""
+    hot = json.loads(json.dumps(profile))
+    for f in ("bf16", "fp8"):
+        hot["decode"]["j_per_step"][f]["2048"] = [2 * j for j in hot["decode"]["j_per_step"][f]["2048"]]
+    model = ModelProfileCostModel(hot, SHAPE)
+    plan = plans()[name]
+    for i, batch in enumerate((1, 16, 64)):
+        j512, j2048 = (hot["decode"]["j_per_step"][name][c][i] for c in ("512", "2048"))
+        assert model.decode_step(plan, batch, 512)[1] == pytest.approx(j512, rel=1e-9)
+        assert model.decode_step(plan, batch, 2048)[1] == pytest.approx(j2048, rel=1e-9)
+        assert model.decode_step(plan, batch, 1280)[1] == pytest.approx((j512 + j2048) / 2, rel=1e-9)
+
+
 def test_fp8_saves_where_the_simulated_gpu_saves_and_the_estimate_is_labelled(profile):
     model = ModelProfileCostModel(profile, SHAPE)
     w = Workload(name="chat", batch_size=16, input_tokens=512, output_tokens=256)
