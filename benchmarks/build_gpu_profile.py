@@ -31,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
         profile["anchors"].update(json.loads(path.read_text()).get("anchors", {}))
     profile["fit"] = fit_gpu_profile(profile)
     profile["assembled_by"] = "python " + " ".join([sys.argv[0], *(argv if argv is not None else sys.argv[1:])])
-    args.out.write_text(json.dumps(profile, indent=1))
+    args.out.write_text(json.dumps(profile, separators=(",", ":")))  # shipped in the wheel: compact
     print(json.dumps(profile["fit"], indent=1))
     return 0
 

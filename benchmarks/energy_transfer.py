@@ -112,12 +112,13 @@ def render(d: dict) -> str:
                      f"{s['model_profile_max_abs_error'] * 100:.1f}% | {s['shipped_profile_max_abs_error'] * 100:.1f}% "
                      f"| {s['layer_profile_max_abs_error'] * 100:.0f}% | {s['profile_seconds']:.0f} |")
     lines += ["", "## Every row", "",
-              "| shape | plan | phase | batch | measured J/token | per-model | err | shipped | err | old layer | err |",
-              "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+              "| shape | plan | phase | batch | measured J/token | its CV | per-model | err | shipped | err "
+              "| old layer | err |",
+              "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in d["rows"]:
         lines.append(
             f"| {r['shape']} | {r['plan']} | {r['phase']} | {r['batch']} | {r['measured_j_per_token']:.5g} | "
-            f"{r['model_profile_j_per_token']:.5g} | {pct(r['model_profile_error'])} | "
+            f"{r['measured_cv'] * 100:.1f}% | {r['model_profile_j_per_token']:.5g} | {pct(r['model_profile_error'])} | "
             f"{r['shipped_profile_j_per_token']:.5g} | {pct(r['shipped_profile_error'])} | "
             f"{r['layer_profile_j_per_token']:.5g} | {pct(r['layer_profile_error'])} |")
     lines += ["", f"## Requests ({INPUT} prompt + {OUTPUT} generated tokens), J per generated token", "",
