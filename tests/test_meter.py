@@ -56,7 +56,7 @@ def test_noisy_power_is_flagged_unstable():
 def test_a_passing_disturbance_is_measured_again_and_the_steady_measurement_kept():
     clock = VirtualClock()
     cfg = MeterConfig(warmup_s=0.2, min_window_s=0.5, min_ticks=5, repeats=3, idle_s=0.3)
-    # +30% power in the second window of the first attempt only (ticks 0-2 are the idle reading and warm-up)
+    # +30% power over ticks 10-14: inside the first attempt's windows only
     gpu = SimulatedGPU(clock, step_s=0.01, noise=lambda tick: 1.3 if 10 <= tick < 15 else 1.0)
     m = _meter(gpu, clock, cfg).measure(gpu.launch)
     assert not m.unstable and m.j_per_step == pytest.approx(5.0, rel=0.005)

@@ -18,7 +18,8 @@ How a measurement runs (``EnergyMeter.measure``):
 4. ``repeats`` windows give the median and the spread; a coefficient of variation
    above ``max_cv`` marks the measurement ``unstable``, and it is taken again, up to
    ``attempts`` times in all, keeping the steadiest (one profile point in ~200 on an
-   H100 had a CV of 9% and sat 8% above its neighbours; taken again such points agree).
+   H100 had a CV of 9% and sat 8% above its neighbours); one still unstable after
+   the attempts stays marked so.
 
 The GPU's state (name, driver, power limit, clocks, temperature) is read before
 and after, and the idle power once per meter. Nothing here changes the GPU.
