@@ -112,9 +112,11 @@ def profile(
     contexts: ContextsOpt = "512,2048",
     prompt_lengths: PromptsOpt = "512",
 ) -> None:
-    """Measure an energy profile on this GPU: with --model, that model's own (its layers' GEMMs per format,
-    non-GEMM part, lm_head, steps and energy; about a minute), stored for searches to reuse; without it,
-    the GPU profile shipped for unprofiled models (GEMM tables and anchor models; several minutes)."""
+    """Measure an energy profile on this GPU: one model's (--model), or the GPU profile for unprofiled models.
+
+    With --model: its GEMMs per format, non-GEMM part, lm_head and steps (about a minute), kept for searches.
+
+    Without it: GEMM tables and anchor models, which price models nobody profiled (several minutes)."""
     from advisor.energy.model_profile import ProfileStore, measure_model_profile
 
     if out is not None:
