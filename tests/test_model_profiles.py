@@ -178,6 +178,18 @@ def test_a_uniform_steps_joules_are_linear_in_the_context_between_the_profiled_o
         assert model.decode_step(plan, batch, 1280)[1] == pytest.approx((j512 + j2048) / 2, rel=1e-9)
 
 
+def test_the_label_counts_the_profile_points_the_meter_could_not_steady(profile):
+    assert "unstable" not in ModelProfileCostModel(profile, SHAPE).label  # no CVs recorded: none counted
+    shaky = json.loads(json.dumps(profile))
+    for phase in ("decode", "prefill"):
+        shaky[phase]["cv"] = {f: ({c: [0.002] * len(v) for c, v in shaky[phase]["j_per_step"][f].items()}
+                                  if phase == "decode" else [0.002] * len(shaky[phase]["j_per_step"][f]))
+                              for f in ("bf16", "fp8")}
+    assert "unstable" not in ModelProfileCostModel(shaky, SHAPE).label
+    shaky["decode"]["cv"]["fp8"]["2048"][0] = 0.093
+    assert "1 of its 14 metered points unstable" in ModelProfileCostModel(shaky, SHAPE).label
+
+
 def test_fp8_saves_where_the_simulated_gpu_saves_and_the_estimate_is_labelled(profile):
     model = ModelProfileCostModel(profile, SHAPE)
     w = Workload(name="chat", batch_size=16, input_tokens=512, output_tokens=256)

@@ -28,6 +28,7 @@ from __future__ import annotations
 from typing import Any
 
 from advisor.energy.costmodel import check_profiled, interp
+from advisor.energy.meter import MeterConfig
 from advisor.energy.model_profile import model_digest, validate_model_profile
 from advisor.energy.routing import expected_experts_touched, layer_experts_touched
 from advisor.errors import InputError
@@ -36,6 +37,17 @@ from advisor.formats import Format
 from advisor.models.shape import ModelShape
 from advisor.plan import Plan
 from advisor.recipe.schema import Workload
+
+
+def unstable_points(profile: dict[str, Any], max_cv: float = MeterConfig.max_cv) -> tuple[int, int]:
+    """(unstable, all) of a profile's metered points: those whose windows' CV stayed above ``max_cv``
+    through the meter's attempts. Profiles stored before CVs were recorded count none."""
+    cvs: list[float] = []
+    for phase in ("decode", "prefill"):
+        for per_fmt in profile[phase].get("cv", {}).values():
+            for v in per_fmt.values() if isinstance(per_fmt, dict) else [per_fmt]:
+                cvs += v
+    return sum(1 for c in cvs if c > max_cv), len(cvs)
 
 
 class ModelProfileCostModel:
@@ -67,8 +79,10 @@ class ModelProfileCostModel:
                        if all(la.expert_load for la in self.routed.values())
                        else "; MoE experts: the profile's routing (random weights)")
         origin = "per-model profile shipped with precision-advisor" if profile.get("shipped") else "per-model profile"
+        unstable, points = unstable_points(profile)
+        shaky = f"; {unstable} of its {points} metered points unstable (window CV > 1%)" if unstable else ""
         self.label = (f"predicted ({origin}, {profile['gpu']}, driver {profile['driver']}, "
-                      f"{profile['date']}, model {self.digest}{routing})")
+                      f"{profile['date']}, model {self.digest}{routing}{shaky})")
 
     @staticmethod
     def _xs(phase: dict) -> list[int]:
