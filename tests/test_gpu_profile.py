@@ -143,6 +143,15 @@ def test_the_label_says_when_a_family_is_priced_as_llama_like_layers():
     assert "Llama-like" in gemma.estimate(plan, Workload(batch_size=4)).source
 
 
+@pytest.mark.parametrize("name, outside", [("SmolLM2-135M", True), ("Llama-3.1-8B", False),
+                                           ("Llama-3.1-70B", True)])
+def test_the_label_says_when_a_models_layers_lie_outside_the_anchors(name, outside):
+    from advisor.energy.profile_select import shipped_gpu_profile
+
+    model = GpuProfileCostModel(shipped_gpu_profile(GPU.H100), REFERENCE_SHAPES[name].shape(4))
+    assert ("outside the anchors'" in model.label) == outside
+
+
 def test_a_known_flaw_of_a_shipped_profile_is_in_every_label():
     from advisor.energy.profile_select import shipped_gpu_profile
 

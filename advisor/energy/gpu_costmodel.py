@@ -267,6 +267,23 @@ def validate_gpu_profile(data: dict[str, Any], origin: str = "GPU profile") -> d
     return data
 
 
+def layer_weights(geo: Geometry) -> float:
+    """Weights of one decoder layer (the mean over layers)."""
+    return sum(n * k for _, _, n, k in geo.groups) / geo.num_layers
+
+
+def outside_anchors(geo: Geometry, profile: dict[str, Any]) -> str:
+    """A label note for a model whose layers are smaller or larger than every anchor's: the fitted floors and
+    power split are extrapolated there (2026-11-22: SmolLM2-135M's 3.5M-weight layers, below the smallest
+    anchor's 10M, were over-priced up to 14% at batch 1 on an H200; the 70B's prefills up to 11%)."""
+    sizes = [layer_weights(Geometry.from_dims(a["model"])) for a in profile["anchors"].values()]
+    mine = layer_weights(geo)
+    if not sizes or min(sizes) <= mine <= max(sizes):
+        return ""
+    return (f"; its layers ({mine / 1e6:.0f}M weights) lie outside the anchors' ({min(sizes) / 1e6:.0f}-"
+            f"{max(sizes) / 1e6:.0f}M): extrapolated")
+
+
 #: text model types whose layers are what the anchors measured ("" : shapes stored before adapters)
 LLAMA_LIKE_TYPES = frozenset({"", "llama", "mistral", "qwen2"})
 
@@ -290,7 +307,7 @@ class GpuProfileCostModel:
         caveat = f"; {profile['caveat']}" if profile.get("caveat") else ""  # a known flaw of this profile
         self.label = (f"predicted (GPU profile {profile['gpu']}, {profile.get('source', 'measured')} "
                       f"{profile['date']}{tag}: GEMM tables and {len(self.fit['anchors'])} anchor models{like}"
-                      f"{caveat})")
+                      f"{outside_anchors(self.geo, profile)}{caveat})")
 
     def _step(self, plan: Plan, phase: str, x: float, context: float) -> tuple[float, float]:
         check_profiled(plan, self.formats, f"{self.p['gpu']} profile")
