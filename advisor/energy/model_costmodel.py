@@ -132,10 +132,11 @@ class ModelProfileCostModel:
         """Measured J/step over the step's CUDA-event time (W), interpolated in log2(x)."""
         return interp(xs, [jj / (ms / 1e3) for jj, ms in zip(j, t, strict=True)], x, log_x=True)
 
-    def _decode_power(self, d: dict, fmt: Format, b: float, context: float, step_ms: float) -> float:
-        """W of the all-``fmt`` decode step of ``step_ms``: its J, linear in the context between the energy
-        contexts (the KV bytes a step reads are), over its time. Interpolating the power instead (a product
-        of two lines) put SmolLM2-135M's batch-64 steps 3-4% low between contexts 320 and 1280 (H100)."""
+    def _decode_power(self, d: dict, fmt: Format, b: float, context: float, steps_at: dict[str, float]) -> float:
+        """W of the all-``fmt`` decode step at ``context``, given its ms at ``b`` rows at each profiled context
+        (``steps_at``): its J, linear in the context between the energy contexts (the KV bytes a step reads
+        are), over its time. Interpolating the power instead (a product of two lines) put SmolLM2-135M's
+        batch-64 steps 3-4% low between contexts 320 and 1280 (H100)."""
         j = d["j_per_step"][fmt.value]
         if not isinstance(j, dict):  # energy at one context only
             j = {str(d["energy_context"]): j}
@@ -143,10 +144,10 @@ class ModelProfileCostModel:
         if len(ctxs) == 1:  # its power, carried to other contexts
             c = str(ctxs[0])
             return self._watts(d["batches"], j[c], d["step_ms"][fmt.value][c], b)
-        joules = []
-        for c in ctxs:
-            steps = d["step_ms"][fmt.value][str(c)]
-            joules.append(self._watts(d["batches"], j[str(c)], steps, b) * self._interp_step(d, fmt, steps, b))
+        joules = [self._watts(d["batches"], j[str(c)], d["step_ms"][fmt.value][str(c)], b) * steps_at[str(c)]
+                  for c in ctxs]
+        all_ctxs = sorted(int(c) for c in steps_at)
+        step_ms = interp(all_ctxs, [steps_at[str(c)] for c in all_ctxs], context)
         return interp(ctxs, joules, context) / step_ms
 
     def _step(self, phase: dict, plan: Plan, x: float, step_ms: dict[Format, float],
@@ -193,9 +194,10 @@ class ModelProfileCostModel:
         check_profiled(plan, self.formats, f"per-model profile ({self.p['gpu']})")
         d = self.p["decode"]
         ctxs = [int(c) for c in d["contexts"]]
-        step_ms = {Format(f): interp(ctxs, [self._interp_step(d, Format(f), v[str(c)], batch) for c in ctxs], context)
-                   for f, v in d["step_ms"].items()}
-        power = {f: self._decode_power(d, f, batch, context, ms) for f, ms in step_ms.items()}
+        steps_at = {Format(f): {str(c): self._interp_step(d, Format(f), v[str(c)], batch) for c in ctxs}
+                    for f, v in d["step_ms"].items()}
+        step_ms = {f: interp(ctxs, [at[str(c)] for c in ctxs], context) for f, at in steps_at.items()}
+        power = {f: self._decode_power(d, f, batch, context, at) for f, at in steps_at.items()}
         return self._step(d, plan, batch, step_ms, power)
 
     def prefill(self, plan: Plan, length: int) -> tuple[float, float]:
