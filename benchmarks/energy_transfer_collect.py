@@ -104,6 +104,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--shapes", default=",".join(s for s, _ in SHAPES), help="name[:layers],... profiled and measured")
     ap.add_argument("--anchors", default="", help="name[:layers],... only profiled (the shipped profile's anchors)")
     ap.add_argument("--bench-window-s", type=float, default=BENCH_METER.min_window_s)
+    ap.add_argument("--profile-window-s", type=float, default=PROFILE_METER.min_window_s)
+    ap.add_argument("--repeats", type=int, default=BENCH_METER.repeats, help="windows per meter point (both meters)")
     ap.add_argument("--deadline-s", type=float, default=560.0, help="stop starting new work after this")
     args = ap.parse_args(argv)
     import torch
@@ -120,13 +122,16 @@ def main(argv: list[str] | None = None) -> int:
 
     from dataclasses import replace
 
-    bench_config = replace(BENCH_METER, min_window_s=args.bench_window_s, min_ticks=round(10 * args.bench_window_s))
+    bench_config = replace(BENCH_METER, min_window_s=args.bench_window_s, min_ticks=round(10 * args.bench_window_s),
+                           repeats=args.repeats)
+    profile_config = replace(PROFILE_METER, min_window_s=args.profile_window_s,
+                             min_ticks=round(10 * args.profile_window_s), repeats=args.repeats)
     bench_meter = open_meter(0, bench_config)
-    profile_meter = open_meter(0, PROFILE_METER)
+    profile_meter = open_meter(0, profile_config)
     state = bench_meter.counter.state()
     out = {"gpu": state.name, "gpu_uuid": state.uuid, "driver": state.driver, "power_limit_w": state.power_limit_w,
            "idle_power_w": bench_meter.idle_power_w(), "date": time.strftime("%Y-%m-%d"), "command": command,
-           "torch": torch.__version__, "bench_meter": bench_config.__dict__, "profile_meter": PROFILE_METER.__dict__,
+           "torch": torch.__version__, "bench_meter": bench_config.__dict__, "profile_meter": profile_config.__dict__,
            "shapes": {}, "anchors": {}}
     for name, layers in parse_models(args.shapes):
         if time.perf_counter() - t_start > args.deadline_s:

@@ -10,7 +10,12 @@ Two questions, each answered by re-measuring one fixed step (random weights, the
   (the project's default). The same step is metered with the profile's windows, then the default ones,
   then the profile's again (hot), then after 10 s idle; GPU temperature and SM clock before and after each.
 
-    python benchmarks/meter_diagnostics.py --out diag.json
+``--sweep SHAPE:PLAN:PHASE:BATCH,...`` instead meters each given step (a plan of
+``energy_transfer_collect.plan_formats``) with windows of 0.2 to 2.4 s, one attempt each, and keeps every
+window: whether a point whose windows' CV stays above 1% (small models at batch 1 on an H100) swings with
+a period longer than the profile's 0.6 s windows, and what window length steadies it.
+
+    python benchmarks/meter_diagnostics.py --out diag.json [--sweep SmolLM2-135M:fp8:decode:1]
 """
 
 from __future__ import annotations
@@ -53,11 +58,45 @@ def metered(meter_factory, step, label: str, config: MeterConfig) -> dict:
             "sm_clock_after_mhz": m.gpu_after.sm_clock_mhz, "t": time.perf_counter()}
 
 
+SWEEP_WINDOWS = ((0.2, 12), (0.6, 5), (1.2, 5), (2.4, 4))  # (window s, windows)
+
+
+def window_sweep(factory, item: str, log) -> dict:
+    from energy_transfer_collect import plan_formats
+
+    from advisor.energy.measure import Bench, decode_step, prefill_step
+    from advisor.energy.model_profile import _release
+
+    name, plan, phase, batch = item.split(":")
+    dims = REFERENCE_SHAPES[name].dims(None)
+    bench = Bench.create(dims, max_pos=4096)
+    rt = bench.runtime(plan_formats(dims.num_layers)[plan])
+    step = prefill_step(rt, 512) if phase == "prefill" else decode_step(rt, int(batch), 640)
+    ev = step.time_ms()
+    runs = []
+    for window_s, n in SWEEP_WINDOWS:
+        cfg = replace(PROFILE, min_window_s=window_s, min_ticks=max(2, round(10 * window_s)), repeats=n, attempts=1)
+        meter = factory(cfg)
+        s0 = meter.counter.state()
+        m = meter.measure(step.launch, item, step.tokens_per_step)
+        r = {"label": f"{item} window {window_s} s x {n}", "window_s": window_s, "j_per_step": m.j_per_step,
+             "ms_per_step_meter": m.s_per_step * 1e3, "ms_per_step_events": ev, "power_w": m.power_w, "cv": m.cv,
+             "windows_j_per_step": [w.j_per_step for w in m.windows], "windows_power_w": [w.power_w for w in m.windows],
+             "temp_before_c": s0.temperature_c, "temp_after_c": m.gpu_after.temperature_c,
+             "sm_clock_after_mhz": m.gpu_after.sm_clock_mhz}
+        log(r)
+        runs.append(r)
+    del step, rt, bench
+    _release()
+    return {"step": item, "runs": runs}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--small", default="Qwen2.5-0.5B")
     ap.add_argument("--large", default="Llama-3.1-8B")
+    ap.add_argument("--sweep", default="", help="SHAPE:PLAN:PHASE:BATCH,... : window-length sweep only")
     args = ap.parse_args(argv)
     import torch
 
@@ -81,6 +120,10 @@ def main(argv: list[str] | None = None) -> int:
               f"ev {r.get('ms_per_step_events', 0):.3f} ms  {r['power_w']:.0f} W  cv {r['cv']:.4f}  "
               f"{r['temp_before_c']}->{r['temp_after_c']} C  {r['sm_clock_after_mhz']} MHz", flush=True)
 
+    if args.sweep:
+        out["sweeps"] = [window_sweep(factory, item, log) for item in args.sweep.split(",")]
+        args.out.write_text(json.dumps(out, indent=1))
+        return 0
     for name, fmt, b, tests in (
         (args.small, Format.BF16, 1, "loop"), (args.small, Format.FP8, 1, "loop"),
         (args.large, Format.FP8, 1, "loop"), (args.large, Format.BF16, 16, "thermal"),
