@@ -10,8 +10,11 @@ end-to-end measurements of each shape and plan), predicts every measured row wit
 
 and writes ``reports/benchmarks/energy_transfer.{json,md}``. No GPU needed here.
 
-    python benchmarks/energy_transfer.py --raw RAW.json [--raw RAW2.json] \
+    python benchmarks/energy_transfer.py --raw RAW.json [--raw RAW2.json] [--repeat RAW3.json] \
         --gpu-profile advisor/energy/profiles/h100_gemm_<date>.json
+
+A shape in several files is summarised once per run (``runs``: each GPU unit and meter setting),
+and the latest ``--raw`` gives its rows; ``--repeat`` files add runs to that summary only.
 """
 
 from __future__ import annotations
@@ -85,6 +88,19 @@ def request_rows(rows: list[dict]) -> list[dict]:
     return out
 
 
+def run_summaries(paths: list[Path], raws: list[dict], gpu_profile: dict, legacy: dict) -> list[dict]:
+    """Per run (file) and shape: its GPU unit, meter windows and max |error| of each predictor."""
+    out = []
+    for path, raw in zip(paths, raws, strict=True):
+        for name, data in raw["shapes"].items():
+            these = shape_rows(name, data, gpu_profile, legacy)
+            out.append({"shape": name, "raw": str(path), "gpu_uuid": raw["gpu_uuid"],
+                        "windows_s": [raw["profile_meter"]["min_window_s"], raw["bench_meter"]["min_window_s"]],
+                        **{f"{k}_max_abs_error": max(abs(r[f"{k}_error"]) for r in these)
+                           for k in ("model_profile", "shipped_profile")}})
+    return sorted(out, key=lambda r: list(REFERENCE_SHAPES).index(r["shape"]))
+
+
 def pct(v: float) -> str:
     return f"{v * 100:+.1f}%"
 
@@ -111,6 +127,14 @@ def render(d: dict) -> str:
         lines.append(f"| {s['shape']} | {s['params_b']:.2f} | {s['layers']}/{s['full_layers']} | "
                      f"{s['model_profile_max_abs_error'] * 100:.1f}% | {s['shipped_profile_max_abs_error'] * 100:.1f}% "
                      f"| {s['layer_profile_max_abs_error'] * 100:.0f}% | {s['profile_seconds']:.0f} |")
+    if len(d.get("runs", [])) > len(d["shapes"]):
+        lines += ["", "## Every run of each shape (GPU unit, profile / plan meter windows)", "",
+                  "| shape | GPU unit | windows (s) | per-model profile | shipped GPU profile | run |",
+                  "|---|---|---|---:|---:|---|"]
+        for r in d["runs"]:
+            lines.append(f"| {r['shape']} | {r['gpu_uuid'][-12:]} | {r['windows_s'][0]} / {r['windows_s'][1]} | "
+                         f"{r['model_profile_max_abs_error'] * 100:.1f}% | "
+                         f"{r['shipped_profile_max_abs_error'] * 100:.1f}% | `{Path(r['raw']).name}` |")
     lines += ["", "## Every row", "",
               "| shape | plan | phase | batch | measured J/token | its CV | per-model | err | shipped | err "
               "| old layer | err |",
@@ -137,11 +161,14 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--raw", type=Path, action="append", required=True,
                     help="collect output; a shape in a later file replaces the earlier one")
+    ap.add_argument("--repeat", type=Path, action="append", default=[],
+                    help="collect output of another run of the same shapes: summarised per run only")
     ap.add_argument("--gpu-profile", type=Path, required=True)
     ap.add_argument("--notes", type=Path, help="a JSON list of notes for the Markdown")
     ap.add_argument("--out", type=Path, default=Path("reports/benchmarks/energy_transfer.json"))
     args = ap.parse_args(argv)
     raws = [json.loads(p.read_text()) for p in args.raw]
+    repeats = [json.loads(p.read_text()) for p in args.repeat]
     shapes: dict[str, dict] = {}
     source: dict[str, str] = {}
     for path, raw in zip(args.raw, raws, strict=True):
@@ -161,12 +188,13 @@ def main(argv: list[str] | None = None) -> int:
                            for k in ("model_profile", "shipped_profile", "layer_profile")}})
     first = raws[0]
     out = {
-        "gpu": first["gpu"], "gpu_uuid": sorted({r["gpu_uuid"] for r in raws}), "driver": first["driver"],
+        "gpu": first["gpu"], "gpu_uuid": sorted({r["gpu_uuid"] for r in [*raws, *repeats]}), "driver": first["driver"],
         "power_limit_w": first["power_limit_w"], "date": first["date"],
-        "command": " ; ".join(r["command"] for r in raws) + " ; python " + " ".join(
+        "command": " ; ".join(r["command"] for r in [*raws, *repeats]) + " ; python " + " ".join(
             [sys.argv[0], *(argv if argv is not None else sys.argv[1:])]),
         "gpu_profile": str(args.gpu_profile), "gpu_profile_anchors": sorted(gpu_profile["anchors"]),
         "shapes": summary, "rows": rows, "requests": request_rows(rows),
+        "runs": run_summaries([*args.raw, *args.repeat], [*raws, *repeats], gpu_profile, legacy),
         "notes": json.loads(args.notes.read_text()) if args.notes else [],
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
