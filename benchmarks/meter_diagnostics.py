@@ -13,7 +13,9 @@ Two questions, each answered by re-measuring one fixed step (random weights, the
 ``--sweep SHAPE:PLAN:PHASE:BATCH,...`` instead meters each given step (a plan of
 ``energy_transfer_collect.plan_formats``) with windows of 0.2 to 2.4 s, one attempt each, and keeps every
 window: whether a point whose windows' CV stays above 1% (small models at batch 1 on an H100) swings with
-a period longer than the profile's 0.6 s windows, and what window length steadies it.
+a period longer than the profile's 0.6 s windows, and what window length steadies it. ``--thermal`` meters
+each given step cold, right after a minute of the model's heaviest prefill, and cooled again: how much a
+small model's J/step moves with the GPU's temperature.
 
     python benchmarks/meter_diagnostics.py --out diag.json [--sweep SmolLM2-135M:fp8:decode:1]
 """
@@ -59,34 +61,74 @@ def metered(meter_factory, step, label: str, config: MeterConfig) -> dict:
 
 
 SWEEP_WINDOWS = ((0.2, 12), (0.6, 5), (1.2, 5), (2.4, 4))  # (window s, windows)
+SOAK_S, COOL_S = 60.0, 30.0
 
 
-def window_sweep(factory, item: str, log) -> dict:
+def _step_for(item: str):
+    """(bench, runtime, step, heater) of ``SHAPE:PLAN:PHASE:BATCH``; the heater is the plan's 2048-token prefill."""
     from energy_transfer_collect import plan_formats
 
     from advisor.energy.measure import Bench, decode_step, prefill_step
-    from advisor.energy.model_profile import _release
 
     name, plan, phase, batch = item.split(":")
     dims = REFERENCE_SHAPES[name].dims(None)
     bench = Bench.create(dims, max_pos=4096)
     rt = bench.runtime(plan_formats(dims.num_layers)[plan])
     step = prefill_step(rt, 512) if phase == "prefill" else decode_step(rt, int(batch), 640)
+    return bench, rt, step, prefill_step(rt, 2048)
+
+
+def _point(factory, step, label: str, cfg: MeterConfig, ev_ms: float, log, **extra) -> dict:
+    meter = factory(cfg)
+    s0 = meter.counter.state()
+    m = meter.measure(step.launch, label, step.tokens_per_step)
+    r = {"label": label, **extra, "j_per_step": m.j_per_step, "ms_per_step_meter": m.s_per_step * 1e3,
+         "ms_per_step_events": ev_ms, "power_w": m.power_w, "cv": m.cv,
+         "windows_j_per_step": [w.j_per_step for w in m.windows], "windows_power_w": [w.power_w for w in m.windows],
+         "temp_before_c": s0.temperature_c, "temp_after_c": m.gpu_after.temperature_c,
+         "sm_clock_after_mhz": m.gpu_after.sm_clock_mhz, "t": time.perf_counter()}
+    log(r)
+    return r
+
+
+def window_sweep(factory, item: str, log) -> dict:
+    from advisor.energy.model_profile import _release
+
+    bench, rt, step, heater = _step_for(item)
     ev = step.time_ms()
     runs = []
     for window_s, n in SWEEP_WINDOWS:
         cfg = replace(PROFILE, min_window_s=window_s, min_ticks=max(2, round(10 * window_s)), repeats=n, attempts=1)
-        meter = factory(cfg)
-        s0 = meter.counter.state()
-        m = meter.measure(step.launch, item, step.tokens_per_step)
-        r = {"label": f"{item} window {window_s} s x {n}", "window_s": window_s, "j_per_step": m.j_per_step,
-             "ms_per_step_meter": m.s_per_step * 1e3, "ms_per_step_events": ev, "power_w": m.power_w, "cv": m.cv,
-             "windows_j_per_step": [w.j_per_step for w in m.windows], "windows_power_w": [w.power_w for w in m.windows],
-             "temp_before_c": s0.temperature_c, "temp_after_c": m.gpu_after.temperature_c,
-             "sm_clock_after_mhz": m.gpu_after.sm_clock_mhz}
-        log(r)
-        runs.append(r)
-    del step, rt, bench
+        runs.append(_point(factory, step, f"{item} window {window_s} s x {n}", cfg, ev, log, window_s=window_s))
+    del step, heater, rt, bench
+    _release()
+    return {"step": item, "runs": runs}
+
+
+def thermal_soak(factory, item: str, log) -> dict:
+    """The step metered with the profile's windows: after idling, right after ``SOAK_S`` of the model's
+    2048-token prefill back to back (the hottest load it has), four times more as it cools under its own
+    load, and after ``COOL_S`` idle again; temperatures before and after each."""
+    import torch
+
+    from advisor.energy.model_profile import _release
+
+    bench, rt, step, heater = _step_for(item)
+    ev = step.time_ms()
+    cfg = replace(PROFILE, attempts=1)
+    runs = []
+    time.sleep(COOL_S)
+    runs.append(_point(factory, step, f"{item} after {COOL_S:.0f} s idle", cfg, ev, log, state="cold"))
+    t_end = time.perf_counter() + SOAK_S
+    while time.perf_counter() < t_end:
+        for _ in range(8):
+            heater.launch()
+        torch.cuda.synchronize()
+    for i in range(5):
+        runs.append(_point(factory, step, f"{item} hot #{i}", cfg, ev, log, state=f"hot {i}"))
+    time.sleep(COOL_S)
+    runs.append(_point(factory, step, f"{item} after {COOL_S:.0f} s idle again", cfg, ev, log, state="cooled"))
+    del step, heater, rt, bench
     _release()
     return {"step": item, "runs": runs}
 
@@ -97,6 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--small", default="Qwen2.5-0.5B")
     ap.add_argument("--large", default="Llama-3.1-8B")
     ap.add_argument("--sweep", default="", help="SHAPE:PLAN:PHASE:BATCH,... : window-length sweep only")
+    ap.add_argument("--thermal", default="", help="SHAPE:PLAN:PHASE:BATCH,... : cold / hot / cooled only")
     args = ap.parse_args(argv)
     import torch
 
@@ -120,8 +163,9 @@ def main(argv: list[str] | None = None) -> int:
               f"ev {r.get('ms_per_step_events', 0):.3f} ms  {r['power_w']:.0f} W  cv {r['cv']:.4f}  "
               f"{r['temp_before_c']}->{r['temp_after_c']} C  {r['sm_clock_after_mhz']} MHz", flush=True)
 
-    if args.sweep:
-        out["sweeps"] = [window_sweep(factory, item, log) for item in args.sweep.split(",")]
+    if args.sweep or args.thermal:
+        out["sweeps"] = [window_sweep(factory, item, log) for item in filter(None, args.sweep.split(","))]
+        out["thermal"] = [thermal_soak(factory, item, log) for item in filter(None, args.thermal.split(","))]
         args.out.write_text(json.dumps(out, indent=1))
         return 0
     for name, fmt, b, tests in (
