@@ -88,6 +88,7 @@ def measure_plans(bench, meter, log) -> list[dict]:
                          "measured_j_per_step": m.j_per_step, "measured_j_per_token": m.j_per_token,
                          "ms_per_step_events": ms, "ms_per_step_meter": m.s_per_step * 1e3,
                          "power_w": m.power_w, "cv": m.cv, "temperature_c": m.gpu_after.temperature_c,
+                         "temperature_before_c": m.gpu_before.temperature_c,
                          "sm_clock_mhz": m.gpu_after.sm_clock_mhz})
             log(f"  {name:10s} {phase:7s} b{b:<3d} {ms:8.3f} ms  {m.j_per_token:.6f} J/tok  {m.power_w:.0f} W "
                 f"cv {m.cv:.4f}")

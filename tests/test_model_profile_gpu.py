@@ -54,6 +54,9 @@ def test_a_moe_per_model_profile_prices_a_mixed_plan_from_its_uniform_steps(moe)
     assert all(ms > 0 for f in ("bf16", "fp8") for v in dec["gemm_ms"][f].values() for ms in v)
     assert dec["experts_touched"][0] == K  # one token reads exactly top_k experts
     assert K < dec["experts_touched"][1] <= E
+    temps = [t for f in ("bf16", "fp8") for v in dec["temperature_c"][f].values() for t in v]
+    assert len(temps) == 2 * 2 * 2 and all(5 <= t <= 110 for t in temps)  # each metered point's GPU temperature
+    assert len(prof["prefill"]["temperature_c"]["bf16"]) == 1
 
     model = ModelProfileCostModel(prof, shape)
     mixed = {g.name: Format.FP8 if g.name.endswith(".experts") else Format.BF16 for g in shape.groups}

@@ -275,21 +275,23 @@ def measure_model_profile(
 
     def energy(step, label: str) -> dict[str, float]:
         m = meter.measure(step.launch, label, step.tokens_per_step)
-        return {"j": m.j_per_step, "w": m.power_w, "s": m.s_per_step, "cv": m.cv}
+        return {"j": m.j_per_step, "w": m.power_w, "s": m.s_per_step, "cv": m.cv,
+                "t": (m.gpu_before.temperature_c + m.gpu_after.temperature_c) / 2}
 
     dec: dict[str, Any] = {"batches": list(batches), "contexts": list(contexts), "energy_contexts": list(contexts),
                            "gemm_ms": gemms(batches), "lm_head_ms": [lm_head_ms(bench, b) for b in batches],
-                           "step_ms": {}, "j_per_step": {}, "power_w": {}, "meter_ms_per_step": {}, "cv": {}}
+                           "step_ms": {}, "j_per_step": {}, "power_w": {}, "meter_ms_per_step": {}, "cv": {},
+                           "temperature_c": {}}
     pre: dict[str, Any] = {"batch": 1, "lengths": list(prefill_lengths), "gemm_ms": gemms(prefill_lengths),
                            "lm_head_ms": lm_head_ms(bench, 1), "step_ms": {}, "j_per_step": {}, "power_w": {},
-                           "meter_ms_per_step": {}, "cv": {}}
+                           "meter_ms_per_step": {}, "cv": {}, "temperature_c": {}}
     if "experts" in kinds:  # the distinct experts behind each experts GEMM time
         dec["experts_touched"] = [experts_touched(bench, b) for b in batches]
         pre["experts_touched"] = [experts_touched(bench, n) for n in prefill_lengths]
     for f in FORMATS:
         rt, fv = rts[f], f.value
         dec["step_ms"][fv] = {str(c): [] for c in contexts}
-        for key in ("j_per_step", "power_w", "meter_ms_per_step", "cv"):
+        for key in ("j_per_step", "power_w", "meter_ms_per_step", "cv", "temperature_c"):
             dec[key][fv], pre[key][fv] = {str(c): [] for c in contexts}, []
         for b in batches:
             for c in contexts:
@@ -329,5 +331,8 @@ def measure_model_profile(
 
 
 def _append(phase: dict, fv: str, e: dict[str, float], ctx: str | None = None) -> None:
-    for key, v in (("j_per_step", e["j"]), ("power_w", e["w"]), ("meter_ms_per_step", e["s"] * 1e3), ("cv", e["cv"])):
+    # the GPU's temperature (mean of before and after) moves a small model's J/step ~0.17%/C (H100, 2026-11-22:
+    # +3.9% right after a minute of prefills; reports/benchmarks/energy_transfer_data/h100_thermal.json)
+    for key, v in (("j_per_step", e["j"]), ("power_w", e["w"]), ("meter_ms_per_step", e["s"] * 1e3), ("cv", e["cv"]),
+                   ("temperature_c", e["t"])):
         (phase[key][fv] if ctx is None else phase[key][fv][ctx]).append(v)
