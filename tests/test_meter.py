@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import sys
 from dataclasses import replace
 
@@ -179,3 +180,28 @@ def test_queue_depth_holds_the_queued_time():
     assert queue_depth(cfg, 0.02) == 4  # long steps: the configured depth
     assert queue_depth(cfg, 1e-6) == 100  # capped
     assert queue_depth(MeterConfig(depth=3, queued_s=0.0), 0.001) == 3  # an engine's exact depth
+
+
+class _WarmingGPU(SimulatedGPU):
+    """Its temperature climbs from 40 C towards 60 C with a 15 s time constant while it runs."""
+
+    def state(self):
+        return replace(super().state(), temperature_c=int(40 + 20 * (1 - math.exp(-self.clock.t / 15.0))))
+
+
+def test_a_soak_runs_the_step_until_the_temperature_settles():
+    clock = VirtualClock()
+    gpu = _WarmingGPU(clock, step_s=0.01)
+    soak = _meter(gpu, clock).soak(gpu.launch, max_s=120.0, settle_c=1.0, every_s=5.0)
+    # integer readings every 5 s: 45, 49, 52, 54, 56, 57, 58, 58: the first rise under 1 C is at 40 s
+    assert soak["from_c"] == 40 and soak["to_c"] == 58
+    assert soak["seconds"] == pytest.approx(40.0, abs=0.1)
+    assert gpu.launched > 0.9 * 40.0 / 0.01  # kept busy throughout
+    assert gpu.busy_until <= clock.t  # nothing left in flight
+
+
+def test_a_soak_stops_at_its_time_limit():
+    clock = VirtualClock()
+    gpu = _WarmingGPU(clock, step_s=0.01)
+    soak = _meter(gpu, clock).soak(gpu.launch, max_s=20.0, settle_c=1.0, every_s=5.0)
+    assert soak["seconds"] == pytest.approx(20.0, abs=0.1) and soak["to_c"] == 54

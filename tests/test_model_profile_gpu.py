@@ -47,7 +47,7 @@ def test_a_moe_per_model_profile_prices_a_mixed_plan_from_its_uniform_steps(moe)
     meter = open_meter(torch.cuda.current_device(), MeterConfig(warmup_s=0.2, min_window_s=0.3, min_ticks=3,
                                                                 repeats=2, idle_s=0.2))
     prof = measure_model_profile(dims, batches=(1, 8), contexts=(64, 192), prefill_lengths=(64,), meter=meter,
-                                 bench=bench, log=lambda *_: None)
+                                 bench=bench, log=lambda *_: None, soak_s=3.0)
     dec = prof["decode"]
     shared = {"shared_gate_up", "shared_down"} if dims.layers[0].shared_intermediate else set()
     assert set(dec["gemm_ms"]["bf16"]) == {"qkv", "o", "experts"} | shared
@@ -57,6 +57,7 @@ def test_a_moe_per_model_profile_prices_a_mixed_plan_from_its_uniform_steps(moe)
     temps = [t for f in ("bf16", "fp8") for v in dec["temperature_c"][f].values() for t in v]
     assert len(temps) == 2 * 2 * 2 and all(5 <= t <= 110 for t in temps)  # each metered point's GPU temperature
     assert len(prof["prefill"]["temperature_c"]["bf16"]) == 1
+    assert prof["soak"]["seconds"] >= 3.0 and prof["soak"]["to_c"] >= prof["soak"]["from_c"] - 2
 
     model = ModelProfileCostModel(prof, shape)
     mixed = {g.name: Format.FP8 if g.name.endswith(".experts") else Format.BF16 for g in shape.groups}

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from advisor.energy.meter import EnergyMeter, MeterConfig, open_meter
+from advisor.energy.meter import SOAK_S, EnergyMeter, MeterConfig, open_meter
 from advisor.errors import SetupError, UnsupportedError
 from advisor.estimate import EnergyEstimate
 from advisor.formats import GPU, Format, gpu_from_device_name
@@ -180,6 +180,7 @@ class MeasuredEnergyModel:
                 "use --energy predicted or run on the target GPU"
             )
         self._bench: Bench | None = None
+        self._soaked = False
         self.label = (
             f"measured ({state.name}, driver {state.driver}, {time.strftime('%Y-%m-%d')}; {self.dims.label})"
         )
@@ -201,6 +202,12 @@ class MeasuredEnergyModel:
         self._bench.weights.ensure_positions(positions)
         rt = self._bench.runtime(dict(plan.formats), kv_cache=plan.kv_cache)
         try:
+            if not self._soaked:  # the first estimate starts warm, as the next ones do (EnergyMeter.soak)
+                step = decode_step(rt, b, lin + lout // 2)
+                self.meter.soak(step.launch, SOAK_S)
+                self._soaked = True
+                del step
+                rt.free()
             step = prefill_step(rt, lin)
             pre = measure_step(self.meter, step, f"prefill {plan.label()}")
             del step
