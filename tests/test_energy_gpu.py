@@ -214,6 +214,11 @@ def test_nvml_meter_on_a_gpu_matmul():
     assert m.power_w > m.idle_power_w > 0
     assert all(w.ticks >= 2 for w in m.windows)
     assert m.gpu_after.power_limit_w > 0 and m.gpu_after.driver
+    # a soak keeps the GPU busy until its temperature settles or its time is up, and leaves nothing in flight
+    soak = meter.soak(step, max_s=4.0, settle_c=1.0, every_s=2.0)
+    print("soak:", soak)
+    assert 2.0 <= soak["seconds"] <= 6.0 and soak["to_c"] >= soak["from_c"] - 1
+    assert torch.cuda.current_stream().query()
 
 
 @pytest.mark.parametrize("batch,ctx,pdl", [(1, 1000, True), (4, 513, False), (16, 513, True), (64, 77, True)])
