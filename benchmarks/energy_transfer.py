@@ -96,6 +96,7 @@ def run_summaries(paths: list[Path], raws: list[dict], gpu_profile: dict, legacy
             these = shape_rows(name, data, gpu_profile, legacy)
             out.append({"shape": name, "raw": str(path), "gpu_uuid": raw["gpu_uuid"],
                         "windows_s": [raw["profile_meter"]["min_window_s"], raw["bench_meter"]["min_window_s"]],
+                        "soak": data["profile"].get("soak"),
                         **{f"{k}_max_abs_error": max(abs(r[f"{k}_error"]) for r in these)
                            for k in ("model_profile", "shipped_profile")}})
     return sorted(out, key=lambda r: list(REFERENCE_SHAPES).index(r["shape"]))
@@ -128,11 +129,14 @@ def render(d: dict) -> str:
                      f"{s['model_profile_max_abs_error'] * 100:.1f}% | {s['shipped_profile_max_abs_error'] * 100:.1f}% "
                      f"| {s['layer_profile_max_abs_error'] * 100:.0f}% | {s['profile_seconds']:.0f} |")
     if len(d.get("runs", [])) > len(d["shapes"]):
-        lines += ["", "## Every run of each shape (GPU unit, profile / plan meter windows)", "",
-                  "| shape | GPU unit | windows (s) | per-model profile | shipped GPU profile | run |",
-                  "|---|---|---|---:|---:|---|"]
+        lines += ["", "## Every run of each shape (GPU unit, profile / plan meter windows, the profile's thermal soak)",
+                  "", "| shape | GPU unit | windows (s) | soak | per-model profile | shipped GPU profile | run |",
+                  "|---|---|---|---|---:|---:|---|"]
         for r in d["runs"]:
-            lines.append(f"| {r['shape']} | {r['gpu_uuid'][-12:]} | {r['windows_s'][0]} / {r['windows_s'][1]} | "
+            soak = r.get("soak")
+            warm = f"{soak['from_c']:.0f} -> {soak['to_c']:.0f} C" if soak else "none"
+            windows = f"{r['windows_s'][0]} / {r['windows_s'][1]}"
+            lines.append(f"| {r['shape']} | {r['gpu_uuid'][-12:]} | {windows} | {warm} | "
                          f"{r['model_profile_max_abs_error'] * 100:.1f}% | "
                          f"{r['shipped_profile_max_abs_error'] * 100:.1f}% | `{Path(r['raw']).name}` |")
     lines += ["", "## Every row", "",
