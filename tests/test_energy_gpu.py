@@ -381,7 +381,7 @@ def test_measured_estimates_free_their_runtime_and_grow_rope(tiny_model_dir):
 
     cfg = AutoConfig.from_pretrained(tiny_model_dir)
     shape = llama_shape("model.layers", 2, 128, 384, 8, 4, cfg.vocab_size)
-    quick = MeterConfig(warmup_s=0.2, min_window_s=0.3, min_ticks=3, repeats=1, idle_s=0.3)
+    quick = MeterConfig(warmup_s=0.2, min_window_s=0.3, min_ticks=3, repeats=1, idle_s=0.3, soak_s=2.0)
     em = MeasuredEnergyModel(shape, config=quick, model_config=cfg)
     assert "Llama 3.x layers" in em.label
     formats = (Format.BF16, Format.FP8, Format.BF16, Format.FP8)

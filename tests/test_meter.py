@@ -108,6 +108,8 @@ def test_a_stuck_counter_is_a_setup_error():
 def test_bad_config_is_an_input_error():
     with pytest.raises(InputError):
         MeterConfig(repeats=0)
+    with pytest.raises(InputError, match="soak_s"):
+        MeterConfig(soak_s=-1.0)
 
 
 def test_cv():

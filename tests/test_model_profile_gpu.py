@@ -45,9 +45,9 @@ def test_a_moe_per_model_profile_prices_a_mixed_plan_from_its_uniform_steps(moe)
 
     shape, dims, bench = moe
     meter = open_meter(torch.cuda.current_device(), MeterConfig(warmup_s=0.2, min_window_s=0.3, min_ticks=3,
-                                                                repeats=2, idle_s=0.2))
+                                                                repeats=2, idle_s=0.2, soak_s=3.0))
     prof = measure_model_profile(dims, batches=(1, 8), contexts=(64, 192), prefill_lengths=(64,), meter=meter,
-                                 bench=bench, log=lambda *_: None, soak_s=3.0)
+                                 bench=bench, log=lambda *_: None)
     dec = prof["decode"]
     shared = {"shared_gate_up", "shared_down"} if dims.layers[0].shared_intermediate else set()
     assert set(dec["gemm_ms"]["bf16"]) == {"qkv", "o", "experts"} | shared

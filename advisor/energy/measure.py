@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from advisor.energy.meter import SOAK_S, EnergyMeter, MeterConfig, open_meter
+from advisor.energy.meter import EnergyMeter, MeterConfig, open_meter
 from advisor.errors import SetupError, UnsupportedError
 from advisor.estimate import EnergyEstimate
 from advisor.formats import GPU, Format, gpu_from_device_name
@@ -202,9 +202,9 @@ class MeasuredEnergyModel:
         self._bench.weights.ensure_positions(positions)
         rt = self._bench.runtime(dict(plan.formats), kv_cache=plan.kv_cache)
         try:
-            if not self._soaked:  # the first estimate starts warm, as the next ones do (EnergyMeter.soak)
+            if not self._soaked and self.meter.config.soak_s > 0:  # start warm, as the next ones do
                 step = decode_step(rt, b, lin + lout // 2)
-                self.meter.soak(step.launch, SOAK_S)
+                self.meter.soak(step.launch, self.meter.config.soak_s)
                 self._soaked = True
                 del step
                 rt.free()

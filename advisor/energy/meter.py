@@ -40,9 +40,6 @@ from typing import Protocol
 from advisor.energy.nvml import GPUState
 from advisor.errors import InputError, SetupError
 
-#: at most this long warming the GPU before a series of metered points (:meth:`EnergyMeter.soak`)
-SOAK_S = 30.0
-
 
 class EnergyCounter(Protocol):
     """A monotone energy counter in millijoules plus the GPU's state."""
@@ -82,11 +79,14 @@ class MeterConfig:
     idle_s: float = 1.0
     # Give up waiting for a counter tick after this long (a stuck counter).
     tick_timeout_s: float = 2.0
+    # At most this long warming the GPU before a series of points (EnergyMeter.soak; 0: none).
+    soak_s: float = 30.0
 
     def __post_init__(self) -> None:
-        if self.repeats < 1 or self.attempts < 1 or self.min_window_s <= 0 or self.depth < 1 or self.queued_s < 0:
+        if (self.repeats < 1 or self.attempts < 1 or self.min_window_s <= 0 or self.depth < 1 or self.queued_s < 0
+                or self.soak_s < 0):
             raise InputError(f"meter config needs repeats >= 1, attempts >= 1, min_window_s > 0, depth >= 1, "
-                             f"queued_s >= 0 (got {self})")
+                             f"queued_s >= 0, soak_s >= 0 (got {self})")
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from advisor.energy.meter import SOAK_S
 from advisor.errors import InputError
 from advisor.formats import Format
 
@@ -252,11 +251,10 @@ def measure_model_profile(
     bench=None,
     command: str = "",
     log=print,
-    soak_s: float = SOAK_S,
 ) -> dict[str, Any]:
     """Measure ``dims``'s profile on the GPU here (the runtime, random weights, the NVML meter), after up to
-    ``soak_s`` of its heaviest decode step back to back (:meth:`EnergyMeter.soak`: points metered on a cold
-    GPU come out low)."""
+    the meter's ``soak_s`` of its heaviest decode step back to back (:meth:`EnergyMeter.soak`: points
+    metered on a cold GPU come out low)."""
     from advisor.energy.cuda_tools import copy_bandwidth_gb_s
     from advisor.energy.measure import Bench, decode_step, prefill_step, torch_with_gpu, uniform_formats
     from advisor.energy.meter import open_meter
@@ -293,9 +291,9 @@ def measure_model_profile(
         dec["experts_touched"] = [experts_touched(bench, b) for b in batches]
         pre["experts_touched"] = [experts_touched(bench, n) for n in prefill_lengths]
     soak = None
-    if soak_s > 0:
+    if meter.config.soak_s > 0:
         step = decode_step(rts[Format.BF16], max(batches), max(contexts))
-        soak = meter.soak(step.launch, soak_s)
+        soak = meter.soak(step.launch, meter.config.soak_s)
         del step
         rts[Format.BF16].free()
         log(f"profile {dims.family}: GPU at {soak['to_c']:.0f} C after {soak['seconds']:.0f} s of decode steps "
