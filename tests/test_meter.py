@@ -205,5 +205,7 @@ def test_a_soak_runs_the_step_until_the_temperature_settles():
 def test_a_soak_stops_at_its_time_limit():
     clock = VirtualClock()
     gpu = _WarmingGPU(clock, step_s=0.01)
-    soak = _meter(gpu, clock).soak(gpu.launch, max_s=20.0, settle_c=1.0, every_s=5.0)
-    assert soak["seconds"] == pytest.approx(20.0, abs=0.1) and soak["to_c"] == 54
+    soak = _meter(gpu, clock).soak(gpu.launch, max_s=18.0, settle_c=1.0, every_s=5.0)
+    assert soak["seconds"] == pytest.approx(18.0, abs=0.1) and soak["to_c"] == 53
+    short = _meter(gpu, clock).soak(gpu.launch, max_s=2.0, settle_c=1.0, every_s=5.0)
+    assert short["seconds"] == pytest.approx(2.0, abs=0.1)  # never longer than asked

@@ -225,7 +225,7 @@ class EnergyMeter:
         inflight: deque[StepHandle] = deque()
         t0 = self._clock()
         first = last = self.counter.state().temperature_c
-        check = t0 + every_s
+        check = t0 + min(every_s, max_s)
         while True:
             while inflight and inflight[0].query():
                 inflight.popleft()
@@ -238,7 +238,7 @@ class EnergyMeter:
             temp = self.counter.state().temperature_c
             if temp - last < settle_c or now - t0 >= max_s:
                 break
-            last, check = temp, now + every_s
+            last, check = temp, min(now + every_s, t0 + max_s)
         while inflight:
             if not inflight[0].query():
                 self._sleep(0.0005)
