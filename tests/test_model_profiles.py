@@ -190,6 +190,18 @@ def test_the_label_counts_the_profile_points_the_meter_could_not_steady(profile)
     assert "1 of its 14 metered points unstable" in ModelProfileCostModel(shaky, SHAPE).label
 
 
+def test_the_label_gives_the_temperatures_the_profile_was_metered_at(profile):
+    assert " C" not in ModelProfileCostModel(profile, SHAPE).label  # stored before temperatures were
+    warm = json.loads(json.dumps(profile))
+    for phase in ("decode", "prefill"):
+        warm[phase]["temperature_c"] = {f: ({c: [50.0] * len(v) for c, v in warm[phase]["j_per_step"][f].items()}
+                                            if phase == "decode" else [50.0] * len(warm[phase]["j_per_step"][f]))
+                                        for f in ("bf16", "fp8")}
+    warm["prefill"]["temperature_c"]["bf16"][0] = 57.5
+    warm["decode"]["temperature_c"]["fp8"]["512"][1] = 47.0
+    assert "; metered at 47-58 C" in ModelProfileCostModel(warm, SHAPE).label
+
+
 def test_fp8_saves_where_the_simulated_gpu_saves_and_the_estimate_is_labelled(profile):
     model = ModelProfileCostModel(profile, SHAPE)
     w = Workload(name="chat", batch_size=16, input_tokens=512, output_tokens=256)

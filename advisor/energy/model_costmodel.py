@@ -39,15 +39,28 @@ from advisor.plan import Plan
 from advisor.recipe.schema import Workload
 
 
+def _per_point(profile: dict[str, Any], key: str) -> list[float]:
+    """A per-point record (``cv``, ``temperature_c``) of every metered point; none in profiles stored before it."""
+    out: list[float] = []
+    for phase in ("decode", "prefill"):
+        for per_fmt in profile[phase].get(key, {}).values():
+            for v in per_fmt.values() if isinstance(per_fmt, dict) else [per_fmt]:
+                out += v
+    return out
+
+
 def unstable_points(profile: dict[str, Any], max_cv: float = MeterConfig.max_cv) -> tuple[int, int]:
     """(unstable, all) of a profile's metered points: those whose windows' CV stayed above ``max_cv``
     through the meter's attempts. Profiles stored before CVs were recorded count none."""
-    cvs: list[float] = []
-    for phase in ("decode", "prefill"):
-        for per_fmt in profile[phase].get("cv", {}).values():
-            for v in per_fmt.values() if isinstance(per_fmt, dict) else [per_fmt]:
-                cvs += v
+    cvs = _per_point(profile, "cv")
     return sum(1 for c in cvs if c > max_cv), len(cvs)
+
+
+def metered_temperatures(profile: dict[str, Any]) -> str:
+    """The GPU temperatures the profile's points were metered at, for its label: a small model's J/step moves
+    ~0.17% per C (:meth:`advisor.energy.meter.EnergyMeter.soak`)."""
+    temps = _per_point(profile, "temperature_c")
+    return f"; metered at {min(temps):.0f}-{max(temps):.0f} C" if temps else ""
 
 
 class ModelProfileCostModel:
@@ -82,7 +95,7 @@ class ModelProfileCostModel:
         unstable, points = unstable_points(profile)
         shaky = f"; {unstable} of its {points} metered points unstable (window CV > 1%)" if unstable else ""
         self.label = (f"predicted ({origin}, {profile['gpu']}, driver {profile['driver']}, "
-                      f"{profile['date']}, model {self.digest}{routing}{shaky})")
+                      f"{profile['date']}, model {self.digest}{routing}{metered_temperatures(profile)}{shaky})")
 
     @staticmethod
     def _xs(phase: dict) -> list[int]:
