@@ -116,6 +116,8 @@ def profile(
 
     With --model: its GEMMs per format, non-GEMM part, lm_head and steps (about a minute), kept for searches.
 
+    It first runs the model for up to 30 s: a small model's energy moves with the GPU's temperature.
+
     Without it: GEMM tables and anchor models, which price models nobody profiled (several minutes)."""
     from advisor.energy.model_profile import ProfileStore, measure_model_profile
 
