@@ -61,7 +61,7 @@ def metered(meter_factory, step, label: str, config: MeterConfig) -> dict:
 
 
 SWEEP_WINDOWS = ((0.2, 12), (0.6, 5), (1.2, 5), (2.4, 4))  # (window s, windows)
-SOAK_S, COOL_S = 60.0, 30.0
+HEAT_S, COOL_S = 60.0, 30.0
 
 
 def _step_for(item: str):
@@ -106,7 +106,7 @@ def window_sweep(factory, item: str, log) -> dict:
 
 
 def thermal_soak(factory, item: str, log) -> dict:
-    """The step metered with the profile's windows: after idling, right after ``SOAK_S`` of the model's
+    """The step metered with the profile's windows: after idling, right after ``HEAT_S`` of the model's
     2048-token prefill back to back (the hottest load it has), four times more as it cools under its own
     load, and after ``COOL_S`` idle again; temperatures before and after each."""
     import torch
@@ -119,7 +119,7 @@ def thermal_soak(factory, item: str, log) -> dict:
     runs = []
     time.sleep(COOL_S)
     runs.append(_point(factory, step, f"{item} after {COOL_S:.0f} s idle", cfg, ev, log, state="cold"))
-    t_end = time.perf_counter() + SOAK_S
+    t_end = time.perf_counter() + HEAT_S
     while time.perf_counter() < t_end:
         for _ in range(8):
             heater.launch()
