@@ -34,7 +34,8 @@ ROWS = (1, 16, 64, 512)
 
 def render(d: dict) -> str:
     lines = ["# GEMM tables against in-model GEMM times", "",
-             f"Measured on **{d['gpu']}**, {d['date']}, torch {d['torch']}; command `{d['command']}`. Each row: "
+             f"Measured on **{d['gpu']}**, driver {d.get('driver', '?')}, {d['date']}, torch {d['torch']}; command "
+             f"`{d['command']}`. Each row: "
              "the range over the row counts "
              f"{tuple(d['rows_m'])} of a table timing over the per-model profile's in-model timing, minus 1.", "",
              "| shape | group | format | shipped tables (<= 16 copies, 10 replays) | uncapped copies, 20 replays |",
@@ -69,11 +70,13 @@ def main(argv: list[str] | None = None) -> int:
 
     from advisor.energy.gemm_table import gemm_row_ms, measure_gpu_profile
     from advisor.energy.measure import Bench, uniform_formats
+    from advisor.energy.meter import open_meter
     from advisor.energy.model_profile import _release, layer_gemm_ms
 
     command = "python " + " ".join([sys.argv[0], *(argv if argv is not None else sys.argv[1:])])
-    props = torch.cuda.get_device_properties(0)
-    out: dict = {"gpu": props.name, "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+    state = open_meter(0).counter.state()
+    out: dict = {"gpu": state.name, "gpu_uuid": state.uuid, "driver": state.driver,
+                 "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
                  "torch": torch.__version__, "command": command, "rows_m": list(ROWS), "checks": []}
     for name in args.shapes.split(","):
         ref = REFERENCE_SHAPES[name]
