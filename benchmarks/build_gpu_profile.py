@@ -4,7 +4,8 @@
         --out advisor/energy/profiles/h100_gemm_<date>.json
 
 ``--tables`` is ``advisor profile`` (or ``energy_transfer_collect.py --tables``) output; each
-``--anchors`` file's ``anchors`` (collect ``--anchors``) replace those of the same name before it.
+``--anchors`` file's ``anchors`` (collect ``--anchors``) replace those of the same name before it;
+``--caveat`` is shown in every label the profile prices.
 The fit (:func:`advisor.energy.gpu_costmodel.fit_gpu_profile`) is stored so predicting needs no solver.
 """
 
@@ -25,11 +26,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tables", type=Path, required=True)
     ap.add_argument("--anchors", type=Path, action="append", default=[])
     ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--caveat", default="", help="a known limit of this profile, added to every label it prices "
+                    "(its measured transfer error, say)")
     args = ap.parse_args(argv)
     profile = json.loads(args.tables.read_text())
     for path in args.anchors:
         profile["anchors"].update(json.loads(path.read_text()).get("anchors", {}))
     profile["fit"] = fit_gpu_profile(profile)
+    if args.caveat:
+        profile["caveat"] = args.caveat
     profile["assembled_by"] = "python " + " ".join([sys.argv[0], *(argv if argv is not None else sys.argv[1:])])
     args.out.write_text(json.dumps(profile, separators=(",", ":")))  # shipped in the wheel: compact
     print(json.dumps(profile["fit"], indent=1))
