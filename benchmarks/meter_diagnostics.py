@@ -56,6 +56,7 @@ def metered(meter_factory, step, label: str, config: MeterConfig) -> dict:
     return {"label": label, "config": {k: v for k, v in config.__dict__.items()
                                        if k in ("warmup_s", "min_window_s", "depth", "poll_s")},
             "j_per_step": m.j_per_step, "ms_per_step_meter": m.s_per_step * 1e3, "power_w": m.power_w, "cv": m.cv,
+            "windows_j_per_step": [w.j_per_step for w in m.windows], "windows_power_w": [w.power_w for w in m.windows],
             "temp_before_c": s0.temperature_c, "temp_after_c": m.gpu_after.temperature_c,
             "sm_clock_after_mhz": m.gpu_after.sm_clock_mhz, "t": time.perf_counter()}
 
@@ -79,14 +80,7 @@ def _step_for(item: str):
 
 
 def _point(factory, step, label: str, cfg: MeterConfig, ev_ms: float, log, **extra) -> dict:
-    meter = factory(cfg)
-    s0 = meter.counter.state()
-    m = meter.measure(step.launch, label, step.tokens_per_step)
-    r = {"label": label, **extra, "j_per_step": m.j_per_step, "ms_per_step_meter": m.s_per_step * 1e3,
-         "ms_per_step_events": ev_ms, "power_w": m.power_w, "cv": m.cv,
-         "windows_j_per_step": [w.j_per_step for w in m.windows], "windows_power_w": [w.power_w for w in m.windows],
-         "temp_before_c": s0.temperature_c, "temp_after_c": m.gpu_after.temperature_c,
-         "sm_clock_after_mhz": m.gpu_after.sm_clock_mhz, "t": time.perf_counter()}
+    r = {**metered(factory, step, label, cfg), **extra, "ms_per_step_events": ev_ms}
     log(r)
     return r
 

@@ -215,6 +215,14 @@ class EnergyMeter:
             self._idle_w = (e1 - e0) / 1000.0 / (t1 - t0)
         return self._idle_w
 
+    def _drain(self, inflight: deque[StepHandle]) -> None:
+        """Wait for every launched step to finish."""
+        while inflight:
+            if inflight[0].query():
+                inflight.popleft()
+            else:
+                self._sleep(0.0005)
+
     # -- thermal state -------------------------------------------------------
     def soak(self, step: Step, max_s: float, settle_c: float = 1.0, every_s: float = 5.0) -> dict[str, float]:
         """Run ``step`` back to back until the GPU's temperature settles (it rose less than ``settle_c`` over the
@@ -239,11 +247,7 @@ class EnergyMeter:
             if temp - last < settle_c or now - t0 >= max_s:
                 break
             last, check = temp, min(now + every_s, t0 + max_s)
-        while inflight:
-            if not inflight[0].query():
-                self._sleep(0.0005)
-                continue
-            inflight.popleft()
+        self._drain(inflight)
         return {"seconds": self._clock() - t0, "from_c": float(first), "to_c": float(temp)}
 
     # -- measurement ---------------------------------------------------------
@@ -295,11 +299,7 @@ class EnergyMeter:
                     break
             windows.append(Window((e - e0) / 1000.0, t - t0, done - c0, ticks))
             t0, e0, c0 = t, e, done
-        while inflight:
-            if inflight[0].query():
-                inflight.popleft()
-            else:
-                self._sleep(0.0005)
+        self._drain(inflight)
         after = self.counter.state()
         if any(w.steps == 0 for w in windows):
             raise SetupError(

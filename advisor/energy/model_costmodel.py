@@ -119,7 +119,7 @@ class ModelProfileCostModel:
         count is concave in ``x``: a line between profiled batches misses it by 10-20%).
 
         Between profiled batches (H200, Qwen3-30B-A3B, batch 32 between 16 and 64) whole steps came within
-        4.6% of measured (reports/benchmarks/moe_gpu.md); on an earlier run, interpolating the expert times
+        4.4% of measured (reports/benchmarks/moe_gpu.md); on an earlier run, interpolating the expert times
         in the count instead (a per-call floor plus a cost per expert) was 2 points worse there. Far apart
         profiled batches where the floor dominates (1 and 16) can be over-priced a few % in between;
         searches profile their workloads' own batches."""
