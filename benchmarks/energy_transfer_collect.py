@@ -72,11 +72,12 @@ def search_regime() -> dict[str, tuple[int, ...]]:
                            for b in BATCHES])
 
 
-def measure_plans(bench, meter, log) -> list[dict]:
+def measure_plans(bench, meter, log, plans: dict[str, dict[str, Format]] | None = None) -> list[dict]:
+    """Each plan (default :func:`plan_formats`) metered end to end: prefill, then decode at each of ``BATCHES``."""
     from advisor.energy.measure import decode_step, prefill_step
 
     rows = []
-    for name, fmts in plan_formats(bench.dims.num_layers).items():
+    for name, fmts in (plans or plan_formats(bench.dims.num_layers)).items():
         rt = bench.runtime(fmts)
         points = [("prefill", 1)] + [("decode", b) for b in BATCHES]
         for phase, b in points:
