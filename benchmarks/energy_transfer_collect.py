@@ -62,9 +62,9 @@ def plan_formats(num_layers: int) -> dict[str, dict[str, Format]]:
 
 def search_regime() -> dict[str, tuple[int, ...]]:
     """What a search profiles for these rows' workloads (profile_select.profile_regime): their batches, the
-    prompt length, and the mean decode context bracketed at half and twice (320 and 1280 for 640). Runs
-    before 2026-11-22 15:10 UTC profiled contexts 512 and 2048, which a small model's step is not linear
-    between (reports/benchmarks/energy_transfer.md, notes)."""
+    prompt length, and the mean decode context with half and twice it (320, 640, 1280). Runs before
+    2026-11-22 15:10 UTC profiled contexts 512 and 2048, which a small model's step is not linear between
+    (reports/benchmarks/energy_transfer.md, notes); runs before 19:40 UTC 320 and 1280 only."""
     from advisor.energy.profile_select import profile_regime
     from advisor.recipe.schema import Workload
 

@@ -285,6 +285,16 @@ class FakeMeasured:
         raise AssertionError("not called here")
 
 
+def test_the_profile_measures_each_workloads_own_context_and_brackets_a_single_one():
+    from advisor.energy.profile_select import profile_regime
+
+    chat = Workload(name="chat", batch_size=16, input_tokens=512, output_tokens=256)
+    assert profile_regime([chat]) == {"batches": (16,), "contexts": (320, 640, 1280), "prefill_lengths": (512,)}
+    long = Workload(name="long", batch_size=4, input_tokens=8000, output_tokens=192)
+    both = profile_regime([chat, long, chat.model_copy(update={"name": "again", "batch_size": 64})])
+    assert both == {"batches": (4, 16, 64), "contexts": (640, 8096), "prefill_lengths": (512, 8000)}
+
+
 def test_a_measured_search_builds_the_per_model_profile_once_and_reuses_it(tmp_path, monkeypatch):
     from advisor.energy import measure, model_profile, select
 
