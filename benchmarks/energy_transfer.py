@@ -96,10 +96,16 @@ def run_summaries(paths: list[Path], raws: list[dict], gpu_profile: dict, legacy
             these = shape_rows(name, data, gpu_profile, legacy)
             out.append({"shape": name, "raw": str(path), "gpu_uuid": raw["gpu_uuid"],
                         "windows_s": [raw["profile_meter"]["min_window_s"], raw["bench_meter"]["min_window_s"]],
-                        "soak": data["profile"].get("soak"),
+                        "soak": data["profile"].get("soak"), "profiled": profiled_plans(data["profile"]),
                         **{f"{k}_max_abs_error": max(abs(r[f"{k}_error"]) for r in these)
                            for k in ("model_profile", "shipped_profile")}})
     return sorted(out, key=lambda r: list(REFERENCE_SHAPES).index(r["shape"]))
+
+
+def profiled_plans(profile: dict) -> str:
+    """What the per-model profile metered: its decode contexts, and the last-layer corner where it has it."""
+    d = profile["decode"]
+    return "/".join(str(c) for c in d["contexts"]) + (" + last layer" if "last_fp8" in d else "")
 
 
 def pct(v: float) -> str:
@@ -129,14 +135,16 @@ def render(d: dict) -> str:
                      f"{s['model_profile_max_abs_error'] * 100:.1f}% | {s['shipped_profile_max_abs_error'] * 100:.1f}% "
                      f"| {s['layer_profile_max_abs_error'] * 100:.0f}% | {s['profile_seconds']:.0f} |")
     if len(d.get("runs", [])) > len(d["shapes"]):
-        lines += ["", "## Every run of each shape (GPU unit, profile / plan meter windows, the profile's thermal soak)",
-                  "", "| shape | GPU unit | windows (s) | soak | per-model profile | shipped GPU profile | run |",
-                  "|---|---|---|---|---:|---:|---|"]
+        lines += ["", "## Every run of each shape (GPU unit, profile / plan meter windows, the profile's thermal soak, "
+                  "its decode contexts and corner)", "",
+                  "| shape | GPU unit | windows (s) | soak | profiled | per-model profile | shipped GPU profile "
+                  "| run |",
+                  "|---|---|---|---|---|---:|---:|---|"]
         for r in d["runs"]:
             soak = r.get("soak")
             warm = f"{soak['from_c']:.0f} -> {soak['to_c']:.0f} C" if soak else "none"
             windows = f"{r['windows_s'][0]} / {r['windows_s'][1]}"
-            lines.append(f"| {r['shape']} | {r['gpu_uuid'][-12:]} | {windows} | {warm} | "
+            lines.append(f"| {r['shape']} | {r['gpu_uuid'][-12:]} | {windows} | {warm} | {r.get('profiled', '')} | "
                          f"{r['model_profile_max_abs_error'] * 100:.1f}% | "
                          f"{r['shipped_profile_max_abs_error'] * 100:.1f}% | `{Path(r['raw']).name}` |")
     lines += ["", "## Every row", "",

@@ -62,9 +62,10 @@ def plan_formats(num_layers: int) -> dict[str, dict[str, Format]]:
 
 def search_regime() -> dict[str, tuple[int, ...]]:
     """What a search profiles for these rows' workloads (profile_select.profile_regime): their batches, the
-    prompt length, and the mean decode context with half and twice it (320, 640, 1280). Runs before
-    2026-11-22 15:10 UTC profiled contexts 512 and 2048, which a small model's step is not linear between
-    (reports/benchmarks/energy_transfer.md, notes); runs before 19:40 UTC 320 and 1280 only."""
+    prompt length, and the mean decode context bracketed at half and twice (320 and 1280 for 640). Runs
+    before 2026-11-22 15:10 UTC profiled contexts 512 and 2048, which a small model's step is not linear
+    between (reports/benchmarks/energy_transfer.md, notes); runs 11-13 (H100) and 8-9 (H200) of 19:25-19:59 UTC
+    ran a trial profile that also metered 640 and a last-layer corner (not kept: notes)."""
     from advisor.energy.profile_select import profile_regime
     from advisor.recipe.schema import Workload
 

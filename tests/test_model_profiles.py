@@ -12,7 +12,6 @@ from advisor.energy.dims import DecoderDims
 from advisor.energy.meter import EnergyMeter, MeterConfig
 from advisor.energy.model_costmodel import ModelProfileCostModel
 from advisor.energy.model_profile import (
-    LAST_FP8,
     RUNTIME_VERSION,
     SCHEMA,
     VERSION,
@@ -42,10 +41,6 @@ GEMM[Format.FP8] = {k: (a * 0.9, b * 0.5) for k, (a, b) in GEMM[Format.BF16].ite
 # of the GEMM time (MLP ~65%) is not its share of the weights (MLP 75%)
 P_IDLE_W, P_NON_GEMM_W = 100.0, 150.0
 J_PER_WEIGHT = {Format.BF16: 4e-9, Format.FP8: 1.5e-9}
-# and the last layer's FP8 output lowers the lm_head's power beyond that layer's own weights (as on H100s:
-# reports/benchmarks/layer_additivity/), in the share of that layer's weights in FP8
-LAST = f"layers.{LAYERS - 1}."
-J_LM_HEAD_SAVED = 0.01
 
 
 def gemm_ms(f: Format, kind: str, rows: float) -> float:
@@ -69,9 +64,6 @@ def truth(formats: dict[str, Format], rows: float, context: float, phase: str) -
              if formats.get(g.name) == Format.FP8)
     t = t_ng + gb + gf
     dynamic = sum(J_PER_WEIGHT[formats.get(g.name, Format.BF16)] * g.num_weights for g in SHAPE.groups)
-    last = [g for g in SHAPE.groups if g.name.startswith(LAST)]
-    dynamic -= J_LM_HEAD_SAVED * sum(g.num_weights for g in last if formats.get(g.name) == Format.FP8) / sum(
-        g.num_weights for g in last)
     return t, (P_IDLE_W * t + P_NON_GEMM_W * t_ng) / 1e3 + dynamic * (1 + rows / 1024)
 
 
@@ -101,12 +93,6 @@ def simulated_profile(state: GPUState, batches=(1, 16, 64), contexts=(512, 2048)
                                       for c in contexts}
         pre["step_ms"][f.value] = [truth(uniform, n, n, "prefill")[0] for n in lengths]
         pre["j_per_step"][f.value] = [measure(*truth(uniform, n, n, "prefill")) for n in lengths]
-    corner = {g.name: Format.FP8 if g.name.startswith(LAST) else Format.BF16 for g in SHAPE.groups}
-    dec[LAST_FP8] = {"step_ms": {str(c): [truth(corner, b, c, "decode")[0] for b in batches] for c in contexts},
-                     "j_per_step": {str(c): [measure(*truth(corner, b, c, "decode")) for b in batches]
-                                    for c in contexts}}
-    pre[LAST_FP8] = {"step_ms": [truth(corner, n, n, "prefill")[0] for n in lengths],
-                     "j_per_step": [measure(*truth(corner, n, n, "prefill")) for n in lengths]}
     return {"schema": SCHEMA, "version": VERSION, "key": profile_key(state, DIMS.to_dict()), "gpu": state.name,
             "gpu_kind": "h100", "driver": state.driver, "date": "2026-11-22", "formats": ["bf16", "fp8"],
             "model": DIMS.to_dict(), "decode": dec, "prefill": pre, "measured_at": 1.0,
@@ -125,10 +111,7 @@ def plans() -> dict[str, Plan]:
     names = [g.name for g in SHAPE.groups]
     return {"bf16": Plan({n: Format.BF16 for n in names}), "fp8": Plan({n: Format.FP8 for n in names}),
             "mlp": Plan({n: Format.FP8 if n.endswith(("gate_up", "down")) else Format.BF16 for n in names}),
-            "layer1": Plan({n: Format.FP8 if n.startswith("layers.1.") else Format.BF16 for n in names}),
-            "last": Plan({n: Format.FP8 if n.startswith(LAST) else Format.BF16 for n in names}),
-            "second-half": Plan({n: Format.FP8 if int(n.split(".")[1]) >= LAYERS // 2 else Format.BF16
-                                 for n in names})}
+            "layer1": Plan({n: Format.FP8 if n.startswith("layers.1.") else Format.BF16 for n in names})}
 
 
 # -- keying and the store -----------------------------------------------------------------
@@ -163,7 +146,7 @@ def test_the_store_reuses_only_an_exact_key_and_predicts_from_the_newest_of_a_ki
 # -- the cost model ---------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", ["bf16", "fp8", "mlp", "layer1", "last", "second-half"])
+@pytest.mark.parametrize("name", ["bf16", "fp8", "mlp", "layer1"])
 @pytest.mark.parametrize("batch", [1, 16, 40, 64])
 def test_any_plan_is_predicted_within_a_percent_of_the_simulated_gpu(profile, name, batch):
     model = ModelProfileCostModel(profile, SHAPE)
@@ -175,25 +158,6 @@ def test_any_plan_is_predicted_within_a_percent_of_the_simulated_gpu(profile, na
     assert j == pytest.approx(j_true, rel=0.01)
     _, pj = model.prefill(plan, 512)
     assert pj == pytest.approx(truth(dict(plan.formats), 512, 512, "prefill")[1], rel=0.01)
-
-
-def test_the_last_layer_corner_prices_what_fp8_there_saves_beyond_its_weights(profile):
-    """Without the corner (profiles stored before it), a plan's saving is all-FP8's in its share of the weights:
-    the last layer's lm_head effect is spread over every layer, and plans with and without that layer miss in
-    opposite directions."""
-    with_corner = ModelProfileCostModel(profile, SHAPE)
-    old = json.loads(json.dumps(profile))
-    for phase in ("decode", "prefill"):
-        del old[phase][LAST_FP8]
-    without = ModelProfileCostModel(old, SHAPE)
-    for name, sign in (("last", +1), ("layer1", -1)):
-        plan = plans()[name]
-        j_true = truth(dict(plan.formats), 16, 640, "decode")[1]
-        assert with_corner.decode_step(plan, 16, 640)[1] == pytest.approx(j_true, rel=0.01)
-        assert sign * (without.decode_step(plan, 16, 640)[1] / j_true - 1) > 0.03
-    for name in ("bf16", "fp8"):  # the uniform plans do not depend on it
-        plan = plans()[name]
-        assert without.decode_step(plan, 16, 512)[1] == pytest.approx(with_corner.decode_step(plan, 16, 512)[1])
 
 
 @pytest.mark.parametrize("name", ["bf16", "fp8"])
@@ -224,9 +188,6 @@ def test_the_label_counts_the_profile_points_the_meter_could_not_steady(profile)
     assert "unstable" not in ModelProfileCostModel(shaky, SHAPE).label
     shaky["decode"]["cv"]["fp8"]["2048"][0] = 0.093
     assert "1 of its 14 metered points unstable" in ModelProfileCostModel(shaky, SHAPE).label
-    shaky["decode"][LAST_FP8]["cv"] = {"512": [0.002, 0.05, 0.002], "2048": [0.002] * 3}
-    shaky["prefill"][LAST_FP8]["cv"] = [0.002]
-    assert "2 of its 21 metered points unstable" in ModelProfileCostModel(shaky, SHAPE).label
 
 
 def test_the_label_gives_the_temperatures_the_profile_was_metered_at(profile):
@@ -283,16 +244,6 @@ class FakeMeasured:
 
     def estimate(self, plan, workload):
         raise AssertionError("not called here")
-
-
-def test_the_profile_measures_each_workloads_own_context_and_brackets_a_single_one():
-    from advisor.energy.profile_select import profile_regime
-
-    chat = Workload(name="chat", batch_size=16, input_tokens=512, output_tokens=256)
-    assert profile_regime([chat]) == {"batches": (16,), "contexts": (320, 640, 1280), "prefill_lengths": (512,)}
-    long = Workload(name="long", batch_size=4, input_tokens=8000, output_tokens=192)
-    both = profile_regime([chat, long, chat.model_copy(update={"name": "again", "batch_size": 64})])
-    assert both == {"batches": (4, 16, 64), "contexts": (640, 8096), "prefill_lengths": (512, 8000)}
 
 
 def test_a_measured_search_builds_the_per_model_profile_once_and_reuses_it(tmp_path, monkeypatch):

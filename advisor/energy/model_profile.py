@@ -13,12 +13,7 @@ and one model (its :class:`~advisor.energy.dims.DecoderDims`, random weights):
   norms, activation, quantization, MoE routing, lm_head, gaps between kernels);
 * ``decode.j_per_step[fmt][context][i]``: that step's energy from the NVML meter at each of
   ``decode.energy_contexts``;
-* ``prefill``: the same per prompt length (one request);
-* ``decode.last_fp8`` / ``prefill.last_fp8`` (models of two layers or more; absent in profiles stored
-  before it): ``step_ms`` and ``j_per_step`` of the plan with only the last layer in FP8. What FP8 in
-  the last layer saves is not its share of the weights: on H100s it also lowers the lm_head's power,
-  which reads that layer's output (Qwen2.5-0.5B, decode batch 64: the last layer alone saved 16% of
-  all-FP8's energy, a middle layer 6.5%; reports/benchmarks/layer_additivity/).
+* ``prefill``: the same per prompt length (one request).
 
 It is keyed (:func:`profile_key`) by the GPU (name, UUID, driver, power limit), the model
 (a digest of its layer-by-layer description) and the runtime version: a profile is reused only
@@ -45,8 +40,6 @@ VERSION = 1
 #: held the GPU's idle gaps between NVML reads.
 RUNTIME_VERSION = "2026-11-22.2"
 FORMATS = (Format.BF16, Format.FP8)
-#: the profiled plan with only the last layer in FP8 (see the module doc)
-LAST_FP8 = "last_fp8"
 
 
 def profile_meter_config():
@@ -263,7 +256,7 @@ def measure_model_profile(
     the meter's ``soak_s`` of its heaviest decode step back to back (:meth:`EnergyMeter.soak`: points
     metered on a cold GPU come out low)."""
     from advisor.energy.cuda_tools import copy_bandwidth_gb_s
-    from advisor.energy.measure import Bench, decode_step, torch_with_gpu, uniform_formats
+    from advisor.energy.measure import Bench, decode_step, prefill_step, torch_with_gpu, uniform_formats
     from advisor.energy.meter import open_meter
     from advisor.energy.profile import measurement_header
     from advisor.formats import gpu_from_device_name
@@ -307,18 +300,28 @@ def measure_model_profile(
             f"(from {soak['from_c']:.0f} C)")
     for f in FORMATS:
         rt, fv = rts[f], f.value
-        _measure_plan(rt, fv, dec, pre, batches, contexts, prefill_lengths, energy, log, dims.family)
-    if dims.num_layers > 1:
-        dec[LAST_FP8] = {"step_ms": {}, "j_per_step": {}, "power_w": {}, "meter_ms_per_step": {}, "cv": {},
-                           "temperature_c": {}}
-        pre[LAST_FP8] = {k: {} for k in dec[LAST_FP8]}
-        rt = bench.runtime(last_layer_fp8(dims))
-        _measure_plan(rt, LAST_FP8, dec[LAST_FP8], pre[LAST_FP8], batches, contexts, prefill_lengths, energy,
-                      log, dims.family)
-        for phase in (dec, pre):  # one plan, not a per-format table
-            phase[LAST_FP8] = {k: v[LAST_FP8] for k, v in phase[LAST_FP8].items()}
-        rt.free()
-    kind = gpu_from_device_name(state.name)
+        dec["step_ms"][fv] = {str(c): [] for c in contexts}
+        for key in ("j_per_step", "power_w", "meter_ms_per_step", "cv", "temperature_c"):
+            dec[key][fv], pre[key][fv] = {str(c): [] for c in contexts}, []
+        for b in batches:
+            for c in contexts:
+                step = decode_step(rt, b, c)
+                dec["step_ms"][fv][str(c)].append(step.time_ms())
+                _append(dec, fv, energy(step, f"profile decode {fv} b{b} c{c}"), str(c))
+                del step
+                rt.free()
+            _release()
+            log(f"profile {dims.family} decode {fv} b{b}: "
+                + ", ".join(f"c{c} {dec['step_ms'][fv][str(c)][-1]:.3f} ms {dec['power_w'][fv][str(c)][-1]:.0f} W"
+                            for c in contexts))
+        pre["step_ms"][fv] = []
+        for length in prefill_lengths:
+            step = prefill_step(rt, length)
+            pre["step_ms"][fv].append(step.time_ms())
+            _append(pre, fv, energy(step, f"profile prefill {fv} L{length}"))
+            del step
+            rt.free()
+            _release()
     kind = gpu_from_device_name(state.name)
     dims_dict = dims.to_dict()
     return {
@@ -336,44 +339,6 @@ def measure_model_profile(
         "profile_seconds": time.perf_counter() - t0,
         "measured_at": time.time(),
     }
-
-
-def last_layer_fp8(dims) -> dict[str, Any]:
-    """Runtime formats of the last-layer corner: the last layer's groups in FP8, every other BF16."""
-    from advisor.energy.measure import uniform_formats
-
-    last = f"layers.{dims.num_layers - 1}."
-    return {g: Format.FP8 if g.startswith(last) else Format.BF16 for g in uniform_formats(dims, Format.BF16)}
-
-
-def _measure_plan(rt, fv: str, dec: dict, pre: dict, batches, contexts, prefill_lengths, energy, log,
-                  family: str) -> None:
-    """Time and meter ``rt``'s decode steps (each batch and context) and prefills into ``dec``/``pre`` under
-    ``fv``."""
-    from advisor.energy.measure import decode_step, prefill_step
-
-    dec["step_ms"][fv] = {str(c): [] for c in contexts}
-    for key in ("j_per_step", "power_w", "meter_ms_per_step", "cv", "temperature_c"):
-        dec[key][fv], pre[key][fv] = {str(c): [] for c in contexts}, []
-    for b in batches:
-        for c in contexts:
-            step = decode_step(rt, b, c)
-            dec["step_ms"][fv][str(c)].append(step.time_ms())
-            _append(dec, fv, energy(step, f"profile decode {fv} b{b} c{c}"), str(c))
-            del step
-            rt.free()
-        _release()
-        log(f"profile {family} decode {fv} b{b}: "
-            + ", ".join(f"c{c} {dec['step_ms'][fv][str(c)][-1]:.3f} ms {dec['power_w'][fv][str(c)][-1]:.0f} W"
-                        for c in contexts))
-    pre["step_ms"][fv] = []
-    for length in prefill_lengths:
-        step = prefill_step(rt, length)
-        pre["step_ms"][fv].append(step.time_ms())
-        _append(pre, fv, energy(step, f"profile prefill {fv} L{length}"))
-        del step
-        rt.free()
-        _release()
 
 
 def _append(phase: dict, fv: str, e: dict[str, float], ctx: str | None = None) -> None:

