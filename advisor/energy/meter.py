@@ -215,6 +215,17 @@ class EnergyMeter:
             self._idle_w = (e1 - e0) / 1000.0 / (t1 - t0)
         return self._idle_w
 
+    @staticmethod
+    def _refill(inflight: deque[StepHandle], step: Step, depth: int) -> int:
+        """Retire the finished steps at the head of ``inflight`` and launch up to ``depth``; how many finished."""
+        finished = 0
+        while inflight and inflight[0].query():
+            inflight.popleft()
+            finished += 1
+        while len(inflight) < depth:
+            inflight.append(step())
+        return finished
+
     def _drain(self, inflight: deque[StepHandle]) -> None:
         """Wait for every launched step to finish."""
         while inflight:
@@ -235,10 +246,7 @@ class EnergyMeter:
         first = last = self.counter.state().temperature_c
         check = t0 + min(every_s, max_s)
         while True:
-            while inflight and inflight[0].query():
-                inflight.popleft()
-            while len(inflight) < self.config.depth:
-                inflight.append(step())
+            self._refill(inflight, step, self.config.depth)
             self._sleep(self.config.poll_s)
             now = self._clock()
             if now < check:
@@ -272,11 +280,7 @@ class EnergyMeter:
 
         def pump() -> None:
             nonlocal done
-            while inflight and inflight[0].query():
-                inflight.popleft()
-                done += 1
-            while len(inflight) < depth:
-                inflight.append(step())
+            done += self._refill(inflight, step, depth)
 
         t_start = self._clock()
         t_end = t_start + cfg.warmup_s

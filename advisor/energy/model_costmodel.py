@@ -145,10 +145,11 @@ class ModelProfileCostModel:
         """Measured J/step over the step's CUDA-event time (W), interpolated in log2(x)."""
         return interp(xs, [jj / (ms / 1e3) for jj, ms in zip(j, t, strict=True)], x, log_x=True)
 
-    def _decode_power(self, d: dict, fmt: Format, b: float, context: float, steps_at: dict[str, float]) -> float:
-        """W of the all-``fmt`` decode step at ``context``, given its ms at ``b`` rows at each profiled context
-        (``steps_at``): its J, linear in the context between the energy contexts (the KV bytes a step reads
-        are), over its time. Interpolating the power instead (a product of two lines) put SmolLM2-135M's
+    def _decode_power(self, d: dict, fmt: Format, b: float, context: float, steps_at: dict[str, float],
+                      step_ms: float) -> float:
+        """W of the all-``fmt`` decode step of ``step_ms`` at ``context``, given its ms at ``b`` rows at each
+        profiled context (``steps_at``): its J, linear in the context between the energy contexts (the KV bytes
+        a step reads are), over its time. Interpolating the power instead (a product of two lines) put SmolLM2-135M's
         batch-64 steps 3-4% low between contexts 320 and 1280 (H100)."""
         j = d["j_per_step"][fmt.value]
         if not isinstance(j, dict):  # energy at one context only
@@ -159,8 +160,6 @@ class ModelProfileCostModel:
             return self._watts(d["batches"], j[c], d["step_ms"][fmt.value][c], b)
         joules = [self._watts(d["batches"], j[str(c)], d["step_ms"][fmt.value][str(c)], b) * steps_at[str(c)]
                   for c in ctxs]
-        all_ctxs = sorted(int(c) for c in steps_at)
-        step_ms = interp(all_ctxs, [steps_at[str(c)] for c in all_ctxs], context)
         return interp(ctxs, joules, context) / step_ms
 
     def _step(self, phase: dict, plan: Plan, x: float, step_ms: dict[Format, float],
@@ -210,7 +209,7 @@ class ModelProfileCostModel:
         steps_at = {Format(f): {str(c): self._interp_step(d, Format(f), v[str(c)], batch) for c in ctxs}
                     for f, v in d["step_ms"].items()}
         step_ms = {f: interp(ctxs, [at[str(c)] for c in ctxs], context) for f, at in steps_at.items()}
-        power = {f: self._decode_power(d, f, batch, context, at) for f, at in steps_at.items()}
+        power = {f: self._decode_power(d, f, batch, context, at, step_ms[f]) for f, at in steps_at.items()}
         return self._step(d, plan, batch, step_ms, power)
 
     def prefill(self, plan: Plan, length: int) -> tuple[float, float]:
