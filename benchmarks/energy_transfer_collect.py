@@ -46,17 +46,22 @@ def parse_models(text: str) -> list[tuple[str, int | None]]:
 
 
 def plan_formats(num_layers: int) -> dict[str, dict[str, Format]]:
-    """The four plans, as runtime group formats: all-BF16, all-FP8, MLP-only FP8, and the middle half
-    of the layers FP8 (first and last quarter BF16, as sensitivity often leaves them)."""
+    """The five plans, as runtime group formats: all-BF16, all-FP8, MLP-only FP8, the middle half of the layers
+    FP8 (first and last quarter BF16, as sensitivity often leaves them), and attention FP8 in every layer with
+    the MLP FP8 in the first half of the layers. Since per-model profiles meter the kind corner (MLP-only FP8,
+    2026-11-22), MLP-only FP8 is one of their points; the last two are mixed plans they predict."""
     q = max(1, num_layers // 4)
-    out: dict[str, dict[str, Format]] = {"bf16": {}, "fp8": {}, "mlp-fp8": {}, "middle-fp8": {}}
+    names = ("bf16", "fp8", "mlp-fp8", "middle-fp8", "attn+half-mlp-fp8")
+    out: dict[str, dict[str, Format]] = {n: {} for n in names}
     for i in range(num_layers):
         for k in DENSE_GROUP_KINDS:
             g = f"layers.{i}.{k}"
+            mlp = k in ("gate_up", "down")
             out["bf16"][g] = Format.BF16
             out["fp8"][g] = Format.FP8
-            out["mlp-fp8"][g] = Format.FP8 if k in ("gate_up", "down") else Format.BF16
+            out["mlp-fp8"][g] = Format.FP8 if mlp else Format.BF16
             out["middle-fp8"][g] = Format.FP8 if q <= i < num_layers - q else Format.BF16
+            out["attn+half-mlp-fp8"][g] = Format.FP8 if not mlp or i < num_layers // 2 else Format.BF16
     return out
 
 

@@ -58,6 +58,9 @@ def test_a_moe_per_model_profile_prices_a_mixed_plan_from_its_uniform_steps(moe)
     assert len(temps) == 2 * 2 * 2 and all(5 <= t <= 110 for t in temps)  # each metered point's GPU temperature
     assert len(prof["prefill"]["temperature_c"]["bf16"]) == 1
     assert prof["soak"]["seconds"] >= 3.0 and prof["soak"]["to_c"] >= prof["soak"]["from_c"] - 2
+    corner = dec["mlp_fp8"]  # the kind corner: experts (and the shared expert) in FP8, attention in BF16
+    assert set(corner["j_per_step"]) == {"64", "192"} and all(j > 0 for v in corner["j_per_step"].values() for j in v)
+    assert len(prof["prefill"]["mlp_fp8"]["step_ms"]) == 1
 
     model = ModelProfileCostModel(prof, shape)
     mixed = {g.name: Format.FP8 if g.name.endswith(".experts") else Format.BF16 for g in shape.groups}

@@ -12,10 +12,13 @@ from advisor.energy.dims import DecoderDims
 from advisor.energy.meter import EnergyMeter, MeterConfig
 from advisor.energy.model_costmodel import ModelProfileCostModel
 from advisor.energy.model_profile import (
+    MLP_FP8,
     RUNTIME_VERSION,
     SCHEMA,
     VERSION,
     ProfileStore,
+    corner_format,
+    is_attention,
     key_digest,
     model_digest,
     profile_key,
@@ -38,9 +41,12 @@ GEMM = {Format.BF16: {"qkv": (0.004, 2e-5), "o": (0.003, 1e-5), "gate_up": (0.00
 GEMM[Format.FP8] = {k: (a * 0.9, b * 0.5) for k, (a, b) in GEMM[Format.BF16].items()}
 # energy: idle power over the whole step, a dynamic power over the non-GEMM kernels, and each GEMM's dynamic
 # energy per weight (bytes read, multiply-adds), FP8 cheaper; GEMM times are latency floors, so a group's share
-# of the GEMM time (MLP ~65%) is not its share of the weights (MLP 75%)
+# of the GEMM time (MLP ~65%) is not its share of the weights (MLP 75%). Attention's FP8 saves more per weight
+# than the MLP's (as on an H200 at batch 1: reports/benchmarks/layer_additivity.md), so a kind's share of
+# all-FP8's saving is not its share of the weights either.
 P_IDLE_W, P_NON_GEMM_W = 100.0, 150.0
-J_PER_WEIGHT = {Format.BF16: 4e-9, Format.FP8: 1.5e-9}
+J_PER_WEIGHT = {(Format.BF16, False): 4e-9, (Format.FP8, False): 1.5e-9,
+                (Format.BF16, True): 4e-9, (Format.FP8, True): 0.2e-9}  # (format, attention)
 
 
 def gemm_ms(f: Format, kind: str, rows: float) -> float:
@@ -63,7 +69,8 @@ def truth(formats: dict[str, Format], rows: float, context: float, phase: str) -
     gf = sum(gemm_ms(Format.FP8, g.name.rsplit(".", 1)[-1], rows) for g in SHAPE.groups
              if formats.get(g.name) == Format.FP8)
     t = t_ng + gb + gf
-    dynamic = sum(J_PER_WEIGHT[formats.get(g.name, Format.BF16)] * g.num_weights for g in SHAPE.groups)
+    dynamic = sum(J_PER_WEIGHT[formats.get(g.name, Format.BF16), is_attention(g.name)] * g.num_weights
+                  for g in SHAPE.groups)
     return t, (P_IDLE_W * t + P_NON_GEMM_W * t_ng) / 1e3 + dynamic * (1 + rows / 1024)
 
 
@@ -93,6 +100,12 @@ def simulated_profile(state: GPUState, batches=(1, 16, 64), contexts=(512, 2048)
                                       for c in contexts}
         pre["step_ms"][f.value] = [truth(uniform, n, n, "prefill")[0] for n in lengths]
         pre["j_per_step"][f.value] = [measure(*truth(uniform, n, n, "prefill")) for n in lengths]
+    corner = {g.name: corner_format(g.name) for g in SHAPE.groups}
+    dec[MLP_FP8] = {"step_ms": {str(c): [truth(corner, b, c, "decode")[0] for b in batches] for c in contexts},
+                    "j_per_step": {str(c): [measure(*truth(corner, b, c, "decode")) for b in batches]
+                                   for c in contexts}}
+    pre[MLP_FP8] = {"step_ms": [truth(corner, n, n, "prefill")[0] for n in lengths],
+                    "j_per_step": [measure(*truth(corner, n, n, "prefill")) for n in lengths]}
     return {"schema": SCHEMA, "version": VERSION, "key": profile_key(state, DIMS.to_dict()), "gpu": state.name,
             "gpu_kind": "h100", "driver": state.driver, "date": "2026-11-22", "formats": ["bf16", "fp8"],
             "model": DIMS.to_dict(), "decode": dec, "prefill": pre, "measured_at": 1.0,
@@ -111,7 +124,17 @@ def plans() -> dict[str, Plan]:
     names = [g.name for g in SHAPE.groups]
     return {"bf16": Plan({n: Format.BF16 for n in names}), "fp8": Plan({n: Format.FP8 for n in names}),
             "mlp": Plan({n: Format.FP8 if n.endswith(("gate_up", "down")) else Format.BF16 for n in names}),
-            "layer1": Plan({n: Format.FP8 if n.startswith("layers.1.") else Format.BF16 for n in names})}
+            "layer1": Plan({n: Format.FP8 if n.startswith("layers.1.") else Format.BF16 for n in names}),
+            "attention+layer1": Plan({n: Format.FP8 if is_attention(n) or n.startswith("layers.1.") else Format.BF16
+                                      for n in names})}
+
+
+def without_corner(profile: dict) -> dict:
+    """The profile as stored before the kind corner was metered."""
+    old = json.loads(json.dumps(profile))
+    for phase in ("decode", "prefill"):
+        old[phase].pop(MLP_FP8)
+    return old
 
 
 # -- keying and the store -----------------------------------------------------------------
@@ -146,7 +169,7 @@ def test_the_store_reuses_only_an_exact_key_and_predicts_from_the_newest_of_a_ki
 # -- the cost model ---------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", ["bf16", "fp8", "mlp", "layer1"])
+@pytest.mark.parametrize("name", ["bf16", "fp8", "mlp", "layer1", "attention+layer1"])
 @pytest.mark.parametrize("batch", [1, 16, 40, 64])
 def test_any_plan_is_predicted_within_a_percent_of_the_simulated_gpu(profile, name, batch):
     model = ModelProfileCostModel(profile, SHAPE)
@@ -158,6 +181,20 @@ def test_any_plan_is_predicted_within_a_percent_of_the_simulated_gpu(profile, na
     assert j == pytest.approx(j_true, rel=0.01)
     _, pj = model.prefill(plan, 512)
     assert pj == pytest.approx(truth(dict(plan.formats), 512, 512, "prefill")[1], rel=0.01)
+
+
+@pytest.mark.parametrize("name", ["mlp", "attention+layer1"])
+def test_without_the_kind_corner_a_kind_heavy_plan_is_priced_by_its_weights_and_misses(profile, name):
+    """Stored before the corner (or fed a GPU where kinds save in proportion to weights), the cost model shares
+    all-FP8's saving by weight; on a GPU where attention saves more per weight, that misses such plans."""
+    plan = plans()[name]
+    j_true = truth(dict(plan.formats), 16, 640, "decode")[1]
+    j_old = ModelProfileCostModel(without_corner(profile), SHAPE).decode_step(plan, 16, 640)[1]
+    j_new = ModelProfileCostModel(profile, SHAPE).decode_step(plan, 16, 640)[1]
+    assert abs(j_new / j_true - 1) < 0.01 < abs(j_old / j_true - 1)
+    uniform = plans()["fp8"]
+    assert ModelProfileCostModel(without_corner(profile), SHAPE).decode_step(uniform, 16, 640)[1] == pytest.approx(
+        ModelProfileCostModel(profile, SHAPE).decode_step(uniform, 16, 640)[1], rel=1e-9)
 
 
 @pytest.mark.parametrize("name", ["bf16", "fp8"])
@@ -188,6 +225,9 @@ def test_the_label_counts_the_profile_points_the_meter_could_not_steady(profile)
     assert "unstable" not in ModelProfileCostModel(shaky, SHAPE).label
     shaky["decode"]["cv"]["fp8"]["2048"][0] = 0.093
     assert "1 of its 14 metered points unstable" in ModelProfileCostModel(shaky, SHAPE).label
+    shaky["prefill"][MLP_FP8]["cv"] = [0.02]  # the kind corner's points count too
+    shaky["decode"][MLP_FP8]["cv"] = {c: [0.002] * len(v) for c, v in shaky["decode"][MLP_FP8]["j_per_step"].items()}
+    assert "2 of its 21 metered points unstable" in ModelProfileCostModel(shaky, SHAPE).label
 
 
 def test_the_label_gives_the_temperatures_the_profile_was_metered_at(profile):

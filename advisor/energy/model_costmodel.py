@@ -16,8 +16,13 @@ At a decode step of batch ``b`` and context ``c`` (prefill alike, per prompt len
   multiply-adds), proportional to its weights, not to its kernel time, which for small GEMMs is a
   latency floor (H200, reports/benchmarks/energy_transfer_h200.md: Qwen2.5-0.5B's MLP-only FP8
   plan drew within 2% of all-FP8's power while its FP8 GEMMs took 64% of all-FP8's GEMM time).
+  Where the profile metered the kind corner (MLP in FP8, attention in BF16), all-FP8's saving is split
+  by kind first: the MLP groups' part is the corner's saving, attention's the rest, each shared over
+  its own kind's weights. A kind's saving is not its share of the weights (H200, Qwen2.5-0.5B, decode
+  batch 1: attention in FP8 saved 0.42 of all-FP8's energy with 12% of the weights;
+  reports/benchmarks/layer_additivity.md), and a search's plans mix kinds freely.
 
-So all-BF16 and all-FP8 reproduce the profile at its own points by construction; mixed plans,
+So all-BF16, all-FP8 and the kind corner reproduce the profile at its own points by construction; mixed plans,
 other batches and contexts are predictions. A MoE layer's routed experts are one group (kind
 ``experts``): their grouped GEMMs are priced like any group's, and the router, sort and gathers sit
 in the non-GEMM part. torch-free.
@@ -29,7 +34,7 @@ from typing import Any
 
 from advisor.energy.costmodel import check_profiled, interp
 from advisor.energy.meter import MeterConfig
-from advisor.energy.model_profile import model_digest, validate_model_profile
+from advisor.energy.model_profile import MLP_FP8, corner_format, is_attention, model_digest, validate_model_profile
 from advisor.energy.routing import expected_experts_touched, layer_experts_touched
 from advisor.errors import InputError
 from advisor.estimate import EnergyEstimate
@@ -40,11 +45,15 @@ from advisor.recipe.schema import Workload
 
 
 def _per_point(profile: dict[str, Any], key: str) -> list[float]:
-    """A per-point record (``cv``, ``temperature_c``) of every metered point; none in profiles stored before it."""
+    """A per-point record (``cv``, ``temperature_c``) of every metered point (the kind corner's too); none in
+    profiles stored before it."""
     out: list[float] = []
     for phase in ("decode", "prefill"):
-        for per_fmt in profile[phase].get(key, {}).values():
-            for v in per_fmt.values() if isinstance(per_fmt, dict) else [per_fmt]:
+        plans = [*profile[phase].get(key, {}).values()]
+        if key in profile[phase].get(MLP_FP8, {}):
+            plans.append(profile[phase][MLP_FP8][key])
+        for per_plan in plans:
+            for v in per_plan.values() if isinstance(per_plan, dict) else [per_plan]:
                 out += v
     return out
 
@@ -136,54 +145,91 @@ class ModelProfileCostModel:
         return expected_experts_touched(layer.num_experts, layer.top_k, x) * interp(
             xs, [d / u for d, u in zip(seen, uniform, strict=True)], x)
 
-    def _all_gemms(self, phase: dict, fmt: Format, x: float) -> float:
-        """The GEMMs of the profiled all-``fmt`` step (with the profile's own routing)."""
-        return sum(self._group_gemm(phase, fmt, g.name, x, profile_routing=True) for g in self.shape.groups)
+    def _all_gemms(self, phase: dict, plan: Format | str, x: float) -> float:
+        """The GEMMs of a profiled step (with the profile's own routing): all-``fmt``, or the kind corner."""
+        return sum(self._group_gemm(phase, self._profiled_format(plan, g.name), g.name, x, profile_routing=True)
+                   for g in self.shape.groups)
+
+    @staticmethod
+    def _profiled_format(plan: Format | str, group: str) -> Format:
+        """``group``'s format in a profiled plan: a uniform one, or the kind corner."""
+        return corner_format(group) if plan == MLP_FP8 else Format(plan)
+
+    @staticmethod
+    def _measured(phase: dict, plan: Format | str) -> tuple[Any, Any]:
+        """(j_per_step, step_ms) of a profiled plan: all-``fmt``, or the kind corner."""
+        if plan == MLP_FP8:
+            return phase[MLP_FP8]["j_per_step"], phase[MLP_FP8]["step_ms"]
+        return phase["j_per_step"][Format(plan).value], phase["step_ms"][Format(plan).value]
+
+    @staticmethod
+    def _profiled_steps(phase: dict) -> dict[Format | str, Any]:
+        """Each profiled plan's measured step ms (per context for decode): all-BF16, all-FP8, and the kind
+        corner where the profile has it."""
+        out: dict[Format | str, Any] = {Format(f): v for f, v in phase["step_ms"].items()}
+        if MLP_FP8 in phase:
+            out[MLP_FP8] = phase[MLP_FP8]["step_ms"]
+        return out
 
     @staticmethod
     def _watts(xs: list[int], j: list[float], t: list[float], x: float) -> float:
         """Measured J/step over the step's CUDA-event time (W), interpolated in log2(x)."""
         return interp(xs, [jj / (ms / 1e3) for jj, ms in zip(j, t, strict=True)], x, log_x=True)
 
-    def _decode_power(self, d: dict, fmt: Format, b: float, context: float, steps_at: dict[str, float],
+    def _decode_power(self, d: dict, plan: Format | str, b: float, context: float, steps_at: dict[str, float],
                       step_ms: float) -> float:
-        """W of the all-``fmt`` decode step of ``step_ms`` at ``context``, given its ms at ``b`` rows at each
-        profiled context (``steps_at``): its J, linear in the context between the energy contexts (the KV bytes
-        a step reads are), over its time. Interpolating the power instead (a product of two lines) put SmolLM2-135M's
-        batch-64 steps 3-4% low between contexts 320 and 1280 (H100)."""
-        j = d["j_per_step"][fmt.value]
+        """W of a profiled decode step (all-``fmt``, or the kind corner) of ``step_ms`` at ``context``, given its
+        ms at ``b`` rows at each profiled context (``steps_at``): its J, linear in the context between the energy
+        contexts (the KV bytes a step reads are), over its time. Interpolating the power instead (a product of two
+        lines) put SmolLM2-135M's batch-64 steps 3-4% low between contexts 320 and 1280 (H100)."""
+        j, measured_ms = self._measured(d, plan)
         if not isinstance(j, dict):  # energy at one context only
             j = {str(d["energy_context"]): j}
         ctxs = sorted(int(c) for c in j)
         if len(ctxs) == 1:  # its power, carried to other contexts
             c = str(ctxs[0])
-            return self._watts(d["batches"], j[c], d["step_ms"][fmt.value][c], b)
-        joules = [self._watts(d["batches"], j[str(c)], d["step_ms"][fmt.value][str(c)], b) * steps_at[str(c)]
-                  for c in ctxs]
+            return self._watts(d["batches"], j[c], measured_ms[c], b)
+        joules = [self._watts(d["batches"], j[str(c)], measured_ms[str(c)], b) * steps_at[str(c)] for c in ctxs]
         return interp(ctxs, joules, context) / step_ms
 
-    def _step(self, phase: dict, plan: Plan, x: float, step_ms: dict[Format, float],
-              power: dict[Format, float]) -> tuple[float, float]:
+    def _step(self, phase: dict, plan: Plan, x: float, step_ms: dict[Format | str, float],
+              power: dict[Format | str, float]) -> tuple[float, float]:
+        """(ms, J) of ``plan``'s step from the profiled steps' ms and W at ``x`` (keys: formats, the kind corner)."""
         fmts = [f for f in (Format.BF16, Format.FP8) if f.value in phase["step_ms"]]
         ng = {f: step_ms[f] - self._all_gemms(phase, f, x) for f in fmts}
         gemm = {f: 0.0 for f in fmts}
-        weights = {f: 0.0 for f in fmts}
         for g in self.shape.groups:
             f = plan.format_of(g.name)
             gemm[f] += self._group_gemm(phase, f, g.name, x)
-            weights[f] += self._read_weights(phase, g, x)
         n = len(self.shape.groups)
         share = {f: sum(1 for g in self.shape.groups if plan.format_of(g.name) == f) / n for f in fmts}
         t_ng = ng[Format.BF16] + sum(share[f] * (ng[f] - ng[Format.BF16]) for f in fmts if f != Format.BF16)
         t = t_ng + sum(gemm.values())
-        # each uniform step's dynamic energy (over idle) in the share of the weights read in its format; with
-        # the profile's routing this is the all-BF16 step's energy + idle x time difference + FP8's difference
-        # in its weight share, exact at the uniform plans; with the model's own routing the read weights move
-        profiled = sum(self._read_weights(phase, g, x, profile_routing=True) for g in self.shape.groups)
-        energy = self.idle_w * t  # mJ
-        for f in fmts:
-            energy += (power[f] - self.idle_w) * step_ms[f] * weights[f] / profiled
-        return t, energy / 1e3
+        return t, (self.idle_w * t + self._dynamic_mj(phase, plan, x, step_ms, power)) / 1e3
+
+    def _dynamic_mj(self, phase: dict, plan: Plan, x: float, step_ms: dict[Format | str, float],
+                    power: dict[Format | str, float]) -> float:
+        """Energy over idle (mJ): the all-BF16 step's, less all-FP8's saving shared out by the weights read in
+        FP8: the MLP groups' part from the kind corner where it was metered (else their weight share), the rest
+        over attention's weights. With the profile's routing this is exact at the profiled plans; with the
+        model's own routing the weights read move."""
+        dyn = {k: (power[k] - self.idle_w) * step_ms[k] for k in power}
+        read = {g.name: self._read_weights(phase, g, x) for g in self.shape.groups}
+        profiled = {g.name: self._read_weights(phase, g, x, profile_routing=True) for g in self.shape.groups}
+        total = sum(profiled.values())
+        energy = dyn[Format.BF16] * sum(read.values()) / total
+        if Format.FP8 not in dyn:
+            return energy
+        saving = dyn[Format.BF16] - dyn[Format.FP8]
+        attention = [g for g in profiled if is_attention(g)]
+        mlp = [g for g in profiled if not is_attention(g)]
+        mlp_w = sum(profiled[g] for g in mlp)
+        mlp_saving = dyn[Format.BF16] - dyn[MLP_FP8] if MLP_FP8 in dyn else saving * mlp_w / total
+        for groups, part, weights in ((mlp, mlp_saving, mlp_w), (attention, saving - mlp_saving, total - mlp_w)):
+            in_fp8 = sum(read[g] for g in groups if plan.format_of(g) == Format.FP8)
+            if in_fp8:
+                energy -= part * in_fp8 / weights
+        return energy
 
     def _read_weights(self, phase: dict, group, x: float, profile_routing: bool = False) -> float:
         """Weights of ``group`` a step of ``x`` tokens reads: all of them, or for routed experts the
@@ -193,7 +239,7 @@ class ModelProfileCostModel:
             return float(group.num_weights)
         return group.num_weights * self._touched(phase, layer, x, profile_routing) / layer.num_experts
 
-    def _interp_step(self, phase: dict, fmt: Format, steps: list[float], x: float) -> float:
+    def _interp_step(self, phase: dict, fmt: Format | str, steps: list[float], x: float) -> float:
         """The all-``fmt`` step at ``x`` rows from the profiled ones: its non-GEMM part interpolated (smooth
         in ``x``), plus its GEMMs at ``x`` (a MoE step's expert GEMMs follow the concave count of distinct
         experts, which a straight line through the whole steps would miss)."""
@@ -206,19 +252,18 @@ class ModelProfileCostModel:
         check_profiled(plan, self.formats, f"per-model profile ({self.p['gpu']})")
         d = self.p["decode"]
         ctxs = [int(c) for c in d["contexts"]]
-        steps_at = {Format(f): {str(c): self._interp_step(d, Format(f), v[str(c)], batch) for c in ctxs}
-                    for f, v in d["step_ms"].items()}
-        step_ms = {f: interp(ctxs, [at[str(c)] for c in ctxs], context) for f, at in steps_at.items()}
-        power = {f: self._decode_power(d, f, batch, context, at, step_ms[f]) for f, at in steps_at.items()}
+        steps_at = {p: {str(c): self._interp_step(d, p, ms[str(c)], batch) for c in ctxs}
+                    for p, ms in self._profiled_steps(d).items()}
+        step_ms = {p: interp(ctxs, [at[str(c)] for c in ctxs], context) for p, at in steps_at.items()}
+        power = {p: self._decode_power(d, p, batch, context, at, step_ms[p]) for p, at in steps_at.items()}
         return self._step(d, plan, batch, step_ms, power)
 
     def prefill(self, plan: Plan, length: int) -> tuple[float, float]:
         """(ms, J) of the prefill of one request of ``length`` tokens."""
         check_profiled(plan, self.formats, f"per-model profile ({self.p['gpu']})")
         d = self.p["prefill"]
-        step_ms = {Format(f): self._interp_step(d, Format(f), v, length) for f, v in d["step_ms"].items()}
-        power = {f: self._watts(d["lengths"], d["j_per_step"][f.value], d["step_ms"][f.value], length)
-                 for f in step_ms}
+        step_ms = {p: self._interp_step(d, p, ms, length) for p, ms in self._profiled_steps(d).items()}
+        power = {p: self._watts(d["lengths"], *self._measured(d, p), length) for p in step_ms}
         return self._step(d, plan, length, step_ms, power)
 
     def estimate(self, plan: Plan, workload: Workload) -> EnergyEstimate:

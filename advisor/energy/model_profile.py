@@ -13,7 +13,13 @@ and one model (its :class:`~advisor.energy.dims.DecoderDims`, random weights):
   norms, activation, quantization, MoE routing, lm_head, gaps between kernels);
 * ``decode.j_per_step[fmt][context][i]``: that step's energy from the NVML meter at each of
   ``decode.energy_contexts``;
-* ``prefill``: the same per prompt length (one request).
+* ``prefill``: the same per prompt length (one request);
+* ``decode.mlp_fp8`` / ``prefill.mlp_fp8`` (absent in profiles stored before it): ``step_ms`` and
+  ``j_per_step`` (and the meter's records) of the kind corner, the plan with every layer's MLP groups
+  (gate_up, down; a MoE layer's experts and shared expert) in FP8 and attention (qkv, o) in BF16. What
+  a kind saves in FP8 is not its share of the weights: on an H200 at decode batch 1, Qwen2.5-0.5B's
+  attention in FP8 saved 0.42 of all-FP8's energy with 12% of the weights; on an H100 its MLP in FP8
+  saved 0.76 of all-FP8's prefill energy with 88% (reports/benchmarks/layer_additivity.md).
 
 It is keyed (:func:`profile_key`) by the GPU (name, UUID, driver, power limit), the model
 (a digest of its layer-by-layer description) and the runtime version: a profile is reused only
@@ -35,11 +41,28 @@ from advisor.formats import Format
 
 SCHEMA = "precision-advisor/model-energy-profile"
 VERSION = 1
-#: Bump when the runtime's kernels, or the meter, change what a step costs (profiles of older runtimes are not
-#: reused). .2: the meter keeps 50 ms of steps queued (MeterConfig.queued_s); .1 profiles of sub-ms steps
-#: held the GPU's idle gaps between NVML reads.
-RUNTIME_VERSION = "2026-11-22.2"
+#: Bump when the runtime's kernels, or the meter, change what a step costs, or a profile measures more (profiles
+#: of older runtimes are not reused). .3: profiles meter the kind corner (MLP_FP8); .2: the meter keeps 50 ms of
+#: steps queued (MeterConfig.queued_s); .1 profiles of sub-ms steps held the GPU's idle gaps between NVML reads.
+RUNTIME_VERSION = "2026-11-22.3"
 FORMATS = (Format.BF16, Format.FP8)
+#: the profiled kind corner: MLP groups in FP8, attention in BF16 (see the module doc)
+MLP_FP8 = "mlp_fp8"
+ATTENTION_KINDS = ("qkv", "o")
+
+
+def group_kind(group: str) -> str:
+    """``layers.3.gate_up`` (or ``3.gate_up``) -> ``gate_up``."""
+    return group.rsplit(".", 1)[-1]
+
+
+def is_attention(group: str) -> bool:
+    return group_kind(group) in ATTENTION_KINDS
+
+
+def corner_format(group: str) -> Format:
+    """``group``'s format in the kind corner."""
+    return Format.BF16 if is_attention(group) else Format.FP8
 
 
 def profile_meter_config():
@@ -256,7 +279,7 @@ def measure_model_profile(
     the meter's ``soak_s`` of its heaviest decode step back to back (:meth:`EnergyMeter.soak`: points
     metered on a cold GPU come out low)."""
     from advisor.energy.cuda_tools import copy_bandwidth_gb_s
-    from advisor.energy.measure import Bench, decode_step, prefill_step, torch_with_gpu, uniform_formats
+    from advisor.energy.measure import Bench, decode_step, torch_with_gpu, uniform_formats
     from advisor.energy.meter import open_meter
     from advisor.energy.profile import measurement_header
     from advisor.formats import gpu_from_device_name
@@ -299,29 +322,15 @@ def measure_model_profile(
         log(f"profile {dims.family}: GPU at {soak['to_c']:.0f} C after {soak['seconds']:.0f} s of decode steps "
             f"(from {soak['from_c']:.0f} C)")
     for f in FORMATS:
-        rt, fv = rts[f], f.value
-        dec["step_ms"][fv] = {str(c): [] for c in contexts}
-        for key in ("j_per_step", "power_w", "meter_ms_per_step", "cv", "temperature_c"):
-            dec[key][fv], pre[key][fv] = {str(c): [] for c in contexts}, []
-        for b in batches:
-            for c in contexts:
-                step = decode_step(rt, b, c)
-                dec["step_ms"][fv][str(c)].append(step.time_ms())
-                _append(dec, fv, energy(step, f"profile decode {fv} b{b} c{c}"), str(c))
-                del step
-                rt.free()
-            _release()
-            log(f"profile {dims.family} decode {fv} b{b}: "
-                + ", ".join(f"c{c} {dec['step_ms'][fv][str(c)][-1]:.3f} ms {dec['power_w'][fv][str(c)][-1]:.0f} W"
-                            for c in contexts))
-        pre["step_ms"][fv] = []
-        for length in prefill_lengths:
-            step = prefill_step(rt, length)
-            pre["step_ms"][fv].append(step.time_ms())
-            _append(pre, fv, energy(step, f"profile prefill {fv} L{length}"))
-            del step
-            rt.free()
-            _release()
+        _measure_plan(rts[f], f.value, dec, pre, batches, contexts, prefill_lengths, energy, log, dims.family)
+    corner_dec: dict[str, Any] = {k: {} for k in ("step_ms", "j_per_step", "power_w", "meter_ms_per_step", "cv",
+                                                  "temperature_c")}
+    corner_pre: dict[str, Any] = {k: {} for k in corner_dec}
+    rt = bench.runtime({g: corner_format(g) for g in uniform_formats(dims, Format.BF16)})
+    _measure_plan(rt, MLP_FP8, corner_dec, corner_pre, batches, contexts, prefill_lengths, energy, log, dims.family)
+    rt.free()
+    dec[MLP_FP8] = {k: v[MLP_FP8] for k, v in corner_dec.items()}  # one plan, not a per-format table
+    pre[MLP_FP8] = {k: v[MLP_FP8] for k, v in corner_pre.items()}
     kind = gpu_from_device_name(state.name)
     dims_dict = dims.to_dict()
     return {
@@ -339,6 +348,36 @@ def measure_model_profile(
         "profile_seconds": time.perf_counter() - t0,
         "measured_at": time.time(),
     }
+
+
+def _measure_plan(rt, fv: str, dec: dict, pre: dict, batches, contexts, prefill_lengths, energy, log,
+                  family: str) -> None:
+    """Time and meter ``rt``'s decode steps (each batch and context) and prefills into ``dec``/``pre`` under
+    ``fv``."""
+    from advisor.energy.measure import decode_step, prefill_step
+
+    dec["step_ms"][fv] = {str(c): [] for c in contexts}
+    for key in ("j_per_step", "power_w", "meter_ms_per_step", "cv", "temperature_c"):
+        dec[key][fv], pre[key][fv] = {str(c): [] for c in contexts}, []
+    for b in batches:
+        for c in contexts:
+            step = decode_step(rt, b, c)
+            dec["step_ms"][fv][str(c)].append(step.time_ms())
+            _append(dec, fv, energy(step, f"profile decode {fv} b{b} c{c}"), str(c))
+            del step
+            rt.free()
+        _release()
+        log(f"profile {family} decode {fv} b{b}: "
+            + ", ".join(f"c{c} {dec['step_ms'][fv][str(c)][-1]:.3f} ms {dec['power_w'][fv][str(c)][-1]:.0f} W"
+                        for c in contexts))
+    pre["step_ms"][fv] = []
+    for length in prefill_lengths:
+        step = prefill_step(rt, length)
+        pre["step_ms"][fv].append(step.time_ms())
+        _append(pre, fv, energy(step, f"profile prefill {fv} L{length}"))
+        del step
+        rt.free()
+        _release()
 
 
 def _append(phase: dict, fv: str, e: dict[str, float], ctx: str | None = None) -> None:
