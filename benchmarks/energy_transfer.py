@@ -200,6 +200,7 @@ def main(argv: list[str] | None = None) -> int:
                         "profile_seconds": prof["profile_seconds"] + data.get("bench_create_s", 0.0),
                         **{f"{k}_max_abs_error": max(abs(r[f"{k}_error"]) for r in these)
                            for k in ("model_profile", "shipped_profile", "layer_profile")}})
+    summary.sort(key=lambda r: list(REFERENCE_SHAPES).index(r["shape"]))
     first = raws[0]
     out = {
         "gpu": first["gpu"], "gpu_uuid": sorted({r["gpu_uuid"] for r in [*raws, *repeats]}), "driver": first["driver"],

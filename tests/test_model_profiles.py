@@ -192,6 +192,8 @@ def test_without_the_kind_corner_a_kind_heavy_plan_is_priced_by_its_weights_and_
     j_old = ModelProfileCostModel(without_corner(profile), SHAPE).decode_step(plan, 16, 640)[1]
     j_new = ModelProfileCostModel(profile, SHAPE).decode_step(plan, 16, 640)[1]
     assert abs(j_new / j_true - 1) < 0.01 < abs(j_old / j_true - 1)
+    assert "no kind corner" in ModelProfileCostModel(without_corner(profile), SHAPE).label
+    assert "no kind corner" not in ModelProfileCostModel(profile, SHAPE).label
     uniform = plans()["fp8"]
     assert ModelProfileCostModel(without_corner(profile), SHAPE).decode_step(uniform, 16, 640)[1] == pytest.approx(
         ModelProfileCostModel(profile, SHAPE).decode_step(uniform, 16, 640)[1], rel=1e-9)

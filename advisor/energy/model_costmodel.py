@@ -103,6 +103,8 @@ class ModelProfileCostModel:
         origin = "per-model profile shipped with precision-advisor" if profile.get("shipped") else "per-model profile"
         unstable, points = unstable_points(profile)
         shaky = f"; {unstable} of its {points} metered points unstable (window CV > 1%)" if unstable else ""
+        if MLP_FP8 not in profile["decode"]:
+            shaky += "; no kind corner (stored before it): FP8 savings shared by weight alone"
         self.label = (f"predicted ({origin}, {profile['gpu']}, driver {profile['driver']}, "
                       f"{profile['date']}, model {self.digest}{routing}{metered_temperatures(profile)}{shaky})")
 

@@ -41,10 +41,11 @@ from advisor.formats import Format
 
 SCHEMA = "precision-advisor/model-energy-profile"
 VERSION = 1
-#: Bump when the runtime's kernels, or the meter, change what a step costs, or a profile measures more (profiles
-#: of older runtimes are not reused). .3: profiles meter the kind corner (MLP_FP8); .2: the meter keeps 50 ms of
-#: steps queued (MeterConfig.queued_s); .1 profiles of sub-ms steps held the GPU's idle gaps between NVML reads.
-RUNTIME_VERSION = "2026-11-22.3"
+#: Bump when the runtime's kernels, or the meter, change what a step costs (profiles of older runtimes are not
+#: reused). .2: the meter keeps 50 ms of steps queued (MeterConfig.queued_s); .1 profiles of sub-ms steps
+#: held the GPU's idle gaps between NVML reads. Profiles stored before the kind corner stay valid: the cost model
+#: shares their FP8 saving by weight alone, and says so in its label.
+RUNTIME_VERSION = "2026-11-22.2"
 FORMATS = (Format.BF16, Format.FP8)
 #: the profiled kind corner: MLP groups in FP8, attention in BF16 (see the module doc)
 MLP_FP8 = "mlp_fp8"
