@@ -114,7 +114,8 @@ def profile(
 ) -> None:
     """Measure an energy profile on this GPU: one model's (--model), or the GPU profile for unprofiled models.
 
-    With --model: its GEMMs per format, non-GEMM part, lm_head and steps (about a minute), kept for searches.
+    With --model: its GEMMs per format, non-GEMM part, lm_head, and the steps of all-BF16, all-FP8 and the
+    MLP-only FP8 corner (about two minutes), kept for searches.
 
     It first runs the model for up to 30 s: a small model's energy moves with the GPU's temperature.
 
