@@ -241,13 +241,13 @@ class ModelProfileCostModel:
             return float(group.num_weights)
         return group.num_weights * self._touched(phase, layer, x, profile_routing) / layer.num_experts
 
-    def _interp_step(self, phase: dict, fmt: Format | str, steps: list[float], x: float) -> float:
-        """The all-``fmt`` step at ``x`` rows from the profiled ones: its non-GEMM part interpolated (smooth
-        in ``x``), plus its GEMMs at ``x`` (a MoE step's expert GEMMs follow the concave count of distinct
-        experts, which a straight line through the whole steps would miss)."""
+    def _interp_step(self, phase: dict, plan: Format | str, steps: list[float], x: float) -> float:
+        """A profiled plan's step (all-``fmt``, or the kind corner) at ``x`` rows from its profiled ones: its
+        non-GEMM part interpolated (smooth in ``x``), plus its GEMMs at ``x`` (a MoE step's expert GEMMs follow
+        the concave count of distinct experts, which a straight line through the whole steps would miss)."""
         xs = self._xs(phase)
-        ng = [t - self._all_gemms(phase, fmt, v) for t, v in zip(steps, xs, strict=True)]
-        return interp(xs, ng, x) + self._all_gemms(phase, fmt, x)
+        ng = [t - self._all_gemms(phase, plan, v) for t, v in zip(steps, xs, strict=True)]
+        return interp(xs, ng, x) + self._all_gemms(phase, plan, x)
 
     def decode_step(self, plan: Plan, batch: int, context: float) -> tuple[float, float]:
         """(ms, J) of one decode step of ``batch`` sequences at ``context``."""
