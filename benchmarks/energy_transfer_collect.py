@@ -2,7 +2,7 @@
 
 For each shape (random weights, the project's runtime, the NVML meter): the per-model profile
 (:func:`advisor.energy.model_profile.measure_model_profile`, its wall time recorded), then each
-plan (all-BF16, all-FP8, two mixed) measured end to end: prefill of one 512-token request and
+plan (all-BF16, all-FP8, three mixed: :func:`plan_formats`) measured end to end: prefill of one 512-token request and
 decode at the workload's mean context (512 + 256 / 2) at batch 1, 16 and 64. ``--tables`` also
 measures the shipped GPU profile (:mod:`advisor.energy.gemm_table`: GEMM tables and anchor
 models). Results are written after every shape, so a run cut short keeps what it measured.
