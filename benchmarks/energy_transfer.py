@@ -126,6 +126,11 @@ def render(d: dict) -> str:
         f"prefill rows: J per prompt token of one {INPUT}-token prompt (batch 1). Targets: per-model profile "
         f"within {MODEL_TARGET:.0%}, shipped GPU profile within {SHIPPED_TARGET:.0%}.",
         "",
+        "Plans: all-BF16 (`bf16`), all-FP8 (`fp8`), every layer's MLP in FP8 (`mlp-fp8`), the middle half of "
+        "the layers in FP8 (`middle-fp8`), attention FP8 in every layer plus the MLP FP8 in the first half "
+        "(`attn+half-mlp-fp8`). A per-model profile with the kind corner meters the first three itself (at "
+        "its own contexts, in its own meter windows); the last two it predicts from them.",
+        "",
         "## Summary (max |error| over plans, phases and batches)",
         "",
         "| shape | params (B) | layers run | per-model profile | shipped GPU profile | old layer profile | "
