@@ -50,15 +50,13 @@ FORMATS = (Format.BF16, Format.FP8)
 #: the profiled kind corner: MLP groups in FP8, attention in BF16 (see the module doc)
 MLP_FP8 = "mlp_fp8"
 ATTENTION_KINDS = ("qkv", "o")
-
-
-def group_kind(group: str) -> str:
-    """``layers.3.gate_up`` (or ``3.gate_up``) -> ``gate_up``."""
-    return group.rsplit(".", 1)[-1]
+#: what a profile records of each metered plan, per point
+RECORDS = ("step_ms", "j_per_step", "power_w", "meter_ms_per_step", "cv", "temperature_c")
 
 
 def is_attention(group: str) -> bool:
-    return group_kind(group) in ATTENTION_KINDS
+    """``layers.3.qkv`` (or ``3.o``): an attention group."""
+    return group.rsplit(".", 1)[-1] in ATTENTION_KINDS
 
 
 def corner_format(group: str) -> Format:
@@ -306,11 +304,9 @@ def measure_model_profile(
 
     dec: dict[str, Any] = {"batches": list(batches), "contexts": list(contexts), "energy_contexts": list(contexts),
                            "gemm_ms": gemms(batches), "lm_head_ms": [lm_head_ms(bench, b) for b in batches],
-                           "step_ms": {}, "j_per_step": {}, "power_w": {}, "meter_ms_per_step": {}, "cv": {},
-                           "temperature_c": {}}
+                           **{key: {} for key in RECORDS}}
     pre: dict[str, Any] = {"batch": 1, "lengths": list(prefill_lengths), "gemm_ms": gemms(prefill_lengths),
-                           "lm_head_ms": lm_head_ms(bench, 1), "step_ms": {}, "j_per_step": {}, "power_w": {},
-                           "meter_ms_per_step": {}, "cv": {}, "temperature_c": {}}
+                           "lm_head_ms": lm_head_ms(bench, 1), **{key: {} for key in RECORDS}}
     if "experts" in kinds:  # the distinct experts behind each experts GEMM time
         dec["experts_touched"] = [experts_touched(bench, b) for b in batches]
         pre["experts_touched"] = [experts_touched(bench, n) for n in prefill_lengths]
@@ -323,15 +319,14 @@ def measure_model_profile(
         log(f"profile {dims.family}: GPU at {soak['to_c']:.0f} C after {soak['seconds']:.0f} s of decode steps "
             f"(from {soak['from_c']:.0f} C)")
     for f in FORMATS:
-        _measure_plan(rts[f], f.value, dec, pre, batches, contexts, prefill_lengths, energy, log, dims.family)
-    corner_dec: dict[str, Any] = {k: {} for k in ("step_ms", "j_per_step", "power_w", "meter_ms_per_step", "cv",
-                                                  "temperature_c")}
-    corner_pre: dict[str, Any] = {k: {} for k in corner_dec}
+        plan_dec, plan_pre = _measure_plan(rts[f], f.value, batches, contexts, prefill_lengths, energy, log,
+                                           dims.family)
+        for key in plan_dec:  # per-format tables
+            dec[key][f.value], pre[key][f.value] = plan_dec[key], plan_pre[key]
     rt = bench.runtime({g: corner_format(g) for g in uniform_formats(dims, Format.BF16)})
-    _measure_plan(rt, MLP_FP8, corner_dec, corner_pre, batches, contexts, prefill_lengths, energy, log, dims.family)
+    dec[MLP_FP8], pre[MLP_FP8] = _measure_plan(rt, MLP_FP8, batches, contexts, prefill_lengths, energy, log,
+                                               dims.family)
     rt.free()
-    dec[MLP_FP8] = {k: v[MLP_FP8] for k, v in corner_dec.items()}  # one plan, not a per-format table
-    pre[MLP_FP8] = {k: v[MLP_FP8] for k, v in corner_pre.items()}
     kind = gpu_from_device_name(state.name)
     dims_dict = dims.to_dict()
     return {
@@ -351,39 +346,37 @@ def measure_model_profile(
     }
 
 
-def _measure_plan(rt, fv: str, dec: dict, pre: dict, batches, contexts, prefill_lengths, energy, log,
-                  family: str) -> None:
-    """Time and meter ``rt``'s decode steps (each batch and context) and prefills into ``dec``/``pre`` under
-    ``fv``."""
+def _measure_plan(rt, name: str, batches, contexts, prefill_lengths, energy, log,
+                  family: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Time and meter ``rt``'s decode steps (each batch and context) and prefills: (decode, prefill) records,
+    ``{record: {context: [per batch]}}`` and ``{record: [per prompt length]}``."""
     from advisor.energy.measure import decode_step, prefill_step
 
-    dec["step_ms"][fv] = {str(c): [] for c in contexts}
-    for key in ("j_per_step", "power_w", "meter_ms_per_step", "cv", "temperature_c"):
-        dec[key][fv], pre[key][fv] = {str(c): [] for c in contexts}, []
+    dec: dict[str, Any] = {key: {str(c): [] for c in contexts} for key in RECORDS}
+    pre: dict[str, Any] = {key: [] for key in RECORDS}
     for b in batches:
         for c in contexts:
             step = decode_step(rt, b, c)
-            dec["step_ms"][fv][str(c)].append(step.time_ms())
-            _append(dec, fv, energy(step, f"profile decode {fv} b{b} c{c}"), str(c))
+            _append({key: v[str(c)] for key, v in dec.items()}, step.time_ms(),
+                    energy(step, f"profile decode {name} b{b} c{c}"))
             del step
             rt.free()
         _release()
-        log(f"profile {family} decode {fv} b{b}: "
-            + ", ".join(f"c{c} {dec['step_ms'][fv][str(c)][-1]:.3f} ms {dec['power_w'][fv][str(c)][-1]:.0f} W"
+        log(f"profile {family} decode {name} b{b}: "
+            + ", ".join(f"c{c} {dec['step_ms'][str(c)][-1]:.3f} ms {dec['power_w'][str(c)][-1]:.0f} W"
                         for c in contexts))
-    pre["step_ms"][fv] = []
     for length in prefill_lengths:
         step = prefill_step(rt, length)
-        pre["step_ms"][fv].append(step.time_ms())
-        _append(pre, fv, energy(step, f"profile prefill {fv} L{length}"))
+        _append(pre, step.time_ms(), energy(step, f"profile prefill {name} L{length}"))
         del step
         rt.free()
         _release()
+    return dec, pre
 
 
-def _append(phase: dict, fv: str, e: dict[str, float], ctx: str | None = None) -> None:
+def _append(records: dict[str, list], step_ms: float, e: dict[str, float]) -> None:
     # the GPU's temperature (mean of before and after) moves a small model's J/step ~0.17%/C (H100, 2026-11-22:
     # +3.9% right after a minute of prefills; reports/benchmarks/energy_transfer_data/h100_thermal.json)
-    for key, v in (("j_per_step", e["j"]), ("power_w", e["w"]), ("meter_ms_per_step", e["s"] * 1e3), ("cv", e["cv"]),
-                   ("temperature_c", e["t"])):
-        (phase[key][fv] if ctx is None else phase[key][fv][ctx]).append(v)
+    for key, v in (("step_ms", step_ms), ("j_per_step", e["j"]), ("power_w", e["w"]),
+                   ("meter_ms_per_step", e["s"] * 1e3), ("cv", e["cv"]), ("temperature_c", e["t"])):
+        records[key].append(v)
