@@ -78,29 +78,34 @@ def search_regime() -> dict[str, tuple[int, ...]]:
                            for b in BATCHES])
 
 
-def measure_plans(bench, meter, log, plans: dict[str, dict[str, Format]] | None = None) -> list[dict]:
-    """Each plan (default :func:`plan_formats`) metered end to end: prefill, then decode at each of ``BATCHES``."""
+def meter_point(rt, meter, name: str, phase: str, b: int) -> dict:
+    """One plan's prefill (one ``INPUT``-token request) or decode step of ``b`` sequences at ``DECODE_CONTEXT``:
+    its CUDA-event time and its metered energy, as a row."""
     from advisor.energy.measure import decode_step, prefill_step
 
+    step = prefill_step(rt, INPUT) if phase == "prefill" else decode_step(rt, b, DECODE_CONTEXT)
+    ms = step.time_ms()
+    m = meter.measure(step.launch, f"{name} {phase} b{b}", step.tokens_per_step)
+    del step
+    rt.free()
+    return {"plan": name, "phase": phase, "batch": b, "tokens_per_step": m.tokens_per_step,
+            "context": DECODE_CONTEXT if phase == "decode" else INPUT,
+            "measured_j_per_step": m.j_per_step, "measured_j_per_token": m.j_per_token,
+            "ms_per_step_events": ms, "ms_per_step_meter": m.s_per_step * 1e3,
+            "power_w": m.power_w, "cv": m.cv, "temperature_c": m.gpu_after.temperature_c,
+            "temperature_before_c": m.gpu_before.temperature_c, "sm_clock_mhz": m.gpu_after.sm_clock_mhz}
+
+
+def measure_plans(bench, meter, log, plans: dict[str, dict[str, Format]] | None = None) -> list[dict]:
+    """Each plan (default :func:`plan_formats`) metered end to end: prefill, then decode at each of ``BATCHES``."""
     rows = []
     for name, fmts in (plans or plan_formats(bench.dims.num_layers)).items():
         rt = bench.runtime(fmts)
-        points = [("prefill", 1)] + [("decode", b) for b in BATCHES]
-        for phase, b in points:
-            step = prefill_step(rt, INPUT) if phase == "prefill" else decode_step(rt, b, DECODE_CONTEXT)
-            ms = step.time_ms()
-            m = meter.measure(step.launch, f"{name} {phase} b{b}", step.tokens_per_step)
-            rows.append({"plan": name, "phase": phase, "batch": b, "tokens_per_step": step.tokens_per_step,
-                         "context": DECODE_CONTEXT if phase == "decode" else INPUT,
-                         "measured_j_per_step": m.j_per_step, "measured_j_per_token": m.j_per_token,
-                         "ms_per_step_events": ms, "ms_per_step_meter": m.s_per_step * 1e3,
-                         "power_w": m.power_w, "cv": m.cv, "temperature_c": m.gpu_after.temperature_c,
-                         "temperature_before_c": m.gpu_before.temperature_c,
-                         "sm_clock_mhz": m.gpu_after.sm_clock_mhz})
-            log(f"  {name:10s} {phase:7s} b{b:<3d} {ms:8.3f} ms  {m.j_per_token:.6f} J/tok  {m.power_w:.0f} W "
-                f"cv {m.cv:.4f}")
-            del step
-            rt.free()
+        for phase, b in [("prefill", 1)] + [("decode", b) for b in BATCHES]:
+            r = meter_point(rt, meter, name, phase, b)
+            rows.append(r)
+            log(f"  {name:10s} {phase:7s} b{b:<3d} {r['ms_per_step_events']:8.3f} ms  "
+                f"{r['measured_j_per_token']:.6f} J/tok  {r['power_w']:.0f} W cv {r['cv']:.4f}")
         del rt
     return rows
 

@@ -35,10 +35,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from energy_transfer_collect import (  # noqa: E402
     BENCH_METER,
-    DECODE_CONTEXT,
-    INPUT,
     PROFILE_METER,
     measure_plans,
+    meter_point,
     search_regime,
 )
 
@@ -71,16 +70,6 @@ def subset_plans(num_layers: int) -> dict[str, dict[str, Format]]:
             for name, rule in fp8_if.items()}
 
 
-def _bench(dims, std: float):
-    """A :class:`~advisor.energy.measure.Bench` whose random weights are drawn with ``std``."""
-    from advisor.energy.measure import Bench
-    from advisor.energy.runtime import calibrate
-    from advisor.energy.weights import DecoderWeights
-
-    w = DecoderWeights.random(dims, max_pos=4096, std=std)
-    return Bench(dims, w, calibrate(w))
-
-
 def collect(args) -> int:
     import torch
 
@@ -106,8 +95,10 @@ def collect(args) -> int:
             break
         dims = REFERENCE_SHAPES[name].dims(None)
         if args.probe:
-            out["shapes"][name] = {"num_layers": dims.num_layers,
-                                   "probe": probe(lambda std, d=dims: _bench(d, std), dims, bench_meter, log)}
+            def bench_for(std: float, d=dims) -> Bench:
+                return Bench.create(d, max_pos=4096, std=std)
+
+            out["shapes"][name] = {"num_layers": dims.num_layers, "probe": probe(bench_for, dims, bench_meter, log)}
             args.out.write_text(json.dumps(out, indent=1))
             _release()
             continue
@@ -127,18 +118,7 @@ PROBE_POINTS = (("prefill", 1), ("decode", 1), ("decode", 64))
 
 
 def _meter_point(bench, meter, fmts: dict[str, Format], plan: str, phase: str, b: int, **extra) -> dict:
-    from advisor.energy.measure import decode_step, prefill_step
-
-    rt = bench.runtime(fmts)
-    step = prefill_step(rt, INPUT) if phase == "prefill" else decode_step(rt, b, DECODE_CONTEXT)
-    ms = step.time_ms()
-    m = meter.measure(step.launch, f"{plan} {phase} b{b}", step.tokens_per_step)
-    del step
-    rt.free()
-    return {"plan": plan, "phase": phase, "batch": b, "tokens_per_step": m.tokens_per_step,
-            "context": DECODE_CONTEXT if phase == "decode" else INPUT, "measured_j_per_step": m.j_per_step,
-            "ms_per_step_events": ms, "power_w": m.power_w, "cv": m.cv,
-            "temperature_before_c": m.gpu_before.temperature_c, "temperature_c": m.gpu_after.temperature_c, **extra}
+    return {**meter_point(bench.runtime(fmts), meter, plan, phase, b), **extra}
 
 
 def probe(bench_for, dims, meter, log) -> list[dict]:

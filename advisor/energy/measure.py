@@ -40,11 +40,11 @@ class Bench:
     linear_cache: dict = field(default_factory=dict)
 
     @classmethod
-    def create(cls, dims, seed: int = 0, max_pos: int = 8192) -> Bench:
+    def create(cls, dims, seed: int = 0, max_pos: int = 8192, std: float = 0.02) -> Bench:
         from advisor.energy.runtime import calibrate
         from advisor.energy.weights import DecoderWeights
 
-        w = DecoderWeights.random(dims, max_pos=max_pos, seed=seed)
+        w = DecoderWeights.random(dims, max_pos=max_pos, seed=seed, std=std)
         return cls(dims, w, calibrate(w))
 
     def runtime(self, formats: dict[str, Format], key: str | None = None, kv_cache: Format = Format.BF16):
