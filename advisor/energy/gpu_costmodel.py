@@ -23,6 +23,7 @@ cube root of the excess (:func:`at_power_limit`). torch-free; numpy and scipy fi
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -172,8 +173,12 @@ def energy_features(t_ms: float, parts: dict[str, Any]) -> list[float]:
     return [t_ms / 1e3, parts["bytes"], parts["flops"][Format.BF16], parts["flops"][Format.FP8]]
 
 
-def fit_gpu_profile(profile: dict[str, Any]) -> dict[str, Any]:
-    """Fit the non-GEMM time (per phase and format) and the energy coefficients to the anchors."""
+EnergyFeatures = Callable[[float, dict[str, Any]], list[float]]
+
+
+def fit_gpu_profile(profile: dict[str, Any], features: EnergyFeatures = energy_features) -> dict[str, Any]:
+    """Fit the non-GEMM time (per phase and format) and the energy coefficients (of ``features``: the shipped
+    form unless a benchmark compares another) to the anchors."""
     import numpy as np
     from scipy.optimize import nnls
 
@@ -193,14 +198,14 @@ def fit_gpu_profile(profile: dict[str, Any]) -> dict[str, Any]:
                     ng_rows.setdefault(("decode", f), []).append((ng_features(parts, "decode"), t - parts["gemm_ms"]))
                     j = _energy_at(d, f, c, i)
                     if j is not None and j / (t / 1e3) < cap_w:
-                        e_rows.append((energy_features(t, parts), j))
+                        e_rows.append((features(t, parts), j))
             for i, length in enumerate(p["lengths"]):
                 t = p["step_ms"][f.value][i]
                 parts = step_parts(geo, table, uniform, "prefill", length, length)
                 ng_rows.setdefault(("prefill", f), []).append((ng_features(parts, "prefill"), t - parts["gemm_ms"]))
                 j = p["j_per_step"][f.value][i]
                 if j / (t / 1e3) < cap_w:  # a step at the power limit follows the cap rule, not the fit
-                    e_rows.append((energy_features(t, parts), j))
+                    e_rows.append((features(t, parts), j))
     if not e_rows:
         raise InputError("the GPU profile has no anchor models to fit its non-GEMM and energy terms to")
 
@@ -293,9 +298,10 @@ class GpuProfileCostModel:
 
     measured = False
 
-    def __init__(self, profile: dict[str, Any], shape: ModelShape) -> None:
+    def __init__(self, profile: dict[str, Any], shape: ModelShape, features: EnergyFeatures = energy_features) -> None:
         self.p = validate_gpu_profile(profile)
-        self.fit = profile.get("fit") or fit_gpu_profile(profile)
+        self.features = features
+        self.fit = profile.get("fit") or fit_gpu_profile(profile, features)
         self.geo = Geometry.from_shape(shape)
         self.table = GemmTable(profile)
         self.formats = {Format(f) for f in profile["formats"]}
@@ -318,7 +324,7 @@ class GpuProfileCostModel:
             coef = self.fit["non_gemm"][f"{phase}:{f.value}"]
             ng += parts["share"][f] * sum(a * b for a, b in zip(coef, feats, strict=True))
         t = parts["gemm_ms"] + ng
-        energy = sum(a * b for a, b in zip(self.fit["energy"], energy_features(t, parts), strict=True))
+        energy = sum(a * b for a, b in zip(self.fit["energy"], self.features(t, parts), strict=True))
         return at_power_limit(t, energy, self.p["power_limit_w"])
 
     def decode_step(self, plan: Plan, batch: int, context: float) -> tuple[float, float]:
