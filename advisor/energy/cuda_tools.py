@@ -38,10 +38,8 @@ class CapturedStep:
         return start.elapsed_time(end) / iters
 
 
-def graph_ms(fn, iters: int = 20) -> float:
-    """ms per call of ``fn`` replayed from a CUDA graph (warm-up on a side stream first)."""
-    import torch
-
+def capture(fn) -> torch.cuda.CUDAGraph:
+    """``fn`` captured in a CUDA graph (run once on a side stream first, as capture requires)."""
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
@@ -50,6 +48,25 @@ def graph_ms(fn, iters: int = 20) -> float:
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         fn()
+    return g
+
+
+@dataclass
+class GraphReplay:
+    """A captured graph as the meter's Step: each launch replays it once."""
+
+    graph: torch.cuda.CUDAGraph
+
+    def launch(self):
+        self.graph.replay()
+        ev = torch.cuda.Event()
+        ev.record()
+        return ev
+
+
+def graph_ms(fn, iters: int = 20) -> float:
+    """ms per call of ``fn`` replayed from a CUDA graph (warm-up replays first)."""
+    g = capture(fn)
     for _ in range(3):
         g.replay()
     a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)

@@ -33,16 +33,11 @@ def nk_key(n: int, k: int) -> str:
     return f"{n}x{k}"
 
 
-def gemm_row_ms(n: int, k: int, fmt: Format, ms: tuple[int, ...], max_copies: int | None = 16,
-                iters: int = 10) -> list[float]:
-    """Time of one ``n x k`` GEMM in ``fmt`` at each row count in ``ms``: a graph over distinct copies of the
-    weight (``L2_DEFEAT_BYTES`` in all, at most ``max_copies``; None: no cap). With no cap every GEMM reads
-    its weight from HBM, closer to a step of a large model (H200, 2026-11-22: the 8B's GEMMs +0.2..+5.6% of
-    their in-model times, +0.1..+13.6% capped), but the shipped profiles refitted on such tables predicted
-    worse (benchmarks/gemm_table_check.py), so the shipped tables keep the cap."""
+def _weight_copies(n: int, k: int, fmt: Format, max_copies: int | None) -> list:
+    """Distinct copies of an ``n x k`` weight in ``fmt``, ``L2_DEFEAT_BYTES`` in all (at most ``max_copies``;
+    None: no cap), so that a graph over them reads each from HBM rather than the L2 cache."""
     import torch
 
-    from advisor.energy.cuda_tools import graph_ms
     from advisor.energy.runtime import _Linear
 
     copies = max(1, math.ceil(L2_DEFEAT_BYTES / (n * k * (2 if fmt == Format.BF16 else 1))))
@@ -53,19 +48,57 @@ def gemm_row_ms(n: int, k: int, fmt: Format, ms: tuple[int, ...], max_copies: in
         lins.append(_Linear(w, fmt, act_amax=4.0))
         if fmt != Format.BF16:
             del w
-    out = []
-    for m in (ms[0], *ms):  # the first pass only warms up (clocks, cuBLASLt heuristics)
-        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-        if fmt == Format.FP8:
-            x = x.clamp(-448, 448).to(torch.float8_e4m3fn)
+    return lins
 
-        def run(x=x) -> None:
-            for lin in lins:
-                lin(x)
 
-        out.append(graph_ms(run, iters=iters) / copies)
+def _over_copies(lins: list, m: int, k: int, fmt: Format):
+    """One GEMM of ``m`` rows through every copy: what a graph captures."""
+    import torch
+
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    if fmt == Format.FP8:
+        x = x.clamp(-448, 448).to(torch.float8_e4m3fn)
+
+    def run() -> None:
+        for lin in lins:
+            lin(x)
+
+    return run
+
+
+def gemm_row_ms(n: int, k: int, fmt: Format, ms: tuple[int, ...], max_copies: int | None = 16,
+                iters: int = 10) -> list[float]:
+    """Time of one ``n x k`` GEMM in ``fmt`` at each row count in ``ms``: a graph over distinct copies of the
+    weight (:func:`_weight_copies`). With no cap every GEMM reads
+    its weight from HBM, closer to a step of a large model (H200, 2026-11-22: the 8B's GEMMs +0.2..+5.6% of
+    their in-model times, +0.1..+13.6% capped), but the shipped profiles refitted on such tables predicted
+    worse (benchmarks/gemm_table_check.py), so the shipped tables keep the cap."""
+    from advisor.energy.cuda_tools import graph_ms
+
+    lins = _weight_copies(n, k, fmt, max_copies)
+    # the first pass only warms up (clocks, cuBLASLt heuristics)
+    out = [graph_ms(_over_copies(lins, m, k, fmt), iters=iters) / len(lins) for m in (ms[0], *ms)]
     lins.clear()
     return out[1:]
+
+
+def gemm_row_energy(n: int, k: int, fmt: Format, ms: tuple[int, ...], meter, max_copies: int | None = 16
+                    ) -> list[dict[str, float]]:
+    """Metered energy of one ``n x k`` GEMM in ``fmt`` at each row count in ``ms``: :func:`gemm_row_ms`'s graph
+    replayed back to back under ``meter`` (an :class:`~advisor.energy.meter.EnergyMeter`). Per GEMM: J and ms
+    (the meter's), and the window's W, CV and GPU temperature."""
+    from advisor.energy.cuda_tools import GraphReplay, capture
+
+    lins = _weight_copies(n, k, fmt, max_copies)
+    out = []
+    for m in ms:
+        step = GraphReplay(capture(_over_copies(lins, m, k, fmt)))
+        r = meter.measure(step.launch, f"{nk_key(n, k)} {fmt.value} m{m}")
+        out.append({"j": r.j_per_step / len(lins), "ms": r.s_per_step * 1e3 / len(lins), "power_w": r.power_w,
+                    "cv": r.cv, "temperature_c": r.gpu_after.temperature_c})
+        del step
+    lins.clear()
+    return out
 
 
 def measure_gpu_profile(command: str, deadline_s: float = 600.0, anchors=ANCHORS, log=print,

@@ -1,0 +1,261 @@
+"""Does metering each GEMM's energy let a GPU profile price unprofiled models within 10%? No GPU needed.
+
+The shipped GPU profile fits a step's whole energy as ``P0 t + e_byte B + e_bf16 F + e_fp8 F8`` to a
+few anchor models (``advisor.energy.gpu_costmodel``); no coefficients of that form price small models
+within 10% (``reports/benchmarks/shipped_fit_ceiling``). The alternative tried here: every GEMM's
+energy read from a metered table (``benchmarks/gemm_energy_collect.py``: J per GEMM per format and
+row count, on one unit), and only the rest fitted to the anchors (metered on the same unit):
+
+    E = sum of the step's GEMMs' table J + P_rest x (t - table GEMM time) + e_kv x KV bytes
+        + e_act x activation bytes + e_attn x attention FLOPs
+
+Both forms are fitted to the same anchors and predict the same measured rows (every run of
+``benchmarks/energy_transfer_collect.py``), with the step time predicted by the shipped profile's
+time model (its GEMM time tables and its non-GEMM time, fitted to its own anchors). Also, as in ``shipped_fit_ceiling``,
+each form fitted to every measured row at once (measured step times, largest error minimised), the
+least any coefficients of that form reach.
+
+    python benchmarks/gemm_energy_eval.py --gpu-profile advisor/energy/profiles/h100_gemm_2026-11-22.json \
+        --gemm-energy GEMM_ENERGY.json --anchors RAW_WITH_ANCHORS.json --raw RAW.json [--raw ...] --out OUT.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from datetime import date
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from scipy.optimize import nnls
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from energy_transfer_collect import plan_formats  # noqa: E402
+
+from advisor.energy.costmodel import interp  # noqa: E402
+from advisor.energy.gpu_costmodel import (  # noqa: E402
+    CAPPED_SHARE,
+    FORMATS,
+    GemmTable,
+    Geometry,
+    GpuProfileCostModel,
+    energy_features,
+    fit_gpu_profile,
+    step_parts,
+)
+from advisor.energy.reference_shapes import REFERENCE_SHAPES  # noqa: E402
+from advisor.formats import Format  # noqa: E402
+from advisor.plan import Plan  # noqa: E402
+
+TARGET = 0.10
+
+
+class GemmEnergy:
+    """J of one GEMM per format and ``NxK`` at the metered row counts (linear in the rows between them)."""
+
+    def __init__(self, data: dict[str, Any]) -> None:
+        self.ms = data["m_buckets"]
+        self.j = {Format(f): {nk: [p["j"] for p in pts] for nk, pts in v.items()} for f, v in data["gemm"].items()}
+
+    def step_j(self, geo: Geometry, formats: dict[str, Format], phase: str, x: float) -> float:
+        """The step's GEMMs (each group in its format at ``x`` rows; the BF16 lm_head at its rows)."""
+        j = sum(interp(self.ms, self.j[formats.get(name, Format.BF16)][f"{n}x{k}"], x)
+                for name, _, n, k in geo.groups)
+        head_rows = x if phase == "decode" else 1
+        return j + interp(self.ms, self.j[Format.BF16][f"{geo.vocab}x{geo.hidden}"], head_rows)
+
+
+def rest_features(t_ms: float, parts: dict[str, Any]) -> list[float]:
+    """What the GEMM table does not price: the rest of the step's time, KV and activation bytes, attention FLOPs."""
+    return [max(t_ms - parts["gemm_ms"], 0.0) / 1e3, parts["kv_bytes"], parts["act_bytes"], parts["attn_flops"]]
+
+
+def anchor_points(profile: dict) -> list[dict]:
+    """Every metered anchor step below the power cap: geometry, formats, phase, rows, time, J."""
+    out = []
+    cap_w = CAPPED_SHARE * profile["power_limit_w"]
+    for anchor in profile["anchors"].values():
+        geo = Geometry.from_dims(anchor["model"])
+        d, p = anchor["decode"], anchor["prefill"]
+        for f in FORMATS:
+            uniform = {name: f for name, *_ in geo.groups}
+            for i, b in enumerate(d["batches"]):
+                for c in d["contexts"]:
+                    t, j = d["step_ms"][f.value][str(c)][i], d["j_per_step"][f.value][str(c)][i]
+                    out.append({"geo": geo, "formats": uniform, "phase": "decode", "x": b, "context": c,
+                                "t": t, "j": j})
+            for i, length in enumerate(p["lengths"]):
+                t, j = p["step_ms"][f.value][i], p["j_per_step"][f.value][i]
+                out.append({"geo": geo, "formats": uniform, "phase": "prefill", "x": length, "context": length,
+                            "t": t, "j": j})
+    return [pt for pt in out if pt["j"] / (pt["t"] / 1e3) < cap_w]
+
+
+def fit_rest(points: list[dict], table: GemmTable, energy: GemmEnergy) -> list[float]:
+    """The rest's coefficients: non-negative least squares on the relative error of the whole step's J."""
+    a, y, j = [], [], []
+    for pt in points:
+        parts = step_parts(pt["geo"], table, pt["formats"], pt["phase"], pt["x"], pt["context"])
+        a.append(rest_features(pt["t"], parts))
+        y.append(pt["j"] - energy.step_j(pt["geo"], pt["formats"], pt["phase"], pt["x"]))
+        j.append(pt["j"])
+    a_, y_, j_ = np.array(a), np.array(y), np.array(j)
+    scale = a_.max(axis=0)
+    scale[scale == 0] = 1.0
+    coef, _ = nnls(a_ / scale / j_[:, None], y_ / j_)
+    return list(coef / scale)
+
+
+def predicted_errors(profile: dict, raws: list[tuple[str, dict]], rest: list[float] | None = None,
+                     energy: GemmEnergy | None = None) -> dict[str, dict[str, float]]:
+    """Max |error| per shape and run. The step time: ``profile``'s time model (with its power-limit rule). The
+    energy: ``profile``'s fit (the shipped form), or with ``energy`` the metered GEMMs plus ``rest``; the table's
+    GEMM energies were metered as they ran, at the power limit where they reached it, so no cap rule is applied
+    on top of them."""
+    table = GemmTable(profile)
+    out: dict[str, dict[str, float]] = {}
+    for run, raw in raws:
+        for name, data in raw["shapes"].items():
+            layers = data["num_layers"]
+            shape = REFERENCE_SHAPES[name].shape(layers)
+            geo = Geometry.from_shape(shape)
+            model = GpuProfileCostModel(profile, shape)
+            plans = plan_formats(layers)
+            for r in data["rows"]:
+                plan = Plan(plans[r["plan"]])
+                decode = r["phase"] == "decode"
+                t, j = (model.decode_step(plan, r["batch"], r["context"]) if decode
+                        else model.prefill(plan, r["context"]))
+                if energy is not None and rest is not None:
+                    x = r["batch"] if decode else r["context"]
+                    formats = dict(plan.formats)
+                    parts = step_parts(geo, table, formats, r["phase"], x, r["context"])
+                    j = energy.step_j(geo, formats, r["phase"], x) + float(np.dot(rest, rest_features(t, parts)))
+                err = abs(j / r["measured_j_per_step"] - 1)
+                out.setdefault(name, {})[run] = max(out.get(name, {}).get(run, 0.0), err)
+    return out
+
+
+def measured_points(raws: list[tuple[str, dict]], limit_w: float, cap_share: float) -> list[dict]:
+    """Every measured row below ``cap_share`` of the power limit, as an anchor point plus its shape."""
+    out = []
+    for _, raw in raws:
+        for name, data in raw["shapes"].items():
+            geo = Geometry.from_shape(REFERENCE_SHAPES[name].shape(data["num_layers"]))
+            plans = plan_formats(data["num_layers"])
+            for r in data["rows"]:
+                t, j = r["ms_per_step_events"], r["measured_j_per_step"]
+                if j / (t / 1e3) < cap_share * limit_w:
+                    out.append({"shape": name, "geo": geo, "formats": dict(Plan(plans[r["plan"]]).formats),
+                                "phase": r["phase"], "x": r["batch"] if r["phase"] == "decode" else r["context"],
+                                "context": r["context"], "t": t, "j": j})
+    return out
+
+
+def pooled_floor(points: list[dict], table: GemmTable, energy: GemmEnergy) -> dict[str, dict[str, float]]:
+    """Each form fitted to every point at once (measured step times), its largest relative error minimised: the
+    worst error per shape."""
+    from scipy.optimize import linprog
+
+    out = {}
+    for name, offset, feats in (
+            ("shipped form", lambda p: 0.0, energy_features),
+            ("GEMM energy metered", lambda p: energy.step_j(p["geo"], p["formats"], p["phase"], p["x"]),
+             rest_features)):
+        parts = [step_parts(p["geo"], table, p["formats"], p["phase"], p["x"], p["context"]) for p in points]
+        a = np.array([feats(p["t"], pa) for p, pa in zip(points, parts, strict=True)])
+        y = np.array([p["j"] for p in points])
+        base = np.array([offset(p) for p in points]) / y
+        scale = a.max(axis=0)
+        scale[scale == 0] = 1.0
+        rel = a / scale / y[:, None]  # predicted / measured = base + rel @ coef
+        n, one = rel.shape[1], np.ones((len(y), 1))
+        res = linprog(np.r_[np.zeros(n), 1.0], A_ub=np.block([[rel, -one], [-rel, -one]]),
+                      b_ub=np.r_[1 - base, base - 1], bounds=[(0, None)] * (n + 1), method="highs")
+        if not res.success:
+            raise RuntimeError(f"minimax fit failed: {res.message}")
+        errs = base + rel @ res.x[:n] - 1
+        worst: dict[str, float] = {}
+        for p, e in zip(points, errs, strict=True):
+            worst[p["shape"]] = max(worst.get(p["shape"], 0.0), abs(float(e)))
+        out[name] = worst
+    return out
+
+
+def render(d: dict) -> str:
+    shapes = [s for s in REFERENCE_SHAPES if s in d["anchors_fit"]["GEMM energy metered"]]
+    lines = [
+        f"# Metered GEMM energy in a GPU profile: an experiment ({d['gpu']})",
+        "",
+        f"Computed {d['date']}, no GPU; command `{d['command']}`. GEMM energies and anchors metered on one "
+        f"unit ({d['unit']}, {d['energy_date']}: `{d['energy_command']}`; `{d['anchors_command']}`); "
+        f"predicted rows: {len(d['runs'])} runs on {d['units']} units. Each cell: max |error| over every row "
+        f"(plans, phases, batches) of every run of that shape. Target: {TARGET:.0%}.",
+        "",
+        f"Rest coefficients fitted to the anchors ({', '.join(d['anchors'])}): P_rest {d['rest'][0]:.0f} W, "
+        f"e_kv {d['rest'][1] * 1e12:.0f} pJ/B, e_act {d['rest'][2] * 1e12:.0f} pJ/B, "
+        f"e_attn {d['rest'][3] * 1e12:.2f} pJ/FLOP.",
+        "",
+        "| form | fit | " + " | ".join(shapes) + " | worst |",
+        "|---|---|" + "---:|" * (len(shapes) + 1),
+    ]
+    for way, key in (("anchors, step time predicted", "anchors_fit"), ("every row, minimax (floor)", "pooled")):
+        for form, worst in d[key].items():
+            per = {s: max(v.values()) if isinstance(v, dict) else v for s, v in worst.items()}
+            cells = [f"{per[s] * 100:.1f}%" if s in per else "-" for s in shapes]
+            lines.append(f"| {form} | {way} | " + " | ".join(cells) + f" | {max(per.values()) * 100:.1f}% |")
+    lines += ["", "## Per run (anchors fit, step time predicted): shipped form -> GEMM energy metered", "",
+              "| shape | run: error |", "|---|---|"]
+    ship, gemm = d["anchors_fit"]["shipped form"], d["anchors_fit"]["GEMM energy metered"]
+    for s in shapes:
+        lines.append(f"| {s} | " + ", ".join(f"{Path(r).stem.removeprefix('h100_')}: {ship[s][r] * 100:.1f} -> "
+                                              f"{gemm[s][r] * 100:.1f}" for r in sorted(gemm[s])) + " |")
+    lines += ["", "## Notes", ""] + [f"- {n}" for n in d.get("notes", [])]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--gpu-profile", type=Path, required=True, help="its time tables and non-GEMM time model")
+    ap.add_argument("--gemm-energy", type=Path, required=True, help="benchmarks/gemm_energy_collect.py output")
+    ap.add_argument("--anchors", type=Path, required=True, help="energy_transfer_collect output with --anchors")
+    ap.add_argument("--raw", type=Path, action="append", required=True)
+    ap.add_argument("--cap-share", type=float, default=0.8, help="rows drawing this share of the power limit or "
+                    "more are left out of the every-row fit (%(default)s, as shipped_fit_ceiling's reports)")
+    ap.add_argument("--notes", type=Path)
+    ap.add_argument("--out", type=Path, required=True)
+    args = ap.parse_args(argv)
+    profile = json.loads(args.gpu_profile.read_text())
+    energy_data = json.loads(args.gemm_energy.read_text())
+    anchors_raw = json.loads(args.anchors.read_text())
+    if anchors_raw["gpu_uuid"] != energy_data["gpu_uuid"]:
+        print(f"warning: anchors on {anchors_raw['gpu_uuid']}, GEMM energies on {energy_data['gpu_uuid']}")
+    raws = [(str(p), json.loads(p.read_text())) for p in args.raw]
+    raws = [(p, r) for p, r in raws if r["shapes"]]
+    with_anchors = {k: v for k, v in profile.items() if k != "fit"} | {"anchors": anchors_raw["anchors"]}
+    table, energy = GemmTable(profile), GemmEnergy(energy_data)
+    # both forms keep the shipped profile's time model (its non-GEMM time fit); only the energy is refitted here
+    fit = {**profile["fit"], "energy": fit_gpu_profile(with_anchors)["energy"]}
+    rest = fit_rest(anchor_points(with_anchors), table, energy)
+    d = {"gpu": profile["gpu"], "date": date.today().isoformat(),
+         "command": "python " + " ".join([sys.argv[0], *(argv if argv is not None else sys.argv[1:])]),
+         "unit": energy_data["gpu_uuid"], "energy_date": energy_data["date"], "energy_command": energy_data["command"],
+         "anchors_command": anchors_raw["command"], "anchors": sorted(anchors_raw["anchors"]),
+         "runs": [p for p, _ in raws], "units": len({r["gpu_uuid"] for _, r in raws}), "rest": rest,
+         "shipped_form_energy": fit["energy"],
+         "anchors_fit": {"shipped form": predicted_errors({**with_anchors, "fit": fit}, raws),
+                         "GEMM energy metered": predicted_errors({**with_anchors, "fit": fit}, raws, rest, energy)},
+         "pooled": pooled_floor(measured_points(raws, profile["power_limit_w"], args.cap_share), table, energy),
+         "notes": json.loads(args.notes.read_text()) if args.notes else []}
+    args.out.write_text(json.dumps(d, indent=1) + "\n")
+    args.out.with_suffix(".md").write_text(render(d))
+    print(render(d))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
