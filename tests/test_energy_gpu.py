@@ -221,6 +221,26 @@ def test_nvml_meter_on_a_gpu_matmul():
     assert torch.cuda.current_stream().query()
 
 
+
+def test_gemm_table_times_and_meters_a_gemm():
+    """The GPU profile's GEMM tables: time per GEMM grows with the rows, FP8 reads half the weight bytes of BF16
+    (faster at one row on an 8B-sized GEMM), and the metered energy is the window's power times the GEMM's time."""
+    from advisor.energy.gemm_table import gemm_row_energy, gemm_row_ms
+    from advisor.energy.meter import MeterConfig, open_meter
+    from advisor.formats import Format
+
+    rows = (1, 64, 2048)
+    bf16 = gemm_row_ms(14336, 4096, Format.BF16, rows)
+    fp8 = gemm_row_ms(14336, 4096, Format.FP8, rows)
+    print("ms per GEMM:", bf16, fp8)
+    assert 0 < bf16[0] <= bf16[1] * 1.05 < bf16[2] and fp8[0] < bf16[0]
+    meter = open_meter(0, MeterConfig(warmup_s=0.2, min_window_s=0.2, min_ticks=2, repeats=2, soak_s=0))
+    points = gemm_row_energy(14336, 4096, Format.BF16, (1, 2048), meter)
+    print("metered:", points)
+    for p in points:
+        assert p["j"] == pytest.approx(p["power_w"] * p["ms"] / 1e3, rel=0.05)
+        assert p["power_w"] > meter.idle_power_w()
+    assert points[1]["j"] > points[0]["j"]
 @pytest.mark.parametrize("batch,ctx,pdl", [(1, 1000, True), (4, 513, False), (16, 513, True), (64, 77, True)])
 def test_fused_decode_attention_matches_rope_and_sdpa(batch, ctx, pdl):
     """Llama-3.1-8B head layout: the fused kernel against rope_qkv + SDPA over the real context."""
