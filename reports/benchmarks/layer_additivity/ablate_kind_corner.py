@@ -1,11 +1,13 @@
 """Ablation behind reports/benchmarks/layer_additivity.md (kind corner): the per-model cost model with and without
 the kind corner (MLP-only FP8) on the same measured runs; "without" drops the corner from the stored profile, which
 the cost model then prices by weight alone, as before the corner. From the repository root:
-`python reports/benchmarks/layer_additivity/ablate_kind_corner.py reports/benchmarks/energy_transfer_data/h100_raw14.json ...`."""
+`python reports/benchmarks/layer_additivity/ablate_kind_corner.py RAW.json [RAW2.json ...]`, RAW being runs under
+reports/benchmarks/energy_transfer_data/ (h100_raw14.json, ...)."""
 
 import copy
 import json
 import sys
+from pathlib import Path
 
 sys.path.insert(0, "benchmarks")
 import energy_transfer as et
@@ -16,7 +18,7 @@ from advisor.energy.reference_shapes import REFERENCE_SHAPES
 from advisor.plan import Plan
 
 for f in sys.argv[1:]:
-    d = json.load(open(f))
+    d = json.loads(Path(f).read_text())
     for name, v in d["shapes"].items():
         shape = REFERENCE_SHAPES[name].shape(v["num_layers"])
         plans = {k: Plan(x) for k, x in plan_formats(v["num_layers"]).items()}
@@ -30,7 +32,7 @@ for f in sys.argv[1:]:
                 for r in v["rows"]
             }
 
-            def mx(keep):
+            def mx(keep, errs=errs):
                 return 100 * max(abs(e) for k, e in errs.items() if keep(k))
 
             mean = 100 * sum(abs(e) for e in errs.values()) / len(errs)

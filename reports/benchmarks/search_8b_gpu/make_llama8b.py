@@ -1,6 +1,12 @@
 """Random-weight Llama-3.1-8B-shaped checkpoint (BF16 safetensors) + a small real tokenizer."""
-import shutil, sys, time, torch
+import contextlib
+import shutil
+import sys
+import time
+
+import torch
 from transformers import LlamaConfig, LlamaForCausalLM
+
 out, tok = sys.argv[1], sys.argv[2]
 t = time.perf_counter()
 cfg = LlamaConfig(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
@@ -12,8 +18,6 @@ with torch.device("cuda"):
 model.config.architectures = ["LlamaForCausalLM"]
 model.save_pretrained(out)
 for f in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
-    try:
+    with contextlib.suppress(FileNotFoundError):
         shutil.copy(f"{tok}/{f}", f"{out}/{f}")
-    except FileNotFoundError:
-        pass
 print(f"built and saved in {time.perf_counter() - t:.1f} s")
