@@ -27,7 +27,7 @@ from advisor.energy.gemm_table import SCHEMA, nk_key  # noqa: E402
 from advisor.formats import Format  # noqa: E402
 
 #: the transfer benchmark's shapes and the shipped profile's anchors first; the rest after
-FIRST = ("SmolLM2-135M", "Qwen2.5-0.5B", "SmolLM2-360M", "Llama-3.2-1B", "Qwen2.5-1.5B", "Llama-3.2-3B",
+FIRST = ("SmolLM2-135M", "Gemma-3-270M", "Qwen2.5-0.5B", "SmolLM2-360M", "Llama-3.2-1B", "Qwen2.5-1.5B", "Llama-3.2-3B",
          "Llama-3.1-8B", "Qwen2.5-14B", "Llama-3.1-70B", "Qwen2.5-7B")
 SOAK_NK = (28672, 4096)  # Llama-3.1-8B's gate_up
 

@@ -62,6 +62,9 @@ class RefShape:
 
 REFERENCE_SHAPES: dict[str, RefShape] = {s.name: s for s in (
     RefShape("SmolLM2-135M", 30, 576, 1536, 9, 3, 64, 49152, tied=True),
+    # Gemma-3-270M's dims as a Llama-like layer (Gemma's extra norms not modelled): layers of 5.6M weights,
+    # between SmolLM2-135M's and SmolLM2-360M's, for anchoring GPU profiles below SmolLM2-360M
+    RefShape("Gemma-3-270M", 18, 640, 2048, 4, 1, 256, 262144, tied=True),
     RefShape("SmolLM2-360M", 32, 960, 2560, 15, 5, 64, 49152, tied=True),
     RefShape("Qwen2.5-0.5B", 24, 896, 4864, 14, 2, 64, 151936, qkv_bias=True, tied=True),
     RefShape("Qwen2.5-1.5B", 28, 1536, 8960, 12, 2, 128, 151936, qkv_bias=True, tied=True),
