@@ -43,6 +43,7 @@ from advisor.energy.gpu_costmodel import (  # noqa: E402
     GemmTable,
     Geometry,
     GpuProfileCostModel,
+    _log_distance,
     energy_features,
     fit_gpu_profile,
     step_parts,
@@ -60,13 +61,23 @@ class GemmEnergy:
     def __init__(self, data: dict[str, Any]) -> None:
         self.ms = data["m_buckets"]
         self.j = {Format(f): {nk: [p["j"] for p in pts] for nk, pts in v.items()} for f, v in data["gemm"].items()}
+        self.approximate: set[str] = set()
+
+    def gemm_j(self, fmt: Format, n: int, k: int, x: float) -> float:
+        """J of one GEMM; a shape the run did not reach is scaled from the nearest metered one by weight count
+        (as the time tables do) and listed in ``approximate``."""
+        row = self.j[fmt].get(f"{n}x{k}")
+        if row is None:
+            ref = min(self.j[fmt], key=lambda s: _log_distance(s, n, k))
+            rn, rk = (int(v) for v in ref.split("x"))
+            self.approximate.add(f"{fmt.value} {n}x{k} (from {ref})")
+            return interp(self.ms, self.j[fmt][ref], x) * n * k / (rn * rk)
+        return interp(self.ms, row, x)
 
     def step_j(self, geo: Geometry, formats: dict[str, Format], phase: str, x: float) -> float:
         """The step's GEMMs (each group in its format at ``x`` rows; the BF16 lm_head at its rows)."""
-        j = sum(interp(self.ms, self.j[formats.get(name, Format.BF16)][f"{n}x{k}"], x)
-                for name, _, n, k in geo.groups)
-        head_rows = x if phase == "decode" else 1
-        return j + interp(self.ms, self.j[Format.BF16][f"{geo.vocab}x{geo.hidden}"], head_rows)
+        j = sum(self.gemm_j(formats.get(name, Format.BF16), n, k, x) for name, _, n, k in geo.groups)
+        return j + self.gemm_j(Format.BF16, geo.vocab, geo.hidden, x if phase == "decode" else 1)
 
 
 def rest_features(t_ms: float, parts: dict[str, Any]) -> list[float]:
@@ -214,6 +225,9 @@ def render(d: dict) -> str:
     for s in shapes:
         lines.append(f"| {s} | " + ", ".join(f"{Path(r).stem.removeprefix('h100_')}: {ship[s][r] * 100:.1f} -> "
                                               f"{gemm[s][r] * 100:.1f}" for r in sorted(gemm[s])) + " |")
+    if d.get("approximate_gemm_energy"):
+        lines += ["", "GEMMs the energy run did not reach, scaled from the nearest metered shape by weight count: "
+                  + "; ".join(d["approximate_gemm_energy"]) + "."]
     lines += ["", "## Notes", ""] + [f"- {n}" for n in d.get("notes", [])]
     return "\n".join(lines) + "\n"
 
@@ -251,6 +265,7 @@ def main(argv: list[str] | None = None) -> int:
                          "GEMM energy metered": predicted_errors({**with_anchors, "fit": fit}, raws, rest, energy)},
          "pooled": pooled_floor(measured_points(raws, profile["power_limit_w"], args.cap_share), table, energy),
          "notes": json.loads(args.notes.read_text()) if args.notes else []}
+    d["approximate_gemm_energy"] = sorted(energy.approximate)
     args.out.write_text(json.dumps(d, indent=1) + "\n")
     args.out.with_suffix(".md").write_text(render(d))
     print(render(d))
