@@ -69,10 +69,10 @@ def _over_copies(lins: list, m: int, k: int, fmt: Format):
 def gemm_row_ms(n: int, k: int, fmt: Format, ms: tuple[int, ...], max_copies: int | None = 16,
                 iters: int = 10) -> list[float]:
     """Time of one ``n x k`` GEMM in ``fmt`` at each row count in ``ms``: a graph over distinct copies of the
-    weight (:func:`_weight_copies`). With no cap every GEMM reads
-    its weight from HBM, closer to a step of a large model (H200, 2026-11-22: the 8B's GEMMs +0.2..+5.6% of
-    their in-model times, +0.1..+13.6% capped), but the shipped profiles refitted on such tables predicted
-    worse (benchmarks/gemm_table_check.py), so the shipped tables keep the cap."""
+    weight (:func:`_weight_copies`). With no cap on the copies every GEMM reads its weight from HBM, closer to
+    a step of a large model (H200, 2026-11-22: the 8B's GEMMs +0.2..+5.6% of their in-model times, +0.1..+13.6%
+    capped), but the shipped profiles refitted on such tables predicted worse (benchmarks/gemm_table_check.py),
+    so the shipped tables keep the cap."""
     from advisor.energy.cuda_tools import graph_ms
 
     lins = _weight_copies(n, k, fmt, max_copies)
