@@ -13,7 +13,8 @@ Both forms are fitted to the same anchors and predict the same measured rows (ev
 ``benchmarks/energy_transfer_collect.py``), with the step time predicted by the shipped profile's
 time model (its GEMM time tables and its non-GEMM time, fitted to its own anchors). Also, as in ``shipped_fit_ceiling``,
 each form fitted to every measured row at once (measured step times, largest error minimised), the
-least any coefficients of that form reach.
+least any coefficients of that form reach; and the GEMM-energy form's rest fitted to every other shape's rows
+(all units), predicting the shape left out.
 
     python benchmarks/gemm_energy_eval.py --gpu-profile advisor/energy/profiles/h100_gemm_2026-11-22.json \
         --gemm-energy GEMM_ENERGY.json --anchors RAW_WITH_ANCHORS.json --raw RAW.json [--raw ...] --out OUT.json
@@ -104,6 +105,18 @@ def anchor_points(profile: dict) -> list[dict]:
                 out.append({"geo": geo, "formats": uniform, "phase": "prefill", "x": length, "context": length,
                             "t": t, "j": j})
     return [pt for pt in out if pt["j"] / (pt["t"] / 1e3) < cap_w]
+
+
+def leave_one_shape_out(profile: dict, raws: list[tuple[str, dict]], points: list[dict], table: GemmTable,
+                        energy: GemmEnergy) -> dict[str, dict[str, float]]:
+    """The GEMM-energy form with its rest fitted to every other shape's measured rows (all units, measured step
+    times), predicting the shape left out with the step time predicted: far more training data than anchors."""
+    out = {}
+    for shape in sorted({p["shape"] for p in points}):
+        rest = fit_rest([p for p in points if p["shape"] != shape], table, energy)
+        only = [(run, {**raw, "shapes": {shape: raw["shapes"][shape]}}) for run, raw in raws if shape in raw["shapes"]]
+        out.update(predicted_errors(profile, only, rest, energy))
+    return out
 
 
 def fit_rest(points: list[dict], table: GemmTable, energy: GemmEnergy) -> list[float]:
@@ -214,8 +227,11 @@ def render(d: dict) -> str:
         "| form | fit | " + " | ".join(shapes) + " | worst |",
         "|---|---|" + "---:|" * (len(shapes) + 1),
     ]
-    for way, key in (("anchors, step time predicted", "anchors_fit"), ("every row, minimax (floor)", "pooled")):
-        for form, worst in d[key].items():
+    ways = (("anchors, step time predicted", "anchors_fit"), ("every row, minimax (floor)", "pooled"),
+            ("every other shape's rows, step time predicted", "loso"))
+    tables = {**d, "loso": {"GEMM energy metered": d["leave_one_shape_out"]}}
+    for way, key in ways:
+        for form, worst in tables[key].items():
             per = {s: max(v.values()) if isinstance(v, dict) else v for s, v in worst.items()}
             cells = [f"{per[s] * 100:.1f}%" if s in per else "-" for s in shapes]
             lines.append(f"| {form} | {way} | " + " | ".join(cells) + f" | {max(per.values()) * 100:.1f}% |")
@@ -255,6 +271,7 @@ def main(argv: list[str] | None = None) -> int:
     # both forms keep the shipped profile's time model (its non-GEMM time fit); only the energy is refitted here
     fit = {**profile["fit"], "energy": fit_gpu_profile(with_anchors)["energy"]}
     rest = fit_rest(anchor_points(with_anchors), table, energy)
+    points = measured_points(raws, profile["power_limit_w"], args.cap_share)
     d = {"gpu": profile["gpu"], "date": date.today().isoformat(),
          "command": "python " + " ".join([sys.argv[0], *(argv if argv is not None else sys.argv[1:])]),
          "unit": energy_data["gpu_uuid"], "energy_date": energy_data["date"], "energy_command": energy_data["command"],
@@ -263,7 +280,8 @@ def main(argv: list[str] | None = None) -> int:
          "shipped_form_energy": fit["energy"],
          "anchors_fit": {"shipped form": predicted_errors({**with_anchors, "fit": fit}, raws),
                          "GEMM energy metered": predicted_errors({**with_anchors, "fit": fit}, raws, rest, energy)},
-         "pooled": pooled_floor(measured_points(raws, profile["power_limit_w"], args.cap_share), table, energy),
+         "pooled": pooled_floor(points, table, energy),
+         "leave_one_shape_out": leave_one_shape_out({**with_anchors, "fit": fit}, raws, points, table, energy),
          "notes": json.loads(args.notes.read_text()) if args.notes else []}
     d["approximate_gemm_energy"] = sorted(energy.approximate)
     args.out.write_text(json.dumps(d, indent=1) + "\n")
