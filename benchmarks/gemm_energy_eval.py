@@ -36,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from energy_transfer_collect import plan_formats  # noqa: E402
+from shipped_fit_ceiling import minimax  # noqa: E402
 
 from advisor.energy.costmodel import interp  # noqa: E402
 from advisor.energy.gpu_costmodel import (  # noqa: E402
@@ -183,8 +184,6 @@ def measured_points(raws: list[tuple[str, dict]], limit_w: float, cap_share: flo
 def pooled_floor(points: list[dict], table: GemmTable, energy: GemmEnergy) -> dict[str, dict[str, float]]:
     """Each form fitted to every point at once (measured step times), its largest relative error minimised: the
     worst error per shape."""
-    from scipy.optimize import linprog
-
     out = {}
     for name, offset, feats in (
             ("shipped form", lambda p: 0.0, energy_features),
@@ -193,16 +192,8 @@ def pooled_floor(points: list[dict], table: GemmTable, energy: GemmEnergy) -> di
         parts = [step_parts(p["geo"], table, p["formats"], p["phase"], p["x"], p["context"]) for p in points]
         a = np.array([feats(p["t"], pa) for p, pa in zip(points, parts, strict=True)])
         y = np.array([p["j"] for p in points])
-        base = np.array([offset(p) for p in points]) / y
-        scale = a.max(axis=0)
-        scale[scale == 0] = 1.0
-        rel = a / scale / y[:, None]  # predicted / measured = base + rel @ coef
-        n, one = rel.shape[1], np.ones((len(y), 1))
-        res = linprog(np.r_[np.zeros(n), 1.0], A_ub=np.block([[rel, -one], [-rel, -one]]),
-                      b_ub=np.r_[1 - base, base - 1], bounds=[(0, None)] * (n + 1), method="highs")
-        if not res.success:
-            raise RuntimeError(f"minimax fit failed: {res.message}")
-        errs = base + rel @ res.x[:n] - 1
+        base = np.array([offset(p) for p in points])
+        errs = (base + a @ minimax(a, y, base)) / y - 1
         worst: dict[str, float] = {}
         for p, e in zip(points, errs, strict=True):
             worst[p["shape"]] = max(worst.get(p["shape"], 0.0), abs(float(e)))

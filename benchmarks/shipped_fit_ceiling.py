@@ -111,22 +111,27 @@ def fit_rows(form, rows: list[dict]) -> np.ndarray:
     return coef / scale
 
 
-def minimax_rows(form, rows: list[dict]) -> np.ndarray:
-    """Coefficients (non-negative) with the least max relative error over ``rows``: a linear programme."""
+def minimax(a: np.ndarray, y: np.ndarray, offset: np.ndarray | None = None) -> np.ndarray:
+    """Non-negative ``c`` with the least max relative error of ``offset + a @ c`` against ``y``: a linear
+    programme (minimise ``e`` with ``|(offset + a @ c) / y - 1| <= e``)."""
     from scipy.optimize import linprog
 
-    a = np.array([form(r["t_ms"], r["parts"]) for r in rows], dtype=float)
-    y = np.array([r["j"] for r in rows], dtype=float)
     scale = a.max(axis=0)
     scale[scale == 0] = 1.0
-    rel = a / scale / y[:, None]  # rel @ c - 1 is each row's relative error
-    n = rel.shape[1]
-    ones = np.ones((len(y), 1))
+    rel = a / scale / y[:, None]
+    base = np.zeros(len(y)) if offset is None else offset / y
+    n, ones = rel.shape[1], np.ones((len(y), 1))
     res = linprog(np.r_[np.zeros(n), 1.0], A_ub=np.block([[rel, -ones], [-rel, -ones]]),
-                  b_ub=np.r_[np.ones(len(y)), -np.ones(len(y))], bounds=[(0, None)] * (n + 1), method="highs")
+                  b_ub=np.r_[1 - base, base - 1], bounds=[(0, None)] * (n + 1), method="highs")
     if not res.success:
         raise RuntimeError(f"minimax fit failed: {res.message}")
     return res.x[:n] / scale
+
+
+def minimax_rows(form, rows: list[dict]) -> np.ndarray:
+    """The form's coefficients with the least max relative error over ``rows``."""
+    return minimax(np.array([form(r["t_ms"], r["parts"]) for r in rows], dtype=float),
+                   np.array([r["j"] for r in rows], dtype=float))
 
 
 def worst_by_shape(errors: list[tuple[str, float]]) -> dict[str, float]:
