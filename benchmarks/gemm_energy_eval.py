@@ -36,16 +36,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from energy_transfer_collect import plan_formats  # noqa: E402
-from shipped_fit_ceiling import minimax  # noqa: E402
+from shipped_fit_ceiling import measured_rows, minimax  # noqa: E402
 
 from advisor.energy.costmodel import interp  # noqa: E402
 from advisor.energy.gpu_costmodel import (  # noqa: E402
     CAPPED_SHARE,
-    FORMATS,
     GemmTable,
     Geometry,
     GpuProfileCostModel,
     _log_distance,
+    anchor_steps,
     energy_features,
     fit_gpu_profile,
     step_parts,
@@ -87,51 +87,32 @@ def rest_features(t_ms: float, parts: dict[str, Any]) -> list[float]:
     return [max(t_ms - parts["gemm_ms"], 0.0) / 1e3, parts["kv_bytes"], parts["act_bytes"], parts["attn_flops"]]
 
 
-def anchor_points(profile: dict) -> list[dict]:
-    """Every metered anchor step below the power cap: geometry, formats, phase, rows, time, J."""
-    out = []
+def anchor_points(profile: dict, table: GemmTable) -> list[dict]:
+    """The anchors' metered steps below the power cap (:func:`~advisor.energy.gpu_costmodel.anchor_steps`)."""
     cap_w = CAPPED_SHARE * profile["power_limit_w"]
-    for anchor in profile["anchors"].values():
-        geo = Geometry.from_dims(anchor["model"])
-        d, p = anchor["decode"], anchor["prefill"]
-        for f in FORMATS:
-            uniform = {name: f for name, *_ in geo.groups}
-            for i, b in enumerate(d["batches"]):
-                for c in d["contexts"]:
-                    t, j = d["step_ms"][f.value][str(c)][i], d["j_per_step"][f.value][str(c)][i]
-                    out.append({"geo": geo, "formats": uniform, "phase": "decode", "x": b, "context": c,
-                                "t": t, "j": j})
-            for i, length in enumerate(p["lengths"]):
-                t, j = p["step_ms"][f.value][i], p["j_per_step"][f.value][i]
-                out.append({"geo": geo, "formats": uniform, "phase": "prefill", "x": length, "context": length,
-                            "t": t, "j": j})
-    return [pt for pt in out if pt["j"] / (pt["t"] / 1e3) < cap_w]
+    return [s for s in anchor_steps(profile, table) if s["j"] is not None and s["j"] / (s["t_ms"] / 1e3) < cap_w]
 
 
-def leave_one_shape_out(profile: dict, raws: list[tuple[str, dict]], points: list[dict], table: GemmTable,
+def leave_one_shape_out(profile: dict, raws: list[tuple[str, dict]], points: list[dict],
                         energy: GemmEnergy) -> dict[str, dict[str, float]]:
     """The GEMM-energy form with its rest fitted to every other shape's measured rows (all units, measured step
     times), predicting the shape left out with the step time predicted: far more training data than anchors."""
     out = {}
     for shape in sorted({p["shape"] for p in points}):
-        rest = fit_rest([p for p in points if p["shape"] != shape], table, energy)
+        rest = fit_rest([p for p in points if p["shape"] != shape], energy)
         only = [(run, {**raw, "shapes": {shape: raw["shapes"][shape]}}) for run, raw in raws if shape in raw["shapes"]]
         out.update(predicted_errors(profile, only, rest, energy))
     return out
 
 
-def fit_rest(points: list[dict], table: GemmTable, energy: GemmEnergy) -> list[float]:
+def fit_rest(points: list[dict], energy: GemmEnergy) -> list[float]:
     """The rest's coefficients: non-negative least squares on the relative error of the whole step's J."""
-    a, y, j = [], [], []
-    for pt in points:
-        parts = step_parts(pt["geo"], table, pt["formats"], pt["phase"], pt["x"], pt["context"])
-        a.append(rest_features(pt["t"], parts))
-        y.append(pt["j"] - energy.step_j(pt["geo"], pt["formats"], pt["phase"], pt["x"]))
-        j.append(pt["j"])
-    a_, y_, j_ = np.array(a), np.array(y), np.array(j)
-    scale = a_.max(axis=0)
+    a = np.array([rest_features(p["t_ms"], p["parts"]) for p in points])
+    j = np.array([p["j"] for p in points])
+    y = j - np.array([energy.step_j(p["geo"], p["formats"], p["phase"], p["x"]) for p in points])
+    scale = a.max(axis=0)
     scale[scale == 0] = 1.0
-    coef, _ = nnls(a_ / scale / j_[:, None], y_ / j_)
+    coef, _ = nnls(a / scale / j[:, None], y / j)
     return list(coef / scale)
 
 
@@ -165,33 +146,16 @@ def predicted_errors(profile: dict, raws: list[tuple[str, dict]], rest: list[flo
     return out
 
 
-def measured_points(raws: list[tuple[str, dict]], limit_w: float, cap_share: float) -> list[dict]:
-    """Every measured row below ``cap_share`` of the power limit, as an anchor point plus its shape."""
-    out = []
-    for _, raw in raws:
-        for name, data in raw["shapes"].items():
-            geo = Geometry.from_shape(REFERENCE_SHAPES[name].shape(data["num_layers"]))
-            plans = plan_formats(data["num_layers"])
-            for r in data["rows"]:
-                t, j = r["ms_per_step_events"], r["measured_j_per_step"]
-                if j / (t / 1e3) < cap_share * limit_w:
-                    out.append({"shape": name, "geo": geo, "formats": dict(Plan(plans[r["plan"]]).formats),
-                                "phase": r["phase"], "x": r["batch"] if r["phase"] == "decode" else r["context"],
-                                "context": r["context"], "t": t, "j": j})
-    return out
-
-
-def pooled_floor(points: list[dict], table: GemmTable, energy: GemmEnergy) -> dict[str, dict[str, float]]:
+def pooled_floor(points: list[dict], energy: GemmEnergy) -> dict[str, dict[str, float]]:
     """Each form fitted to every point at once (measured step times), its largest relative error minimised: the
     worst error per shape."""
     out = {}
+    y = np.array([p["j"] for p in points])
     for name, offset, feats in (
             ("shipped form", lambda p: 0.0, energy_features),
             ("GEMM energy metered", lambda p: energy.step_j(p["geo"], p["formats"], p["phase"], p["x"]),
              rest_features)):
-        parts = [step_parts(p["geo"], table, p["formats"], p["phase"], p["x"], p["context"]) for p in points]
-        a = np.array([feats(p["t"], pa) for p, pa in zip(points, parts, strict=True)])
-        y = np.array([p["j"] for p in points])
+        a = np.array([feats(p["t_ms"], p["parts"]) for p in points])
         base = np.array([offset(p) for p in points])
         errs = (base + a @ minimax(a, y, base)) / y - 1
         worst: dict[str, float] = {}
@@ -261,8 +225,8 @@ def main(argv: list[str] | None = None) -> int:
     table, energy = GemmTable(profile), GemmEnergy(energy_data)
     # both forms keep the shipped profile's time model (its non-GEMM time fit); only the energy is refitted here
     fit = {**profile["fit"], "energy": fit_gpu_profile(with_anchors)["energy"]}
-    rest = fit_rest(anchor_points(with_anchors), table, energy)
-    points = measured_points(raws, profile["power_limit_w"], args.cap_share)
+    rest = fit_rest(anchor_points(with_anchors, table), energy)
+    points = measured_rows(raws, table, profile["power_limit_w"], args.cap_share)
     d = {"gpu": profile["gpu"], "date": date.today().isoformat(),
          "command": "python " + " ".join([sys.argv[0], *(argv if argv is not None else sys.argv[1:])]),
          "unit": energy_data["gpu_uuid"], "energy_date": energy_data["date"], "energy_command": energy_data["command"],
@@ -271,8 +235,8 @@ def main(argv: list[str] | None = None) -> int:
          "shipped_form_energy": fit["energy"],
          "anchors_fit": {"shipped form": predicted_errors({**with_anchors, "fit": fit}, raws),
                          "GEMM energy metered": predicted_errors({**with_anchors, "fit": fit}, raws, rest, energy)},
-         "pooled": pooled_floor(points, table, energy),
-         "leave_one_shape_out": leave_one_shape_out({**with_anchors, "fit": fit}, raws, points, table, energy),
+         "pooled": pooled_floor(points, energy),
+         "leave_one_shape_out": leave_one_shape_out({**with_anchors, "fit": fit}, raws, points, energy),
          "notes": json.loads(args.notes.read_text()) if args.notes else []}
     d["approximate_gemm_energy"] = sorted(energy.approximate)
     args.out.write_text(json.dumps(d, indent=1) + "\n")

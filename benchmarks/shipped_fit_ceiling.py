@@ -82,8 +82,8 @@ FORMS: dict[str, Callable[[float, dict[str, Any]], list[float]]] = {
 
 def measured_rows(raws: list[tuple[str, dict]], table: GemmTable, limit_w: float,
                   cap_share: float = CAPPED_SHARE) -> list[dict]:
-    """Every measured row below ``cap_share`` of the power limit, with its step's parts (bytes, FLOPs, table
-    GEMM time)."""
+    """Every measured row below ``cap_share`` of the power limit: its step's geometry, formats, phase, rows, and
+    parts (bytes, FLOPs, table GEMM time)."""
     rows = []
     for name, raw in raws:
         for shape_name, data in raw["shapes"].items():
@@ -95,9 +95,10 @@ def measured_rows(raws: list[tuple[str, dict]], table: GemmTable, limit_w: float
                 if j / (t / 1e3) >= cap_share * limit_w:
                     continue
                 x = r["batch"] if r["phase"] == "decode" else r["context"]
-                parts = step_parts(geo, table, dict(Plan(plans[r["plan"]]).formats), r["phase"], x, r["context"])
+                formats = dict(Plan(plans[r["plan"]]).formats)
                 rows.append({"run": name, "unit": raw["gpu_uuid"], "shape": shape_name, "t_ms": t, "j": j,
-                             "parts": parts})
+                             "geo": geo, "formats": formats, "phase": r["phase"], "x": x,
+                             "parts": step_parts(geo, table, formats, r["phase"], x, r["context"])})
     return rows
 
 

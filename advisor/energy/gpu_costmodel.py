@@ -176,36 +176,40 @@ def energy_features(t_ms: float, parts: dict[str, Any]) -> list[float]:
 EnergyFeatures = Callable[[float, dict[str, Any]], list[float]]
 
 
+def anchor_steps(profile: dict[str, Any], table: GemmTable) -> list[dict[str, Any]]:
+    """Every metered step of the profile's anchors (all-BF16 and all-FP8, decode at each batch and context,
+    prefill at each length): its ``geo``, uniform ``formats`` and ``format``, ``phase``, rows ``x``, ``context``,
+    measured ``t_ms`` and ``j`` (None where that decode context was not metered) and its :func:`step_parts`."""
+    out = []
+    for anchor in profile["anchors"].values():
+        geo = Geometry.from_dims(anchor["model"])
+        d, p = anchor["decode"], anchor["prefill"]
+        for f in FORMATS:
+            uniform = {name: f for name, *_ in geo.groups}
+            points = [("decode", b, c, d["step_ms"][f.value][str(c)][i], _energy_at(d, f, c, i))
+                      for i, b in enumerate(d["batches"]) for c in d["contexts"]]
+            points += [("prefill", n, n, p["step_ms"][f.value][i], p["j_per_step"][f.value][i])
+                       for i, n in enumerate(p["lengths"])]
+            out += [{"geo": geo, "formats": uniform, "format": f, "phase": phase, "x": x, "context": c, "t_ms": t,
+                     "j": j, "parts": step_parts(geo, table, uniform, phase, x, c)} for phase, x, c, t, j in points]
+    return out
+
+
 def fit_gpu_profile(profile: dict[str, Any], features: EnergyFeatures = energy_features) -> dict[str, Any]:
     """Fit the non-GEMM time (per phase and format) and the energy coefficients (of ``features``: the shipped
     form unless a benchmark compares another) to the anchors."""
     import numpy as np
     from scipy.optimize import nnls
 
-    table = GemmTable(profile)
     ng_rows: dict[tuple[str, Format], list] = {}
     e_rows: list = []
     cap_w = CAPPED_SHARE * profile["power_limit_w"]
-    for anchor in profile["anchors"].values():
-        geo = Geometry.from_dims(anchor["model"])
-        for f in FORMATS:
-            uniform = {name: f for name, *_ in geo.groups}
-            d, p = anchor["decode"], anchor["prefill"]
-            for i, b in enumerate(d["batches"]):
-                for c in d["contexts"]:
-                    t = d["step_ms"][f.value][str(c)][i]
-                    parts = step_parts(geo, table, uniform, "decode", b, c)
-                    ng_rows.setdefault(("decode", f), []).append((ng_features(parts, "decode"), t - parts["gemm_ms"]))
-                    j = _energy_at(d, f, c, i)
-                    if j is not None and j / (t / 1e3) < cap_w:
-                        e_rows.append((features(t, parts), j))
-            for i, length in enumerate(p["lengths"]):
-                t = p["step_ms"][f.value][i]
-                parts = step_parts(geo, table, uniform, "prefill", length, length)
-                ng_rows.setdefault(("prefill", f), []).append((ng_features(parts, "prefill"), t - parts["gemm_ms"]))
-                j = p["j_per_step"][f.value][i]
-                if j / (t / 1e3) < cap_w:  # a step at the power limit follows the cap rule, not the fit
-                    e_rows.append((features(t, parts), j))
+    for step in anchor_steps(profile, GemmTable(profile)):
+        t, parts, phase = step["t_ms"], step["parts"], step["phase"]
+        ng_rows.setdefault((phase, step["format"]), []).append((ng_features(parts, phase), t - parts["gemm_ms"]))
+        j = step["j"]
+        if j is not None and j / (t / 1e3) < cap_w:  # a step at the power limit follows the cap rule, not the fit
+            e_rows.append((features(t, parts), j))
     if not e_rows:
         raise InputError("the GPU profile has no anchor models to fit its non-GEMM and energy terms to")
 
