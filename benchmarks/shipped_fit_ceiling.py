@@ -15,6 +15,10 @@ ways to what ``benchmarks/energy_transfer_collect.py`` has measured:
   the shape left out: the error for an unseen shape with far more training data than the anchors;
   and the same coefficients with the step time predicted from the tables, as a user would get.
 
+Under every form sits the units' own spread: where the same row (shape, plan, phase, batch) was measured
+on several GPU units, one prediction for all of them misses one unit by at least half the range,
+``(max - min) / (max + min)`` of the units' J/token (:func:`unit_spread_floor`).
+
 Steps near the power limit (``--cap-share`` of it, the profile's own 95% by default) follow the
 profile's cap rule, not the fit: the pooled and leave-one-shape-out fits leave them out.
 
@@ -185,6 +189,27 @@ def evaluate(profile: dict, raws: list[tuple[str, dict]], cap_share: float) -> l
     return out
 
 
+def unit_spread_floor(raws: list[tuple[str, dict]]) -> dict[str, dict[str, Any]]:
+    """Per shape: the least worst error of any prediction that is the same for every GPU unit, from the rows
+    measured on two or more units (a unit measured twice counts its mean): the largest half-range
+    ``(max - min) / (max + min)`` over its rows, with that row and its number of units."""
+    by_row: dict[tuple[str, str, str, int], dict[str, list[float]]] = {}
+    for _, raw in raws:
+        for shape_name, data in raw["shapes"].items():
+            for r in data["rows"]:
+                key = (shape_name, r["plan"], r["phase"], r["batch"])
+                by_row.setdefault(key, {}).setdefault(raw["gpu_uuid"], []).append(r["measured_j_per_token"])
+    out: dict[str, dict[str, Any]] = {}
+    for (shape_name, plan, phase, batch), units in by_row.items():
+        if len(units) < 2:
+            continue
+        means = [sum(v) / len(v) for v in units.values()]
+        floor = (max(means) - min(means)) / (max(means) + min(means))
+        if floor > out.get(shape_name, {}).get("floor", -1.0):
+            out[shape_name] = {"floor": floor, "row": f"{plan} {phase} {batch}", "units": len(units)}
+    return dict(sorted(out.items(), key=lambda kv: list(REFERENCE_SHAPES).index(kv[0])))
+
+
 def render(d: dict) -> str:
     shapes = list(d["forms"][0]["anchors"])
     lines = [
@@ -212,6 +237,13 @@ def render(d: dict) -> str:
         for way in WAYS:
             cells = [f"{f[way][s] * 100:.1f}%" if s in f[way] else "-" for s in shapes]
             lines.append(f"| {f['form']} | {way.replace('_', '-')} | " + " | ".join(cells) + " |")
+    spread = d.get("unit_spread_floor", {})
+    if spread:
+        cells = [f"{spread[s]['floor'] * 100:.1f}%" if s in spread else "-" for s in shapes]
+        lines.append("| any form | one prediction for every unit: the units' spread (floor) | " + " | ".join(cells)
+                     + " |")
+        lines += ["", "Units' spread, per shape: the row whose units differ most, and how many units measured it: "
+                  + "; ".join(f"{s} {v['row']} ({v['units']} units)" for s, v in spread.items()) + "."]
     lines += ["", "## Notes", ""] + [f"- {n}" for n in d.get("notes", [])]
     return "\n".join(lines) + "\n"
 
@@ -234,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
          "runs": [p for p, _ in raws], "units": len({r["gpu_uuid"] for _, r in raws}),
          "cap_share": args.cap_share,
          "rows": len(measured_rows(raws, GemmTable(profile), profile["power_limit_w"], args.cap_share)),
-         "forms": evaluate(profile, raws, args.cap_share),
+         "forms": evaluate(profile, raws, args.cap_share), "unit_spread_floor": unit_spread_floor(raws),
          "notes": json.loads(args.notes.read_text()) if args.notes else []}
     args.out.write_text(json.dumps(d, indent=1) + "\n")
     args.out.with_suffix(".md").write_text(render(d))

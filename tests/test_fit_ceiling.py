@@ -44,6 +44,26 @@ def test_the_minimax_fit_reaches_the_least_largest_error_and_least_squares_does_
     assert worst["nnls"] > worst["minimax"] + 0.005
 
 
+def _raw(uuid: str, rows: list[tuple[str, int, float]]) -> tuple[str, dict]:
+    return uuid, {"gpu_uuid": uuid, "shapes": {"SmolLM2-135M": {"rows": [
+        {"plan": plan, "phase": "decode", "batch": b, "measured_j_per_token": j} for plan, b, j in rows]}}}
+
+
+def test_the_unit_spread_floor_is_half_the_widest_range_over_units_measured_twice_or_more():
+    ceiling = _load("shipped_fit_ceiling")
+    raws = [_raw("GPU-a", [("bf16", 1, 1.00), ("fp8", 1, 0.80), ("bf16", 64, 0.10)]),
+            _raw("GPU-a", [("bf16", 1, 1.02)]),  # the same unit again: its mean, 1.01, counts once
+            _raw("GPU-b", [("bf16", 1, 1.10), ("fp8", 1, 0.82)]),
+            _raw("GPU-c", [("bf16", 1, 1.05)])]
+    floor = ceiling.unit_spread_floor(raws)["SmolLM2-135M"]
+    # bf16 b1 over three units: 1.01 .. 1.10 -> 0.09 / 2.11; fp8 b1 (0.80 .. 0.82) is narrower; bf16 b64 one unit
+    assert floor["floor"] == pytest.approx(0.09 / 2.11)
+    assert (floor["row"], floor["units"]) == ("bf16 decode 1", 3)
+    # a prediction of 2 x 1.01 x 1.10 / 2.11 misses both ends by exactly that much, and nothing does better
+    middle = 2 * 1.01 * 1.10 / 2.11
+    assert middle / 1.01 - 1 == pytest.approx(floor["floor"]) == pytest.approx(1 - middle / 1.10)
+
+
 def test_gemm_energy_is_read_per_row_count_and_scaled_for_a_shape_it_lacks():
     evaluation = _load("gemm_energy_eval")
     from advisor.formats import Format
