@@ -27,10 +27,8 @@ import json
 import sys
 from datetime import date
 from pathlib import Path
-from typing import Any
 
 import numpy as np
-from scipy.optimize import nnls
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -38,59 +36,25 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from energy_transfer_collect import plan_formats  # noqa: E402
 from shipped_fit_ceiling import measured_rows, minimax  # noqa: E402
 
-from advisor.energy.costmodel import interp  # noqa: E402
+from advisor.energy.gemm_energy import (  # noqa: E402
+    GemmEnergy,
+    anchor_points,
+    fit_rest,
+    rest_features,
+    table_of_collect,
+)
 from advisor.energy.gpu_costmodel import (  # noqa: E402
-    CAPPED_SHARE,
     GemmTable,
     Geometry,
     GpuProfileCostModel,
-    _log_distance,
-    anchor_steps,
     energy_features,
     fit_gpu_profile,
     step_parts,
 )
 from advisor.energy.reference_shapes import REFERENCE_SHAPES  # noqa: E402
-from advisor.formats import Format  # noqa: E402
 from advisor.plan import Plan  # noqa: E402
 
 TARGET = 0.10
-
-
-class GemmEnergy:
-    """J of one GEMM per format and ``NxK`` at the metered row counts (linear in the rows between them)."""
-
-    def __init__(self, data: dict[str, Any]) -> None:
-        self.ms = data["m_buckets"]
-        self.j = {Format(f): {nk: [p["j"] for p in pts] for nk, pts in v.items()} for f, v in data["gemm"].items()}
-        self.approximate: set[str] = set()
-
-    def gemm_j(self, fmt: Format, n: int, k: int, x: float) -> float:
-        """J of one GEMM; a shape the run did not reach is scaled from the nearest metered one by weight count
-        (as the time tables do) and listed in ``approximate``."""
-        row = self.j[fmt].get(f"{n}x{k}")
-        if row is None:
-            ref = min(self.j[fmt], key=lambda s: _log_distance(s, n, k))
-            rn, rk = (int(v) for v in ref.split("x"))
-            self.approximate.add(f"{fmt.value} {n}x{k} (from {ref})")
-            return interp(self.ms, self.j[fmt][ref], x) * n * k / (rn * rk)
-        return interp(self.ms, row, x)
-
-    def step_j(self, geo: Geometry, formats: dict[str, Format], phase: str, x: float) -> float:
-        """The step's GEMMs (each group in its format at ``x`` rows; the BF16 lm_head at its rows)."""
-        j = sum(self.gemm_j(formats.get(name, Format.BF16), n, k, x) for name, _, n, k in geo.groups)
-        return j + self.gemm_j(Format.BF16, geo.vocab, geo.hidden, x if phase == "decode" else 1)
-
-
-def rest_features(t_ms: float, parts: dict[str, Any]) -> list[float]:
-    """What the GEMM table does not price: the rest of the step's time, KV and activation bytes, attention FLOPs."""
-    return [max(t_ms - parts["gemm_ms"], 0.0) / 1e3, parts["kv_bytes"], parts["act_bytes"], parts["attn_flops"]]
-
-
-def anchor_points(profile: dict, table: GemmTable) -> list[dict]:
-    """The anchors' metered steps below the power cap (:func:`~advisor.energy.gpu_costmodel.anchor_steps`)."""
-    cap_w = CAPPED_SHARE * profile["power_limit_w"]
-    return [s for s in anchor_steps(profile, table) if s["j"] is not None and s["j"] / (s["t_ms"] / 1e3) < cap_w]
 
 
 def leave_one_shape_out(profile: dict, raws: list[tuple[str, dict]], points: list[dict],
@@ -103,17 +67,6 @@ def leave_one_shape_out(profile: dict, raws: list[tuple[str, dict]], points: lis
         only = [(run, {**raw, "shapes": {shape: raw["shapes"][shape]}}) for run, raw in raws if shape in raw["shapes"]]
         out.update(predicted_errors(profile, only, rest, energy))
     return out
-
-
-def fit_rest(points: list[dict], energy: GemmEnergy) -> list[float]:
-    """The rest's coefficients: non-negative least squares on the relative error of the whole step's J."""
-    a = np.array([rest_features(p["t_ms"], p["parts"]) for p in points])
-    j = np.array([p["j"] for p in points])
-    y = j - np.array([energy.step_j(p["geo"], p["formats"], p["phase"], p["x"]) for p in points])
-    scale = a.max(axis=0)
-    scale[scale == 0] = 1.0
-    coef, _ = nnls(a / scale / j[:, None], y / j)
-    return list(coef / scale)
 
 
 def predicted_errors(profile: dict, raws: list[tuple[str, dict]], rest: list[float] | None = None,
@@ -215,6 +168,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args(argv)
     profile = json.loads(args.gpu_profile.read_text())
+    # without the profile's own metered GEMM energies, which would price the large shapes of both forms compared
+    profile.pop("gemm_energy", None)
     energy_data = json.loads(args.gemm_energy.read_text())
     anchors_raw = json.loads(args.anchors.read_text())
     if anchors_raw["gpu_uuid"] != energy_data["gpu_uuid"]:
@@ -222,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     raws = [(str(p), json.loads(p.read_text())) for p in args.raw]
     raws = [(p, r) for p, r in raws if r["shapes"]]
     with_anchors = {k: v for k, v in profile.items() if k != "fit"} | {"anchors": anchors_raw["anchors"]}
-    table, energy = GemmTable(profile), GemmEnergy(energy_data)
+    table, energy = GemmTable(profile), GemmEnergy(table_of_collect(energy_data))
     # both forms keep the shipped profile's time model (its non-GEMM time fit); only the energy is refitted here
     fit = {**profile["fit"], "energy": fit_gpu_profile(with_anchors)["energy"]}
     rest = fit_rest(anchor_points(with_anchors, table), energy)

@@ -1,5 +1,5 @@
-"""The fits behind reports/benchmarks/shipped_fit_ceiling and gemm_energy: the minimax fit's floor, the GEMM
-energy table's lookup (benchmarks/, no GPU)."""
+"""The fits behind reports/benchmarks/shipped_fit_ceiling: the minimax fit's floor and the units' spread
+(benchmarks/, no GPU). The GEMM energy table's lookup: tests/test_gpu_profile.py."""
 
 from __future__ import annotations
 
@@ -62,16 +62,3 @@ def test_the_unit_spread_floor_is_half_the_widest_range_over_units_measured_twic
     # a prediction of 2 x 1.01 x 1.10 / 2.11 misses both ends by exactly that much, and nothing does better
     middle = 2 * 1.01 * 1.10 / 2.11
     assert middle / 1.01 - 1 == pytest.approx(floor["floor"]) == pytest.approx(1 - middle / 1.10)
-
-
-def test_gemm_energy_is_read_per_row_count_and_scaled_for_a_shape_it_lacks():
-    evaluation = _load("gemm_energy_eval")
-    from advisor.formats import Format
-
-    table = evaluation.GemmEnergy({"m_buckets": [1, 64], "gemm": {
-        "bf16": {"100x100": [{"j": 1.0}, {"j": 3.0}]}, "fp8": {"100x100": [{"j": 0.5}, {"j": 1.5}]}}})
-    assert table.gemm_j(Format.BF16, 100, 100, 1) == pytest.approx(1.0)
-    assert table.gemm_j(Format.FP8, 100, 100, 32.5) == pytest.approx(1.0)  # halfway between the buckets
-    assert not table.approximate
-    assert table.gemm_j(Format.BF16, 200, 100, 64) == pytest.approx(6.0)  # twice the weights, from 100x100
-    assert table.approximate == {"bf16 200x100 (from 100x100)"}

@@ -147,7 +147,7 @@ def test_h100_predictions_use_the_shipped_gpu_profile_and_fall_back_where_it_can
     shape = REFERENCE_SHAPES["SmolLM2-135M"].shape()
     model = make_energy_model("predicted", shape, GPU.H100)
     assert "GEMM tables and 5 anchor models" in model.label
-    assert "error against measurements on twelve H100 units" in model.label  # the shipped profile's own error band
+    assert "error against measurements on fourteen H100 units" in model.label  # the shipped profile's own error band
     w = Workload(batch_size=16)
     plan = Plan.uniform(shape.groups, Format.FP8)
     assert "GEMM tables" in model.estimate(plan, w).source
@@ -187,3 +187,94 @@ def test_a_known_flaw_of_a_shipped_profile_is_in_every_label():
     flawed = {**profile, "caveat": "anchors metered with an old meter: small models over-predicted"}
     assert "small models over-predicted" in GpuProfileCostModel(flawed, shape).label
     assert "over-predicted" not in GpuProfileCostModel(profile, shape).label
+
+
+# -- metered GEMM energy (advisor.energy.gemm_energy) --------------------------------------------------------------
+
+GEMM_W = 300.0  # the simulated GPU's GEMMs draw this while they run, so a step's GEMM J is 300 W x its GEMM time
+REST = [140.0, 1.4e-10, 4e-9, 1.3e-12]  # P_rest, per KV byte, per activation byte, per attention FLOP
+BIG = REFERENCE_SHAPES["Llama-3.1-8B"]  # 218M weights per layer: priced by the metered GEMMs
+
+
+def _metered(t_ms: float, parts: dict) -> list[float]:
+    from advisor.energy.gemm_energy import rest_features
+
+    return [parts["gemm_ms"] / 1e3, *rest_features(t_ms, parts)]
+
+
+def _gemm_energy_profile(profile: dict) -> dict:
+    """``profile`` on a GPU whose steps cost their GEMMs' metered J plus REST, with the GEMM energy section
+    assembled from a simulated collect run and anchors metered on that same unit."""
+    from advisor.energy.gemm_energy import gemm_energy_section
+
+    shapes = [REFERENCE_SHAPES[n] for n in ANCHORS] + [TEST, BIG]
+    nks = {nk for s in shapes for nk in s.gemm_nk().values()}
+    prof = {**profile, "power_limit_w": 1e6, "gemm_ms": {f.value: {nk_key(n, k): [gemm_ms(f, n, k, m) for m in M]
+                                                                 for n, k in nks} for f in FORMATS}}
+    collect = {"gpu_uuid": "GPU-sim", "date": "2026-11-23", "command": "gemm_energy_collect.py", "m_buckets": M,
+               "gemm": {f.value: {nk_key(n, k): [{"j": GEMM_W * gemm_ms(f, n, k, m) / 1e3} for m in M]
+                                  for n, k in nks} for f in FORMATS}}
+    tab = GemmTable(prof)
+    anchors = {}
+    for name, layers in ANCHORS.items():
+        dims = REFERENCE_SHAPES[name].dims(layers).to_dict()
+        anchors[name] = anchor_profile(Geometry.from_dims(dims), tab, dims, _metered, [GEMM_W, *REST])
+    run = {"gpu_uuid": "GPU-sim", "command": "energy_transfer_collect.py --anchors", "anchors": anchors}
+    return {**prof, "gemm_energy": gemm_energy_section(prof, [(collect, run)])}
+
+
+def test_metered_gemm_energy_prices_large_layers_and_leaves_small_ones_to_the_fitted_form(profile):
+    prof = _gemm_energy_profile(profile)
+    assert prof["gemm_energy"]["rest"] == pytest.approx(REST, rel=1e-3)  # the rest's physics, from the anchors
+    tab = GemmTable(prof)
+    big = GpuProfileCostModel(prof, BIG.shape(2))
+    dims = BIG.dims(2).to_dict()
+    truth = anchor_profile(Geometry.from_dims(dims), tab, dims, _metered, [GEMM_W, *REST])
+    for f in FORMATS:
+        plan = Plan({g.name: f for g in BIG.shape(2).groups})
+        for i, b in enumerate((1, 16, 64)):
+            assert big.decode_step(plan, b, 512)[1] == pytest.approx(truth["decode"]["j_per_step"][f.value]["512"][i],
+                                                                     rel=1e-3)
+        assert big.prefill(plan, 2048)[1] == pytest.approx(truth["prefill"]["j_per_step"][f.value][1], rel=1e-3)
+    assert "GEMM energies metered on one unit 2026-11-23" in big.label and "4 anchor models metered" in big.label
+    # a model of small layers keeps the fitted form, exactly as without the section
+    small, plain = GpuProfileCostModel(prof, TEST.shape(3)), GpuProfileCostModel(
+        {k: v for k, v in prof.items() if k != "gemm_energy"}, TEST.shape(3))
+    plan = Plan.uniform(TEST.shape(3).groups, Format.FP8)
+    assert small.decode_step(plan, 16, 640) == plain.decode_step(plan, 16, 640)
+    assert small.label == plain.label and "metered" not in small.label
+
+
+def test_a_gemm_energy_section_without_its_rest_is_refused(profile):
+    from advisor.errors import InputError
+
+    prof = _gemm_energy_profile(profile)
+    broken = {**prof, "gemm_energy": {k: v for k, v in prof["gemm_energy"].items() if k != "rest"}}
+    with pytest.raises(InputError, match="gemm_energy section lacks rest"):
+        GpuProfileCostModel(broken, BIG.shape(2))
+
+
+def test_several_units_gemm_energies_are_averaged_and_each_needs_its_own_anchors(profile):
+    from advisor.energy.gemm_energy import gemm_energy_section, mean_table
+    from advisor.errors import InputError
+
+    one = {"m_buckets": [1, 64], "j": {"bf16": {"8x8": [1.0, 3.0], "16x8": [2.0, 2.0]}}}
+    two = {"m_buckets": [1, 64], "j": {"bf16": {"8x8": [3.0, 5.0]}, "fp8": {"8x8": [0.5, 0.7]}}}
+    assert mean_table([one, two])["j"] == {"bf16": {"8x8": [2.0, 4.0], "16x8": [2.0, 2.0]}, "fp8": {"8x8": [0.5, 0.7]}}
+    with pytest.raises(InputError, match="different row counts"):
+        mean_table([one, {**two, "m_buckets": [1, 16]}])
+    collect = {"gpu_uuid": "GPU-a", "date": "d", "command": "c", "m_buckets": [1], "gemm": {}}
+    with pytest.raises(InputError, match="each unit's must be metered on that unit"):
+        gemm_energy_section(profile, [(collect, {"gpu_uuid": "GPU-b", "command": "c", "anchors": {"x": {}}})])
+
+
+def test_gemm_energy_is_read_per_row_count_and_scaled_for_a_shape_it_lacks():
+    from advisor.energy.gemm_energy import GemmEnergy, table_of_collect
+
+    table = GemmEnergy(table_of_collect({"m_buckets": [1, 64], "gemm": {
+        "bf16": {"100x100": [{"j": 1.0}, {"j": 3.0}]}, "fp8": {"100x100": [{"j": 0.5}, {"j": 1.5}]}}}))
+    assert table.gemm_j(Format.BF16, 100, 100, 1) == pytest.approx(1.0)
+    assert table.gemm_j(Format.FP8, 100, 100, 32.5) == pytest.approx(1.0)  # halfway between the buckets
+    assert not table.approximate
+    assert table.gemm_j(Format.BF16, 200, 100, 64) == pytest.approx(6.0)  # twice the weights, from 100x100
+    assert table.approximate == {"bf16 200x100 (from 100x100)"}

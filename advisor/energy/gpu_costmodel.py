@@ -281,11 +281,16 @@ def layer_weights(geo: Geometry) -> float:
     return sum(n * k for _, _, n, k in geo.groups) / geo.num_layers
 
 
-def outside_anchors(geo: Geometry, profile: dict[str, Any]) -> str:
-    """A label note for a model whose layers are smaller or larger than every anchor's: the fitted floors and
-    power split are extrapolated there (2026-11-22: SmolLM2-135M's 3.5M-weight layers, below the smallest
-    anchor's 10M, were over-priced up to 14% at batch 1 on an H200; the 70B's prefills up to 11%)."""
-    sizes = [layer_weights(Geometry.from_dims(a["model"])) for a in profile["anchors"].values()]
+def anchor_layer_weights(anchors: dict[str, Any]) -> list[float]:
+    """Each anchor model's weights per layer."""
+    return [layer_weights(Geometry.from_dims(a["model"])) for a in anchors.values()]
+
+
+def outside_anchors(geo: Geometry, sizes: list[float]) -> str:
+    """A label note for a model whose layers are smaller or larger than every anchor's (``sizes``: their weights
+    per layer): the fitted floors and power split are extrapolated there (2026-11-22: SmolLM2-135M's 3.5M-weight
+    layers, below the smallest anchor's 10M, were over-priced up to 14% at batch 1 on an H200; the 70B's prefills
+    up to 11%)."""
     mine = layer_weights(geo)
     if not sizes or min(sizes) <= mine <= max(sizes):
         return ""
@@ -315,9 +320,30 @@ class GpuProfileCostModel:
         like = "" if shape.model_type in LLAMA_LIKE_TYPES else \
             f"; {shape.family or shape.model_type} non-GEMM work priced as Llama-like layers"
         caveat = f"; {profile['caveat']}" if profile.get("caveat") else ""  # a known flaw of this profile
+        self.gemm_energy = self._metered_gemm_energy(profile)
+        if self.gemm_energy is None:
+            energy = (f"GEMM tables and {len(self.fit['anchors'])} anchor models{like}"
+                      f"{outside_anchors(self.geo, anchor_layer_weights(profile['anchors']))}")
+        else:
+            section = profile["gemm_energy"]
+            units = section["units"]
+            metered = "one unit" if len(units) == 1 else f"{len(units)} units"
+            energy = (f"GEMM tables, GEMM energies metered on {metered} {max(u['date'] for u in units)} and a rest "
+                      f"fitted to {len(section['anchors'])} anchor models metered with them{like}"
+                      f"{outside_anchors(self.geo, section['anchor_layer_weights'])}")
         self.label = (f"predicted (GPU profile {profile['gpu']}, {profile.get('source', 'measured')} "
-                      f"{profile['date']}{tag}: GEMM tables and {len(self.fit['anchors'])} anchor models{like}"
-                      f"{outside_anchors(self.geo, profile)}{caveat})")
+                      f"{profile['date']}{tag}: {energy}{caveat})")
+
+    def _metered_gemm_energy(self, profile: dict[str, Any]):
+        """The profile's metered GEMM energies (:mod:`advisor.energy.gemm_energy`) where it has them and this
+        model's layers are as large as they price well; else None (the fitted energy form)."""
+        section = profile.get("gemm_energy")
+        if section is None:
+            return None
+        from advisor.energy.gemm_energy import GemmEnergy, validate_section
+
+        validate_section(section, "the GPU profile")
+        return GemmEnergy(section) if layer_weights(self.geo) >= section["min_layer_weights"] else None
 
     def _step(self, plan: Plan, phase: str, x: float, context: float) -> tuple[float, float]:
         check_profiled(plan, self.formats, f"{self.p['gpu']} profile")
@@ -329,7 +355,14 @@ class GpuProfileCostModel:
             ng += parts["share"][f] * sum(a * b for a, b in zip(coef, feats, strict=True))
         t = parts["gemm_ms"] + ng
         energy = sum(a * b for a, b in zip(self.fit["energy"], self.features(t, parts), strict=True))
-        return at_power_limit(t, energy, self.p["power_limit_w"])
+        t, energy = at_power_limit(t, energy, self.p["power_limit_w"])
+        if self.gemm_energy is not None:  # metered as they ran, at the power limit where they reached it
+            from advisor.energy.gemm_energy import rest_features
+
+            rest = self.p["gemm_energy"]["rest"]
+            energy = self.gemm_energy.step_j(self.geo, dict(plan.formats), phase, x) + sum(
+                a * b for a, b in zip(rest, rest_features(t, parts), strict=True))
+        return t, energy
 
     def decode_step(self, plan: Plan, batch: int, context: float) -> tuple[float, float]:
         return self._step(plan, "decode", batch, context)
@@ -342,6 +375,6 @@ class GpuProfileCostModel:
         step_ms, step_j = self.decode_step(plan, b, lin + lout / 2)
         _, pre_j = self.prefill(plan, lin)
         label = self.label
-        if self.table.approximate:
+        if self.table.approximate or (self.gemm_energy is not None and self.gemm_energy.approximate):
             label = f"{label[:-1]}; GEMM shapes outside the table scaled from the nearest)"
         return EnergyEstimate.of_request(workload, pre_j, step_j, b / (step_ms / 1e3), label, measured=False)
