@@ -3,18 +3,17 @@
 The shipped profile's default energy form (:func:`advisor.energy.gpu_costmodel.energy_features`) fits a
 step's whole energy to a few anchor models; no coefficients of that form price every measured shape
 within 10% (reports/benchmarks/shipped_fit_ceiling). A profile may also carry a ``gemm_energy``
-section: every reference GEMM's joules per format and row count, metered on one unit
-(``benchmarks/gemm_energy_collect.py``; with several units, their mean), and a fitted rest for what the GEMMs
-do not cover:
+section: every reference GEMM's joules per format and row count, metered on GPU units
+(``benchmarks/gemm_energy_collect.py``; their mean), and a fitted rest for what the GEMMs do not cover:
 
     E = sum of the step's GEMMs' metered J + P_rest x (t - table GEMM time) + e_kv x KV bytes
         + e_act x activation bytes + e_attn x attention FLOPs
 
 with the rest fitted (non-negative least squares, relative errors) to anchors metered on the same
-unit(s). Measured on two H100 units and one H200 unit, it priced 3B-70B shapes within 1.2-4.7% (H100)
-and 2.7-7.7% (H200 units that draw like the metered one), where the default form missed by up to
-10-16%; sub-2B shapes it priced no better (8-16%), so it applies only to layers of at least
-``min_layer_weights`` weights (reports/benchmarks/gemm_energy). torch-free.
+unit(s). Shipped with two units per GPU, it priced 3B-70B shapes within 2.4-3.6% over fourteen H100
+units and 2.9-13.0% over ten H200 units (12-13% only on the two that draw least), where the fitted form
+missed by up to 10-16%; sub-2B shapes it priced no better (8-16%), so it applies only to layers of at
+least ``min_layer_weights`` weights (reports/benchmarks/energy_transfer*.md, gemm_energy/). torch-free.
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from advisor.energy.costmodel import check_profiled, interp
 from advisor.energy.gemm_table import SCHEMA, VERSION, nk_key
@@ -35,6 +35,9 @@ from advisor.formats import Format
 from advisor.models.shape import ModelShape
 from advisor.plan import DENSE_GROUP_KINDS, Plan
 from advisor.recipe.schema import Workload
+
+if TYPE_CHECKING:
+    from advisor.energy.gemm_energy import GemmEnergy
 
 BYTES = {Format.BF16: 2.0, Format.FP8: 1.0}
 #: anchor steps drawing this share of the power limit or more are at the limit: left out of the energy fit
@@ -334,7 +337,7 @@ class GpuProfileCostModel:
         self.label = (f"predicted (GPU profile {profile['gpu']}, {profile.get('source', 'measured')} "
                       f"{profile['date']}{tag}: {energy}{caveat})")
 
-    def _metered_gemm_energy(self, profile: dict[str, Any]):
+    def _metered_gemm_energy(self, profile: dict[str, Any]) -> GemmEnergy | None:
         """The profile's metered GEMM energies (:mod:`advisor.energy.gemm_energy`) where it has them and this
         model's layers are as large as they price well; else None (the fitted energy form)."""
         section = profile.get("gemm_energy")
