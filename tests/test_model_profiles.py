@@ -166,6 +166,25 @@ def test_the_store_reuses_only_an_exact_key_and_predicts_from_the_newest_of_a_ki
     assert profile["key"]["runtime"] == RUNTIME_VERSION
 
 
+def test_the_same_model_read_from_a_gguf_file_keys_as_from_its_hf_config():
+    """The demo GGUF stores SmolLM2-135M-Instruct's rms_norm_eps (1e-05) as float32; its digest must still be the
+    one the HF config gives, so a profile measured from either is found for the other."""
+    from transformers import AutoConfig, LlamaConfig
+
+    from advisor.models.loading import _demo_location
+
+    where, gguf = _demo_location()
+    from_gguf = AutoConfig.from_pretrained(where, gguf_file=gguf)
+    assert from_gguf.rms_norm_eps != 1e-5  # float32's nearest value, not 1e-05
+    from_hf = LlamaConfig(**{k: getattr(from_gguf, k) for k in (
+        "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+        "vocab_size", "tie_word_embeddings", "hidden_act")}, rms_norm_eps=1e-5)
+    digests = {model_digest(DecoderDims.from_config(c).to_dict()) for c in (from_gguf, from_hf)}
+    assert len(digests) == 1
+    other = LlamaConfig(**{**from_hf.to_dict(), "rms_norm_eps": 1e-6})
+    assert model_digest(DecoderDims.from_config(other).to_dict()) not in digests
+
+
 # -- the cost model ---------------------------------------------------------------------------
 
 

@@ -73,9 +73,22 @@ def profile_meter_config():
     return MeterConfig(warmup_s=0.8, min_window_s=0.6, min_ticks=6, repeats=3)
 
 
+def _six_digits(value: Any) -> Any:
+    """``value`` with every float to 6 significant digits: a GGUF file stores a config's floats in float32
+    (SmolLM2-135M's rms_norm_eps 1e-05 reads back as 9.999999747e-06), and the same model must key the same."""
+    if isinstance(value, float):
+        return float(f"{value:.6g}")
+    if isinstance(value, dict):
+        return {k: _six_digits(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_six_digits(v) for v in value]
+    return value
+
+
 def model_digest(dims_dict: dict[str, Any]) -> str:
-    """A stable digest of a model's layer-by-layer description (``DecoderDims.to_dict()``)."""
-    text = json.dumps(dims_dict, sort_keys=True, default=str)
+    """A stable digest of a model's layer-by-layer description (``DecoderDims.to_dict()``), its floats to 6
+    significant digits."""
+    text = json.dumps(_six_digits(dims_dict), sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
