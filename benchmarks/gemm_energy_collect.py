@@ -23,13 +23,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from advisor.energy.gemm_table import SCHEMA, nk_key  # noqa: E402
-from advisor.formats import Format  # noqa: E402
+from advisor.energy.gemm_table import SCHEMA  # noqa: E402
 
 #: the transfer benchmark's shapes and the shipped profile's anchors first; the rest after
 FIRST = ("SmolLM2-135M", "Gemma-3-270M", "Qwen2.5-0.5B", "SmolLM2-360M", "Llama-3.2-1B", "Qwen2.5-1.5B", "Llama-3.2-3B",
          "Llama-3.1-8B", "Qwen2.5-14B", "Llama-3.1-70B", "Qwen2.5-7B")
-SOAK_NK = (28672, 4096)  # Llama-3.1-8B's gate_up
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -40,49 +38,36 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--deadline-s", type=float, default=480.0, help="stop starting new shapes after this")
     ap.add_argument("--resume", type=Path, help="an earlier run's output: its shapes are kept, not measured again")
     args = ap.parse_args(argv)
-    from advisor.energy.cuda_tools import GraphReplay, capture, copy_bandwidth_gb_s
-    from advisor.energy.gemm_table import _over_copies, _weight_copies, gemm_row_energy
+    from advisor.energy.cuda_tools import copy_bandwidth_gb_s
+    from advisor.energy.gemm_table import ENERGY_METER, measure_gemm_energy
     from advisor.energy.measure import torch_with_gpu
     from advisor.energy.meter import MeterConfig, open_meter
-    from advisor.energy.model_profile import _release
     from advisor.energy.profile import measurement_header
-    from advisor.energy.reference_shapes import REFERENCE_SHAPES, table_nk
+    from advisor.energy.reference_shapes import table_nk
 
     torch = torch_with_gpu()
     t0 = time.perf_counter()
     rows = tuple(int(v) for v in args.rows.split(","))
-    cfg = MeterConfig(warmup_s=0.2, min_window_s=args.window_s, min_ticks=2, repeats=2, max_cv=0.02, attempts=2,
-                      soak_s=20.0)
+    cfg = MeterConfig(**{**ENERGY_METER, "min_window_s": args.window_s})
     meter = open_meter(torch.cuda.current_device(), cfg)
     state = meter.counter.state()
     command = "python " + " ".join([sys.argv[0], *(argv if argv is not None else sys.argv[1:])])
     out = {"schema": SCHEMA + "/gemm-energy", **measurement_header(state, meter.idle_power_w(), copy_bandwidth_gb_s(),
                                                                     command, torch.__version__),
-           "meter": cfg.__dict__, "m_buckets": list(rows), "gemm": {Format.BF16.value: {}, Format.FP8.value: {}}}
+           "meter": cfg.__dict__, "m_buckets": list(rows)}
+    done = None
     if args.resume:
         earlier = json.loads(args.resume.read_text())
-        out["gemm"], out["resumed_from"] = earlier["gemm"], {k: earlier[k] for k in ("gpu_uuid", "date", "command")}
-    heads = {s.gemm_nk()["lm_head"] for s in REFERENCE_SHAPES.values()}
+        done, out["resumed_from"] = earlier["gemm"], {k: earlier[k] for k in ("gpu_uuid", "date", "command")}
     order = table_nk(FIRST) + [nk for nk in table_nk() if nk not in set(table_nk(FIRST))]
-    lins = _weight_copies(*SOAK_NK, Format.BF16, 16)  # warm the GPU once, on a large GEMM
-    out["soak"] = meter.soak(GraphReplay(capture(_over_copies(lins, max(rows), SOAK_NK[1], Format.BF16))).launch,
-                             cfg.soak_s)
-    del lins
-    for n, k in order:
-        if time.perf_counter() - t0 > args.deadline_s:
-            print(f"deadline: {nk_key(n, k)} and later not measured", flush=True)
-            break
-        for fmt in (Format.BF16, Format.FP8):
-            if (fmt == Format.FP8 and (n, k) in heads) or nk_key(n, k) in out["gemm"][fmt.value]:
-                continue  # the lm_head stays BF16; resumed shapes are kept
-            points = gemm_row_energy(n, k, fmt, rows, meter)
-            out["gemm"][fmt.value][nk_key(n, k)] = points
-            print(f"[{time.perf_counter() - t0:6.1f}s] {nk_key(n, k):12s} {fmt.value:4s} " + " ".join(
-                f"m{m}:{p['j'] * 1e3:.4f}mJ/{p['ms'] * 1e3:.1f}us/{p['power_w']:.0f}W"
-                for m, p in zip(rows, points, strict=True)), flush=True)
-        _release()
-        out["seconds"] = time.perf_counter() - t0
+
+    def write(gemm: dict) -> None:
+        out["gemm"], out["seconds"] = gemm, time.perf_counter() - t0
         args.out.write_text(json.dumps(out))
+
+    gemm, out["soak"] = measure_gemm_energy(meter, order, rows, deadline_s=args.deadline_s, done=done,
+                                            log=lambda m: print(m, flush=True), after_shape=write)
+    write(gemm)
     return 0
 
 

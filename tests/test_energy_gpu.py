@@ -241,6 +241,28 @@ def test_gemm_table_times_and_meters_a_gemm():
         assert p["j"] == pytest.approx(p["power_w"] * p["ms"] / 1e3, rel=0.05)
         assert p["power_w"] > meter.idle_power_w()
     assert points[1]["j"] > points[0]["j"]
+def test_gemm_energies_are_metered_per_format_and_row_count_for_a_gpu_profile():
+    """What `advisor profile` (no --model) adds to a GPU profile: each GEMM's metered J per row count, both formats
+    except for an lm_head (BF16 only), shapes already metered kept, the caller told after each shape."""
+    from advisor.energy.gemm_table import measure_gemm_energy
+    from advisor.energy.meter import MeterConfig, open_meter
+
+    meter = open_meter(0, MeterConfig(warmup_s=0.2, min_window_s=0.2, min_ticks=2, repeats=2, soak_s=1.0))
+    kept = {"bf16": {"576x576": [{"j": 1.0}] * 2}, "fp8": {}}
+    seen = []
+    gemm, soak = measure_gemm_energy(meter, [(576, 576), (4096, 4096), (49152, 576)], rows=(1, 512), done=kept,
+                                     log=print, after_shape=lambda g: seen.append(sum(len(v) for v in g.values())))
+    print("soak:", soak, "metered:", {f: {nk: [round(p["j"] * 1e3, 4) for p in pts] for nk, pts in v.items()}
+                                      for f, v in gemm.items()})
+    assert gemm["bf16"]["576x576"] == kept["bf16"]["576x576"]  # kept, not metered again
+    assert set(gemm["fp8"]) == {"576x576", "4096x4096"} and "49152x576" in gemm["bf16"]  # the lm_head: BF16 only
+    for fmt in ("bf16", "fp8"):
+        one, many = gemm[fmt]["4096x4096"]
+        assert 0 < one["j"] < many["j"] and one["power_w"] > meter.idle_power_w()
+    assert gemm["fp8"]["4096x4096"][0]["j"] < gemm["bf16"]["4096x4096"][0]["j"]  # half the weight bytes at one row
+    assert seen == [2, 4, 5]
+
+
 @pytest.mark.parametrize("batch,ctx,pdl", [(1, 1000, True), (4, 513, False), (16, 513, True), (64, 77, True)])
 def test_fused_decode_attention_matches_rope_and_sdpa(batch, ctx, pdl):
     """Llama-3.1-8B head layout: the fused kernel against rope_qkv + SDPA over the real context."""

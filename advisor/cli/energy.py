@@ -119,7 +119,8 @@ def profile(
 
     It first runs the model for up to 30 s: a small model's energy moves with the GPU's temperature.
 
-    Without it: GEMM tables and anchor models, which price models nobody profiled (several minutes)."""
+    Without it: GEMM tables, anchor models and each GEMM's metered energy, which price models nobody profiled
+    (about 15-20 minutes)."""
     from advisor.energy.model_profile import ProfileStore, measure_model_profile
 
     if out is not None:

@@ -8,9 +8,11 @@ A GPU profile (schema ``precision-advisor/gpu-energy-profile``, version 1) holds
   and lm_head of :data:`~advisor.energy.reference_shapes.REFERENCE_SHAPES` (0.1B-70B);
 * ``anchors``: per-model profiles (:mod:`advisor.energy.model_profile`) of a few models that
   the transfer benchmark does not test; the cost model (:mod:`advisor.energy.gpu_costmodel`)
-  fits from them the per-layer kernel floors of the non-GEMM part and the power split.
+  fits from them the per-layer kernel floors of the non-GEMM part and the power split;
+* ``gemm_energy``: every GEMM's metered joules at a few row counts and a rest fitted to the anchors
+  (:mod:`advisor.energy.gemm_energy`), which price models of large layers.
 
-Measuring needs torch and a GPU (a few minutes on an H100).
+Measuring needs torch and a GPU (about 20 minutes on an H100, half of it the GEMM energies).
 """
 
 from __future__ import annotations
@@ -26,6 +28,12 @@ VERSION = 1
 M_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 #: models measured whole (or their first layers) to fit the non-GEMM and power terms
 ANCHORS = (("SmolLM2-360M", None), ("Llama-3.2-1B", None), ("Llama-3.2-3B", 14), ("Qwen2.5-14B", 8))
+#: row counts whose GEMM energy is metered: the decode batches and prompt lengths of the transfer benchmark
+ENERGY_ROWS = (1, 16, 64, 512, 2048)
+#: the GEMM energies' meter: short windows (each GEMM's graph is replayed alone), after a 20 s soak
+ENERGY_METER = {"warmup_s": 0.2, "min_window_s": 0.2, "min_ticks": 2, "repeats": 2, "max_cv": 0.02, "attempts": 2,
+                "soak_s": 20.0}
+SOAK_NK = (28672, 4096)  # Llama-3.1-8B's gate_up: warms the GPU before the GEMM energies
 L2_DEFEAT_BYTES = 256 << 20
 
 
@@ -101,8 +109,45 @@ def gemm_row_energy(n: int, k: int, fmt: Format, ms: tuple[int, ...], meter, max
     return out
 
 
+def measure_gemm_energy(meter, shapes: list[tuple[int, int]], rows: tuple[int, ...] = ENERGY_ROWS,
+                        deadline_s: float = math.inf, done: dict[str, dict[str, Any]] | None = None, log=print,
+                        after_shape=None) -> tuple[dict[str, dict[str, Any]], dict[str, float]]:
+    """The metered energy of each ``(N, K)`` in ``shapes``, both formats (the reference shapes' lm_heads BF16
+    only), with :func:`gemm_row_energy` after a soak, in order until ``deadline_s`` (seconds from the call):
+    ``({fmt: {"NxK": [per row: J, ms, W, CV, C]}}, the soak's record)``. Shapes in ``done`` are kept, not metered
+    again; ``after_shape(gemm)`` is called after each shape (a caller that writes its file as it goes)."""
+    from advisor.energy.cuda_tools import GraphReplay, capture
+    from advisor.energy.model_profile import _release
+    from advisor.energy.reference_shapes import REFERENCE_SHAPES
+
+    t0 = time.perf_counter()
+    heads = {s.gemm_nk()["lm_head"] for s in REFERENCE_SHAPES.values()}
+    gemm = {Format.BF16.value: dict((done or {}).get("bf16", {})), Format.FP8.value: dict((done or {}).get("fp8", {}))}
+    lins = _weight_copies(*SOAK_NK, Format.BF16, 16)
+    soak = meter.soak(GraphReplay(capture(_over_copies(lins, max(rows), SOAK_NK[1], Format.BF16))).launch,
+                      meter.config.soak_s)
+    del lins
+    for n, k in shapes:
+        if time.perf_counter() - t0 > deadline_s:
+            log(f"deadline: GEMM energy of {nk_key(n, k)} and later not measured")
+            break
+        for fmt in (Format.BF16, Format.FP8):
+            if (fmt == Format.FP8 and (n, k) in heads) or nk_key(n, k) in gemm[fmt.value]:
+                continue  # the lm_head stays BF16; kept shapes are not metered again
+            points = gemm_row_energy(n, k, fmt, rows, meter)
+            gemm[fmt.value][nk_key(n, k)] = points
+            log(f"[{time.perf_counter() - t0:6.1f}s] {nk_key(n, k):12s} {fmt.value:4s} " + " ".join(
+                f"m{m}:{p['j'] * 1e3:.4f}mJ/{p['ms'] * 1e3:.1f}us/{p['power_w']:.0f}W"
+                for m, p in zip(rows, points, strict=True)))
+        _release()
+        if after_shape is not None:
+            after_shape(gemm)
+    return gemm, soak
+
+
 def measure_gpu_profile(command: str, deadline_s: float = 600.0, anchors=ANCHORS, log=print,
-                        max_copies: int | None = 16, iters: int = 10) -> dict[str, Any]:
+                        max_copies: int | None = 16, iters: int = 10, gemm_energy_s: float = 600.0
+                        ) -> dict[str, Any]:
     from advisor.energy.cuda_tools import copy_bandwidth_gb_s
     from advisor.energy.measure import Bench, torch_with_gpu
     from advisor.energy.meter import MeterConfig, open_meter
@@ -138,7 +183,7 @@ def measure_gpu_profile(command: str, deadline_s: float = 600.0, anchors=ANCHORS
         del bench
         _release()
     kind = gpu_from_device_name(state.name)
-    return {
+    profile = {
         "schema": SCHEMA,
         "version": VERSION,
         **header,
@@ -149,5 +194,17 @@ def measure_gpu_profile(command: str, deadline_s: float = 600.0, anchors=ANCHORS
         "m_buckets": list(M_BUCKETS),
         "gemm_ms": table,
         "anchors": measured_anchors,
-        "seconds": time.perf_counter() - t0,
     }
+    if gemm_energy_s > 0 and measured_anchors:
+        from advisor.energy.gemm_energy import gemm_energy_section
+
+        energy_meter = open_meter(torch.cuda.current_device(), MeterConfig(**ENERGY_METER))
+        gemm, _ = measure_gemm_energy(energy_meter, table_nk(), deadline_s=gemm_energy_s, log=log)
+        collect = {"gpu_uuid": header["gpu_uuid"], "date": header["date"], "command": command,
+                   "m_buckets": list(ENERGY_ROWS), "gemm": gemm}
+        anchors_run = {"gpu_uuid": header["gpu_uuid"], "command": command, "anchors": measured_anchors}
+        profile["gemm_energy"] = gemm_energy_section(profile, [(collect, anchors_run)])
+        log(f"GEMM energies: {sum(len(v) for v in gemm.values())} shapes x {len(ENERGY_ROWS)} rows, "
+            f"{time.perf_counter() - t0:.0f} s in all")
+    profile["seconds"] = time.perf_counter() - t0
+    return profile
