@@ -116,7 +116,7 @@ def gemm_energy_section(profile: dict[str, Any], units: list[tuple[dict[str, Any
     the profile nearer a fleet's middle than any one unit (units differ by up to 6-10% for the same steps)."""
     if not units:
         raise InputError("the GEMM energy section needs at least one unit's GEMM energies and anchors")
-    records, points, anchors = [], [], {}
+    records, anchors = [], {}
     for collect, anchors_run in units:
         if collect["gpu_uuid"] != anchors_run["gpu_uuid"]:
             raise InputError(f"GEMM energies from {collect['gpu_uuid']}, their anchors from "
