@@ -278,3 +278,57 @@ def test_gemm_energy_is_read_per_row_count_and_scaled_for_a_shape_it_lacks():
     assert not table.approximate
     assert table.gemm_j(Format.BF16, 200, 100, 64) == pytest.approx(6.0)  # twice the weights, from 100x100
     assert table.approximate == {"bf16 200x100 (from 100x100)"}
+
+
+def test_measuring_a_gpu_profile_adds_the_metered_section_from_its_own_anchors(monkeypatch):
+    """`advisor profile` without --model, with the GPU work simulated: tables, anchors, then each GEMM's energy; the
+    profile it returns carries a gemm_energy section from this unit's anchors that prices a large model."""
+    import advisor.energy.cuda_tools as cuda_tools
+    import advisor.energy.gemm_table as gemm_table
+    import advisor.energy.measure as measure
+    import advisor.energy.meter as meter_mod
+    import advisor.energy.model_profile as model_profile
+    from advisor.energy.nvml import GPUState
+
+    state = GPUState(name="NVIDIA H100 80GB HBM3", index=0, driver="580", power_limit_w=1e6, sm_clock_mhz=1980,
+                     mem_clock_mhz=2619, temperature_c=40, power_w=70.0, uuid="GPU-sim")
+
+    class Meter:
+        counter = type("Counter", (), {"state": staticmethod(lambda: state)})()
+
+        def idle_power_w(self) -> float:
+            return 70.0
+
+    torch = type("Torch", (), {"__version__": "sim", "cuda": type("Cuda", (), {
+        "current_device": staticmethod(lambda: 0)})})
+    monkeypatch.setattr(measure, "torch_with_gpu", lambda: torch)
+    monkeypatch.setattr(meter_mod, "open_meter", lambda device, config: Meter())
+    monkeypatch.setattr(cuda_tools, "copy_bandwidth_gb_s", lambda: 3000.0)
+    monkeypatch.setattr(model_profile, "_release", lambda: None)
+    monkeypatch.setattr(measure.Bench, "create", classmethod(lambda cls, dims, max_pos: None))
+    monkeypatch.setattr(gemm_table, "gemm_row_ms", lambda n, k, fmt, ms, *a: [gemm_ms(fmt, n, k, m) for m in ms])
+    asked = []
+
+    def metered(meter, shapes, rows=gemm_table.ENERGY_ROWS, **kw):
+        asked.append(len(shapes))
+        return {f.value: {nk_key(n, k): [{"j": GEMM_W * gemm_ms(f, n, k, m) / 1e3} for m in rows] for n, k in shapes}
+                for f in FORMATS}, {}
+
+    monkeypatch.setattr(gemm_table, "measure_gemm_energy", metered)
+    monkeypatch.setattr(gemm_table, "M_BUCKETS", tuple(M))
+    from advisor.energy.reference_shapes import table_nk
+
+    tab = GemmTable({"m_buckets": M, "gemm_ms": {f.value: {nk_key(n, k): [gemm_ms(f, n, k, m) for m in M]
+                                                          for n, k in table_nk()} for f in FORMATS}})
+
+    def anchor(dims, **kw):
+        d = dims.to_dict()
+        return anchor_profile(Geometry.from_dims(d), tab, d, _metered, [GEMM_W, *REST])
+
+    monkeypatch.setattr(model_profile, "measure_model_profile", anchor)
+    profile = gemm_table.measure_gpu_profile("advisor profile", anchors=tuple(ANCHORS.items()), log=lambda *a: None)
+    section = profile["gemm_energy"]
+    assert asked and section["units"][0]["gpu_uuid"] == "GPU-sim" and section["anchors"] == sorted(ANCHORS)
+    assert section["rest"] == pytest.approx(REST, rel=1e-3)
+    model = GpuProfileCostModel(profile, BIG.shape(2))
+    assert "GEMM energies metered on one unit" in model.label
