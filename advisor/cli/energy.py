@@ -114,13 +114,13 @@ def profile(
 ) -> None:
     """Measure an energy profile on this GPU: one model's (--model), or the GPU profile for unprofiled models.
 
-    With --model: its GEMMs per format, non-GEMM part, lm_head, and the steps of all-BF16, all-FP8 and the
-    MLP-only FP8 corner (about two minutes), kept for searches.
+    With --model (about two minutes; kept for searches): its GEMMs, non-GEMM part and lm_head per format.
+
+    It also meters whole steps of all-BF16, all-FP8 and the MLP-only FP8 corner.
 
     It first runs the model for up to 30 s: a small model's energy moves with the GPU's temperature.
 
-    Without it: GEMM tables, anchor models and each GEMM's metered energy, which price models nobody profiled
-    (about 15-20 minutes)."""
+    Without it (15-20 minutes): GEMM tables, anchor models and each GEMM's energy, for unprofiled models."""
     from advisor.energy.model_profile import ProfileStore, measure_model_profile
 
     if out is not None:
