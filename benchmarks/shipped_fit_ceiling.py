@@ -78,7 +78,7 @@ def _split_time_bytes(t_ms: float, parts: dict[str, Any]) -> list[float]:
 
 
 FORMS: dict[str, Callable[[float, dict[str, Any]], list[float]]] = {
-    "shipped: P0 t + e_byte B + e_bf16 F + e_fp8 F8": energy_features,
+    "fitted (shipped below 80M weights per layer): P0 t + e_byte B + e_bf16 F + e_fp8 F8": energy_features,
     "GEMM and other time apart": _split_time,
     "GEMM and other time apart, weight and KV bytes apart": _split_time_bytes,
 }
