@@ -34,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from energy_transfer_collect import plan_formats  # noqa: E402
+from report_files import command_line, read_notes, write_report  # noqa: E402
 from shipped_fit_ceiling import measured_rows, minimax  # noqa: E402
 
 from advisor.energy.gemm_energy import (  # noqa: E402
@@ -183,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     rest = fit_rest(anchor_points(with_anchors, table), energy)
     points = measured_rows(raws, table, profile["power_limit_w"], args.cap_share)
     d = {"gpu": profile["gpu"], "date": date.today().isoformat(),
-         "command": "python " + " ".join([sys.argv[0], *(argv if argv is not None else sys.argv[1:])]),
+         "command": command_line(argv),
          "unit": energy_data["gpu_uuid"], "energy_date": energy_data["date"], "energy_command": energy_data["command"],
          "anchors_command": anchors_raw["command"], "anchors": sorted(anchors_raw["anchors"]),
          "runs": [p for p, _ in raws], "units": len({r["gpu_uuid"] for _, r in raws}), "rest": rest,
@@ -192,11 +193,9 @@ def main(argv: list[str] | None = None) -> int:
                          "GEMM energy metered": predicted_errors({**with_anchors, "fit": fit}, raws, rest, energy)},
          "pooled": pooled_floor(points, energy),
          "leave_one_shape_out": leave_one_shape_out({**with_anchors, "fit": fit}, raws, points, energy),
-         "notes": json.loads(args.notes.read_text()) if args.notes else []}
+         "notes": read_notes(args.notes)}
     d["approximate_gemm_energy"] = sorted(energy.approximate)
-    args.out.write_text(json.dumps(d, indent=1) + "\n")
-    args.out.with_suffix(".md").write_text(render(d))
-    print(render(d))
+    write_report(args.out, d, render)
     return 0
 
 

@@ -23,6 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from energy_transfer import shape_rows  # noqa: E402
+from report_files import command_line, read_notes, write_report  # noqa: E402
 
 from advisor.energy.gpu_costmodel import Geometry, layer_weights  # noqa: E402
 from advisor.energy.profile import shipped_profile  # noqa: E402
@@ -83,16 +84,14 @@ def main(argv: list[str] | None = None) -> int:
     raws = [r for p in args.raw if (r := json.loads(p.read_text()))["shapes"]]
     shapes = sorted({n for r in raws for n in r["shapes"]}, key=list(REFERENCE_SHAPES).index)
     d = {"gpu": profile["gpu"], "date": date.today().isoformat(),
-         "command": "python " + " ".join([sys.argv[0], *(argv if argv is not None else sys.argv[1:])]),
+         "command": command_line(argv),
          "runs": [str(p) for p in args.raw], "units": len({r["gpu_uuid"] for r in raws}),
          "shipped_threshold": profile["gemm_energy"]["min_layer_weights"],
          "layer_weights": {s: layer_weights(Geometry.from_shape(REFERENCE_SHAPES[s].shape())) for s in shapes},
          "results": [{"threshold": None if math.isinf(t) else t, "worst": worst_by_shape(profile, raws, t)}
                      for t in THRESHOLDS],
-         "notes": json.loads(args.notes.read_text()) if args.notes else []}
-    args.out.write_text(json.dumps(d, indent=1) + "\n")
-    args.out.with_suffix(".md").write_text(render(d))
-    print(render(d))
+         "notes": read_notes(args.notes)}
+    write_report(args.out, d, render)
     return 0
 
 

@@ -45,6 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from energy_transfer import predict  # noqa: E402
 from energy_transfer_collect import plan_formats  # noqa: E402
+from report_files import command_line, read_notes, write_report  # noqa: E402
 
 from advisor.energy.gpu_costmodel import (  # noqa: E402
     CAPPED_SHARE,
@@ -264,15 +265,13 @@ def main(argv: list[str] | None = None) -> int:
     raws = [(str(p), json.loads(p.read_text())) for p in args.raw]
     raws = [(p, r) for p, r in raws if r["shapes"]]
     d = {"gpu": profile["gpu"], "date": date.today().isoformat(), "gpu_profile": str(args.gpu_profile),
-         "command": "python " + " ".join([sys.argv[0], *(argv if argv is not None else sys.argv[1:])]),
+         "command": command_line(argv),
          "runs": [p for p, _ in raws], "units": len({r["gpu_uuid"] for _, r in raws}),
          "cap_share": args.cap_share,
          "rows": len(measured_rows(raws, GemmTable(profile), profile["power_limit_w"], args.cap_share)),
          "forms": evaluate(profile, raws, args.cap_share), "unit_spread_floor": unit_spread_floor(raws),
-         "notes": json.loads(args.notes.read_text()) if args.notes else []}
-    args.out.write_text(json.dumps(d, indent=1) + "\n")
-    args.out.with_suffix(".md").write_text(render(d))
-    print(render(d))
+         "notes": read_notes(args.notes)}
+    write_report(args.out, d, render)
     return 0
 
 
