@@ -41,6 +41,13 @@ def nk_key(n: int, k: int) -> str:
     return f"{n}x{k}"
 
 
+def _lm_heads() -> set[tuple[int, int]]:
+    """The reference shapes' lm_head (N, K): BF16 only, in every table (the runtime keeps the lm_head BF16)."""
+    from advisor.energy.reference_shapes import REFERENCE_SHAPES
+
+    return {s.gemm_nk()["lm_head"] for s in REFERENCE_SHAPES.values()}
+
+
 def _weight_copies(n: int, k: int, fmt: Format, max_copies: int | None) -> list:
     """Distinct copies of an ``n x k`` weight in ``fmt``, ``L2_DEFEAT_BYTES`` in all (at most ``max_copies``;
     None: no cap), so that a graph over them reads each from HBM rather than the L2 cache."""
@@ -118,10 +125,9 @@ def measure_gemm_energy(meter, shapes: list[tuple[int, int]], rows: tuple[int, .
     again; ``after_shape(gemm)`` is called after each shape (a caller that writes its file as it goes)."""
     from advisor.energy.cuda_tools import GraphReplay, capture
     from advisor.energy.model_profile import _release
-    from advisor.energy.reference_shapes import REFERENCE_SHAPES
 
     t0 = time.perf_counter()
-    heads = {s.gemm_nk()["lm_head"] for s in REFERENCE_SHAPES.values()}
+    heads = _lm_heads()
     gemm = {Format.BF16.value: dict((done or {}).get("bf16", {})), Format.FP8.value: dict((done or {}).get("fp8", {}))}
     lins = _weight_copies(*SOAK_NK, Format.BF16, 16)
     soak = meter.soak(GraphReplay(capture(_over_copies(lins, max(rows), SOAK_NK[1], Format.BF16))).launch,
@@ -161,7 +167,7 @@ def measure_gpu_profile(command: str, deadline_s: float = 600.0, anchors=ANCHORS
     meter = open_meter(torch.cuda.current_device(), MeterConfig(warmup_s=0.8, min_window_s=0.6, min_ticks=6))
     state = meter.counter.state()
     header = measurement_header(state, meter.idle_power_w(), copy_bandwidth_gb_s(), command, torch.__version__)
-    heads = {s.gemm_nk()["lm_head"] for s in REFERENCE_SHAPES.values()}
+    heads = _lm_heads()
     table: dict[str, dict[str, list[float]]] = {Format.BF16.value: {}, Format.FP8.value: {}}
     for n, k in table_nk():
         for fmt in (Format.BF16, Format.FP8):
