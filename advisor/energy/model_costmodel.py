@@ -72,6 +72,20 @@ def metered_temperatures(profile: dict[str, Any]) -> str:
     return f"; metered at {min(temps):.0f}-{max(temps):.0f} C" if temps else ""
 
 
+def profile_origin(profile: dict[str, Any]) -> str:
+    """Whose profile prices the model: its own, or one of the same geometry (another model's, or the
+    random-weight shape a shipped profile measured), and whether it was shipped or averaged over GPU units."""
+    origin = "per-model profile"
+    if profile.get("same_geometry"):
+        origin = f"per-model profile of the same layer geometry ({profile['model'].get('family', '?')})"
+    if profile.get("shipped"):
+        origin += " shipped with precision-advisor"
+    units = profile.get("units")
+    if units and len(units) > 1:
+        origin += f", the mean of {len(units)} GPU units"
+    return origin
+
+
 class ModelProfileCostModel:
     """An :class:`~advisor.estimate.EnergyModel` backed by this model's own measured profile."""
 
@@ -100,13 +114,15 @@ class ModelProfileCostModel:
             routing = ("; MoE experts: routing measured on the calibration tokens"
                        if all(la.expert_load for la in self.routed.values())
                        else "; MoE experts: the profile's routing (random weights)")
-        origin = "per-model profile shipped with precision-advisor" if profile.get("shipped") else "per-model profile"
+        origin = profile_origin(profile)
         unstable, points = unstable_points(profile)
         shaky = f"; {unstable} of its {points} metered points unstable (window CV > 1%)" if unstable else ""
         if MLP_FP8 not in profile["decode"]:
             shaky += "; no kind corner (stored before it): FP8 savings shared by weight alone"
+        caveat = f"; {profile['caveat']}" if profile.get("caveat") else ""
         self.label = (f"predicted ({origin}, {profile['gpu']}, driver {profile['driver']}, "
-                      f"{profile['date']}, model {self.digest}{routing}{metered_temperatures(profile)}{shaky})")
+                      f"{profile['date']}, model {self.digest}{routing}{metered_temperatures(profile)}{shaky}"
+                      f"{caveat})")
 
     @staticmethod
     def _xs(phase: dict) -> list[int]:
@@ -261,9 +277,14 @@ class ModelProfileCostModel:
         return self._step(d, plan, batch, step_ms, power)
 
     def prefill(self, plan: Plan, length: int) -> tuple[float, float]:
-        """(ms, J) of the prefill of one request of ``length`` tokens."""
+        """(ms, J) of the prefill of one request of ``length`` tokens. A profile of one prompt length (a
+        stored or shipped one, measured for other workloads) scales it per token: a step interpolated
+        from one point would cost the same for any prompt."""
         check_profiled(plan, self.formats, f"per-model profile ({self.p['gpu']})")
         d = self.p["prefill"]
+        if len(d["lengths"]) == 1 and length != d["lengths"][0]:
+            ms, j = self.prefill(plan, d["lengths"][0])
+            return ms * length / d["lengths"][0], j * length / d["lengths"][0]
         step_ms = {p: self._interp_step(d, p, ms, length) for p, ms in self._profiled_steps(d).items()}
         power = {p: self._watts(d["lengths"], *self._measured(d, p), length) for p in step_ms}
         return self._step(d, plan, length, step_ms, power)
@@ -272,4 +293,18 @@ class ModelProfileCostModel:
         b, lin, lout = workload.batch_size, workload.input_tokens, workload.output_tokens
         step_ms, step_j = self.decode_step(plan, b, lin + lout / 2)
         _, pre_j = self.prefill(plan, lin)
-        return EnergyEstimate.of_request(workload, pre_j, step_j, b / (step_ms / 1e3), self.label, measured=False)
+        return EnergyEstimate.of_request(workload, pre_j, step_j, b / (step_ms / 1e3),
+                                         self.label[:-1] + self.outside(workload) + ")", measured=False)
+
+    def outside(self, workload: Workload) -> str:
+        """What of ``workload`` lies outside the profiled points, for the label ("" where nothing does)."""
+        d, lengths = self.p["decode"], self.p["prefill"]["lengths"]
+        out = ""
+        lo, hi = min(d["batches"]), max(d["batches"])
+        if not lo <= workload.batch_size <= hi:
+            out += f"; batch {workload.batch_size} extrapolated from the profiled {lo}-{hi}"
+        if len(lengths) == 1 and workload.input_tokens != lengths[0]:
+            out += f"; prefill scaled per token from {lengths[0]}-token prompts"
+        elif not min(lengths) <= workload.input_tokens <= max(lengths):
+            out += f"; prefill extrapolated from {min(lengths)}-{max(lengths)}-token prompts"
+        return out

@@ -92,6 +92,18 @@ def model_digest(dims_dict: dict[str, Any]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+#: what a model's description holds that changes no kernel: its name and numeric details of its norms and
+#: RoPE tables (same kernels, other constants), and whether it came through an adapter or as a stand-in
+NOT_GEOMETRY = ("family", "model_type", "rms_eps", "stand_in", "config")
+
+
+def geometry_digest(dims_dict: dict[str, Any]) -> str:
+    """A digest of what a step's cost depends on: :func:`model_digest` without :data:`NOT_GEOMETRY`. Two
+    models with the same geometry (a fine-tune and its base; a real model and the random-weight shape a
+    profile measured) run the same kernels on the same shapes."""
+    return model_digest({k: v for k, v in dims_dict.items() if k not in NOT_GEOMETRY})
+
+
 def profile_key(state: Any, dims_dict: dict[str, Any], runtime: str = RUNTIME_VERSION) -> dict[str, Any]:
     """What must match for a stored profile to be reused: GPU unit and settings, model, runtime."""
     return {
@@ -168,14 +180,28 @@ class ProfileStore:
                 return p
         return None
 
-    def find_for_kind(self, gpu_kind: str, model: str, runtime: str = RUNTIME_VERSION) -> dict[str, Any] | None:
+    def _same_geometry(self, gpu_kind: str, geometry: str, root: Path) -> list[dict[str, Any]]:
+        folder = root / gpu_kind
+        models = sorted(p.name for p in folder.iterdir() if p.is_dir()) if folder.is_dir() else []
+        return [p for m in models for p in self._candidates(gpu_kind, m, root)
+                if geometry_digest(p["model"]) == geometry]
+
+    def find_for_kind(self, gpu_kind: str, model: str, runtime: str = RUNTIME_VERSION,
+                      geometry: str | None = None) -> dict[str, Any] | None:
         """The newest profile of this model on any GPU of ``gpu_kind`` with this runtime (for predicting
-        without that GPU here): the user's own, else one shipped with the package (marked ``shipped``)."""
+        without that GPU here): the user's own, else one shipped with the package (marked ``shipped``). With
+        ``geometry`` (:func:`geometry_digest`), a profile of another model with the same geometry is taken
+        where none of this model is, in the same order (marked ``same_geometry``)."""
         for root, shipped in ((self.root, False), (self.shipped, True)):
-            found = [p for p in self._candidates(gpu_kind, model, root) if p["key"]["runtime"] == runtime]
-            if found:
-                best = max(found, key=lambda p: p.get("measured_at", 0.0))
-                return {**best, "shipped": True} if shipped else best
+            lookups = [(self._candidates(gpu_kind, model, root), False)]
+            if geometry is not None:
+                lookups.append((self._same_geometry(gpu_kind, geometry, root), True))
+            for candidates, by_geometry in lookups:
+                found = [p for p in candidates if p["key"]["runtime"] == runtime]
+                if found:
+                    best = max(found, key=lambda p: p.get("measured_at", 0.0))
+                    marks = {"shipped": True} if shipped else {}
+                    return {**best, **marks, "same_geometry": True} if by_geometry else {**best, **marks}
         return None
 
 

@@ -9,7 +9,7 @@ from typing import Any
 
 from advisor.energy.gpu_costmodel import GpuProfileCostModel
 from advisor.energy.model_costmodel import ModelProfileCostModel
-from advisor.energy.model_profile import ProfileStore, is_model_profile, model_digest
+from advisor.energy.model_profile import ProfileStore, geometry_digest, is_model_profile, model_digest
 from advisor.energy.profile_select import (
     GPU_SCHEMA,
     WithFallback,
@@ -122,7 +122,9 @@ def make_predicted_model(shape: ModelShape, target: GPU, profile: Path | None = 
         return ProfileCostModel(data, shape)
     dims = dims_or_none(shape, model_config)
     if per_model and dims is not None:
-        found = (store or ProfileStore()).find_for_kind(target.value, model_digest(dims.to_dict()))
+        described = dims.to_dict()
+        found = (store or ProfileStore()).find_for_kind(target.value, model_digest(described),
+                                                        geometry=geometry_digest(described))
         if found is not None:
             return WithFallback(ModelProfileCostModel(found, shape), legacy)
     gpu_profile = shipped_gpu_profile(target)
