@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from advisor.energy.model_profile import ProfileStore  # noqa: E402
+from advisor.energy.profile_store import ProfileStore  # noqa: E402
 from advisor.energy.reference_shapes import REFERENCE_SHAPES  # noqa: E402
 from advisor.energy.select import make_energy_tiers  # noqa: E402
 from advisor.formats import GPU, Format  # noqa: E402

@@ -151,7 +151,7 @@ QWEN3_30B_A3B = dict(attention_bias=False, decoder_sparse_step=1, head_dim=128, 
 
 
 def test_a_shipped_per_model_profile_prices_its_model_without_a_gpu_and_a_users_own_comes_first(tmp_path):
-    from advisor.energy.model_profile import ProfileStore
+    from advisor.energy.profile_store import ProfileStore
     from advisor.energy.select import make_predicted_model
     from advisor.formats import GPU
     from advisor.recipe.schema import Workload

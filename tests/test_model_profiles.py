@@ -16,7 +16,6 @@ from advisor.energy.model_profile import (
     RUNTIME_VERSION,
     SCHEMA,
     VERSION,
-    ProfileStore,
     corner_format,
     is_attention,
     key_digest,
@@ -24,6 +23,7 @@ from advisor.energy.model_profile import (
     profile_key,
 )
 from advisor.energy.nvml import GPUState
+from advisor.energy.profile_store import ProfileStore
 from advisor.energy.reference_shapes import REFERENCE_SHAPES
 from advisor.errors import InputError, UnsupportedError
 from advisor.formats import GPU, Format

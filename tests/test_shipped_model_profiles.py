@@ -12,12 +12,11 @@ from advisor.energy.dims import DecoderDims
 from advisor.energy.model_costmodel import ModelProfileCostModel
 from advisor.energy.model_profile import (
     RUNTIME_VERSION,
-    ProfileStore,
     geometry_digest,
     model_digest,
-    shipped_model_profiles,
 )
 from advisor.energy.profile_mean import mean_profile
+from advisor.energy.profile_store import ProfileStore, shipped_model_profiles
 from advisor.energy.reference_shapes import REFERENCE_SHAPES
 from advisor.errors import InputError
 from advisor.formats import GPU

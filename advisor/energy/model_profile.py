@@ -23,7 +23,8 @@ and one model (its :class:`~advisor.energy.dims.DecoderDims`, random weights):
 
 It is keyed (:func:`profile_key`) by the GPU (name, UUID, driver, power limit), the model
 (a digest of its layer-by-layer description) and the runtime version: a profile is reused only
-where all match (:class:`ProfileStore`). The cost model is :mod:`advisor.energy.model_costmodel`.
+where all match (:class:`~advisor.energy.profile_store.ProfileStore`). The cost model is
+:mod:`advisor.energy.model_costmodel`.
 Measuring needs torch and a GPU; keying and storing do not.
 """
 
@@ -31,9 +32,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import time
-from pathlib import Path
 from typing import Any
 
 from advisor.errors import InputError
@@ -131,78 +130,6 @@ def validate_model_profile(data: dict[str, Any], origin: str = "model profile") 
 
 def is_model_profile(data: dict[str, Any]) -> bool:
     return data.get("schema") == SCHEMA
-
-
-def shipped_model_profiles() -> Path:
-    """Per-model profiles shipped with the package (``advisor/energy/profiles/models``), laid out as a store."""
-    return Path(__file__).resolve().parent / "profiles" / "models"
-
-
-class ProfileStore:
-    """Per-model profiles on disk: ``<root>/<gpu kind>/<model digest>/<key digest>.json``.
-
-    ``root`` defaults to ``$ADVISOR_PROFILE_DIR`` or ``~/.cache/precision-advisor/profiles``. For
-    predicting without the GPU, :meth:`find_for_kind` also reads ``shipped`` (default: the profiles
-    shipped with the package, e.g. Qwen3-30B-A3B on an H200), after the user's own.
-    """
-
-    def __init__(self, root: Path | str | None = None, shipped: Path | None = None) -> None:
-        default = os.environ.get("ADVISOR_PROFILE_DIR") or Path.home() / ".cache" / "precision-advisor" / "profiles"
-        self.root = Path(root or default)
-        self.shipped = shipped if shipped is not None else shipped_model_profiles()
-
-    def path_for(self, profile: dict[str, Any]) -> Path:
-        key = profile["key"]
-        return self.root / str(profile["gpu_kind"]) / key["model"] / f"{key_digest(key)}.json"
-
-    def save(self, profile: dict[str, Any]) -> Path:
-        path = self.path_for(profile)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(profile, indent=1))
-        tmp.replace(path)
-        return path
-
-    def _candidates(self, gpu_kind: str, model: str, root: Path | None = None) -> list[dict[str, Any]]:
-        folder = (root or self.root) / gpu_kind / model
-        out = []
-        for p in sorted(folder.glob("*.json")) if folder.is_dir() else []:
-            try:
-                out.append(validate_model_profile(json.loads(p.read_text()), str(p)))
-            except (ValueError, InputError):
-                continue  # a damaged or foreign file is not a profile
-        return out
-
-    def find(self, key: dict[str, Any], gpu_kind: str) -> dict[str, Any] | None:
-        """The profile of exactly this key (same GPU unit, driver, power limit, model, runtime)."""
-        for p in self._candidates(gpu_kind, key["model"]):
-            if p["key"] == key:
-                return p
-        return None
-
-    def _same_geometry(self, gpu_kind: str, geometry: str, root: Path) -> list[dict[str, Any]]:
-        folder = root / gpu_kind
-        models = sorted(p.name for p in folder.iterdir() if p.is_dir()) if folder.is_dir() else []
-        return [p for m in models for p in self._candidates(gpu_kind, m, root)
-                if geometry_digest(p["model"]) == geometry]
-
-    def find_for_kind(self, gpu_kind: str, model: str, runtime: str = RUNTIME_VERSION,
-                      geometry: str | None = None) -> dict[str, Any] | None:
-        """The newest profile of this model on any GPU of ``gpu_kind`` with this runtime (for predicting
-        without that GPU here): the user's own, else one shipped with the package (marked ``shipped``). With
-        ``geometry`` (:func:`geometry_digest`), a profile of another model with the same geometry is taken
-        where none of this model is, in the same order (marked ``same_geometry``)."""
-        for root, shipped in ((self.root, False), (self.shipped, True)):
-            lookups = [(self._candidates(gpu_kind, model, root), False)]
-            if geometry is not None:
-                lookups.append((self._same_geometry(gpu_kind, geometry, root), True))
-            for candidates, by_geometry in lookups:
-                found = [p for p in candidates if p["key"]["runtime"] == runtime]
-                if found:
-                    best = max(found, key=lambda p: p.get("measured_at", 0.0))
-                    marks = {"shipped": True} if shipped else {}
-                    return {**best, **marks, "same_geometry": True} if by_geometry else {**best, **marks}
-        return None
 
 
 # -- measuring (GPU) ---------------------------------------------------------------

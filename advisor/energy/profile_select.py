@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from advisor.energy.gemm_table import SCHEMA as GPU_SCHEMA
-from advisor.energy.model_profile import ProfileStore, profile_key
+from advisor.energy.model_profile import profile_key
+from advisor.energy.profile_store import ProfileStore
 from advisor.errors import InputError, UnsupportedError
 from advisor.estimate import EnergyEstimate, EnergyModel
 from advisor.formats import GPU

@@ -9,7 +9,7 @@ from typing import Any
 
 from advisor.energy.gpu_costmodel import GpuProfileCostModel
 from advisor.energy.model_costmodel import ModelProfileCostModel
-from advisor.energy.model_profile import ProfileStore, geometry_digest, is_model_profile, model_digest
+from advisor.energy.model_profile import geometry_digest, is_model_profile, model_digest
 from advisor.energy.profile_select import (
     GPU_SCHEMA,
     WithFallback,
@@ -18,6 +18,7 @@ from advisor.energy.profile_select import (
     read_any_profile,
     shipped_gpu_profile,
 )
+from advisor.energy.profile_store import ProfileStore
 from advisor.errors import InputError, UnsupportedError
 from advisor.estimate import EnergyModel
 from advisor.formats import GPU, gpu_from_device_name
