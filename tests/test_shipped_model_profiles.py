@@ -63,7 +63,7 @@ def test_the_geometry_ignores_names_and_norm_constants_but_not_any_shape():
 def test_the_demo_model_has_the_geometry_of_the_shape_the_shipped_profiles_measured():
     """SmolLM2-135M-Instruct read from its GGUF file (family, eps from the file) and the reference shape that
     energy_transfer_collect.py ran on random weights: different models by digest, the same kernels."""
-    from transformers import AutoConfig, Qwen2Config
+    from transformers import AutoConfig
 
     from advisor.models.loading import _demo_location
 
@@ -72,14 +72,46 @@ def test_the_demo_model_has_the_geometry_of_the_shape_the_shipped_profiles_measu
     measured = REFERENCE_SHAPES["SmolLM2-135M"].dims().to_dict()
     assert model_digest(real) != model_digest(measured)
     assert geometry_digest(real) == geometry_digest(measured)
-    # Qwen2.5-0.5B's published config (Qwen2 attention with q/k/v biases, no sliding window in use)
-    qwen = Qwen2Config(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
-                       num_key_value_heads=2, vocab_size=151936, max_position_embeddings=32768, rms_norm_eps=1e-6,
-                       rope_theta=1e6, tie_word_embeddings=True, sliding_window=32768, use_sliding_window=False)
-    ref = REFERENCE_SHAPES["Qwen2.5-0.5B"].dims().to_dict()
-    assert geometry_digest(DecoderDims.from_config(qwen).to_dict()) == geometry_digest(ref)
-    no_bias = replace(REFERENCE_SHAPES["Qwen2.5-0.5B"], qkv_bias=False).dims().to_dict()
-    assert geometry_digest(no_bias) != geometry_digest(ref)
+
+
+LLAMA3_ROPE = {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 8192, "rope_type": "llama3"}
+#: the published configs' fields that shape a step (hub ids in the comments), as a user's config.json gives them
+PUBLISHED = {
+    "SmolLM2-360M": ("llama", dict(  # HuggingFaceTB/SmolLM2-360M-Instruct
+        hidden_size=960, intermediate_size=2560, num_hidden_layers=32, num_attention_heads=15, num_key_value_heads=5,
+        vocab_size=49152, max_position_embeddings=8192, rms_norm_eps=1e-5, rope_theta=1e5, tie_word_embeddings=True)),
+    "Qwen2.5-0.5B": ("qwen2", dict(  # Qwen/Qwen2.5-0.5B-Instruct: q/k/v biases, sliding window off
+        hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
+        vocab_size=151936, max_position_embeddings=32768, rms_norm_eps=1e-6, rope_theta=1e6,
+        tie_word_embeddings=True, sliding_window=32768, use_sliding_window=False)),
+    "Llama-3.2-1B": ("llama", dict(  # meta-llama/Llama-3.2-1B-Instruct
+        hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8,
+        head_dim=64, vocab_size=128256, max_position_embeddings=131072, rms_norm_eps=1e-5, rope_theta=5e5,
+        rope_scaling={**LLAMA3_ROPE, "factor": 32.0}, tie_word_embeddings=True)),
+    "Llama-3.1-8B": ("llama", dict(  # meta-llama/Llama-3.1-8B-Instruct
+        hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
+        vocab_size=128256, max_position_embeddings=131072, rms_norm_eps=1e-5, rope_theta=5e5,
+        rope_scaling=LLAMA3_ROPE, tie_word_embeddings=False)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED))
+def test_published_configs_have_the_geometry_of_the_shapes_measured(name):
+    from transformers import AutoConfig
+
+    model_type, fields = PUBLISHED[name]
+    real = DecoderDims.from_config(AutoConfig.for_model(model_type, **fields)).to_dict()
+    measured = REFERENCE_SHAPES[name].dims().to_dict()
+    assert geometry_digest(real) == geometry_digest(measured)
+    fewer = {**fields, "num_hidden_layers": fields["num_hidden_layers"] - 1}
+    one_layer_less = AutoConfig.for_model(model_type, **fewer)
+    assert geometry_digest(DecoderDims.from_config(one_layer_less).to_dict()) != geometry_digest(measured)
+
+
+def test_q_k_v_biases_are_part_of_the_geometry():
+    ref = REFERENCE_SHAPES["Qwen2.5-0.5B"]
+    assert geometry_digest(replace(ref, qkv_bias=False).dims().to_dict()) != geometry_digest(ref.dims().to_dict())
 
 
 # -- the store ---------------------------------------------------------------------------------------
@@ -146,7 +178,8 @@ def shipped_files() -> list[dict]:
 
 def test_every_shipped_profile_is_found_for_a_model_of_its_geometry():
     profiles = [p for p in shipped_files() if p.get("units")]
-    assert {p["model"]["family"] for p in profiles} >= {"SmolLM2-135M", "Qwen2.5-0.5B"}
+    for kind in ("h100", "h200"):
+        assert {p["model"]["family"] for p in profiles if p["gpu_kind"] == kind} >= {"SmolLM2-135M", *PUBLISHED}
     for p in profiles:
         assert len(p["units"]) >= 2 and p["key"]["runtime"] == RUNTIME_VERSION and p.get("caveat")
         twin = renamed(p["model"], family="a fine-tune", rms_eps=1e-6)
