@@ -110,6 +110,12 @@ def profiled_plans(profile: dict) -> str:
     return "/".join(str(c) for c in d["contexts"]) + "".join(f" + {c}" for c in corners)
 
 
+def date_range(raws: list[dict]) -> str:
+    """The day the runs were measured, or the first and last of them."""
+    days = sorted({r["date"][:10] for r in raws})
+    return days[0] if len(days) == 1 else f"{days[0]} to {days[-1]}"
+
+
 def pct(v: float) -> str:
     return f"{v * 100:+.1f}%"
 
@@ -209,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     first = raws[0]
     out = {
         "gpu": first["gpu"], "gpu_uuid": sorted({r["gpu_uuid"] for r in [*raws, *repeats]}), "driver": first["driver"],
-        "power_limit_w": first["power_limit_w"], "date": first["date"],
+        "power_limit_w": first["power_limit_w"], "date": date_range([*raws, *repeats]),
         "command": " ; ".join(r["command"] for r in [*raws, *repeats]) + " ; python " + " ".join(
             [sys.argv[0], *(argv if argv is not None else sys.argv[1:])]),
         "gpu_profile": str(args.gpu_profile), "gpu_profile_anchors": sorted(gpu_profile["anchors"]),
