@@ -104,9 +104,10 @@ def run_summaries(paths: list[Path], raws: list[dict], gpu_profile: dict, legacy
 
 def profiled_plans(profile: dict) -> str:
     """What the per-model profile metered: its decode contexts, and a corner where it has one (the last-layer one
-    of a trial, not kept; the kind corner, MLP-only FP8)."""
+    of a trial, not kept; the kind corner, MLP-only FP8; the mixing point, every other layer FP8)."""
     d = profile["decode"]
-    corners = [name for key, name in (("last_fp8", "last layer"), ("mlp_fp8", "MLP corner")) if key in d]
+    named = (("last_fp8", "last layer"), ("mlp_fp8", "MLP corner"), ("alt_fp8", "mixing point"))
+    corners = [name for key, name in named if key in d]
     return "/".join(str(c) for c in d["contexts"]) + "".join(f" + {c}" for c in corners)
 
 

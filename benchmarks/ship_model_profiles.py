@@ -52,7 +52,7 @@ def full_shape(name: str, data: dict) -> bool:
 
 def sources(runs: list[tuple[str, dict]], name: str) -> list[tuple[str, dict]]:
     """The profiles of ``name`` to average: those of the whole model that metered the kind corner, with the
-    same decode contexts as most of them, one per GPU unit (its latest run)."""
+    same decode contexts and corners as most of them, one per GPU unit (its latest run)."""
     found: dict[str, tuple[str, dict]] = {}
     for path, raw in runs:
         data = raw["shapes"].get(name)
@@ -61,10 +61,10 @@ def sources(runs: list[tuple[str, dict]], name: str) -> list[tuple[str, dict]]:
         p = data["profile"]
         if MLP_FP8 in p["decode"] and p["key"]["runtime"] in SAME_RUNTIME:
             found[p["key"]["gpu_uuid"]] = (path, p)
-    by_contexts: dict[str, list[tuple[str, dict]]] = {}
+    alike: dict[str, list[tuple[str, dict]]] = {}  # the same points metered: contexts and corners
     for path, p in found.values():
-        by_contexts.setdefault(repr(p["decode"]["contexts"]), []).append((path, p))
-    return max(by_contexts.values(), key=len) if by_contexts else []
+        alike.setdefault(repr((p["decode"]["contexts"], sorted(p["decode"]))), []).append((path, p))
+    return max(alike.values(), key=len) if alike else []
 
 
 def mean_of(profiles: list[dict], command: str) -> dict:

@@ -12,6 +12,7 @@ from advisor.energy.dims import DecoderDims
 from advisor.energy.meter import EnergyMeter, MeterConfig
 from advisor.energy.model_costmodel import ModelProfileCostModel
 from advisor.energy.model_profile import (
+    ALT_FP8,
     MLP_FP8,
     RUNTIME_VERSION,
     SCHEMA,
@@ -19,6 +20,7 @@ from advisor.energy.model_profile import (
     corner_format,
     is_attention,
     key_digest,
+    mixing_format,
     model_digest,
     profile_key,
 )
@@ -60,8 +62,24 @@ def ng_ms(f: Format, rows: float, context: float, phase: str) -> float:
     return per + (0.001 if f == Format.FP8 else 0.0)
 
 
-def truth(formats: dict[str, Format], rows: float, context: float, phase: str) -> tuple[float, float]:
-    """(ms, J) of a step of any plan on the simulated GPU."""
+def mixing(formats: dict[str, Format]) -> float:
+    """Per kind, s (1 - s) of the share s of its weights in FP8, weighted by the kind's part of all-FP8's
+    dynamic saving: what a simulated GPU that charges for mixing formats across layers charges for."""
+    out, saving = 0.0, {}
+    for attention in (True, False):
+        groups = [g for g in SHAPE.groups if is_attention(g.name) == attention]
+        per_weight = J_PER_WEIGHT[Format.BF16, attention] - J_PER_WEIGHT[Format.FP8, attention]
+        saving[attention] = per_weight * sum(g.num_weights for g in groups)
+    for attention, part in saving.items():
+        groups = [g for g in SHAPE.groups if is_attention(g.name) == attention]
+        s = sum(g.num_weights for g in groups if formats.get(g.name) == Format.FP8) / sum(g.num_weights for g in groups)
+        out += part / sum(saving.values()) * s * (1 - s)
+    return out
+
+
+def truth(formats: dict[str, Format], rows: float, context: float, phase: str,
+          mixing_j: float = 0.0) -> tuple[float, float]:
+    """(ms, J) of a step of any plan on the simulated GPU; ``mixing_j`` x :func:`mixing` more for mixing."""
     n = len(SHAPE.groups)
     t_ng = sum(ng_ms(formats.get(g.name, Format.BF16), rows, context, phase) for g in SHAPE.groups) / n * LAYERS
     gb = sum(gemm_ms(Format.BF16, g.name.rsplit(".", 1)[-1], rows) for g in SHAPE.groups
@@ -71,14 +89,15 @@ def truth(formats: dict[str, Format], rows: float, context: float, phase: str) -
     t = t_ng + gb + gf
     dynamic = sum(J_PER_WEIGHT[formats.get(g.name, Format.BF16), is_attention(g.name)] * g.num_weights
                   for g in SHAPE.groups)
-    return t, (P_IDLE_W * t + P_NON_GEMM_W * t_ng) / 1e3 + dynamic * (1 + rows / 1024)
+    return t, (P_IDLE_W * t + P_NON_GEMM_W * t_ng) / 1e3 + dynamic * (1 + rows / 1024) + mixing_j * mixing(formats)
 
 
 def meter_on(gpu: SimulatedGPU, clock: VirtualClock) -> EnergyMeter:
     return EnergyMeter(gpu, METER, clock=clock, sleep=clock.sleep)
 
 
-def simulated_profile(state: GPUState, batches=(1, 16, 64), contexts=(512, 2048), lengths=(512,)) -> dict:
+def simulated_profile(state: GPUState, batches=(1, 16, 64), contexts=(512, 2048), lengths=(512,),
+                      mixing_j: float = 0.0) -> dict:
     """A per-model profile of the simulated GPU: times from its physics, energies through the real meter."""
     clock = VirtualClock()
     gpu = SimulatedGPU(clock, tick_s=0.01, idle_w=P_IDLE_W)
@@ -100,12 +119,16 @@ def simulated_profile(state: GPUState, batches=(1, 16, 64), contexts=(512, 2048)
                                       for c in contexts}
         pre["step_ms"][f.value] = [truth(uniform, n, n, "prefill")[0] for n in lengths]
         pre["j_per_step"][f.value] = [measure(*truth(uniform, n, n, "prefill")) for n in lengths]
-    corner = {g.name: corner_format(g.name) for g in SHAPE.groups}
-    dec[MLP_FP8] = {"step_ms": {str(c): [truth(corner, b, c, "decode")[0] for b in batches] for c in contexts},
-                    "j_per_step": {str(c): [measure(*truth(corner, b, c, "decode")) for b in batches]
-                                   for c in contexts}}
-    pre[MLP_FP8] = {"step_ms": [truth(corner, n, n, "prefill")[0] for n in lengths],
-                    "j_per_step": [measure(*truth(corner, n, n, "prefill")) for n in lengths]}
+    for name, fmt_of in ((MLP_FP8, corner_format), (ALT_FP8, mixing_format)):
+        corner = {g.name: fmt_of(g.name) for g in SHAPE.groups}
+
+        def at(rows, context, phase, corner=corner):
+            return truth(corner, rows, context, phase, mixing_j)
+
+        dec[name] = {"step_ms": {str(c): [at(b, c, "decode")[0] for b in batches] for c in contexts},
+                     "j_per_step": {str(c): [measure(*at(b, c, "decode")) for b in batches] for c in contexts}}
+        pre[name] = {"step_ms": [at(n, n, "prefill")[0] for n in lengths],
+                     "j_per_step": [measure(*at(n, n, "prefill")) for n in lengths]}
     return {"schema": SCHEMA, "version": VERSION, "key": profile_key(state, DIMS.to_dict()), "gpu": state.name,
             "gpu_kind": "h100", "driver": state.driver, "date": "2026-11-22", "formats": ["bf16", "fp8"],
             "model": DIMS.to_dict(), "decode": dec, "prefill": pre, "measured_at": 1.0,
@@ -186,6 +209,30 @@ def test_the_same_model_read_from_a_gguf_file_keys_as_from_its_hf_config():
 
 
 # -- the cost model ---------------------------------------------------------------------------
+
+
+def test_plans_that_mix_formats_across_layers_are_bent_by_the_mixing_point():
+    """A simulated GPU that charges for mixing formats across layers (a fifth of all-FP8's saving at the mixing
+    point): the profile's mixing point bends the line between all-BF16 and all-FP8, so mixed plans come within
+    1%; from the same profile without that point they miss by more than 2%, and plans that mix nothing move
+    not at all."""
+    uniform = {f: truth({g.name: f for g in SHAPE.groups}, 16, 640, "decode")[1] for f in (Format.BF16, Format.FP8)}
+    mixing_j = 0.2 * (uniform[Format.BF16] - uniform[Format.FP8]) / mixing(
+        {g.name: mixing_format(g.name) for g in SHAPE.groups})
+    bent = simulated_profile(STATE, mixing_j=mixing_j)
+    straight = json.loads(json.dumps(bent))
+    for phase in ("decode", "prefill"):
+        straight[phase].pop(ALT_FP8)
+    with_point, without = ModelProfileCostModel(bent, SHAPE), ModelProfileCostModel(straight, SHAPE)
+    assert "no mixing point" in without.label and "no mixing point" not in with_point.label
+    for name in ("layer1", "attention+layer1"):
+        plan = plans()[name]
+        j_true = truth(dict(plan.formats), 16, 640, "decode", mixing_j)[1]
+        assert with_point.decode_step(plan, 16, 640)[1] == pytest.approx(j_true, rel=0.01)
+        assert abs(without.decode_step(plan, 16, 640)[1] / j_true - 1) > 0.02
+    for name in ("bf16", "fp8", "mlp"):
+        plan = plans()[name]
+        assert with_point.decode_step(plan, 16, 640) == pytest.approx(without.decode_step(plan, 16, 640), rel=1e-9)
 
 
 @pytest.mark.parametrize("name", ["bf16", "fp8", "mlp", "layer1", "attention+layer1"])

@@ -34,7 +34,15 @@ from typing import Any
 
 from advisor.energy.costmodel import check_profiled, interp
 from advisor.energy.meter import MeterConfig
-from advisor.energy.model_profile import MLP_FP8, corner_format, is_attention, model_digest, validate_model_profile
+from advisor.energy.model_profile import (
+    ALT_FP8,
+    MLP_FP8,
+    corner_format,
+    is_attention,
+    mixing_format,
+    model_digest,
+    validate_model_profile,
+)
 from advisor.energy.routing import expected_experts_touched, layer_experts_touched
 from advisor.errors import InputError
 from advisor.estimate import EnergyEstimate
@@ -43,6 +51,9 @@ from advisor.models.shape import ModelShape
 from advisor.plan import Plan
 from advisor.recipe.schema import Workload
 
+#: the profiled plans that are neither all-BF16 nor all-FP8: the kind corner and the mixing point
+CORNERS = {MLP_FP8: corner_format, ALT_FP8: mixing_format}
+
 
 def _per_point(profile: dict[str, Any], key: str) -> list[float]:
     """A per-point record (``cv``, ``temperature_c``) of every metered point (the kind corner's too); none in
@@ -50,8 +61,7 @@ def _per_point(profile: dict[str, Any], key: str) -> list[float]:
     out: list[float] = []
     for phase in ("decode", "prefill"):
         plans = [*profile[phase].get(key, {}).values()]
-        if key in profile[phase].get(MLP_FP8, {}):
-            plans.append(profile[phase][MLP_FP8][key])
+        plans += [profile[phase][c][key] for c in CORNERS if key in profile[phase].get(c, {})]
         for per_plan in plans:
             for v in per_plan.values() if isinstance(per_plan, dict) else [per_plan]:
                 out += v
@@ -119,6 +129,8 @@ class ModelProfileCostModel:
         shaky = f"; {unstable} of its {points} metered points unstable (window CV > 1%)" if unstable else ""
         if MLP_FP8 not in profile["decode"]:
             shaky += "; no kind corner (stored before it): FP8 savings shared by weight alone"
+        elif ALT_FP8 not in profile["decode"]:
+            shaky += "; no mixing point (stored before it): mixed plans on the straight line"
         caveat = f"; {profile['caveat']}" if profile.get("caveat") else ""
         self.label = (f"predicted ({origin}, {profile['gpu']}, driver {profile['driver']}, "
                       f"{profile['date']}, model {self.digest}{routing}{metered_temperatures(profile)}{shaky}"
@@ -171,13 +183,13 @@ class ModelProfileCostModel:
     @staticmethod
     def _profiled_format(plan: Format | str, group: str) -> Format:
         """``group``'s format in a profiled plan: a uniform one, or the kind corner."""
-        return corner_format(group) if plan == MLP_FP8 else Format(plan)
+        return CORNERS[plan](group) if plan in CORNERS else Format(plan)
 
     @staticmethod
     def _measured(phase: dict, plan: Format | str) -> tuple[Any, Any]:
         """(j_per_step, step_ms) of a profiled plan: all-``fmt``, or the kind corner."""
-        if plan == MLP_FP8:
-            return phase[MLP_FP8]["j_per_step"], phase[MLP_FP8]["step_ms"]
+        if plan in CORNERS:
+            return phase[plan]["j_per_step"], phase[plan]["step_ms"]
         return phase["j_per_step"][Format(plan).value], phase["step_ms"][Format(plan).value]
 
     @staticmethod
@@ -185,8 +197,7 @@ class ModelProfileCostModel:
         """Each profiled plan's measured step ms (per context for decode): all-BF16, all-FP8, and the kind
         corner where the profile has it."""
         out: dict[Format | str, Any] = {Format(f): v for f, v in phase["step_ms"].items()}
-        if MLP_FP8 in phase:
-            out[MLP_FP8] = phase[MLP_FP8]["step_ms"]
+        out.update({c: phase[c]["step_ms"] for c in CORNERS if c in phase})
         return out
 
     @staticmethod
@@ -227,27 +238,62 @@ class ModelProfileCostModel:
 
     def _dynamic_mj(self, phase: dict, plan: Plan, x: float, step_ms: dict[Format | str, float],
                     power: dict[Format | str, float]) -> float:
-        """Energy over idle (mJ): the all-BF16 step's, less all-FP8's saving shared out by the weights read in
-        FP8: the MLP groups' part from the kind corner where it was metered (else their weight share), the rest
-        over attention's weights. With the profile's routing this is exact at the profiled plans; with the
-        model's own routing the weights read move."""
+        """Energy over idle (mJ) on the line between all-BF16 and all-FP8 (:meth:`_line_mj`), bent where the
+        profile metered the mixing point: by what that point drew over the line, times the plan's mixing
+        (:meth:`_mixing`, 1 at the mixing point, 0 at every other profiled plan)."""
         dyn = {k: (power[k] - self.idle_w) * step_ms[k] for k in power}
+        energy = self._line_mj(phase, plan, x, dyn)
+        if ALT_FP8 not in dyn or Format.FP8 not in dyn:
+            return energy
+        alt = Plan({g.name: mixing_format(g.name) for g in self.shape.groups})
+        at_alt = self._mixing(phase, alt, x, dyn)
+        if at_alt <= 0:  # no saving to share: no line to bend
+            return energy
+        over_line = dyn[ALT_FP8] - self._line_mj(phase, alt, x, dyn)
+        return energy + over_line * self._mixing(phase, plan, x, dyn) / at_alt
+
+    def _line_mj(self, phase: dict, plan: Plan, x: float, dyn: dict[Format | str, float]) -> float:
+        """The all-BF16 step's energy over idle, less all-FP8's saving shared out by the weights read in FP8: the
+        MLP groups' part from the kind corner where it was metered (else their weight share), the rest over
+        attention's weights. With the profile's routing this is exact at the profiled plans; with the model's
+        own routing the weights read move."""
         read = {g.name: self._read_weights(phase, g, x) for g in self.shape.groups}
         profiled = {g.name: self._read_weights(phase, g, x, profile_routing=True) for g in self.shape.groups}
         total = sum(profiled.values())
         energy = dyn[Format.BF16] * sum(read.values()) / total
         if Format.FP8 not in dyn:
             return energy
+        for groups, part, weights in self._kind_savings(dyn, profiled):
+            in_fp8 = sum(read[g] for g in groups if plan.format_of(g) == Format.FP8)
+            if in_fp8:
+                energy -= part * in_fp8 / weights
+        return energy
+
+    @staticmethod
+    def _kind_savings(dyn: dict[Format | str, float], profiled: dict[str, float]) -> list[tuple[list, float, float]]:
+        """(groups, their part of all-FP8's saving, their weights) of the MLP groups and of attention."""
+        total = sum(profiled.values())
         saving = dyn[Format.BF16] - dyn[Format.FP8]
         attention = [g for g in profiled if is_attention(g)]
         mlp = [g for g in profiled if not is_attention(g)]
         mlp_w = sum(profiled[g] for g in mlp)
         mlp_saving = dyn[Format.BF16] - dyn[MLP_FP8] if MLP_FP8 in dyn else saving * mlp_w / total
-        for groups, part, weights in ((mlp, mlp_saving, mlp_w), (attention, saving - mlp_saving, total - mlp_w)):
-            in_fp8 = sum(read[g] for g in groups if plan.format_of(g) == Format.FP8)
-            if in_fp8:
-                energy -= part * in_fp8 / weights
-        return energy
+        return [(mlp, mlp_saving, mlp_w), (attention, saving - mlp_saving, total - mlp_w)]
+
+    def _mixing(self, phase: dict, plan: Plan, x: float, dyn: dict[Format | str, float]) -> float:
+        """How much ``plan`` mixes formats across layers: per kind, ``s (1 - s)`` of the share ``s`` of that
+        kind's weights in FP8, weighted by the kind's part of all-FP8's saving. Zero where each kind is all in
+        one format (all-BF16, all-FP8, the kind corner), largest where half of every kind is in FP8."""
+        read = {g.name: self._read_weights(phase, g, x) for g in self.shape.groups}
+        profiled = {g.name: self._read_weights(phase, g, x, profile_routing=True) for g in self.shape.groups}
+        saving = dyn[Format.BF16] - dyn[Format.FP8]
+        out = 0.0
+        for groups, part, _ in self._kind_savings(dyn, profiled):
+            weights = sum(read[g] for g in groups)
+            if weights and saving:
+                s = sum(read[g] for g in groups if plan.format_of(g) == Format.FP8) / weights
+                out += part / saving * s * (1 - s)
+        return out
 
     def _read_weights(self, phase: dict, group, x: float, profile_routing: bool = False) -> float:
         """Weights of ``group`` a step of ``x`` tokens reads: all of them, or for routed experts the

@@ -20,6 +20,11 @@ and one model (its :class:`~advisor.energy.dims.DecoderDims`, random weights):
   a kind saves in FP8 is not its share of the weights: on an H200 at decode batch 1, Qwen2.5-0.5B's
   attention in FP8 saved 0.42 of all-FP8's energy with 12% of the weights; on an H100 its MLP in FP8
   saved 0.76 of all-FP8's prefill energy with 88% (reports/benchmarks/layer_additivity.md).
+* ``decode.alt_fp8`` / ``prefill.alt_fp8`` (absent in profiles stored before 2026-11-23): the same records
+  of the mixing point, every other layer (the odd ones) in FP8, both kinds. Plans that mix formats across
+  layers cost more than the straight line between all-BF16 and all-FP8 gives them: on H100s and H200s,
+  Qwen2.5-0.5B/1.5B's mixed plans drew 2-5% over it (reports/benchmarks/energy_transfer*.md); the cost
+  model bends its line by what this point measured.
 
 It is keyed (:func:`profile_key`) by the GPU (name, UUID, driver, power limit), the model
 (a digest of its layer-by-layer description) and the runtime version: a profile is reused only
@@ -49,6 +54,8 @@ FORMATS = (Format.BF16, Format.FP8)
 #: the profiled kind corner: MLP groups in FP8, attention in BF16 (see the module doc)
 MLP_FP8 = "mlp_fp8"
 ATTENTION_KINDS = ("qkv", "o")
+#: the profiled mixing point: every other layer in FP8, both kinds (see the module doc)
+ALT_FP8 = "alt_fp8"
 #: what a profile records of each metered plan, per point
 RECORDS = ("step_ms", "j_per_step", "power_w", "meter_ms_per_step", "cv", "temperature_c")
 
@@ -61,6 +68,11 @@ def is_attention(group: str) -> bool:
 def corner_format(group: str) -> Format:
     """``group``'s format in the kind corner."""
     return Format.BF16 if is_attention(group) else Format.FP8
+
+
+def mixing_format(group: str) -> Format:
+    """``group``'s (``layers.{i}.{kind}``) format at the mixing point: FP8 in the odd layers."""
+    return Format.FP8 if int(group.split(".")[1]) % 2 else Format.BF16
 
 
 def profile_meter_config():
@@ -289,10 +301,11 @@ def measure_model_profile(
                                            dims.family)
         for key in plan_dec:  # per-format tables
             dec[key][f.value], pre[key][f.value] = plan_dec[key], plan_pre[key]
-    rt = bench.runtime({g: corner_format(g) for g in uniform_formats(dims, Format.BF16)})
-    dec[MLP_FP8], pre[MLP_FP8] = _measure_plan(rt, MLP_FP8, batches, contexts, prefill_lengths, energy, log,
-                                               dims.family)
-    rt.free()
+    for name, fmt_of in ((MLP_FP8, corner_format), (ALT_FP8, mixing_format)):
+        rt = bench.runtime({g: fmt_of(g) for g in uniform_formats(dims, Format.BF16)})
+        dec[name], pre[name] = _measure_plan(rt, name, batches, contexts, prefill_lengths, energy, log,
+                                             dims.family)
+        rt.free()
     kind = gpu_from_device_name(state.name)
     dims_dict = dims.to_dict()
     return {
