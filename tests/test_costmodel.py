@@ -15,6 +15,7 @@ from advisor.plan import Plan
 from advisor.recipe.schema import Workload
 
 SHAPE = llama_shape("model.layers", 32, 4096, 14336, 32, 8, 128256, 128)
+OTHER = llama_shape("model.layers", 28, 3072, 8192, 24, 8, 128256, 128)  # Llama-3.2-3B: no shipped per-model profile
 NAMES = [g.name for g in SHAPE.groups]
 BF16 = Plan.uniform(NAMES, Format.BF16)
 FP8 = Plan.uniform(NAMES, Format.FP8)
@@ -161,20 +162,25 @@ def test_profile_validation(tmp_path, h200):
 def test_make_energy_model_predicted_uses_the_shipped_profiles():
     from advisor.energy.select import make_energy_model
 
-    # H100 and H200 have shipped GPU profiles (GEMM tables + anchors, measured): they win over the layer profile
-    h100 = make_energy_model("predicted", SHAPE, GPU.H100)
+    # the Llama-3.1-8B geometry has per-model profiles shipped for H100 and H200 (means over units): they come first
+    for gpu in (GPU.H100, GPU.H200):
+        label = make_energy_model("predicted", SHAPE, gpu).label
+        assert "per-model profile of the same layer geometry (Llama-3.1-8B) shipped" in label
+    # other geometries on H100 and H200: the shipped GPU profiles (GEMM tables + anchors, measured) win over the
+    # layer profile
+    h100 = make_energy_model("predicted", OTHER, GPU.H100)
     assert h100.label.startswith("predicted (GPU profile NVIDIA H100 80GB HBM3, measured")
-    h200 = make_energy_model("predicted", SHAPE, GPU.H200)
+    h200 = make_energy_model("predicted", OTHER, GPU.H200)
     assert h200.label.startswith("predicted (GPU profile NVIDIA H200, measured") and "unverified" not in h200.label
     w = Workload(batch_size=16)
-    bf16, fp8 = Plan.uniform(SHAPE.groups, Format.BF16), Plan.uniform(SHAPE.groups, Format.FP8)
+    bf16, fp8 = Plan.uniform(OTHER.groups, Format.BF16), Plan.uniform(OTHER.groups, Format.FP8)
     assert h200.estimate(fp8, w).j_per_token < h200.estimate(bf16, w).j_per_token
     # the H200 and H100 tables differ (two GPUs measured), so the predictions do
     assert h200.estimate(bf16, w).j_per_token != h100.estimate(bf16, w).j_per_token
     # B200 keeps the datasheet-derived layer profile, labelled unverified; an FP8 KV cache on H200 falls back
     b200 = make_energy_model("predicted", SHAPE, GPU.B200)
     assert isinstance(b200, ProfileCostModel) and "unverified" in b200.label
-    kv = h200.estimate(Plan.uniform(SHAPE.groups, Format.FP8, Format.FP8), w)
+    kv = h200.estimate(Plan.uniform(OTHER.groups, Format.FP8, Format.FP8), w)
     assert kv.source.startswith("predicted (profile NVIDIA H200") and "no FP8 KV-cache" in kv.source
 
 
@@ -182,7 +188,7 @@ def test_make_energy_model_auto_without_a_target_gpu_predicts(monkeypatch):
     from advisor.energy import select
 
     monkeypatch.setattr(select, "gpu_here", lambda: (None, None))
-    m = select.make_energy_model("auto", SHAPE, GPU.H200)
+    m = select.make_energy_model("auto", OTHER, GPU.H200)
     assert m.measured is False and "profile NVIDIA H200" in m.label
     monkeypatch.setattr(select, "gpu_here", lambda: (GPU.H100, "NVIDIA H100 80GB HBM3"))
     assert select.make_energy_model("auto", SHAPE, GPU.H200).measured is False

@@ -32,7 +32,7 @@ def unit(uuid: str, scale: float) -> dict:
     """The simulated profile as metered on another GPU unit that draws ``scale`` times the energy."""
     p = json.loads(json.dumps(simulated_profile(replace(STATE, uuid=uuid))))
     for phase in ("decode", "prefill"):
-        for section in (p[phase], p[phase]["mlp_fp8"]):
+        for section in (p[phase], p[phase]["mlp_fp8"], p[phase]["alt_fp8"]):
             section["j_per_step"] = scaled(section["j_per_step"], scale)
     return p
 
@@ -143,11 +143,11 @@ def test_the_mean_of_two_units_prices_between_them_and_names_them(two_units):
     assert [u["gpu_uuid"] for u in mean["units"]] == ["GPU-a", "GPU-b"]
     assert mean["key"]["gpu_uuid"] is None and mean["gpu_uuid"] is None
     models = [ModelProfileCostModel(p, SHAPE) for p in (*two_units, mean)]
-    for plan in plans().values():
+    for plan in plans().values():  # the mixing bend weighs kinds by ratios of savings: equal to within 1e-6
         a, b, m = (model.decode_step(plan, 16, 640)[1] for model in models)
-        assert m == pytest.approx((a + b) / 2, rel=1e-9)
+        assert m == pytest.approx((a + b) / 2, rel=1e-6) and a != pytest.approx(b, rel=0.05)
         a, b, m = (model.prefill(plan, 512)[1] for model in models)
-        assert m == pytest.approx((a + b) / 2, rel=1e-9)
+        assert m == pytest.approx((a + b) / 2, rel=1e-6)
     label = ModelProfileCostModel({**mean, "shipped": True, "same_geometry": True, "caveat": "within 4%"},
                                   SHAPE).label
     assert "same layer geometry" in label and "shipped" in label and "mean of 2 GPU units" in label
