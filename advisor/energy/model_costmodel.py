@@ -21,8 +21,14 @@ At a decode step of batch ``b`` and context ``c`` (prefill alike, per prompt len
   its own kind's weights. A kind's saving is not its share of the weights (H200, Qwen2.5-0.5B, decode
   batch 1: attention in FP8 saved 0.42 of all-FP8's energy with 12% of the weights;
   reports/benchmarks/layer_additivity.md), and a search's plans mix kinds freely.
+  Where the profile metered the mixing point (every other layer in FP8), that straight line is bent:
+  plans that mix formats across layers drew 2-5% over it on 1-1.5B shapes. The bend is what the point
+  drew over the line, times the plan's mixing relative to the point's (per kind, ``s (1 - s)`` of the
+  share ``s`` of its weights in FP8, weighted by the kind's part of the saving: zero at the other
+  profiled plans).
 
-So all-BF16, all-FP8 and the kind corner reproduce the profile at its own points by construction; mixed plans,
+So all-BF16, all-FP8, the kind corner and the mixing point reproduce the profile at its own points by
+construction; mixed plans,
 other batches and contexts are predictions. A MoE layer's routed experts are one group (kind
 ``experts``): their grouped GEMMs are priced like any group's, and the router, sort and gathers sit
 in the non-GEMM part. torch-free.
@@ -182,12 +188,12 @@ class ModelProfileCostModel:
 
     @staticmethod
     def _profiled_format(plan: Format | str, group: str) -> Format:
-        """``group``'s format in a profiled plan: a uniform one, or the kind corner."""
+        """``group``'s format in a profiled plan: a uniform one, the kind corner or the mixing point."""
         return CORNERS[plan](group) if plan in CORNERS else Format(plan)
 
     @staticmethod
     def _measured(phase: dict, plan: Format | str) -> tuple[Any, Any]:
-        """(j_per_step, step_ms) of a profiled plan: all-``fmt``, or the kind corner."""
+        """(j_per_step, step_ms) of a profiled plan: all-``fmt``, the kind corner or the mixing point."""
         if plan in CORNERS:
             return phase[plan]["j_per_step"], phase[plan]["step_ms"]
         return phase["j_per_step"][Format(plan).value], phase["step_ms"][Format(plan).value]
@@ -195,7 +201,7 @@ class ModelProfileCostModel:
     @staticmethod
     def _profiled_steps(phase: dict) -> dict[Format | str, Any]:
         """Each profiled plan's measured step ms (per context for decode): all-BF16, all-FP8, and the kind
-        corner where the profile has it."""
+        corner and the mixing point where the profile has them."""
         out: dict[Format | str, Any] = {Format(f): v for f, v in phase["step_ms"].items()}
         out.update({c: phase[c]["step_ms"] for c in CORNERS if c in phase})
         return out
