@@ -114,7 +114,7 @@ def evaluate(name: str, runs: list[tuple[str, dict]], gpu_profile: dict, legacy:
 def caveat(shape: dict, report: str) -> str:
     n = len(shape["checks"])
     return (f"random weights of the {shape['shape']} shape; with each unit left out, the other units' mean came "
-            f"within {shape['max_abs_error']:.1%} of its measurements ({n} runs on "
+            f"within {shape['max_abs_error']:.1%} of that unit's end-to-end measurements ({n} runs on "
             f"{len({c['gpu_uuid'] for c in shape['checks']})} units; {report})")
 
 
