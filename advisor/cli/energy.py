@@ -114,7 +114,7 @@ def profile(
 ) -> None:
     """Measure an energy profile on this GPU: one model's (--model), or the GPU profile for unprofiled models.
 
-    With --model (about two minutes; kept for searches): its GEMMs, non-GEMM part and lm_head per format.
+    With --model (two to three minutes; kept for searches): its GEMMs, non-GEMM part and lm_head per format.
 
     It also meters whole steps of all-BF16, all-FP8, the MLP-only FP8 corner and every other layer in FP8.
 
