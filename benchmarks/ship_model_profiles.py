@@ -171,6 +171,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ship", action="store_true", help="write each mean into advisor/energy/profiles/models")
     args = ap.parse_args(argv)
     command = command_line(argv)
+    missing = [str(p) for p in [*args.raw, args.gpu_profile] if not p.is_file()]
+    if missing:
+        print(f"error: no such file: {', '.join(missing)}", file=sys.stderr)
+        return 2
     runs = [(str(p), json.loads(p.read_text())) for p in args.raw]
     runs = [(p, r) for p, r in runs if r.get("shapes")]
     if any(r["gpu"] != runs[0][1]["gpu"] for _, r in runs):
