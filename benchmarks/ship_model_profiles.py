@@ -27,7 +27,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from energy_transfer import predict, shape_rows  # noqa: E402
+from energy_transfer import date_range, predict, shape_rows  # noqa: E402
 from energy_transfer_collect import plan_formats  # noqa: E402
 from report_files import command_line, read_notes, write_report  # noqa: E402
 
@@ -188,9 +188,8 @@ def main(argv: list[str] | None = None) -> int:
     report = str(args.out.with_suffix(".md"))
     for s in shapes:
         s["profile"]["caveat"] = caveat(s, report)
-    dates = sorted(r["date"][:10] for _, r in runs)
     d = {"gpu": runs[0][1]["gpu"], "kind": args.kind, "date": dt.date.today().isoformat(),
-         "measured": f"{dates[0]} to {dates[-1]}" if dates[0] != dates[-1] else dates[0],
+         "measured": date_range([r for _, r in runs]),
          "driver": " / ".join(sorted({r["driver"] for _, r in runs})),
          "units": len({r["gpu_uuid"] for _, r in runs}), "command": command, "target": TARGET,
          "notes": read_notes(args.notes),

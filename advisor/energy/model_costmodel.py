@@ -248,28 +248,30 @@ class ModelProfileCostModel:
         profile metered the mixing point: by what that point drew over the line, times the plan's mixing
         (:meth:`_mixing`, 1 at the mixing point, 0 at every other profiled plan)."""
         dyn = {k: (power[k] - self.idle_w) * step_ms[k] for k in power}
-        energy = self._line_mj(phase, plan, x, dyn)
+        # weights each group reads: with the model's routing, and with the profile's (as its steps read them)
+        read = {g.name: self._read_weights(phase, g, x) for g in self.shape.groups}
+        profiled = {g.name: self._read_weights(phase, g, x, profile_routing=True) for g in self.shape.groups}
+        energy = self._line_mj(plan, dyn, read, profiled)
         if ALT_FP8 not in dyn or Format.FP8 not in dyn:
             return energy
         alt = Plan({g.name: mixing_format(g.name) for g in self.shape.groups})
-        at_alt = self._mixing(phase, alt, x, dyn)
+        at_alt = self._mixing(alt, dyn, read, profiled)
         if at_alt <= 0:  # no saving to share: no line to bend
             return energy
-        over_line = dyn[ALT_FP8] - self._line_mj(phase, alt, x, dyn)
-        return energy + over_line * self._mixing(phase, plan, x, dyn) / at_alt
+        over_line = dyn[ALT_FP8] - self._line_mj(alt, dyn, read, profiled)
+        return energy + over_line * self._mixing(plan, dyn, read, profiled) / at_alt
 
-    def _line_mj(self, phase: dict, plan: Plan, x: float, dyn: dict[Format | str, float]) -> float:
+    @staticmethod
+    def _line_mj(plan: Plan, dyn: dict[Format | str, float], read: dict[str, float],
+                 profiled: dict[str, float]) -> float:
         """The all-BF16 step's energy over idle, less all-FP8's saving shared out by the weights read in FP8: the
         MLP groups' part from the kind corner where it was metered (else their weight share), the rest over
         attention's weights. With the profile's routing this is exact at the profiled plans; with the model's
         own routing the weights read move."""
-        read = {g.name: self._read_weights(phase, g, x) for g in self.shape.groups}
-        profiled = {g.name: self._read_weights(phase, g, x, profile_routing=True) for g in self.shape.groups}
-        total = sum(profiled.values())
-        energy = dyn[Format.BF16] * sum(read.values()) / total
+        energy = dyn[Format.BF16] * sum(read.values()) / sum(profiled.values())
         if Format.FP8 not in dyn:
             return energy
-        for groups, part, weights in self._kind_savings(dyn, profiled):
+        for groups, part, weights in ModelProfileCostModel._kind_savings(dyn, profiled):
             in_fp8 = sum(read[g] for g in groups if plan.format_of(g) == Format.FP8)
             if in_fp8:
                 energy -= part * in_fp8 / weights
@@ -286,15 +288,15 @@ class ModelProfileCostModel:
         mlp_saving = dyn[Format.BF16] - dyn[MLP_FP8] if MLP_FP8 in dyn else saving * mlp_w / total
         return [(mlp, mlp_saving, mlp_w), (attention, saving - mlp_saving, total - mlp_w)]
 
-    def _mixing(self, phase: dict, plan: Plan, x: float, dyn: dict[Format | str, float]) -> float:
+    @staticmethod
+    def _mixing(plan: Plan, dyn: dict[Format | str, float], read: dict[str, float],
+                profiled: dict[str, float]) -> float:
         """How much ``plan`` mixes formats across layers: per kind, ``s (1 - s)`` of the share ``s`` of that
         kind's weights in FP8, weighted by the kind's part of all-FP8's saving. Zero where each kind is all in
         one format (all-BF16, all-FP8, the kind corner), largest where half of every kind is in FP8."""
-        read = {g.name: self._read_weights(phase, g, x) for g in self.shape.groups}
-        profiled = {g.name: self._read_weights(phase, g, x, profile_routing=True) for g in self.shape.groups}
         saving = dyn[Format.BF16] - dyn[Format.FP8]
         out = 0.0
-        for groups, part, _ in self._kind_savings(dyn, profiled):
+        for groups, part, _ in ModelProfileCostModel._kind_savings(dyn, profiled):
             weights = sum(read[g] for g in groups)
             if weights and saving:
                 s = sum(read[g] for g in groups if plan.format_of(g) == Format.FP8) / weights
