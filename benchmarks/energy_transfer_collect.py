@@ -180,7 +180,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.tables is not None and time.perf_counter() - t_start < args.deadline_s:
         from advisor.energy.gemm_table import measure_gpu_profile
 
-        data = measure_gpu_profile(command, deadline_s=args.deadline_s - (time.perf_counter() - t_start), log=log)
+        data = measure_gpu_profile(command, deadline_s=args.deadline_s - (time.perf_counter() - t_start), log=log,
+                                   gemm_energy_s=600.0)
         args.tables.write_text(json.dumps(data, indent=1))
     log("done")
     return 0

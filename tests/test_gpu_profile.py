@@ -326,7 +326,10 @@ def test_measuring_a_gpu_profile_adds_the_metered_section_from_its_own_anchors(m
         return anchor_profile(Geometry.from_dims(d), tab, d, _metered, [GEMM_W, *REST])
 
     monkeypatch.setattr(model_profile, "measure_model_profile", anchor)
-    profile = gemm_table.measure_gpu_profile("advisor profile", anchors=tuple(ANCHORS.items()), log=lambda *a: None)
+    said: list[str] = []
+    profile = gemm_table.measure_gpu_profile("advisor profile", anchors=tuple(ANCHORS.items()), log=said.append)
+    assert said[0].startswith("GPU profile of ") and f"{len(ANCHORS)} anchor models" in said[0]
+    assert [line for line in said if line.startswith("anchor ")][-1].startswith(f"anchor {len(ANCHORS)}/")
     section = profile["gemm_energy"]
     assert asked and section["units"][0]["gpu_uuid"] == "GPU-sim" and section["anchors"] == sorted(ANCHORS)
     assert section["rest"] == pytest.approx(REST, rel=1e-3)

@@ -12,7 +12,7 @@ A GPU profile (schema ``precision-advisor/gpu-energy-profile``, version 1) holds
 * ``gemm_energy``: every GEMM's metered joules at a few row counts and a rest fitted to the anchors
   (:mod:`advisor.energy.gemm_energy`), which price models of large layers.
 
-Measuring needs torch and a GPU (about 20 minutes on an H100, half of it the GEMM energies).
+Measuring needs torch and a GPU (18 minutes on an H100, half of it the GEMM energies).
 """
 
 from __future__ import annotations
@@ -151,9 +151,13 @@ def measure_gemm_energy(meter, shapes: list[tuple[int, int]], rows: tuple[int, .
     return gemm, soak
 
 
-def measure_gpu_profile(command: str, deadline_s: float = 600.0, anchors=ANCHORS, log=print,
-                        max_copies: int | None = 16, iters: int = 10, gemm_energy_s: float = 600.0
+def measure_gpu_profile(command: str, deadline_s: float = math.inf, anchors=ANCHORS, log=print,
+                        max_copies: int | None = 16, iters: int = 10, gemm_energy_s: float = math.inf
                         ) -> dict[str, Any]:
+    """This GPU's profile: GEMM tables, the ``anchors``' per-model profiles (those started within ``deadline_s``
+    of the call) and the GEMM energies (for up to ``gemm_energy_s``; none at 0 or without anchors). The defaults
+    measure everything, as `advisor profile` does (18 minutes on an H100, 2026-11-23); benchmarks that must fit
+    a device call pass deadlines, and a shape or anchor left out is logged."""
     from advisor.energy.cuda_tools import copy_bandwidth_gb_s
     from advisor.energy.measure import Bench, torch_with_gpu
     from advisor.energy.meter import MeterConfig, open_meter
@@ -168,8 +172,11 @@ def measure_gpu_profile(command: str, deadline_s: float = 600.0, anchors=ANCHORS
     state = meter.counter.state()
     header = measurement_header(state, meter.idle_power_w(), copy_bandwidth_gb_s(), command, torch.__version__)
     heads = _lm_heads()
+    shapes = table_nk()
+    log(f"GPU profile of {state.name}: GEMM times of {len(shapes)} shapes, {len(anchors)} anchor models, then "
+        f"GEMM energies{'' if anchors and gemm_energy_s > 0 else ' (skipped)'} (18 minutes on an H100)")
     table: dict[str, dict[str, list[float]]] = {Format.BF16.value: {}, Format.FP8.value: {}}
-    for n, k in table_nk():
+    for n, k in shapes:
         for fmt in (Format.BF16, Format.FP8):
             if fmt == Format.FP8 and (n, k) in heads:
                 continue  # the lm_head stays BF16
@@ -178,10 +185,11 @@ def measure_gpu_profile(command: str, deadline_s: float = 600.0, anchors=ANCHORS
     log(f"gemm tables: {sum(len(v) for v in table.values())} shapes x {len(M_BUCKETS)} rows, "
         f"{time.perf_counter() - t0:.0f} s")
     measured_anchors: dict[str, Any] = {}
-    for name, layers in anchors:
+    for i, (name, layers) in enumerate(anchors, 1):
         if time.perf_counter() - t0 > deadline_s:
             log(f"deadline: anchor {name} not measured")
             break
+        log(f"anchor {i}/{len(anchors)}: {name}{'' if layers is None else f' ({layers} layers)'}")
         dims = REFERENCE_SHAPES[name].dims(layers)
         bench = Bench.create(dims, max_pos=4096)
         measured_anchors[name] = measure_model_profile(dims, batches=(1, 16, 64), prefill_lengths=(512, 2048),
@@ -205,7 +213,9 @@ def measure_gpu_profile(command: str, deadline_s: float = 600.0, anchors=ANCHORS
         from advisor.energy.gemm_energy import gemm_energy_section
 
         energy_meter = open_meter(torch.cuda.current_device(), MeterConfig(**ENERGY_METER))
-        gemm, _ = measure_gemm_energy(energy_meter, table_nk(), deadline_s=gemm_energy_s, log=log)
+        log(f"GEMM energies: {len(shapes)} shapes x {len(ENERGY_ROWS)} row counts, each format, after a "
+            f"{ENERGY_METER['soak_s']:.0f} s soak")
+        gemm, _ = measure_gemm_energy(energy_meter, shapes, deadline_s=gemm_energy_s, log=log)
         collect = {"gpu_uuid": header["gpu_uuid"], "date": header["date"], "command": command,
                    "m_buckets": list(ENERGY_ROWS), "gemm": gemm}
         anchors_run = {"gpu_uuid": header["gpu_uuid"], "command": command, "anchors": measured_anchors}
