@@ -22,13 +22,14 @@ At a decode step of batch ``b`` and context ``c`` (prefill alike, per prompt len
   batch 1: attention in FP8 saved 0.42 of all-FP8's energy with 12% of the weights;
   reports/benchmarks/layer_additivity.md), and a search's plans mix kinds freely.
   Where the profile metered the mixing point (every other layer in FP8), that straight line is bent:
-  plans that mix formats across layers drew 2-5% over it on 1-1.5B shapes. The bend is what the point
+  plans that mix formats across layers drew 2-5% over it on Qwen2.5-0.5B/1.5B shapes. The bend is what the point
   drew over the line, times the plan's mixing relative to the point's (per kind, ``s (1 - s)`` of the
   share ``s`` of its weights in FP8, weighted by the kind's part of the saving: zero at the other
   profiled plans).
 
-So all-BF16, all-FP8, the kind corner and the mixing point reproduce the profile at its own points by
-construction; mixed plans,
+So all-BF16 and all-FP8 reproduce the profile at its own points by construction, the kind corner and the
+mixing point their energy over idle (their time is the non-GEMM time moved by the share of groups in FP8:
+within about 2% of theirs); mixed plans,
 other batches and contexts are predictions. A MoE layer's routed experts are one group (kind
 ``experts``): their grouped GEMMs are priced like any group's, and the router, sort and gathers sit
 in the non-GEMM part. torch-free.

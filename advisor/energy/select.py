@@ -57,7 +57,7 @@ def make_energy_tiers(
     The predicted tier prices every trial (:func:`make_predicted_model`): ``profile`` if given,
     else this model's per-model profile, else the shipped GPU profile of ``target``. Where the
     measured tier runs (a GPU of the target kind here, built-in runtime), this model's per-model
-    profile is built first for ``workloads``' batches and contexts (about a minute), or reused
+    profile is built first for ``workloads``' batches and contexts (two to three minutes), or reused
     from ``store`` when one of this GPU, driver, power limit, model and runtime is there. The
     measured tier (NVML on the GPU here, the serving runtime on random weights of ``shape``,
     about 40 s per plan and workload) re-prices the baselines and the front afterwards:
