@@ -56,10 +56,10 @@ def gemm_ms(f: Format, kind: str, rows: float) -> float:
     return a + b * rows
 
 
-def ng_ms(f: Format, rows: float, context: float, phase: str) -> float:
+def ng_ms(f: Format, rows: float, context: float, phase: str, quant_ms: float = 0.001) -> float:
     """One layer's non-GEMM ms: a floor, activations, KV (decode) or attention (prefill); FP8 quantizes more."""
     per = 0.02 + 2e-5 * rows + (1e-7 * rows * context if phase == "decode" else 1e-8 * rows * rows)
-    return per + (0.001 if f == Format.FP8 else 0.0)
+    return per + (quant_ms if f == Format.FP8 else 0.0)
 
 
 def mixing(formats: dict[str, Format]) -> float:
@@ -78,10 +78,12 @@ def mixing(formats: dict[str, Format]) -> float:
 
 
 def truth(formats: dict[str, Format], rows: float, context: float, phase: str,
-          mixing_j: float = 0.0) -> tuple[float, float]:
-    """(ms, J) of a step of any plan on the simulated GPU; ``mixing_j`` x :func:`mixing` more for mixing."""
+          mixing_j: float = 0.0, quant_ms: dict[str, float] | None = None) -> tuple[float, float]:
+    """(ms, J) of a step of any plan on the simulated GPU; ``mixing_j`` x :func:`mixing` more for mixing;
+    ``quant_ms``: the non-GEMM ms an FP8 group of each kind adds (default 0.001 for every kind)."""
     n = len(SHAPE.groups)
-    t_ng = sum(ng_ms(formats.get(g.name, Format.BF16), rows, context, phase) for g in SHAPE.groups) / n * LAYERS
+    t_ng = sum(ng_ms(formats.get(g.name, Format.BF16), rows, context, phase,
+                     (quant_ms or {}).get(g.name.rsplit(".", 1)[-1], 0.001)) for g in SHAPE.groups) / n * LAYERS
     gb = sum(gemm_ms(Format.BF16, g.name.rsplit(".", 1)[-1], rows) for g in SHAPE.groups
              if formats.get(g.name, Format.BF16) == Format.BF16)
     gf = sum(gemm_ms(Format.FP8, g.name.rsplit(".", 1)[-1], rows) for g in SHAPE.groups
@@ -97,7 +99,7 @@ def meter_on(gpu: SimulatedGPU, clock: VirtualClock) -> EnergyMeter:
 
 
 def simulated_profile(state: GPUState, batches=(1, 16, 64), contexts=(512, 2048), lengths=(512,),
-                      mixing_j: float = 0.0) -> dict:
+                      mixing_j: float = 0.0, quant_ms: dict[str, float] | None = None) -> dict:
     """A per-model profile of the simulated GPU: times from its physics, energies through the real meter."""
     clock = VirtualClock()
     gpu = SimulatedGPU(clock, tick_s=0.01, idle_w=P_IDLE_W)
@@ -114,16 +116,17 @@ def simulated_profile(state: GPUState, batches=(1, 16, 64), contexts=(512, 2048)
         uniform = {g.name: f for g in SHAPE.groups}
         dec["gemm_ms"][f.value] = {k: [gemm_ms(f, k, b) for b in batches] for k in DENSE_GROUP_KINDS}
         pre["gemm_ms"][f.value] = {k: [gemm_ms(f, k, n) for n in lengths] for k in DENSE_GROUP_KINDS}
-        dec["step_ms"][f.value] = {str(c): [truth(uniform, b, c, "decode")[0] for b in batches] for c in contexts}
-        dec["j_per_step"][f.value] = {str(c): [measure(*truth(uniform, b, c, "decode")) for b in batches]
-                                      for c in contexts}
-        pre["step_ms"][f.value] = [truth(uniform, n, n, "prefill")[0] for n in lengths]
-        pre["j_per_step"][f.value] = [measure(*truth(uniform, n, n, "prefill")) for n in lengths]
+        dec["step_ms"][f.value] = {str(c): [truth(uniform, b, c, "decode", quant_ms=quant_ms)[0] for b in batches]
+                                   for c in contexts}
+        dec["j_per_step"][f.value] = {str(c): [measure(*truth(uniform, b, c, "decode", quant_ms=quant_ms))
+                                               for b in batches] for c in contexts}
+        pre["step_ms"][f.value] = [truth(uniform, n, n, "prefill", quant_ms=quant_ms)[0] for n in lengths]
+        pre["j_per_step"][f.value] = [measure(*truth(uniform, n, n, "prefill", quant_ms=quant_ms)) for n in lengths]
     for name, fmt_of in ((MLP_FP8, corner_format), (ALT_FP8, mixing_format)):
         corner = {g.name: fmt_of(g.name) for g in SHAPE.groups}
 
         def at(rows, context, phase, corner=corner):
-            return truth(corner, rows, context, phase, mixing_j)
+            return truth(corner, rows, context, phase, mixing_j, quant_ms)
 
         dec[name] = {"step_ms": {str(c): [at(b, c, "decode")[0] for b in batches] for c in contexts},
                      "j_per_step": {str(c): [measure(*at(b, c, "decode")) for b in batches] for c in contexts}}
@@ -263,6 +266,22 @@ def test_without_the_kind_corner_a_kind_heavy_plan_is_priced_by_its_weights_and_
     uniform = plans()["fp8"]
     assert ModelProfileCostModel(without_corner(profile), SHAPE).decode_step(uniform, 16, 640)[1] == pytest.approx(
         ModelProfileCostModel(profile, SHAPE).decode_step(uniform, 16, 640)[1], rel=1e-9)
+
+
+def test_the_kind_corner_moves_the_non_gemm_time_by_kind():
+    """On a GPU where an FP8 MLP group adds five times the non-GEMM time an FP8 attention group does (its
+    activation quantization is wider), the corner's own step time comes back as profiled and a kind-heavy plan's
+    time is exact; shared over all groups alike (a profile without the corner), both miss by more than 1%."""
+    quant_ms = {"qkv": 0.001, "o": 0.001, "gate_up": 0.005, "down": 0.005}
+    prof = simulated_profile(STATE, quant_ms=quant_ms)
+    with_corner, without = ModelProfileCostModel(prof, SHAPE), ModelProfileCostModel(without_corner(prof), SHAPE)
+    for name in ("mlp", "attention+layer1"):
+        plan = plans()[name]
+        t_true = truth(dict(plan.formats), 16, 640, "decode", quant_ms=quant_ms)[0]
+        assert with_corner.decode_step(plan, 16, 640)[0] == pytest.approx(t_true, rel=1e-6)
+        assert abs(without.decode_step(plan, 16, 640)[0] / t_true - 1) > 0.01
+        assert with_corner.prefill(plan, 512)[0] == pytest.approx(
+            truth(dict(plan.formats), 512, 512, "prefill", quant_ms=quant_ms)[0], rel=1e-6)
 
 
 @pytest.mark.parametrize("name", ["bf16", "fp8"])
