@@ -298,3 +298,21 @@ def test_lm_eval_bars_and_notices_stay_out_of_the_log(tmp_path, capfd):
     err = capfd.readouterr().err
     assert "Running loglikelihood" not in err and "already-initialized" not in err, err[-500:]
     assert hf_module.tqdm is tqdm.tqdm  # put back
+
+
+def test_the_preflight_accepts_every_local_task_and_refuses_a_metric_that_is_not_per_item(tmp_path):
+    """gsm8k is generative (``exact_match``): the pre-flight checks the primary metric the scoring uses, not
+    ``acc``; a task whose metric is a corpus-level aggregate cannot be compared item by item."""
+    import yaml
+
+    from advisor.accuracy.task_check import check_tasks
+
+    check_tasks(list(harness.LOCAL_TASKS), need(EVAL))
+    cfg = yaml.safe_load((Path(harness.__file__).parent / "tasks" / "piqa.yaml").read_text())
+    cfg.update(task="piqa_corpus", metric_list=[{"metric": "perplexity", "aggregation": "perplexity",
+                                                 "higher_is_better": False}])
+    cfg["dataset_kwargs"]["data_files"]["test"] = str(need(EVAL) / "piqa.jsonl")
+    path = tmp_path / "piqa_corpus.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    with pytest.raises(InputError, match="not a mean of per-item values"):
+        check_tasks([str(path)], need(EVAL))

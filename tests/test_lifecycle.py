@@ -182,3 +182,38 @@ def test_resume_with_a_changed_comparability_field_is_refused(finished_run, flag
     assert res.exit_code == 2, res.output
     assert "Error:" in res.output and field in res.output and "Traceback" not in res.output
     assert (tmp / "runs" / "t" / "recipe.json").read_text() == stored
+
+
+def test_an_interrupt_inside_a_trial_logs_neither_its_parameters_nor_a_traceback():
+    """Optuna logs a failed trial from ``optuna.study._optimize`` with its parameters and traceback, through the
+    handlers of the ``optuna`` logger (a logger's own filters never see its children's records); an interrupt
+    leaves only the caller's one-line resume hint, and other failures are still logged."""
+    import io
+    import logging
+
+    from advisor.search.study import silence_interrupt_tracebacks
+
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)  # stands in for Optuna's default handler on stderr
+    optuna_logger = logging.getLogger("optuna")
+    optuna_logger.addHandler(handler)
+    try:
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        silence_interrupt_tracebacks()
+        study = optuna.create_study()
+
+        def objective(trial: optuna.Trial) -> float:
+            trial.suggest_categorical("layers.0.qkv", ["bf16", "fp8"])
+            raise KeyboardInterrupt
+
+        with pytest.raises(KeyboardInterrupt):
+            study.optimize(objective, n_trials=1)
+        assert stream.getvalue() == ""
+
+        def broken(trial: optuna.Trial) -> float:
+            raise ValueError("a real failure")
+
+        study.optimize(broken, n_trials=1, catch=(ValueError,))
+        assert "a real failure" in stream.getvalue() and "Traceback" in stream.getvalue()
+    finally:
+        optuna_logger.removeHandler(handler)

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import yaml
 from typer.testing import CliRunner
@@ -58,9 +60,9 @@ def test_bad_recipe_on_the_cli_exits_2_without_traceback(tmp_path, data, message
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--target", "a100"], "target: got 'a100'"),
+        (["--target", "a100"], "target (set by a flag): got 'a100'"),
         (["--formats", "bf16,fp4"], "got 'fp4'"),
-        (["--trials", "0"], "search.trials"),
+        (["--trials", "0"], "search.trials (set by a flag)"),
         (["--max-kl", "0"], "accuracy.max_kl"),
         (["--batch-size", "0"], "workloads.0.batch_size"),
         (["--sampler", "grid"], "search.sampler"),
@@ -144,3 +146,30 @@ def test_engine_is_in_the_study_key_only_when_not_builtin_and_preflight_needs_th
     monkeypatch.setitem(sys.modules, "tensorrt_llm", None)  # not importable
     with pytest.raises(SetupError, match="pip install tensorrt_llm"):
         check_devices(trt)
+
+
+def test_docs_recipe_md_is_the_generated_reference():
+    """docs/recipe.md lists every field the schema has; regenerate it when the schema changes."""
+    from advisor.recipe.reference import reference_markdown
+
+    doc = Path(__file__).resolve().parents[1] / "docs" / "recipe.md"
+    assert doc.read_text() == reference_markdown(), "run: python -m advisor.recipe.reference > docs/recipe.md"
+    for section in ("model", "workloads[]", "calibration", "accuracy", "benchmark", "search"):
+        assert f"| `{section}." in doc.read_text()
+
+
+def test_a_recipe_that_is_not_utf8_is_one_error(tmp_path):
+    latin1 = tmp_path / "latin1.yaml"
+    latin1.write_bytes("name: caf\u00e9\n".encode("latin-1"))
+    with pytest.raises(InputError, match="is not UTF-8 text"):
+        load_recipe(latin1)
+
+
+def test_a_key_given_twice_is_named_not_silently_overwritten(tmp_path):
+    twice = tmp_path / "twice.yaml"
+    twice.write_text("name: a\naccuracy:\n  max_kl: 0.1\n  max_kl: 0.2\n")
+    with pytest.raises(InputError, match="the key 'max_kl' appears twice at line 4"):
+        load_recipe(twice)
+    fine = tmp_path / "fine.yaml"  # the same keys in different mappings are no repeat
+    fine.write_text("workloads:\n  - {name: a, batch_size: 1}\n  - {name: b, batch_size: 2}\n")
+    assert [w.name for w in load_recipe(fine).workloads] == ["a", "b"]

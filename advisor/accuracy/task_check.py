@@ -3,7 +3,8 @@ learn at the end that a task name is misspelt or its YAML is broken.
 
 * Local tasks and task YAMLs are built for real (lm-eval reads their JSONL data in well
   under a second) and one request is rendered, so a malformed config, a missing field or a
-  template error fails here; the task must report an ``acc`` metric.
+  template error fails here; its primary metric must be a mean of per-item values (``acc``,
+  ``exact_match``: :func:`~advisor.accuracy.task_configs.primary_metric`), as the scoring needs.
 * Registry names are looked up in the text of lm-eval's task YAMLs. Building lm-eval's own
   index parses ~14,000 YAML files (15 s on two cores) and loading a task downloads its
   dataset, so neither happens here. Every task lm-eval registers is defined by a
@@ -23,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from advisor.accuracy.harness import LOCAL_TASKS, load_tasks, task_config
+from advisor.accuracy.task_configs import primary_metric
 from advisor.errors import AdvisorError, InputError
 
 _TOP_LEVEL_VALUE = r'^["\']?{key}["\']?[ \t]*:[ \t]*["\']?([^\s"\'#\[\]{{}},]+)'
@@ -83,13 +85,10 @@ def _check_buildable(name: str, data_dir: Path | str | None) -> None:
             if len(task.eval_docs) == 0:
                 raise InputError(f"task {task_name!r} has no items in its test split; check its data file")
             task.build_all_requests(samples=[0])
-        metrics = set(task.higher_is_better())
+        primary_metric(task)
     except AdvisorError:
         raise
     except Exception as exc:  # noqa: BLE001 (lm-eval, datasets and jinja raise any kind)
         detail = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         raise InputError(f"task {name!r}: lm-eval cannot build it from its config "
                          f"({type(exc).__name__}{': ' + detail if detail else ''}); fix the task YAML") from None
-    if "acc" not in metrics:
-        raise InputError(f"task {name!r} reports no 'acc' metric (it has {sorted(metrics)}); "
-                         "pick an accuracy task (loglikelihood or multiple_choice)")

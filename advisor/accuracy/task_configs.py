@@ -222,7 +222,8 @@ def primary_metric(task: Any) -> PrimaryMetric:
     aggregate = aggregations[metric]
     if getattr(aggregate, "__name__", "") != "mean":
         raise InputError(f"task {name!r}: its primary metric {metric!r} aggregates with "
-                         f"{getattr(aggregate, '__name__', aggregate)!r}, not a mean of per-item values")
+                         f"{getattr(aggregate, '__name__', aggregate)!r}, not a mean of per-item values; put a "
+                         "per-item metric (acc, exact_match, ...) first in metric_list")
     filters = task.get_config("filter_list") or []
     first = filters[0] if filters else None
     filter_name = (first.get("name") if isinstance(first, dict) else getattr(first, "name", None)) or "none"

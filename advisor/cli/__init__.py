@@ -47,6 +47,10 @@ def _quiet_libraries() -> None:
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     os.environ.setdefault("TQDM_DISABLE", "1")
+    # huggingface_hub warns on each retry of an unreachable hub, through its own handler and again through the
+    # root's (it propagates): 20-odd lines before the one Error line; --debug keeps them. (It sets its logger's
+    # level from this variable when it is imported, later than here.)
+    os.environ.setdefault("HF_HUB_VERBOSITY", "error")
 
 
 from advisor.cli.deploy import export, recheck  # noqa: E402

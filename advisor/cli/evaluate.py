@@ -20,14 +20,16 @@ from advisor.formats import Format
 
 PlanOpt = Annotated[str, typer.Option("--plan", help="plan JSON file, or a uniform format: bf16, fp8, nvfp4")]
 TasksOpt = Annotated[str, typer.Option(
-    "--tasks", help="comma-separated: local tasks (lambada_openai, piqa, arc_easy; need --data-dir), "
+    "--tasks", help="comma-separated: local tasks (lambada_openai, piqa, arc_easy, gsm8k; need --data-dir), "
     "lm-eval task names, or task YAML paths")]
-RecipeOpt = Annotated[Path | None, typer.Option("--recipe", help="recipe YAML (model, calibration, device)")]
+RecipeOpt = Annotated[Path | None, typer.Option(
+    "--recipe", "-r", help="recipe YAML (model, calibration, device; its benchmark.data_dir unless --data-dir)")]
 ModelOpt_ = Annotated[str | None, typer.Option("--model", help="hub id, local dir, .gguf file or demo:smollm2-135m")]
 GgufOpt = Annotated[str | None, typer.Option("--gguf-file", help="GGUF file name inside --model")]
 LimitOpt = Annotated[int | None, typer.Option("--limit", help="seeded random subset per task (default: full set)")]
 SeedOpt = Annotated[int, typer.Option("--seed", help="seed of the --limit subset and of lm-eval")]
-DataOpt = Annotated[Path | None, typer.Option("--data-dir", help="folder of the local tasks' JSONL files")]
+DataOpt = Annotated[Path | None, typer.Option("--data-dir", help="folder of the local tasks' JSONL files "
+                                              "(default: the recipe's benchmark.data_dir)")]
 OutOpt = Annotated[Path | None, typer.Option("--out", help="write the scores as JSON here")]
 CacheOpt = Annotated[Path | None, typer.Option("--cache-dir", help="score cache folder (default: none)")]
 DeviceOpt = Annotated[str | None, typer.Option("--device", help="auto, cpu or cuda")]
@@ -75,23 +77,27 @@ def eval_plan(
         raise InputError(f"--limit: must be at least 1, got {limit}")
     if batch_size < 1:
         raise InputError(f"--batch-size: must be at least 1, got {batch_size}")
-    if data_dir is not None and not data_dir.is_dir():
-        raise InputError(f"--data-dir: {data_dir} is not a directory; give the folder holding the tasks' JSONL "
-                         "files (lambada_openai.jsonl, piqa.jsonl, arc_easy.jsonl)")
     if device is not None and device not in ("auto", "cpu", "cuda"):
         raise InputError(f"--device: got {device!r}; allowed: auto, cpu, cuda")
 
     from advisor.recipe.schema import load_recipe
 
     rec = load_recipe(recipe, {"model.source": model, "model.gguf_file": gguf_file, "device": device})
+    if data_dir is None and recipe is not None and rec.benchmark.data_dir is not None:
+        data_dir = Path(rec.benchmark.data_dir)
     from advisor.accuracy import harness
     from advisor.accuracy.task_check import check_tasks
-    from advisor.workflows.outputs import check_output_file
+    from advisor.workflows.outputs import check_output_dir, check_output_file
     from advisor.workflows.preflight import check_model
 
+    if data_dir is not None and not data_dir.is_dir():
+        raise InputError(f"--data-dir: {data_dir} is not a directory; give the folder holding the tasks' JSONL "
+                         f"files ({', '.join(f'{t}.jsonl' for t in harness.LOCAL_TASKS)})")
     # Everything that can be judged before the model is loaded: output, tasks and their data, model config.
     if out is not None:
         check_output_file(out, "--out")
+    if cache_dir is not None:
+        check_output_dir(cache_dir, "--cache-dir")
     check_tasks(task_list, data_dir)
     check_model(rec, workloads=False)
 

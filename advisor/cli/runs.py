@@ -28,7 +28,7 @@ def _open_run(run_dir: Path, storage: str | None):
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise InputError(f"{meta_path} is not the run file `advisor search` writes ({type(exc).__name__}: {exc}); "
                          "it is written by `advisor search`: rerun the search") from None
-    _check_study_storage(url)
+    check_study_storage(url)
     try:
         return optuna.load_study(study_name=name, storage=open_storage(url))
     except KeyError:
@@ -41,7 +41,7 @@ def _open_run(run_dir: Path, storage: str | None):
                          "or not an Optuna study: rerun `advisor search`, or pass --storage") from None
 
 
-def _check_study_storage(url: str) -> None:
+def check_study_storage(url: str) -> None:
     """The URL is usable and an SQLite or journal study exists (both would be created empty)."""
     from sqlalchemy.engine import make_url
 
@@ -89,7 +89,8 @@ def show(
 
     path = run_dir if run_dir.is_file() else run_dir / "summary.json"
     if not path.is_file():
-        raise InputError(f"{path} does not exist; run `advisor report {run_dir}` first")
+        raise InputError(f"{path} does not exist; run `advisor report {run_dir}` first (a run stopped before its "
+                         "first trial has nothing to report: continue it with `advisor search ... --resume`)")
     summary = load_summary(path)
     known = ", ".join(sorted({r.plan_id for r in summary.trials})[:10])
     if not summary.trials:

@@ -29,7 +29,12 @@ def worker(
     The worker refuses a study whose settings (model weights, token sets, formats, workloads,
     energy mode, budgets, library versions) would make its numbers incomparable.
     """
+    from advisor.cli.runs import check_study_storage
+    from advisor.workflows.outputs import check_output_dir
     from advisor.workflows.worker import run_worker
 
+    check_study_storage(storage)  # an SQLite or journal path that does not exist would be created empty
+    if work_dir is not None:
+        check_output_dir(work_dir, "--work-dir")
     done = run_worker(storage, study, work_dir=work_dir, artifacts=artifacts, console=err)
     out.print(f"worker finished {done} trials of study {study!r}", highlight=False)

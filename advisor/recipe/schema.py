@@ -28,7 +28,7 @@ class ModelSpec(_Strict):
 
     source: str = Field(DEMO_MODEL, description="hub id, local directory, .gguf file, or demo:smollm2-135m")
     gguf_file: str | None = Field(None, description="GGUF file name inside `source` (a directory or hub repo)")
-    revision: str | None = None
+    revision: str | None = Field(None, description="hub revision (branch, tag or commit) of `source`")
 
     @field_validator("source")
     @classmethod
@@ -41,10 +41,10 @@ class ModelSpec(_Strict):
 class Workload(_Strict):
     """A serving workload: concurrent requests and their input/output lengths."""
 
-    name: str = "chat"
+    name: str = Field("chat", description="how reports and `--workload` name it")
     batch_size: int = Field(16, ge=1, le=4096, description="concurrent sequences in decode")
-    input_tokens: int = Field(512, ge=1, le=1_000_000)
-    output_tokens: int = Field(256, ge=1, le=1_000_000)
+    input_tokens: int = Field(512, ge=1, le=1_000_000, description="prompt tokens per request")
+    output_tokens: int = Field(256, ge=1, le=1_000_000, description="generated tokens per request")
 
 
 class CalibrationSpec(_Strict):
@@ -53,11 +53,11 @@ class CalibrationSpec(_Strict):
     source: str = Field(
         "self", description="'self' (text sampled from the BF16 model), a .txt/.jsonl path, or chat:PATH.jsonl "
         "(chat messages rendered with the model's chat template; a .jsonl with a 'messages' field is detected)")
-    num_samples: int = Field(16, ge=1, le=100_000)
-    seq_len: int = Field(128, ge=8, le=32_768)
-    heldout_samples: int = Field(8, ge=1, le=100_000)
-    heldout_seq_len: int = Field(128, ge=8, le=32_768)
-    seed: int = 0
+    num_samples: int = Field(16, ge=1, le=100_000, description="calibration sequences (quantizer ranges)")
+    seq_len: int = Field(128, ge=8, le=32_768, description="tokens per calibration sequence")
+    heldout_samples: int = Field(8, ge=1, le=100_000, description="held-out sequences the proxy KL is measured on")
+    heldout_seq_len: int = Field(128, ge=8, le=32_768, description="tokens per held-out sequence")
+    seed: int = Field(0, description="seed of the sampling and of the split")
 
     @field_validator("source")
     @classmethod
@@ -88,7 +88,7 @@ class BenchmarkSpec(_Strict):
     tasks: list[str] = Field(default_factory=list, description="lm-eval task names, local tasks or task YAMLs")
     limit: int | None = Field(None, ge=1, description="most items per task (seeded order); None = full set")
     first_batch: int = Field(100, ge=1, description="items per task at the first look; doubled at each next look")
-    seed: int = 1234
+    seed: int = Field(1234, description="seed of the items' order (the same items for every plan)")
     data_dir: str | None = Field(
         None, description="folder with lambada_openai.jsonl, piqa.jsonl, arc_easy.jsonl, gsm8k.jsonl")
     max_drop: float = Field(0.02, ge=0, le=1, description="allowed drop vs BF16 on each task (primary metric)")
@@ -97,9 +97,11 @@ class BenchmarkSpec(_Strict):
 
 
 class SearchSpec(_Strict):
+    """The Optuna study: its budget, sampler and trial heartbeat."""
+
     trials: int = Field(40, ge=1, le=1_000_000, description="total trials in the study, baselines included")
-    timeout_s: float | None = Field(None, gt=0)
-    seed: int = 0
+    timeout_s: float | None = Field(None, gt=0, description="stop starting trials after this many seconds")
+    seed: int = Field(0, description="the sampler's seed")
     sampler: Literal["guided", "tpe", "nsga2", "random"] = Field(
         "guided", description="guided: sensitivity + knapsack proposals, then TPE; or a plain Optuna sampler"
     )
@@ -113,23 +115,25 @@ class SearchSpec(_Strict):
 class Recipe(_Strict):
     """Everything a search needs. See recipes/quickstart.yaml for a documented example."""
 
-    name: str = Field("run", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+    name: str = Field("run", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", description="the study's and run folder's name")
     model: ModelSpec = ModelSpec()
     formats: list[Format] = Field(description="allowed formats; default: all the target runs natively")
     kv_cache: list[Format] = Field(default_factory=lambda: [Format.BF16],
                                    description="KV-cache formats to search: [bf16] (default) or [bf16, fp8]")
-    target: GPU = GPU.H100
+    target: GPU = Field(GPU.H100, description="the GPU the plan will be served on")
     workloads: list[Workload] = Field(default_factory=lambda: [Workload()], min_length=1)
     calibration: CalibrationSpec = CalibrationSpec()
     accuracy: AccuracySpec = AccuracySpec()
     benchmark: BenchmarkSpec = BenchmarkSpec()
     search: SearchSpec = SearchSpec()
     storage: str | None = Field(None, description="Optuna storage URL; default: sqlite file in the output dir")
-    out: Path = Path("runs")
-    device: Literal["auto", "cpu", "cuda"] = "auto"
+    out: Path = Field(Path("runs"), description="folder the run folder `OUT/NAME/` is made in")
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="where accuracy is scored (auto: cuda if "
+                                                   "torch sees one)")
     energy: Literal["auto", "predicted", "measured"] = Field(
         "auto", description="measured: NVML on a GPU of the target kind (~40 s per plan and workload); "
-        "predicted: the target's measured profile, else the datasheet roofline; auto: measured when possible"
+        "predicted: this model's per-model profile for the target, else a shipped one of its layer geometry, the "
+        "target's GPU profile, else the datasheet roofline; auto: measured when possible"
     )
     energy_profile: str | None = Field(None, description="a profile JSON from `advisor profile` to predict with")
     engine: Literal["builtin", "tensorrt_llm"] = Field(
@@ -199,8 +203,10 @@ class Recipe(_Strict):
         return self.storage or f"sqlite:///{(self.run_dir / 'study.db').resolve()}"
 
 
-def _describe(err: dict[str, Any]) -> str:
+def _describe(err: dict[str, Any], from_flags: frozenset[str] = frozenset()) -> str:
     where = ".".join(str(p) for p in err["loc"]) or "recipe"
+    if any(where == k or where.startswith(f"{k}.") for k in from_flags):
+        where += " (set by a flag)"
     msg = err["msg"].removeprefix("Value error, ")
     if err["type"] == "extra_forbidden":
         msg = "unknown field"
@@ -211,13 +217,28 @@ def _describe(err: dict[str, Any]) -> str:
     return f"{where}: {msg}"
 
 
-def validate_recipe(data: dict[str, Any], origin: str = "recipe") -> Recipe:
-    """Validate a dict into a Recipe or raise one InputError that lists every problem."""
+def validate_recipe(data: dict[str, Any], origin: str = "recipe", from_flags: frozenset[str] = frozenset()) -> Recipe:
+    """Validate a dict into a Recipe or raise one InputError that lists every problem (``from_flags``: the
+    dotted fields a flag set, named as such)."""
     try:
         return Recipe.model_validate(data)
     except ValidationError as exc:
-        problems = "; ".join(_describe(e) for e in exc.errors())
-        raise InputError(f"invalid {origin}: {problems} (recipes/quickstart.yaml documents every field)") from None
+        problems = "; ".join(_describe(e, from_flags) for e in exc.errors())
+        raise InputError(f"invalid {origin}: {problems} (docs/recipe.md lists every field)") from None
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML keeps the last of two equal keys; a recipe that says `max_kl` twice is a mistake to name."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(None, None, f"the key {key!r} appears twice",
+                                                        key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
 
 
 def yaml_problem(exc: yaml.YAMLError) -> str:
@@ -242,8 +263,11 @@ def load_recipe(path: Path | None, overrides: dict[str, Any] | None = None) -> R
         except OSError as exc:
             raise InputError(f"cannot read recipe {path}: {exc.strerror}; give the path of a YAML recipe "
                              "(e.g. recipes/quickstart.yaml)") from None
+        except UnicodeDecodeError as exc:
+            raise InputError(f"recipe {path} is not UTF-8 text (byte {exc.start}); give a YAML recipe saved as "
+                             "UTF-8") from None
         try:
-            loaded = yaml.safe_load(text)
+            loaded = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader)
         except yaml.YAMLError as exc:
             raise InputError(f"recipe {path} is not valid YAML ({yaml_problem(exc)}); fix that line") from None
         if loaded is None:
@@ -264,4 +288,4 @@ def load_recipe(path: Path | None, overrides: dict[str, Any] | None = None) -> R
                 node[key] = child
             node = child
         node[leaf] = value
-    return validate_recipe(data, origin)
+    return validate_recipe(data, origin, frozenset(k for k, v in (overrides or {}).items() if v is not None))

@@ -130,20 +130,29 @@ def is_leftover(study: optuna.Study) -> bool:
 
 
 class _DropInterruptTraceback(logging.Filter):
-    """Optuna logs a failed trial with its traceback; for an interrupt (Ctrl-C, SIGTERM) the
-    user asked for it, so the one-line resume hint is all that should show."""
+    """Optuna logs a failed trial with its parameters and traceback, then its value; for an interrupt
+    (Ctrl-C, SIGTERM) the user asked for it, so the one-line resume hint is all that should show."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.interrupted: set[str] = set()  # "Trial N" prefixes whose interrupt was dropped
 
     def filter(self, record: logging.LogRecord) -> bool:
+        msg = str(record.msg)
+        trial = " ".join(msg.split(" ", 2)[:2])
         if record.exc_info and isinstance(record.exc_info[1], KeyboardInterrupt):
-            record.exc_info = None
-            record.msg = str(record.msg).split(" because of the following error")[0] + " (interrupted)"
-        return True
+            self.interrupted.add(trial)
+            return False
+        return not (trial in self.interrupted and msg.startswith(f"{trial} failed with value"))
 
 
 def silence_interrupt_tracebacks() -> None:
-    logger = logging.getLogger("optuna")
-    if not any(isinstance(f, _DropInterruptTraceback) for f in logger.filters):
-        logger.addFilter(_DropInterruptTraceback())
+    """Filter on Optuna's handlers and the root logger's: a logger's own filters do not see the records its
+    children (``optuna.study._optimize``, which logs failed trials) pass up to its handlers."""
+    root = logging.getLogger("optuna")
+    for target in (root, *root.handlers, *logging.getLogger().handlers):
+        if not any(isinstance(f, _DropInterruptTraceback) for f in target.filters):
+            target.addFilter(_DropInterruptTraceback())
 
 
 def enqueue_baselines(study: optuna.Study, plans: Sequence[Plan], kv_dimension: bool = False) -> None:

@@ -20,7 +20,7 @@ from advisor.errors import InputError
 from advisor.recipe import validate_recipe
 from advisor.search.artifacts import fetch_tokens
 from advisor.search.storage import open_storage, redact_url
-from advisor.search.study import finished_trials, make_sampler, run_search
+from advisor.search.study import finished_trials, make_sampler, run_search, silence_interrupt_tracebacks
 from advisor.search.study_key import KEY_ATTR, check_same_key, check_same_model, study_key
 from advisor.versions import package_versions
 from advisor.workflows.progress import ProgressReporter
@@ -31,6 +31,7 @@ def run_worker(url: str, study_name: str, work_dir: Path | None = None, artifact
     """Returns how many trials this worker finished."""
     progress = ProgressReporter(console or Console(stderr=True))
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+    silence_interrupt_tracebacks()
     attrs = _study_attrs(url, study_name)
     work_dir = Path(work_dir or tempfile.mkdtemp(prefix=f"advisor-worker-{study_name}-"))
     recipe = validate_recipe({**attrs["recipe"], "name": study_name, "out": str(work_dir), "storage": url},
@@ -50,8 +51,8 @@ def run_worker(url: str, study_name: str, work_dir: Path | None = None, artifact
     check_same_model(study.user_attrs.get("model", {}).get("fingerprint"), ctx.fingerprint, study_name)
     if (coordinator_device := study.user_attrs.get("device")) and coordinator_device != ctx.device:
         raise InputError(f"advisor worker: study {study_name!r} scores accuracy on {coordinator_device}, this "
-                         f"worker on {ctx.device}; their KL values are not comparable: pass --device "
-                         f"{coordinator_device} (or run the worker where that device exists)")
+                         f"worker on {ctx.device}; their KL values are not comparable: run the worker on a host "
+                         f"with {coordinator_device}")
     before = finished_trials(study)
     with progress.stage("trials", total=recipe.search.trials) as stage:
         def on_trial(st: optuna.Study, t: optuna.trial.FrozenTrial) -> None:
