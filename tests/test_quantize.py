@@ -197,3 +197,25 @@ def test_bank_with_an_fp8_kv_cache_gives_exactly_what_modelopt_gives(tiny, seed)
         assert torch.equal(bank.assemble(Plan.uniform(tiny.shape.groups, Format.BF16))(input_ids=tokens).logits,
                            tiny.model(input_ids=tokens).logits)
     assert calls["n"] == 3 + 3  # the three direct quantize_plan calls; the bank calibrated nothing more
+
+
+def test_modelopt_prints_nothing_unless_debug_logging_is_on(tiny, capfd):
+    """ModelOpt prints "Registered ..." and "Inserted N quantizers" on every quantization; the advisor's output
+    (stdout results, stderr progress) stays free of it, and --debug (root logger at DEBUG) shows it on stderr."""
+    import logging
+
+    groups = tiny.shape.groups
+    plan = Plan.uniform(groups, Format.FP8)
+    tokens = torch.randint(0, 2048, (2, 16))
+    quantize_plan(_share_weights_copy(tiny.model), plan, groups, counting_loop(tokens)[0])
+    quiet_out = capfd.readouterr()
+    assert "quantizers" not in quiet_out.out + quiet_out.err
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(logging.DEBUG)
+    try:
+        quantize_plan(_share_weights_copy(tiny.model), plan, groups, counting_loop(tokens)[0])
+    finally:
+        root.setLevel(level)
+    debug_out = capfd.readouterr()
+    assert "Inserted" in debug_out.err and "Inserted" not in debug_out.out

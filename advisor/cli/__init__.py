@@ -51,6 +51,7 @@ def _quiet_libraries() -> None:
     # root's (it propagates): 20-odd lines before the one Error line; --debug keeps them. (It sets its logger's
     # level from this variable when it is imported, later than here.)
     os.environ.setdefault("HF_HUB_VERBOSITY", "error")
+    logging.getLogger("modelopt").setLevel(logging.ERROR)  # e.g. a tied-weights warning on every export
 
 
 from advisor.cli.deploy import export, recheck  # noqa: E402

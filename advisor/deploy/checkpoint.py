@@ -28,9 +28,9 @@ from advisor.deploy.quant_config import (
     kv_scale_names,
     layer_formats_from_quant_config,
 )
-from advisor.deploy.quiet import quiet
 from advisor.errors import InputError
 from advisor.formats import Format
+from advisor.quantize.quiet import quiet
 
 _E4M3_MAX = 448.0
 _E2M1_MAX = 6.0

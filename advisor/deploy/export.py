@@ -42,12 +42,12 @@ from typing import Any
 from advisor.deploy.checkpoint import load_exported, scaled_modules
 from advisor.deploy.compat import compatibility_record, compatibility_warnings, engine_compatibility
 from advisor.deploy.quant_config import check_kv_cache, check_quant_config
-from advisor.deploy.quiet import quiet
 from advisor.deploy.readme import render_readme
 from advisor.deploy.trtllm import deployment_warnings, llm_api_options, options_yaml, smoke_test_trtllm
 from advisor.errors import InputError, SetupError
 from advisor.models.adapters import GroupInfo
 from advisor.plan import Plan
+from advisor.quantize.quiet import quiet
 
 log = logging.getLogger(__name__)
 

@@ -7,11 +7,8 @@ plan (BF16 groups disabled): used for export and for checks. Trials use
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import logging
-import sys
-import warnings
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -21,6 +18,7 @@ from advisor.errors import SetupError
 from advisor.formats import Format
 from advisor.models.adapters import GroupInfo, quant_cfg_entries
 from advisor.plan import LayerGroup, Plan
+from advisor.quantize.quiet import quiet
 
 log = logging.getLogger(__name__)
 
@@ -28,10 +26,7 @@ ForwardLoop = Callable[[torch.nn.Module], None]
 
 
 def modelopt_quantization() -> Any:
-    # ModelOpt prints progress to stdout ("Registered ...", "Inserted N quantizers"); stdout
-    # carries the advisor's results, so its chatter goes to stderr.
-    with warnings.catch_warnings(), contextlib.redirect_stdout(sys.stderr):
-        warnings.simplefilter("ignore")
+    with quiet():  # ModelOpt prints on import; stdout carries the advisor's results
         try:
             import modelopt.torch.quantization as mtq
         except ImportError as exc:
@@ -166,9 +161,7 @@ def quantize_plan(model: torch.nn.Module, plan: Plan, groups: Iterable[LayerGrou
     infos = plan_group_table(model, plan, groups)
     prepare_device(next(model.parameters()).device)
     mtq = modelopt_quantization()
-    # ModelOpt prints progress to stdout; stdout is for results only.
-    with warnings.catch_warnings(), contextlib.redirect_stdout(sys.stderr):
-        warnings.simplefilter("ignore")
+    with quiet():
         model = mtq.quantize(model, plan_quant_config(plan, infos), forward_loop)
     tie_fused_scales(model, plan, infos)
     return model
