@@ -182,7 +182,7 @@ def measure_gpu_profile(command: str, deadline_s: float = math.inf, anchors=ANCH
                 continue  # the lm_head stays BF16
             table[fmt.value][nk_key(n, k)] = gemm_row_ms(n, k, fmt, M_BUCKETS, max_copies, iters)
         _release()
-    log(f"gemm tables: {sum(len(v) for v in table.values())} shapes x {len(M_BUCKETS)} rows, "
+    log(f"gemm tables: {sum(len(v) for v in table.values())} shape-format pairs x {len(M_BUCKETS)} rows, "
         f"{time.perf_counter() - t0:.0f} s")
     measured_anchors: dict[str, Any] = {}
     for i, (name, layers) in enumerate(anchors, 1):
@@ -220,7 +220,7 @@ def measure_gpu_profile(command: str, deadline_s: float = math.inf, anchors=ANCH
                    "m_buckets": list(ENERGY_ROWS), "gemm": gemm}
         anchors_run = {"gpu_uuid": header["gpu_uuid"], "command": command, "anchors": measured_anchors}
         profile["gemm_energy"] = gemm_energy_section(profile, [(collect, anchors_run)])
-        log(f"GEMM energies: {sum(len(v) for v in gemm.values())} shapes x {len(ENERGY_ROWS)} rows, "
+        log(f"GEMM energies: {sum(len(v) for v in gemm.values())} shape-format pairs x {len(ENERGY_ROWS)} rows, "
             f"{time.perf_counter() - t0:.0f} s in all")
     profile["seconds"] = time.perf_counter() - t0
     return profile
