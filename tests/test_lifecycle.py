@@ -215,5 +215,8 @@ def test_an_interrupt_inside_a_trial_logs_neither_its_parameters_nor_a_traceback
 
         study.optimize(broken, n_trials=1, catch=(ValueError,))
         assert "a real failure" in stream.getvalue() and "Traceback" in stream.getvalue()
+        again = optuna.create_study()  # its trial 0 fails for real: both of its lines are logged
+        again.optimize(broken, n_trials=1, catch=(ValueError,))
+        assert "Trial 0 failed with value" in stream.getvalue()
     finally:
         optuna_logger.removeHandler(handler)

@@ -170,6 +170,10 @@ def test_a_key_given_twice_is_named_not_silently_overwritten(tmp_path):
     twice.write_text("name: a\naccuracy:\n  max_kl: 0.1\n  max_kl: 0.2\n")
     with pytest.raises(InputError, match="the key 'max_kl' appears twice at line 4"):
         load_recipe(twice)
-    fine = tmp_path / "fine.yaml"  # the same keys in different mappings are no repeat
-    fine.write_text("workloads:\n  - {name: a, batch_size: 1}\n  - {name: b, batch_size: 2}\n")
-    assert [w.name for w in load_recipe(fine).workloads] == ["a", "b"]
+    fine = tmp_path / "fine.yaml"  # the same keys in different mappings are no repeat; a merge key may be overridden
+    fine.write_text("workloads:\n  - &w {name: a, batch_size: 1}\n  - {<<: *w, name: b}\n")
+    assert [(w.name, w.batch_size) for w in load_recipe(fine).workloads] == [("a", 1), ("b", 1)]
+    unhashable = tmp_path / "unhashable.yaml"
+    unhashable.write_text("? [a, b]\n: 1\n")
+    with pytest.raises(InputError, match="not valid YAML"):
+        load_recipe(unhashable)

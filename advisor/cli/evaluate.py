@@ -83,15 +83,16 @@ def eval_plan(
     from advisor.recipe.schema import load_recipe
 
     rec = load_recipe(recipe, {"model.source": model, "model.gguf_file": gguf_file, "device": device})
+    data_dir_name = "--data-dir"
     if data_dir is None and recipe is not None and rec.benchmark.data_dir is not None:
-        data_dir = Path(rec.benchmark.data_dir)
+        data_dir, data_dir_name = Path(rec.benchmark.data_dir), f"benchmark.data_dir (recipe {recipe})"
     from advisor.accuracy import harness
     from advisor.accuracy.task_check import check_tasks
     from advisor.workflows.outputs import check_output_dir, check_output_file
     from advisor.workflows.preflight import check_model
 
     if data_dir is not None and not data_dir.is_dir():
-        raise InputError(f"--data-dir: {data_dir} is not a directory; give the folder holding the tasks' JSONL "
+        raise InputError(f"{data_dir_name}: {data_dir} is not a directory; give the folder holding the tasks' JSONL "
                          f"files ({', '.join(f'{t}.jsonl' for t in harness.LOCAL_TASKS)})")
     # Everything that can be judged before the model is loaded: output, tasks and their data, model config.
     if out is not None:

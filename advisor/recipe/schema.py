@@ -7,6 +7,7 @@ one :class:`InputError` naming the field and what is allowed.
 
 from __future__ import annotations
 
+import collections.abc
 from pathlib import Path
 from typing import Any, Literal
 
@@ -233,7 +234,11 @@ class _UniqueKeyLoader(yaml.SafeLoader):
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         seen: set[Any] = set()
         for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *anchor`: an explicit key may override it
+                continue
             key = self.construct_object(key_node, deep=deep)
+            if not isinstance(key, collections.abc.Hashable):
+                continue  # the parent raises its own "found unhashable key"
             if key in seen:
                 raise yaml.constructor.ConstructorError(None, None, f"the key {key!r} appears twice",
                                                         key_node.start_mark)
@@ -259,7 +264,7 @@ def load_recipe(path: Path | None, overrides: dict[str, Any] | None = None) -> R
     if path is not None:
         origin = f"recipe {path}"
         try:
-            text = Path(path).read_text()
+            text = Path(path).read_text(encoding="utf-8")
         except OSError as exc:
             raise InputError(f"cannot read recipe {path}: {exc.strerror}; give the path of a YAML recipe "
                              "(e.g. recipes/quickstart.yaml)") from None

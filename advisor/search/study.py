@@ -138,12 +138,17 @@ class _DropInterruptTraceback(logging.Filter):
         self.interrupted: set[str] = set()  # "Trial N" prefixes whose interrupt was dropped
 
     def filter(self, record: logging.LogRecord) -> bool:
+        if not record.name.startswith("optuna"):
+            return True
         msg = str(record.msg)
         trial = " ".join(msg.split(" ", 2)[:2])
         if record.exc_info and isinstance(record.exc_info[1], KeyboardInterrupt):
             self.interrupted.add(trial)
             return False
-        return not (trial in self.interrupted and msg.startswith(f"{trial} failed with value"))
+        if trial in self.interrupted and msg.startswith(f"{trial} failed with value"):
+            self.interrupted.discard(trial)  # one line each: a later study's trial of that number logs as usual
+            return False
+        return True
 
 
 def silence_interrupt_tracebacks() -> None:
