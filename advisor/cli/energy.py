@@ -149,6 +149,7 @@ def profile(
         path = out or Path("profiles") / f"{kind}_gemm_{time.strftime('%Y-%m-%d')}.json"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(data, indent=1))
+        echo(f"wrote {path}: searches price unprofiled models with it given `--energy-profile {path}`")
     else:
         from transformers import AutoConfig
 
@@ -160,6 +161,7 @@ def profile(
                                     input_tokens=max(*regime["contexts"], *regime["prefill_lengths"])))
         data = measure_model_profile(dims, **regime, command=command, log=echo)
         path = ProfileStore().save(data)
+        echo(f"stored {path}: searches of this model (or one of its layer geometry) for a {kind} target use it")
         if out is not None:
             out.parent.mkdir(parents=True, exist_ok=True)
             out.write_text(json.dumps(data, indent=1))
