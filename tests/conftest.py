@@ -56,3 +56,9 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture(autouse=True)
+def own_profile_store(tmp_path_factory, monkeypatch):
+    """Each test predicts from an empty profile store of its own, never the profiles of the machine's user."""
+    monkeypatch.setenv("ADVISOR_PROFILE_DIR", str(tmp_path_factory.mktemp("profiles")))

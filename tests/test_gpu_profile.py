@@ -335,3 +335,25 @@ def test_measuring_a_gpu_profile_adds_the_metered_section_from_its_own_anchors(m
     assert section["rest"] == pytest.approx(REST, rel=1e-3)
     model = GpuProfileCostModel(profile, BIG.shape(2))
     assert "GEMM energies metered on one unit" in model.label
+
+
+def test_a_gpu_profile_the_user_measured_is_stored_and_priced_before_the_shipped_one(tmp_path):
+    """`advisor profile` without --model stores its GPU profile; predictions for that GPU kind take the newest
+    one (by date), say so in the label, and fall back to the shipped profile for other kinds or damaged files."""
+    from advisor.energy.profile_select import shipped_gpu_profile
+    from advisor.energy.profile_store import ProfileStore
+    from advisor.energy.select import make_predicted_model
+
+    store = ProfileStore(tmp_path / "store", shipped=tmp_path / "none")
+    shape = REFERENCE_SHAPES["Qwen2.5-1.5B"].shape(4)
+    assert "yours" not in make_predicted_model(shape, GPU.H100, store=store).label
+    mine = {**shipped_gpu_profile(GPU.H100), "date": "2099-01-02", "gpu_uuid": "GPU-0000-aaaabbbbcccc"}
+    older = {**mine, "date": "2099-01-01"}
+    path = store.save_gpu_profile(mine)
+    store.save_gpu_profile(older)
+    (path.parent / "h100_gemm_2099-12-31.json").write_text("{broken")  # passed over
+    assert path.name == "h100_gemm_2099-01-02_aaaabbbbcccc.json"
+    model = make_predicted_model(shape, GPU.H100, store=store)
+    assert f"2099-01-02, yours: {path}" in model.label
+    assert "yours" not in make_predicted_model(REFERENCE_SHAPES["Qwen2.5-1.5B"].shape(4), GPU.H200,
+                                               store=store).label

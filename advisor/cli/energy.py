@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 from pathlib import Path
 from typing import Annotated
 
@@ -58,8 +57,8 @@ def shape_from_model(model: str | None) -> ModelShape:
 
 OutOpt = Annotated[
     Path | None,
-    typer.Option("--out", "-o", help="Also write the profile JSON here (default: the profile store; "
-                 "GPU profiles: profiles/<gpu>_gemm_<date>.json)."),
+    typer.Option("--out", "-o", help="Also write the profile JSON here (it is always kept in the profile store, "
+                 "$ADVISOR_PROFILE_DIR or ~/.cache/precision-advisor/profiles)."),
 ]
 PlanOpt = Annotated[Path, typer.Option("--plan", "-p", help="Plan JSON file ({'formats': {group: format}}).")]
 ModelOpt = Annotated[
@@ -120,7 +119,9 @@ def profile(
 
     It first runs the model for up to 30 s: a small model's energy moves with the GPU's temperature.
 
-    Without it (18 minutes on an H100): GEMM tables, anchor models and each GEMM's energy, for unprofiled models."""
+    Without it (18 minutes on an H100): GEMM tables, anchor models and each GEMM's energy.
+
+    Either is kept in the profile store, and searches for this GPU kind use it (a model's own profile first)."""
     from advisor.energy.model_profile import measure_model_profile
     from advisor.energy.profile_store import ProfileStore
 
@@ -146,10 +147,12 @@ def profile(
         from advisor.energy.gemm_table import measure_gpu_profile
 
         data = measure_gpu_profile(command, log=echo)
-        path = out or Path("profiles") / f"{kind}_gemm_{time.strftime('%Y-%m-%d')}.json"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(data, indent=1))
-        echo(f"wrote {path}: searches price unprofiled models with it given `--energy-profile {path}`")
+        path = ProfileStore().save_gpu_profile(data)
+        echo(f"stored {path}: searches for a {kind} target price models without a per-model profile with it")
+        if out is not None:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(json.dumps(data, indent=1))
+            path = out
     else:
         from transformers import AutoConfig
 

@@ -334,8 +334,9 @@ class GpuProfileCostModel:
             energy = (f"GEMM tables, GEMM energies metered on {metered} {max(u['date'] for u in units)} and a rest "
                       f"fitted to {len(section['anchors'])} anchor models metered with them{like}"
                       f"{outside_anchors(self.geo, section['anchor_layer_weights'])}")
+        yours = f", yours: {profile['stored']}" if profile.get("stored") else ""  # measured by the user
         self.label = (f"predicted (GPU profile {profile['gpu']}, {profile.get('source', 'measured')} "
-                      f"{profile['date']}{tag}: {energy}{caveat})")
+                      f"{profile['date']}{tag}{yours}: {energy}{caveat})")
 
     def _metered_gemm_energy(self, profile: dict[str, Any]) -> GemmEnergy | None:
         """The profile's metered GEMM energies (:mod:`advisor.energy.gemm_energy`) where it has them and this

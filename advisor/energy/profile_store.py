@@ -3,6 +3,8 @@
 Laid out as ``<root>/<gpu kind>/<model digest>/<key digest>.json``. A search on a GPU reuses a profile
 of exactly its key (:meth:`ProfileStore.find`); predicting without that GPU takes the newest of the
 model, else of a model of the same layer geometry, for the GPU kind (:meth:`ProfileStore.find_for_kind`).
+GPU profiles the user measured (`advisor profile` without ``--model``) are kept beside them, in
+``<root>/gpu/<gpu kind>_gemm_<date>.json``, and priced before the shipped one (:meth:`ProfileStore.gpu_profile`).
 """
 
 from __future__ import annotations
@@ -91,3 +93,31 @@ class ProfileStore:
                     marks = {"shipped": True} if shipped else {}
                     return {**best, **marks, "same_geometry": True} if by_geometry else {**best, **marks}
         return None
+
+    def gpu_profile_path(self, profile: dict[str, Any]) -> Path:
+        unit = str(profile.get("gpu_uuid") or "")[-12:]
+        return self.root / "gpu" / f"{profile['gpu_kind']}_gemm_{profile['date']}{'_' + unit if unit else ''}.json"
+
+    def save_gpu_profile(self, profile: dict[str, Any]) -> Path:
+        path = self.gpu_profile_path(profile)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(profile, indent=1))
+        tmp.replace(path)
+        return path
+
+    def gpu_profile(self, gpu_kind: str) -> dict[str, Any] | None:
+        """The newest GPU profile the user measured on a GPU of ``gpu_kind`` (marked ``stored`` with its path),
+        or None; damaged or foreign files are passed over."""
+        from advisor.energy.gpu_costmodel import validate_gpu_profile
+
+        folder = self.root / "gpu"
+        found = []
+        for p in sorted(folder.glob(f"{gpu_kind}_gemm_*.json")) if folder.is_dir() else []:
+            try:
+                data = validate_gpu_profile(json.loads(p.read_text()), str(p))
+            except (ValueError, InputError):
+                continue
+            if data.get("gpu_kind") == gpu_kind:
+                found.append((str(data["date"]), p.name, {**data, "stored": str(p)}))
+        return max(found, key=lambda f: f[:2])[2] if found else None

@@ -106,8 +106,9 @@ def make_energy_model(mode: str, shape: ModelShape, target: GPU, profile: Path |
 def make_predicted_model(shape: ModelShape, target: GPU, profile: Path | None = None, model_config: Any = None,
                          store: ProfileStore | None = None, per_model: bool = True) -> EnergyModel:
     """The predicted tier: ``profile`` (a per-model, GPU or layer profile JSON) if given; else this model's
-    per-model profile for a GPU of ``target``'s kind in ``store``; else the shipped GPU profile (GEMM tables)
-    of ``target``; plans those cannot price (FP8 KV cache, formats not native there) fall back to the
+    per-model profile for a GPU of ``target``'s kind in ``store``; else the newest GPU profile (GEMM tables) the
+    user measured for that kind (``store``), else the shipped one; plans those cannot price (FP8 KV cache,
+    formats not native there) fall back to the
     shipped layer profile, else the datasheet roofline."""
     legacy = _legacy_predicted_model(shape, target)
     if profile is not None:
@@ -128,7 +129,7 @@ def make_predicted_model(shape: ModelShape, target: GPU, profile: Path | None = 
                                                         geometry=geometry_digest(described))
         if found is not None:
             return WithFallback(ModelProfileCostModel(found, shape), legacy)
-    gpu_profile = shipped_gpu_profile(target)
+    gpu_profile = (store or ProfileStore()).gpu_profile(target.value) or shipped_gpu_profile(target)
     if gpu_profile is not None and not shape.is_moe:
         try:
             return WithFallback(GpuProfileCostModel(gpu_profile, shape), legacy)
