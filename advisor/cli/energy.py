@@ -149,10 +149,6 @@ def profile(
         data = measure_gpu_profile(command, log=echo)
         path = ProfileStore().save_gpu_profile(data)
         echo(f"stored {path}: searches for a {kind} target price models without a per-model profile with it")
-        if out is not None:
-            out.parent.mkdir(parents=True, exist_ok=True)
-            out.write_text(json.dumps(data, indent=1))
-            path = out
     else:
         from transformers import AutoConfig
 
@@ -165,10 +161,10 @@ def profile(
         data = measure_model_profile(dims, **regime, command=command, log=echo)
         path = ProfileStore().save(data)
         echo(f"stored {path}: searches of this model (or one of its layer geometry) for a {kind} target use it")
-        if out is not None:
-            out.parent.mkdir(parents=True, exist_ok=True)
-            out.write_text(json.dumps(data, indent=1))
-            path = out
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(data, indent=1))
+        path = out
     typer.echo(json.dumps({"profile": str(path), "gpu": data["gpu"], "driver": data["driver"], "date": data["date"],
                            "seconds": round(data.get("profile_seconds", data.get("seconds", 0.0)), 1)}))
 

@@ -46,12 +46,7 @@ class ProfileStore:
         return self.root / str(profile["gpu_kind"]) / key["model"] / f"{key_digest(key)}.json"
 
     def save(self, profile: dict[str, Any]) -> Path:
-        path = self.path_for(profile)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(profile, indent=1))
-        tmp.replace(path)
-        return path
+        return _write_whole(self.path_for(profile), profile)
 
     def _candidates(self, gpu_kind: str, model: str, root: Path | None = None) -> list[dict[str, Any]]:
         folder = (root or self.root) / gpu_kind / model
@@ -99,12 +94,7 @@ class ProfileStore:
         return self.root / "gpu" / f"{profile['gpu_kind']}_gemm_{profile['date']}{'_' + unit if unit else ''}.json"
 
     def save_gpu_profile(self, profile: dict[str, Any]) -> Path:
-        path = self.gpu_profile_path(profile)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(profile, indent=1))
-        tmp.replace(path)
-        return path
+        return _write_whole(self.gpu_profile_path(profile), profile)
 
     def gpu_profile(self, gpu_kind: str) -> dict[str, Any] | None:
         """The newest GPU profile the user measured on a GPU of ``gpu_kind`` (marked ``stored`` with its path),
@@ -121,3 +111,12 @@ class ProfileStore:
             if data.get("gpu_kind") == gpu_kind:
                 found.append((str(data["date"]), p.name, {**data, "stored": str(p)}))
         return max(found, key=lambda f: f[:2])[2] if found else None
+
+
+def _write_whole(path: Path, profile: dict[str, Any]) -> Path:
+    """Write through a temporary file, so a reader never sees half a profile."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(profile, indent=1))
+    tmp.replace(path)
+    return path
