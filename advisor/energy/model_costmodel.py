@@ -250,8 +250,8 @@ class ModelProfileCostModel:
             return bf16 + (fp8 - bf16) * sum(plan.format_of(g) == Format.FP8 for g in names) / len(names)
         corner = step_ms[MLP_FP8] - self._all_gemms(phase, MLP_FP8, x)
         t = bf16
-        for groups, moved in (([g for g in names if not is_attention(g)], corner - bf16),
-                              ([g for g in names if is_attention(g)], fp8 - corner)):
+        mlp, attention = _by_kind(names)
+        for groups, moved in ((mlp, corner - bf16), (attention, fp8 - corner)):
             if groups:
                 t += moved * sum(plan.format_of(g) == Format.FP8 for g in groups) / len(groups)
         return t
@@ -296,8 +296,7 @@ class ModelProfileCostModel:
         """(groups, their part of all-FP8's saving, their weights) of the MLP groups and of attention."""
         total = sum(profiled.values())
         saving = dyn[Format.BF16] - dyn[Format.FP8]
-        attention = [g for g in profiled if is_attention(g)]
-        mlp = [g for g in profiled if not is_attention(g)]
+        mlp, attention = _by_kind(list(profiled))
         mlp_w = sum(profiled[g] for g in mlp)
         mlp_saving = dyn[Format.BF16] - dyn[MLP_FP8] if MLP_FP8 in dyn else saving * mlp_w / total
         return [(mlp, mlp_saving, mlp_w), (attention, saving - mlp_saving, total - mlp_w)]
@@ -376,3 +375,8 @@ class ModelProfileCostModel:
         elif not min(lengths) <= workload.input_tokens <= max(lengths):
             out += f"; prefill extrapolated from {min(lengths)}-{max(lengths)}-token prompts"
         return out
+
+
+def _by_kind(groups: list[str]) -> tuple[list[str], list[str]]:
+    """(MLP groups, routed experts included; attention groups): the kind corner's split."""
+    return [g for g in groups if not is_attention(g)], [g for g in groups if is_attention(g)]
