@@ -55,7 +55,8 @@ def make_energy_tiers(
     """(predicted, measured) for ``--energy predicted|measured|auto``.
 
     The predicted tier prices every trial (:func:`make_predicted_model`): ``profile`` if given,
-    else this model's per-model profile, else the shipped GPU profile of ``target``. Where the
+    else this model's per-model profile, else a GPU profile of ``target``'s kind (the user's, else the
+    shipped one). Where the
     measured tier runs (a GPU of the target kind here, built-in runtime), this model's per-model
     profile is built first for ``workloads``' batches and contexts (two to three minutes), or reused
     from ``store`` when one of this GPU, driver, power limit, model and runtime is there. The
@@ -108,8 +109,7 @@ def make_predicted_model(shape: ModelShape, target: GPU, profile: Path | None = 
     """The predicted tier: ``profile`` (a per-model, GPU or layer profile JSON) if given; else this model's
     per-model profile for a GPU of ``target``'s kind in ``store``; else the newest GPU profile (GEMM tables) the
     user measured for that kind (``store``), else the shipped one; plans those cannot price (FP8 KV cache,
-    formats not native there) fall back to the
-    shipped layer profile, else the datasheet roofline."""
+    formats not native there) fall back to the shipped layer profile, else the datasheet roofline."""
     legacy = _legacy_predicted_model(shape, target)
     if profile is not None:
         data = read_any_profile(profile)
