@@ -108,8 +108,6 @@ def profiled_plans(profile: dict) -> str:
     d = profile["decode"]
     named = (("last_fp8", "last layer"), ("mlp_fp8", "MLP corner"), ("alt_fp8", "mixing point"))
     corners = [name for key, name in named if key in d]
-    if "alt_fp8" in d and profile.get("mixing_layout", "odd") != "odd":
-        corners[-1] += f" ({profile['mixing_layout']})"
     return "/".join(str(c) for c in d["contexts"]) + "".join(f" + {c}" for c in corners)
 
 

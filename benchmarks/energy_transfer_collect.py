@@ -22,7 +22,6 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from advisor.energy.meter import MeterConfig  # noqa: E402
-from advisor.energy.model_profile import MIXING_LAYOUTS  # noqa: E402
 from advisor.energy.reference_shapes import REFERENCE_SHAPES  # noqa: E402
 from advisor.formats import Format  # noqa: E402
 from advisor.plan import DENSE_GROUP_KINDS  # noqa: E402
@@ -120,9 +119,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--bench-window-s", type=float, default=BENCH_METER.min_window_s)
     ap.add_argument("--profile-window-s", type=float, default=PROFILE_METER.min_window_s)
     ap.add_argument("--repeats", type=int, default=BENCH_METER.repeats, help="windows per meter point (both meters)")
-    ap.add_argument("--mixing-layouts", default=MIXING_LAYOUTS[0],
-                    help="layout,... of the profiles' mixing point (advisor.energy.model_profile.mixing_format): "
-                    "the first is the profile's, the others are metered beside it to compare layouts on one GPU")
     ap.add_argument("--deadline-s", type=float, default=560.0, help="stop starting new work after this")
     args = ap.parse_args(argv)
     import torch
@@ -161,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
         bench = Bench.create(dims, max_pos=4096)
         t_bench = time.perf_counter() - t0
         prof = measure_model_profile(dims, **search_regime(), meter=profile_meter, bench=bench, command=command,
-                                     log=log, mixing_layouts=tuple(args.mixing_layouts.split(",")))
+                                     log=log)
         log(f"{name}: profile {prof['profile_seconds']:.1f} s (+{t_bench:.1f} s weights and calibration)")
         rows = measure_plans(bench, bench_meter, log)
         out["shapes"][name] = {"num_layers": dims.num_layers, "full_layers": ref.num_layers,

@@ -13,7 +13,6 @@ from advisor.energy.meter import EnergyMeter, MeterConfig
 from advisor.energy.model_costmodel import ModelProfileCostModel
 from advisor.energy.model_profile import (
     ALT_FP8,
-    MIXING_LAYOUTS,
     MLP_FP8,
     RUNTIME_VERSION,
     SCHEMA,
@@ -24,7 +23,6 @@ from advisor.energy.model_profile import (
     mixing_format,
     model_digest,
     profile_key,
-    profile_mixing_layout,
 )
 from advisor.energy.nvml import GPUState
 from advisor.energy.profile_store import ProfileStore
@@ -79,11 +77,10 @@ def mixing(formats: dict[str, Format]) -> float:
     return out
 
 
-def truth(formats: dict[str, Format], rows: float, context: float, phase: str, mixing_j: float = 0.0,
-          quant_ms: dict[str, float] | None = None, last_j: float = 0.0) -> tuple[float, float]:
+def truth(formats: dict[str, Format], rows: float, context: float, phase: str,
+          mixing_j: float = 0.0, quant_ms: dict[str, float] | None = None) -> tuple[float, float]:
     """(ms, J) of a step of any plan on the simulated GPU; ``mixing_j`` x :func:`mixing` more for mixing;
-    ``quant_ms``: the non-GEMM ms an FP8 group of each kind adds (default 0.001 for every kind); ``last_j`` less
-    for each FP8 group of the last layer (as the last layer in FP8 saved more than its weights' share on H100s)."""
+    ``quant_ms``: the non-GEMM ms an FP8 group of each kind adds (default 0.001 for every kind)."""
     n = len(SHAPE.groups)
     t_ng = sum(ng_ms(formats.get(g.name, Format.BF16), rows, context, phase,
                      (quant_ms or {}).get(g.name.rsplit(".", 1)[-1], 0.001)) for g in SHAPE.groups) / n * LAYERS
@@ -94,9 +91,7 @@ def truth(formats: dict[str, Format], rows: float, context: float, phase: str, m
     t = t_ng + gb + gf
     dynamic = sum(J_PER_WEIGHT[formats.get(g.name, Format.BF16), is_attention(g.name)] * g.num_weights
                   for g in SHAPE.groups)
-    last = sum(formats.get(g.name) == Format.FP8 for g in SHAPE.groups if g.name.startswith(f"layers.{LAYERS - 1}."))
-    return t, ((P_IDLE_W * t + P_NON_GEMM_W * t_ng) / 1e3 + dynamic * (1 + rows / 1024) + mixing_j * mixing(formats)
-               - last_j * last)
+    return t, (P_IDLE_W * t + P_NON_GEMM_W * t_ng) / 1e3 + dynamic * (1 + rows / 1024) + mixing_j * mixing(formats)
 
 
 def meter_on(gpu: SimulatedGPU, clock: VirtualClock) -> EnergyMeter:
@@ -104,10 +99,8 @@ def meter_on(gpu: SimulatedGPU, clock: VirtualClock) -> EnergyMeter:
 
 
 def simulated_profile(state: GPUState, batches=(1, 16, 64), contexts=(512, 2048), lengths=(512,),
-                      mixing_j: float = 0.0, quant_ms: dict[str, float] | None = None,
-                      layout: str = MIXING_LAYOUTS[0], last_j: float = 0.0) -> dict:
-    """A per-model profile of the simulated GPU: times from its physics, energies through the real meter; its
-    mixing point in ``layout``."""
+                      mixing_j: float = 0.0, quant_ms: dict[str, float] | None = None) -> dict:
+    """A per-model profile of the simulated GPU: times from its physics, energies through the real meter."""
     clock = VirtualClock()
     gpu = SimulatedGPU(clock, tick_s=0.01, idle_w=P_IDLE_W)
     meter = meter_on(gpu, clock)
@@ -121,22 +114,19 @@ def simulated_profile(state: GPUState, batches=(1, 16, 64), contexts=(512, 2048)
     pre = {"batch": 1, "lengths": list(lengths), "gemm_ms": {}, "step_ms": {}, "j_per_step": {}}
     for f in (Format.BF16, Format.FP8):
         uniform = {g.name: f for g in SHAPE.groups}
-
-        def at_uniform(rows, context, phase, uniform=uniform):
-            return truth(uniform, rows, context, phase, quant_ms=quant_ms, last_j=last_j)
-
         dec["gemm_ms"][f.value] = {k: [gemm_ms(f, k, b) for b in batches] for k in DENSE_GROUP_KINDS}
         pre["gemm_ms"][f.value] = {k: [gemm_ms(f, k, n) for n in lengths] for k in DENSE_GROUP_KINDS}
-        dec["step_ms"][f.value] = {str(c): [at_uniform(b, c, "decode")[0] for b in batches] for c in contexts}
-        dec["j_per_step"][f.value] = {str(c): [measure(*at_uniform(b, c, "decode")) for b in batches]
-                                      for c in contexts}
-        pre["step_ms"][f.value] = [at_uniform(n, n, "prefill")[0] for n in lengths]
-        pre["j_per_step"][f.value] = [measure(*at_uniform(n, n, "prefill")) for n in lengths]
-    for name, fmt_of in ((MLP_FP8, corner_format), (ALT_FP8, lambda g: mixing_format(g, LAYERS, layout))):
+        dec["step_ms"][f.value] = {str(c): [truth(uniform, b, c, "decode", quant_ms=quant_ms)[0] for b in batches]
+                                   for c in contexts}
+        dec["j_per_step"][f.value] = {str(c): [measure(*truth(uniform, b, c, "decode", quant_ms=quant_ms))
+                                               for b in batches] for c in contexts}
+        pre["step_ms"][f.value] = [truth(uniform, n, n, "prefill", quant_ms=quant_ms)[0] for n in lengths]
+        pre["j_per_step"][f.value] = [measure(*truth(uniform, n, n, "prefill", quant_ms=quant_ms)) for n in lengths]
+    for name, fmt_of in ((MLP_FP8, corner_format), (ALT_FP8, mixing_format)):
         corner = {g.name: fmt_of(g.name) for g in SHAPE.groups}
 
         def at(rows, context, phase, corner=corner):
-            return truth(corner, rows, context, phase, mixing_j, quant_ms, last_j)
+            return truth(corner, rows, context, phase, mixing_j, quant_ms)
 
         dec[name] = {"step_ms": {str(c): [at(b, c, "decode")[0] for b in batches] for c in contexts},
                      "j_per_step": {str(c): [measure(*at(b, c, "decode")) for b in batches] for c in contexts}}
@@ -144,7 +134,7 @@ def simulated_profile(state: GPUState, batches=(1, 16, 64), contexts=(512, 2048)
                      "j_per_step": [measure(*at(n, n, "prefill")) for n in lengths]}
     return {"schema": SCHEMA, "version": VERSION, "key": profile_key(state, DIMS.to_dict()), "gpu": state.name,
             "gpu_kind": "h100", "driver": state.driver, "date": "2026-11-22", "formats": ["bf16", "fp8"],
-            "model": DIMS.to_dict(), "decode": dec, "prefill": pre, "measured_at": 1.0, "mixing_layout": layout,
+            "model": DIMS.to_dict(), "decode": dec, "prefill": pre, "measured_at": 1.0,
             "idle_power_w": meter.idle_power_w()}
 
 
@@ -224,37 +214,6 @@ def test_the_same_model_read_from_a_gguf_file_keys_as_from_its_hf_config():
 # -- the cost model ---------------------------------------------------------------------------
 
 
-def test_mixing_point_layouts_keep_or_count_back_from_the_last_layer():
-    assert [mixing_format(f"layers.{i}.qkv", 4).value for i in range(4)] == ["fp8", "bf16", "fp8", "bf16"]
-    assert [mixing_format(f"layers.{i}.o", 5).value for i in range(5)] == ["bf16", "fp8", "bf16", "fp8", "bf16"]
-    assert [mixing_format(f"layers.{i}.down", 4, "odd").value for i in range(4)] == ["bf16", "fp8", "bf16", "fp8"]
-    with pytest.raises(InputError, match="unknown mixing-point layout 'even'"):
-        mixing_format("layers.0.qkv", 4, "even")
-
-
-def test_the_mixing_point_is_read_in_the_layout_it_was_metered_in():
-    """A simulated GPU on which the last layer in FP8 saves a third more than its weights' share of all-FP8's
-    saving (as H100s did: reports/benchmarks/layer_additivity.md). Each layout's profile reproduces its own
-    mixing point, and the point that keeps the last layer BF16 prices a plan that keeps it BF16 within 3% where
-    the odd one misses by more. Profiles stored without the field metered the odd layout."""
-    uniform = {f: truth({g.name: f for g in SHAPE.groups}, 16, 640, "decode")[1] for f in (Format.BF16, Format.FP8)}
-    last_j = (uniform[Format.BF16] - uniform[Format.FP8]) / LAYERS / 3
-    models, errors = {}, {}
-    for layout in MIXING_LAYOUTS:
-        profile = simulated_profile(STATE, layout=layout, last_j=last_j)
-        models[layout] = ModelProfileCostModel(profile, SHAPE)
-        alt = Plan({g.name: mixing_format(g.name, LAYERS, layout) for g in SHAPE.groups})
-        j_alt = truth(dict(alt.formats), 16, 640, "decode", last_j=last_j)[1]
-        assert models[layout].decode_step(alt, 16, 640)[1] == pytest.approx(j_alt, rel=0.01)
-        plan = plans()["layer1"]
-        errors[layout] = models[layout].decode_step(plan, 16, 640)[1] / truth(
-            dict(plan.formats), 16, 640, "decode", last_j=last_j)[1] - 1
-    assert abs(errors["last_bf16"]) < 0.03 < abs(errors["odd"])
-    assert profile_mixing_layout({}) == "odd"
-    with pytest.raises(InputError, match="mixing_layout 'even'"):
-        ModelProfileCostModel({**simulated_profile(STATE), "mixing_layout": "even"}, SHAPE)
-
-
 def test_plans_that_mix_formats_across_layers_are_bent_by_the_mixing_point():
     """A simulated GPU that charges for mixing formats across layers (a fifth of all-FP8's saving at the mixing
     point): the profile's mixing point bends the line between all-BF16 and all-FP8, so mixed plans come within
@@ -262,7 +221,7 @@ def test_plans_that_mix_formats_across_layers_are_bent_by_the_mixing_point():
     not at all."""
     uniform = {f: truth({g.name: f for g in SHAPE.groups}, 16, 640, "decode")[1] for f in (Format.BF16, Format.FP8)}
     mixing_j = 0.2 * (uniform[Format.BF16] - uniform[Format.FP8]) / mixing(
-        {g.name: mixing_format(g.name, LAYERS) for g in SHAPE.groups})
+        {g.name: mixing_format(g.name) for g in SHAPE.groups})
     bent = simulated_profile(STATE, mixing_j=mixing_j)
     straight = json.loads(json.dumps(bent))
     for phase in ("decode", "prefill"):

@@ -48,7 +48,6 @@ from advisor.energy.model_profile import (
     is_attention,
     mixing_format,
     model_digest,
-    profile_mixing_layout,
     validate_model_profile,
 )
 from advisor.energy.routing import expected_experts_touched, layer_experts_touched
@@ -60,7 +59,7 @@ from advisor.plan import Plan
 from advisor.recipe.schema import Workload
 
 #: the profiled plans that are neither all-BF16 nor all-FP8: the kind corner and the mixing point
-CORNERS = (MLP_FP8, ALT_FP8)
+CORNERS = {MLP_FP8: corner_format, ALT_FP8: mixing_format}
 
 
 def _per_point(profile: dict[str, Any], key: str) -> list[float]:
@@ -127,9 +126,6 @@ class ModelProfileCostModel:
         self.routed = {g.name: layer for g in shape.groups if (layer := shape.routed_layer(g.name)) is not None}
         self.digest = model_digest(profile["model"])
         self.idle_w = float(profile["idle_power_w"])
-        layout = profile_mixing_layout(profile)
-        self.corner_formats = {MLP_FP8: corner_format,
-                               ALT_FP8: lambda g: mixing_format(g, shape.num_layers, layout)}
         routing = ""
         if self.routed:
             routing = ("; MoE experts: routing measured on the calibration tokens"
@@ -191,9 +187,10 @@ class ModelProfileCostModel:
         return sum(self._group_gemm(phase, self._profiled_format(plan, g.name), g.name, x, profile_routing=True)
                    for g in self.shape.groups)
 
-    def _profiled_format(self, plan: Format | str, group: str) -> Format:
+    @staticmethod
+    def _profiled_format(plan: Format | str, group: str) -> Format:
         """``group``'s format in a profiled plan: a uniform one, the kind corner or the mixing point."""
-        return self.corner_formats[plan](group) if plan in CORNERS else Format(plan)
+        return CORNERS[plan](group) if plan in CORNERS else Format(plan)
 
     @staticmethod
     def _measured(phase: dict, plan: Format | str) -> tuple[Any, Any]:
@@ -271,7 +268,7 @@ class ModelProfileCostModel:
         energy = self._line_mj(plan, dyn, read, profiled)
         if ALT_FP8 not in dyn or Format.FP8 not in dyn:
             return energy
-        alt = Plan({g.name: self.corner_formats[ALT_FP8](g.name) for g in self.shape.groups})
+        alt = Plan({g.name: mixing_format(g.name) for g in self.shape.groups})
         at_alt = self._mixing(alt, dyn, read, profiled)
         if at_alt <= 0:  # no saving to share: no line to bend
             return energy

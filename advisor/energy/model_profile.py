@@ -21,10 +21,10 @@ and one model (its :class:`~advisor.energy.dims.DecoderDims`, random weights):
   attention in FP8 saved 0.42 of all-FP8's energy with 12% of the weights; on an H100 its MLP in FP8
   saved 0.76 of all-FP8's prefill energy with 88% (reports/benchmarks/layer_additivity.md).
 * ``decode.alt_fp8`` / ``prefill.alt_fp8`` (absent in profiles stored before 2026-11-23): the same records
-  of the mixing point, every other layer in FP8, both kinds; ``mixing_layout`` says which (:func:`mixing_format`;
-  absent: ``odd``). Plans that mix formats across layers cost more than the straight line between all-BF16 and
-  all-FP8 gives them: on H100s and H200s, Qwen2.5-0.5B/1.5B's mixed plans drew 2-5% over it
-  (reports/benchmarks/energy_transfer*.md); the cost model bends its line by what this point measured.
+  of the mixing point, every other layer (the odd ones) in FP8, both kinds. Plans that mix formats across
+  layers cost more than the straight line between all-BF16 and all-FP8 gives them: on H100s and H200s,
+  Qwen2.5-0.5B/1.5B's mixed plans drew 2-5% over it (reports/benchmarks/energy_transfer*.md); the cost
+  model bends its line by what this point measured.
 
 It is keyed (:func:`profile_key`) by the GPU (name, UUID, driver, power limit), the model
 (a digest of its layer-by-layer description) and the runtime version: a profile is reused only
@@ -56,8 +56,6 @@ MLP_FP8 = "mlp_fp8"
 ATTENTION_KINDS = ("qkv", "o")
 #: the profiled mixing point: every other layer in FP8, both kinds (see the module doc)
 ALT_FP8 = "alt_fp8"
-#: which layers the mixing point holds in FP8 (:func:`mixing_format`); the first is what profiles meter now
-MIXING_LAYOUTS = ("last_bf16", "odd")
 #: what a profile records of each metered plan, per point
 RECORDS = ("step_ms", "j_per_step", "power_w", "meter_ms_per_step", "cv", "temperature_c")
 
@@ -72,23 +70,9 @@ def corner_format(group: str) -> Format:
     return Format.BF16 if is_attention(group) else Format.FP8
 
 
-def mixing_format(group: str, num_layers: int, layout: str = MIXING_LAYOUTS[0]) -> Format:
-    """``group``'s (``layers.{i}.{kind}``) format at the mixing point of ``layout``: ``last_bf16``, every other
-    layer counted back from the last, which stays BF16; ``odd`` (profiles stored before 2026-11-24), the odd
-    layers, so the last layer of an even count is FP8. The last layer in FP8 saved up to 4x its weights' share
-    of all-FP8's energy on H100s (reports/benchmarks/layer_additivity.md), so the ``odd`` point of a 24-layer
-    model sat under the line and bent plans that keep the last layer BF16 (most that searches keep) the wrong
-    way (reports/benchmarks/energy_transfer.md, notes)."""
-    if layout not in MIXING_LAYOUTS:
-        raise InputError(f"unknown mixing-point layout {layout!r}; known: {', '.join(MIXING_LAYOUTS)}")
-    i = int(group.split(".")[1])
-    from_first = i if layout == "odd" else num_layers - 1 - i
-    return Format.FP8 if from_first % 2 else Format.BF16
-
-
-def profile_mixing_layout(profile: dict[str, Any]) -> str:
-    """The layout of ``profile``'s mixing point (profiles stored before the field: ``odd``)."""
-    return profile.get("mixing_layout", "odd")
+def mixing_format(group: str) -> Format:
+    """``group``'s (``layers.{i}.{kind}``) format at the mixing point: FP8 in the odd layers."""
+    return Format.FP8 if int(group.split(".")[1]) % 2 else Format.BF16
 
 
 def profile_meter_config():
@@ -153,9 +137,6 @@ def validate_model_profile(data: dict[str, Any], origin: str = "model profile") 
     for k in ("key", "gpu", "gpu_kind", "driver", "date", "idle_power_w", "model", "decode", "prefill", "formats"):
         if k not in data:
             raise InputError(f"{origin} lacks the field {k!r}")
-    if profile_mixing_layout(data) not in MIXING_LAYOUTS:
-        raise InputError(f"{origin}'s mixing_layout {data['mixing_layout']!r} is not one of "
-                         f"{', '.join(MIXING_LAYOUTS)}")
     return data
 
 
@@ -270,13 +251,10 @@ def measure_model_profile(
     bench=None,
     command: str = "",
     log=print,
-    mixing_layouts: tuple[str, ...] = MIXING_LAYOUTS[:1],
 ) -> dict[str, Any]:
     """Measure ``dims``'s profile on the GPU here (the runtime, random weights, the NVML meter), after up to
     the meter's ``soak_s`` of its heaviest decode step back to back (:meth:`EnergyMeter.soak`: points
-    metered on a cold GPU come out low). The mixing point is metered in ``mixing_layouts[0]``; benchmarks that
-    compare layouts on one GPU name more, each stored as ``alt_fp8_<layout>`` (the cost model reads only the
-    first)."""
+    metered on a cold GPU come out low)."""
     from advisor.energy.cuda_tools import copy_bandwidth_gb_s
     from advisor.energy.measure import Bench, decode_step, torch_with_gpu, uniform_formats
     from advisor.energy.meter import open_meter
@@ -323,11 +301,7 @@ def measure_model_profile(
                                            dims.family)
         for key in plan_dec:  # per-format tables
             dec[key][f.value], pre[key][f.value] = plan_dec[key], plan_pre[key]
-    points = [(MLP_FP8, corner_format)] + [
-        (ALT_FP8 if i == 0 else f"{ALT_FP8}_{layout}",
-         lambda g, layout=layout: mixing_format(g, dims.num_layers, layout))
-        for i, layout in enumerate(mixing_layouts)]
-    for name, fmt_of in points:
+    for name, fmt_of in ((MLP_FP8, corner_format), (ALT_FP8, mixing_format)):
         rt = bench.runtime({g: fmt_of(g) for g in uniform_formats(dims, Format.BF16)})
         dec[name], pre[name] = _measure_plan(rt, name, batches, contexts, prefill_lengths, energy, log,
                                              dims.family)
@@ -342,7 +316,6 @@ def measure_model_profile(
         "gpu_kind": kind.value if kind else None,
         "runtime": RUNTIME_VERSION,
         "formats": [f.value for f in FORMATS],
-        "mixing_layout": mixing_layouts[0],
         "model": dims_dict,
         "decode": dec,
         "prefill": pre,

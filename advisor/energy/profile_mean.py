@@ -14,7 +14,7 @@ from __future__ import annotations
 from statistics import fmean
 from typing import Any
 
-from advisor.energy.model_profile import geometry_digest, profile_mixing_layout, validate_model_profile
+from advisor.energy.model_profile import geometry_digest, validate_model_profile
 from advisor.errors import InputError
 
 #: top-level measured numbers that are averaged (the rest of the top level is metadata)
@@ -54,9 +54,6 @@ def mean_profile(profiles: list[dict[str, Any]], runtime: str, command: str) -> 
         seen = sorted({repr(p["key"][field] if field == "power_limit_w" else p[field]) for p in profiles})
         if len(seen) > 1:
             raise InputError(f"the profiles differ in {field}: {', '.join(seen)}")
-    layouts = sorted({profile_mixing_layout(p) for p in profiles})
-    if len(layouts) > 1:
-        raise InputError(f"the profiles' mixing points differ in layout: {', '.join(layouts)}")
     if len({geometry_digest(p["model"]) for p in profiles}) > 1:
         raise InputError("the profiles are of models of different geometry")
     out = dict(profiles[0])
