@@ -108,6 +108,8 @@ def profiled_plans(profile: dict) -> str:
     d = profile["decode"]
     named = (("last_fp8", "last layer"), ("mlp_fp8", "MLP corner"), ("alt_fp8", "mixing point"))
     corners = [name for key, name in named if key in d]
+    if "mixing_layout" in profile:  # run 26's trial layout (notes): every other layer counted back from the last
+        corners[-1] += f" ({profile['mixing_layout']}, trial)"
     return "/".join(str(c) for c in d["contexts"]) + "".join(f" + {c}" for c in corners)
 
 
