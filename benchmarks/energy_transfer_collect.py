@@ -119,6 +119,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--bench-window-s", type=float, default=BENCH_METER.min_window_s)
     ap.add_argument("--profile-window-s", type=float, default=PROFILE_METER.min_window_s)
     ap.add_argument("--repeats", type=int, default=BENCH_METER.repeats, help="windows per meter point (both meters)")
+    ap.add_argument("--contexts", help="c,c,... decode contexts the profiles meter instead of a search's (to compare "
+                    "context brackets on one GPU: benchmarks/energy_transfer.py --contexts reads a subset)")
     ap.add_argument("--deadline-s", type=float, default=560.0, help="stop starting new work after this")
     args = ap.parse_args(argv)
     import torch
@@ -156,8 +158,10 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.perf_counter()
         bench = Bench.create(dims, max_pos=4096)
         t_bench = time.perf_counter() - t0
-        prof = measure_model_profile(dims, **search_regime(), meter=profile_meter, bench=bench, command=command,
-                                     log=log)
+        regime = search_regime()
+        if args.contexts:
+            regime["contexts"] = tuple(int(c) for c in args.contexts.split(","))
+        prof = measure_model_profile(dims, **regime, meter=profile_meter, bench=bench, command=command, log=log)
         log(f"{name}: profile {prof['profile_seconds']:.1f} s (+{t_bench:.1f} s weights and calibration)")
         rows = measure_plans(bench, bench_meter, log)
         out["shapes"][name] = {"num_layers": dims.num_layers, "full_layers": ref.num_layers,
