@@ -62,3 +62,16 @@ def one_torch_thread():
 def own_profile_store(tmp_path_factory, monkeypatch):
     """Each test predicts from an empty profile store of its own, never the profiles of the machine's user."""
     monkeypatch.setenv("ADVISOR_PROFILE_DIR", str(tmp_path_factory.mktemp("profiles")))
+
+
+@pytest.fixture(autouse=True)
+def hub_settings_restored(monkeypatch):
+    """The CLI switches the Hugging Face libraries offline where the hub does not resolve (in-process commands
+    set it in os.environ); each test starts with the settings it was given."""
+    for name in ("HF_HUB_OFFLINE", "ADVISOR_HUB_UNREACHABLE"):
+        was = os.environ.get(name)
+        monkeypatch.setenv(name, "")  # records the value to restore (or its absence) for teardown
+        if was is None:
+            monkeypatch.delenv(name)
+        else:
+            monkeypatch.setenv(name, was)

@@ -17,6 +17,7 @@ import typer
 
 from advisor.cli.common import DEBUG, err, handle_errors
 from advisor.cli.group import AdvisorGroup
+from advisor.models.hub_access import go_offline_if_unreachable
 
 app = typer.Typer(
     cls=AdvisorGroup,
@@ -27,11 +28,18 @@ app = typer.Typer(
 )
 
 
+#: the commands that may read a model or dataset from the hub
+HUB_COMMANDS = {"search", "worker", "eval", "export", "recheck", "measure", "profile"}
+
+
 @app.callback()
 def _root(
+    ctx: typer.Context,
     debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks and debug logs.")] = False,
 ) -> None:
     DEBUG["on"] = debug
+    if ctx.invoked_subcommand in HUB_COMMANDS:
+        go_offline_if_unreachable()  # before any Hugging Face library reads its settings
     logging.basicConfig(level=logging.DEBUG if debug else logging.WARNING, stream=sys.stderr)
     if not debug:
         _quiet_libraries()

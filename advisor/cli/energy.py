@@ -18,6 +18,7 @@ import typer
 from advisor.energy.select import ENERGY_MODES, gpu_here, make_energy_model  # noqa: F401
 from advisor.errors import InputError
 from advisor.formats import GPU
+from advisor.models.hub_access import with_hub_note
 from advisor.models.shape import ModelShape, llama_shape
 from advisor.plan import Plan
 from advisor.recipe.schema import Workload
@@ -38,8 +39,8 @@ def shape_from_model(model: str | None) -> ModelShape:
         c = AutoConfig.from_pretrained(model)
     except Exception as exc:  # noqa: BLE001 (transformers raises many kinds)
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise InputError(f"--model: cannot read a model config from {model!r} ({first}); give a hub id or a "
-                         "folder with config.json") from None
+        raise InputError(f"--model: cannot read a model config from {model!r} ({with_hub_note(first, model)}); "
+                         "give a hub id or a folder with config.json") from None
     from advisor.models.config_check import check_causal_lm
 
     check_causal_lm(c, model)

@@ -12,6 +12,7 @@ from typing import Any
 
 from advisor.errors import InputError
 from advisor.models.gguf_header import read_gguf_header
+from advisor.models.hub_access import with_hub_note
 from advisor.models.loading import resolve_source
 from advisor.recipe.schema import ModelSpec, Recipe
 
@@ -90,7 +91,8 @@ def _read_config(where: str, spec: ModelSpec) -> Any:
         return AutoConfig.from_pretrained(where, **kwargs)
     except (OSError, ValueError, KeyError, TypeError) as exc:  # transformers' ways of saying "cannot read it"
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise InputError(f"model.source: cannot read the model config of {spec.source!r} ({first}); "
+        raise InputError(f"model.source: cannot read the model config of {spec.source!r} "
+                         f"({with_hub_note(first, where)}); "
                          "give a folder with a valid config.json, a hub id or a .gguf file") from None
 
 

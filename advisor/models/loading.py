@@ -12,6 +12,7 @@ from advisor.errors import InputError, SetupError
 from advisor.models.gguf_cache import gguf_parsed_once
 from advisor.models.gguf_header import check_gguf_complete
 from advisor.models.groups import model_shape, use_eager_experts
+from advisor.models.hub_access import with_hub_note
 from advisor.models.shape import ModelShape
 from advisor.recipe.schema import DEMO_MODEL, ModelSpec
 
@@ -124,7 +125,7 @@ def load_model(spec: ModelSpec, device: str = "cpu") -> LoadedModel:
             model = AutoModelForCausalLM.from_pretrained(where, dtype=torch.bfloat16, **kwargs)
     except (OSError, ValueError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise InputError(f"cannot load model {spec.source!r}: {first}") from None
+        raise InputError(f"cannot load model {spec.source!r}: {with_hub_note(first, where)}") from None
     _strip_gguf_quantizer(model)
     use_eager_experts(model)
     if not getattr(model.config, "architectures", None):  # GGUF loads leave it unset; export needs it
