@@ -67,10 +67,12 @@ def plan_formats(num_layers: int) -> dict[str, dict[str, Format]]:
 
 def search_regime() -> dict[str, tuple[int, ...]]:
     """What a search profiles for these rows' workloads (profile_select.profile_regime): their batches, the
-    prompt length, and the mean decode context bracketed at half and twice (320 and 1280 for 640). Runs
-    before 2026-11-22 15:10 UTC profiled contexts 512 and 2048, which a small model's step is not linear
-    between (reports/benchmarks/energy_transfer.md, notes); runs 11-13 (H100) and 8-9 (H200) of 19:25-19:59 UTC
-    ran a trial profile that also metered 640 and a last-layer corner (not kept: notes)."""
+    prompt length, and the contexts the decode steps visit (512 to 768). Runs before 2026-11-22 15:10 UTC
+    profiled contexts 512 and 2048, which a small model's step is not linear between; runs from then to run 28
+    (2026-11-23 06:46 UTC) the mean context bracketed at half and twice (320 and 1280 for 640), whose chord
+    overshot a step energy convex in the context (reports/benchmarks/energy_transfer.md, notes;
+    profile_point_trials.md); runs 11-13 (H100) and 8-9 (H200) of 19:25-19:59 UTC ran a trial profile that also
+    metered 640 and a last-layer corner (not kept: notes)."""
     from advisor.energy.profile_select import profile_regime
     from advisor.recipe.schema import Workload
 
@@ -120,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--profile-window-s", type=float, default=PROFILE_METER.min_window_s)
     ap.add_argument("--repeats", type=int, default=BENCH_METER.repeats, help="windows per meter point (both meters)")
     ap.add_argument("--contexts", help="c,c,... decode contexts the profiles meter instead of a search's (to compare "
-                    "context brackets on one GPU: benchmarks/energy_transfer.py --contexts reads a subset)")
+                    "context brackets on one GPU: benchmarks/profile_point_trials.py --contexts reads subsets)")
     ap.add_argument("--deadline-s", type=float, default=560.0, help="stop starting new work after this")
     args = ap.parse_args(argv)
     import torch

@@ -441,3 +441,17 @@ def test_a_model_whose_measurement_does_not_fit_the_gpu_is_refused_or_predicted(
                         simulated_profile(meter.counter.state(), batches, contexts, prefill_lengths))
     _, measured = select.make_energy_tiers("auto", SHAPE, GPU.H100, workloads=w, store=ProfileStore(tmp_path))
     assert measured is not None  # just fits
+
+
+def test_a_search_profiles_the_contexts_its_decode_steps_visit():
+    """From the shortest input to the longest input plus output: the cost model interpolates inside what was
+    metered, and a stored profile whose contexts bracket them is reused."""
+    from advisor.energy.profile_select import covers, profile_regime
+
+    chat = Workload(name="chat", batch_size=16, input_tokens=512, output_tokens=256)
+    regime = profile_regime([chat])
+    assert regime == {"batches": (16,), "contexts": (512, 768), "prefill_lengths": (512,)}
+    long = Workload(name="long", batch_size=1, input_tokens=128, output_tokens=1024)
+    assert profile_regime([chat, long])["contexts"] == (128, 1152)
+    wide = {"decode": {"batches": [1, 16, 64], "contexts": [320, 1280]}, "prefill": {"lengths": [512]}}
+    assert covers(wide, regime) and not covers(wide, profile_regime([long]))

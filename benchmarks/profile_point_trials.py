@@ -1,0 +1,181 @@
+"""Trials of what a per-model profile meters, read back from runs that metered more than a profile does.
+
+No GPU: reads ``benchmarks/energy_transfer_collect.py`` outputs and prices each run's end-to-end rows with the
+kept cost model (:class:`~advisor.energy.model_costmodel.ModelProfileCostModel`) from variants of that run's
+own profile:
+
+* ``--contexts 320,1280 --contexts 512,768 ...``: the profile cut to those decode contexts (runs that metered
+  several with ``energy_transfer_collect.py --contexts``);
+* ``--point alt_fp8_odd``: a second mixing point metered beside the profile's (run 26, whose profile metered
+  every other layer counted back from the last as its ``alt_fp8``, and the odd layers, as the package does, as
+  ``alt_fp8_odd``) put in the place of ``alt_fp8``; and the profile without any mixing point.
+
+For each variant: every row's error and the worst. Also the share of all-FP8's saving over idle that the
+profile's mixing point(s) saved, per decode point, and the share of all-FP8's end-to-end saving each mixed
+plan saved.
+
+    python benchmarks/profile_point_trials.py --raw R.json [--raw R2.json] [--contexts 320,1280 ...] \\
+        [--point alt_fp8_odd] --out reports/benchmarks/profile_point_trials.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import sys
+from datetime import date
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from energy_transfer import predict  # noqa: E402
+from energy_transfer_collect import plan_formats  # noqa: E402
+from report_files import command_line, read_notes, write_report  # noqa: E402
+
+from advisor.energy.model_costmodel import ModelProfileCostModel  # noqa: E402
+from advisor.energy.reference_shapes import REFERENCE_SHAPES  # noqa: E402
+from advisor.plan import Plan  # noqa: E402
+
+MIXED = ("mlp-fp8", "middle-fp8", "attn+half-mlp-fp8")
+
+
+def cut_contexts(profile: dict, keep: tuple[int, ...]) -> dict:
+    """``profile`` with its decode records at the contexts ``keep`` only."""
+    names = {str(c) for c in profile["decode"]["contexts"]}
+    kept = {str(c) for c in keep}
+
+    def walk(x):
+        if isinstance(x, dict):
+            if x and set(x) == names:  # a per-context record
+                return {k: v for k, v in x.items() if k in kept}
+            return {k: walk(v) for k, v in x.items()}
+        return x
+
+    out = copy.deepcopy(profile)
+    out["decode"] = walk(out["decode"])
+    out["decode"]["contexts"] = out["decode"]["energy_contexts"] = sorted(keep)
+    return out
+
+
+def with_point(profile: dict, key: str | None) -> dict:
+    """``profile`` with the mixing point metered as ``key`` in the place of ``alt_fp8`` (None: no mixing
+    point)."""
+    out = copy.deepcopy(profile)
+    for phase in ("decode", "prefill"):
+        point = out[phase].pop(key, None) if key else None
+        out[phase].pop("alt_fp8", None)
+        if point is not None:
+            out[phase]["alt_fp8"] = point
+    return out
+
+
+def variants(profile: dict, contexts: list[tuple[int, ...]], points: list[str]) -> dict[str, dict]:
+    """The profile as metered, cut to each context subset it metered more than, and with each named second
+    mixing point it has (and then without any)."""
+    metered = set(profile["decode"]["contexts"])
+    out = {"as metered": profile}
+    out.update({f"contexts {'/'.join(map(str, c))}": cut_contexts(profile, c) for c in contexts
+                if set(c) < metered})
+    points = [p for p in points if p in profile["decode"]]
+    if points:
+        out["no mixing point"] = with_point(profile, None)
+        out.update({f"mixing point {p}": with_point(profile, p) for p in points})
+    return out
+
+
+def saving_shares(profile: dict) -> list[dict]:
+    """Per decode point, the share of all-FP8's saving over idle that each mixing-type point saved."""
+    d, idle = profile["decode"], profile["idle_power_w"]
+    points = [k for k in d if k.startswith("alt_fp8")]
+    out = []
+    for c in map(str, d["contexts"]):
+        for i, b in enumerate(d["batches"]):
+            def dyn(j, ms):
+                return j - idle * ms / 1e3
+            bf16 = dyn(d["j_per_step"]["bf16"][c][i], d["step_ms"]["bf16"][c][i])
+            fp8 = dyn(d["j_per_step"]["fp8"][c][i], d["step_ms"]["fp8"][c][i])
+            row = {"context": int(c), "batch": b}
+            for p in points:
+                row[p] = (bf16 - dyn(d[p]["j_per_step"][c][i], d[p]["step_ms"][c][i])) / (bf16 - fp8)
+                row[f"{p}_cv"] = d[p]["cv"][c][i]
+            out.append(row)
+    return out
+
+
+def plan_shares(rows: list[dict]) -> list[dict]:
+    """Per decode batch, the share of all-FP8's end-to-end saving each mixed plan saved."""
+    by = {(r["plan"], r["phase"], r["batch"]): r["measured_j_per_token"] for r in rows}
+    out = []
+    for b in sorted({r["batch"] for r in rows if r["phase"] == "decode"}):
+        bf16, fp8 = by["bf16", "decode", b], by["fp8", "decode", b]
+        out.append({"batch": b, **{p: (bf16 - by[p, "decode", b]) / (bf16 - fp8) for p in MIXED}})
+    return out
+
+
+def evaluate(path: Path, raw: dict, contexts: list[tuple[int, ...]], points: list[str]) -> list[dict]:
+    out = []
+    for name, data in raw["shapes"].items():
+        shape = REFERENCE_SHAPES[name].shape(data["num_layers"])
+        plans = {k: Plan(v) for k, v in plan_formats(data["num_layers"]).items()}
+        models = {k: ModelProfileCostModel(p, shape) for k, p in variants(data["profile"], contexts, points).items()}
+        rows = [{"plan": r["plan"], "phase": r["phase"], "batch": r["batch"],
+                 **{k: predict(m, plans[r["plan"]], r) / r["measured_j_per_token"] - 1 for k, m in models.items()}}
+                for r in data["rows"]]
+        out.append({"raw": str(path), "gpu_uuid": raw["gpu_uuid"], "shape": name, "variants": list(models),
+                    "worst": {k: max(abs(r[k]) for r in rows) for k in models}, "rows": rows,
+                    "mixing_point_shares": saving_shares(data["profile"]), "plan_shares": plan_shares(data["rows"])})
+    return out
+
+
+def render(d: dict) -> str:
+    lines = [f"# Per-model profile trials ({d['gpu']})", "",
+             f"Computed {d['date']}, no GPU, from runs on {d['units']} units, driver {d['driver']} (random weights, "
+             f"the project's runtime, the NVML meter); command `{d['command']}`. Each run's end-to-end rows priced "
+             "by the kept cost model from variants of that run's own profile. Target: 3%.", ""]
+    if d.get("notes"):
+        lines += ["## Findings", ""] + [f"- {n}" for n in d["notes"]] + [""]
+    for s in d["shapes"]:
+        ks = s["variants"]
+        lines += [f"## {s['shape']}, GPU {s['gpu_uuid'][-12:]} (`{Path(s['raw']).name}`)", "",
+                  "| plan | phase | batch | " + " | ".join(ks) + " |", "|---|---|---:|" + "---:|" * len(ks)]
+        lines += [f"| {r['plan']} | {r['phase']} | {r['batch']} | " + " | ".join(f"{r[k] * 100:+.1f}%" for k in ks)
+                  + " |" for r in s["rows"]]
+        lines += ["| **worst** | | | " + " | ".join(f"**{s['worst'][k] * 100:.1f}%**" for k in ks) + " |", ""]
+        points = [k for k in s["mixing_point_shares"][0] if k.startswith("alt_fp8") and not k.endswith("_cv")]
+        lines += ["Share of all-FP8's saving over idle that the mixing point(s) saved (window CV):", "",
+                  "| context | batch | " + " | ".join(points) + " |", "|---:|---:|" + "---:|" * len(points)]
+        lines += [f"| {m['context']} | {m['batch']} | " + " | ".join(f"{m[p]:.2f} ({m[p + '_cv'] * 100:.1f}%)"
+                                                                  for p in points) + " |"
+                  for m in s["mixing_point_shares"]]
+        lines += ["", "Share of all-FP8's end-to-end decode saving that each mixed plan saved:", "",
+                  "| batch | " + " | ".join(MIXED) + " |", "|---:|" + "---:|" * len(MIXED)]
+        lines += [f"| {p['batch']} | " + " | ".join(f"{p[k]:.2f}" for k in MIXED) + " |" for p in s["plan_shares"]]
+        lines.append("")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--raw", type=Path, action="append", required=True, help="energy_transfer_collect output")
+    ap.add_argument("--contexts", action="append", default=[], help="c,c,...: a decode-context subset to read")
+    ap.add_argument("--point", action="append", default=[], help="a second mixing point's key (alt_fp8_odd)")
+    ap.add_argument("--notes", type=Path, help="a JSON list of notes for the Markdown")
+    ap.add_argument("--out", type=Path, required=True)
+    args = ap.parse_args(argv)
+    contexts = [tuple(int(c) for c in text.split(",")) for text in args.contexts]
+    raws = [(p, json.loads(p.read_text())) for p in args.raw]
+    shapes = []
+    for path, raw in raws:
+        shapes += evaluate(path, raw, contexts, args.point)
+    d = {"gpu": raws[0][1]["gpu"], "driver": " / ".join(sorted({r["driver"] for _, r in raws})),
+         "units": len({r["gpu_uuid"] for _, r in raws}), "date": date.today().isoformat(),
+         "command": command_line(argv),
+         "runs": [str(p) for p, _ in raws], "shapes": shapes, "notes": read_notes(args.notes)}
+    write_report(args.out, d, render)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
