@@ -46,12 +46,13 @@ def parse_models(text: str) -> list[tuple[str, int | None]]:
 
 
 def plan_formats(num_layers: int) -> dict[str, dict[str, Format]]:
-    """The five plans, as runtime group formats: all-BF16, all-FP8, MLP-only FP8, the middle half of the layers
-    FP8 (first and last quarter BF16, as sensitivity often leaves them), and attention FP8 in every layer with
-    the MLP FP8 in the first half of the layers. Since per-model profiles meter the kind corner (MLP-only FP8,
-    2026-11-22), MLP-only FP8 is one of their points; the last two are mixed plans they predict."""
+    """The six plans, as runtime group formats: all-BF16, all-FP8, MLP-only FP8, the middle half of the layers
+    FP8 (first and last quarter BF16, as sensitivity often leaves them), attention FP8 in every layer with the
+    MLP FP8 in the first half of the layers, and the first and last quarter FP8 (the middle half BF16). Since
+    per-model profiles meter the kind corner (MLP-only FP8, 2026-11-22), MLP-only FP8 is one of their points;
+    the last three are mixed plans they predict. Runs before 2026-11-23 07:30 UTC measured the first five."""
     q = max(1, num_layers // 4)
-    names = ("bf16", "fp8", "mlp-fp8", "middle-fp8", "attn+half-mlp-fp8")
+    names = ("bf16", "fp8", "mlp-fp8", "middle-fp8", "attn+half-mlp-fp8", "outer-fp8")
     out: dict[str, dict[str, Format]] = {n: {} for n in names}
     for i in range(num_layers):
         for k in DENSE_GROUP_KINDS:
@@ -62,6 +63,31 @@ def plan_formats(num_layers: int) -> dict[str, dict[str, Format]]:
             out["mlp-fp8"][g] = Format.FP8 if mlp else Format.BF16
             out["middle-fp8"][g] = Format.FP8 if q <= i < num_layers - q else Format.BF16
             out["attn+half-mlp-fp8"][g] = Format.FP8 if not mlp or i < num_layers // 2 else Format.BF16
+            out["outer-fp8"][g] = Format.BF16 if q <= i < num_layers - q else Format.FP8
+    return out
+
+
+#: points a trial meters beside the profile's (``--extra-points``), each stored in the profile under its name
+#: (the cost model reads none of them): the middle half of the layers in FP8, both kinds, a contiguous mixing
+#: point like the plans searches keep (first and last layers BF16)
+EXTRA_POINTS = {"middle_fp8": lambda num_layers: plan_formats(num_layers)["middle-fp8"]}
+
+
+def meter_extra_points(bench, names: list[str], regime: dict, meter, log) -> dict[str, tuple[dict, dict]]:
+    """Each extra point's (decode, prefill) records, metered as the profile meters its own points."""
+    from advisor.energy.model_profile import _measure_plan
+
+    def energy(step, label: str) -> dict[str, float]:
+        m = meter.measure(step.launch, label, step.tokens_per_step)
+        return {"j": m.j_per_step, "w": m.power_w, "s": m.s_per_step, "cv": m.cv,
+                "t": (m.gpu_before.temperature_c + m.gpu_after.temperature_c) / 2}
+
+    out = {}
+    for name in names:
+        rt = bench.runtime(EXTRA_POINTS[name](bench.dims.num_layers))
+        out[name] = _measure_plan(rt, name, regime["batches"], regime["contexts"], regime["prefill_lengths"],
+                                  energy, log, bench.dims.family)
+        rt.free()
     return out
 
 
@@ -123,8 +149,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=BENCH_METER.repeats, help="windows per meter point (both meters)")
     ap.add_argument("--contexts", help="c,c,... decode contexts the profiles meter instead of a search's (to compare "
                     "context brackets on one GPU: benchmarks/profile_point_trials.py --contexts reads subsets)")
+    ap.add_argument("--extra-points", default="", help=f"name,... of points to meter beside each profile's "
+                    f"(trials; {', '.join(EXTRA_POINTS)}), read back by benchmarks/profile_point_trials.py --point")
     ap.add_argument("--deadline-s", type=float, default=560.0, help="stop starting new work after this")
     args = ap.parse_args(argv)
+    unknown = sorted({p for p in args.extra_points.split(",") if p} - set(EXTRA_POINTS))
+    if unknown:
+        ap.error(f"--extra-points: unknown {', '.join(unknown)}; known: {', '.join(EXTRA_POINTS)}")
     import torch
 
     from advisor.energy.measure import Bench
@@ -165,6 +196,9 @@ def main(argv: list[str] | None = None) -> int:
             regime["contexts"] = tuple(int(c) for c in args.contexts.split(","))
         prof = measure_model_profile(dims, **regime, meter=profile_meter, bench=bench, command=command, log=log)
         log(f"{name}: profile {prof['profile_seconds']:.1f} s (+{t_bench:.1f} s weights and calibration)")
+        extra = [p for p in args.extra_points.split(",") if p]
+        for point, (dec, pre) in meter_extra_points(bench, extra, regime, profile_meter, log).items():
+            prof["decode"][point], prof["prefill"][point] = dec, pre
         rows = measure_plans(bench, bench_meter, log)
         out["shapes"][name] = {"num_layers": dims.num_layers, "full_layers": ref.num_layers,
                                "params_b": ref.params_b, "profile": prof, "bench_create_s": t_bench, "rows": rows}

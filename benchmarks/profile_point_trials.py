@@ -38,7 +38,7 @@ from advisor.energy.model_costmodel import ModelProfileCostModel  # noqa: E402
 from advisor.energy.reference_shapes import REFERENCE_SHAPES  # noqa: E402
 from advisor.plan import Plan  # noqa: E402
 
-MIXED = ("mlp-fp8", "middle-fp8", "attn+half-mlp-fp8")
+MIXED = ("mlp-fp8", "middle-fp8", "attn+half-mlp-fp8", "outer-fp8")
 
 
 def cut_contexts(profile: dict, keep: tuple[int, ...]) -> dict:
@@ -88,7 +88,8 @@ def variants(profile: dict, contexts: list[tuple[int, ...]], points: list[str]) 
 def saving_shares(profile: dict) -> list[dict]:
     """Per decode point, the share of all-FP8's saving over idle that each mixing-type point saved."""
     d, idle = profile["decode"], profile["idle_power_w"]
-    points = [k for k in d if k.startswith("alt_fp8")]
+    points = [k for k in d if k != "mlp_fp8" and isinstance(d[k], dict) and "j_per_step" in d[k]
+              and k not in ("bf16", "fp8")]
     out = []
     for c in map(str, d["contexts"]):
         for i, b in enumerate(d["batches"]):
@@ -110,7 +111,8 @@ def plan_shares(rows: list[dict]) -> list[dict]:
     out = []
     for b in sorted({r["batch"] for r in rows if r["phase"] == "decode"}):
         bf16, fp8 = by["bf16", "decode", b], by["fp8", "decode", b]
-        out.append({"batch": b, **{p: (bf16 - by[p, "decode", b]) / (bf16 - fp8) for p in MIXED}})
+        out.append({"batch": b, **{p: (bf16 - by[p, "decode", b]) / (bf16 - fp8) for p in MIXED
+                                   if (p, "decode", b) in by}})
     return out
 
 
@@ -143,15 +145,16 @@ def render(d: dict) -> str:
         lines += [f"| {r['plan']} | {r['phase']} | {r['batch']} | " + " | ".join(f"{r[k] * 100:+.1f}%" for k in ks)
                   + " |" for r in s["rows"]]
         lines += ["| **worst** | | | " + " | ".join(f"**{s['worst'][k] * 100:.1f}%**" for k in ks) + " |", ""]
-        points = [k for k in s["mixing_point_shares"][0] if k.startswith("alt_fp8") and not k.endswith("_cv")]
+        points = [k for k in s["mixing_point_shares"][0] if k not in ("context", "batch") and not k.endswith("_cv")]
+        plans = [p for p in MIXED if p in s["plan_shares"][0]]
         lines += ["Share of all-FP8's saving over idle that the mixing point(s) saved (window CV):", "",
                   "| context | batch | " + " | ".join(points) + " |", "|---:|---:|" + "---:|" * len(points)]
         lines += [f"| {m['context']} | {m['batch']} | " + " | ".join(f"{m[p]:.2f} ({m[p + '_cv'] * 100:.1f}%)"
                                                                   for p in points) + " |"
                   for m in s["mixing_point_shares"]]
         lines += ["", "Share of all-FP8's end-to-end decode saving that each mixed plan saved:", "",
-                  "| batch | " + " | ".join(MIXED) + " |", "|---:|" + "---:|" * len(MIXED)]
-        lines += [f"| {p['batch']} | " + " | ".join(f"{p[k]:.2f}" for k in MIXED) + " |" for p in s["plan_shares"]]
+                  "| batch | " + " | ".join(plans) + " |", "|---:|" + "---:|" * len(plans)]
+        lines += [f"| {p['batch']} | " + " | ".join(f"{p[k]:.2f}" for k in plans) + " |" for p in s["plan_shares"]]
         lines.append("")
     return "\n".join(lines) + "\n"
 
