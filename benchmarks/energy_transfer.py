@@ -104,12 +104,14 @@ def run_summaries(paths: list[Path], raws: list[dict], gpu_profile: dict, legacy
 
 def profiled_plans(profile: dict) -> str:
     """What the per-model profile metered: its decode contexts, and a corner where it has one (the last-layer one
-    of a trial, not kept; the kind corner, MLP-only FP8; the mixing point, every other layer FP8)."""
+    of a trial, not kept; the kind corner, MLP-only FP8; the mixing point, every other layer FP8, which the cost
+    model reads for prefills only since 2026-11-23; a trial's middle point, not read)."""
     d = profile["decode"]
-    named = (("last_fp8", "last layer"), ("mlp_fp8", "MLP corner"), ("alt_fp8", "mixing point"))
+    named = (("last_fp8", "last layer"), ("mlp_fp8", "MLP corner"), ("alt_fp8", "mixing point (prefill)"),
+             ("middle_fp8", "middle point, not read"))
     corners = [name for key, name in named if key in d]
     if "mixing_layout" in profile:  # run 26's trial layout (notes): every other layer counted back from the last
-        corners[-1] += f" ({profile['mixing_layout']}, trial)"
+        corners[corners.index("mixing point (prefill)")] += f" ({profile['mixing_layout']}, trial)"
     return "/".join(str(c) for c in d["contexts"]) + "".join(f" + {c}" for c in corners)
 
 

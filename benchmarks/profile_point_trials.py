@@ -1,16 +1,20 @@
 """Trials of what a per-model profile meters, read back from runs that metered more than a profile does.
 
-No GPU: reads ``benchmarks/energy_transfer_collect.py`` outputs and prices each run's end-to-end rows with the
-kept cost model (:class:`~advisor.energy.model_costmodel.ModelProfileCostModel`) from variants of that run's
-own profile:
+No GPU: reads ``benchmarks/energy_transfer_collect.py`` outputs and prices each run's end-to-end rows from
+that run's own profile with three cost models: the kept one ('kept', :class:`~advisor.energy.model_costmodel.
+ModelProfileCostModel`: the line between all-BF16 and all-FP8, a prefill's bent by the profile's mixing point),
+the one before it ('bent', :class:`BentCostModel`: decode steps bent too) and no bend ('line',
+:class:`LineCostModel`), on variants of the profile:
 
-* ``--contexts 320,1280 --contexts 512,768 ...``: the profile cut to those decode contexts (runs that metered
-  several with ``energy_transfer_collect.py --contexts``);
-* ``--point alt_fp8_odd``: a second mixing point metered beside the profile's (run 26, whose profile metered
-  every other layer counted back from the last as its ``alt_fp8``, and the odd layers, as the package does, as
-  ``alt_fp8_odd``) put in the place of ``alt_fp8``; and the profile without any mixing point.
+* as metered (a profile of four decode contexts is read between the two nearest the rows', 512 and 768);
+* ``--contexts 320,1280 --contexts 512,768 ...``: cut to those decode contexts (runs that metered several
+  with ``energy_transfer_collect.py --contexts``);
+* ``--point alt_fp8_odd`` / ``--point middle_fp8`` (bent model only): a second mixing point metered beside the
+  profile's put in the place of ``alt_fp8`` (run 26 metered every other layer counted back from the last as its
+  ``alt_fp8`` and the odd layers, as profiles did, as ``alt_fp8_odd``; runs 30-31 the middle half of the layers,
+  ``energy_transfer_collect.py --extra-points middle_fp8``).
 
-For each variant: every row's error and the worst. Also the share of all-FP8's saving over idle that the
+For each column: every row's error and the worst. Also the share of all-FP8's saving over idle that the
 profile's mixing point(s) saved, per decode point, and the share of all-FP8's end-to-end saving each mixed
 plan saved.
 
@@ -35,10 +39,25 @@ from energy_transfer_collect import plan_formats  # noqa: E402
 from report_files import command_line, read_notes, write_report  # noqa: E402
 
 from advisor.energy.model_costmodel import ModelProfileCostModel  # noqa: E402
+from advisor.energy.model_profile import ALT_FP8  # noqa: E402
 from advisor.energy.reference_shapes import REFERENCE_SHAPES  # noqa: E402
 from advisor.plan import Plan  # noqa: E402
 
 MIXED = ("mlp-fp8", "middle-fp8", "attn+half-mlp-fp8", "outer-fp8")
+
+
+class BentCostModel(ModelProfileCostModel):
+    """The cost model as it was until 2026-11-23 (commit e7e24ae): decode steps bent by the mixing point too."""
+
+    bend_decode = True
+
+
+class LineCostModel(ModelProfileCostModel):
+    """No bend at all: every plan on the line between all-BF16 and all-FP8 (split by kind)."""
+
+    def _dynamic_mj(self, phase, plan, x, step_ms, power):
+        return super()._dynamic_mj(phase, plan, x, {k: v for k, v in step_ms.items() if k != ALT_FP8},
+                                   {k: v for k, v in power.items() if k != ALT_FP8})
 
 
 def cut_contexts(profile: dict, keep: tuple[int, ...]) -> dict:
@@ -59,29 +78,30 @@ def cut_contexts(profile: dict, keep: tuple[int, ...]) -> dict:
     return out
 
 
-def with_point(profile: dict, key: str | None) -> dict:
-    """``profile`` with the mixing point metered as ``key`` in the place of ``alt_fp8`` (None: no mixing
-    point)."""
+def with_point(profile: dict, key: str) -> dict:
+    """``profile`` with the mixing point metered as ``key`` in the place of ``alt_fp8``."""
     out = copy.deepcopy(profile)
     for phase in ("decode", "prefill"):
-        point = out[phase].pop(key, None) if key else None
-        out[phase].pop("alt_fp8", None)
-        if point is not None:
-            out[phase]["alt_fp8"] = point
+        out[phase]["alt_fp8"] = out[phase].pop(key)
     return out
 
 
-def variants(profile: dict, contexts: list[tuple[int, ...]], points: list[str]) -> dict[str, dict]:
-    """The profile as metered, cut to each context subset it metered more than, and with each named second
-    mixing point it has (and then without any)."""
+def variants(profile: dict, contexts: list[tuple[int, ...]], points: list[str]) -> dict[str, tuple[type, dict]]:
+    """(cost model, profile) per column: the kept model ('kept': prefill bent by the mixing point), the one
+    before it ('bent': decode steps too) and none ('line'), on the profile as metered and cut to each context
+    subset it metered more than; and the bent model with each named second mixing point in the place of the
+    profile's own."""
     metered = set(profile["decode"]["contexts"])
-    out = {"as metered": profile}
-    out.update({f"contexts {'/'.join(map(str, c))}": cut_contexts(profile, c) for c in contexts
-                if set(c) < metered})
-    points = [p for p in points if p in profile["decode"]]
-    if points:
-        out["no mixing point"] = with_point(profile, None)
-        out.update({f"mixing point {p}": with_point(profile, p) for p in points})
+    cuts = {"": profile}
+    cuts.update({f", contexts {'/'.join(map(str, c))}": cut_contexts(profile, c) for c in contexts
+                 if set(c) < metered})
+    out: dict[str, tuple[type, dict]] = {}
+    for label, p in cuts.items():
+        out[f"kept{label}"] = (ModelProfileCostModel, p)
+        if ALT_FP8 in profile["decode"]:
+            out[f"bent{label}"] = (BentCostModel, p)
+            out[f"line{label}"] = (LineCostModel, p)
+    out.update({f"bent, point {k}": (BentCostModel, with_point(profile, k)) for k in points if k in profile["decode"]})
     return out
 
 
@@ -121,7 +141,7 @@ def evaluate(path: Path, raw: dict, contexts: list[tuple[int, ...]], points: lis
     for name, data in raw["shapes"].items():
         shape = REFERENCE_SHAPES[name].shape(data["num_layers"])
         plans = {k: Plan(v) for k, v in plan_formats(data["num_layers"]).items()}
-        models = {k: ModelProfileCostModel(p, shape) for k, p in variants(data["profile"], contexts, points).items()}
+        models = {k: cls(p, shape) for k, (cls, p) in variants(data["profile"], contexts, points).items()}
         rows = [{"plan": r["plan"], "phase": r["phase"], "batch": r["batch"],
                  **{k: predict(m, plans[r["plan"]], r) / r["measured_j_per_token"] - 1 for k, m in models.items()}}
                 for r in data["rows"]]
@@ -135,7 +155,9 @@ def render(d: dict) -> str:
     lines = [f"# Per-model profile trials ({d['gpu']})", "",
              f"Computed {d['date']}, no GPU, from runs on {d['units']} units, driver {d['driver']} (random weights, "
              f"the project's runtime, the NVML meter); command `{d['command']}`. Each run's end-to-end rows priced "
-             "by the kept cost model from variants of that run's own profile. Target: 3%.", ""]
+             "from that run's own profile: 'kept' is the kept cost model (a prefill's line bent by the profile's "
+             "mixing point), 'bent' the one before it (decode steps bent too), 'line' no bend; see the script's doc "
+             "for the profile variants. Target: 3%.", ""]
     if d.get("notes"):
         lines += ["## Findings", ""] + [f"- {n}" for n in d["notes"]] + [""]
     for s in d["shapes"]:
@@ -172,7 +194,8 @@ def main(argv: list[str] | None = None) -> int:
     shapes = []
     for path, raw in raws:
         shapes += evaluate(path, raw, contexts, args.point)
-    d = {"gpu": raws[0][1]["gpu"], "driver": " / ".join(sorted({r["driver"] for _, r in raws})),
+    d = {"gpu": " and ".join(sorted({r["gpu"] for _, r in raws})),
+         "driver": " / ".join(sorted({r["driver"] for _, r in raws})),
          "units": len({r["gpu_uuid"] for _, r in raws}), "date": date.today().isoformat(),
          "command": command_line(argv),
          "runs": [str(p) for p, _ in raws], "shapes": shapes, "notes": read_notes(args.notes)}

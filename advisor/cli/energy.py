@@ -77,7 +77,8 @@ OutTokOpt = Annotated[int, typer.Option("--output-tokens", help="Generated token
 
 
 BatchesOpt = Annotated[str, typer.Option("--batches", help="Decode batches to profile, comma-separated.")]
-ContextsOpt = Annotated[str, typer.Option("--contexts", help="Two decode contexts bracketing the workloads'.")]
+ContextsOpt = Annotated[str, typer.Option(
+    "--contexts", help="The shortest and longest decode context of the workloads (input, input + output).")]
 PromptsOpt = Annotated[str, typer.Option("--prompt-lengths", help="Prompt lengths to profile, comma-separated.")]
 
 
@@ -109,7 +110,7 @@ def profile(
     target: TargetOpt = None,
     out: OutOpt = None,
     batches: BatchesOpt = "1,16,64",
-    contexts: ContextsOpt = "512,2048",
+    contexts: ContextsOpt = "512,768",
     prompt_lengths: PromptsOpt = "512",
 ) -> None:
     """Measure an energy profile on this GPU: one model's (--model), or the GPU profile for unprofiled models.

@@ -22,14 +22,18 @@ At a decode step of batch ``b`` and context ``c`` (prefill alike, per prompt len
   its own kind's weights. A kind's saving is not its share of the weights (H200, Qwen2.5-0.5B, decode
   batch 1: attention in FP8 saved 0.42 of all-FP8's energy with 12% of the weights;
   reports/benchmarks/layer_additivity.md), and a search's plans mix kinds freely.
-  Where the profile metered the mixing point (every other layer in FP8), that straight line is bent:
-  plans that mix formats across layers drew 2-5% over it on Qwen2.5-0.5B/1.5B shapes. The bend is what the point
-  drew over the line, times the plan's mixing relative to the point's (per kind, ``s (1 - s)`` of the
-  share ``s`` of its weights in FP8, weighted by the kind's part of the saving: zero at the other
-  profiled plans).
+  Where the profile metered the mixing point (every other layer in FP8), a prefill's line is bent: plans
+  that mix formats across layers drew 2-5% over it in prefill on Qwen2.5-1.5B shapes (H100 and H200). The
+  bend is what the point drew over the line, times the plan's mixing relative to the point's (per kind,
+  ``s (1 - s)`` of the share ``s`` of its weights in FP8, weighted by the kind's part of the saving: zero at
+  the other profiled plans). Decode steps stay on the line: on H100s a decode step's saving depends on which
+  layers a plan holds in FP8 (at batch 64 the first and last quarter saved 0.58-0.62 of all-FP8's saving, the
+  middle half 0.40-0.42), so the alternating point bent contiguous plans the wrong way (Qwen2.5-0.5B 4.9-5.4%
+  off on four units, 2.7-3.6% on the line); in prefill the bend was as good or better on every run
+  (reports/benchmarks/profile_point_trials.md).
 
 So all-BF16, all-FP8 and the kind corner reproduce the profile at its own points by construction, the mixing
-point its energy over idle (its time comes from the line: within about 2%); mixed plans,
+point its prefill energy over idle (its time comes from the line: within about 2%); mixed plans,
 other batches and contexts are predictions. A MoE layer's routed experts are one group (kind
 ``experts``): their grouped GEMMs are priced like any group's, and the router, sort and gathers sit
 in the non-GEMM part. torch-free.
@@ -107,6 +111,9 @@ class ModelProfileCostModel:
     """An :class:`~advisor.estimate.EnergyModel` backed by this model's own measured profile."""
 
     measured = False
+    #: whether the mixing point bends decode steps too, as it did until 2026-11-23
+    #: (benchmarks/profile_point_trials.py compares both)
+    bend_decode = False
 
     def __init__(self, profile: dict[str, Any], shape: ModelShape) -> None:
         self.p = validate_model_profile(profile)
@@ -137,7 +144,7 @@ class ModelProfileCostModel:
         if MLP_FP8 not in profile["decode"]:
             shaky += "; no kind corner (stored before it): FP8 savings shared by weight alone"
         elif ALT_FP8 not in profile["decode"]:
-            shaky += "; no mixing point (stored before it): mixed plans on the straight line"
+            shaky += "; no mixing point (stored before it): mixed plans' prefill on the straight line"
         caveat = f"; {profile['caveat']}" if profile.get("caveat") else ""
         self.label = (f"predicted ({origin}, {profile['gpu']}, driver {profile['driver']}, "
                       f"{profile['date']}, model {self.digest}{routing}{metered_temperatures(profile)}{shaky}"
@@ -258,15 +265,16 @@ class ModelProfileCostModel:
 
     def _dynamic_mj(self, phase: dict, plan: Plan, x: float, step_ms: dict[Format | str, float],
                     power: dict[Format | str, float]) -> float:
-        """Energy over idle (mJ) on the line between all-BF16 and all-FP8 (:meth:`_line_mj`), bent where the
-        profile metered the mixing point: by what that point drew over the line, times the plan's mixing
-        (:meth:`_mixing`, 1 at the mixing point, 0 at every other profiled plan)."""
+        """Energy over idle (mJ) on the line between all-BF16 and all-FP8 (:meth:`_line_mj`); a prefill's bent
+        where the profile metered the mixing point: by what that point drew over the line, times the plan's
+        mixing (:meth:`_mixing`, 1 at the mixing point, 0 at every other profiled plan). Decode steps are not
+        bent (the module doc says why)."""
         dyn = {k: (power[k] - self.idle_w) * step_ms[k] for k in power}
         # weights each group reads: with the model's routing, and with the profile's (as its steps read them)
         read = {g.name: self._read_weights(phase, g, x) for g in self.shape.groups}
         profiled = {g.name: self._read_weights(phase, g, x, profile_routing=True) for g in self.shape.groups}
         energy = self._line_mj(plan, dyn, read, profiled)
-        if ALT_FP8 not in dyn or Format.FP8 not in dyn:
+        if ALT_FP8 not in dyn or Format.FP8 not in dyn or ("batches" in phase and not self.bend_decode):
             return energy
         alt = Plan({g.name: mixing_format(g.name) for g in self.shape.groups})
         at_alt = self._mixing(alt, dyn, read, profiled)

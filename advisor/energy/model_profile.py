@@ -24,7 +24,11 @@ and one model (its :class:`~advisor.energy.dims.DecoderDims`, random weights):
   of the mixing point, every other layer (the odd ones) in FP8, both kinds. Plans that mix formats across
   layers cost more than the straight line between all-BF16 and all-FP8 gives them: on H100s and H200s,
   Qwen2.5-0.5B/1.5B's mixed plans drew 2-5% over it (reports/benchmarks/energy_transfer*.md); the cost
-  model bends its line by what this point measured.
+  model bends a prefill's line by what this point measured. Its decode records are metered but, since
+  2026-11-23, not read: on H100s which layers a plan holds in FP8 moves a decode step's energy more than
+  mixing does, and the alternating point bent contiguous plans the wrong way
+  (reports/benchmarks/profile_point_trials.md). Metering only its prefill would shorten a profile; not yet
+  done (untested on a GPU).
 
 It is keyed (:func:`profile_key`) by the GPU (name, UUID, driver, power limit), the model
 (a digest of its layer-by-layer description) and the runtime version: a profile is reused only
