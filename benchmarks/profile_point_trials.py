@@ -101,8 +101,19 @@ def variants(profile: dict, contexts: list[tuple[int, ...]], points: list[str]) 
         if ALT_FP8 in profile["decode"]:
             out[f"bent{label}"] = (BentCostModel, p)
             out[f"line{label}"] = (LineCostModel, p)
-    out.update({f"bent, point {k}": (BentCostModel, with_point(profile, k)) for k in points if k in profile["decode"]})
+    out.update({f"bent, point {k}": (BentCostModel, with_point(profile, k)) for k in points
+                if k in profile["decode"] and holds_half(profile, k)})
     return out
+
+
+def holds_half(profile: dict, key: str) -> bool:
+    """Whether the point ``key`` holds half of the layers in FP8, as the alternating point of an even layer
+    count does: the bent model measures a substituted point's bend against the alternating layout, which is
+    right only then (the middle half of 24 layers is 12; of SmolLM2-135M's 30, 16)."""
+    layers = len(profile["model"]["layers"])
+    if key == "middle_fp8":
+        return 2 * (layers - 2 * (layers // 4)) == layers
+    return layers % 2 == 0
 
 
 def saving_shares(profile: dict) -> list[dict]:

@@ -67,7 +67,11 @@ def own_profile_store(tmp_path_factory, monkeypatch):
 @pytest.fixture(autouse=True)
 def hub_settings_restored(monkeypatch):
     """The CLI switches the Hugging Face libraries offline where the hub does not resolve (in-process commands
-    set it in os.environ); each test starts with the settings it was given."""
+    set it in os.environ); each test starts with the settings it was given, and in-process commands do no DNS
+    lookup (the answer would depend on the machine; tests/test_hub_access.py puts the real lookup back)."""
+    from advisor.models import hub_access
+
+    monkeypatch.setattr(hub_access, "_resolves", lambda host, timeout_s: None)
     for name in ("HF_HUB_OFFLINE", "ADVISOR_HUB_UNREACHABLE"):
         was = os.environ.get(name)
         monkeypatch.setenv(name, "")  # records the value to restore (or its absence) for teardown

@@ -8,15 +8,19 @@ import subprocess
 import sys
 from pathlib import Path
 
+from advisor.models import hub_access
 from advisor.models.hub_access import UNREACHABLE_ENV, go_offline_if_unreachable, hub_host, with_hub_note
 
+REAL_LOOKUP = hub_access._resolves  # tests/conftest.py stubs it for every other test
 ROOT = Path(__file__).resolve().parents[1]
 NOWHERE = "https://hub.invalid"  # .invalid never resolves (RFC 2606)
 
 
 def users_choice_unset(monkeypatch) -> None:
-    for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", UNREACHABLE_ENV):
+    """No offline choice and no proxy in the environment, and the real DNS lookup."""
+    for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", UNREACHABLE_ENV, *hub_access.PROXY_ENVS):
         monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(hub_access, "_resolves", REAL_LOOKUP)
 
 
 def test_an_unresolvable_hub_switches_the_libraries_to_the_cache(monkeypatch):
@@ -38,14 +42,20 @@ def test_a_resolvable_hub_or_the_users_own_choice_is_left_alone(monkeypatch):
     assert "HF_HUB_OFFLINE" not in os.environ and UNREACHABLE_ENV not in os.environ
     assert with_hub_note("x.", "org/model") == "x."
     monkeypatch.setenv("HF_ENDPOINT", NOWHERE)
+    monkeypatch.setenv("HTTPS_PROXY", "http://proxy.example:3128")  # the proxy resolves the hub, not we
+    assert not go_offline_if_unreachable()
+    assert "HF_HUB_OFFLINE" not in os.environ
+    monkeypatch.delenv("HTTPS_PROXY")
     monkeypatch.setenv("HF_HUB_OFFLINE", "0")  # the user decided: not overridden
     assert not go_offline_if_unreachable()
     assert os.environ["HF_HUB_OFFLINE"] == "0"
+    monkeypatch.setenv("HF_ENDPOINT", "hf-mirror.example")  # no scheme: still its host
+    assert hub_host() == "hf-mirror.example"
 
 
 def advisor(args: list[str], tmp_path: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "HF_ENDPOINT": NOWHERE, "HF_HOME": str(tmp_path / "hf")}
-    for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", UNREACHABLE_ENV):
+    for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", UNREACHABLE_ENV, *hub_access.PROXY_ENVS):
         env.pop(name, None)
     return subprocess.run([sys.executable, "-c", "from advisor.cli import main; main()", *args],
                           capture_output=True, text=True, env=env, timeout=120)

@@ -4,7 +4,9 @@ huggingface_hub retries a request whose host does not resolve five times with ba
 machine without the hub took 23-27 s to fail (2026-11-23). Where the hub's host does not resolve, the
 advisor sets ``HF_HUB_OFFLINE=1`` before any Hugging Face library is imported, so hub ids are looked up in
 the local cache only and fail at once when they are not there; nothing is lost, as no request could have
-succeeded. A host that resolves, or a lookup that does not answer within a second, leaves everything as is.
+succeeded. A host that resolves, a lookup that does not answer within a second, and a proxy in the environment
+(``HTTPS_PROXY`` / ``ALL_PROXY``: the proxy resolves the hub, not this machine) leave everything as is. A
+lookup that fails for a moment counts for the whole command, workers included.
 """
 
 from __future__ import annotations
@@ -19,9 +21,15 @@ from urllib.parse import urlparse
 UNREACHABLE_ENV = "ADVISOR_HUB_UNREACHABLE"
 
 
+PROXY_ENVS = ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")
+
+
 def hub_host() -> str:
     """The host of the hub endpoint the Hugging Face libraries use (``HF_ENDPOINT``, else huggingface.co)."""
-    return urlparse(os.environ.get("HF_ENDPOINT") or "https://huggingface.co").hostname or "huggingface.co"
+    endpoint = os.environ.get("HF_ENDPOINT") or "https://huggingface.co"
+    if "://" not in endpoint:
+        endpoint = f"https://{endpoint}"
+    return urlparse(endpoint).hostname or "huggingface.co"
 
 
 def _resolves(host: str, timeout_s: float) -> bool | None:
@@ -43,8 +51,11 @@ def _resolves(host: str, timeout_s: float) -> bool | None:
 
 def go_offline_if_unreachable(timeout_s: float = 1.0) -> bool:
     """Set ``HF_HUB_OFFLINE=1`` (and :data:`UNREACHABLE_ENV`) where the hub's host does not resolve; True if
-    it did. Left alone where the user already chose (``HF_HUB_OFFLINE`` or ``TRANSFORMERS_OFFLINE`` set)."""
+    it did. Left alone where the user already chose (``HF_HUB_OFFLINE`` or ``TRANSFORMERS_OFFLINE`` set) or
+    reaches the hub through a proxy."""
     if os.environ.get("HF_HUB_OFFLINE") or os.environ.get("TRANSFORMERS_OFFLINE"):
+        return False
+    if any(os.environ.get(name) for name in PROXY_ENVS):
         return False
     host = hub_host()
     if _resolves(host, timeout_s) is not False:
