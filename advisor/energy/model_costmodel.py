@@ -30,8 +30,8 @@ At a decode step of batch ``b`` and context ``c`` (prefill alike, per prompt len
   layers a plan holds in FP8 (at batch 64 the first and last quarter saved 0.58-0.62 of all-FP8's saving, the
   middle half 0.40-0.42), so the alternating point bent contiguous plans the wrong way (Qwen2.5-0.5B 4.9-5.4%
   off on four units, 2.7-3.6% on the line). In prefill the bend brought Qwen2.5-1.5B's worst rows down (H100
-  2.5% -> 1.3%, H200 5.0% -> 2.0%) and moved smaller models' rows by up to a point either way; over 15
-  shape-runs the worst row is 3.6% so, 5.9% bending decode too, 5.0% bending nothing
+  2.5% -> 1.3%, H200 5.0% -> 2.0%) and moved smaller models' rows by up to a point either way. Over 15
+  shape-runs the worst row is 3.6% this way, against 5.9% bending decode steps too and 5.0% bending nothing
   (reports/benchmarks/profile_point_trials.md).
 
 So all-BF16, all-FP8 and the kind corner reproduce the profile at its own points by construction, the mixing

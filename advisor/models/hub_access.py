@@ -19,8 +19,7 @@ from urllib.parse import urlparse
 
 #: set to the hub's host name where :func:`go_offline_if_unreachable` switched the libraries offline
 UNREACHABLE_ENV = "ADVISOR_HUB_UNREACHABLE"
-
-
+#: a proxy named in any of these reaches the hub for us: this machine's own lookup says nothing then
 PROXY_ENVS = ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")
 
 
