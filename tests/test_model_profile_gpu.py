@@ -61,6 +61,8 @@ def test_a_moe_per_model_profile_prices_a_mixed_plan_from_its_uniform_steps(moe)
     corner = dec["mlp_fp8"]  # the kind corner: experts (and the shared expert) in FP8, attention in BF16
     assert set(corner["j_per_step"]) == {"64", "192"} and all(j > 0 for v in corner["j_per_step"].values() for j in v)
     assert len(prof["prefill"]["mlp_fp8"]["step_ms"]) == 1
+    # the mixing point: its prefill only (the cost model bends prefills only)
+    assert "alt_fp8" not in dec and prof["prefill"]["alt_fp8"]["j_per_step"][0] > 0
 
     model = ModelProfileCostModel(prof, shape)
     mixed = {g.name: Format.FP8 if g.name.endswith(".experts") else Format.BF16 for g in shape.groups}

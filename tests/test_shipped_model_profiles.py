@@ -32,7 +32,7 @@ def unit(uuid: str, scale: float) -> dict:
     """The simulated profile as metered on another GPU unit that draws ``scale`` times the energy."""
     p = json.loads(json.dumps(simulated_profile(replace(STATE, uuid=uuid))))
     for phase in ("decode", "prefill"):
-        for section in (p[phase], p[phase]["mlp_fp8"], p[phase]["alt_fp8"]):
+        for section in (p[phase], *(p[phase][c] for c in ("mlp_fp8", "alt_fp8") if c in p[phase])):
             section["j_per_step"] = scaled(section["j_per_step"], scale)
     return p
 

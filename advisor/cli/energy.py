@@ -117,7 +117,8 @@ def profile(
 
     With --model (two to three minutes; kept for searches): its GEMMs, non-GEMM part and lm_head per format.
 
-    It also meters whole steps of all-BF16, all-FP8, the MLP-only FP8 corner and every other layer in FP8.
+    It also meters whole steps of all-BF16, all-FP8 and the MLP-only FP8 corner, and prefills of every other
+    layer in FP8.
 
     It first runs the model for up to 30 s: a small model's energy moves with the GPU's temperature.
 

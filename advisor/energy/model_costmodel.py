@@ -145,7 +145,7 @@ class ModelProfileCostModel:
         shaky = f"; {unstable} of its {points} metered points unstable (window CV > 1%)" if unstable else ""
         if MLP_FP8 not in profile["decode"]:
             shaky += "; no kind corner (stored before it): FP8 savings shared by weight alone"
-        elif ALT_FP8 not in profile["decode"]:
+        elif ALT_FP8 not in profile["prefill"]:
             shaky += "; no mixing point (stored before it): mixed plans' prefill on the straight line"
         caveat = f"; {profile['caveat']}" if profile.get("caveat") else ""
         self.label = (f"predicted ({origin}, {profile['gpu']}, driver {profile['driver']}, "

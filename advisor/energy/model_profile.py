@@ -20,15 +20,13 @@ and one model (its :class:`~advisor.energy.dims.DecoderDims`, random weights):
   a kind saves in FP8 is not its share of the weights: on an H200 at decode batch 1, Qwen2.5-0.5B's
   attention in FP8 saved 0.42 of all-FP8's energy with 12% of the weights; on an H100 its MLP in FP8
   saved 0.76 of all-FP8's prefill energy with 88% (reports/benchmarks/layer_additivity.md).
-* ``decode.alt_fp8`` / ``prefill.alt_fp8`` (absent in profiles stored before 2026-11-23): the same records
-  of the mixing point, every other layer (the odd ones) in FP8, both kinds. Plans that mix formats across
-  layers cost more than the straight line between all-BF16 and all-FP8 gives them: on H100s and H200s,
-  Qwen2.5-0.5B/1.5B's mixed plans drew 2-5% over it (reports/benchmarks/energy_transfer*.md); the cost
-  model bends a prefill's line by what this point measured. Its decode records are metered but, since
-  2026-11-23, not read: on H100s which layers a plan holds in FP8 moves a decode step's energy more than
-  mixing does, and the alternating point bent contiguous plans the wrong way
-  (reports/benchmarks/profile_point_trials.md). Metering only its prefill would shorten a profile; not yet
-  done (untested on a GPU).
+* ``prefill.alt_fp8`` (absent in profiles stored before 2026-11-23): the same records of the mixing point's
+  prefill, every other layer (the odd ones) in FP8, both kinds. Plans that mix formats across layers drew 2-5%
+  over the straight line between all-BF16 and all-FP8 in prefill on Qwen2.5-1.5B shapes (H100s and H200s,
+  reports/benchmarks/energy_transfer*.md); the cost model bends a prefill's line by what this point measured.
+  Profiles stored on 2026-11-23 also hold ``decode.alt_fp8``, which is not read: on H100s which layers a plan
+  holds in FP8 moves a decode step's energy more than mixing does, and the alternating point bent contiguous
+  plans the wrong way (reports/benchmarks/profile_point_trials.md); its decode steps are no longer metered.
 
 It is keyed (:func:`profile_key`) by the GPU (name, UUID, driver, power limit), the model
 (a digest of its layer-by-layer description) and the runtime version: a profile is reused only
@@ -305,11 +303,14 @@ def measure_model_profile(
                                            dims.family)
         for key in plan_dec:  # per-format tables
             dec[key][f.value], pre[key][f.value] = plan_dec[key], plan_pre[key]
-    for name, fmt_of in ((MLP_FP8, corner_format), (ALT_FP8, mixing_format)):
-        rt = bench.runtime({g: fmt_of(g) for g in uniform_formats(dims, Format.BF16)})
-        dec[name], pre[name] = _measure_plan(rt, name, batches, contexts, prefill_lengths, energy, log,
-                                             dims.family)
-        rt.free()
+    rt = bench.runtime({g: corner_format(g) for g in uniform_formats(dims, Format.BF16)})
+    dec[MLP_FP8], pre[MLP_FP8] = _measure_plan(rt, MLP_FP8, batches, contexts, prefill_lengths, energy, log,
+                                               dims.family)
+    rt.free()
+    # the mixing point bends prefills only (model_costmodel): no decode steps of it are metered
+    rt = bench.runtime({g: mixing_format(g) for g in uniform_formats(dims, Format.BF16)})
+    _, pre[ALT_FP8] = _measure_plan(rt, ALT_FP8, (), contexts, prefill_lengths, energy, log, dims.family)
+    rt.free()
     kind = gpu_from_device_name(state.name)
     dims_dict = dims.to_dict()
     return {
