@@ -75,13 +75,11 @@ EXTRA_POINTS = {"middle_fp8": lambda num_layers: plan_formats(num_layers)["middl
 
 def meter_extra_points(bench, names: list[str], regime: dict, meter, log) -> dict[str, tuple[dict, dict]]:
     """Each extra point's (decode, prefill) records, metered as the profile meters its own points."""
-    from advisor.energy.model_profile import _measure_plan
+    from functools import partial
 
-    def energy(step, label: str) -> dict[str, float]:
-        m = meter.measure(step.launch, label, step.tokens_per_step)
-        return {"j": m.j_per_step, "w": m.power_w, "s": m.s_per_step, "cv": m.cv,
-                "t": (m.gpu_before.temperature_c + m.gpu_after.temperature_c) / 2}
+    from advisor.energy.model_profile import _measure_plan, metered_step
 
+    energy = partial(metered_step, meter)
     out = {}
     for name in names:
         rt = bench.runtime(EXTRA_POINTS[name](bench.dims.num_layers))

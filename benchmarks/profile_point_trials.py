@@ -119,8 +119,7 @@ def holds_half(profile: dict, key: str) -> bool:
 def saving_shares(profile: dict) -> list[dict]:
     """Per decode point, the share of all-FP8's saving over idle that each mixing-type point saved."""
     d, idle = profile["decode"], profile["idle_power_w"]
-    points = [k for k in d if k != "mlp_fp8" and isinstance(d[k], dict) and "j_per_step" in d[k]
-              and k not in ("bf16", "fp8")]
+    points = [k for k in d if k != "mlp_fp8" and isinstance(d[k], dict) and "j_per_step" in d[k]]
     out = []
     for c in map(str, d["contexts"]):
         for i, b in enumerate(d["batches"]):

@@ -457,3 +457,18 @@ def test_a_search_profiles_the_contexts_its_decode_steps_visit():
     assert profile_regime([chat, long])["contexts"] == (128, 1152)
     wide = {"decode": {"batches": [1, 16, 64], "contexts": [320, 1280]}, "prefill": {"lengths": [512]}}
     assert covers(wide, regime) and not covers(wide, profile_regime([long]))
+
+
+def test_a_metered_point_keeps_the_records_a_profile_stores():
+    """What measure_model_profile (and the benchmarks that meter points beside it) keep of one metered step."""
+    from types import SimpleNamespace
+
+    from advisor.energy.model_profile import metered_step
+
+    clock = VirtualClock()
+    gpu = SimulatedGPU(clock, tick_s=0.01, idle_w=P_IDLE_W)
+    gpu.step_s, gpu.busy_w = 0.002, 300.0
+    record = metered_step(meter_on(gpu, clock), SimpleNamespace(launch=gpu.launch, tokens_per_step=1.0), "point")
+    assert set(record) == {"j", "w", "s", "cv", "t"}
+    assert record["j"] == pytest.approx(0.6, rel=0.02) and record["w"] == pytest.approx(300.0, rel=0.02)
+    assert record["s"] == pytest.approx(0.002, rel=0.02) and record["cv"] < 0.01

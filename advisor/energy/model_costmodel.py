@@ -250,20 +250,10 @@ class ModelProfileCostModel:
         profiled, the MLP groups move it by the corner's difference and attention's by the rest, each over its
         own kind's groups, so the corner's time is its measured one (sharing over all groups put it up to 2% off,
         and Qwen2.5-0.5B's mixed plans 0.3-0.7 point further off on H100s, 2026-11-23)."""
-        bf16 = step_ms[Format.BF16] - self._all_gemms(phase, Format.BF16, x)
-        if Format.FP8 not in step_ms:
-            return bf16
-        fp8 = step_ms[Format.FP8] - self._all_gemms(phase, Format.FP8, x)
-        names = [g.name for g in self.shape.groups]
-        if MLP_FP8 not in step_ms:
-            return bf16 + (fp8 - bf16) * sum(plan.format_of(g) == Format.FP8 for g in names) / len(names)
-        corner = step_ms[MLP_FP8] - self._all_gemms(phase, MLP_FP8, x)
-        t = bf16
-        mlp, attention = _by_kind(names)
-        for groups, moved in ((mlp, corner - bf16), (attention, fp8 - corner)):
-            if groups:
-                t += moved * sum(plan.format_of(g) == Format.FP8 for g in groups) / len(groups)
-        return t
+        # the same split as the energy's (:meth:`_line_mj`), over groups instead of weights
+        ng = {k: ms - self._all_gemms(phase, k, x) for k, ms in step_ms.items() if k != ALT_FP8}
+        ones = {g.name: 1.0 for g in self.shape.groups}
+        return self._line_mj(plan, ng, ones, ones)
 
     def _dynamic_mj(self, phase: dict, plan: Plan, x: float, step_ms: dict[Format | str, float],
                     power: dict[Format | str, float]) -> float:
@@ -276,7 +266,7 @@ class ModelProfileCostModel:
         read = {g.name: self._read_weights(phase, g, x) for g in self.shape.groups}
         profiled = {g.name: self._read_weights(phase, g, x, profile_routing=True) for g in self.shape.groups}
         energy = self._line_mj(plan, dyn, read, profiled)
-        if ALT_FP8 not in dyn or Format.FP8 not in dyn or ("batches" in phase and not self.bend_decode):
+        if ALT_FP8 not in dyn or Format.FP8 not in dyn:  # decode steps: not passed in (decode_step)
             return energy
         alt = Plan({g.name: mixing_format(g.name) for g in self.shape.groups})
         at_alt = self._mixing(alt, dyn, read, profiled)
@@ -347,8 +337,9 @@ class ModelProfileCostModel:
         check_profiled(plan, self.formats, f"per-model profile ({self.p['gpu']})")
         d = self.p["decode"]
         ctxs = [int(c) for c in d["contexts"]]
+        profiled = {p: ms for p, ms in self._profiled_steps(d).items() if p != ALT_FP8 or self.bend_decode}
         steps_at = {p: {str(c): self._interp_step(d, p, ms[str(c)], batch) for c in ctxs}
-                    for p, ms in self._profiled_steps(d).items()}
+                    for p, ms in profiled.items()}
         step_ms = {p: interp(ctxs, [at[str(c)] for c in ctxs], context) for p, at in steps_at.items()}
         power = {p: self._decode_power(d, p, batch, context, at, step_ms[p]) for p, at in steps_at.items()}
         return self._step(d, plan, batch, step_ms, power)

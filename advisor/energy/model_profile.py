@@ -40,6 +40,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+from functools import partial
 from typing import Any
 
 from advisor.errors import InputError
@@ -277,10 +278,7 @@ def measure_model_profile(
     def gemms(ms: tuple[int, ...]) -> dict:
         return {f.value: {k: [layer_gemm_ms(bench, k, f, m) for m in ms] for k in kinds} for f in FORMATS}
 
-    def energy(step, label: str) -> dict[str, float]:
-        m = meter.measure(step.launch, label, step.tokens_per_step)
-        return {"j": m.j_per_step, "w": m.power_w, "s": m.s_per_step, "cv": m.cv,
-                "t": (m.gpu_before.temperature_c + m.gpu_after.temperature_c) / 2}
+    energy = partial(metered_step, meter)
 
     dec: dict[str, Any] = {"batches": list(batches), "contexts": list(contexts), "energy_contexts": list(contexts),
                            "gemm_ms": gemms(batches), "lm_head_ms": [lm_head_ms(bench, b) for b in batches],
@@ -328,6 +326,14 @@ def measure_model_profile(
         "profile_seconds": time.perf_counter() - t0,
         "measured_at": time.time(),
     }
+
+
+def metered_step(meter, step, label: str) -> dict[str, float]:
+    """``step`` through ``meter``: J/step, W, s/step, window CV and the GPU's mean temperature (the records a
+    profile keeps of each point, :data:`RECORDS`)."""
+    m = meter.measure(step.launch, label, step.tokens_per_step)
+    return {"j": m.j_per_step, "w": m.power_w, "s": m.s_per_step, "cv": m.cv,
+            "t": (m.gpu_before.temperature_c + m.gpu_after.temperature_c) / 2}
 
 
 def _measure_plan(rt, name: str, batches, contexts, prefill_lengths, energy, log,
