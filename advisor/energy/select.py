@@ -123,18 +123,20 @@ def make_predicted_model(shape: ModelShape, target: GPU, profile: Path | None = 
 
         return ProfileCostModel(data, shape)
     dims = dims_or_none(shape, model_config)
+    store = store or ProfileStore()
     if per_model and dims is not None:
         described = dims.to_dict()
-        found = (store or ProfileStore()).find_for_kind(target.value, model_digest(described),
-                                                        geometry=geometry_digest(described))
+        found = store.find_for_kind(target.value, model_digest(described), geometry=geometry_digest(described))
         if found is not None:
             return WithFallback(ModelProfileCostModel(found, shape), legacy)
-    gpu_profile = (store or ProfileStore()).gpu_profile(target.value) or shipped_gpu_profile(target)
+    gpu_profile = store.gpu_profile(target.value) or shipped_gpu_profile(target)
     if gpu_profile is not None and not shape.is_moe:
         try:
             return WithFallback(GpuProfileCostModel(gpu_profile, shape), legacy)
         except InputError as exc:
-            log.warning("the shipped %s GPU profile does not fit this model (%s)", target.value, exc)
+            whose = f"your GPU profile {gpu_profile['stored']}" if gpu_profile.get("stored") else \
+                f"the shipped {target.value} GPU profile"
+            log.warning("%s does not fit this model (%s)", whose, exc)
     return legacy
 
 
