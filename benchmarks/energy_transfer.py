@@ -109,7 +109,8 @@ def profiled_plans(profile: dict) -> str:
     d = profile["decode"]
     named = (("last_fp8", "last layer"), ("mlp_fp8", "MLP corner"), ("alt_fp8", "mixing point (prefill)"),
              ("middle_fp8", "middle point, not read"))
-    corners = [name for key, name in named if key in d]
+    # since 2026-11-23 a profile meters the mixing point's prefill only
+    corners = [name for key, name in named if key in d or key in profile["prefill"]]
     if "mixing_layout" in profile:  # run 26's trial layout (notes): every other layer counted back from the last
         corners[corners.index("mixing point (prefill)")] += f" ({profile['mixing_layout']}, trial)"
     return "/".join(str(c) for c in d["contexts"]) + "".join(f" + {c}" for c in corners)
