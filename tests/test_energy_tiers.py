@@ -16,7 +16,7 @@ from advisor.models.shape import ModelShape
 from advisor.plan import LayerGroup, Plan
 from advisor.recipe import validate_recipe
 from advisor.report.summary import build_summary, write_report
-from advisor.search.energy_tiers import measured_energy
+from advisor.search.energy_tiers import measured_drifts, measured_energy
 from advisor.search.study import candidates, open_study, run_search, save_run_meta
 from advisor.testing import AdditiveEvaluator
 from advisor.workflows.progress import ProgressReporter
@@ -74,7 +74,8 @@ def test_baselines_and_front_are_measured_and_replace_the_prediction(study_and_r
     bf16 = Plan.uniform(GROUPS, Format.BF16).id
     assert bf16 in measured and Plan.uniform(GROUPS, Format.FP8).id in measured
     assert Plan.uniform(GROUPS, Format.NVFP4).id not in measured and "stays predicted" in log
-    assert len(fake.calls) <= 2 + recipe.search.measured_candidates
+    # the baselines that run, the candidates, and all-BF16 once more at the end (the drift check)
+    assert len(fake.calls) <= 3 + recipe.search.measured_candidates and fake.calls[-1] == bf16
     by_id = {c.plan.id: c for c in candidates(study)}
     assert by_id[bf16].energy_measured and by_id[bf16].energy("chat") == pytest.approx(2.0)
     # a second stage measures nothing twice
@@ -93,3 +94,74 @@ def test_recommendation_compares_measured_numbers_only_and_the_report_shows_both
     assert rec.prediction_error_pct and "chat" in rec.prediction_error_pct
     md = write_report(study, recipe.run_dir).read_text()
     assert "## Energy: predicted / measured" in md
+
+
+def test_each_front_row_says_which_tier_its_energy_came_from(study_and_recipe):
+    study, recipe = study_and_recipe
+    _stage(study, recipe, FakeMeasured())
+    summary = build_summary(study).model_dump(mode="json")
+    by_trial = {r["trial"]: r for r in summary["trials"]}
+    md = write_report(study, recipe.run_dir).read_text()
+    front = md.split("## Pareto front (within budget)")[1].split("![accuracy vs energy]")[0]
+    rows = [line for line in front.splitlines() if line.startswith("| ") and not line.startswith("| trial")]
+    assert len(rows) == len(summary["front_trials"])
+    for t, line in zip(summary["front_trials"], rows, strict=True):
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        assert cells[0] == str(t)
+        assert cells[-2] == ("measured" if by_trial[t]["energy_measured"] else "predicted")
+    tiers = {by_trial[t]["energy_measured"] for t in summary["front_trials"]}
+    assert ("holds plans of both energy tiers" in front) == (len(tiers) == 2)
+    rec_line = md.split("## Recommendation")[1].split("Why:")[0]
+    assert FakeMeasured.label in rec_line and "predicted" not in rec_line
+
+
+@dataclass
+class DriftingMeasured(FakeMeasured):
+    """The fake GPU drawing ``step`` more with every plan it measures, as a warming GPU can."""
+
+    step: float = 0.01
+
+    def estimate(self, plan: Plan, workload) -> EnergyEstimate:
+        e = super().estimate(plan, workload)
+        j = e.j_per_token * (1 + self.step * (len(self.calls) - 1))
+        return EnergyEstimate(workload.name, j, j, j / 10, 1 / j, self.label, True)
+
+
+def test_a_measured_stage_ends_with_a_drift_check_that_names_the_plans_it_cannot_order(study_and_recipe):
+    study, recipe = study_and_recipe
+    fake = DriftingMeasured()
+    log = _stage(study, recipe, fake)
+    bf16 = Plan.uniform(GROUPS, Format.BF16).id
+    (check,) = measured_drifts(study)
+    measured_in_stage = len(fake.calls)
+    assert fake.calls[0] == fake.calls[-1] == bf16
+    assert check["plan_id"] == bf16
+    assert check["drift_pct"]["chat"] == pytest.approx(100 * fake.step * (measured_in_stage - 1))
+    assert "drift check: all-bf16 measured again drew +" in log
+
+    summary = build_summary(study)
+    rec = summary.recommendation
+    assert rec is not None and rec.energy_measured
+    drift = abs(check["drift_pct"]["chat"])
+    for r in summary.trials:
+        if r.energy_measured and r.feasible and r.plan_id != rec.plan_id:
+            within = abs(r.energy_by_workload()["chat"] / rec.energy_by_workload()["chat"] - 1) * 100 <= drift
+            assert (r.trial in summary.near_ties) == within
+    md = write_report(study, recipe.run_dir).read_text()
+    assert "Drift checks" in md and f"({check['drift_pct']['chat']:+.1f}%) on 'chat'" in md
+    assert ("do not order them" in md) == bool(summary.near_ties)
+
+    fake.calls.clear()  # nothing left to measure: no plan, and no second check
+    _stage(study, recipe, fake)
+    assert fake.calls == [] and len(measured_drifts(study)) == 1
+
+
+def test_a_steady_gpu_has_no_drift_and_no_near_ties_between_different_energies(study_and_recipe):
+    study, recipe = study_and_recipe
+    _stage(study, recipe, FakeMeasured())
+    (check,) = measured_drifts(study)
+    assert check["drift_pct"]["chat"] == pytest.approx(0.0)
+    summary = build_summary(study)
+    rec_j = summary.recommendation.energy_by_workload()["chat"]
+    by_trial = {r.trial: r for r in summary.trials}
+    assert all(by_trial[t].energy_by_workload()["chat"] == pytest.approx(rec_j) for t in summary.near_ties)

@@ -119,20 +119,25 @@ def _resume_command() -> str:
 
 
 def _print_summary(summary: dict) -> None:
+    from advisor.report.markdown import energy_tier, near_ties_line
+
     workloads = [w["name"] for w in summary["workloads"]]
     energy_label = "; ".join(summary["labels"]["energy"])
     table = Table(title=f"Pareto front within budget ({len(summary['trials'])} trials); energy: {energy_label}")
-    for col in ["trial", "plan id", "plan", "KL", "ppl", *[f"J/token {w}" for w in workloads]]:
+    for col in ["trial", "plan id", "plan", "KL", "ppl", *[f"J/token {w}" for w in workloads], "energy"]:
         table.add_column(col)
     by_trial = {r["trial"]: r for r in summary["trials"]}
     for t in summary["front_trials"]:
         r = by_trial[t]
         e = {x["workload"]: x["j_per_token"] for x in r["energy"]}
         table.add_row(str(t), r["plan_id"], r["label"], f"{r['kl']:.4f}", f"{r['ppl']:.2f}",
-                      *[f"{e[w]:.4g}" for w in workloads])
+                      *[f"{e[w]:.4g}" for w in workloads], energy_tier(r))
     out.print(table)
     rec = summary["recommendation"]
     if rec:
         out.print(f"recommended: plan {rec['plan_id']} ({rec['label']}): {rec['reason']}", highlight=False)
+        ties = near_ties_line(summary)
+        if ties:
+            out.print(f"note: {ties}", highlight=False, markup=False)
 
 

@@ -15,12 +15,22 @@ def _table(rows: list[list[str]], header: list[str]) -> str:
     return "\n".join(lines)
 
 
+def energy_tier(r: dict) -> str:
+    """'measured' or 'predicted': which tier a trial record's J/token came from (the front mixes both)."""
+    return "measured" if r.get("energy_measured") else "predicted"
+
+
+def energy_sources(r: dict) -> str:
+    """The labels of a trial record's own J/token numbers."""
+    return "; ".join(sorted({e["source"] for e in r["energy"]}))
+
+
 def _row(r: dict, workloads: list[str]) -> list[str]:
     energies = {e["workload"]: e["j_per_token"] for e in r["energy"]}
     return [
         str(r["trial"]), f"`{r['plan_id']}`", r["label"], f"{r['effective_bits']:.2f}",
         f"{r['kl']:.4f}", f"{r['ppl']:.2f} ({r['ppl_increase_pct']:+.1f}%)",
-        *[_fmt_j(energies[w]) for w in workloads], "yes" if r["feasible"] else "no",
+        *[_fmt_j(energies[w]) for w in workloads], energy_tier(r), "yes" if r["feasible"] else "no",
     ]
 
 
@@ -40,7 +50,41 @@ def _measured_vs_predicted(summary: dict[str, Any], workloads: list[str]) -> lis
             "Every trial was priced by the predicted tier; these plans were then measured on the GPU, and their "
             "measured J/token is what the front and the recommendation use (only measured plans compete once any "
             "is measured). In brackets: the prediction's error against the measurement.", "",
-            _table(rows, ["plan id", "plan", *[f"J/token {w}" for w in workloads]]), ""]
+            _table(rows, ["plan id", "plan", *[f"J/token {w}" for w in workloads]]), "",
+            *_drift_lines(summary)]
+
+
+def _drift_lines(summary: dict[str, Any]) -> list[str]:
+    """Each measured stage's drift check: the reference measured again at its end."""
+    checks = summary.get("measured_drift") or []
+    if not checks:
+        return ["No drift check: no plan was measured after the reference in one stage.", ""]
+    out = ["Drift checks (the reference measured again at the end of each measured stage, against its first "
+           "measurement; plans measured apart can differ by this much with no difference between them):", ""]
+    out += [f"- {c['measured_at']}: {c['plan']} (`{c['plan_id']}`) "
+            + ", ".join(f"{_fmt_j(c['first_j_per_token'][w])} -> {_fmt_j(c['again_j_per_token'][w])} J/token "
+                        f"({c['drift_pct'][w]:+.1f}%) on '{w}'" for w in c["drift_pct"])
+            for c in checks]
+    return [*out, ""]
+
+
+def near_ties_line(summary: dict[str, Any]) -> str:
+    """The measured plans the drift checks cannot order against the recommendation ("" where none)."""
+    ties = summary.get("near_ties") or []
+    rec = summary.get("recommendation")
+    if not ties or not rec:
+        return ""
+    by_trial = {r["trial"]: r for r in summary["trials"]}
+    primary = summary["workloads"][0]["name"]
+    drift = max(abs(c["drift_pct"].get(primary, 0.0)) for c in summary["measured_drift"])
+    named = "; ".join(f"trial {t} ({by_trial[t]['label']}, KL {by_trial[t]['kl']:.4f}, "
+                      f"{_fmt_j(_j(by_trial[t], primary))} J/token)" for t in ties)
+    return (f"Measured within {drift:.1f}% of this plan on '{primary}', the largest drift the checks saw, so the "
+            f"measurements do not order them: {named}.")
+
+
+def _j(r: dict, workload: str) -> float:
+    return next(e["j_per_token"] for e in r["energy"] if e["workload"] == workload)
 
 
 def _kv_cache_effect(summary: dict[str, Any], workloads: list[str]) -> list[str]:
@@ -108,7 +152,7 @@ def render_markdown(summary: dict[str, Any]) -> str:
     by_trial = {r["trial"]: r for r in summary["trials"]}
     energy_label = "; ".join(summary["labels"]["energy"])
     header = ["trial", "plan id", "plan", "eff. bits", "KL", "perplexity (vs BF16)",
-              *[f"J/token '{w}'" for w in workloads], "within budget"]
+              *[f"J/token '{w}'" for w in workloads], "energy", "within budget"]
     out = [f"# precision-advisor report: {summary['run']}", ""]
     wl = ", ".join(f"`{w['name']}` (batch {w['batch_size']}, {w['input_tokens']} in / {w['output_tokens']} out)"
                    for w in summary["workloads"])
@@ -130,19 +174,25 @@ def render_markdown(summary: dict[str, Any]) -> str:
     rec = summary["recommendation"]
     if rec:
         energies = ", ".join(f"{_fmt_j(e['j_per_token'])} J/token on '{e['workload']}'" for e in rec["energy"])
+        ties = near_ties_line(summary)
         out += [
             f"**Plan `{rec['plan_id']}`: {rec['label']}** (trial {rec['trial']}, "
-            f"{rec['effective_bits']:.2f} effective bits): KL {rec['kl']:.4f}, {energies} ({energy_label}).",
+            f"{rec['effective_bits']:.2f} effective bits): KL {rec['kl']:.4f}, {energies} ({energy_sources(rec)}).",
             "",
             f"Why: {rec['reason']}.",
             "",
+            *([ties, ""] if ties else []),
             "![recommended plan](format_map.png)",
             "",
         ]
     else:
         out += ["No trial finished; nothing to recommend.", ""]
     out += _serving_engines(summary)
-    out += ["## Pareto front (within budget)", "",
+    tiers = {energy_tier(by_trial[t]) for t in summary["front_trials"]}
+    mixed_note = ["The front holds plans of both energy tiers ('energy' column): a predicted J/token is the cost "
+                  "model's, a measured one the GPU's; the recommendation compares measured plans only.", ""] \
+        if len(tiers) > 1 else []
+    out += ["## Pareto front (within budget)", "", *mixed_note,
             _table([_row(by_trial[t], workloads) for t in summary["front_trials"]], header), "",
             "![accuracy vs energy](front.png)", "", "## Baselines", "",
             _table([_row(by_trial[t], workloads) for t in summary["baselines"].values()], header), ""]

@@ -112,6 +112,18 @@ class RecommendationRecord(TrialRecord):
     accuracy_metric: str
 
 
+class DriftCheck(BaseModel):
+    """The reference plan measured again at the end of a measured-energy stage (search.energy_tiers)."""
+
+    plan_id: str
+    plan: str
+    source: str
+    measured_at: str
+    first_j_per_token: dict[str, float]
+    again_j_per_token: dict[str, float]
+    drift_pct: dict[str, float]
+
+
 class Labels(BaseModel):
     accuracy: str
     energy: list[str]
@@ -141,6 +153,9 @@ class Summary(BaseModel):
     front_trials: list[int]
     baselines: dict[str, int]
     recommendation: RecommendationRecord | None
+    # each measured stage's drift check; the measured plans within the largest drift of the recommendation
+    measured_drift: list[DriftCheck] = Field(default_factory=list)
+    near_ties: list[int] = Field(default_factory=list)
     proxy_calibration: list[ProxyCalibrationRecord]
     benchmark_status: str | None
     sensitivity: dict[str, Any] | None

@@ -18,7 +18,13 @@ from advisor.report.markdown import render_markdown
 from advisor.report.plots import plot_format_map, plot_front
 from advisor.report.schema import SCHEMA_VERSION, Summary
 from advisor.search.acceptance import as_record
-from advisor.search.energy_tiers import measured_energy, prediction_errors
+from advisor.search.energy_tiers import (
+    largest_drift_pct,
+    measured_drifts,
+    measured_energy,
+    near_ties,
+    prediction_errors,
+)
 from advisor.search.frontier import Candidate, Recommendation, pareto_front, recommend
 from advisor.search.study import benchmark_budget, candidates
 
@@ -80,6 +86,11 @@ def build_summary(study: optuna.Study) -> Summary:
         if c.plan.uniform_weights() is not None and c.plan.label() not in baselines:
             baselines[c.plan.label()] = c.trial
     energy_labels = sorted({e["source"] for r in records for e in r["energy"] + r["predicted_energy"]})
+    drifts = measured_drifts(study)
+    recommended = _recommendation_dict(rec, records)
+    drift = largest_drift_pct(drifts, workloads[0])
+    ties = [] if recommended is None or drift is None or not recommended["energy_measured"] else \
+        [r["trial"] for r in near_ties(recommended, records, workloads[0], drift)]
     return Summary.model_validate({
         "schema_version": SCHEMA_VERSION,
         "tool": "precision-advisor",
@@ -102,7 +113,9 @@ def build_summary(study: optuna.Study) -> Summary:
         "front": [c.plan.id for c in front],
         "front_trials": [c.trial for c in front],
         "baselines": baselines,
-        "recommendation": _recommendation_dict(rec, records),
+        "recommendation": recommended,
+        "measured_drift": drifts,
+        "near_ties": ties,
         "proxy_calibration": _proxy_calibration(cands, confidence),
         "benchmark_status": meta.get("benchmark_status"),
         "sensitivity": meta.get("sensitivity"),

@@ -21,7 +21,7 @@ from advisor.recipe.schema import Recipe
 from advisor.report.schema import Summary
 from advisor.report.summary import write_report
 from advisor.search.artifacts import share_tokens
-from advisor.search.energy_tiers import measured_energy, record_measured
+from advisor.search.energy_tiers import drift_record, measured_energy, record_drift, record_measured
 from advisor.search.policy import benchmark_targets, best_feasible_line
 from advisor.search.storage import default_url, portable_url, redact_url, url_without_password
 from advisor.search.study import finished_trials, open_study, record_benchmark, run_search, save_run_meta
@@ -168,7 +168,10 @@ def energy_stage(study: optuna.Study, ctx: Any, recipe: Recipe, progress: Progre
     queue = benchmark_targets(study, [w.name for w in recipe.workloads], recipe.search.measured_candidates)
     plans = [] if queue is None else [queue.reference, *queue.baselines, *queue.candidates]
     plans = [p for p in plans if p.id not in done]
-    with progress.stage(f"measured energy ({ctx.measured_model.label})", total=len(plans)) as stage:
+    if not plans:
+        return
+    with progress.stage(f"measured energy ({ctx.measured_model.label})", total=len(plans) + 1) as stage:
+        measured_now = []
         for i, plan in enumerate(plans):
             stage.advance(i, note=plan.label())
             try:
@@ -177,7 +180,17 @@ def energy_stage(study: optuna.Study, ctx: Any, recipe: Recipe, progress: Progre
                 progress.print(f"  {plan.label()}: stays predicted ({exc})")
                 continue
             record_measured(study, plan.id, estimates)
-        stage.advance(len(plans))
+            measured_now.append(plan.id)
+        stage.advance(len(plans), note=f"{queue.reference.label()} again (drift check)")
+        first = measured_energy(study).get(queue.reference.id)
+        if first is not None and measured_now and measured_now != [queue.reference.id]:
+            again = [ctx.measured_model.estimate(queue.reference, w).to_dict() for w in recipe.workloads]
+            record = drift_record(queue.reference.id, queue.reference.label(), first, again)
+            record_drift(study, record)
+            progress.print(f"  drift check: {queue.reference.label()} measured again drew "
+                           + ", ".join(f"{v:+.1f}% on '{w}'" for w, v in record["drift_pct"].items())
+                           + " against its first measurement")
+        stage.advance(len(plans) + 1)
 
 
 def benchmark_stage(study: optuna.Study, ctx: Any, recipe: Recipe, progress: ProgressReporter) -> str | None:
