@@ -58,7 +58,8 @@ def _drift_lines(summary: dict[str, Any]) -> list[str]:
     """Each measured stage's drift check: the reference measured again at its end."""
     checks = summary.get("measured_drift") or []
     if not checks:
-        return ["No drift check: no plan was measured after the reference in one stage.", ""]
+        return ["No drift check recorded: the reference was the only plan measured in its stage, or the study "
+                "was measured before the check existed.", ""]
     out = ["Drift checks (the reference measured again at the end of each measured stage, against its first "
            "measurement; plans measured apart can differ by this much with no difference between them):", ""]
     out += [f"- {c['measured_at']}: {c['plan']} (`{c['plan_id']}`) "

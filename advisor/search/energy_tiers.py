@@ -7,8 +7,9 @@ Each plan's measurements are stored in their own study attribute (``measured_ene
 so no two writers ever read-modify-write one attribute.
 
 Plans are measured one after another, minutes apart, and in a resumed search by another process: the
-same GPU can draw a few percent more or less by then (an H100, 2026-11-26: the plans one process
-measured came out 2% above their predictions, those the resumed process measured 0.2-1.0% above,
+same GPU can draw a few percent more or less by then (H100s, 2026-11-26, an 8B shape: on one unit the
+plans one process measured drew 2.4-3.5% over their predictions and those the resumed process measured
+0.2-1.0%; on another, all-BF16 measured again across the two processes drew 0.6% more;
 reports/benchmarks/search_8b_gpu.md). So every stage that measured a plan ends by measuring the
 reference (all-BF16) again: the change against its first measurement is the drift of that stage
 (``measured_drift:<time>``), and measured plans closer to the recommendation than that are not
