@@ -165,3 +165,31 @@ def test_a_steady_gpu_has_no_drift_and_no_near_ties_between_different_energies(s
     rec_j = summary.recommendation.energy_by_workload()["chat"]
     by_trial = {r.trial: r for r in summary.trials}
     assert all(by_trial[t].energy_by_workload()["chat"] == pytest.approx(rec_j) for t in summary.near_ties)
+
+
+
+@dataclass
+class ScaledMeasured(FakeMeasured):
+    """A fake GPU that measures ``scale`` times the predicted J/token (``scale`` > 1: drawing more, later)."""
+
+    scale: float = 1.0
+
+    def estimate(self, plan: Plan, workload) -> EnergyEstimate:
+        super().estimate(plan, workload)  # records the call; refuses NVFP4
+        j = AdditiveEvaluator().evaluate(plan).energy[0].j_per_token * self.scale
+        return EnergyEstimate(workload.name, j, j, j / 10, 1 / j, self.label, True)
+
+
+def test_a_later_stage_that_measures_more_checks_against_the_first_measurement(study_and_recipe):
+    """A resumed search (another process) measures the plans left over, then all-BF16 again: the check compares
+    with all-BF16 as the first stage measured it, so drift between the two processes shows."""
+    study, recipe = study_and_recipe
+    baselines_only = recipe.model_copy(update={"search": recipe.search.model_copy(update={"measured_candidates": 0})})
+    _stage(study, baselines_only, ScaledMeasured())
+    later = ScaledMeasured(scale=1.03)
+    _stage(study, recipe, later)
+    assert later.calls[0] != Plan.uniform(GROUPS, Format.BF16).id  # candidates first, all-BF16 only at the end
+    first, second = measured_drifts(study)
+    assert first["drift_pct"]["chat"] == pytest.approx(0.0)
+    assert second["drift_pct"]["chat"] == pytest.approx(3.0)
+    assert second["first_j_per_token"]["chat"] == pytest.approx(first["first_j_per_token"]["chat"])
