@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from advisor.search.energy_tiers import j_per_token, largest_drift_pct
+
 
 def _fmt_j(x: float) -> str:
     return f"{x:.4g}"
@@ -77,15 +79,11 @@ def near_ties_line(summary: dict[str, Any]) -> str:
         return ""
     by_trial = {r["trial"]: r for r in summary["trials"]}
     primary = summary["workloads"][0]["name"]
-    drift = max(abs(c["drift_pct"].get(primary, 0.0)) for c in summary["measured_drift"])
+    drift = largest_drift_pct(summary["measured_drift"], primary)
     named = "; ".join(f"trial {t} ({by_trial[t]['label']}, KL {by_trial[t]['kl']:.4f}, "
-                      f"{_fmt_j(_j(by_trial[t], primary))} J/token)" for t in ties)
+                      f"{_fmt_j(j_per_token(by_trial[t], primary))} J/token)" for t in ties)
     return (f"Measured within {drift:.1f}% of this plan on '{primary}', the largest drift the checks saw, so the "
             f"measurements do not order them: {named}.")
-
-
-def _j(r: dict, workload: str) -> float:
-    return next(e["j_per_token"] for e in r["energy"] if e["workload"] == workload)
 
 
 def _kv_cache_effect(summary: dict[str, Any], workloads: list[str]) -> list[str]:

@@ -69,14 +69,16 @@ def largest_drift_pct(drifts: list[dict[str, Any]], workload: str) -> float | No
     return max(seen) if seen else None
 
 
+def j_per_token(record: dict[str, Any], workload: str) -> float:
+    """A trial record's J/token (measured where it was measured) on ``workload``."""
+    return next(e["j_per_token"] for e in record["energy"] if e["workload"] == workload)
+
+
 def near_ties(best: dict[str, Any], records: list[dict[str, Any]], workload: str, drift_pct: float) -> list[dict]:
     """Measured, feasible plans (trial records) other than ``best`` whose measured J/token on ``workload`` lies
     within ``drift_pct`` percent of ``best``'s: the measurements do not say which of them costs less."""
-    def j(r: dict[str, Any]) -> float:
-        return next(e["j_per_token"] for e in r["energy"] if e["workload"] == workload)
-
-    ref = j(best)
+    ref = j_per_token(best, workload)
     out = {r["plan_id"]: r for r in records
            if r.get("energy_measured") and r["feasible"] and r["plan_id"] != best["plan_id"]
-           and abs(j(r) / ref - 1) * 100 <= drift_pct}
-    return sorted(out.values(), key=j)
+           and abs(j_per_token(r, workload) / ref - 1) * 100 <= drift_pct}
+    return sorted(out.values(), key=lambda r: j_per_token(r, workload))

@@ -181,9 +181,9 @@ def energy_stage(study: optuna.Study, ctx: Any, recipe: Recipe, progress: Progre
                 continue
             record_measured(study, plan.id, estimates)
             measured_now.append(plan.id)
-        stage.advance(len(plans), note=f"{queue.reference.label()} again (drift check)")
         first = measured_energy(study).get(queue.reference.id)
         if first is not None and measured_now and measured_now != [queue.reference.id]:
+            stage.advance(len(plans), note=f"{queue.reference.label()} again (drift check)")
             again = [ctx.measured_model.estimate(queue.reference, w).to_dict() for w in recipe.workloads]
             record = drift_record(queue.reference.id, queue.reference.label(), first, again)
             record_drift(study, record)
