@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 import pytest
 from rich.console import Console
 
-from advisor.errors import UnsupportedError
+from advisor.errors import Interrupted, UnsupportedError
 from advisor.estimate import EnergyEstimate
 from advisor.formats import Format
 from advisor.models.shape import ModelShape
@@ -17,6 +17,7 @@ from advisor.plan import LayerGroup, Plan
 from advisor.recipe import validate_recipe
 from advisor.report.summary import build_summary, write_report
 from advisor.search.energy_tiers import measured_drifts, measured_energy
+from advisor.search.policy import benchmark_targets, measurement_targets
 from advisor.search.study import candidates, open_study, run_search, save_run_meta
 from advisor.testing import AdditiveEvaluator
 from advisor.workflows.progress import ProgressReporter
@@ -193,3 +194,34 @@ def test_a_later_stage_that_measures_more_checks_against_the_first_measurement(s
     assert first["drift_pct"]["chat"] == pytest.approx(0.0)
     assert second["drift_pct"]["chat"] == pytest.approx(3.0)
     assert second["first_j_per_token"]["chat"] == pytest.approx(first["first_j_per_token"]["chat"])
+
+
+@dataclass
+class StopsAfter(ScaledMeasured):
+    """A fake GPU run that is interrupted (Ctrl-C, a lost machine) after ``n`` measurements."""
+
+    n: int = 1
+
+    def estimate(self, plan: Plan, workload) -> EnergyEstimate:
+        if len(self.calls) == self.n:
+            raise Interrupted("stopped")
+        return super().estimate(plan, workload)
+
+
+def test_a_resumed_measured_stage_measures_the_plans_a_straight_run_would(study_and_recipe):
+    """The GPU draws half what the fake model predicts. Once all-BF16 is measured, an unmeasured plan's prediction looks
+    dearer than all-BF16's measurement; choosing by it would drop every candidate from the resumed stage."""
+    study, recipe = study_and_recipe
+    workloads = [w.name for w in recipe.workloads]
+    queue = measurement_targets(study, workloads, recipe.search.measured_candidates)
+    straight = {p.id for p in [queue.reference, *queue.baselines, *queue.candidates]
+                if Format.NVFP4 not in p.formats.values()}
+    assert queue.candidates
+    with pytest.raises(Interrupted):
+        _stage(study, recipe, StopsAfter(scale=0.5, n=1))
+    assert set(measured_energy(study)) == {queue.reference.id}
+    _stage(study, recipe, ScaledMeasured(scale=0.5))
+    assert set(measured_energy(study)) == straight
+    # lm-eval then ranks the measured plans only, as the recommendation does
+    judged = benchmark_targets(study, workloads, recipe.search.measured_candidates)
+    assert judged.candidates and {p.id for p in judged.candidates} <= straight

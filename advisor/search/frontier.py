@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from advisor.formats import Format
 from advisor.plan import Plan
@@ -27,10 +27,13 @@ class Candidate:
     acceptance: PlanAcceptance | None = None  # against BF16; None: not judged (or the reference)
     proxy_feasible: bool | None = None  # within the proxy budget (None: same as feasible)
     energy_measured: bool = False  # energy_j_per_token measured on the GPU (else predicted)
+    predicted_j_per_token: dict[str, float] = field(default_factory=dict)  # the trial's prediction (kept once measured)
 
     def __post_init__(self) -> None:
         if self.proxy_feasible is None:
             object.__setattr__(self, "proxy_feasible", self.feasible)
+        if not self.predicted_j_per_token and not self.energy_measured:
+            object.__setattr__(self, "predicted_j_per_token", dict(self.energy_j_per_token))
 
     def energy(self, workload: str) -> float:
         return self.energy_j_per_token[workload]
@@ -38,6 +41,21 @@ class Candidate:
     @property
     def verdict(self) -> Verdict | None:
         return self.acceptance.verdict if self.acceptance is not None else None
+
+
+def predicted_tier(cands: Sequence[Candidate]) -> list[Candidate]:
+    """Every candidate with its predicted J/token: what the measured tier chooses its plans by, so that a resumed
+    search, where some plans are measured already, chooses the same plans as one straight through."""
+    return [c if not c.energy_measured else replace(c, energy_j_per_token=dict(c.predicted_j_per_token),
+                                                       energy_measured=False) for c in cands]
+
+
+def one_tier(cands: Sequence[Candidate]) -> list[Candidate]:
+    """The candidates whose J/token may be compared: the measured ones where any plan was measured, else all
+    (predicted). Measured and predicted J/token are never compared."""
+    if any(c.energy_measured for c in cands):
+        return [c for c in cands if c.energy_measured]
+    return list(cands)
 
 
 def _dominates(a: tuple[float, float], b: tuple[float, float]) -> bool:
@@ -87,8 +105,7 @@ def recommend(
     if not cands:
         return None
     primary = workloads[0]
-    if any(c.energy_measured for c in cands):  # measured and predicted J/token are never compared
-        cands = [c for c in cands if c.energy_measured]
+    cands = one_tier(cands)
     bf16 = next((c for c in cands if c.plan.uniform_format() == Format.BF16), None)
     if bf16_plan_id is not None:
         bf16 = next((c for c in cands if c.plan.id == bf16_plan_id), bf16)

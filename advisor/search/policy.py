@@ -20,7 +20,7 @@ from advisor.accuracy.stats import look_confidence, paired_drop
 from advisor.formats import Format
 from advisor.plan import Plan
 from advisor.search.acceptance import PlanAcceptance, TaskAcceptance, Verdict, plan_verdict, task_verdict
-from advisor.search.frontier import Candidate
+from advisor.search.frontier import Candidate, one_tier, predicted_tier
 from advisor.search.study import candidates
 
 
@@ -48,8 +48,16 @@ def benchmark_queue(cands: Sequence[Candidate], workloads: Sequence[str], max_ca
     return BenchmarkQueue(bf16.plan, baselines, [c.plan for c in eligible[:max_candidates]])
 
 
+def measurement_targets(study: optuna.Study, workloads: Sequence[str], max_candidates: int) -> BenchmarkQueue | None:
+    """What the measured tier measures: the queue by predicted J/token only, the same in a resumed search (where
+    some plans carry measurements already) as in one straight through."""
+    return benchmark_queue(predicted_tier(candidates(study)), workloads, max_candidates)
+
+
 def benchmark_targets(study: optuna.Study, workloads: Sequence[str], max_candidates: int) -> BenchmarkQueue | None:
-    return benchmark_queue(candidates(study), workloads, max_candidates)
+    """What lm-eval judges: the queue among the plans the recommendation may compare (measured ones, where the
+    measured tier ran)."""
+    return benchmark_queue(one_tier(candidates(study)), workloads, max_candidates)
 
 
 def item_schedule(n_available: int, first_batch: int) -> list[int]:

@@ -256,6 +256,7 @@ def candidates(study: optuna.Study) -> list[Candidate]:
                 acceptance=acceptance,
                 proxy_feasible=proxy_ok,
                 energy_measured=plan.id in measured,
+                predicted_j_per_token={e["workload"]: e["j_per_token"] for e in ua["energy"]},
             )
         )
     return out

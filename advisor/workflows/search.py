@@ -22,7 +22,7 @@ from advisor.report.schema import Summary
 from advisor.report.summary import write_report
 from advisor.search.artifacts import share_tokens
 from advisor.search.energy_tiers import drift_record, measured_energy, record_drift, record_measured
-from advisor.search.policy import benchmark_targets, best_feasible_line
+from advisor.search.policy import benchmark_targets, best_feasible_line, measurement_targets
 from advisor.search.storage import default_url, portable_url, redact_url, url_without_password
 from advisor.search.study import finished_trials, open_study, record_benchmark, run_search, save_run_meta
 from advisor.search.study_key import check_same_model, study_key
@@ -165,7 +165,7 @@ def energy_stage(study: optuna.Study, ctx: Any, recipe: Recipe, progress: Progre
     if ctx.measured_model is None:
         return
     done = measured_energy(study)
-    queue = benchmark_targets(study, [w.name for w in recipe.workloads], recipe.search.measured_candidates)
+    queue = measurement_targets(study, [w.name for w in recipe.workloads], recipe.search.measured_candidates)
     plans = [] if queue is None else [queue.reference, *queue.baselines, *queue.candidates]
     plans = [p for p in plans if p.id not in done]
     if not plans:
