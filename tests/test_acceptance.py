@@ -209,7 +209,7 @@ def test_lm_eval_stage_scores_candidates_by_energy_until_one_passes(tmp_path, mo
     class FakeContext:
         assemble = staticmethod(lambda plan: plan)
         loaded = type("Loaded", (), {"tokenizer": None})()
-        fingerprint, device = "fake", "cpu"
+        fingerprint, device, scoring_place = "fake", "cpu", "cpu"
 
     status = benchmark_stage(study, FakeContext(), recipe, ProgressReporter(Console(file=io.StringIO())))
     cands = candidates(study)

@@ -106,6 +106,7 @@ def eval_plan(
 
     from advisor.calibration.tokens import build_token_sets, forward_loop
     from advisor.errors import SetupError
+    from advisor.models.arithmetic import BF16, scoring_place, to_scoring_arithmetic
     from advisor.models.loading import load_model
     from advisor.quantize.modelopt_config import quantize_plan
 
@@ -114,7 +115,10 @@ def eval_plan(
         raise SetupError("--device cuda: no CUDA GPU is visible to torch; use --device cpu")
     lm = load_model(rec.model, device=dev)
     chosen = _plan(plan, lm.shape.groups)
-    base_hash = harness.model_hash(lm.model)
+    arithmetic, why = to_scoring_arithmetic(lm.model, dev)
+    if arithmetic != BF16:
+        typer.echo(f"scoring in {arithmetic}: {why}", err=True)
+    base_hash = harness.model_hash(lm.model)  # of the weights as scored: float32 scores are cached apart
     model_obj = lm.model
     if chosen.uniform_format() != Format.BF16:
         tokens = build_token_sets(lm.model, lm.tokenizer, rec.calibration)
@@ -127,7 +131,8 @@ def eval_plan(
     typer.echo(harness.accuracy_table({label: scores}, list(scores)))
     if out is not None:
         result = {
-            "model": lm.name, "model_hash": base_hash, "plan_id": chosen.id, "plan": label, "device": dev,
+            "model": lm.name, "model_hash": base_hash, "plan_id": chosen.id, "plan": label,
+            "device": scoring_place(dev, arithmetic),
             "limit": limit, "seed": seed, "results": [s.to_dict() for s in scores.values()],
         }
         try:

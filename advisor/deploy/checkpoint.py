@@ -83,8 +83,9 @@ def _read(export_dir: Path) -> tuple[Any, dict[str, Any] | None, dict[str, Any]]
     return AutoConfig.for_model(**raw), json.loads(qpath.read_text()) if qpath.is_file() else None, tensors
 
 
-def load_exported(export_dir: Path | str, device: str = "cpu") -> Any:
-    """Rebuild the fake-quantized model of an exported checkpoint (see the module docstring)."""
+def load_exported(export_dir: Path | str, device: str = "cpu", dtype: Any = None) -> Any:
+    """Rebuild the fake-quantized model of an exported checkpoint (see the module docstring), in ``dtype``
+    (default BF16; float32 where the plan was scored in float32, :mod:`advisor.models.arithmetic`)."""
     import torch
 
     from advisor.models.adapters import member_quantizers
@@ -100,7 +101,7 @@ def load_exported(export_dir: Path | str, device: str = "cpu") -> Any:
 
     export_dir = Path(export_dir)
     config, qcfg, tensors = _read(export_dir)
-    dtype = torch.bfloat16
+    dtype = dtype or torch.bfloat16
     quantized = scaled_modules(tensors)
     formats = layer_formats_from_quant_config(qcfg, quantized)
     if unlisted := [m for m in quantized if formats[m] == Format.BF16]:

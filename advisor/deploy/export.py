@@ -113,12 +113,17 @@ def _fake_quant_weights(qmodel: Any, infos: list[GroupInfo]) -> dict[str, Any]:
 
 
 def _compare_weights(fake: dict[str, Any], reloaded: Any, infos: list[GroupInfo]) -> dict[str, Any]:
-    """How many reloaded weights differ from the in-memory fake-quantized ones."""
+    """How many reloaded weights differ from the in-memory fake-quantized ones, in BF16, the precision engines
+    serve them in (scored in float32, the two differ in float32's last bit: codes x scale against ModelOpt's
+    own fake-quantization arithmetic)."""
+    import torch
+
     layouts = {m: gi.layout for gi in infos for m in gi.group.members}
     total = moved = 0
     worst = 0.0
     for m, w in fake.items():
-        r = _member_weight(reloaded, m, layouts[m]).detach()
+        r = _member_weight(reloaded, m, layouts[m]).detach().to(torch.bfloat16)
+        w = w.to(torch.bfloat16)
         d = (r.float() - w.float()).abs()
         total += d.numel()
         moved += int((d > 0).sum())
@@ -179,7 +184,9 @@ def export_plan(
     """Quantize ``loaded.model`` for ``plan``, export it, reload it and compare proxy KL.
 
     ``tokens`` is a :class:`advisor.calibration.tokens.TokenSets` (calibration for ModelOpt,
-    held-out for the proxy). ``loaded.model`` stays BF16 (a copy is quantized).
+    held-out for the proxy). ``loaded.model`` stays as it is (a copy is quantized): BF16, or float32 where the
+    search scored in float32 (:mod:`advisor.models.arithmetic`); the checkpoint keeps the model config's dtype
+    either way (ModelOpt's default).
     """
     from advisor.accuracy.proxy import ProxyEvaluator
     from advisor.calibration.tokens import forward_loop
@@ -224,7 +231,7 @@ def export_plan(
     timings["export_s"] = time.perf_counter() - t
 
     t = time.perf_counter()
-    reloaded = load_exported(out_dir)
+    reloaded = load_exported(out_dir, dtype=next(loaded.model.parameters()).dtype)  # scored as the plan was
     rt = proxy.score(reloaded)
     weights = _compare_weights(fake_weights, reloaded, infos)
     timings["reload_and_score_s"] = time.perf_counter() - t

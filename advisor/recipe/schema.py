@@ -130,7 +130,8 @@ class Recipe(_Strict):
     storage: str | None = Field(None, description="Optuna storage URL; default: sqlite file in the output dir")
     out: Path = Field(Path("runs"), description="folder the run folder `OUT/NAME/` is made in")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="where accuracy is scored (auto: cuda if "
-                                                   "torch sees one)")
+                                                   "torch sees one; a CPU without BF16 matrix instructions computes "
+                                                   "the BF16 weights in float32)")
     energy: Literal["auto", "predicted", "measured"] = Field(
         "auto", description="measured: NVML on a GPU of the target kind (~40 s per plan and workload); "
         "predicted: this model's per-model profile for the target, else a shipped one of its layer geometry, the "

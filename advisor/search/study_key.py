@@ -68,3 +68,12 @@ def check_same_model(stored_fingerprint: str | None, fingerprint: str, study: st
     if stored_fingerprint and stored_fingerprint != fingerprint:
         raise InputError(f"study {study!r} was run on model weights {stored_fingerprint}; this model's are "
                          f"{fingerprint}: start a new study with another --name (or `advisor recheck` it)")
+
+
+def check_same_scoring(stored: str | None, current: str, study: str, action: str) -> None:
+    """A study scores accuracy in one place and arithmetic (``cuda``, ``cpu``, ``cpu (float32 arithmetic)``):
+    KL values computed otherwise are not comparable with its own."""
+    if stored and stored != current:
+        raise InputError(f"{action}: study {study!r} scores accuracy on {stored}, this process on {current}; "
+                         f"their KL values are not comparable: run it on a host that scores on {stored}, or "
+                         "start a new study with another --name")

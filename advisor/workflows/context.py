@@ -12,6 +12,7 @@ from typing import Any
 
 from advisor.calibration.tokens import TokenSets, build_token_sets, forward_loop
 from advisor.estimate import EnergyModel
+from advisor.models.arithmetic import BF16, scoring_place, to_scoring_arithmetic
 from advisor.models.loading import LoadedModel, load_model
 from advisor.plan import Plan
 from advisor.recipe.schema import Recipe
@@ -78,6 +79,12 @@ class RunContext:
     timings_s: dict[str, float] = field(default_factory=dict)
     trial_times_s: list[float] = field(default_factory=list)
     measured_model: EnergyModel | None = None  # the measured tier, for the baselines and the front
+    arithmetic: str = BF16  # what accuracy is computed in (models.arithmetic)
+
+    @property
+    def scoring_place(self) -> str:
+        """Where and in what accuracy is scored: a resumed study and its workers must score the same way."""
+        return scoring_place(self.device, self.arithmetic)
 
     def worker(self) -> dict[str, Any]:
         """This process as trials record it: host, pid and the UUID of the GPU it computes on."""
@@ -107,6 +114,8 @@ class RunContext:
                "workload": self.recipe.workloads[0].model_dump()}
         if len(self.recipe.kv_cache) > 1:  # only then, so caches written before it stay valid
             key["kv_cache"] = [f.value for f in self.recipe.kv_cache]
+        if self.arithmetic != BF16:  # likewise
+            key["arithmetic"] = self.arithmetic
 
         def compute():
             # Each one-group plan reuses the reference outputs of the BF16 layers before its group.
@@ -151,7 +160,10 @@ def prepare(
     t = time.perf_counter()
     status(f"loading model {recipe.model.source} on {device}")
     loaded = load_model(recipe.model, device)
-    fingerprint = model_fingerprint(loaded)
+    fingerprint = model_fingerprint(loaded)  # of the BF16 weights, before any float32 copy
+    arithmetic, why = to_scoring_arithmetic(loaded.model, device)
+    if arithmetic != BF16:
+        status(f"scoring in {arithmetic}: {why}")
     timings["load_s"] = time.perf_counter() - t
 
     t = time.perf_counter()
@@ -195,4 +207,4 @@ def prepare(
                                                          model_config=loaded.model.config,
                                                          workloads=recipe.workloads)
     return RunContext(recipe, loaded, tokens, bank, proxy, energy_model, device, fingerprint, timings,
-                      measured_model=measured_model)
+                      measured_model=measured_model, arithmetic=arithmetic)

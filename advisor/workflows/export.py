@@ -29,6 +29,7 @@ def export_run(
 ) -> ExportResult:
     """Export the recommendation (or ``plan_id``) of an ``advisor search`` run directory."""
     from advisor.deploy.recheck import read_summary, stored_plan, summary_recipe
+    from advisor.models.arithmetic import to_scoring_arithmetic
     from advisor.models.loading import load_model
     from advisor.workflows.context import model_fingerprint
 
@@ -43,6 +44,7 @@ def export_run(
     status(f"loading model {recipe.model.source}")
     loaded = load_model(recipe.model, "cpu")
     fingerprint = model_fingerprint(loaded)
+    to_scoring_arithmetic(loaded.model, "cpu")  # quantized and scored as a search on this machine does
     tokens = run_tokens(run_dir, recipe, loaded, fingerprint)
     stored_fp = (summary.get("model") or {}).get("fingerprint")
     notes = []

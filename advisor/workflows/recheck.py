@@ -107,7 +107,8 @@ def run_recheck(
         status(f"re-searching around the old plan ({research_trials} trials)")
         research_out = research_around(ctx, plan, groups, research_trials)
     stored_fp = (summary.get("model") or {}).get("fingerprint")
-    label = f"measured (proxy on {ctx.tokens.heldout.numel()} held-out tokens, {ctx.tokens.source}, on {ctx.device})"
+    label = (f"measured (proxy on {ctx.tokens.heldout.numel()} held-out tokens, {ctx.tokens.source}, "
+             f"on {ctx.scoring_place})")
     result = RecheckResult(
         verdict="pass" if all(c.ok for c in checks) else "regression",
         checks=checks,

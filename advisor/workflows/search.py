@@ -25,7 +25,7 @@ from advisor.search.energy_tiers import drift_record, measured_energy, record_dr
 from advisor.search.policy import benchmark_targets, best_feasible_line, measurement_targets
 from advisor.search.storage import default_url, portable_url, redact_url, url_without_password
 from advisor.search.study import finished_trials, open_study, record_benchmark, run_search, save_run_meta
-from advisor.search.study_key import check_same_model, study_key
+from advisor.search.study_key import check_same_model, check_same_scoring, study_key
 from advisor.versions import package_versions
 from advisor.workflows.context import tokens_key
 from advisor.workflows.progress import ProgressReporter
@@ -47,6 +47,7 @@ def run(recipe: Recipe, resume: bool = False, console: Console | None = None,
     with interrupts_as_errors(study, recipe, resume_command), stopped_on_exit(children):
         ctx = prepare_model_side(recipe, progress)
         check_same_model(study.user_attrs.get("model", {}).get("fingerprint"), ctx.fingerprint, recipe.name)
+        check_same_scoring(study.user_attrs.get("device"), ctx.scoring_place, recipe.name, "--resume")
         save_run_meta(study, run_meta(recipe, ctx))
         share_tokens(study, recipe.run_dir / "tokens.pt", tokens_key(recipe, ctx.fingerprint),
                      recipe.run_dir / "artifacts")
@@ -121,11 +122,11 @@ def run_meta(recipe: Recipe, ctx: Any) -> dict[str, Any]:
         "storage": redact_url(recipe.storage_url),
         "recipe": recipe_data,
         "shape": ctx.loaded.shape.to_dict(),
-        "device": ctx.device,
+        "device": ctx.scoring_place,
         "model": {"name": ctx.loaded.name, "fingerprint": ctx.fingerprint},
         "versions": package_versions(),
         "accuracy_label": f"measured (proxy on {ctx.tokens.heldout.numel()} held-out tokens, "
-                          f"{ctx.tokens.source}, on {ctx.device})",
+                          f"{ctx.tokens.source}, on {ctx.scoring_place})",
     }
 
 
@@ -240,7 +241,7 @@ def benchmark_stage(study: optuna.Study, ctx: Any, recipe: Recipe, progress: Pro
     outcome = f"the lowest-energy passing candidate is {passed.label()}" if passed else (
         "no candidate passed" if queue.candidates else "no candidate within the proxy budget")
     return (f"measured: {judged} plans judged against BF16 on {', '.join(n_docs)} ({design}; "
-            f"{scorer.items_used} items used, BF16's included) on {ctx.device}; {outcome}")
+            f"{scorer.items_used} items used, BF16's included) on {ctx.scoring_place}; {outcome}")
 
 
 def timings(ctx: Any, recipe: Recipe, t0: float, t_bench: float) -> dict[str, float]:

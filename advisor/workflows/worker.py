@@ -21,7 +21,7 @@ from advisor.recipe import validate_recipe
 from advisor.search.artifacts import fetch_tokens
 from advisor.search.storage import open_storage, redact_url
 from advisor.search.study import finished_trials, make_sampler, run_search, silence_interrupt_tracebacks
-from advisor.search.study_key import KEY_ATTR, check_same_key, check_same_model, study_key
+from advisor.search.study_key import KEY_ATTR, check_same_key, check_same_model, check_same_scoring, study_key
 from advisor.versions import package_versions
 from advisor.workflows.progress import ProgressReporter
 
@@ -49,10 +49,7 @@ def run_worker(url: str, study_name: str, work_dir: Path | None = None, artifact
     with progress.stage("prepare") as stage:
         ctx = prepare(recipe, status=lambda msg: (stage.advance(note=msg), progress.step(f"  {msg}")))
     check_same_model(study.user_attrs.get("model", {}).get("fingerprint"), ctx.fingerprint, study_name)
-    if (coordinator_device := study.user_attrs.get("device")) and coordinator_device != ctx.device:
-        raise InputError(f"advisor worker: study {study_name!r} scores accuracy on {coordinator_device}, this "
-                         f"worker on {ctx.device}; their KL values are not comparable: run the worker on a host "
-                         f"with {coordinator_device}")
+    check_same_scoring(study.user_attrs.get("device"), ctx.scoring_place, study_name, "advisor worker")
     before = finished_trials(study)
     with progress.stage("trials", total=recipe.search.trials) as stage:
         def on_trial(st: optuna.Study, t: optuna.trial.FrozenTrial) -> None:
