@@ -61,3 +61,29 @@ def test_a_study_scored_one_way_refuses_a_process_that_scores_another():
     check_same_scoring(None, "cpu", "s", "--resume")  # a study made before the place was stored
     with pytest.raises(InputError, match=r"--resume: study 's' scores accuracy on cpu, this process on cpu \(float32"):
         check_same_scoring("cpu", "cpu (float32 arithmetic)", "s", "--resume")
+
+
+def test_a_search_resumed_on_a_cpu_that_scores_otherwise_is_refused_before_any_trial(tmp_path, monkeypatch):
+    import io
+
+    import optuna
+    from rich.console import Console
+
+    from advisor.workflows.search import run
+
+    recipe = validate_recipe({
+        "name": "r", "model": {"source": str(need(TINY_MODEL))}, "target": "h100", "formats": ["bf16", "fp8"],
+        "calibration": {"source": str(need(TINY_TEXT)), "num_samples": 2, "seq_len": 32, "heldout_samples": 2,
+                        "heldout_seq_len": 32},
+        "search": {"trials": 2, "sampler": "random", "seed": 0}, "energy": "predicted", "out": str(tmp_path),
+        "device": "cpu",
+    })
+    quiet = Console(file=io.StringIO())
+    monkeypatch.setattr(arithmetic, "cpu_has_bf16_matmul", lambda: True)
+    run(recipe, console=quiet)
+    more = recipe.model_copy(update={"search": recipe.search.model_copy(update={"trials": 4})})
+    monkeypatch.setattr(arithmetic, "cpu_has_bf16_matmul", lambda: False)
+    with pytest.raises(InputError, match=r"scores accuracy on cpu, this process on cpu \(float32 arithmetic\)"):
+        run(more, resume=True, console=quiet)
+    study = optuna.load_study(study_name="r", storage=recipe.storage_url)
+    assert len(study.trials) == 2 and study.user_attrs["device"] == "cpu"
