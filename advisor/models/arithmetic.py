@@ -19,7 +19,8 @@ from typing import Any
 
 BF16 = "bfloat16"
 FLOAT32 = "float32"
-#: float32 weights may take at most this share of the machine's memory (else BF16 stays, slow but fits)
+#: float32 weights may take at most this share of the machine's memory (else BF16 stays, slow but fits); physical
+#: memory, not free memory, so that the same machine always picks the same arithmetic (a resume must match)
 MEMORY_SHARE = 0.4
 
 
