@@ -225,3 +225,15 @@ def test_a_resumed_measured_stage_measures_the_plans_a_straight_run_would(study_
     # lm-eval then ranks the measured plans only, as the recommendation does
     judged = benchmark_targets(study, workloads, recipe.search.measured_candidates)
     assert judged.candidates and {p.id for p in judged.candidates} <= straight
+
+
+def test_the_trials_progress_line_names_the_best_plan_by_prediction_as_the_trial_lines_do(study_and_recipe):
+    """Measured J/token (here half the prediction, all-BF16 only) must not win the progress line over predictions."""
+    from advisor.search.policy import best_feasible_line
+
+    study, recipe = study_and_recipe
+    before = best_feasible_line(study, "chat")
+    with pytest.raises(Interrupted):
+        _stage(study, recipe, StopsAfter(scale=0.5, n=1))
+    assert best_feasible_line(study, "chat") == before
+    assert "all-bf16" not in before and before.endswith("J/token predicted")

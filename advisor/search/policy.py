@@ -132,7 +132,10 @@ def best_feasible(cands: list[Candidate], primary_workload: str) -> Candidate | 
 
 
 def best_feasible_line(study: optuna.Study, primary_workload: str) -> str:
-    best = best_feasible(candidates(study), primary_workload)
+    """The trials' progress line: by predicted J/token, as each trial line prints it (in a resumed search some
+    plans are measured too; the two tiers are not compared)."""
+    best = best_feasible(predicted_tier(candidates(study)), primary_workload)
     if best is None:
         return "no plan within budget yet"
-    return f"best within budget: {best.plan.label()} KL {best.kl:.4f}, {best.energy(primary_workload):.4g} J/token"
+    return (f"best within budget: {best.plan.label()} KL {best.kl:.4f}, {best.energy(primary_workload):.4g} J/token "
+            "predicted")
