@@ -27,17 +27,21 @@ def test_only_a_cpu_without_bf16_instructions_computes_in_float32_and_only_where
     assert name == BF16 and "29.8 GiB" in why and "32 GiB" in why
 
 
+def _recipe(tmp_path, name: str, tokens: int, **more):
+    """The tiny model on the CPU, its calibration and held-out tokens read from text (the same in every arithmetic)."""
+    return validate_recipe({
+        "name": name, "model": {"source": str(need(TINY_MODEL))}, "target": "h100", "formats": ["bf16", "fp8"],
+        "calibration": {"source": str(need(TINY_TEXT)), "num_samples": tokens // 16, "seq_len": tokens,
+                        "heldout_samples": tokens // 16, "heldout_seq_len": tokens},
+        "energy": "predicted", "out": str(tmp_path), "device": "cpu", **more,
+    })
+
+
 def _prepare(tmp_path, monkeypatch, has_bf16: bool, name: str):
     from advisor.workflows.context import prepare
 
     monkeypatch.setattr(arithmetic, "cpu_has_bf16_matmul", lambda: has_bf16)
-    recipe = validate_recipe({
-        "name": name, "model": {"source": str(need(TINY_MODEL))}, "target": "h100", "formats": ["bf16", "fp8"],
-        "calibration": {"source": str(need(TINY_TEXT)), "num_samples": 4, "seq_len": 64, "heldout_samples": 4,
-                        "heldout_seq_len": 64},
-        "energy": "predicted", "out": str(tmp_path), "device": "cpu",
-    })
-    return prepare(recipe)
+    return prepare(_recipe(tmp_path, name, 64))
 
 
 def test_a_float32_run_is_the_same_model_scores_close_to_bf16_and_says_where_it_scored(tmp_path, monkeypatch):
@@ -71,13 +75,7 @@ def test_a_search_resumed_on_a_cpu_that_scores_otherwise_is_refused_before_any_t
 
     from advisor.workflows.search import run
 
-    recipe = validate_recipe({
-        "name": "r", "model": {"source": str(need(TINY_MODEL))}, "target": "h100", "formats": ["bf16", "fp8"],
-        "calibration": {"source": str(need(TINY_TEXT)), "num_samples": 2, "seq_len": 32, "heldout_samples": 2,
-                        "heldout_seq_len": 32},
-        "search": {"trials": 2, "sampler": "random", "seed": 0}, "energy": "predicted", "out": str(tmp_path),
-        "device": "cpu",
-    })
+    recipe = _recipe(tmp_path, "r", 32, search={"trials": 2, "sampler": "random", "seed": 0})
     quiet = Console(file=io.StringIO())
     monkeypatch.setattr(arithmetic, "cpu_has_bf16_matmul", lambda: True)
     run(recipe, console=quiet)
