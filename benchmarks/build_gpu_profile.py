@@ -8,7 +8,8 @@
 ``--caveat`` is shown in every label the profile prices. ``--gemm-energy`` (a ``gemm_energy_collect.py``
 output) with ``--gemm-energy-anchors`` (collect ``--anchors`` output from the same GPU unit), repeated per
 unit, adds the metered GEMM energies (their mean over the units) and their fitted rest
-(:mod:`advisor.energy.gemm_energy`), which price models of large layers.
+(:mod:`advisor.energy.gemm_energy`), which price models of large layers; ``--small-layers`` says how it prices
+smaller ones (``mean``, the default: the mean of that form and the fitted one; ``fitted``: the fitted one).
 The fit (:func:`advisor.energy.gpu_costmodel.fit_gpu_profile`) is stored so predicting needs no solver.
 """
 
@@ -21,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from advisor.energy.gemm_energy import gemm_energy_section  # noqa: E402
+from advisor.energy.gemm_energy import SMALL_LAYER_RULES, gemm_energy_section  # noqa: E402
 from advisor.energy.gpu_costmodel import fit_gpu_profile  # noqa: E402
 from advisor.errors import InputError  # noqa: E402
 
@@ -38,6 +39,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gemm-energy-anchors", type=Path, action="append", default=[],
                     help="energy_transfer_collect.py --anchors output metered on the same unit as the "
                     "--gemm-energy of the same position")
+    ap.add_argument("--small-layers", choices=SMALL_LAYER_RULES, default="mean",
+                    help="with --gemm-energy: how models of layers below its threshold are priced")
     args = ap.parse_args(argv)
     if len(args.gemm_energy) != len(args.gemm_energy_anchors):
         ap.error("give one --gemm-energy-anchors per --gemm-energy, in the same order")
@@ -49,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
         units = [(json.loads(e.read_text()), json.loads(a.read_text()))
                  for e, a in zip(args.gemm_energy, args.gemm_energy_anchors, strict=True)]
         try:
-            profile["gemm_energy"] = gemm_energy_section(profile, units)
+            profile["gemm_energy"] = gemm_energy_section(profile, units, args.small_layers)
         except InputError as e:
             ap.error(str(e))
     if args.caveat:

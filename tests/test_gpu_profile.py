@@ -146,8 +146,9 @@ def test_h100_predictions_use_the_shipped_gpu_profile_and_fall_back_where_it_can
 
     shape = REFERENCE_SHAPES["SmolLM2-135M"].shape()
     model = make_energy_model("predicted", shape, GPU.H100)
-    assert "GEMM tables and 5 anchor models" in model.label
-    assert "error against measurements on fourteen H100 units" in model.label  # the shipped profile's own error band
+    # a 135M model's layers lie below the metered GEMM energies' threshold: the mean of both energy forms
+    assert "the mean of a form fitted to 5 anchor models and of GEMM energies metered on 2 units" in model.label
+    assert "error against measurements on twenty-five H100 units" in model.label  # the shipped profile's own error band
     w = Workload(batch_size=16)
     plan = Plan.uniform(shape.groups, Format.FP8)
     assert "GEMM tables" in model.estimate(plan, w).source
@@ -223,7 +224,7 @@ def _gemm_energy_profile(profile: dict) -> dict:
     return {**prof, "gemm_energy": gemm_energy_section(prof, [(collect, run)])}
 
 
-def test_metered_gemm_energy_prices_large_layers_and_leaves_small_ones_to_the_fitted_form(profile):
+def test_metered_gemm_energy_prices_large_layers_and_small_ones_by_its_small_layers_rule(profile):
     prof = _gemm_energy_profile(profile)
     assert prof["gemm_energy"]["rest"] == pytest.approx(REST, rel=1e-3)  # the rest's physics, from the anchors
     tab = GemmTable(prof)
@@ -237,12 +238,22 @@ def test_metered_gemm_energy_prices_large_layers_and_leaves_small_ones_to_the_fi
                                                                      rel=1e-3)
         assert big.prefill(plan, 2048)[1] == pytest.approx(truth["prefill"]["j_per_step"][f.value][1], rel=1e-3)
     assert "GEMM energies metered on one unit 2026-11-23" in big.label and "4 anchor models metered" in big.label
-    # a model of small layers keeps the fitted form, exactly as without the section
-    small, plain = GpuProfileCostModel(prof, TEST.shape(3)), GpuProfileCostModel(
-        {k: v for k, v in prof.items() if k != "gemm_energy"}, TEST.shape(3))
+    # a model of small layers: with the "fitted" rule (profiles built before it), the fitted form alone, exactly as
+    # without the section; with "mean" (built since), the mean of that and of the metered form below the threshold
+    plain = GpuProfileCostModel({k: v for k, v in prof.items() if k != "gemm_energy"}, TEST.shape(3))
+    assert prof["gemm_energy"]["small_layers"] == "mean"
+    old = {**prof, "gemm_energy": {k: v for k, v in prof["gemm_energy"].items() if k != "small_layers"}}
+    fitted, mean = GpuProfileCostModel(old, TEST.shape(3)), GpuProfileCostModel(prof, TEST.shape(3))
+    metered = GpuProfileCostModel({**prof, "gemm_energy": {**prof["gemm_energy"], "min_layer_weights": 0}},
+                                  TEST.shape(3))
     plan = Plan.uniform(TEST.shape(3).groups, Format.FP8)
-    assert small.decode_step(plan, 16, 640) == plain.decode_step(plan, 16, 640)
-    assert small.label == plain.label and "metered" not in small.label
+    assert fitted.decode_step(plan, 16, 640) == plain.decode_step(plan, 16, 640)
+    assert fitted.label == plain.label and "metered" not in fitted.label
+    for step in (lambda m: m.decode_step(plan, 16, 640), lambda m: m.prefill(plan, 512)):
+        (t, j), (_, j_fit), (_, j_met) = step(mean), step(plain), step(metered)
+        assert t == step(plain)[0] and j_fit != pytest.approx(j_met, rel=0.01)  # the two forms differ here
+        assert j == pytest.approx((j_fit + j_met) / 2, rel=1e-12)
+    assert "the mean of a form fitted to" in mean.label and "GEMM energies metered on one unit" in mean.label
 
 
 def test_a_gemm_energy_section_without_its_rest_is_refused(profile):
@@ -252,6 +263,15 @@ def test_a_gemm_energy_section_without_its_rest_is_refused(profile):
     broken = {**prof, "gemm_energy": {k: v for k, v in prof["gemm_energy"].items() if k != "rest"}}
     with pytest.raises(InputError, match="gemm_energy section lacks rest"):
         GpuProfileCostModel(broken, BIG.shape(2))
+
+
+def test_an_unknown_small_layers_rule_is_refused(profile):
+    from advisor.errors import InputError
+
+    prof = _gemm_energy_profile(profile)
+    odd = {**prof, "gemm_energy": {**prof["gemm_energy"], "small_layers": "median"}}
+    with pytest.raises(InputError, match="small_layers 'median'; expected one of fitted, mean"):
+        GpuProfileCostModel(odd, TEST.shape(3))
 
 
 def test_several_units_gemm_energies_are_averaged_and_each_needs_its_own_anchors(profile):

@@ -12,8 +12,11 @@ section: every reference GEMM's joules per format and row count, metered on GPU 
 with the rest fitted (non-negative least squares, relative errors) to anchors metered on the same
 unit(s). Shipped with two units per GPU, it priced 3B-70B shapes within 2.4-3.6% over fourteen H100
 units and 2.9-13.0% over ten H200 units (12-13% only on the two that draw least), where the fitted form
-missed by up to 10-16%; sub-2B shapes it priced no better (8-16%), so it applies only to layers of at
-least ``min_layer_weights`` weights (reports/benchmarks/energy_transfer*.md, gemm_energy/). torch-free.
+missed by up to 10-16%. Models of layers below ``min_layer_weights`` follow the section's ``small_layers``
+rule: ``fitted`` (the fitted form alone; profiles built before 2026-11-26) or ``mean`` (the mean of the
+two forms). Below 80M weights per layer each form alone misses some sub-2B shape by 10-15%, in opposite
+directions on several; their mean came within 11.5% (H100) and 10.4% (H200) of every run
+(reports/benchmarks/gemm_energy/threshold_*.md). torch-free.
 """
 
 from __future__ import annotations
@@ -36,6 +39,8 @@ from advisor.formats import Format
 #: form priced no better than the default one (reports/benchmarks/gemm_energy)
 MIN_LAYER_WEIGHTS = 80e6
 SECTION_KEYS = ("units", "anchors", "anchor_layer_weights", "m_buckets", "j", "rest", "min_layer_weights")
+#: how a section prices models of layers below ``min_layer_weights`` (absent: "fitted")
+SMALL_LAYER_RULES = ("fitted", "mean")
 
 
 class GemmEnergy:
@@ -109,7 +114,8 @@ def fit_rest(points: list[dict[str, Any]], energy: GemmEnergy) -> list[float]:
     return [float(c) for c in coef / scale]
 
 
-def gemm_energy_section(profile: dict[str, Any], units: list[tuple[dict[str, Any], dict[str, Any]]]) -> dict[str, Any]:
+def gemm_energy_section(profile: dict[str, Any], units: list[tuple[dict[str, Any], dict[str, Any]]],
+                        small_layers: str = "mean") -> dict[str, Any]:
     """A profile's ``gemm_energy`` section from one or more GPU units, each a ``gemm_energy_collect.py`` output and
     an ``energy_transfer_collect.py --anchors`` output metered on that same unit: the GEMM energies averaged over
     the units, and the rest fitted to every unit's anchors, with the profile's GEMM time tables. Several units put
@@ -128,7 +134,8 @@ def gemm_energy_section(profile: dict[str, Any], units: list[tuple[dict[str, Any
         anchors.update({f"{name}@{collect['gpu_uuid']}": a for name, a in anchors_run["anchors"].items()})
     section = {"units": records, "anchors": sorted({n for r in records for n in r["anchors"]}),
                "anchor_layer_weights": sorted(set(anchor_layer_weights(anchors))),
-               **mean_table([table_of_collect(c) for c, _ in units]), "min_layer_weights": MIN_LAYER_WEIGHTS}
+               **mean_table([table_of_collect(c) for c, _ in units]), "min_layer_weights": MIN_LAYER_WEIGHTS,
+               "small_layers": small_layers}
     points = anchor_points({**profile, "anchors": anchors}, GemmTable(profile))
     section["rest"] = fit_rest(points, GemmEnergy(section))
     return section
@@ -138,4 +145,8 @@ def validate_section(section: dict[str, Any], origin: str) -> dict[str, Any]:
     missing = [k for k in SECTION_KEYS if k not in section]
     if missing:
         raise InputError(f"{origin}'s gemm_energy section lacks {', '.join(missing)}")
+    rule = section.get("small_layers", "fitted")
+    if rule not in SMALL_LAYER_RULES:
+        raise InputError(f"{origin}'s gemm_energy section has small_layers {rule!r}; expected one of "
+                         f"{', '.join(SMALL_LAYER_RULES)}")
     return section

@@ -323,31 +323,39 @@ class GpuProfileCostModel:
         like = "" if shape.model_type in LLAMA_LIKE_TYPES else \
             f"; {shape.family or shape.model_type} non-GEMM work priced as Llama-like layers"
         caveat = f"; {profile['caveat']}" if profile.get("caveat") else ""  # a known flaw of this profile
-        self.gemm_energy = self._metered_gemm_energy(profile)
+        self.gemm_energy, self.blend = self._metered_gemm_energy(profile)
+        n_fit = len(self.fit["anchors"])
         if self.gemm_energy is None:
-            energy = (f"GEMM tables and {len(self.fit['anchors'])} anchor models{like}"
+            energy = (f"GEMM tables and {n_fit} anchor models{like}"
                       f"{outside_anchors(self.geo, anchor_layer_weights(profile['anchors']))}")
         else:
             section = profile["gemm_energy"]
             units = section["units"]
-            metered = "one unit" if len(units) == 1 else f"{len(units)} units"
-            energy = (f"GEMM tables, GEMM energies metered on {metered} {max(u['date'] for u in units)} and a rest "
-                      f"fitted to {len(section['anchors'])} anchor models metered with them{like}"
-                      f"{outside_anchors(self.geo, section['anchor_layer_weights'])}")
+            metered = (f"GEMM energies metered on {'one unit' if len(units) == 1 else f'{len(units)} units'} "
+                       f"{max(u['date'] for u in units)} and a rest fitted to {len(section['anchors'])} anchor "
+                       f"models metered with them")
+            outside = outside_anchors(self.geo, section["anchor_layer_weights"])
+            energy = (f"GEMM tables; energy the mean of a form fitted to {n_fit} anchor models and of {metered}"
+                      if self.blend else f"GEMM tables, {metered}") + f"{like}{outside}"
         yours = f", yours: {profile['stored']}" if profile.get("stored") else ""  # measured by the user
         self.label = (f"predicted (GPU profile {profile['gpu']}, {profile.get('source', 'measured')} "
                       f"{profile['date']}{tag}{yours}: {energy}{caveat})")
 
-    def _metered_gemm_energy(self, profile: dict[str, Any]) -> GemmEnergy | None:
-        """The profile's metered GEMM energies (:mod:`advisor.energy.gemm_energy`) where it has them and this
-        model's layers are as large as they price well; else None (the fitted energy form)."""
+    def _metered_gemm_energy(self, profile: dict[str, Any]) -> tuple[GemmEnergy | None, bool]:
+        """The profile's metered GEMM energies (:mod:`advisor.energy.gemm_energy`) where it has them, else None
+        (the fitted energy form alone); and whether this model's energy is the mean of both forms: a model of
+        layers below the section's ``min_layer_weights``, where its ``small_layers`` rule says ``mean``."""
         section = profile.get("gemm_energy")
         if section is None:
-            return None
+            return None, False
         from advisor.energy.gemm_energy import GemmEnergy, validate_section
 
         validate_section(section, "the GPU profile")
-        return GemmEnergy(section) if layer_weights(self.geo) >= section["min_layer_weights"] else None
+        if layer_weights(self.geo) >= section["min_layer_weights"]:
+            return GemmEnergy(section), False
+        if section.get("small_layers", "fitted") == "mean":
+            return GemmEnergy(section), True
+        return None, False
 
     def _step(self, plan: Plan, phase: str, x: float, context: float) -> tuple[float, float]:
         check_profiled(plan, self.formats, f"{self.p['gpu']} profile")
@@ -364,8 +372,9 @@ class GpuProfileCostModel:
             from advisor.energy.gemm_energy import rest_features
 
             rest = self.p["gemm_energy"]["rest"]
-            energy = self.gemm_energy.step_j(self.geo, dict(plan.formats), phase, x) + sum(
+            metered = self.gemm_energy.step_j(self.geo, dict(plan.formats), phase, x) + sum(
                 a * b for a, b in zip(rest, rest_features(t, parts), strict=True))
+            energy = (energy + metered) / 2 if self.blend else metered
         return t, energy
 
     def decode_step(self, plan: Plan, batch: int, context: float) -> tuple[float, float]:
