@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
+from functools import partial
 
 import pytest
 
@@ -13,6 +14,7 @@ from advisor.energy.meter import EnergyMeter, MeterConfig
 from advisor.energy.model_costmodel import ModelProfileCostModel
 from advisor.energy.model_profile import (
     ALT_FP8,
+    LAST_QUARTER_FP8,
     MLP_FP8,
     RUNTIME_VERSION,
     SCHEMA,
@@ -20,6 +22,7 @@ from advisor.energy.model_profile import (
     corner_format,
     is_attention,
     key_digest,
+    last_quarter_format,
     mixing_format,
     model_digest,
     profile_key,
@@ -78,9 +81,12 @@ def mixing(formats: dict[str, Format]) -> float:
 
 
 def truth(formats: dict[str, Format], rows: float, context: float, phase: str,
-          mixing_j: float = 0.0, quant_ms: dict[str, float] | None = None) -> tuple[float, float]:
+          mixing_j: float = 0.0, quant_ms: dict[str, float] | None = None,
+          last_layer_gain: float = 1.0) -> tuple[float, float]:
     """(ms, J) of a step of any plan on the simulated GPU; ``mixing_j`` x :func:`mixing` more for mixing;
-    ``quant_ms``: the non-GEMM ms an FP8 group of each kind adds (default 0.001 for every kind)."""
+    ``quant_ms``: the non-GEMM ms an FP8 group of each kind adds (default 0.001 for every kind);
+    ``last_layer_gain``: how many times its weights' share FP8 saves in the last layer (the last quarter of
+    :data:`LAYERS`) at a decode step (as on H100s: the module doc of advisor.energy.model_profile)."""
     n = len(SHAPE.groups)
     t_ng = sum(ng_ms(formats.get(g.name, Format.BF16), rows, context, phase,
                      (quant_ms or {}).get(g.name.rsplit(".", 1)[-1], 0.001)) for g in SHAPE.groups) / n * LAYERS
@@ -89,8 +95,13 @@ def truth(formats: dict[str, Format], rows: float, context: float, phase: str,
     gf = sum(gemm_ms(Format.FP8, g.name.rsplit(".", 1)[-1], rows) for g in SHAPE.groups
              if formats.get(g.name) == Format.FP8)
     t = t_ng + gb + gf
-    dynamic = sum(J_PER_WEIGHT[formats.get(g.name, Format.BF16), is_attention(g.name)] * g.num_weights
-                  for g in SHAPE.groups)
+    def per_weight(g) -> float:
+        f, att = formats.get(g.name, Format.BF16), is_attention(g.name)
+        last = phase == "decode" and g.name.startswith(f"layers.{LAYERS - 1}.")
+        bf16 = J_PER_WEIGHT[Format.BF16, att]
+        return bf16 - (bf16 - J_PER_WEIGHT[f, att]) * (last_layer_gain if last else 1.0)
+
+    dynamic = sum(per_weight(g) * g.num_weights for g in SHAPE.groups)
     return t, (P_IDLE_W * t + P_NON_GEMM_W * t_ng) / 1e3 + dynamic * (1 + rows / 1024) + mixing_j * mixing(formats)
 
 
@@ -99,7 +110,8 @@ def meter_on(gpu: SimulatedGPU, clock: VirtualClock) -> EnergyMeter:
 
 
 def simulated_profile(state: GPUState, batches=(1, 16, 64), contexts=(512, 2048), lengths=(512,),
-                      mixing_j: float = 0.0, quant_ms: dict[str, float] | None = None) -> dict:
+                      mixing_j: float = 0.0, quant_ms: dict[str, float] | None = None,
+                      last_layer_gain: float = 1.0) -> dict:
     """A per-model profile of the simulated GPU: times from its physics, energies through the real meter."""
     clock = VirtualClock()
     gpu = SimulatedGPU(clock, tick_s=0.01, idle_w=P_IDLE_W)
@@ -118,21 +130,24 @@ def simulated_profile(state: GPUState, batches=(1, 16, 64), contexts=(512, 2048)
         pre["gemm_ms"][f.value] = {k: [gemm_ms(f, k, n) for n in lengths] for k in DENSE_GROUP_KINDS}
         dec["step_ms"][f.value] = {str(c): [truth(uniform, b, c, "decode", quant_ms=quant_ms)[0] for b in batches]
                                    for c in contexts}
-        dec["j_per_step"][f.value] = {str(c): [measure(*truth(uniform, b, c, "decode", quant_ms=quant_ms))
+        dec["j_per_step"][f.value] = {str(c): [measure(*truth(uniform, b, c, "decode", quant_ms=quant_ms,
+                                                              last_layer_gain=last_layer_gain))
                                                for b in batches] for c in contexts}
         pre["step_ms"][f.value] = [truth(uniform, n, n, "prefill", quant_ms=quant_ms)[0] for n in lengths]
         pre["j_per_step"][f.value] = [measure(*truth(uniform, n, n, "prefill", quant_ms=quant_ms)) for n in lengths]
-    for name, fmt_of in ((MLP_FP8, corner_format), (ALT_FP8, mixing_format)):
+    last = partial(last_quarter_format, num_layers=LAYERS)
+    for name, fmt_of in ((MLP_FP8, corner_format), (ALT_FP8, mixing_format), (LAST_QUARTER_FP8, last)):
         corner = {g.name: fmt_of(g.name) for g in SHAPE.groups}
 
         def at(rows, context, phase, corner=corner):
-            return truth(corner, rows, context, phase, mixing_j, quant_ms)
+            return truth(corner, rows, context, phase, mixing_j, quant_ms, last_layer_gain)
 
-        if name == MLP_FP8:  # the mixing point is metered in prefill only
+        if name != ALT_FP8:  # the mixing point is metered in prefill only
             dec[name] = {"step_ms": {str(c): [at(b, c, "decode")[0] for b in batches] for c in contexts},
                          "j_per_step": {str(c): [measure(*at(b, c, "decode")) for b in batches] for c in contexts}}
-        pre[name] = {"step_ms": [at(n, n, "prefill")[0] for n in lengths],
-                     "j_per_step": [measure(*at(n, n, "prefill")) for n in lengths]}
+        if name != LAST_QUARTER_FP8:  # the position point in decode only
+            pre[name] = {"step_ms": [at(n, n, "prefill")[0] for n in lengths],
+                         "j_per_step": [measure(*at(n, n, "prefill")) for n in lengths]}
     return {"schema": SCHEMA, "version": VERSION, "key": profile_key(state, DIMS.to_dict()), "gpu": state.name,
             "gpu_kind": "h100", "driver": state.driver, "date": "2026-11-22", "formats": ["bf16", "fp8"],
             "model": DIMS.to_dict(), "decode": dec, "prefill": pre, "measured_at": 1.0,
@@ -238,6 +253,31 @@ def test_a_prefill_that_mixes_formats_across_layers_is_bent_by_the_mixing_point_
     for name in ("bf16", "fp8", "mlp"):
         plan = plans()[name]
         assert with_point.prefill(plan, 512) == pytest.approx(without.prefill(plan, 512), rel=1e-9)
+
+
+def test_the_position_point_shares_a_decode_saving_between_the_last_quarter_and_the_other_layers():
+    """A simulated GPU whose last layer (the last quarter of four) saves three times its weights' share in FP8 at a
+    decode step: with the profile's position point, plans holding other layers in FP8 (the middle two, the first
+    and last, attention everywhere plus one layer) come within 1% at every batch; from the same profile without
+    the point they miss by more than 3%. The profiled plans are unchanged, and prefills (no position point) too."""
+    names = [g.name for g in SHAPE.groups]
+    layouts = (lambda n: n.split(".")[1] in ("1", "2"), lambda n: n.split(".")[1] in ("0", "3"),  # middle, outer
+               lambda n: is_attention(n) or n.startswith("layers.1."))
+    with_point = simulated_profile(STATE, last_layer_gain=3.0)
+    stored_before = json.loads(json.dumps(with_point))
+    stored_before["decode"].pop(LAST_QUARTER_FP8)
+    model, old = ModelProfileCostModel(with_point, SHAPE), ModelProfileCostModel(stored_before, SHAPE)
+    assert "no position point" in old.label and "no position point" not in model.label
+    for in_fp8 in layouts:
+        plan = Plan({n: Format.FP8 if in_fp8(n) else Format.BF16 for n in names})
+        for batch in (1, 16, 64):
+            j_true = truth(dict(plan.formats), batch, 640, "decode", last_layer_gain=3.0)[1]
+            assert model.decode_step(plan, batch, 640)[1] == pytest.approx(j_true, rel=0.01)
+            assert abs(old.decode_step(plan, batch, 640)[1] / j_true - 1) > 0.03
+        assert model.prefill(plan, 512) == pytest.approx(old.prefill(plan, 512), rel=1e-9)
+    for name in ("bf16", "fp8", "mlp"):
+        assert model.decode_step(plans()[name], 16, 640)[1] == pytest.approx(
+            old.decode_step(plans()[name], 16, 640)[1], rel=1e-9)
 
 
 @pytest.mark.parametrize("name", ["bf16", "fp8", "mlp", "layer1", "attention+layer1"])

@@ -143,9 +143,10 @@ def test_the_mean_of_two_units_prices_between_them_and_names_them(two_units):
     assert [u["gpu_uuid"] for u in mean["units"]] == ["GPU-a", "GPU-b"]
     assert mean["key"]["gpu_uuid"] is None and mean["gpu_uuid"] is None
     models = [ModelProfileCostModel(p, SHAPE) for p in (*two_units, mean)]
-    for plan in plans().values():  # the mixing bend weighs kinds by ratios of savings: equal to within 1e-6
+    # the mixing bend and the position point weigh kinds and layers by ratios of savings: equal to within 1e-5
+    for plan in plans().values():
         a, b, m = (model.decode_step(plan, 16, 640)[1] for model in models)
-        assert m == pytest.approx((a + b) / 2, rel=1e-6) and a != pytest.approx(b, rel=0.05)
+        assert m == pytest.approx((a + b) / 2, rel=1e-5) and a != pytest.approx(b, rel=0.05)
         a, b, m = (model.prefill(plan, 512)[1] for model in models)
         assert m == pytest.approx((a + b) / 2, rel=1e-6)
     label = ModelProfileCostModel({**mean, "shipped": True, "same_geometry": True, "caveat": "within 4%"},

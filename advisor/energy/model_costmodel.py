@@ -33,9 +33,16 @@ At a decode step of batch ``b`` and context ``c`` (prefill alike, per prompt len
   2.5% -> 1.3%, H200 5.0% -> 2.0%) and moved smaller models' rows by up to a point either way. Over 15
   shape-runs the worst row is 3.6% this way, against 5.9% bending decode steps too and 5.0% bending nothing
   (reports/benchmarks/profile_point_trials.md).
+  Where the profile metered the position point (the last quarter of the layers in FP8, decode only), a decode
+  step's saving is shared between the last quarter's groups and the rest by what that point saved (the same
+  fraction for each kind), then within each by weight: on H100s Qwen2.5-0.5B's last quarter saved about 0.4 of
+  all-FP8's decode saving and each other quarter about 0.2, so plans that hold the middle layers in FP8 saved
+  less than their weights' share (-2.3..-2.6% off on the line over 22 units) and plans holding the last layers
+  more.
 
-So all-BF16, all-FP8 and the kind corner reproduce the profile at its own points by construction, the mixing
-point its prefill energy over idle (its time comes from the line: within about 2%); mixed plans,
+So all-BF16, all-FP8, the kind corner and the position point reproduce the profile's energy at their own
+points by construction (the position point's time comes from the line), the mixing point its prefill energy
+over idle (its time comes from the line: within about 2%); mixed plans,
 other batches and contexts are predictions. A MoE layer's routed experts are one group (kind
 ``experts``): their grouped GEMMs are priced like any group's, and the router, sort and gathers sit
 in the non-GEMM part. torch-free.
@@ -49,9 +56,12 @@ from advisor.energy.costmodel import check_profiled, interp
 from advisor.energy.meter import MeterConfig
 from advisor.energy.model_profile import (
     ALT_FP8,
+    LAST_QUARTER_FP8,
     MLP_FP8,
     corner_format,
     is_attention,
+    last_quarter,
+    last_quarter_format,
     mixing_format,
     model_digest,
     validate_model_profile,
@@ -66,6 +76,8 @@ from advisor.recipe.schema import Workload
 
 #: the profiled plans that are neither all-BF16 nor all-FP8: the kind corner and the mixing point
 CORNERS = {MLP_FP8: corner_format, ALT_FP8: mixing_format}
+#: every profiled point beyond all-BF16 and all-FP8 (the position point's layout depends on the layer count)
+POINTS = (*CORNERS, LAST_QUARTER_FP8)
 
 
 def _per_point(profile: dict[str, Any], key: str) -> list[float]:
@@ -74,7 +86,7 @@ def _per_point(profile: dict[str, Any], key: str) -> list[float]:
     out: list[float] = []
     for phase in ("decode", "prefill"):
         plans = [*profile[phase].get(key, {}).values()]
-        plans += [profile[phase][c][key] for c in CORNERS if key in profile[phase].get(c, {})]
+        plans += [profile[phase][c][key] for c in POINTS if key in profile[phase].get(c, {})]
         for per_plan in plans:
             for v in per_plan.values() if isinstance(per_plan, dict) else [per_plan]:
                 out += v
@@ -135,6 +147,8 @@ class ModelProfileCostModel:
         self.routed = {g.name: layer for g in shape.groups if (layer := shape.routed_layer(g.name)) is not None}
         self.digest = model_digest(profile["model"])
         self.idle_w = float(profile["idle_power_w"])
+        self.last_quarter = {g.name for g in shape.groups
+                             if int(g.name.split(".")[1]) in last_quarter(shape.num_layers)}
         routing = ""
         if self.routed:
             routing = ("; MoE experts: routing measured on the calibration tokens"
@@ -147,6 +161,8 @@ class ModelProfileCostModel:
             shaky += "; no kind corner (stored before it): FP8 savings shared by weight alone"
         elif ALT_FP8 not in profile["prefill"]:
             shaky += "; no mixing point (stored before it): mixed plans' prefill on the straight line"
+        elif LAST_QUARTER_FP8 not in profile["decode"]:
+            shaky += "; no position point (stored before it): decode savings shared over the layers by weight"
         caveat = f"; {profile['caveat']}" if profile.get("caveat") else ""
         self.label = (f"predicted ({origin}, {profile['gpu']}, driver {profile['driver']}, "
                       f"{profile['date']}, model {self.digest}{routing}{metered_temperatures(profile)}{shaky}"
@@ -196,24 +212,25 @@ class ModelProfileCostModel:
         return sum(self._group_gemm(phase, self._profiled_format(plan, g.name), g.name, x, profile_routing=True)
                    for g in self.shape.groups)
 
-    @staticmethod
-    def _profiled_format(plan: Format | str, group: str) -> Format:
-        """``group``'s format in a profiled plan: a uniform one, the kind corner or the mixing point."""
+    def _profiled_format(self, plan: Format | str, group: str) -> Format:
+        """``group``'s format in a profiled plan: a uniform one, the kind corner, the mixing or the position point."""
+        if plan == LAST_QUARTER_FP8:
+            return last_quarter_format(group, self.shape.num_layers)
         return CORNERS[plan](group) if plan in CORNERS else Format(plan)
 
     @staticmethod
     def _measured(phase: dict, plan: Format | str) -> tuple[Any, Any]:
-        """(j_per_step, step_ms) of a profiled plan: all-``fmt``, the kind corner or the mixing point."""
-        if plan in CORNERS:
+        """(j_per_step, step_ms) of a profiled plan: all-``fmt``, the kind corner, the mixing or position point."""
+        if plan in POINTS:
             return phase[plan]["j_per_step"], phase[plan]["step_ms"]
         return phase["j_per_step"][Format(plan).value], phase["step_ms"][Format(plan).value]
 
     @staticmethod
     def _profiled_steps(phase: dict) -> dict[Format | str, Any]:
         """Each profiled plan's measured step ms (per context for decode): all-BF16, all-FP8, and the kind
-        corner and the mixing point where the profile has them."""
+        corner, the mixing point and the position point where the profile has them."""
         out: dict[Format | str, Any] = {Format(f): v for f, v in phase["step_ms"].items()}
-        out.update({c: phase[c]["step_ms"] for c in CORNERS if c in phase})
+        out.update({c: phase[c]["step_ms"] for c in POINTS if c in phase})
         return out
 
     @staticmethod
@@ -249,9 +266,12 @@ class ModelProfileCostModel:
         the all-BF16 step's, moved toward all-FP8's by the share of groups in FP8; where the kind corner was
         profiled, the MLP groups move it by the corner's difference and attention's by the rest, each over its
         own kind's groups, so the corner's time is its measured one (sharing over all groups put it up to 2% off,
-        and Qwen2.5-0.5B's mixed plans 0.3-0.7 point further off on H100s, 2026-11-23)."""
+        and Qwen2.5-0.5B's mixed plans 0.3-0.7 point further off on H100s, 2026-11-23). Not by position: the
+        non-GEMM difference between formats is the quantization kernels', a small difference that a ratio of
+        differences would magnify."""
         # the same split as the energy's (:meth:`_line_mj`), over groups instead of weights
-        ng = {k: ms - self._all_gemms(phase, k, x) for k, ms in step_ms.items() if k != ALT_FP8}
+        ng = {k: ms - self._all_gemms(phase, k, x) for k, ms in step_ms.items()
+              if k not in (ALT_FP8, LAST_QUARTER_FP8)}
         ones = {g.name: 1.0 for g in self.shape.groups}
         return self._line_mj(plan, ng, ones, ones)
 
@@ -275,21 +295,38 @@ class ModelProfileCostModel:
         over_line = dyn[ALT_FP8] - self._line_mj(alt, dyn, read, profiled)
         return energy + over_line * self._mixing(plan, dyn, read, profiled) / at_alt
 
-    @staticmethod
-    def _line_mj(plan: Plan, dyn: dict[Format | str, float], read: dict[str, float],
+    def _line_mj(self, plan: Plan, dyn: dict[Format | str, float], read: dict[str, float],
                  profiled: dict[str, float]) -> float:
         """The all-BF16 step's energy over idle, less all-FP8's saving shared out by the weights read in FP8: the
         MLP groups' part from the kind corner where it was metered (else their weight share), the rest over
-        attention's weights. With the profile's routing this is exact at the profiled plans; with the model's
-        own routing the weights read move."""
+        attention's weights; each kind's part split between the last quarter's layers and the rest where the
+        position point was metered (:meth:`_last_quarter_share`). With the profile's routing this is exact at
+        the profiled plans; with the model's own routing the weights read move."""
         energy = dyn[Format.BF16] * sum(read.values()) / sum(profiled.values())
         if Format.FP8 not in dyn:
             return energy
-        for groups, part, weights in ModelProfileCostModel._kind_savings(dyn, profiled):
-            in_fp8 = sum(read[g] for g in groups if plan.format_of(g) == Format.FP8)
-            if in_fp8:
-                energy -= part * in_fp8 / weights
+        share = self._last_quarter_share(dyn)
+        for groups, part, _ in self._kind_savings(dyn, profiled):
+            subsets = [(groups, part)] if share is None else [
+                ([g for g in groups if g in self.last_quarter], part * share),
+                ([g for g in groups if g not in self.last_quarter], part * (1 - share))]
+            for sub, sub_part in subsets:
+                weights = sum(profiled[g] for g in sub)
+                in_fp8 = sum(read[g] for g in sub if plan.format_of(g) == Format.FP8)
+                if in_fp8 and weights:
+                    energy -= sub_part * in_fp8 / weights
         return energy
+
+    @staticmethod
+    def _last_quarter_share(dyn: dict[Format | str, float]) -> float | None:
+        """The last quarter's part of all-FP8's saving (0-1), from the position point; None where it was not
+        metered (or this step passed none: prefill) or all-FP8 saves nothing to share."""
+        if LAST_QUARTER_FP8 not in dyn:
+            return None
+        saving = dyn[Format.BF16] - dyn[Format.FP8]
+        if saving <= 0:
+            return None
+        return min(1.0, max(0.0, (dyn[Format.BF16] - dyn[LAST_QUARTER_FP8]) / saving))
 
     @staticmethod
     def _kind_savings(dyn: dict[Format | str, float], profiled: dict[str, float]) -> list[tuple[list, float, float]]:

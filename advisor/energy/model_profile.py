@@ -27,6 +27,13 @@ and one model (its :class:`~advisor.energy.dims.DecoderDims`, random weights):
   Profiles stored on 2026-11-23 also hold ``decode.alt_fp8``, which is not read: on H100s which layers a plan
   holds in FP8 moves a decode step's energy more than mixing does, and the alternating point bent contiguous
   plans the wrong way (reports/benchmarks/profile_point_trials.md); its decode steps are no longer metered.
+* ``decode.last_quarter_fp8`` (absent in profiles stored before 2026-11-26): the same records of the position
+  point's decode steps, the last quarter of the layers (at least one) in FP8, both kinds. On H100s a decode
+  step's FP8 saving is not spread over the layers by weight: over 22 units, Qwen2.5-0.5B's middle half in FP8
+  saved 0.40-0.42 of all-FP8's saving at batch 64 and the first and last quarters 0.58-0.62, its MLP in the
+  first half 0.39 of the MLP's: the last quarter saved about 0.4, the other quarters about 0.2 each
+  (reports/benchmarks/energy_transfer.md, profile_point_trials.md). The cost model shares a decode saving
+  between the last quarter and the rest by what this point saved.
 
 It is keyed (:func:`profile_key`) by the GPU (name, UUID, driver, power limit), the model
 (a digest of its layer-by-layer description) and the runtime version: a profile is reused only
@@ -59,6 +66,8 @@ MLP_FP8 = "mlp_fp8"
 ATTENTION_KINDS = ("qkv", "o")
 #: the profiled mixing point: every other layer in FP8, both kinds (see the module doc)
 ALT_FP8 = "alt_fp8"
+#: the profiled position point: the last quarter of the layers in FP8, both kinds (see the module doc)
+LAST_QUARTER_FP8 = "last_quarter_fp8"
 #: what a profile records of each metered plan, per point
 RECORDS = ("step_ms", "j_per_step", "power_w", "meter_ms_per_step", "cv", "temperature_c")
 
@@ -76,6 +85,16 @@ def corner_format(group: str) -> Format:
 def mixing_format(group: str) -> Format:
     """``group``'s (``layers.{i}.{kind}``) format at the mixing point: FP8 in the odd layers."""
     return Format.FP8 if int(group.split(".")[1]) % 2 else Format.BF16
+
+
+def last_quarter(num_layers: int) -> range:
+    """The layers of the position point: the last quarter (at least one)."""
+    return range(num_layers - max(1, num_layers // 4), num_layers)
+
+
+def last_quarter_format(group: str, num_layers: int) -> Format:
+    """``group``'s (``layers.{i}.{kind}``) format at the position point of a ``num_layers``-layer model."""
+    return Format.FP8 if int(group.split(".")[1]) in last_quarter(num_layers) else Format.BF16
 
 
 def profile_meter_config():
@@ -308,6 +327,11 @@ def measure_model_profile(
     # the mixing point bends prefills only (model_costmodel): no decode steps of it are metered
     rt = bench.runtime({g: mixing_format(g) for g in uniform_formats(dims, Format.BF16)})
     _, pre[ALT_FP8] = _measure_plan(rt, ALT_FP8, (), contexts, prefill_lengths, energy, log, dims.family)
+    rt.free()
+    # the position point prices which layers a decode step holds in FP8 (model_costmodel): no prefill of it
+    n = len(dims.layers)
+    rt = bench.runtime({g: last_quarter_format(g, n) for g in uniform_formats(dims, Format.BF16)})
+    dec[LAST_QUARTER_FP8], _ = _measure_plan(rt, LAST_QUARTER_FP8, batches, contexts, (), energy, log, dims.family)
     rt.free()
     kind = gpu_from_device_name(state.name)
     dims_dict = dims.to_dict()
