@@ -105,10 +105,11 @@ def run_summaries(paths: list[Path], raws: list[dict], gpu_profile: dict, legacy
 def profiled_plans(profile: dict) -> str:
     """What the per-model profile metered: its decode contexts, and a corner where it has one (the last-layer one
     of a trial, not kept; the kind corner, MLP-only FP8; the mixing point, every other layer FP8, which the cost
-    model reads for prefills only since 2026-11-23; a trial's middle point, not read)."""
+    model reads for prefills only since 2026-11-23; a trial's middle point, not read; the position point, the last
+    quarter FP8, decode, since 2026-11-26)."""
     d = profile["decode"]
     named = (("last_fp8", "last layer"), ("mlp_fp8", "MLP corner"), ("alt_fp8", "mixing point (prefill)"),
-             ("middle_fp8", "middle point, not read"))
+             ("middle_fp8", "middle point, not read"), ("last_quarter_fp8", "last quarter (decode)"))
     # since 2026-11-23 a profile meters the mixing point's prefill only
     corners = [name for key, name in named if key in d or key in profile["prefill"]]
     if "mixing_layout" in profile:  # run 26's trial layout (notes): every other layer counted back from the last

@@ -149,7 +149,7 @@ def test_h100_predictions_use_the_shipped_gpu_profile_and_fall_back_where_it_can
     # a 135M model's layers lie below the metered GEMM energies' threshold: the mean of both energy forms
     assert "the mean of a form fitted to 5 anchor models and of GEMM energies metered on 2 units" in model.label
     # the shipped profile's own error band:
-    assert "error against measurements on twenty-seven H100 units" in model.label
+    assert "error against measurements on twenty-nine H100 units" in model.label
     w = Workload(batch_size=16)
     plan = Plan.uniform(shape.groups, Format.FP8)
     assert "GEMM tables" in model.estimate(plan, w).source
