@@ -53,12 +53,12 @@ from __future__ import annotations
 from typing import Any
 
 from advisor.energy.costmodel import check_profiled, interp
-from advisor.energy.meter import MeterConfig
 from advisor.energy.model_profile import (
     ALT_FP8,
+    CORNERS,
     LAST_QUARTER_FP8,
     MLP_FP8,
-    corner_format,
+    POINTS,
     is_attention,
     last_quarter,
     last_quarter_format,
@@ -66,6 +66,7 @@ from advisor.energy.model_profile import (
     model_digest,
     validate_model_profile,
 )
+from advisor.energy.model_profile_label import profile_label
 from advisor.energy.routing import expected_experts_touched, layer_experts_touched
 from advisor.errors import InputError
 from advisor.estimate import EnergyEstimate
@@ -73,52 +74,6 @@ from advisor.formats import Format
 from advisor.models.shape import ModelShape
 from advisor.plan import Plan
 from advisor.recipe.schema import Workload
-
-#: the profiled plans that are neither all-BF16 nor all-FP8: the kind corner and the mixing point
-CORNERS = {MLP_FP8: corner_format, ALT_FP8: mixing_format}
-#: every profiled point beyond all-BF16 and all-FP8 (the position point's layout depends on the layer count)
-POINTS = (*CORNERS, LAST_QUARTER_FP8)
-
-
-def _per_point(profile: dict[str, Any], key: str) -> list[float]:
-    """A per-point record (``cv``, ``temperature_c``) of every metered point (the kind corner's too); none in
-    profiles stored before it."""
-    out: list[float] = []
-    for phase in ("decode", "prefill"):
-        plans = [*profile[phase].get(key, {}).values()]
-        plans += [profile[phase][c][key] for c in POINTS if key in profile[phase].get(c, {})]
-        for per_plan in plans:
-            for v in per_plan.values() if isinstance(per_plan, dict) else [per_plan]:
-                out += v
-    return out
-
-
-def unstable_points(profile: dict[str, Any], max_cv: float = MeterConfig.max_cv) -> tuple[int, int]:
-    """(unstable, all) of a profile's metered points: those whose windows' CV stayed above ``max_cv``
-    through the meter's attempts. Profiles stored before CVs were recorded count none."""
-    cvs = _per_point(profile, "cv")
-    return sum(1 for c in cvs if c > max_cv), len(cvs)
-
-
-def metered_temperatures(profile: dict[str, Any]) -> str:
-    """The GPU temperatures the profile's points were metered at, for its label: a small model's J/step moves
-    ~0.17% per C (:meth:`advisor.energy.meter.EnergyMeter.soak`)."""
-    temps = _per_point(profile, "temperature_c")
-    return f"; metered at {min(temps):.0f}-{max(temps):.0f} C" if temps else ""
-
-
-def profile_origin(profile: dict[str, Any]) -> str:
-    """Whose profile prices the model: its own, or one of the same geometry (another model's, or the
-    random-weight shape a shipped profile measured), and whether it was shipped or averaged over GPU units."""
-    origin = "per-model profile"
-    if profile.get("same_geometry"):
-        origin = f"per-model profile of the same layer geometry ({profile['model'].get('family', '?')})"
-    if profile.get("shipped"):
-        origin += " shipped with precision-advisor"
-    units = profile.get("units")
-    if units and len(units) > 1:
-        origin += f", the mean of {len(units)} GPU units"
-    return origin
 
 
 class ModelProfileCostModel:
@@ -154,19 +109,7 @@ class ModelProfileCostModel:
             routing = ("; MoE experts: routing measured on the calibration tokens"
                        if all(la.expert_load for la in self.routed.values())
                        else "; MoE experts: the profile's routing (random weights)")
-        origin = profile_origin(profile)
-        unstable, points = unstable_points(profile)
-        shaky = f"; {unstable} of its {points} metered points unstable (window CV > 1%)" if unstable else ""
-        if MLP_FP8 not in profile["decode"]:
-            shaky += "; no kind corner (stored before it): FP8 savings shared by weight alone"
-        elif ALT_FP8 not in profile["prefill"]:
-            shaky += "; no mixing point (stored before it): mixed plans' prefill on the straight line"
-        elif LAST_QUARTER_FP8 not in profile["decode"]:
-            shaky += "; no position point (stored before it): decode savings shared over the layers by weight"
-        caveat = f"; {profile['caveat']}" if profile.get("caveat") else ""
-        self.label = (f"predicted ({origin}, {profile['gpu']}, driver {profile['driver']}, "
-                      f"{profile['date']}, model {self.digest}{routing}{metered_temperatures(profile)}{shaky}"
-                      f"{caveat})")
+        self.label = profile_label(profile, self.digest, routing)
 
     @staticmethod
     def _xs(phase: dict) -> list[int]:

@@ -27,13 +27,10 @@ and one model (its :class:`~advisor.energy.dims.DecoderDims`, random weights):
   Profiles stored on 2026-11-23 also hold ``decode.alt_fp8``, which is not read: on H100s which layers a plan
   holds in FP8 moves a decode step's energy more than mixing does, and the alternating point bent contiguous
   plans the wrong way (reports/benchmarks/profile_point_trials.md); its decode steps are no longer metered.
-* ``decode.last_quarter_fp8`` (absent in profiles stored before 2026-11-26): the same records of the position
-  point's decode steps, the last quarter of the layers (at least one) in FP8, both kinds. On H100s a decode
-  step's FP8 saving is not spread over the layers by weight: over 22 units, Qwen2.5-0.5B's middle half in FP8
-  saved 0.40-0.42 of all-FP8's saving at batch 64 and the first and last quarters 0.58-0.62, its MLP in the
-  first half 0.39 of the MLP's: the last quarter saved about 0.4, the other quarters about 0.2 each
-  (reports/benchmarks/energy_transfer.md, profile_point_trials.md). The cost model shares a decode saving
-  between the last quarter and the rest by what this point saved.
+* ``decode.last_quarter_fp8`` (absent in profiles stored before 2026-11-26): the position point's decode records,
+  the last quarter of the layers (at least one) in FP8, both kinds. On H100s Qwen2.5-0.5B's last quarter saved
+  about 0.4 of all-FP8's decode saving and each other quarter about 0.2 (reports/benchmarks/energy_transfer.md,
+  profile_point_trials.md); the cost model shares a decode saving between the last quarter and the rest by it.
 
 It is keyed (:func:`profile_key`) by the GPU (name, UUID, driver, power limit), the model
 (a digest of its layer-by-layer description) and the runtime version: a profile is reused only
@@ -95,6 +92,12 @@ def last_quarter(num_layers: int) -> range:
 def last_quarter_format(group: str, num_layers: int) -> Format:
     """``group``'s (``layers.{i}.{kind}``) format at the position point of a ``num_layers``-layer model."""
     return Format.FP8 if int(group.split(".")[1]) in last_quarter(num_layers) else Format.BF16
+
+
+#: the profiled plans beyond all-BF16 and all-FP8 whose layout depends on the group alone
+CORNERS = {MLP_FP8: corner_format, ALT_FP8: mixing_format}
+#: every profiled point beyond all-BF16 and all-FP8 (the position point's layout depends on the layer count)
+POINTS = (*CORNERS, LAST_QUARTER_FP8)
 
 
 def profile_meter_config():
