@@ -11,6 +11,8 @@ from test_model_profiles import DIMS, SHAPE, STATE, plans, simulated_profile
 from advisor.energy.dims import DecoderDims
 from advisor.energy.model_costmodel import ModelProfileCostModel
 from advisor.energy.model_profile import (
+    LAST_QUARTER_FP8,
+    POINTS,
     RUNTIME_VERSION,
     geometry_digest,
     model_digest,
@@ -32,7 +34,7 @@ def unit(uuid: str, scale: float) -> dict:
     """The simulated profile as metered on another GPU unit that draws ``scale`` times the energy."""
     p = json.loads(json.dumps(simulated_profile(replace(STATE, uuid=uuid))))
     for phase in ("decode", "prefill"):
-        for section in (p[phase], *(p[phase][c] for c in ("mlp_fp8", "alt_fp8") if c in p[phase])):
+        for section in (p[phase], *(p[phase][c] for c in POINTS if c in p[phase])):
             section["j_per_step"] = scaled(section["j_per_step"], scale)
     return p
 
@@ -143,10 +145,9 @@ def test_the_mean_of_two_units_prices_between_them_and_names_them(two_units):
     assert [u["gpu_uuid"] for u in mean["units"]] == ["GPU-a", "GPU-b"]
     assert mean["key"]["gpu_uuid"] is None and mean["gpu_uuid"] is None
     models = [ModelProfileCostModel(p, SHAPE) for p in (*two_units, mean)]
-    # the mixing bend and the position point weigh kinds and layers by ratios of savings: equal to within 1e-5
-    for plan in plans().values():
+    for plan in plans().values():  # the mixing bend weighs kinds by ratios of savings: equal to within 1e-6
         a, b, m = (model.decode_step(plan, 16, 640)[1] for model in models)
-        assert m == pytest.approx((a + b) / 2, rel=1e-5) and a != pytest.approx(b, rel=0.05)
+        assert m == pytest.approx((a + b) / 2, rel=1e-6) and a != pytest.approx(b, rel=0.05)
         a, b, m = (model.prefill(plan, 512)[1] for model in models)
         assert m == pytest.approx((a + b) / 2, rel=1e-6)
     label = ModelProfileCostModel({**mean, "shipped": True, "same_geometry": True, "caveat": "within 4%"},
@@ -168,6 +169,17 @@ def test_the_mean_refuses_profiles_it_cannot_average(two_units):
         mean_profile([a, wider], runtime=RUNTIME_VERSION, command="")
     with pytest.raises(InputError, match="gpu_kind"):
         mean_profile([a, {**b, "gpu_kind": "h200"}], runtime=RUNTIME_VERSION, command="")
+
+
+def test_a_unit_profiled_before_the_position_point_averages_with_later_ones_on_their_common_points(two_units):
+    a, b = two_units
+    assert LAST_QUARTER_FP8 in a["decode"] and LAST_QUARTER_FP8 in b["decode"]
+    older = json.loads(json.dumps(b))
+    older["decode"].pop(LAST_QUARTER_FP8)
+    mean = mean_profile([a, older], runtime=RUNTIME_VERSION, command="")
+    assert LAST_QUARTER_FP8 not in mean["decode"] and "no position point" in ModelProfileCostModel(mean, SHAPE).label
+    both = mean_profile([a, b], runtime=RUNTIME_VERSION, command="")
+    assert both["decode"][LAST_QUARTER_FP8]["j_per_step"] != a["decode"][LAST_QUARTER_FP8]["j_per_step"]
 
 
 # -- what the package ships -------------------------------------------------------------------------

@@ -14,7 +14,7 @@ from __future__ import annotations
 from statistics import fmean
 from typing import Any
 
-from advisor.energy.model_profile import geometry_digest, validate_model_profile
+from advisor.energy.model_profile import POINTS, geometry_digest, validate_model_profile
 from advisor.errors import InputError
 
 #: top-level measured numbers that are averaged (the rest of the top level is metadata)
@@ -58,7 +58,7 @@ def mean_profile(profiles: list[dict[str, Any]], runtime: str, command: str) -> 
         raise InputError("the profiles are of models of different geometry")
     out = dict(profiles[0])
     for section in ("decode", "prefill"):
-        out[section] = _mean([p[section] for p in profiles], section)
+        out[section] = _mean([_common_points(p[section], profiles, section) for p in profiles], section)
     for field in MEASURED:
         if all(field in p for p in profiles):
             out[field] = fmean(p[field] for p in profiles)
@@ -77,3 +77,9 @@ def mean_profile(profiles: list[dict[str, Any]], runtime: str, command: str) -> 
     out["key"] = {**profiles[0]["key"], "gpu_uuid": None, "driver": out["driver"], "runtime": runtime}
     return out
 
+
+def _common_points(records: dict[str, Any], profiles: list[dict[str, Any]], section: str) -> dict[str, Any]:
+    """``records`` without the profiled points (kind corner, mixing and position points) that some of ``profiles``
+    lack: units profiled before a point was added average with later ones on the points all of them metered."""
+    missing = {c for c in POINTS if any(c not in p[section] for p in profiles)}
+    return {k: v for k, v in records.items() if k not in missing}
