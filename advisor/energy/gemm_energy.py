@@ -15,8 +15,9 @@ units and 2.9-13.0% over ten H200 units (12-13% only on the two that draw least)
 missed by up to 10-16%. Models of layers below ``min_layer_weights`` follow the section's ``small_layers``
 rule: ``fitted`` (the fitted form alone; profiles built before 2026-11-26) or ``mean`` (the mean of the
 two forms). Below 80M weights per layer each form alone misses some sub-2B shape by 10-15%, in opposite
-directions on several; their mean came within 11.5% (H100) and 10.4% (H200) of every run
-(reports/benchmarks/gemm_energy/threshold_*.md). torch-free.
+directions on several; their mean came within 11.5% of 31 H100 runs and 10.4% of 18 H200 runs, but missed
+SmolLM2-135M by 15.2% on a later H100 unit that drew 5-13% above the others (the fitted form alone: 14.2%;
+reports/benchmarks/gemm_energy/threshold_*.md). torch-free.
 """
 
 from __future__ import annotations

@@ -37,8 +37,8 @@ At a decode step of batch ``b`` and context ``c`` (prefill alike, per prompt len
   step's saving is shared between the last quarter's groups and the rest by what that point saved (the same
   fraction for each kind), then within each by weight: on H100s Qwen2.5-0.5B's last quarter saved about 0.4 of
   all-FP8's decode saving and each other quarter about 0.2, so plans that hold the middle layers in FP8 saved
-  less than their weights' share (-2.3..-2.6% off on the line over 22 units) and plans holding the last layers
-  more.
+  less than their weights' share (the middle half -2.3..-2.6% on average over 22 H100 runs, on the line) and
+  plans holding the last layers more.
 
 So all-BF16, all-FP8, the kind corner and the position point reproduce the profile's energy at their own
 points by construction (the position point's time comes from the line), the mixing point its prefill energy
