@@ -4,7 +4,8 @@ GPUs of one kind differ: the same steps of a small model drew up to 6% (H100) an
 energy on different units (reports/benchmarks/energy_transfer*.md). A profile shipped for predicting on
 other units of that kind is therefore the mean of several units' profiles rather than one unit's: every
 metered number (step times, joules, powers, GEMM times, idle power) averaged over the units, the
-structure (batches, contexts, prompt lengths, formats, the kind corner) required to be the same. It
+structure (batches, contexts, prompt lengths, formats) required to be the same; a profiled point that some
+units lack (the kind corner, the mixing or position point, added after they were profiled) is left out. It
 records its ``units`` and leaves the GPU UUID of its key empty, so that it is never taken for a profile
 of the user's own GPU. torch-free.
 """
@@ -58,7 +59,9 @@ def mean_profile(profiles: list[dict[str, Any]], runtime: str, command: str) -> 
         raise InputError("the profiles are of models of different geometry")
     out = dict(profiles[0])
     for section in ("decode", "prefill"):
-        out[section] = _mean([_common_points(p[section], profiles, section) for p in profiles], section)
+        # a point some units lack (profiled before it was added) is left out: the others average on the rest
+        missing = {c for c in POINTS if any(c not in p[section] for p in profiles)}
+        out[section] = _mean([{k: v for k, v in p[section].items() if k not in missing} for p in profiles], section)
     for field in MEASURED:
         if all(field in p for p in profiles):
             out[field] = fmean(p[field] for p in profiles)
@@ -77,9 +80,3 @@ def mean_profile(profiles: list[dict[str, Any]], runtime: str, command: str) -> 
     out["key"] = {**profiles[0]["key"], "gpu_uuid": None, "driver": out["driver"], "runtime": runtime}
     return out
 
-
-def _common_points(records: dict[str, Any], profiles: list[dict[str, Any]], section: str) -> dict[str, Any]:
-    """``records`` without the profiled points (kind corner, mixing and position points) that some of ``profiles``
-    lack: units profiled before a point was added average with later ones on the points all of them metered."""
-    missing = {c for c in POINTS if any(c not in p[section] for p in profiles)}
-    return {k: v for k, v in records.items() if k not in missing}
