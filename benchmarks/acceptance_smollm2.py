@@ -1,7 +1,7 @@
 """Sequential, paired acceptance of the quickstart's front plans on SmolLM2-135M, checked on the full sets.
 
 For all-BF16 (the reference), all-FP8 and mixed front plans of ``reports/quickstart/summary.json``
-(plans built as in ``benchmarks/accuracy_smollm2.py``: one FormatBank, ModelOpt max calibration
+(plans built as in ``benchmarks/studies/accuracy_smollm2.py``: one FormatBank, ModelOpt max calibration
 on self-sampled tokens), it
 
 1. judges each plan with the advisor's sequential rule (``search.policy.judge_sequentially`` over

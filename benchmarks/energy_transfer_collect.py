@@ -146,9 +146,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--profile-window-s", type=float, default=PROFILE_METER.min_window_s)
     ap.add_argument("--repeats", type=int, default=BENCH_METER.repeats, help="windows per meter point (both meters)")
     ap.add_argument("--contexts", help="c,c,... decode contexts the profiles meter instead of a search's (to compare "
-                    "context brackets on one GPU: benchmarks/profile_point_trials.py --contexts reads subsets)")
+                    "context brackets on one GPU: benchmarks/studies/profile_point_trials.py --contexts reads subsets)")
     ap.add_argument("--extra-points", default="", help=f"name,... of points to meter beside each profile's "
-                    f"(trials; {', '.join(EXTRA_POINTS)}), read back by benchmarks/profile_point_trials.py --point")
+                    f"(trials; {', '.join(EXTRA_POINTS)}), read back by "
+                    "benchmarks/studies/profile_point_trials.py --point")
     ap.add_argument("--deadline-s", type=float, default=560.0, help="stop starting new work after this")
     args = ap.parse_args(argv)
     unknown = sorted({p for p in args.extra_points.split(",") if p} - set(EXTRA_POINTS))

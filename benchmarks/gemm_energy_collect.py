@@ -5,7 +5,7 @@ step's energy as a linear form of time, bytes and FLOPs. ``reports/benchmarks/sh
 shows that no coefficients of that form price small models within 10%. This script meters each
 GEMM's energy instead, at the row counts the transfer benchmark uses (decode batches 1, 16, 64;
 prompts of 512 and 2048 tokens), so that only the non-GEMM remainder of a step is left to fit
-(``benchmarks/shipped_fit_ceiling.py --gemm-energy``).
+(``benchmarks/studies/shipped_fit_ceiling.py --gemm-energy``).
 
     python benchmarks/gemm_energy_collect.py --out OUT.json [--rows 1,16,64,512,2048] [--deadline-s 480]
 

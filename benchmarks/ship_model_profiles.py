@@ -27,9 +27,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from _report import command_line, read_notes, write_report  # noqa: E402
 from energy_transfer import date_range, predict, shape_rows  # noqa: E402
 from energy_transfer_collect import plan_formats  # noqa: E402
-from report_files import command_line, read_notes, write_report  # noqa: E402
 
 from advisor.energy.model_costmodel import ModelProfileCostModel  # noqa: E402
 from advisor.energy.model_profile import MLP_FP8, RUNTIME_VERSION  # noqa: E402
