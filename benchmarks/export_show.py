@@ -1,7 +1,7 @@
 """Show for issue 6: export a plan on the tiny model and on SmolLM2-135M, list the files,
 print the quant config and the round-trip numbers. CPU only.
 
-    cd <repo> && python benchmarks/studies/export_show.py [tiny|smollm2|all]
+    cd <repo> && python benchmarks/export_show.py [tiny|smollm2|all]
 
 Checkpoints go to /tmp/advisor-export-show/ (not committed); the small files (config,
 hf_quant_config.json, llm_api_options.yaml, README.md, export.json, file list) are
@@ -17,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 HERE = REPO / "reports" / "export"
 TMP = Path("/tmp/advisor-export-show")
 KEEP = ("config.json", "hf_quant_config.json", "llm_api_options.yaml", "README.md", "export.json")
