@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _report import md_table  # noqa: E402
 
 
 def _pts(x: float | None) -> str:
     return "-" if x is None else f"{100 * x:+.1f}"
-
-
-def _table(header: list[str], rows: list[list[str]]) -> list[str]:
-    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header), *["| " + " | ".join(r) + " |" for r in rows]]
 
 
 def replay_check(report: dict[str, Any]) -> list[dict[str, Any]]:
@@ -100,7 +101,7 @@ def write_markdown(report: dict[str, Any], path: Path, notes: str = "") -> None:
                          f"{_pts(t['drop'])} [{_pts(t['ci_low'])}, {_pts(t['ci_high'])}]",
                          f"{_pts(t['full_set_drop'])} [{_pts(t['full_set_ci_low'])}, {_pts(t['full_set_ci_high'])}]",
                          t["full_set_verdict"]])
-    md += _table(["plan", "plan verdict", "task", "task verdict", "items", "sequential drop [interval]",
+    md += md_table(["plan", "plan verdict", "task", "task verdict", "items", "sequential drop [interval]",
                   "full-set drop [interval]", "full-set verdict"], rows)
     needed = sum(t["n_items"] for p in report["plans"] for t in p["tasks"])
     available = sum(t["n_available"] for p in report["plans"] for t in p["tasks"])
@@ -126,7 +127,7 @@ def write_markdown(report: dict[str, Any], path: Path, notes: str = "") -> None:
             rows.append([f"{100 * r['max_drop']:g} pts", f"`{p['plan_id']}` {p['label']}", p["verdict"],
                          ", ".join(f"{t} {n}" for t, n in p["items"].items()),
                          "within" if check["full_set_within"] else "over", agree])
-    md += _table(["max_drop", "plan", "verdict", "items needed", "full-set drops vs max_drop",
+    md += md_table(["max_drop", "plan", "verdict", "items needed", "full-set drops vs max_drop",
                   "full-set check agrees"], rows) + [""]
     md += ["## Proxy calibration (quickstart KL against full-set drop)", ""]
     for f in report["proxy_calibration"]:
@@ -138,6 +139,6 @@ def write_markdown(report: dict[str, Any], path: Path, notes: str = "") -> None:
         md.append(f"- {f['task']}: {f['n_plans']} plans, Spearman {rho}{ci}, slope {slope}; "
                   f"{'disagrees beyond noise: ' + pairs if f['disagrees'] else 'no disagreement beyond noise'}")
     md += ["", "## Time per 100 items (s, this run, this machine)", ""]
-    md += _table(["plan", *tasks], [[label, *[str(v.get(t, "-")) for t in tasks]]
+    md += md_table(["plan", *tasks], [[label, *[str(v.get(t, "-")) for t in tasks]]
                                      for label, v in report["seconds_per_100_items"].items()]) + [""]
     path.write_text("\n".join(md))

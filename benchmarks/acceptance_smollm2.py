@@ -1,7 +1,7 @@
 """Sequential, paired acceptance of the quickstart's front plans on SmolLM2-135M, checked on the full sets.
 
 For all-BF16 (the reference), all-FP8 and mixed front plans of ``reports/quickstart/summary.json``
-(plans built as in ``benchmarks/accuracy_smollm2.py``: one FormatBank, ModelOpt max calibration
+(plans built as in ``benchmarks/studies/accuracy_smollm2.py``: one FormatBank, ModelOpt max calibration
 on self-sampled tokens), it
 
 1. judges each plan with the advisor's sequential rule (``search.policy.judge_sequentially`` over
@@ -47,6 +47,7 @@ import torch  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from _report import dump_json  # noqa: E402
 from acceptance_report import replay_check, write_markdown  # noqa: E402
 from model_check import compare_probes, model_check  # noqa: E402
 
@@ -147,7 +148,7 @@ def main() -> None:
     if args.render_only:
         report = json.loads((args.out / "acceptance.json").read_text())
         report["replay_full_set_check"] = replay_check(report)
-        (args.out / "acceptance.json").write_text(json.dumps(report, indent=2))
+        dump_json(args.out / "acceptance.json", report, indent=2)
         write_markdown(report, args.out / "acceptance.md", notes)
         return
     t_start = time.perf_counter()
@@ -178,8 +179,7 @@ def main() -> None:
     check["calibration_tokens"] = tokens.source
     if args.check_only:
         args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "model_check.json").write_text(json.dumps(
-            {**check, "machine": host, "versions": versions()}, indent=2))
+        dump_json(args.out / "model_check.json", {**check, "machine": host, "versions": versions()}, indent=2)
         return
     formats = sorted({Format(f) for t in plans for f in t["formats"].values()}, key=list(Format).index)
     bank = FormatBank(lm.model, lm.shape.groups, formats, forward_loop(tokens.calibration))
@@ -227,7 +227,7 @@ def main() -> None:
                      "sequential_s": round(seq_s, 1), "tasks": task_rows})
         print(f"{record['label']}: full sets done at {time.perf_counter() - t_start:.0f}s", flush=True)
         args.out.mkdir(parents=True, exist_ok=True)  # what is done so far, should the run be cut off
-        (args.out / "plans_so_far.json").write_text(json.dumps({"model_check": check, "plans": rows}, indent=2))
+        dump_json(args.out / "plans_so_far.json", {"model_check": check, "plans": rows}, indent=2)
 
     report = {
         "model": MODEL_NAME, "model_check": check, "command": " ".join(["python", *sys.argv]), "date": started,
@@ -246,7 +246,7 @@ def main() -> None:
     }
     report["replay_full_set_check"] = replay_check(report)
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "acceptance.json").write_text(json.dumps(report, indent=2))
+    dump_json(args.out / "acceptance.json", report, indent=2)
     write_markdown(report, args.out / "acceptance.md", notes)
     print(json.dumps(report["full_set_check"], indent=2))
 

@@ -27,6 +27,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from _report import command_line, md_table, measured_on, read_notes, write_report  # noqa: E402
 from energy_transfer_collect import DECODE_CONTEXT, INPUT, OUTPUT, plan_formats  # noqa: E402
 
 from advisor.energy.costmodel import ProfileCostModel  # noqa: E402
@@ -127,11 +128,20 @@ def pct(v: float) -> str:
     return f"{v * 100:+.1f}%"
 
 
+def run_cells(r: dict) -> list[str]:
+    """One run's row: its unit, meter windows, thermal soak, what its profile metered, and its worst errors."""
+    soak = r.get("soak")
+    warm = f"{soak['from_c']:.0f} -> {soak['to_c']:.0f} C" if soak else "none"
+    return [r["shape"], r["gpu_uuid"][-12:], f"{r['windows_s'][0]} / {r['windows_s'][1]}", warm,
+            r.get("profiled", ""), f"{r['model_profile_max_abs_error'] * 100:.1f}%",
+            f"{r['shipped_profile_max_abs_error'] * 100:.1f}%", f"`{Path(r['raw']).name}`"]
+
+
 def render(d: dict) -> str:
     lines = [
         "# Energy transfer: per-model and shipped GPU profiles against end-to-end measurements",
         "",
-        f"Measured on **{d['gpu']}**, driver {d['driver']}, {d['date']} (random weights of each shape, the "
+        f"{measured_on(d)} (random weights of each shape, the "
         f"project's runtime, NVML meter); command `{d['command']}`. Predicted: this table's predictions, "
         "computed from profiles measured on the GPU (no GPU needed to predict).",
         "",
@@ -146,44 +156,32 @@ def render(d: dict) -> str:
         "",
         "## Summary (max |error| over plans, phases and batches)",
         "",
-        "| shape | params (B) | layers run | per-model profile | shipped GPU profile | old layer profile | "
-        "profile time (s) |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        *md_table(["shape", "params (B)", "layers run", "per-model profile", "shipped GPU profile",
+                   "old layer profile", "profile time (s)"],
+                  [[s["shape"], f"{s['params_b']:.2f}", f"{s['layers']}/{s['full_layers']}",
+                    f"{s['model_profile_max_abs_error'] * 100:.1f}%",
+                    f"{s['shipped_profile_max_abs_error'] * 100:.1f}%",
+                    f"{s['layer_profile_max_abs_error'] * 100:.0f}%", f"{s['profile_seconds']:.0f}"]
+                   for s in d["shapes"]], "lrrrrrr"),
     ]
-    for s in d["shapes"]:
-        lines.append(f"| {s['shape']} | {s['params_b']:.2f} | {s['layers']}/{s['full_layers']} | "
-                     f"{s['model_profile_max_abs_error'] * 100:.1f}% | {s['shipped_profile_max_abs_error'] * 100:.1f}% "
-                     f"| {s['layer_profile_max_abs_error'] * 100:.0f}% | {s['profile_seconds']:.0f} |")
     if len(d.get("runs", [])) > len(d["shapes"]):
         lines += ["", "## Every run of each shape (GPU unit, profile / plan meter windows, the profile's thermal soak, "
                   "its decode contexts and corner)", "",
-                  "| shape | GPU unit | windows (s) | soak | profiled | per-model profile | shipped GPU profile "
-                  "| run |",
-                  "|---|---|---|---|---|---:|---:|---|"]
-        for r in d["runs"]:
-            soak = r.get("soak")
-            warm = f"{soak['from_c']:.0f} -> {soak['to_c']:.0f} C" if soak else "none"
-            windows = f"{r['windows_s'][0]} / {r['windows_s'][1]}"
-            lines.append(f"| {r['shape']} | {r['gpu_uuid'][-12:]} | {windows} | {warm} | {r.get('profiled', '')} | "
-                         f"{r['model_profile_max_abs_error'] * 100:.1f}% | "
-                         f"{r['shipped_profile_max_abs_error'] * 100:.1f}% | `{Path(r['raw']).name}` |")
+                  *md_table(["shape", "GPU unit", "windows (s)", "soak", "profiled", "per-model profile",
+                             "shipped GPU profile", "run"], [run_cells(r) for r in d["runs"]], "lllllrrl")]
     lines += ["", "## Every row", "",
-              "| shape | plan | phase | batch | measured J/token | its CV | per-model | err | shipped | err "
-              "| old layer | err |",
-              "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for r in d["rows"]:
-        lines.append(
-            f"| {r['shape']} | {r['plan']} | {r['phase']} | {r['batch']} | {r['measured_j_per_token']:.5g} | "
-            f"{r['measured_cv'] * 100:.1f}% | {r['model_profile_j_per_token']:.5g} | {pct(r['model_profile_error'])} | "
-            f"{r['shipped_profile_j_per_token']:.5g} | {pct(r['shipped_profile_error'])} | "
-            f"{r['layer_profile_j_per_token']:.5g} | {pct(r['layer_profile_error'])} |")
+              *md_table(["shape", "plan", "phase", "batch", "measured J/token", "its CV", "per-model", "err",
+                         "shipped", "err", "old layer", "err"],
+                        [[r["shape"], r["plan"], r["phase"], str(r["batch"]), f"{r['measured_j_per_token']:.5g}",
+                          f"{r['measured_cv'] * 100:.1f}%", f"{r['model_profile_j_per_token']:.5g}",
+                          pct(r["model_profile_error"]), f"{r['shipped_profile_j_per_token']:.5g}",
+                          pct(r["shipped_profile_error"]), f"{r['layer_profile_j_per_token']:.5g}",
+                          pct(r["layer_profile_error"])] for r in d["rows"]], "lllrrrrrrrrr")]
     lines += ["", f"## Requests ({INPUT} prompt + {OUTPUT} generated tokens), J per generated token", "",
-              "| shape | plan | batch | measured | per-model err | shipped err | old layer err |",
-              "|---|---|---:|---:|---:|---:|---:|"]
-    for r in d["requests"]:
-        lines.append(f"| {r['shape']} | {r['plan']} | {r['batch']} | {r['measured_j_per_token']:.5g} | "
-                     f"{pct(r['model_profile_error'])} | {pct(r['shipped_profile_error'])} | "
-                     f"{pct(r['layer_profile_error'])} |")
+              *md_table(["shape", "plan", "batch", "measured", "per-model err", "shipped err", "old layer err"],
+                        [[r["shape"], r["plan"], str(r["batch"]), f"{r['measured_j_per_token']:.5g}",
+                          pct(r["model_profile_error"]), pct(r["shipped_profile_error"]),
+                          pct(r["layer_profile_error"])] for r in d["requests"]], "llrrrrr")]
     if d.get("notes"):
         lines += ["", "## Notes", ""] + [f"- {n}" for n in d["notes"]]
     return "\n".join(lines) + "\n"
@@ -223,17 +221,14 @@ def main(argv: list[str] | None = None) -> int:
     out = {
         "gpu": first["gpu"], "gpu_uuid": sorted({r["gpu_uuid"] for r in [*raws, *repeats]}), "driver": first["driver"],
         "power_limit_w": first["power_limit_w"], "date": date_range([*raws, *repeats]),
-        "command": " ; ".join(r["command"] for r in [*raws, *repeats]) + " ; python " + " ".join(
-            [sys.argv[0], *(argv if argv is not None else sys.argv[1:])]),
+        "command": " ; ".join(r["command"] for r in [*raws, *repeats]) + " ; " + command_line(argv),
         "gpu_profile": str(args.gpu_profile), "gpu_profile_anchors": sorted(gpu_profile["anchors"]),
         "shapes": summary, "rows": rows, "requests": request_rows(rows),
         "runs": run_summaries([*args.raw, *args.repeat], [*raws, *repeats], gpu_profile, legacy),
-        "notes": json.loads(args.notes.read_text()) if args.notes else [],
+        "notes": read_notes(args.notes),
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(out, indent=1))
-    args.out.with_suffix(".md").write_text(render(out))
-    print(render(out))
+    write_report(args.out, out, render, newline=False)
     return 0
 
 

@@ -14,12 +14,14 @@ The CPU half (``benchmarks/energy_transfer.py``) predicts and renders.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from _report import command_line, dump_json  # noqa: E402
 
 from advisor.energy.meter import MeterConfig  # noqa: E402
 from advisor.energy.reference_shapes import REFERENCE_SHAPES  # noqa: E402
@@ -146,9 +148,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--profile-window-s", type=float, default=PROFILE_METER.min_window_s)
     ap.add_argument("--repeats", type=int, default=BENCH_METER.repeats, help="windows per meter point (both meters)")
     ap.add_argument("--contexts", help="c,c,... decode contexts the profiles meter instead of a search's (to compare "
-                    "context brackets on one GPU: benchmarks/profile_point_trials.py --contexts reads subsets)")
+                    "context brackets on one GPU: benchmarks/studies/profile_point_trials.py --contexts reads subsets)")
     ap.add_argument("--extra-points", default="", help=f"name,... of points to meter beside each profile's "
-                    f"(trials; {', '.join(EXTRA_POINTS)}), read back by benchmarks/profile_point_trials.py --point")
+                    f"(trials; {', '.join(EXTRA_POINTS)}), read back by "
+                    "benchmarks/studies/profile_point_trials.py --point")
     ap.add_argument("--deadline-s", type=float, default=560.0, help="stop starting new work after this")
     args = ap.parse_args(argv)
     unknown = sorted({p for p in args.extra_points.split(",") if p} - set(EXTRA_POINTS))
@@ -161,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     from advisor.energy.model_profile import _release, measure_model_profile
 
     t_start = time.perf_counter()
-    command = "python " + " ".join([sys.argv[0], *(argv if argv is not None else sys.argv[1:])])
+    command = command_line(argv)
 
     def log(*a) -> None:
         print(f"[{time.perf_counter() - t_start:6.1f}s]", *a, flush=True)
@@ -200,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
         rows = measure_plans(bench, bench_meter, log)
         out["shapes"][name] = {"num_layers": dims.num_layers, "full_layers": ref.num_layers,
                                "params_b": ref.params_b, "profile": prof, "bench_create_s": t_bench, "rows": rows}
-        args.out.write_text(json.dumps(out, indent=1))
+        dump_json(args.out, out)
         del bench, prof
         _release()
     for name, layers in parse_models(args.anchors):
@@ -212,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
         prof = measure_model_profile(dims, batches=BATCHES, prefill_lengths=(512, 2048), meter=profile_meter,
                                      bench=bench, command=command, log=log)
         out["anchors"][name] = prof
-        args.out.write_text(json.dumps(out, indent=1))
+        dump_json(args.out, out)
         del bench, prof
         _release()
     if args.tables is not None and time.perf_counter() - t_start < args.deadline_s:
@@ -220,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
 
         data = measure_gpu_profile(command, deadline_s=args.deadline_s - (time.perf_counter() - t_start), log=log,
                                    gemm_energy_s=600.0)
-        args.tables.write_text(json.dumps(data, indent=1))
+        dump_json(args.tables, data)
     log("done")
     return 0
 

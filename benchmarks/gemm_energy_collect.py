@@ -5,7 +5,7 @@ step's energy as a linear form of time, bytes and FLOPs. ``reports/benchmarks/sh
 shows that no coefficients of that form price small models within 10%. This script meters each
 GEMM's energy instead, at the row counts the transfer benchmark uses (decode batches 1, 16, 64;
 prompts of 512 and 2048 tokens), so that only the non-GEMM remainder of a step is left to fit
-(``benchmarks/shipped_fit_ceiling.py --gemm-energy``).
+(``benchmarks/studies/shipped_fit_ceiling.py --gemm-energy``).
 
     python benchmarks/gemm_energy_collect.py --out OUT.json [--rows 1,16,64,512,2048] [--deadline-s 480]
 
@@ -21,7 +21,10 @@ import sys
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from _report import command_line, dump_json  # noqa: E402
 
 from advisor.energy.gemm_table import SCHEMA  # noqa: E402
 
@@ -51,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = MeterConfig(**{**ENERGY_METER, "min_window_s": args.window_s})
     meter = open_meter(torch.cuda.current_device(), cfg)
     state = meter.counter.state()
-    command = "python " + " ".join([sys.argv[0], *(argv if argv is not None else sys.argv[1:])])
+    command = command_line(argv)
     out = {"schema": SCHEMA + "/gemm-energy", **measurement_header(state, meter.idle_power_w(), copy_bandwidth_gb_s(),
                                                                     command, torch.__version__),
            "meter": cfg.__dict__, "m_buckets": list(rows)}
@@ -63,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def write(gemm: dict) -> None:
         out["gemm"], out["seconds"] = gemm, time.perf_counter() - t0
-        args.out.write_text(json.dumps(out))
+        dump_json(args.out, out, indent=None)
 
     gemm, out["soak"] = measure_gemm_energy(meter, order, rows, deadline_s=args.deadline_s, done=done,
                                             log=lambda m: print(m, flush=True), after_shape=write)

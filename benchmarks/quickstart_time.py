@@ -22,6 +22,10 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _report import dump_json  # noqa: E402
+
 COMMAND = ["advisor", "search", "-r", "recipes/quickstart.yaml"]
 STAGES = ("load_s", "tokens_s", "calibration_s", "reference_s", "sensitivity_s", "benchmark_s")
 
@@ -56,7 +60,7 @@ def main() -> None:
         "stages_s": stages, "trials": timings.get("trials_run"), "run_total_s": round(timings["total_s"], 1),
         "recommendation": summary["recommendation"]["label"], "benchmark": summary.get("benchmark_status"),
     }
-    (args.out / "time.json").write_text(json.dumps(record, indent=2) + "\n")
+    dump_json(args.out / "time.json", record, indent=2, newline=True)
     for name in ("report.md", "summary.json", "front.png", "format_map.png"):
         if (run_dir / name).exists():
             shutil.copy(run_dir / name, args.out / name)

@@ -27,9 +27,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from _report import command_line, md_table, read_notes, write_report  # noqa: E402
 from energy_transfer import date_range, predict, shape_rows  # noqa: E402
 from energy_transfer_collect import plan_formats  # noqa: E402
-from report_files import command_line, read_notes, write_report  # noqa: E402
 
 from advisor.energy.model_costmodel import ModelProfileCostModel  # noqa: E402
 from advisor.energy.model_profile import MLP_FP8, RUNTIME_VERSION  # noqa: E402
@@ -122,6 +122,14 @@ def short(uuid: str) -> str:
     return uuid[-12:]
 
 
+def check_cells(shape: str, c: dict) -> list[str]:
+    """One check's row: the unit left out, how many units' mean predicted it, and the worst errors."""
+    return [shape, short(c["gpu_uuid"]), "yes" if c["unit_in_shipped"] else "no",
+            f"{c['mean_of']} unit{'s' if c['mean_of'] != 1 else ''}", f"{c['max_abs_error']:.1%}",
+            f"{c['own_profile_max_abs_error']:.1%}", f"{c['gpu_profile_max_abs_error']:.1%}",
+            f"`{Path(c['raw']).name}`"]
+
+
 def render(d: dict) -> str:
     lines = [
         f"# Shipped per-model profiles of common models ({d['gpu']})",
@@ -138,23 +146,18 @@ def render(d: dict) -> str:
         "",
         "A shape's mean is shipped where its worst error is below the GPU profile's on the same runs.",
         "",
-        "| shape | units averaged | checked runs (units) | worst, others' mean | worst, shipped GPU profile "
-        "| shipped |",
-        "|---|---:|---:|---:|---:|---|",
+        *md_table(["shape", "units averaged", "checked runs (units)", "worst, others' mean",
+                   "worst, shipped GPU profile", "shipped"],
+                  [[s["shape"], str(len(s["units"])),
+                    f"{len(s['checks'])} ({len({c['gpu_uuid'] for c in s['checks']})})", f"{s['max_abs_error']:.1%}",
+                    f"{s['gpu_profile_max_abs_error']:.1%}", "yes" if s["shipped"] else "no"] for s in d["shapes"]],
+                  "lrrrrl"),
     ]
-    for s in d["shapes"]:
-        lines.append(f"| {s['shape']} | {len(s['units'])} | {len(s['checks'])} "
-                     f"({len({c['gpu_uuid'] for c in s['checks']})}) | {s['max_abs_error']:.1%} | "
-                     f"{s['gpu_profile_max_abs_error']:.1%} | {'yes' if s['shipped'] else 'no'} |")
     lines += ["", "## Every check", "",
-              "| shape | GPU unit | in the shipped mean | predicted from | worst, others' mean | own profile | "
-              "shipped GPU profile | run |", "|---|---|---|---:|---:|---:|---:|---|"]
-    for s in d["shapes"]:
-        for c in sorted(s["checks"], key=lambda c: -c["max_abs_error"]):
-            units = f"{c['mean_of']} unit{'s' if c['mean_of'] != 1 else ''}"
-            lines.append(f"| {s['shape']} | {short(c['gpu_uuid'])} | {'yes' if c['unit_in_shipped'] else 'no'} | "
-                         f"{units} | {c['max_abs_error']:.1%} | {c['own_profile_max_abs_error']:.1%} | "
-                         f"{c['gpu_profile_max_abs_error']:.1%} | `{Path(c['raw']).name}` |")
+              *md_table(["shape", "GPU unit", "in the shipped mean", "predicted from", "worst, others' mean",
+                         "own profile", "shipped GPU profile", "run"],
+                        [check_cells(s["shape"], c) for s in d["shapes"]
+                         for c in sorted(s["checks"], key=lambda c: -c["max_abs_error"])], "lllrrrrl")]
     if d["notes"]:
         lines += ["", "## Notes", "", *[f"- {n}" for n in d["notes"]]]
     return "\n".join(lines) + "\n"

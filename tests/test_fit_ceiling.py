@@ -1,5 +1,5 @@
 """The fits behind reports/benchmarks/shipped_fit_ceiling: the minimax fit's floor and the units' spread
-(benchmarks/, no GPU). The GEMM energy table's lookup: tests/test_gpu_profile.py."""
+(benchmarks/studies/, no GPU). The GEMM energy table's lookup: tests/test_gpu_profile.py."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "studies"
 
 
 def _load(name: str):

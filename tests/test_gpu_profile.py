@@ -97,7 +97,7 @@ def _gemm_time_apart(t_ms: float, parts: dict) -> list[float]:
 
 def test_another_energy_form_is_fitted_and_priced_when_given(profile):
     """A GPU whose GEMMs and the rest draw different static power: the shipped form misprices it, the form that
-    has both terms, given to the fit and the cost model, recovers it (what benchmarks/shipped_fit_ceiling.py
+    has both terms, given to the fit and the cost model, recovers it (what benchmarks/studies/shipped_fit_ceiling.py
     compares)."""
     energy = [150.0, 320.0, 1.1e-10, 9e-13, 6e-13]
     prof = {**profile, "anchors": {}}

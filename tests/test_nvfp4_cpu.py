@@ -1,6 +1,6 @@
 """The CPU NVFP4 kernel (advisor.quantize.nvfp4_cpu): E2M1 rounding, FP8 block scales, ModelOpt wiring.
 
-The GPU comparison with ModelOpt's CUDA kernel is benchmarks/nvfp4_parity.py
+The GPU comparison with ModelOpt's CUDA kernel is benchmarks/studies/nvfp4_parity.py
 (results in reports/nvfp4_cpu_parity/).
 """
 

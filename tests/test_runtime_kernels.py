@@ -5,7 +5,7 @@ interpreter (numpy on the CPU; conftest.py sets TRITON_INTERPRET=1 before triton
 imported); CI runs them that way. Triton 3.6's interpreter converts FP32 to BF16 by
 truncation and to FP8 wrongly where rounding crosses a power of two, so on the CPU
 roundings are checked to one BF16 step and FP8 codes to most elements; on the GPU
-they are checked bit for bit. Timings are not tested here (benchmarks/energy_formats.py measures them).
+they are checked bit for bit. Timings are not tested here (benchmarks/studies/energy_formats.py measures them).
 """
 
 from __future__ import annotations

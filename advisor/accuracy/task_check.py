@@ -6,7 +6,7 @@ learn at the end that a task name is misspelt or its YAML is broken.
   template error fails here; its primary metric must be a mean of per-item values (``acc``,
   ``exact_match``: :func:`~advisor.accuracy.task_configs.primary_metric`), as the scoring needs.
 * Registry names are looked up in the text of lm-eval's task YAMLs. Building lm-eval's own
-  index parses ~14,000 YAML files (15 s on two cores) and loading a task downloads its
+  index parses every task YAML it ships (seconds; reports/README.md) and loading a task downloads its
   dataset, so neither happens here. Every task lm-eval registers is defined by a
   ``task: NAME`` line in one of those files, so a name that appears nowhere is unknown for
   certain; a ``group:`` name is refused as lm-eval's loader would refuse it later.

@@ -1,12 +1,10 @@
 """The arithmetic accuracy is scored in: BF16, except on a CPU without BF16 matrix instructions.
 
 On such a CPU (AVX2 only: most laptops and many cloud machines) PyTorch's BF16 matrix products
-run on a slow path: on a 2-core AMD EPYC with AVX2, a forward pass of SmolLM2-135M took 16.9 s
-in BF16 and 3.5 s in float32, and the README quickstart 30.5 minutes (`reports/quickstart/time.md`,
-2026-11-26). There the model's BF16 weights are copied to float32 (exactly) and every plan, the BF16
-reference included, is computed in float32, without BF16's rounding of activations: on the same
-tokens its KL came within 1.4% of BF16 arithmetic's, and the quickstart took 8.1 minutes
-(`reports/benchmarks/cpu_arithmetic.md`). The weights'
+run on a slow path, several times slower than float32. There the model's BF16 weights are copied to
+float32 (exactly) and every plan, the BF16 reference included, is computed in float32, without BF16's
+rounding of activations: on the same tokens its KL stays close to BF16 arithmetic's, at a fraction of
+the time (`reports/benchmarks/cpu_arithmetic.md`). The weights'
 fingerprint is taken before the copy, so the model is the same model to the study, the caches
 and `recheck`; the arithmetic is part of where a study scores (:func:`scoring_place`), which a
 resume or a worker must match.

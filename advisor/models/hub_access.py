@@ -1,7 +1,7 @@
 """Fail fast where the model hub cannot be reached at all.
 
-huggingface_hub retries a request whose host does not resolve five times with back-off: a hub id on a
-machine without the hub took 23-27 s to fail (2026-11-23). Where the hub's host does not resolve, the
+huggingface_hub retries a request whose host does not resolve five times with back-off, so a hub id on a
+machine without the hub takes tens of seconds to fail (reports/README.md). Where the hub's host does not resolve, the
 advisor sets ``HF_HUB_OFFLINE=1`` before any Hugging Face library is imported, so hub ids are looked up in
 the local cache only and fail at once when they are not there; nothing is lost, as no request could have
 succeeded. A host that resolves, a lookup that does not answer within a second, and a proxy in the environment

@@ -3,8 +3,8 @@
 ModelOpt 0.47 fake-quantizes FP8 on the CPU with ``tensor_quant._fp8_eager``: scale,
 clamp, cast to ``float8_e4m3fn``, cast back to float32, multiply by 1/scale, cast to the
 input dtype. PyTorch's CPU decode of FP8 to float32 is an unvectorized per-element
-conversion that costs more than the GEMM it precedes (3.3 ms for 0.9 M elements against
-a 6 ms matmul on SmolLM2). There are only 256 FP8 codes, so this kernel decodes each once
+conversion that costs more than the GEMM it precedes
+(`reports/quickstart/profile_2026-11-22.md`). There are only 256 FP8 codes, so this kernel decodes each once
 per call (times 1/scale, cast to the input dtype: the same two roundings) and looks the
 codes up in that table. Other cases (per-channel amax, no amax, integer formats) go to
 ModelOpt unchanged.

@@ -8,7 +8,7 @@ before: ModelOpt ties NVFP4's ``weight_scale_2`` at export and leaves FP8 alone)
 code as it is. It records the recommendation, the baselines and the KL of every plan both runs scored.
 
 Usage (CPU; the quickstart takes ~15 min for both runs on 2 cores):
-    python benchmarks/fused_scales.py --recipe recipes/tiny.yaml --recipe recipes/quickstart.yaml
+    python benchmarks/studies/fused_scales.py --recipe recipes/tiny.yaml --recipe recipes/quickstart.yaml
 Writes reports/benchmarks/fused_scales.json.
 """
 

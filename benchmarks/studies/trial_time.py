@@ -1,6 +1,6 @@
 """Per-trial time on SmolLM2 (quickstart recipe, CPU): calibration reused vs calibrated in the trial.
 
-Usage: python benchmarks/trial_time.py   (prints the timings of three random mixed plans)
+Usage: python benchmarks/studies/trial_time.py   (prints the timings of three random mixed plans)
 """
 
 from __future__ import annotations

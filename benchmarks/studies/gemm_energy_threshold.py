@@ -7,7 +7,7 @@ run (``benchmarks/energy_transfer_collect.py`` outputs) with the profile as ship
 threshold moved and each rule, and reports the worst error per shape: from 0 (the section prices every
 model) to infinity (the fitted form, or the mean, prices every model).
 
-    python benchmarks/gemm_energy_threshold.py --gpu-profile advisor/energy/profiles/h100_gemm_2026-11-22.json \
+    python benchmarks/studies/gemm_energy_threshold.py --gpu-profile advisor/energy/profiles/h100_gemm_2026-11-22.json \
         --raw reports/benchmarks/energy_transfer_data/h100_raw3.json [--raw ...] --out OUT.json
 """
 
@@ -20,11 +20,11 @@ import sys
 from datetime import date
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from _report import command_line, read_notes, write_report  # noqa: E402
 from energy_transfer import shape_rows  # noqa: E402
-from report_files import command_line, read_notes, write_report  # noqa: E402
 
 from advisor.energy.gpu_costmodel import Geometry, layer_weights  # noqa: E402
 from advisor.energy.profile import shipped_profile  # noqa: E402

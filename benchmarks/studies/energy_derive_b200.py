@@ -10,7 +10,7 @@ ratios (NVIDIA H200 and HGX B200 datasheets, SXM parts), under these assumptions
 * the non-GEMM part of a step (attention, norms, launch gaps) x 0.75 (assumed);
 * power: idle + (H200 power - H200 idle) x (1000 - 120) / (700 - 75) W, NVFP4 as FP8.
 
-    python benchmarks/energy_derive_b200.py advisor/profiles/h200_2026-11-22.json \
+    python benchmarks/studies/energy_derive_b200.py advisor/profiles/h200_2026-11-22.json \
         advisor/profiles/b200_datasheet_2026-11-22.json
 """
 

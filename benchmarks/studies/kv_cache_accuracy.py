@@ -10,7 +10,7 @@ prompt tokens and 256 generated), per request (prefill included) and per decode 
 labelled predicted.
 
 Usage:
-    python benchmarks/kv_cache_accuracy.py --recipe recipes/quickstart.yaml [--lambada-limit N]
+    python benchmarks/studies/kv_cache_accuracy.py --recipe recipes/quickstart.yaml [--lambada-limit N]
 Writes reports/benchmarks/kv_cache_accuracy_cpu.json.
 """
 

@@ -6,7 +6,7 @@ attention's split policy against a forced single split. Each step is a CUDA grap
 replayed ``--iters`` times after warm-up; floor = (weight + KV bytes) / copy
 bandwidth. Chooses nothing itself: it shows which defaults the runtime should use.
 
-    python benchmarks/decode_step_variants.py --out reports/benchmarks/decode_step_variants.json
+    python benchmarks/studies/decode_step_variants.py --out reports/benchmarks/decode_step_variants.json
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """FP8 vs BF16 KV cache on the measurement runtime: decode ms/step, J/token and time over the floor.
 
-    PYTHONPATH=. python benchmarks/kv_cache.py --out $OUT/kv_cache.json [--layers N]
+    PYTHONPATH=. python benchmarks/studies/kv_cache.py --out $OUT/kv_cache.json [--layers N]
         [--batches 16,64] [--contexts 512,8192] [--warmup-s 1 --window-s 2 --ticks 20 --repeats 3]
 
 A Llama-3.1-8B shape (random weights on the GPU; ``--layers`` of its 32, or as many as fit
@@ -44,7 +44,7 @@ KV = {"bf16": Format.BF16, "fp8": Format.FP8}
 FP8_VARIANTS = {"fp8_bf16dot_1split": (False, 1), "fp8_f16dot_1split": (True, 1), "fp8_f16dot_2split": (True, 2),
                 "fp8_f16dot_4split": (True, 4)}
 MEMORY_MARGIN = 8 << 30
-ACCURACY_MD = Path(__file__).resolve().parents[1] / "reports" / "benchmarks" / "kv_cache_accuracy_cpu.md"
+ACCURACY_MD = Path(__file__).resolve().parents[2] / "reports" / "benchmarks" / "kv_cache_accuracy_cpu.md"
 
 
 def layers_that_fit(dims: DecoderDims, batch: int, context: int) -> int:

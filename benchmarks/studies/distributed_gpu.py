@@ -13,7 +13,7 @@ Every trial here measures its energy (NVML, the serving runtime, short meter win
 several GPUs worth having. The model is a random-weight Llama of SmolLM2-135M's layer shapes
 with the tokenizer of a small real model (``--tokenizer DIR``; vocabulary 2048).
 
-    python benchmarks/distributed_gpu.py --tokenizer .gpu_carry/tinystories-656k --out $OUT
+    python benchmarks/studies/distributed_gpu.py --tokenizer .gpu_carry/tinystories-656k --out $OUT
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 SHAPE = {"hidden_size": 576, "intermediate_size": 1536, "num_hidden_layers": 30, "num_attention_heads": 9,
@@ -182,7 +182,7 @@ def main() -> None:
     result = {
         "gpu": f"{gpus} x {nv.name}", "driver": nv.driver,
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "command": "python benchmarks/distributed_gpu.py " + " ".join(sys.argv[1:]),
+        "command": "python benchmarks/studies/distributed_gpu.py " + " ".join(sys.argv[1:]),
         "model": f"random-weight Llama, SmolLM2-135M layer shapes, vocab 2048 ({SHAPE})",
         "meter": FAST_METER, "runs": runs, "speedup_trials_per_hour": round(speedup, 2), "target_speedup": 1.8,
         "uuid_check": uuid_check,

@@ -16,7 +16,7 @@ each form fitted to every measured row at once (measured step times, largest err
 least any coefficients of that form reach; and the GEMM-energy form's rest fitted to every other shape's rows
 (all units), predicting the shape left out.
 
-    python benchmarks/gemm_energy_eval.py --gpu-profile advisor/energy/profiles/h100_gemm_2026-11-22.json \
+    python benchmarks/studies/gemm_energy_eval.py --gpu-profile advisor/energy/profiles/h100_gemm_2026-11-22.json \
         --gemm-energy GEMM_ENERGY.json --anchors RAW_WITH_ANCHORS.json --raw RAW.json [--raw ...] --out OUT.json
 """
 
@@ -30,11 +30,11 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from _report import command_line, read_notes, write_report  # noqa: E402
 from energy_transfer_collect import plan_formats  # noqa: E402
-from report_files import command_line, read_notes, write_report  # noqa: E402
 from shipped_fit_ceiling import measured_rows, minimax  # noqa: E402
 
 from advisor.energy.gemm_energy import (  # noqa: E402

@@ -12,8 +12,8 @@ For each shape (random weights, the project's runtime) and each group kind, form
 then, with ``--tables``, measures the whole GEMM tables the uncapped way (without anchors), so that
 ``benchmarks/build_gpu_profile.py`` can refit the shipped profile on them and the transfer be compared.
 
-    python benchmarks/gemm_table_check.py --out check.json [--tables tables.json]
-    python benchmarks/gemm_table_check.py --out check.json --render   # its Markdown, no GPU
+    python benchmarks/studies/gemm_table_check.py --out check.json [--tables tables.json]
+    python benchmarks/studies/gemm_table_check.py --out check.json --render   # its Markdown, no GPU
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from advisor.energy.reference_shapes import REFERENCE_SHAPES  # noqa: E402
 from advisor.formats import Format  # noqa: E402

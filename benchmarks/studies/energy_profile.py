@@ -1,6 +1,6 @@
 """Measure the energy profile of this GPU (Llama-3.1-8B shape) and save it as JSON.
 
-    python benchmarks/energy_profile.py --out advisor/profiles/h200_<date>.json
+    python benchmarks/studies/energy_profile.py --out advisor/profiles/h200_<date>.json
 
 Same as `advisor profile`; several minutes (about 12 meter measurements of ~18 s).
 """

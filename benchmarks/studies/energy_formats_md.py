@@ -1,6 +1,6 @@
 """Write the short Markdown summary beside an energy_formats JSON (no GPU needed).
 
-python benchmarks/energy_formats_md.py [reports/benchmarks/energy_formats.json ...]
+python benchmarks/studies/energy_formats_md.py [reports/benchmarks/energy_formats.json ...]
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """A MoE decoder of a real model's shapes on the measurement runtime: grouped-GEMM experts, measured vs predicted.
 
-    PYTHONPATH=. python benchmarks/moe_gpu.py --out $OUT/moe_gpu.json [--layers N] [--batches 1,16,64,256]
+    PYTHONPATH=. python benchmarks/studies/moe_gpu.py --out $OUT/moe_gpu.json [--layers N] [--batches 1,16,64,256]
         [--extra-batches 32] [--plans bf16,fp8,...] [--context 512] [--profile-contexts 256,768]
         [--warmup-s 1 --window-s 2 --ticks 20 --repeats 3]
-    python benchmarks/moe_gpu.py --out reports/benchmarks/moe_gpu.json --replay PROFILE.json   # no GPU
+    python benchmarks/studies/moe_gpu.py --out reports/benchmarks/moe_gpu.json --replay PROFILE.json   # no GPU
 
 Random weights of ``--model``'s published shapes on the GPU: Qwen3-30B-A3B (hidden 2048, 32/4
 heads x 128 with q/k norms, 128 experts of 768, top-8 renormalized, vocab 151936) or

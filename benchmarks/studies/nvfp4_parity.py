@@ -17,7 +17,7 @@ over 1e-8..1e4 so that block scales saturate and underflow in FP8), exact roundi
 ties, zero blocks; and one real SmolLM2 layer (weight and a captured activation),
 through its calibrated ModelOpt ``QuantLinear``.
 
-Usage (on the GPU machine):  python benchmarks/nvfp4_parity.py --out reports/nvfp4_cpu_parity
+Usage (on the GPU machine):  python benchmarks/studies/nvfp4_parity.py --out reports/nvfp4_cpu_parity
 The accuracy benchmark calls :func:`run_random` and :func:`run_layer` in its own run.
 """
 

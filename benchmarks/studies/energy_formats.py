@@ -8,7 +8,7 @@ the device-to-device copy bandwidth measured here; floor_ratio = this format's
 floor over BF16's. With --profile, each measured row also gets the cost model's
 prediction from that profile.
 
-    python benchmarks/energy_formats.py [--quick] [--profile advisor/profiles/h100_....json]
+    python benchmarks/studies/energy_formats.py [--quick] [--profile advisor/profiles/h100_....json]
 """
 
 from __future__ import annotations

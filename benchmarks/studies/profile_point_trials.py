@@ -18,7 +18,7 @@ For each column: every row's error and the worst. Also the share of all-FP8's sa
 profile's mixing point(s) saved, per decode point, and the share of all-FP8's end-to-end saving each mixed
 plan saved.
 
-    python benchmarks/profile_point_trials.py --raw R.json [--raw R2.json] [--contexts 320,1280 ...] \\
+    python benchmarks/studies/profile_point_trials.py --raw R.json [--raw R2.json] [--contexts 320,1280 ...] \\
         [--point alt_fp8_odd] --out reports/benchmarks/profile_point_trials.json
 """
 
@@ -31,12 +31,12 @@ import sys
 from datetime import date
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from _report import command_line, read_notes, write_report  # noqa: E402
 from energy_transfer import predict  # noqa: E402
 from energy_transfer_collect import plan_formats  # noqa: E402
-from report_files import command_line, read_notes, write_report  # noqa: E402
 
 from advisor.energy.model_costmodel import ModelProfileCostModel  # noqa: E402
 from advisor.energy.model_profile import ALT_FP8  # noqa: E402

@@ -5,7 +5,7 @@ same tokens; a self-sampled set would differ with the arithmetic that samples it
 each arithmetic (load, FP8 and NVFP4 calibration, BF16 reference) and scores all-FP8 and all-NVFP4, each
 arithmetic in a fresh process. Writes a JSON + Markdown pair.
 
-Usage:  python benchmarks/cpu_arithmetic.py --text ../shared/data/text/tinystories_val.txt \
+Usage:  python benchmarks/studies/cpu_arithmetic.py --text ../shared/data/text/tinystories_val.txt \
             --out reports/benchmarks/cpu_arithmetic.json
 """
 
@@ -21,10 +21,10 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from report_files import command_line, read_notes, write_report  # noqa: E402
+from _report import command_line, read_notes, write_report  # noqa: E402
 
 ARITHMETICS = ("bfloat16", "float32")
 

@@ -22,7 +22,7 @@ on several GPU units, one prediction for all of them misses one unit by at least
 Steps near the power limit (``--cap-share`` of it, the profile's own 95% by default) follow the
 profile's cap rule, not the fit: the pooled and leave-one-shape-out fits leave them out.
 
-    python benchmarks/shipped_fit_ceiling.py --gpu-profile advisor/energy/profiles/h100_gemm_2026-11-22.json \
+    python benchmarks/studies/shipped_fit_ceiling.py --gpu-profile advisor/energy/profiles/h100_gemm_2026-11-22.json \
         --raw reports/benchmarks/energy_transfer_data/h100_raw3.json [--raw ...] \
         --out reports/benchmarks/shipped_fit_ceiling_h100.json
 """
@@ -40,12 +40,12 @@ from typing import Any
 import numpy as np
 from scipy.optimize import nnls
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from _report import command_line, read_notes, write_report  # noqa: E402
 from energy_transfer import predict  # noqa: E402
 from energy_transfer_collect import plan_formats  # noqa: E402
-from report_files import command_line, read_notes, write_report  # noqa: E402
 
 from advisor.energy.gpu_costmodel import (  # noqa: E402
     CAPPED_SHARE,

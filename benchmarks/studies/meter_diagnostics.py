@@ -17,7 +17,7 @@ a period longer than the profile's 0.6 s windows, and what window length steadie
 each given step cold, right after a minute of the model's heaviest prefill, and cooled again: how much a
 small model's J/step moves with the GPU's temperature.
 
-    python benchmarks/meter_diagnostics.py --out diag.json [--sweep SmolLM2-135M:fp8:decode:1]
+    python benchmarks/studies/meter_diagnostics.py --out diag.json [--sweep SmolLM2-135M:fp8:decode:1]
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from advisor.energy.meter import MeterConfig  # noqa: E402
 from advisor.energy.reference_shapes import REFERENCE_SHAPES  # noqa: E402

@@ -17,7 +17,7 @@ front is the union of every plan any method evaluated plus an exhaustive search 
 coarse grouping (one format per projection role across all layers: 3^4 plans).
 
 Writes reports/benchmarks/search_efficiency.json and .png. Usage:
-    python benchmarks/search_efficiency.py [--trials 40] [--seeds 0 1] [--out reports/benchmarks]
+    python benchmarks/studies/search_efficiency.py [--trials 40] [--seeds 0 1] [--out reports/benchmarks]
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ random weights) with the runtime under the NVML meter, for all-BF16, all-FP8 and
 one mixed plan on the quickstart's two workloads, and puts the profile's
 predictions beside the measurements.
 
-    python benchmarks/costmodel_transfer.py --profile advisor/profiles/h100_2026-11-22.json
+    python benchmarks/studies/costmodel_transfer.py --profile advisor/profiles/h100_2026-11-22.json
 """
 
 from __future__ import annotations

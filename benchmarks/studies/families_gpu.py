@@ -1,6 +1,6 @@
 """Each dense family's measurement runtime on this GPU: logits against HF, decode ms/step and J/token.
 
-    PYTHONPATH=. python benchmarks/families_gpu.py --out $OUT/families_gpu.json [--quick]
+    PYTHONPATH=. python benchmarks/studies/families_gpu.py --out $OUT/families_gpu.json [--quick]
         [--families qwen3-8b,mistral-7b,...] [--batches 1,16,64] [--contexts 512,4096]
         [--warmup-s 0.3 --window-s 0.5 --ticks 5 --repeats 3] [--budget-s 450]
 

@@ -1,0 +1,47 @@
+"""What the benchmark scripts write: the command that ran, the GPU header, JSON, Markdown tables, notes.
+
+One place for the form of a report, so that every report names its command and machine the same way.
+Scripts in ``benchmarks/`` import it directly; ``benchmarks/studies/`` reach it through their ``sys.path``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+
+def command_line(argv: list[str] | None) -> str:
+    """The command that ran this script, to record in its report."""
+    return "python " + " ".join([sys.argv[0], *(argv if argv is not None else sys.argv[1:])])
+
+
+def measured_on(d: dict[str, Any]) -> str:
+    """The header sentence of a GPU report: ``Measured on **GPU**, driver D, DATE``."""
+    return f"Measured on **{d['gpu']}**, driver {d['driver']}, {d['date']}"
+
+
+def read_notes(path: Path | None) -> list[str]:
+    """A JSON list of notes for the Markdown, or none."""
+    return json.loads(path.read_text()) if path else []
+
+
+def dump_json(path: Path, data: Any, *, indent: int | None = 1, newline: bool = False) -> None:
+    """``data`` as JSON at ``path`` (``newline``: end the file with one, as some reports always have)."""
+    path.write_text(json.dumps(data, indent=indent) + ("\n" if newline else ""))
+
+
+def md_table(header: Sequence[str], rows: Sequence[Sequence[str]], align: str = "") -> list[str]:
+    """A Markdown table's lines; ``align`` holds one letter per column, ``r`` for a right-aligned one."""
+    rule = "".join("---:|" if a == "r" else "---|" for a in align.ljust(len(header), "l"))
+    return ["| " + " | ".join(header) + " |", "|" + rule, *["| " + " | ".join(r) + " |" for r in rows]]
+
+
+def write_report(out: Path, d: dict, render: Callable[[dict], str], *, newline: bool = True) -> None:
+    """``d`` to ``out`` (JSON) and its rendering next to it (``.md``), and the rendering to stdout."""
+    dump_json(out, d, newline=newline)
+    text = render(d)
+    out.with_suffix(".md").write_text(text)
+    print(text)
