@@ -116,7 +116,11 @@ def prepare_model_side(recipe: Recipe, progress: ProgressReporter) -> RunContext
     from advisor.workflows.context import prepare
 
     with progress.stage("prepare") as stage:
-        return prepare(recipe, status=lambda msg: (stage.advance(note=msg), progress.step(f"  {msg}")))
+        def status(msg: str) -> None:
+            stage.advance(note=msg)
+            progress.step(f"  {msg}")
+
+        return prepare(recipe, status=status)
 
 
 def run_meta(recipe: Recipe, ctx: RunContext) -> dict[str, Any]:
@@ -176,8 +180,9 @@ def energy_stage(study: optuna.Study, ctx: RunContext, recipe: Recipe, progress:
         return
     done = measured_energy(study)
     queue = measurement_targets(study, [w.name for w in recipe.workloads], recipe.search.measured_candidates)
-    plans = [] if queue is None else [queue.reference, *queue.baselines, *queue.candidates]
-    plans = [p for p in plans if p.id not in done]
+    if queue is None:
+        return
+    plans = [p for p in (queue.reference, *queue.baselines, *queue.candidates) if p.id not in done]
     if not plans:
         return
     with progress.stage(f"measured energy ({measured_model.label})", total=len(plans) + 1) as stage:
