@@ -11,7 +11,7 @@ from advisor.estimate import DriftCheck, EnergyEstimate
 from advisor.formats import Format
 from advisor.models.shape import ModelShape
 from advisor.plan import LayerGroup, Plan
-from advisor.recipe.schema import validate_recipe
+from advisor.recipe.schema import Recipe, validate_recipe
 from advisor.report.summary import build_summary, write_report
 from advisor.search.study import candidates, open_study, run_search, save_run_meta
 from advisor.search.trial_record import (
@@ -31,7 +31,7 @@ GROUPS = (LayerGroup("layers.0.qkv", ("m0",), ((64, 64),)), LayerGroup("layers.0
 SHAPE = ModelShape(GROUPS, 1, 64, 4, 4, 16, 100, 6400)
 
 
-def _study(tmp_path, trials: int = 4) -> tuple[optuna.Study, object]:
+def _study(tmp_path, trials: int = 4) -> tuple[optuna.Study, Recipe]:
     recipe = validate_recipe({"name": "r", "target": "b200", "out": str(tmp_path), "accuracy": {"max_kl": 0.1},
                               "search": {"trials": trials, "seed": 0, "sampler": "random"}})
     recipe.run_dir.mkdir(parents=True)
