@@ -1,12 +1,19 @@
-"""The energy interface every estimator (roofline, profile cost model, NVML measurement) meets."""
+"""The energy records and the interface every estimator (roofline, profile cost model, NVML measurement)
+meets. :class:`EnergyEstimate` is the one form an energy number takes from the estimator through the study's
+stored attributes (:mod:`advisor.search.trial_record`) to summary.json."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
-from typing import Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
+
+from pydantic import TypeAdapter
 
 from advisor.plan import Plan
 from advisor.recipe.schema import Workload
+
+Tier = Literal["measured", "predicted"]
 
 
 @dataclass(frozen=True)
@@ -28,8 +35,18 @@ class EnergyEstimate:
     source: str
     measured: bool
 
-    def to_dict(self) -> dict:
+    @property
+    def tier(self) -> Tier:
+        return "measured" if self.measured else "predicted"
+
+    def to_dict(self) -> dict[str, Any]:
+        """The stored and printed form (study attributes, summary.json, recheck.json)."""
         return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> EnergyEstimate:
+        """Back from :meth:`to_dict`'s form, types checked (a stored record is input like any other)."""
+        return _ESTIMATE.validate_python(data)
 
     @classmethod
     def of_request(cls, workload: Workload, prefill_j: float, step_j: float, decode_tokens_per_s: float,
@@ -40,6 +57,36 @@ class EnergyEstimate:
         return cls(workload=workload.name, j_per_token=(prefill_j + lout * step_j / b) / lout,
                    decode_j_per_token=step_j / b, prefill_j_per_input_token=prefill_j / lin,
                    decode_tokens_per_s=decode_tokens_per_s, source=source, measured=measured)
+
+
+def j_per_token_by_workload(estimates: Sequence[EnergyEstimate]) -> dict[str, float]:
+    """workload name -> J/token."""
+    return {e.workload: e.j_per_token for e in estimates}
+
+
+@dataclass(frozen=True)
+class DriftCheck:
+    """The reference plan measured again at the end of a measured-energy stage (:mod:`advisor.search.energy_tiers`):
+    its J/token then and now per workload, and the change in percent."""
+
+    plan_id: str
+    plan: str
+    source: str
+    measured_at: str  # ISO 8601, UTC
+    first_j_per_token: dict[str, float]
+    again_j_per_token: dict[str, float]
+    drift_pct: dict[str, float]
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> DriftCheck:
+        return _DRIFT.validate_python(data)
+
+
+_ESTIMATE = TypeAdapter(EnergyEstimate)
+_DRIFT = TypeAdapter(DriftCheck)
 
 
 @runtime_checkable

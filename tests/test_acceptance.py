@@ -18,7 +18,8 @@ from advisor.recipe.schema import validate_recipe
 from advisor.search.acceptance import TaskAcceptance, Verdict, judge, plan_verdict, task_verdict
 from advisor.search.frontier import recommend
 from advisor.search.policy import PairedItems, benchmark_queue, item_schedule, judge_sequentially
-from advisor.search.study import candidates, open_study, record_benchmark, run_search, save_run_meta
+from advisor.search.study import candidates, open_study, run_search, save_run_meta
+from advisor.search.trial_record import record_benchmark
 from advisor.testing import AdditiveEvaluator
 
 

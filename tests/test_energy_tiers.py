@@ -16,9 +16,9 @@ from advisor.models.shape import ModelShape
 from advisor.plan import LayerGroup, Plan
 from advisor.recipe import validate_recipe
 from advisor.report.summary import build_summary, write_report
-from advisor.search.energy_tiers import measured_drifts, measured_energy
 from advisor.search.policy import benchmark_targets, measurement_targets
 from advisor.search.study import candidates, open_study, run_search, save_run_meta
+from advisor.search.trial_record import measured_drifts, measured_energy
 from advisor.testing import AdditiveEvaluator
 from advisor.workflows.progress import ProgressReporter
 from advisor.workflows.search import energy_stage
@@ -136,20 +136,20 @@ def test_a_measured_stage_ends_with_a_drift_check_that_names_the_plans_it_cannot
     (check,) = measured_drifts(study)
     measured_in_stage = len(fake.calls)
     assert fake.calls[0] == fake.calls[-1] == bf16
-    assert check["plan_id"] == bf16
-    assert check["drift_pct"]["chat"] == pytest.approx(100 * fake.step * (measured_in_stage - 1))
+    assert check.plan_id == bf16
+    assert check.drift_pct["chat"] == pytest.approx(100 * fake.step * (measured_in_stage - 1))
     assert "drift check: all-bf16 measured again drew +" in log
 
     summary = build_summary(study)
     rec = summary.recommendation
     assert rec is not None and rec.energy_measured
-    drift = abs(check["drift_pct"]["chat"])
+    drift = abs(check.drift_pct["chat"])
     for r in summary.trials:
         if r.energy_measured and r.feasible and r.plan_id != rec.plan_id:
             within = abs(r.energy_by_workload()["chat"] / rec.energy_by_workload()["chat"] - 1) * 100 <= drift
             assert (r.trial in summary.near_ties) == within
     md = write_report(study, recipe.run_dir).read_text()
-    assert "Drift checks" in md and f"({check['drift_pct']['chat']:+.1f}%) on 'chat'" in md
+    assert "Drift checks" in md and f"({check.drift_pct['chat']:+.1f}%) on 'chat'" in md
     assert ("do not order them" in md) == bool(summary.near_ties)
 
     fake.calls.clear()  # nothing left to measure: no plan, and no second check
@@ -161,7 +161,7 @@ def test_a_steady_gpu_has_no_drift_and_no_near_ties_between_different_energies(s
     study, recipe = study_and_recipe
     _stage(study, recipe, FakeMeasured())
     (check,) = measured_drifts(study)
-    assert check["drift_pct"]["chat"] == pytest.approx(0.0)
+    assert check.drift_pct["chat"] == pytest.approx(0.0)
     summary = build_summary(study)
     rec_j = summary.recommendation.energy_by_workload()["chat"]
     by_trial = {r.trial: r for r in summary.trials}
@@ -191,9 +191,9 @@ def test_a_later_stage_that_measures_more_checks_against_the_first_measurement(s
     _stage(study, recipe, later)
     assert later.calls[0] != Plan.uniform(GROUPS, Format.BF16).id  # candidates first, all-BF16 only at the end
     first, second = measured_drifts(study)
-    assert first["drift_pct"]["chat"] == pytest.approx(0.0)
-    assert second["drift_pct"]["chat"] == pytest.approx(3.0)
-    assert second["first_j_per_token"]["chat"] == pytest.approx(first["first_j_per_token"]["chat"])
+    assert first.drift_pct["chat"] == pytest.approx(0.0)
+    assert second.drift_pct["chat"] == pytest.approx(3.0)
+    assert second.first_j_per_token["chat"] == pytest.approx(first.first_j_per_token["chat"])
 
 
 @dataclass

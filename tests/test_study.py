@@ -100,7 +100,7 @@ def test_benchmark_verdicts_override_the_proxy_budget(recipe):
     from advisor.accuracy.stats import paired_drop
     from advisor.search.acceptance import TaskAcceptance, Verdict, judge
     from advisor.search.frontier import recommend
-    from advisor.search.study import record_benchmark
+    from advisor.search.trial_record import record_benchmark
 
     recipe.run_dir.mkdir(parents=True)
     study = open_study(recipe, resume=False)
@@ -195,7 +195,7 @@ def test_kv_cache_is_a_search_parameter_only_when_the_recipe_lists_two(recipe, t
 def test_a_study_scored_before_per_item_results_still_reports(recipe):
     """Scores stored as {acc, acc_stderr, n} (summary v2 era) rebuild into the v3 summary, unjudged."""
     from advisor.report.summary import build_summary
-    from advisor.search.study import record_benchmark
+    from advisor.search.trial_record import record_benchmark
 
     recipe.run_dir.mkdir(parents=True)
     study = open_study(recipe, resume=False)

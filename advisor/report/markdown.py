@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from advisor.search.energy_tiers import j_per_token, largest_drift_pct
+from advisor.estimate import DriftCheck
+from advisor.search.energy_tiers import largest_drift_pct
 
 
 def _fmt_j(x: float) -> str:
@@ -27,8 +28,13 @@ def energy_sources(r: dict) -> str:
     return "; ".join(sorted({e["source"] for e in r["energy"]}))
 
 
+def _j_per_token(r: dict[str, Any], which: str = "energy") -> dict[str, float]:
+    """workload -> J/token of a trial record's ``energy`` (measured where it exists) or ``predicted_energy``."""
+    return {e["workload"]: e["j_per_token"] for e in r[which]}
+
+
 def _row(r: dict, workloads: list[str]) -> list[str]:
-    energies = {e["workload"]: e["j_per_token"] for e in r["energy"]}
+    energies = _j_per_token(r)
     return [
         str(r["trial"]), f"`{r['plan_id']}`", r["label"], f"{r['effective_bits']:.2f}",
         f"{r['kl']:.4f}", f"{r['ppl']:.2f} ({r['ppl_increase_pct']:+.1f}%)",
@@ -40,8 +46,7 @@ def _measured_vs_predicted(summary: dict[str, Any], workloads: list[str]) -> lis
     """Both energy tiers side by side for the plans measured after the search."""
     rows = []
     for r in {r["plan_id"]: r for r in summary["trials"] if r.get("energy_measured")}.values():
-        pred = {e["workload"]: e["j_per_token"] for e in r["predicted_energy"]}
-        meas = {e["workload"]: e["j_per_token"] for e in r["energy"]}
+        pred, meas = _j_per_token(r, "predicted_energy"), _j_per_token(r)
         err = r.get("prediction_error_pct") or {}
         rows.append([f"`{r['plan_id']}`", r["label"],
                      *[f"{_fmt_j(pred[w])} / {_fmt_j(meas[w])} ({err.get(w, float('nan')):+.1f}%)"
@@ -79,9 +84,9 @@ def near_ties_line(summary: dict[str, Any]) -> str:
         return ""
     by_trial = {r["trial"]: r for r in summary["trials"]}
     primary = summary["workloads"][0]["name"]
-    drift = largest_drift_pct(summary["measured_drift"], primary)
+    drift = largest_drift_pct([DriftCheck.from_dict(c) for c in summary["measured_drift"]], primary)
     named = "; ".join(f"trial {t} ({by_trial[t]['label']}, KL {by_trial[t]['kl']:.4f}, "
-                      f"{_fmt_j(j_per_token(by_trial[t], primary))} J/token)" for t in ties)
+                      f"{_fmt_j(_j_per_token(by_trial[t])[primary])} J/token)" for t in ties)
     return (f"Measured within {drift:.1f}% of this plan on '{primary}', the largest drift the checks saw, so the "
             f"measurements do not order them: {named}.")
 
@@ -97,7 +102,7 @@ def _kv_cache_effect(summary: dict[str, Any], workloads: list[str]) -> list[str]
         if "bf16" not in pair or "fp8" not in pair:
             continue
         a, b = pair["bf16"], pair["fp8"]
-        ea, eb = ({e["workload"]: e["j_per_token"] for e in r["energy"]} for r in (a, b))
+        ea, eb = _j_per_token(a), _j_per_token(b)
         rows.append([a["label"], f"`{a['plan_id']}` / `{b['plan_id']}`", f"{a['kl']:.4f} -> {b['kl']:.4f}",
                      *[f"{_fmt_j(ea[w])} -> {_fmt_j(eb[w])} ({100 * (eb[w] / ea[w] - 1):+.1f}%)" for w in workloads]])
     if not rows:

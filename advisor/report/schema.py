@@ -13,21 +13,13 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from advisor.errors import InputError
+from advisor.estimate import DriftCheck, EnergyEstimate
 
 SCHEMA_VERSION = 3
 # 1: the untyped summary.json written before 2026-11-22 (no schema_version)
 # 2: benchmark scores as {task: {acc, acc_stderr, ...}} and a mean drop over tasks (benchmark_drop)
 # 3: benchmark scores of any primary metric ({task: {metric, value, stderr, ...}}), per-task paired
 #    intervals and verdicts against BF16 (acceptance), proxy calibration per task
-
-
-class EnergyRecord(BaseModel):
-    model_config = ConfigDict(extra="allow")
-
-    workload: str
-    j_per_token: float
-    source: str
-    measured: bool = False
 
 
 class BenchmarkScore(BaseModel):
@@ -95,8 +87,8 @@ class TrialRecord(BaseModel):
     kl: float
     ppl: float
     ppl_increase_pct: float
-    energy: list[EnergyRecord]  # what the front and the recommendation use: measured where it exists
-    predicted_energy: list[EnergyRecord] = Field(default_factory=list)
+    energy: list[EnergyEstimate]  # what the front and the recommendation use: measured where it exists
+    predicted_energy: list[EnergyEstimate] = Field(default_factory=list)
     energy_measured: bool = False
     prediction_error_pct: dict[str, float] | None = None  # (predicted - measured) / measured per workload
     feasible: bool
@@ -110,18 +102,6 @@ class TrialRecord(BaseModel):
 class RecommendationRecord(TrialRecord):
     reason: str
     accuracy_metric: str
-
-
-class DriftCheck(BaseModel):
-    """The reference plan measured again at the end of a measured-energy stage (search.energy_tiers)."""
-
-    plan_id: str
-    plan: str
-    source: str
-    measured_at: str
-    first_j_per_token: dict[str, float]
-    again_j_per_token: dict[str, float]
-    drift_pct: dict[str, float]
 
 
 class Labels(BaseModel):

@@ -11,31 +11,28 @@ import optuna
 
 from advisor.accuracy.stats import proxy_calibration
 from advisor.errors import InputError
+from advisor.estimate import EnergyEstimate
 from advisor.formats import Format
 from advisor.models.shape import ModelShape
 from advisor.plan import LayerGroup
 from advisor.report.markdown import render_markdown
 from advisor.report.plots import plot_format_map, plot_front
-from advisor.report.schema import SCHEMA_VERSION, Summary
+from advisor.report.schema import SCHEMA_VERSION, RecommendationRecord, Summary, TrialRecord
 from advisor.search.acceptance import as_record
-from advisor.search.energy_tiers import (
-    largest_drift_pct,
-    measured_drifts,
-    measured_energy,
-    near_ties,
-    prediction_errors,
-)
+from advisor.search.energy_tiers import largest_drift_pct, near_ties, prediction_errors
 from advisor.search.frontier import Candidate, Recommendation, pareto_front, recommend
 from advisor.search.study import benchmark_budget, candidates
+from advisor.search.trial_record import TaskScores, benchmark_scores, measured_drifts, measured_energy, scores_of
 
 
 def _trial_record(
-    c: Candidate, study_trial: optuna.trial.FrozenTrial, groups: Sequence[LayerGroup], bench: dict,
-    measured: dict[str, list[dict[str, Any]]],
-) -> dict:
-    ua = study_trial.user_attrs
+    c: Candidate, study_trial: optuna.trial.FrozenTrial, groups: Sequence[LayerGroup], bench: dict[str, TaskScores],
+    measured: dict[str, list[EnergyEstimate]],
+) -> TrialRecord:
+    scores = scores_of(study_trial)
+    predicted = list(scores.energy)
     measured_here = measured.get(c.plan.id)
-    return {
+    return TrialRecord.model_validate({
         "trial": c.trial,
         "plan_id": c.plan.id,
         "label": c.plan.label(),
@@ -44,23 +41,15 @@ def _trial_record(
         "effective_bits": round(c.plan.effective_bits(groups), 3),
         "kl": c.kl,
         "ppl": c.ppl,
-        "ppl_increase_pct": 100 * (c.ppl / ua["ppl_bf16"] - 1),
-        "energy": measured_here or ua["energy"],
-        "predicted_energy": ua["energy"],
+        "ppl_increase_pct": scores.ppl_increase_pct,
+        "energy": measured_here or predicted,
+        "predicted_energy": predicted,
         "energy_measured": measured_here is not None,
-        "prediction_error_pct": prediction_errors(ua["energy"], measured_here) if measured_here else None,
+        "prediction_error_pct": prediction_errors(predicted, measured_here) if measured_here else None,
         "feasible": c.feasible,
-        "benchmark": {t: _score_record(t, v) for t, v in bench.get(c.plan.id, {}).items()},
+        "benchmark": bench.get(c.plan.id, {}),
         "acceptance": as_record(c.acceptance) if c.acceptance is not None else None,
-    }
-
-
-def _score_record(task: str, score: dict[str, Any]) -> dict[str, Any]:
-    """A stored lm-eval score; studies written before per-item results stored {acc, acc_stderr, n}."""
-    if "value" in score:
-        return score
-    return {"task": task, "metric": "acc,none", "value": score["acc"], "stderr": score.get("acc_stderr"),
-            "n": score["n"]}
+    })
 
 
 def build_summary(study: optuna.Study) -> Summary:
@@ -78,19 +67,19 @@ def build_summary(study: optuna.Study) -> Summary:
     max_drop, confidence = benchmark_budget(study)
     rec = recommend(cands, workloads, benchmark_rule=f"upper bound of the {confidence:.0%} paired interval "
                     f"of the drop within {max_drop:g} on every task")
-    bench = study.user_attrs.get("benchmark", {})
+    bench = benchmark_scores(study)
     measured = measured_energy(study)
     records = [_trial_record(c, trials[c.trial], shape.groups, bench, measured) for c in cands]
     baselines = {}
     for c in cands:
         if c.plan.uniform_weights() is not None and c.plan.label() not in baselines:
             baselines[c.plan.label()] = c.trial
-    energy_labels = sorted({e["source"] for r in records for e in r["energy"] + r["predicted_energy"]})
+    energy_labels = sorted({e.source for r in records for e in [*r.energy, *r.predicted_energy]})
     drifts = measured_drifts(study)
-    recommended = _recommendation_dict(rec, records)
+    recommended = _recommendation_record(rec, records)
     drift = largest_drift_pct(drifts, workloads[0])
-    ties = [] if recommended is None or drift is None or not recommended["energy_measured"] else \
-        [r["trial"] for r in near_ties(recommended, records, workloads[0], drift)]
+    ties = [] if rec is None or drift is None or not rec.candidate.energy_measured else \
+        [c.trial for c in near_ties(rec.candidate, cands, workloads[0], drift)]
     return Summary.model_validate({
         "schema_version": SCHEMA_VERSION,
         "tool": "precision-advisor",
@@ -145,11 +134,11 @@ def _proxy_calibration(cands: list[Candidate], confidence: float) -> list[dict[s
     return out
 
 
-def _recommendation_dict(rec: Recommendation | None, records: list[dict]) -> dict | None:
+def _recommendation_record(rec: Recommendation | None, records: list[TrialRecord]) -> RecommendationRecord | None:
     if rec is None:
         return None
-    record = next(r for r in records if r["trial"] == rec.candidate.trial)
-    return {**record, "reason": rec.reason, "accuracy_metric": rec.accuracy_metric}
+    record = next(r for r in records if r.trial == rec.candidate.trial)
+    return RecommendationRecord(**dict(record), reason=rec.reason, accuracy_metric=rec.accuracy_metric)
 
 
 

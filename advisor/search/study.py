@@ -22,17 +22,24 @@ from typing import Any, Protocol
 import optuna
 
 from advisor.errors import InputError
-from advisor.estimate import EnergyEstimate
+from advisor.estimate import EnergyEstimate, j_per_token_by_workload
 from advisor.formats import Format
 from advisor.plan import KV_CACHE_KEY, LayerGroup, Plan
 from advisor.recipe.schema import AccuracySpec, Recipe
-from advisor.search.acceptance import Verdict, from_stored
+from advisor.search.acceptance import Verdict
 from advisor.search.budget import TrialBudget, reap, work
-from advisor.search.energy_tiers import measured_energy
 from advisor.search.frontier import Candidate
 from advisor.search.recovery import WORKER_ATTR, this_worker
 from advisor.search.storage import open_storage, redact_url
 from advisor.search.study_key import KEY_ATTR, check_same_key, study_key
+from advisor.search.trial_record import (
+    TrialScores,
+    acceptance_by_plan,
+    benchmark_scores,
+    measured_energy,
+    record_scores,
+    scores_of,
+)
 from advisor.versions import package_versions
 
 log = logging.getLogger(__name__)
@@ -191,35 +198,17 @@ def make_objective(
         kv = trial.suggest_categorical(KV_CACHE_KEY, kv_choices) if len(kv_choices) > 1 else Format.BF16
         plan = Plan({g.name: Format(trial.suggest_categorical(g.name, choices)) for g in groups}, Format(kv))
         ev = seen.get(plan.id)
-        trial.set_user_attr("repeat", ev is not None)
+        repeat = ev is not None
         if ev is None:  # samplers repeat plans; a repeat is not scored again
             ev = seen[plan.id] = evaluator.evaluate(plan)
-        trial.set_user_attr("plan_id", plan.id)
-        trial.set_user_attr("label", plan.label())
-        trial.set_user_attr("kl", ev.kl)
-        trial.set_user_attr("ppl", ev.ppl)
-        trial.set_user_attr("ppl_bf16", ev.ppl_bf16)
-        trial.set_user_attr("energy", [e.to_dict() for e in ev.energy])
         constraints = constraint_values(ev, budget)
         for key, value in constraints.items():
             trial.set_constraint(key, value)
-        trial.set_user_attr("constraint", list(constraints.values()))
+        record_scores(trial, TrialScores(ev.kl, ev.ppl, ev.ppl_bf16, tuple(ev.energy), tuple(constraints.values()),
+                                         plan.id, plan.label(), repeat))
         return ev.kl, ev.energy[0].j_per_token
 
     return objective
-
-
-def record_benchmark(study: optuna.Study, plan_id: str, scores: dict[str, dict[str, Any]],
-                     acceptance: dict[str, Any] | None = None) -> None:
-    """Store a plan's lm-eval scores ({task: TaskScore dict without items}) with the study and,
-    for a plan judged against BF16, its per-task paired intervals (PlanAcceptance.to_dict())."""
-    bench = dict(study.user_attrs.get("benchmark", {}))
-    bench[plan_id] = scores
-    study.set_user_attr("benchmark", bench)
-    if acceptance is not None:
-        judged = dict(study.user_attrs.get("acceptance", {}))
-        judged[plan_id] = {t["task"]: t for t in acceptance["tasks"]}
-        study.set_user_attr("acceptance", judged)
 
 
 def benchmark_budget(study: optuna.Study) -> tuple[float, float]:
@@ -232,42 +221,42 @@ def candidates(study: optuna.Study) -> list[Candidate]:
     """Every finished trial as a Candidate (feasible: within the proxy budget and, where
     lm-eval judged it against BF16, passing on every task: :mod:`advisor.search.acceptance`)."""
     trials = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
-    bench: dict[str, dict[str, dict[str, Any]]] = study.user_attrs.get("benchmark", {})
-    judged: dict[str, dict[str, dict[str, Any]]] = study.user_attrs.get("acceptance", {})
+    bench = benchmark_scores(study)
     max_drop, _ = benchmark_budget(study)
+    judged = acceptance_by_plan(study, max_drop)
     measured = measured_energy(study)
     recipe = study.user_attrs.get("recipe", {})
     budget = AccuracySpec.model_validate(recipe["accuracy"]) if "accuracy" in recipe else None
     out = []
     for t in trials:
         plan = Plan.from_params(t.params)
-        ua = t.user_attrs
-        acceptance = from_stored(judged.get(plan.id, {}), max_drop)
-        proxy_ok = within_budget(ua, budget)
+        scores = scores_of(t)
+        acceptance = judged.get(plan.id)
+        proxy_ok = within_budget(scores, budget)
         out.append(
             Candidate(
                 trial=t.number,
                 plan=plan,
-                kl=ua["kl"],
-                ppl=ua["ppl"],
-                energy_j_per_token={e["workload"]: e["j_per_token"] for e in measured.get(plan.id, ua["energy"])},
+                kl=scores.kl,
+                ppl=scores.ppl,
+                energy_j_per_token=j_per_token_by_workload(measured.get(plan.id, scores.energy)),
                 feasible=proxy_ok and (acceptance is None or acceptance.verdict is Verdict.PASSES),
-                benchmark={k: v.get("value", v.get("acc")) for k, v in bench.get(plan.id, {}).items()},
+                benchmark={k: v["value"] for k, v in bench.get(plan.id, {}).items()},
                 acceptance=acceptance,
                 proxy_feasible=proxy_ok,
                 energy_measured=plan.id in measured,
-                predicted_j_per_token={e["workload"]: e["j_per_token"] for e in ua["energy"]},
+                predicted_j_per_token=j_per_token_by_workload(scores.energy),
             )
         )
     return out
 
 
-def within_budget(user_attrs: dict[str, Any], budget: AccuracySpec | None) -> bool:
+def within_budget(scores: TrialScores, budget: AccuracySpec | None) -> bool:
     """Feasibility recomputed from a trial's raw values and the study's budget (not from stored
     constraint values, which a changed budget would leave stale)."""
     if budget is None:
-        return all(v <= 0 for v in user_attrs.get("constraint", [math.inf]))
-    ev = Evaluation(user_attrs["kl"], user_attrs["ppl"], user_attrs["ppl_bf16"], [])
+        return all(v <= 0 for v in scores.constraint or (math.inf,))
+    ev = Evaluation(scores.kl, scores.ppl, scores.ppl_bf16, [])
     return all(v <= 0 for v in constraint_values(ev, budget).values())
 
 

@@ -9,10 +9,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from advisor.plan import Plan
+from advisor.search.acceptance import PlanAcceptance, TaskAcceptance
 from advisor.search.policy import PairedItems
+
+if TYPE_CHECKING:
+    from advisor.accuracy.score_cache import TaskScore
 
 
 class PairedScorer:
@@ -36,10 +40,10 @@ class PairedScorer:
         self.spec_of = {task_key(t): t for t in tasks}  # name in results -> name as given
         self.n_docs = dict(n_docs)
         self.seed, self.data_dir, self.cache_dir, self.batch_size = seed, data_dir, cache_dir, batch_size
-        self.largest: dict[tuple[str, str], Any] = {}  # (plan id, task) -> TaskScore of the most items
+        self.largest: dict[tuple[str, str], TaskScore] = {}  # (plan id, task) -> the score of the most items
         self.items_used = 0
 
-    def score(self, plan: Plan, task: str, n: int) -> Any:
+    def score(self, plan: Plan, task: str, n: int) -> TaskScore:
         """The TaskScore of ``plan`` on the first ``n`` items of ``task``."""
         from advisor.accuracy.harness import score_plan
 
@@ -68,7 +72,7 @@ class PairedScorer:
         return {task: s.to_dict(with_items=False) for (pid, task), s in self.largest.items() if pid == plan.id}
 
     def judge(self, plan: Plan, n_available: Mapping[str, int], first_batch: int, max_drop: float,
-              confidence: float, on_look: Callable[[str, Any], None] | None = None) -> Any:
+              confidence: float, on_look: Callable[[str, TaskAcceptance], None] | None = None) -> PlanAcceptance:
         from advisor.search.policy import judge_sequentially
 
         return judge_sequentially(lambda task, n: self.paired(plan, task, n), dict(n_available), first_batch,

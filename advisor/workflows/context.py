@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from advisor.calibration.tokens import TokenSets, build_token_sets, forward_loop
 from advisor.estimate import EnergyModel
@@ -17,6 +17,13 @@ from advisor.models.loading import LoadedModel, load_model
 from advisor.plan import Plan
 from advisor.recipe.schema import Recipe
 from advisor.search.study import Evaluation
+
+if TYPE_CHECKING:  # torch, ModelOpt: imported when a run prepares, not when a command starts
+    import torch
+
+    from advisor.accuracy.proxy import ProxyEvaluator
+    from advisor.quantize.bank import FormatBank
+    from advisor.search.sensitivity import Sensitivity
 
 log = logging.getLogger(__name__)
 
@@ -68,12 +75,14 @@ def load_or_build_tokens(
 
 @dataclass
 class RunContext:
+    """One prepared run: what every stage of `advisor search`, `advisor worker` and `advisor recheck` uses."""
+
     recipe: Recipe
     loaded: LoadedModel
     tokens: TokenSets
-    bank: Any  # quantize.FormatBank
-    proxy: Any  # accuracy.proxy.ProxyEvaluator
-    energy_model: EnergyModel
+    bank: FormatBank  # every format calibrated once; assembles any plan's model
+    proxy: ProxyEvaluator  # KL and perplexity against the BF16 reference on held-out tokens
+    energy_model: EnergyModel  # the predicted tier, for every trial
     device: str
     fingerprint: str
     timings_s: dict[str, float] = field(default_factory=dict)
@@ -86,7 +95,7 @@ class RunContext:
         """Where and in what accuracy is scored: a resumed study and its workers must score the same way."""
         return scoring_place(self.device, self.arithmetic)
 
-    def worker(self) -> dict[str, Any]:
+    def worker(self) -> dict[str, object]:
         """This process as trials record it: host, pid and the UUID of the GPU it computes on."""
         from advisor.energy.meter import torch_device_uuid
         from advisor.search.recovery import this_worker
@@ -97,10 +106,10 @@ class RunContext:
 
         return this_worker(torch_device_uuid(torch.cuda.current_device()))
 
-    def assemble(self, plan: Plan):
+    def assemble(self, plan: Plan) -> torch.nn.Module:
         return self.bank.assemble(plan)
 
-    def sensitivity(self, on_step: Callable[[int, int], None] | None = None):
+    def sensitivity(self, on_step: Callable[[int, int], None] | None = None) -> Sensitivity:
         """Per-group damage and energy tables (cached in the run dir)."""
         from advisor.accuracy.proxy import ProxyEvaluator
         from advisor.formats import Format
@@ -117,7 +126,7 @@ class RunContext:
         if self.arithmetic != BF16:  # likewise
             key["arithmetic"] = self.arithmetic
 
-        def compute():
+        def compute() -> Sensitivity:
             # Each one-group plan reuses the reference outputs of the BF16 layers before its group.
             small = ProxyEvaluator(self.bank.assemble(Plan.uniform(groups, Format.BF16)), self.tokens.heldout[:n],
                                    layers=decoder_layers_path(self.loaded.model))

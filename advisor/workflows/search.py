@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import json
 import signal
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from types import FrameType
+from typing import TYPE_CHECKING, Any
 
 import optuna
 from rich.console import Console
@@ -21,15 +23,19 @@ from advisor.recipe.schema import Recipe
 from advisor.report.schema import Summary
 from advisor.report.summary import write_report
 from advisor.search.artifacts import share_tokens
-from advisor.search.energy_tiers import drift_record, measured_energy, record_drift, record_measured
+from advisor.search.energy_tiers import drift_record
 from advisor.search.policy import benchmark_targets, best_feasible_line, measurement_targets
 from advisor.search.storage import default_url, portable_url, redact_url, url_without_password
-from advisor.search.study import finished_trials, open_study, record_benchmark, run_search, save_run_meta
+from advisor.search.study import Proposer, finished_trials, open_study, run_search, save_run_meta
 from advisor.search.study_key import check_same_model, check_same_scoring, study_key
+from advisor.search.trial_record import label_of, measured_energy, record_benchmark, record_drift, record_measured
 from advisor.versions import package_versions
-from advisor.workflows.context import tokens_key
+from advisor.workflows.context import RunContext, tokens_key
 from advisor.workflows.progress import ProgressReporter
 from advisor.workflows.spawn import spawn_workers, stop_workers, wait_workers
+
+if TYPE_CHECKING:
+    from advisor.search.proposals import KnapsackProposer
 
 
 def run(recipe: Recipe, resume: bool = False, console: Console | None = None,
@@ -67,7 +73,7 @@ def run(recipe: Recipe, resume: bool = False, console: Console | None = None,
 
 
 @contextmanager
-def stopped_on_exit(children: list) -> Iterator[None]:
+def stopped_on_exit(children: list[subprocess.Popen]) -> Iterator[None]:
     """Worker children never outlive a coordinator that fails or is interrupted."""
     try:
         yield
@@ -81,7 +87,7 @@ def interrupts_as_errors(study: optuna.Study, recipe: Recipe, resume_command: st
     """SIGTERM behaves as Ctrl-C; either ends the trial in flight as failed (Optuna) and becomes one
     line with the command that continues the study."""
 
-    def on_term(signum: int, frame: Any) -> None:
+    def on_term(signum: int, frame: FrameType | None) -> None:
         raise KeyboardInterrupt
 
     previous = signal.signal(signal.SIGTERM, on_term) if threading.current_thread() is threading.main_thread() \
@@ -106,14 +112,18 @@ def write_run_file(recipe: Recipe) -> None:
     (recipe.run_dir / "recipe.json").write_text(json.dumps(data, indent=2))
 
 
-def prepare_model_side(recipe: Recipe, progress: ProgressReporter) -> Any:
+def prepare_model_side(recipe: Recipe, progress: ProgressReporter) -> RunContext:
     from advisor.workflows.context import prepare
 
     with progress.stage("prepare") as stage:
-        return prepare(recipe, status=lambda msg: (stage.advance(note=msg), progress.step(f"  {msg}")))
+        def status(msg: str) -> None:
+            stage.advance(note=msg)
+            progress.step(f"  {msg}")
+
+        return prepare(recipe, status=status)
 
 
-def run_meta(recipe: Recipe, ctx: Any) -> dict[str, Any]:
+def run_meta(recipe: Recipe, ctx: RunContext) -> dict[str, Any]:
     recipe_data = recipe.model_dump(mode="json")
     if recipe_data.get("storage"):
         recipe_data["storage"] = url_without_password(recipe_data["storage"])
@@ -130,7 +140,8 @@ def run_meta(recipe: Recipe, ctx: Any) -> dict[str, Any]:
     }
 
 
-def sensitivity_stage(study: optuna.Study, ctx: Any, recipe: Recipe, progress: ProgressReporter) -> Any:
+def sensitivity_stage(study: optuna.Study, ctx: RunContext, recipe: Recipe,
+                      progress: ProgressReporter) -> KnapsackProposer:
     """Per-group damage and energy, then the knapsack proposer built from them."""
     from advisor.search.proposals import KnapsackProposer
 
@@ -144,7 +155,8 @@ def sensitivity_stage(study: optuna.Study, ctx: Any, recipe: Recipe, progress: P
     return KnapsackProposer(ctx.loaded.shape.groups, recipe.formats, sens, recipe.accuracy.max_kl, recipe.kv_cache)
 
 
-def trials_stage(study: optuna.Study, ctx: Any, recipe: Recipe, progress: ProgressReporter, proposer: Any) -> None:
+def trials_stage(study: optuna.Study, ctx: RunContext, recipe: Recipe, progress: ProgressReporter,
+                 proposer: Proposer | None) -> None:
     primary = recipe.workloads[0].name
     total = recipe.search.trials
     with progress.stage("trials", total=total) as stage:
@@ -154,29 +166,31 @@ def trials_stage(study: optuna.Study, ctx: Any, recipe: Recipe, progress: Progre
             best = best_feasible_line(st, primary)
             stage.advance(finished_trials(st), note=best)
             if not progress.terminal and t.values:  # logs and CI: one line per trial
-                progress.print(f"trial {t.number}: {t.user_attrs.get('label')} KL {t.values[0]:.4f}, "
+                progress.print(f"trial {t.number}: {label_of(t)} KL {t.values[0]:.4f}, "
                                f"{t.values[1]:.4g} J/token; {best}")
 
         run_search(study, ctx, recipe, ctx.loaded.shape.groups, callbacks=[on_trial], proposer=proposer,
                    worker=ctx.worker())
 
 
-def energy_stage(study: optuna.Study, ctx: Any, recipe: Recipe, progress: ProgressReporter) -> None:
+def energy_stage(study: optuna.Study, ctx: RunContext, recipe: Recipe, progress: ProgressReporter) -> None:
     """The measured tier: baselines and the front's candidates measured on this GPU (NVML)."""
-    if ctx.measured_model is None:
+    measured_model = ctx.measured_model
+    if measured_model is None:
         return
     done = measured_energy(study)
     queue = measurement_targets(study, [w.name for w in recipe.workloads], recipe.search.measured_candidates)
-    plans = [] if queue is None else [queue.reference, *queue.baselines, *queue.candidates]
-    plans = [p for p in plans if p.id not in done]
+    if queue is None:
+        return
+    plans = [p for p in (queue.reference, *queue.baselines, *queue.candidates) if p.id not in done]
     if not plans:
         return
-    with progress.stage(f"measured energy ({ctx.measured_model.label})", total=len(plans) + 1) as stage:
+    with progress.stage(f"measured energy ({measured_model.label})", total=len(plans) + 1) as stage:
         measured_now = []
         for i, plan in enumerate(plans):
             stage.advance(i, note=plan.label())
             try:
-                estimates = [ctx.measured_model.estimate(plan, w).to_dict() for w in recipe.workloads]
+                estimates = [measured_model.estimate(plan, w) for w in recipe.workloads]
             except UnsupportedError as exc:  # e.g. NVFP4 on Hopper: it stays predicted, and says so
                 progress.print(f"  {plan.label()}: stays predicted ({exc})")
                 continue
@@ -185,16 +199,16 @@ def energy_stage(study: optuna.Study, ctx: Any, recipe: Recipe, progress: Progre
         first = measured_energy(study).get(queue.reference.id)
         if first is not None and measured_now and measured_now != [queue.reference.id]:
             stage.advance(len(plans), note=f"{queue.reference.label()} again (drift check)")
-            again = [ctx.measured_model.estimate(queue.reference, w).to_dict() for w in recipe.workloads]
-            record = drift_record(queue.reference.id, queue.reference.label(), first, again)
-            record_drift(study, record)
+            again = [measured_model.estimate(queue.reference, w) for w in recipe.workloads]
+            check = drift_record(queue.reference.id, queue.reference.label(), first, again)
+            record_drift(study, check)
             progress.print(f"  drift check: {queue.reference.label()} measured again drew "
-                           + ", ".join(f"{v:+.1f}% on '{w}'" for w, v in record["drift_pct"].items())
+                           + ", ".join(f"{v:+.1f}% on '{w}'" for w, v in check.drift_pct.items())
                            + " against its first measurement")
         stage.advance(len(plans) + 1)
 
 
-def benchmark_stage(study: optuna.Study, ctx: Any, recipe: Recipe, progress: ProgressReporter) -> str | None:
+def benchmark_stage(study: optuna.Study, ctx: RunContext, recipe: Recipe, progress: ProgressReporter) -> str | None:
     """Multi-fidelity: lm-eval judges BF16's rivals against it item by item (search.policy):
     the other baselines, then the candidates by rising energy until one passes. Items come
     in nested, doubling batches, more only while a task is undecided; all cached per plan."""
@@ -244,7 +258,7 @@ def benchmark_stage(study: optuna.Study, ctx: Any, recipe: Recipe, progress: Pro
             f"{scorer.items_used} items used, BF16's included) on {ctx.scoring_place}; {outcome}")
 
 
-def timings(ctx: Any, recipe: Recipe, t0: float, t_bench: float) -> dict[str, float]:
+def timings(ctx: RunContext, recipe: Recipe, t0: float, t_bench: float) -> dict[str, float]:
     out = dict(ctx.timings_s)
     if recipe.benchmark.tasks:
         out["benchmark_s"] = time.perf_counter() - t_bench

@@ -22,6 +22,7 @@ from advisor.search.artifacts import fetch_tokens
 from advisor.search.storage import open_storage, redact_url
 from advisor.search.study import finished_trials, make_sampler, run_search, silence_interrupt_tracebacks
 from advisor.search.study_key import KEY_ATTR, check_same_key, check_same_model, check_same_scoring, study_key
+from advisor.search.trial_record import label_of
 from advisor.versions import package_versions
 from advisor.workflows.progress import ProgressReporter
 
@@ -55,7 +56,7 @@ def run_worker(url: str, study_name: str, work_dir: Path | None = None, artifact
         def on_trial(st: optuna.Study, t: optuna.trial.FrozenTrial) -> None:
             stage.advance(finished_trials(st))
             if not progress.terminal and t.values:
-                progress.print(f"trial {t.number}: {t.user_attrs.get('label')} KL {t.values[0]:.4f}, "
+                progress.print(f"trial {t.number}: {label_of(t)} KL {t.values[0]:.4f}, "
                                f"{t.values[1]:.4g} J/token")
 
         run_search(study, ctx, recipe, ctx.loaded.shape.groups, callbacks=[on_trial], coordinator=False,
