@@ -15,7 +15,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from advisor.energy.nvml import GPUState
+from advisor.energy.meter import GPUState
 from advisor.estimate import EnergyEstimate
 from advisor.formats import FORMAT_SPECS, Format
 from advisor.plan import Plan

@@ -11,7 +11,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from advisor.energy.profile import measure_profile, save_profile
+from advisor.energy.profiling import measure_profile, save_profile
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -27,9 +27,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from advisor.energy.costmodel import ProfileCostModel
-from advisor.energy.profile import shipped_profile
-from advisor.energy.roofline import RooflineEnergyModel
+from advisor.energy.prediction import ProfileCostModel, RooflineEnergyModel
+from advisor.energy.profiling import shipped_profile
 from advisor.formats import GPU, Format
 from advisor.models.shape import llama_shape
 from advisor.plan import Plan
