@@ -16,13 +16,13 @@ from advisor.energy.runtime.kernels import attention_policy as policy
 from advisor.energy.runtime.kernels.attention_policy import decode_splits, head_tiles
 from advisor.energy.runtime.kernels.common import (
     FP8_MAX,
-    _below,
-    _dot,
-    _head_rmsnorm,
-    _launch,
-    _let_consumer_start,
-    _softcap,
-    _wait_for_producer,
+    exact_dot,
+    head_rmsnorm,
+    launch_kernel,
+    let_consumer_start,
+    mask_below,
+    soft_cap,
+    wait_for_producer,
 )
 
 
@@ -104,20 +104,20 @@ def _decode_attn_kernel(
     rows = tl.arange(0, GP)
     rmask = rows < G
     half = tl.arange(0, HP)
-    hmask = _below(half, D // 2, HP != D // 2)
+    hmask = mask_below(half, D // 2, HP != D // 2)
     dd = tl.arange(0, DP)
-    dmask = _below(dd, D, DP != D)
+    dmask = mask_below(dd, D, DP != D)
     p = tl.load(POS)
     c = tl.load(COS + p * (D // 2) + half, mask=hmask, other=0.0)[None, :]
     s = tl.load(SIN + p * (D // 2) + half, mask=hmask, other=0.0)[None, :]
-    _wait_for_producer(USE_PDL)
+    wait_for_producer(USE_PDL)
     row = QKV + b * (H + 2 * KV) * D
     heads = kvh * G + rows  # the q heads of this kv head
     qmask = rmask[:, None] & hmask[None, :]
     q1 = tl.load(row + heads[:, None] * D + half[None, :], mask=qmask, other=0.0).to(tl.float32)
     q2 = tl.load(row + heads[:, None] * D + D // 2 + half[None, :], mask=qmask, other=0.0).to(tl.float32)
     if QK_NORM:
-        q1, q2 = _head_rmsnorm(q1, q2, QN_W, half, hmask, D, norm_eps, NORM_ROUND)
+        q1, q2 = head_rmsnorm(q1, q2, QN_W, half, hmask, D, norm_eps, NORM_ROUND)
     qa = ((q1 * c - q2 * s) * q_scale).to(tl.bfloat16)
     qb = ((q2 * c + q1 * s) * q_scale).to(tl.bfloat16)
 
@@ -150,11 +150,11 @@ def _decode_attn_kernel(
         if KV_FP8:
             k1 = k1.to(q_dot_a.dtype)
             k2 = k2.to(q_dot_a.dtype)
-        sc = _dot(q_dot_a, tl.trans(k1), INTERPRETED) + _dot(q_dot_b, tl.trans(k2), INTERPRETED)
+        sc = exact_dot(q_dot_a, tl.trans(k1), INTERPRETED) + exact_dot(q_dot_b, tl.trans(k2), INTERPRETED)
         if KV_FP8:
             sc = sc * k_sc
         if SOFTCAP > 0:
-            sc = _softcap(sc, SOFTCAP)
+            sc = soft_cap(sc, SOFTCAP)
         sc = tl.where(nm[None, :], sc, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(sc, 1))
         m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # a block with no key yet
@@ -164,7 +164,7 @@ def _decode_attn_kernel(
         v = tl.load(VC + base + slot[:, None] * D + dd[None, :], mask=nm[:, None] & dmask[None, :], other=0.0)
         if KV_FP8:
             v = v.to(q_dot_a.dtype)
-        acc = acc * alpha[:, None] + _dot(pr.to(q_dot_a.dtype), v, INTERPRETED)
+        acc = acc * alpha[:, None] + exact_dot(pr.to(q_dot_a.dtype), v, INTERPRETED)
         m_i = m_new
 
     # the new token: rotated k (rounded to BF16 as the cache stores it) and v
@@ -172,9 +172,9 @@ def _decode_attn_kernel(
     kn1 = tl.load(row + (H + kvh) * D + half[None, :], mask=hmask[None, :], other=0.0).to(tl.float32)
     kn2 = tl.load(row + (H + kvh) * D + D // 2 + half[None, :], mask=hmask[None, :], other=0.0).to(tl.float32)
     vn = tl.load(row + (H + KV + kvh) * D + dd, mask=dmask, other=0.0)
-    _let_consumer_start(USE_PDL)
+    let_consumer_start(USE_PDL)
     if QK_NORM:
-        kn1, kn2 = _head_rmsnorm(kn1, kn2, KN_W, half, hmask, D, norm_eps, NORM_ROUND)
+        kn1, kn2 = head_rmsnorm(kn1, kn2, KN_W, half, hmask, D, norm_eps, NORM_ROUND)
     ka = (kn1 * c - kn2 * s).to(tl.bfloat16)  # [1, HP]
     kb = (kn2 * c + kn1 * s).to(tl.bfloat16)
     if KV_FP8:  # the codes the cache will hold, and the new token as read back from them
@@ -185,7 +185,7 @@ def _decode_attn_kernel(
     if KV_FP8:
         s_new = s_new * k_sc
     if SOFTCAP > 0:
-        s_new = _softcap(s_new, SOFTCAP)
+        s_new = soft_cap(s_new, SOFTCAP)
     s_new = tl.where(last, s_new, float("-inf"))
     m_new = tl.maximum(m_i, s_new)
     m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
@@ -234,9 +234,9 @@ def _decode_attn_reduce_kernel(
     g = tl.program_id(1)
     sp = tl.arange(0, SP)
     dd = tl.arange(0, DP)
-    dmask = _below(dd, D, DP != D)
+    dmask = mask_below(dd, D, DP != D)
     ok = sp < S
-    _wait_for_producer(USE_PDL)
+    wait_for_producer(USE_PDL)
     idx = (bk * S + sp) * G + g
     m = tl.load(M_in + idx, mask=ok, other=float("-inf"))
     lsum = tl.load(L_in + idx, mask=ok, other=0.0)
@@ -328,7 +328,7 @@ def decode_attention(
     else:
         m = lsum = acc = out
     scale_ptr = inv_scale if inv_scale is not None else cos
-    _launch(
+    launch_kernel(
         _decode_attn_kernel,
         (b * kv_heads, splits),
         qkv,
@@ -374,7 +374,7 @@ def decode_attention(
         num_stages=stages,
     )
     if splits > 1:
-        _launch(
+        launch_kernel(
             _decode_attn_reduce_kernel,
             (b * kv_heads, g),
             m,

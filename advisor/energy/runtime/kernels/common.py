@@ -9,32 +9,32 @@ FP8_MAX = tl.constexpr(448.0)
 
 
 @triton.jit
-def _wait_for_producer(USE_PDL: tl.constexpr):
+def wait_for_producer(USE_PDL: tl.constexpr):
     if USE_PDL:
         tl.extra.cuda.gdc_wait()
 
 
 @triton.jit
-def _let_consumer_start(USE_PDL: tl.constexpr):
+def let_consumer_start(USE_PDL: tl.constexpr):
     if USE_PDL:
         tl.extra.cuda.gdc_launch_dependents()
 
 
 @triton.jit
-def _dot(a, b, EXACT_F32: tl.constexpr):
+def exact_dot(a, b, EXACT_F32: tl.constexpr):
     if EXACT_F32:  # Triton 3.6's CPU interpreter multiplies BF16 dot operands as raw integers
         return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
     return tl.dot(a, b)
 
 
-def _launch(kernel, grid, *args, pdl: bool, **meta) -> None:
+def launch_kernel(kernel, grid, *args, pdl: bool, **meta) -> None:
     if pdl:
         meta["launch_pdl"] = True
     kernel[grid](*args, USE_PDL=pdl, **meta)
 
 
 @triton.jit
-def _below(cols, n: tl.constexpr, PADDED: tl.constexpr):
+def mask_below(cols, n: tl.constexpr, PADDED: tl.constexpr):
     """``cols < n``; a constant all-true mask when the tile is not padded (the compiler drops it)."""
     if PADDED:
         return cols < n
@@ -43,19 +43,19 @@ def _below(cols, n: tl.constexpr, PADDED: tl.constexpr):
 
 
 @triton.jit
-def _tanh(x):
+def tanh_exp(x):
     # exp-based, the same compiled and in the CPU interpreter; tanh is +-1 in float32 beyond |x| = 15
     x = tl.minimum(tl.maximum(x, -15.0), 15.0)
     return 1.0 - 2.0 / (tl.exp(2.0 * x) + 1.0)
 
 
 @triton.jit
-def _softcap(scores, CAP: tl.constexpr):
-    return CAP * _tanh(scores / CAP)
+def soft_cap(scores, CAP: tl.constexpr):
+    return CAP * tanh_exp(scores / CAP)
 
 
 @triton.jit
-def _head_rmsnorm(x1, x2, W, half, hmask, D: tl.constexpr, eps, NORM_ROUND: tl.constexpr):
+def head_rmsnorm(x1, x2, W, half, hmask, D: tl.constexpr, eps, NORM_ROUND: tl.constexpr):
     """RMSNorm over each row's head dim, given as halves ``x1``, ``x2`` [R, HP] (padding is zero).
 
     NORM_ROUND rounds the normalized value to BF16 before the weight (Llama, Qwen); Gemma

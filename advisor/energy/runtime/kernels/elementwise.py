@@ -6,7 +6,14 @@ import torch
 import triton
 import triton.language as tl
 
-from advisor.energy.runtime.kernels.common import FP8_MAX, _below, _head_rmsnorm, _launch, _tanh, _wait_for_producer
+from advisor.energy.runtime.kernels.common import (
+    FP8_MAX,
+    head_rmsnorm,
+    launch_kernel,
+    mask_below,
+    tanh_exp,
+    wait_for_producer,
+)
 
 
 @triton.jit
@@ -30,7 +37,7 @@ def _add_rmsnorm_kernel(
     cols = tl.arange(0, BLOCK)
     mask = cols < N
     w = tl.load(W + cols, mask=mask, other=0.0).to(tl.float32)
-    _wait_for_producer(USE_PDL)
+    wait_for_producer(USE_PDL)
     x = tl.load(X + row * N + cols, mask=mask, other=0.0).to(tl.float32)
     if X_NORM:  # Gemma: the sublayer's output is normalized before it joins the residual
         xw = tl.load(XW + cols, mask=mask, other=0.0).to(tl.float32)
@@ -78,7 +85,7 @@ def add_rmsnorm(
     """
     rows, n = x.shape
     out = torch.empty(rows, n, device=x.device, dtype=torch.float8_e4m3fn if inv_scale is not None else x.dtype)
-    _launch(
+    launch_kernel(
         _add_rmsnorm_kernel,
         (rows,),
         x,
@@ -129,10 +136,10 @@ def _rope_qkv_kernel(
     i = t % L
     p = tl.load(POS) + i
     half = tl.arange(0, HP)
-    hmask = _below(half, D // 2, HP != D // 2)
+    hmask = mask_below(half, D // 2, HP != D // 2)
     c = tl.load(COS + p * (D // 2) + half, mask=hmask, other=0.0)[None, :]
     s = tl.load(SIN + p * (D // 2) + half, mask=hmask, other=0.0)[None, :]
-    _wait_for_producer(USE_PDL)
+    wait_for_producer(USE_PDL)
     row = QKV + t * (H + 2 * KV) * D
     cols = half[None, :]
     m2 = hmask[None, :]
@@ -140,7 +147,7 @@ def _rope_qkv_kernel(
         x1 = tl.load(row + h * D + cols, mask=m2, other=0.0).to(tl.float32)
         x2 = tl.load(row + h * D + D // 2 + cols, mask=m2, other=0.0).to(tl.float32)
         if QK_NORM:
-            x1, x2 = _head_rmsnorm(x1, x2, QN_W, half, hmask, D, norm_eps, NORM_ROUND)
+            x1, x2 = head_rmsnorm(x1, x2, QN_W, half, hmask, D, norm_eps, NORM_ROUND)
         o1 = (x1 * c - x2 * s) * q_scale
         o2 = (x2 * c + x1 * s) * q_scale
         dst = QOUT + ((b * H + h) * L + i) * D
@@ -151,7 +158,7 @@ def _rope_qkv_kernel(
         x1 = tl.load(row + (H + kh) * D + cols, mask=m2, other=0.0).to(tl.float32)
         x2 = tl.load(row + (H + kh) * D + D // 2 + cols, mask=m2, other=0.0).to(tl.float32)
         if QK_NORM:
-            x1, x2 = _head_rmsnorm(x1, x2, KN_W, half, hmask, D, norm_eps, NORM_ROUND)
+            x1, x2 = head_rmsnorm(x1, x2, KN_W, half, hmask, D, norm_eps, NORM_ROUND)
         dst = KC + ((b * KV + kh) * LMAX + p) * D
         tl.store(dst + cols, (x1 * c - x2 * s).to(tl.bfloat16), mask=m2)
         tl.store(dst + D // 2 + cols, (x2 * c + x1 * s).to(tl.bfloat16), mask=m2)
@@ -188,7 +195,7 @@ def rope_qkv(
     Gemma 3); q is multiplied by ``q_scale`` (default head_dim ** -0.5).
     """
     q = torch.empty(batch, heads, length, head_dim, device=qkv.device, dtype=torch.bfloat16)
-    _launch(
+    launch_kernel(
         _rope_qkv_kernel,
         (batch * length, heads + kv_heads),
         qkv,
@@ -224,11 +231,11 @@ def _gated_act_kernel(
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < INTER
-    _wait_for_producer(USE_PDL)
+    wait_for_producer(USE_PDL)
     g = tl.load(GU + row * 2 * INTER + cols, mask=mask, other=0.0).to(tl.float32)
     u = tl.load(GU + row * 2 * INTER + INTER + cols, mask=mask, other=0.0).to(tl.float32)
     if GELU_TANH:  # PyTorch's gelu(approximate="tanh")
-        a = 0.5 * g * (1.0 + _tanh(0.7978845608028654 * (g + 0.044715 * g * g * g)))
+        a = 0.5 * g * (1.0 + tanh_exp(0.7978845608028654 * (g + 0.044715 * g * g * g)))
     else:
         a = g / (1.0 + tl.exp(-g))
     y = (a.to(tl.bfloat16).to(tl.float32) * u).to(tl.bfloat16).to(tl.float32)
@@ -253,7 +260,7 @@ def gated_act(
     inter = two_i // 2
     out = torch.empty(rows, inter, device=gu.device, dtype=torch.float8_e4m3fn if inv_scale is not None else gu.dtype)
     block = 1024
-    _launch(
+    launch_kernel(
         _gated_act_kernel,
         (rows, triton.cdiv(inter, block)),
         gu,
@@ -277,7 +284,7 @@ def silu_mul(gu: torch.Tensor, inv_scale: torch.Tensor | None = None, pdl: bool 
 def _quant_kernel(X, Y, inv_scale_ptr, n, BLOCK: tl.constexpr, USE_PDL: tl.constexpr):
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
-    _wait_for_producer(USE_PDL)
+    wait_for_producer(USE_PDL)
     x = tl.load(X + offs, mask=mask, other=0.0).to(tl.float32)
     s = tl.load(inv_scale_ptr)
     y = tl.minimum(tl.maximum(x * s, -FP8_MAX), FP8_MAX)
@@ -289,5 +296,5 @@ def quant_fp8(x: torch.Tensor, inv_scale: torch.Tensor, pdl: bool = False) -> to
     out = torch.empty(x.shape, device=x.device, dtype=torch.float8_e4m3fn)
     n = x.numel()
     block = 2048
-    _launch(_quant_kernel, (triton.cdiv(n, block),), x, out, inv_scale, n, pdl=pdl, BLOCK=block, num_warps=4)
+    launch_kernel(_quant_kernel, (triton.cdiv(n, block),), x, out, inv_scale, n, pdl=pdl, BLOCK=block, num_warps=4)
     return out
