@@ -3,12 +3,12 @@ predicted tiers (:data:`PREDICTED_TIERS`, name -> where its profile comes from a
 that chooses among them; ``make_energy_tiers`` pairs the predicted tier with the measured one."""
 
 from advisor.energy.prediction._gpu_costmodel import (
-    LLAMA_LIKE_TYPES,
     EnergyFeatures,
     GpuProfileCostModel,
     at_power_limit,
     energy_features,
     fit_gpu_profile,
+    llama_like,
     ng_features,
     outside_anchors,
 )
@@ -37,10 +37,10 @@ from advisor.energy.prediction._tiers import (
 )
 
 __all__ = [
-    "ENERGY_MODES", "FP8_KV_NOTE", "LLAMA_LIKE_TYPES", "MEASURED_ROUTING_NOTE", "PREDICTED_TIERS",
+    "ENERGY_MODES", "FP8_KV_NOTE", "MEASURED_ROUTING_NOTE", "PREDICTED_TIERS",
     "UNIFORM_ROUTING_NOTE", "EnergyFeatures", "GpuProfileCostModel", "ModelProfileCostModel", "PhaseCost",
     "PredictedTier", "ProfileCostModel", "RooflineEnergyModel", "TierRequest", "WithFallback", "at_power_limit",
     "check_profiled", "decode_step_cost", "dims_or_none", "energy_features", "expected_experts_touched",
-    "fit_gpu_profile", "gpu_here", "layer_experts_touched", "make_energy_model", "make_energy_tiers",
+    "fit_gpu_profile", "gpu_here", "layer_experts_touched", "llama_like", "make_energy_model", "make_energy_tiers",
     "make_predicted_model", "ng_features", "outside_anchors", "prefill_cost", "routing_note", "touched_share",
 ]

@@ -139,8 +139,12 @@ def outside_anchors(geo: Geometry, sizes: list[float]) -> str:
             f"{max(sizes) / 1e6:.0f}M): extrapolated")
 
 
-#: text model types whose layers are what the anchors measured ("" : shapes stored before adapters)
-LLAMA_LIKE_TYPES = frozenset({"", "llama", "mistral", "qwen2"})
+def llama_like(model_type: str) -> bool:
+    """Whether a text model type's layers are what the anchors measured (its adapter says; "": a shape stored
+    before adapters existed, a Llama one)."""
+    from advisor.models.adapters import ADAPTERS
+
+    return model_type == "" or (model_type in ADAPTERS and ADAPTERS[model_type].llama_like)
 
 
 class GpuProfileCostModel:
@@ -158,7 +162,7 @@ class GpuProfileCostModel:
         tag = "" if profile.get("verified", False) else ", unverified"
         # The anchors that fit the non-GEMM part are Llama/Qwen2-like layers (two norms, SwiGLU, no QK
         # norm); other families' extra per-layer kernels are priced as if they were the same.
-        like = "" if shape.model_type in LLAMA_LIKE_TYPES else \
+        like = "" if llama_like(shape.model_type) else \
             f"; {shape.family or shape.model_type} non-GEMM work priced as Llama-like layers"
         caveat = f"; {profile['caveat']}" if profile.get("caveat") else ""  # a known flaw of this profile
         self.gemm_energy, self.blend = self._metered_gemm_energy(profile)

@@ -17,7 +17,6 @@ from advisor.models.shape import ModelShape
 if TYPE_CHECKING:
     import torch
 
-ROUTER_PATHS = ("mlp.gate", "block_sparse_moe.gate")
 
 
 def _router_logits(output: Any) -> torch.Tensor:
@@ -25,11 +24,13 @@ def _router_logits(output: Any) -> torch.Tensor:
     return output[0] if isinstance(output, tuple) else output
 
 
-def _decoder_layers(model: Any) -> Any:
+def _decoder_layers(model: Any) -> tuple[Any, tuple[str, ...]]:
+    """The model's decoder layers and where its family keeps a layer's router."""
     from advisor.models.adapters import adapter_for
 
-    stack = adapter_for(model.config).stack_for(getattr(model.config, "model_type", "")).layers
-    return model.get_submodule(stack)
+    adapter = adapter_for(model.config)
+    stack = adapter.stack_for(getattr(model.config, "model_type", "")).layers
+    return model.get_submodule(stack), adapter.router_paths
 
 
 def expert_load(model: Any, shape: ModelShape, tokens: torch.Tensor,
@@ -37,7 +38,7 @@ def expert_load(model: Any, shape: ModelShape, tokens: torch.Tensor,
     """Per MoE layer index, each expert's share of ``tokens`` [N, L] choosing it (sums to top_k)."""
     import torch
 
-    layers = _decoder_layers(model)
+    layers, router_paths = _decoder_layers(model)
     counts: dict[int, torch.Tensor] = {}
     seen: dict[int, int] = {}
     handles = []
@@ -45,9 +46,9 @@ def expert_load(model: Any, shape: ModelShape, tokens: torch.Tensor,
         if not geo.is_moe:
             continue
         layer = layers[geo.index]
-        router = next((layer.get_submodule(p) for p in ROUTER_PATHS if _has(layer, p)), None)
+        router = next((layer.get_submodule(p) for p in router_paths if _has(layer, p)), None)
         if router is None:
-            raise ValueError(f"layer {geo.index} is a MoE layer without a router at {' or '.join(ROUTER_PATHS)}")
+            raise ValueError(f"layer {geo.index} is a MoE layer without a router at {' or '.join(router_paths)}")
         counts[geo.index] = torch.zeros(geo.num_experts, dtype=torch.float64)
         seen[geo.index] = 0
 

@@ -19,8 +19,6 @@ from advisor.models.shape import ModelShape
 
 #: activation names of transformers configs -> the gated activation the runtime runs
 ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_new": "gelu_tanh"}
-#: families whose RMSNorm scales by (1 + w) in float32 and whose embeddings are scaled by sqrt(hidden)
-GEMMA_FAMILIES = ("gemma2", "gemma3_text")
 MIN_HEAD_DIM, MAX_HEAD_DIM = 16, 256
 DEFAULT_ROPE = "default"
 
@@ -193,13 +191,14 @@ class DecoderDims:
     @classmethod
     def from_config(cls, config: Any) -> DecoderDims:
         """The model's own decoder, layer by layer, from a transformers config (outer or text)."""
-        from advisor.models.adapters import text_geometry
+        from advisor.models.adapters import ADAPTERS, text_geometry
 
         geo = text_geometry(config)
+        adapter = ADAPTERS[geo.model_type]
         text = config.get_text_config() if callable(getattr(config, "get_text_config", None)) else config
         if getattr(text, "mlp_bias", False):
             raise UnsupportedError(f"{geo.family}: MLP biases (mlp_bias=True) are not in the measurement runtime")
-        gemma = geo.model_type in GEMMA_FAMILIES
+        gemma = adapter.gemma_norms
         rope_keys = _rope_keys(text, geo.family, geo.num_layers)
         scalar = getattr(text, "query_pre_attn_scalar", None) if gemma else None
         layers = []
@@ -218,7 +217,7 @@ class DecoderDims:
                 sliding_window=g.sliding_window,
                 qk_norm=g.qk_norm,
                 qkv_bias=g.qkv_bias,
-                o_bias=g.qkv_bias and geo.model_type not in ("qwen2", "qwen2_moe"),  # Qwen2 biases q, k, v only
+                o_bias=g.qkv_bias and adapter.o_bias_with_qkv,
                 scale=float(scalar) ** -0.5 if scalar else None,
                 softcap=getattr(text, "attn_logit_softcapping", None) or None,
                 rope=rope,

@@ -1,4 +1,4 @@
-"""RoPE tables of a decoder, computed by its family's own transformers rotary embedding."""
+"""RoPE tables of a decoder, computed by its family's own transformers rotary embedding (named by its adapter)."""
 
 from __future__ import annotations
 
@@ -8,20 +8,7 @@ import torch
 
 from advisor.energy.runtime._dims import DEFAULT_ROPE, DecoderDims
 from advisor.errors import UnsupportedError
-
-#: text model_type -> (transformers module, rotary embedding class)
-ROTARY_CLASSES = {
-    "llama": ("llama", "LlamaRotaryEmbedding"),
-    "mistral": ("mistral", "MistralRotaryEmbedding"),
-    "qwen2": ("qwen2", "Qwen2RotaryEmbedding"),
-    "qwen3": ("qwen3", "Qwen3RotaryEmbedding"),
-    "gemma2": ("gemma2", "Gemma2RotaryEmbedding"),
-    "gemma3_text": ("gemma3", "Gemma3RotaryEmbedding"),
-    "phi3": ("phi3", "Phi3RotaryEmbedding"),
-    "mixtral": ("mixtral", "MixtralRotaryEmbedding"),
-    "qwen3_moe": ("qwen3_moe", "Qwen3MoeRotaryEmbedding"),
-    "qwen2_moe": ("qwen2_moe", "Qwen2MoeRotaryEmbedding"),
-}
+from advisor.models.adapters import ADAPTERS
 
 RopeTables = dict[str, tuple[torch.Tensor, torch.Tensor]]
 
@@ -34,9 +21,9 @@ def rope_tables(dims: DecoderDims, max_pos: int, device: torch.device | str) -> 
     """
     config = dims.hf_config()
     model_type = getattr(config, "model_type", "llama")
-    if model_type not in ROTARY_CLASSES:
+    if model_type not in ADAPTERS:
         raise UnsupportedError(f"no RoPE for model_type {model_type!r} in the measurement runtime")
-    module, name = ROTARY_CLASSES[model_type]
+    module, name = ADAPTERS[model_type].rotary_embedding
     cls = getattr(importlib.import_module(f"transformers.models.{module}.modeling_{module}"), name)
     rotary = cls(config)
     pos = torch.arange(max_pos)[None]

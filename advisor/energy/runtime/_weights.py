@@ -24,17 +24,10 @@ from advisor.energy.meter import require_gpu
 from advisor.energy.runtime._dims import DecoderDims
 from advisor.energy.runtime._rope import RopeTables, rope_tables
 from advisor.errors import SetupError
+from advisor.models.adapters import NORM_MODULES
 
-#: runtime norm name -> HF module name, per norm count of the layer
-_NORMS = {
-    2: {"ln_attn": "input_layernorm", "ln_mlp": "post_attention_layernorm"},
-    4: {
-        "ln_attn": "input_layernorm",
-        "ln_attn_out": "post_attention_layernorm",
-        "ln_mlp": "pre_feedforward_layernorm",
-        "ln_mlp_out": "post_feedforward_layernorm",
-    },
-}
+#: the runtime's norms of a layer, per norm count (the family's module names: its adapter's ``norm_modules``)
+_NORMS = {n: tuple(names) for n, names in NORM_MODULES.items()}
 
 
 class DecoderWeights:
@@ -103,49 +96,50 @@ class DecoderWeights:
 
     @classmethod
     def from_hf(cls, model: Any, max_pos: int = 4096, device: Any = None, dims: DecoderDims | None = None):
-        """Fused copies of a loaded HF model's weights (to check the runtime against that model)."""
+        """Fused copies of a loaded HF model's weights (to check the runtime against that model), read where the
+        family's adapter names them: each group kind's members concatenated in role order (q, k, v; gate, up),
+        routed experts from their fused 3-D parameters."""
         from advisor.models.adapters import adapter_for
 
         config = model.config
         dims = dims or DecoderDims.from_config(config)
         dev = torch.device(device) if device is not None else require_gpu()
-        stack = adapter_for(config).stack_for(getattr(config, "model_type", dims.model_type)).layers
+        adapter = adapter_for(config)
+        stack = adapter.stack_for(getattr(config, "model_type", dims.model_type)).layers
         text = model.get_submodule(stack.rsplit(".", 1)[0])
         bf = lambda x: x.detach().to(dev, torch.bfloat16).contiguous()  # noqa: E731
+        members = {kind: [r.path for r in adapter.roles
+                          if r.kind == kind and r.layout == "linear" and "*" not in r.path]
+                   for kind in ("qkv", "o", "gate_up", "down", "shared_gate_up", "shared_down")}
+        fused = {r.path.rsplit(".", 1)[-1]: r.path for r in adapter.roles if r.layout == "fused_experts"}
         t = {"embed": bf(text.embed_tokens.weight), "norm": text.norm.weight}
         t["lm_head"] = bf(model.get_output_embeddings().weight)
         for i, layer in enumerate(text.layers):
-            spec, a = dims.layers[i], layer.self_attn
-            mlp = layer.mlp if hasattr(layer, "mlp") else layer.block_sparse_moe
-            if hasattr(a, "qkv_proj"):  # Phi-3: already fused in the runtime's layout
-                t[f"{i}.qkv"] = bf(a.qkv_proj.weight)
-            else:
-                projections = (a.q_proj, a.k_proj, a.v_proj)
-                t[f"{i}.qkv"] = bf(torch.cat([m.weight for m in projections]))
-                if spec.attention.qkv_bias:
-                    t[f"{i}.qkv_bias"] = bf(torch.cat([m.bias for m in projections]))
+            spec = dims.layers[i]
+            linears = {kind: [layer.get_submodule(p) for p in paths if _has(layer, p)]
+                       for kind, paths in members.items()}
+            t[f"{i}.qkv"] = bf(torch.cat([m.weight for m in linears["qkv"]]))
+            if spec.attention.qkv_bias:
+                t[f"{i}.qkv_bias"] = bf(torch.cat([m.bias for m in linears["qkv"]]))
             if spec.moe is not None:  # transformers 5's fused experts: [E, 2I, hidden], [E, hidden, I]
-                t[f"{i}.router"] = bf(mlp.gate.weight)
-                t[f"{i}.experts_gate_up"] = bf(mlp.experts.gate_up_proj)
-                t[f"{i}.experts_down"] = bf(mlp.experts.down_proj)
+                router = next(layer.get_submodule(p) for p in adapter.router_paths if _has(layer, p))
+                t[f"{i}.router"] = bf(router.weight)
+                t[f"{i}.experts_gate_up"] = bf(layer.get_parameter(fused["gate_up_proj"]))
+                t[f"{i}.experts_down"] = bf(layer.get_parameter(fused["down_proj"]))
                 if spec.shared_intermediate:  # Qwen2-MoE
-                    se = mlp.shared_expert
-                    t[f"{i}.shared_gate_up"] = bf(torch.cat([se.gate_proj.weight, se.up_proj.weight]))
-                    t[f"{i}.shared_down"] = bf(se.down_proj.weight)
-                    t[f"{i}.shared_gate"] = bf(mlp.shared_expert_gate.weight)
-            elif hasattr(mlp, "gate_up_proj"):
-                t[f"{i}.gate_up"] = bf(mlp.gate_up_proj.weight)
+                    t[f"{i}.shared_gate_up"] = bf(torch.cat([m.weight for m in linears["shared_gate_up"]]))
+                    t[f"{i}.shared_down"] = bf(linears["shared_down"][0].weight)
+                    t[f"{i}.shared_gate"] = bf(layer.get_submodule(adapter.shared_expert_gate).weight)
             else:
-                t[f"{i}.gate_up"] = bf(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]))
-            if spec.moe is None:
-                t[f"{i}.down"] = bf(mlp.down_proj.weight)
-            t[f"{i}.o"] = bf(a.o_proj.weight)
+                t[f"{i}.gate_up"] = bf(torch.cat([m.weight for m in linears["gate_up"]]))
+                t[f"{i}.down"] = bf(linears["down"][0].weight)
+            t[f"{i}.o"] = bf(linears["o"][0].weight)
             if spec.attention.o_bias:
-                t[f"{i}.o_bias"] = bf(a.o_proj.bias)
+                t[f"{i}.o_bias"] = bf(linears["o"][0].bias)
             if spec.attention.qk_norm:
-                t[f"{i}.q_norm"], t[f"{i}.k_norm"] = a.q_norm.weight, a.k_norm.weight
-            for name, hf_name in _NORMS[spec.norms].items():
-                t[f"{i}.{name}"] = getattr(layer, hf_name).weight
+                t[f"{i}.q_norm"], t[f"{i}.k_norm"] = layer.self_attn.q_norm.weight, layer.self_attn.k_norm.weight
+            for name, module in adapter.norm_modules.items():
+                t[f"{i}.{name}"] = getattr(layer, module).weight
         return cls._finish(dims, t, max_pos)
 
     @classmethod
@@ -169,3 +163,11 @@ def _norm_weight(w: torch.Tensor, gemma: bool, device: torch.device) -> torch.Te
     if gemma:
         return (1.0 + w.detach().float()).to(device).contiguous()
     return w.detach().to(device, torch.bfloat16).contiguous()
+
+
+def _has(module: Any, path: str) -> bool:
+    try:
+        module.get_submodule(path)
+    except AttributeError:
+        return False
+    return True
