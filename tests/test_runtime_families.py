@@ -28,6 +28,7 @@ import transformers  # noqa: E402  (a hard dependency: its absence must fail, no
 
 from advisor.energy.runtime import DecoderDims  # noqa: E402
 from advisor.errors import SetupError, UnsupportedError  # noqa: E402
+from advisor.testing import DENSE_FAMILIES  # noqa: E402
 
 TOL = 3e-2
 VOCAB, SEQ, WINDOW = 96, 12, 4
@@ -61,7 +62,7 @@ def _config(family: str):
     return make[family]()
 
 
-FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text", "gemma3", "phi3")
+FAMILIES = DENSE_FAMILIES
 
 
 @pytest.fixture(scope="module", autouse=True)
