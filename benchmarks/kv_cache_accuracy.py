@@ -41,7 +41,7 @@ GRID = [(b, c) for b in (16, 64) for c in (512, 8192)]
 
 def _kv_drop(rows: list[dict[str, Any]]) -> None:
     """Each FP8-KV row's LAMBADA drop against the BF16-KV row of the same weights, paired on the same items."""
-    from advisor.accuracy.stats import paired_drop
+    from advisor.search.stats import paired_drop
 
     by_plan = {(r["weights"], r["kv_cache"]): r for r in rows if "lambada_openai" in r}
     for (weights, kv), row in by_plan.items():

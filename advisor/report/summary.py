@@ -9,7 +9,6 @@ from typing import Any
 
 import optuna
 
-from advisor.accuracy.stats import proxy_calibration
 from advisor.errors import InputError
 from advisor.formats import Format
 from advisor.models.shape import ModelShape
@@ -26,6 +25,7 @@ from advisor.search.energy_tiers import (
     prediction_errors,
 )
 from advisor.search.frontier import Candidate, Recommendation, pareto_front, recommend
+from advisor.search.stats import proxy_calibration
 from advisor.search.study import benchmark_budget, candidates
 
 

@@ -1,5 +1,6 @@
-"""Which serving engines can serve a plan's checkpoint, per what each engine documents and what its
-public tracker reports: a table of facts, each with its source, and the ones a plan meets.
+"""Which serving engines (TensorRT-LLM, vLLM, SGLang) can serve a plan's checkpoint, per what each engine
+documents and what its public tracker reports: a table of facts, each with its source, and the ones a plan
+meets. Data, below the report and the export that both show it.
 
 The facts were read on 2026-11-22 with the project's search tools (documentation, code and issue
 threads); none was run here (no engine is installable on the machines this project has). A fact
