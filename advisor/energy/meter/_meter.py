@@ -7,9 +7,9 @@ How a measurement runs (``EnergyMeter.measure``):
 2. The GPU is kept busy: at most ``depth`` steps are in flight; a finished one is
    replaced at once, so the queue never runs dry and the host never runs far ahead.
    ``depth`` grows to hold ``queued_s`` of GPU work (the step's time taken from the
-   warm-up, which reads no counter): one NVML energy read takes 2-4 ms, up to 18 ms
-   (H200, driver 580), so four sub-millisecond steps ran dry between reads and the
-   GPU idled up to 40% of a window (reports/benchmarks/energy_transfer_h200.md).
+   warm-up, which reads no counter): one NVML energy read takes milliseconds, so a
+   few sub-millisecond steps would run dry between reads and the GPU would idle
+   (reports/benchmarks/energy_transfer_h200.md).
 3. Windows are aligned to counter ticks (the counter moves about every 100 ms):
    a window opens at one tick edge and closes at the first edge after it has lasted
    ``min_window_s`` or ``min_ticks`` ticks. Its energy is the counter difference
@@ -17,9 +17,8 @@ How a measurement runs (``EnergyMeter.measure``):
    next window opens where the last closed, so the GPU never idles in between.
 4. ``repeats`` windows give the median and the spread; a coefficient of variation
    above ``max_cv`` marks the measurement ``unstable``, and it is taken again, up to
-   ``attempts`` times in all, keeping the steadiest (one profile point in ~200 on an
-   H100 had a CV of 9% and sat 8% above its neighbours); one still unstable after
-   the attempts stays marked so.
+   ``attempts`` times in all, keeping the steadiest (a rare window is disturbed); one
+   still unstable after the attempts stays marked so.
 
 The GPU's state (name, driver, power limit, clocks, temperature) is read before
 and after, and the idle power once per meter. Nothing here changes the GPU.
@@ -73,8 +72,8 @@ class MeterConfig:
     # (a serving engine's meter, whose depth is the requests in flight).
     queued_s: float = 0.05
     max_depth: int = 1024
-    # Host sleep between counter polls. Polling NVML in a tight loop slowed a CUDA-graph
-    # decode step by ~8% on an H200 (5.40 vs 5.03 ms); 1 ms costs < 0.1% of a 5 s window.
+    # Host sleep between counter polls: polling NVML in a tight loop slows a CUDA-graph
+    # decode step, and 1 ms is a negligible part of a window.
     poll_s: float = 0.001
     idle_s: float = 1.0
     # Give up waiting for a counter tick after this long (a stuck counter).
@@ -237,10 +236,9 @@ class EnergyMeter:
     # -- thermal state -------------------------------------------------------
     def soak(self, step: Step, max_s: float, settle_c: float = 1.0, every_s: float = 5.0) -> dict[str, float]:
         """Run ``step`` back to back until the GPU's temperature settles (it rose less than ``settle_c`` over the
-        last ``every_s``) or ``max_s`` has passed. A small model's J/step follows the temperature (leakage):
-        on an H100, Qwen2.5-0.5B's batch-1 decode step drew 3.9% more energy right after a minute of prefills
-        than after 30 s idle, and per-model profiles taken cold were 2-5% below plans measured hot
-        (reports/benchmarks/energy_transfer_data/h100_thermal.json, h100_raw8.json)."""
+        last ``every_s``) or ``max_s`` has passed. A small model's J/step follows the temperature (leakage), so
+        profiles and plans are measured warm (reports/benchmarks/energy_transfer_data/h100_thermal.json,
+        h100_raw8.json)."""
         inflight: deque[StepHandle] = deque()
         t0 = self._clock()
         first = last = self.counter.state().temperature_c

@@ -1,4 +1,4 @@
-"""Predict a plan of a model nobody profiled, from a shipped GPU profile (:mod:`advisor.energy.profiling._gemm_table`).
+"""Predict a plan of a model nobody profiled, from a GPU profile (:mod:`advisor.energy.profiling`).
 
 Time of a step (a decode step of ``b`` sequences at context ``c``, or the prefill of one
 request of ``L`` tokens, ``x`` = ``b`` or ``L`` rows):
@@ -98,9 +98,9 @@ def fit_gpu_profile(profile: dict[str, Any], features: EnergyFeatures = energy_f
 
 def _shared_constant_fit(ng_rows: dict[tuple[str, Format], list], solve) -> dict[str, list[float]]:
     """Per phase, one fit over both formats: a per-layer floor, per-byte terms per format, and one constant
-    (embedding, final norm, the step's launch: the same kernels in every format). Fitted per format, the
-    constant was ill-determined by anchors of 14-32 layers (H200: 0 ms for BF16 prefill, 0.25 ms for FP8),
-    which made FP8 cost 5x BF16 on a 2-layer model."""
+    (embedding, final norm, the step's launch: the same kernels in every format). Fitted per format, anchors
+    of many layers leave the constant ill-determined, and a model of few layers then pays a constant of the
+    wrong format."""
     out: dict[str, list[float]] = {}
     for phase in sorted({ph for ph, _ in ng_rows}):
         fmts = [f for f in FORMATS if (phase, f) in ng_rows]
@@ -129,9 +129,7 @@ def at_power_limit(t_ms: float, energy_j: float, limit_w: float) -> tuple[float,
 
 def outside_anchors(geo: Geometry, sizes: list[float]) -> str:
     """A label note for a model whose layers are smaller or larger than every anchor's (``sizes``: their weights
-    per layer): the fitted floors and power split are extrapolated there (2026-11-22: SmolLM2-135M's 3.5M-weight
-    layers, below the smallest anchor's 10M, were over-priced up to 14% at batch 1 on an H200; the 70B's prefills
-    up to 11%)."""
+    per layer): the fitted floors and power split are extrapolated there (reports/benchmarks/energy_transfer*.md)."""
     mine = layer_weights(geo)
     if not sizes or min(sizes) <= mine <= max(sizes):
         return ""

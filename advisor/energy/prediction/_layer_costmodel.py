@@ -1,4 +1,4 @@
-"""Predict a plan's J/token from a hardware profile (no GPU needed).
+"""Predict a plan's J/token from a layer profile (no GPU needed): the fallback tier.
 
 Model, for a decode step at batch ``b`` and context ``c`` (prefill alike at length L):
 
@@ -25,16 +25,14 @@ So all-BF16 and all-FP8 reproduce the profile's own measurements by construction
 mixed plans, other batches and contexts are predictions.
 
 An FP8 KV cache halves the part of the decode step that grows with the context (the step
-time is linear in ``c``: its slope is the KV read, 1.1-1.2x the KV bytes at full HBM
-bandwidth in the H100 profile), at the same power; prefill is unchanged. Profiles hold no
+time is linear in ``c``: its slope is the KV read), at the same power; prefill is unchanged. Profiles hold no
 FP8-KV measurement (the runtime has no FP8 KV attention yet), so estimates of such plans say
 so in their label.
 
 Models of another size are scaled, and the label says so ("scaled from ..."). Far
 from the profiled size the scaling is extrapolation and is labelled that way: the
 per-kernel launch floors and the low power of a latency-bound step are not in the
-profile, and for SmolLM2-135M on an H100 it predicted 2-3x less energy than measured
-(reports/benchmarks/costmodel_transfer.md).
+profile, so small models are priced far too low (reports/benchmarks/costmodel_transfer.md).
 """
 
 from __future__ import annotations

@@ -1,51 +1,39 @@
-"""Predict any plan of a model from its own per-model profile (:mod:`advisor.energy.profiling._model`).
+"""Predict any plan of a model from its own per-model profile (:mod:`advisor.energy.profiling`).
 
 At a decode step of batch ``b`` and context ``c`` (prefill alike, per prompt length):
 
 * time: the all-BF16 step's non-GEMM part (its measured step minus its GEMMs), moved by the share of
   groups in FP8 towards all-FP8's non-GEMM part (FP8 adds the activation quantization), per kind where
   the kind corner was profiled (:meth:`ModelProfileCostModel._non_gemm_ms`), plus each group's own GEMM
-  in its format at ``b`` rows. Steps
-  and GEMMs are measured at this model's shapes, so kernel-launch floors and latency-bound
-  small kernels are in them; times are linear in ``c`` and piecewise linear in ``b``;
-* energy: each all-``f`` step's measured J (interpolated in log2(b) as a power over its timed
-  step, linear in ``c`` between the profiled contexts). A mixed plan's energy is the all-BF16
-  step's, plus the GPU's idle power (measured with the profile) over its time difference, plus,
-  for each other format, the rest of that format's uniform-step difference in the share of the
-  plan's weights it holds (of a MoE layer's routed experts, those the step reads): what a GEMM in
-  FP8 saves beyond time is dynamic energy (bytes read,
-  multiply-adds), proportional to its weights, not to its kernel time, which for small GEMMs is a
-  latency floor (H200, reports/benchmarks/energy_transfer_h200.md: Qwen2.5-0.5B's MLP-only FP8
-  plan drew within 2% of all-FP8's power while its FP8 GEMMs took 64% of all-FP8's GEMM time).
-  Where the profile metered the kind corner (MLP in FP8, attention in BF16), all-FP8's saving is split
-  by kind first: the MLP groups' part is the corner's saving, attention's the rest, each shared over
-  its own kind's weights. A kind's saving is not its share of the weights (H200, Qwen2.5-0.5B, decode
-  batch 1: attention in FP8 saved 0.42 of all-FP8's energy with 12% of the weights;
-  reports/benchmarks/layer_additivity.md), and a search's plans mix kinds freely.
-  Where the profile metered the mixing point (every other layer in FP8), a prefill's line is bent: plans
-  that mix formats across layers drew 2-5% over it in prefill on Qwen2.5-1.5B shapes (H100 and H200). The
-  bend is what the point drew over the line, times the plan's mixing relative to the point's (per kind,
-  ``s (1 - s)`` of the share ``s`` of its weights in FP8, weighted by the kind's part of the saving: zero at
-  the other profiled plans). Decode steps stay on the line: on H100s a decode step's saving depends on which
-  layers a plan holds in FP8 (at batch 64 the first and last quarter saved 0.58-0.62 of all-FP8's saving, the
-  middle half 0.40-0.42), so the alternating point bent contiguous plans the wrong way (Qwen2.5-0.5B 4.9-5.4%
-  off on four units, 2.7-3.6% on the line). In prefill the bend brought Qwen2.5-1.5B's worst rows down (H100
-  2.5% -> 1.3%, H200 5.0% -> 2.0%) and moved smaller models' rows by up to a point either way. Over 15
-  shape-runs the worst row is 3.6% this way, against 5.9% bending decode steps too and 5.0% bending nothing
-  (reports/benchmarks/profile_point_trials.md).
+  in its format at ``b`` rows. Steps and GEMMs are measured at this model's shapes, so kernel-launch floors
+  and latency-bound small kernels are in them; times are linear in ``c`` and piecewise linear in ``b``;
+* energy: each all-``f`` step's measured J (interpolated in log2(b) as a power over its timed step, linear
+  in ``c`` between the profiled contexts). A mixed plan's energy is the all-BF16 step's, plus the GPU's idle
+  power (measured with the profile) over its time difference, plus, for each other format, the rest of that
+  format's uniform-step difference in the share of the plan's weights it holds (of a MoE layer's routed
+  experts, those the step reads): what a GEMM in FP8 saves beyond time is dynamic energy (bytes read,
+  multiply-adds), proportional to its weights, not to its kernel time, which for small GEMMs is a latency
+  floor (reports/benchmarks/energy_transfer_h200.md).
+  Where the profile metered the kind corner (MLP in FP8, attention in BF16), all-FP8's saving is split by
+  kind first: the MLP groups' part is the corner's saving, attention's the rest, each shared over its own
+  kind's weights, because a kind's saving is not its share of the weights and a search's plans mix kinds
+  freely (reports/benchmarks/layer_additivity.md).
+  Where the profile metered the mixing point (every other layer in FP8), a prefill's line is bent, because
+  plans that mix formats across layers draw more than the line in prefill: the bend is what the point drew
+  over the line, times the plan's mixing relative to the point's (per kind, ``s (1 - s)`` of the share ``s``
+  of its weights in FP8, weighted by the kind's part of the saving: zero at the other profiled plans).
+  Decode steps stay on the line: a decode step's saving depends on which layers a plan holds in FP8, so the
+  alternating point bent contiguous plans the wrong way (reports/benchmarks/profile_point_trials.md).
   Where the profile metered the position point (the last quarter of the layers in FP8, decode only), a decode
   step's saving is shared between the last quarter's groups and the rest by what that point saved (the same
-  fraction for each kind), then within each by weight: on H100s Qwen2.5-0.5B's last quarter saved about 0.4 of
-  all-FP8's decode saving and each other quarter about 0.2, so plans that hold the middle layers in FP8 saved
-  less than their weights' share (the middle half -2.3..-2.6% on average over 22 H100 runs, on the line) and
-  plans holding the last layers more.
+  fraction for each kind), then within each by weight: the last layers save more than their weights' share,
+  the middle ones less (reports/benchmarks/profile_point_trials.md).
 
 So all-BF16, all-FP8, the kind corner and the position point reproduce the profile's energy at their own
 points by construction (the position point's time comes from the line), the mixing point its prefill energy
-over idle (its time comes from the line: within about 2%); mixed plans,
-other batches and contexts are predictions. A MoE layer's routed experts are one group (kind
-``experts``): their grouped GEMMs are priced like any group's, and the router, sort and gathers sit
-in the non-GEMM part. torch-free.
+over idle (its time comes from the line); mixed plans, other batches and contexts are predictions. A MoE
+layer's routed experts are one group (kind ``experts``): their grouped GEMMs are priced like any group's, and
+the router, sort and gathers sit in the non-GEMM part. torch-free.
 """
 
 from __future__ import annotations
@@ -130,13 +118,9 @@ class ModelProfileCostModel:
         (interpolated in ``x``) times the distinct experts read. Those are this model's measured routing's
         expectation where the shape carries one; else (and for the profiled steps) the profile's own random
         routing: measured at the profiled points, the uniform expectation scaled to them in between (the
-        count is concave in ``x``: a line between profiled batches misses it by 10-20%).
-
-        Between profiled batches (H200, Qwen3-30B-A3B, batch 32 between 16 and 64) whole steps came within
-        4.4% of measured (reports/benchmarks/moe_gpu.md); on an earlier run, interpolating the expert times
-        in the count instead (a per-call floor plus a cost per expert) was 2 points worse there. Far apart
-        profiled batches where the floor dominates (1 and 16) can be over-priced a few % in between;
-        searches profile their workloads' own batches."""
+        count is concave in ``x``, so a line between profiled batches would miss it). Far apart profiled batches
+        where the per-call floor dominates can be over-priced in between; searches profile their workloads' own
+        batches (reports/benchmarks/moe_gpu.md)."""
         xs, ms, seen = self._xs(phase), phase["gemm_ms"][fmt.value]["experts"], phase["experts_touched"]
         per_expert = interp(xs, [m / d for m, d in zip(ms, seen, strict=True)], x)
         return per_expert * self._touched(phase, layer, x, profile_routing)
@@ -185,8 +169,8 @@ class ModelProfileCostModel:
                       step_ms: float) -> float:
         """W of a profiled decode step (all-``fmt``, or the kind corner) of ``step_ms`` at ``context``, given its
         ms at ``b`` rows at each profiled context (``steps_at``): its J, linear in the context between the energy
-        contexts (the KV bytes a step reads are), over its time. Interpolating the power instead (a product of two
-        lines) put SmolLM2-135M's batch-64 steps 3-4% low between contexts 320 and 1280 (H100)."""
+        contexts (the KV bytes a step reads are), over its time: interpolating the power instead (a product of two
+        lines) would bend the energy between contexts."""
         j, measured_ms = self._measured(d, plan)
         if not isinstance(j, dict):  # energy at one context only
             j = {str(d["energy_context"]): j}
@@ -208,10 +192,9 @@ class ModelProfileCostModel:
         """The step's time outside its GEMMs (norms, attention, activation and quantization kernels, launch gaps):
         the all-BF16 step's, moved toward all-FP8's by the share of groups in FP8; where the kind corner was
         profiled, the MLP groups move it by the corner's difference and attention's by the rest, each over its
-        own kind's groups, so the corner's time is its measured one (sharing over all groups put it up to 2% off,
-        and Qwen2.5-0.5B's mixed plans 0.3-0.7 point further off on H100s, 2026-11-23). Not by position: the
-        non-GEMM difference between formats is the quantization kernels', a small difference that a ratio of
-        differences would magnify."""
+        own kind's groups, so the corner's time is its measured one (sharing over all groups would not). Not by
+        position: the non-GEMM difference between formats is the quantization kernels', a small difference that
+        a ratio of differences would magnify."""
         # the same split as the energy's (:meth:`_line_mj`), over groups instead of weights
         ng = {k: ms - self._all_gemms(phase, k, x) for k, ms in step_ms.items()
               if k not in (ALT_FP8, LAST_QUARTER_FP8)}

@@ -30,8 +30,8 @@ def unstable_points(profile: dict[str, Any], max_cv: float = MeterConfig.max_cv)
 
 
 def metered_temperatures(profile: dict[str, Any]) -> str:
-    """The GPU temperatures the profile's points were metered at, for its label: a small model's J/step moves
-    ~0.17% per C (:meth:`advisor.energy.meter._meter.EnergyMeter.soak`)."""
+    """The GPU temperatures the profile's points were metered at, for its label: a small model's J/step follows
+    the temperature (:meth:`advisor.energy.meter.EnergyMeter.soak`)."""
     temps = _per_point(profile, "temperature_c")
     return f"; metered at {min(temps):.0f}-{max(temps):.0f} C" if temps else ""
 

@@ -8,7 +8,7 @@ Model (documented in docs/architecture.md, "Energy"):
   ``e_byte = (0.6 * TDP - P_idle) / BW`` (a GPU streaming HBM at full bandwidth
   draws about 60% of TDP) and ``e_flop_f = (TDP - P_idle) / peak_f`` (a GPU at peak
   tensor throughput draws its TDP). Both constants are assumptions, not
-  measurements; the measured profile (energy.profile) replaces them.
+  measurements; a measured profile replaces them.
 * Decode step at context ``c`` and batch ``B``: every weight once (in its format's
   bytes, scales included), the BF16 lm_head and MoE routers, and ``B`` sequences of KV
   cache (2 bytes per element, 1 with an FP8 KV cache), a sliding-window layer's capped at

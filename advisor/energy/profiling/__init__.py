@@ -54,9 +54,7 @@ from advisor.energy.profiling._interp import interp
 from advisor.energy.profiling._layer import (
     KINDS,
     load_profile,
-    measure_profile,
     measurement_header,
-    save_profile,
     shipped_profile,
     validate_profile,
 )
@@ -108,9 +106,9 @@ __all__ = [
     "gemm_energy_section", "gemm_graph_ms", "gemm_row_energy", "gemm_row_ms", "geometry_digest", "interp",
     "is_attention", "is_model_profile", "key_digest", "last_quarter", "last_quarter_format", "layer_gemm_ms",
     "layer_weights", "load_profile", "log_distance", "mean_profile", "mean_table", "measure_gemm_energy",
-    "measure_gpu_profile", "measure_model_profile", "measure_plan", "measure_profile", "measurement_header",
+    "measure_gpu_profile", "measure_model_profile", "measure_plan", "measurement_header",
     "metered_step", "mixing_format", "model_digest", "nk_key", "profile_key", "profile_meter_config", "profile_regime",
-    "read_any_profile", "rest_features", "save_profile", "shipped_gpu_profile", "shipped_model_profiles",
+    "read_any_profile", "rest_features", "shipped_gpu_profile", "shipped_model_profiles",
     "shipped_profile", "step_parts", "table_nk", "table_of_collect", "validate_gemm_energy_section",
     "validate_gpu_profile", "validate_model_profile", "validate_profile", "weight_copies", "with_measured_routing",
 ]

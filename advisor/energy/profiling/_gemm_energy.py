@@ -1,23 +1,18 @@
-"""Metered GEMM energy in a shipped GPU profile, for models of about 3B parameters and up.
+"""Metered GEMM energy in a shipped GPU profile, for models of large layers.
 
-The shipped profile's default energy form (:func:`advisor.energy.prediction._gpu_costmodel.energy_features`) fits a
-step's whole energy to a few anchor models; no coefficients of that form price every measured shape
-within 10% (reports/benchmarks/shipped_fit_ceiling). A profile may also carry a ``gemm_energy``
-section: every reference GEMM's joules per format and row count, metered on GPU units
-(``benchmarks/gemm_energy_collect.py``; their mean), and a fitted rest for what the GEMMs do not cover:
+The GPU profile's fitted energy form (:func:`advisor.energy.prediction.energy_features`) fits a step's whole
+energy to a few anchor models, and no coefficients of that form price every measured shape well
+(reports/benchmarks/shipped_fit_ceiling). A profile may also carry a ``gemm_energy`` section: every reference
+GEMM's joules per format and row count, metered on GPU units (``benchmarks/gemm_energy_collect.py``; their
+mean), and a fitted rest for what the GEMMs do not cover:
 
     E = sum of the step's GEMMs' metered J + P_rest x (t - table GEMM time) + e_kv x KV bytes
         + e_act x activation bytes + e_attn x attention FLOPs
 
-with the rest fitted (non-negative least squares, relative errors) to anchors metered on the same
-unit(s). Shipped with two units per GPU, it priced 3B-70B shapes within 2.4-3.6% over fourteen H100
-units and 2.9-13.0% over ten H200 units (12-13% only on the two that draw least), where the fitted form
-missed by up to 10-16%. Models of layers below ``min_layer_weights`` follow the section's ``small_layers``
-rule: ``fitted`` (the fitted form alone; profiles built before 2026-11-26) or ``mean`` (the mean of the
-two forms). Below 80M weights per layer each form alone misses some sub-2B shape by 10-15%, in opposite
-directions on several; their mean came within 11.5% of 31 H100 runs and 10.4% of 18 H200 runs, but missed
-SmolLM2-135M by 15.2% on a later H100 unit that drew 5-13% above the others (the fitted form alone: 14.2%;
-reports/benchmarks/gemm_energy/threshold_*.md). torch-free.
+with the rest fitted (non-negative least squares, relative errors) to anchors metered on the same unit(s).
+Models of layers below ``min_layer_weights`` follow the section's ``small_layers`` rule: ``fitted`` (the fitted
+form alone; profiles built before the rule existed) or ``mean`` (the mean of the two forms, which miss small
+shapes in opposite directions). How well each prices which shapes: reports/benchmarks/gemm_energy/. torch-free.
 """
 
 from __future__ import annotations
@@ -36,8 +31,8 @@ from advisor.energy.profiling._interp import interp
 from advisor.errors import InputError
 from advisor.formats import Format
 
-#: below this many weights per layer (Llama-3.2-1B: 61M, Qwen2.5-1.5B: 47M; Llama-3.2-3B: 101M) the metered
-#: form priced no better than the default one (reports/benchmarks/gemm_energy)
+#: below this many weights per layer the metered form priced no better than the fitted one
+#: (reports/benchmarks/gemm_energy)
 MIN_LAYER_WEIGHTS = 80e6
 SECTION_KEYS = ("units", "anchors", "anchor_layer_weights", "m_buckets", "j", "rest", "min_layer_weights")
 #: how a section prices models of layers below ``min_layer_weights`` (absent: "fitted")
@@ -120,7 +115,8 @@ def gemm_energy_section(profile: dict[str, Any], units: list[tuple[dict[str, Any
     """A profile's ``gemm_energy`` section from one or more GPU units, each a ``gemm_energy_collect.py`` output and
     an ``energy_transfer_collect.py --anchors`` output metered on that same unit: the GEMM energies averaged over
     the units, and the rest fitted to every unit's anchors, with the profile's GEMM time tables. Several units put
-    the profile nearer a fleet's middle than any one unit (units differ by up to 6-10% for the same steps)."""
+    the profile nearer a fleet's middle than any one unit: units of one kind draw different energy for the same
+    steps (reports/benchmarks/gemm_energy/)."""
     if not units:
         raise InputError("the GEMM energy section needs at least one unit's GEMM energies and anchors")
     records, anchors = [], {}

@@ -5,14 +5,14 @@ A GPU profile (schema ``precision-advisor/gpu-energy-profile``, version 1) holds
 * ``gemm_ms[fmt]["NxK"][i]``: one GEMM of an ``N x K`` weight (the runtime's BF16 ``F.linear``
   or FP8 ``torch._scaled_mm``) at ``m_buckets[i]`` rows, from CUDA-graph replays over enough
   distinct weight copies that the L2 cache does not hold them; the shapes are every fused group
-  and lm_head of :data:`~advisor.energy.profiling._reference_shapes.REFERENCE_SHAPES` (0.1B-70B);
+  and lm_head of :data:`~advisor.energy.profiling.REFERENCE_SHAPES` (0.1B-70B);
 * ``anchors``: per-model profiles (:mod:`advisor.energy.profiling._model`) of a few models that
-  the transfer benchmark does not test; the cost model (:mod:`advisor.energy.prediction._gpu_costmodel`)
+  the transfer benchmark does not test; the cost model (:mod:`advisor.energy.prediction`)
   fits from them the per-layer kernel floors of the non-GEMM part and the power split;
 * ``gemm_energy``: every GEMM's metered joules at a few row counts and a rest fitted to the anchors
   (:mod:`advisor.energy.profiling._gemm_energy`), which price models of large layers.
 
-Measuring needs torch and a GPU (18 minutes on an H100, half of it the GEMM energies).
+Measuring needs torch and a GPU (tens of minutes, half of it the GEMM energies).
 """
 
 from __future__ import annotations
@@ -114,7 +114,7 @@ def measure_gpu_profile(command: str, deadline_s: float = math.inf, anchors=ANCH
                         ) -> dict[str, Any]:
     """This GPU's profile: GEMM tables, the ``anchors``' per-model profiles (those started within ``deadline_s``
     of the call) and the GEMM energies (for up to ``gemm_energy_s``; none at 0 or without anchors). The defaults
-    measure everything, as `advisor profile` does (18 minutes on an H100, 2026-11-23); benchmarks that must fit
+    measure everything, as `advisor profile` does; benchmarks that must fit
     a device call pass deadlines, and a shape or anchor left out is logged."""
     from advisor.energy.measure import Bench, torch_with_gpu
     from advisor.energy.meter import MeterConfig, open_meter

@@ -82,8 +82,8 @@ class Geometry:
 
 class GemmTable:
     """GEMM times per format and ``NxK``, made non-decreasing in the rows (a suffix minimum): a GEMM of
-    fewer rows never takes longer, and in the 2026-11-22 H100 table the first row bucket of 11 of 42 FP8
-    shapes carried a start-up delay (up to 19%) that the same GEMM inside a model did not show."""
+    fewer rows never takes longer, while a table's first row bucket can carry a start-up delay that the same
+    GEMM inside a model does not show."""
 
     def __init__(self, profile: dict[str, Any]) -> None:
         self.ms = profile["m_buckets"]

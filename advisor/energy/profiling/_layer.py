@@ -1,4 +1,4 @@
-"""Hardware profiles: per-format layer costs measured once on a GPU, saved as versioned JSON.
+"""Layer profiles: per-format costs of one Llama layer measured once on a GPU (or derived from a datasheet).
 
 A profile (schema ``precision-advisor/energy-profile``, version 1) holds, for one
 GPU and one model shape (Llama-3.1-8B by default):
@@ -13,7 +13,10 @@ GPU and one model shape (Llama-3.1-8B by default):
   batches in ``decode.energy_batches``;
 * ``prefill``: the same per prompt length (batch 1).
 
-Reading and the cost model need no torch; measuring (``measure_profile``) does.
+The predicted tier's fallback: it prices what the per-model and GPU profiles cannot (a GPU kind with only
+a layer profile, such as the datasheet-derived B200; MoE models without a per-model profile; an FP8 KV
+cache). The per-model and GPU profiles replaced it for measuring: the shipped layer profiles are read,
+never measured again. ``measurement_header`` is what every measured profile records.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from typing import Any
 from advisor.energy.profiling._schemas import LAYER_SCHEMA as SCHEMA
 from advisor.energy.profiling._schemas import LAYER_VERSION as VERSION
 from advisor.errors import InputError
-from advisor.formats import GPU, Format
+from advisor.formats import GPU
 from advisor.plan import DENSE_GROUP_KINDS
 
 KINDS = DENSE_GROUP_KINDS
@@ -87,124 +90,3 @@ def shipped_profile(gpu: GPU) -> dict[str, Any] | None:
     if not names:
         return None
     return validate_profile(json.loads((folder / names[-1]).read_text()), f"shipped profile {names[-1]}")
-
-
-# -- measuring (GPU) ---------------------------------------------------------------
-
-
-def _gemm_ms(bench, kind: str, fmt: Format, m: int, iters: int = 20) -> float:
-    """Time of one layer's ``kind`` GEMM at ``m`` rows, from a graph over all layers."""
-    from advisor.energy.profiling._gemm_timer import gemm_graph_ms
-
-    return gemm_graph_ms([bench.linear_cache[(f"{i}.{kind}", fmt)] for i in range(bench.dims.num_layers)], m, fmt,
-                         iters)
-
-
-def measure_profile(
-    command: str,
-    batches: tuple[int, ...] = (1, 8, 16, 32, 64, 128),
-    energy_batches: tuple[int, ...] = (1, 16, 64, 128),
-    contexts: tuple[int, ...] = (512, 2048),
-    prefill_lengths: tuple[int, ...] = (512, 2048),
-    meter_config=None,
-    bench=None,
-    log=print,
-) -> dict[str, Any]:
-    """Measure a profile of the Llama-3.1-8B shape on the GPU here (several minutes)."""
-    from advisor.energy.measure import torch_with_gpu
-
-    torch = torch_with_gpu()
-    from advisor.energy.measure import Bench, decode_step, prefill_step, uniform_formats
-    from advisor.energy.meter import open_meter
-    from advisor.energy.runtime import DecoderDims, copy_bandwidth_gb_s
-
-    meter = open_meter(torch.cuda.current_device(), meter_config)
-    state = meter.counter.state()
-    idle_w = meter.idle_power_w()
-    bw = copy_bandwidth_gb_s()
-    dims = bench.dims if bench is not None else DecoderDims.llama31_8b()
-    bench = bench or Bench.create(dims)
-    fmts = (Format.BF16, Format.FP8)
-    rts = {f: bench.runtime(uniform_formats(dims, f), key=f"all-{f.value}") for f in fmts}
-
-    def gemms(ms: tuple[int, ...]) -> dict:
-        return {f.value: {k: [_gemm_ms(bench, k, f, m) for m in ms] for k in KINDS} for f in fmts}
-
-    decode: dict[str, Any] = {
-        "batches": list(batches),
-        "contexts": list(contexts),
-        "energy_batches": list(energy_batches),
-        "gemm_ms": gemms(batches),
-        "step_ms": {},
-        "power_w": {},
-        "j_per_step": {},
-    }
-    for f in fmts:
-        rt = rts[f]
-        decode["step_ms"][f.value] = {}
-        for c in contexts:
-            times = []
-            for b in batches:
-                times.append(decode_step(rt, b, c).time_ms())
-            decode["step_ms"][f.value][str(c)] = times
-            log(f"profile decode {f.value} ctx {c}: " + ", ".join(f"{t:.2f}" for t in times) + " ms")
-        powers, joules = [], []
-        for b in energy_batches:
-            step = decode_step(rt, b, contexts[0])
-            m = meter.measure(step.launch, f"profile decode {f.value} b{b}", b)
-            powers.append(m.power_w)
-            joules.append(m.j_per_step)
-            log(f"profile decode {f.value} b{b}: {m.power_w:.0f} W, {m.s_per_step * 1e3:.2f} ms, cv {m.cv:.4f}")
-            del step
-        decode["power_w"][f.value] = powers
-        decode["j_per_step"][f.value] = joules
-        rt.k_cache = rt.v_cache = None
-        torch.cuda.empty_cache()
-
-    prefill: dict[str, Any] = {
-        "batch": 1,
-        "lengths": list(prefill_lengths),
-        "gemm_ms": gemms(prefill_lengths),
-        "step_ms": {},
-        "power_w": {},
-        "j_per_step": {},
-    }
-    for f in fmts:
-        rt = rts[f]
-        times, powers, joules = [], [], []
-        for length in prefill_lengths:
-            step = prefill_step(rt, length)
-            times.append(step.time_ms())
-            m = meter.measure(step.launch, f"profile prefill {f.value} L{length}", length)
-            powers.append(m.power_w)
-            joules.append(m.j_per_step)
-            log(f"profile prefill {f.value} L{length}: {times[-1]:.2f} ms, {m.power_w:.0f} W, cv {m.cv:.4f}")
-            del step
-        prefill["step_ms"][f.value] = times
-        prefill["power_w"][f.value] = powers
-        prefill["j_per_step"][f.value] = joules
-        rt.k_cache = rt.v_cache = None
-        torch.cuda.empty_cache()
-
-    from advisor.formats import gpu_from_device_name
-
-    kind = gpu_from_device_name(state.name)
-    return {
-        "schema": SCHEMA,
-        "version": VERSION,
-        **measurement_header(state, idle_w, bw, command, torch.__version__),
-        "gpu_kind": kind.value if kind else None,
-        "source": "measured",
-        "verified": True,
-        "formats": [f.value for f in fmts],
-        "model": {"name": "Llama-3.1-8B shape, random weights", **dims.summary()},
-        "decode": decode,
-        "prefill": prefill,
-    }
-
-
-def save_profile(profile: dict[str, Any], path: Path) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(profile, indent=1))
-    return path

@@ -1,7 +1,7 @@
 """One per-model profile from several GPU units' profiles of the same model: their mean, point by point.
 
-GPUs of one kind differ: the same steps of a small model drew up to 6% (H100) and 10% (H200) different
-energy on different units (reports/benchmarks/energy_transfer*.md). A profile shipped for predicting on
+GPUs of one kind differ: the same steps of a small model draw different energy on different units
+(reports/benchmarks/energy_transfer*.md). A profile shipped for predicting on
 other units of that kind is therefore the mean of several units' profiles rather than one unit's: every
 metered number (step times, joules, powers, GEMM times, idle power) averaged over the units, the
 structure (batches, contexts, prompt lengths, formats) required to be the same; a profiled point that some

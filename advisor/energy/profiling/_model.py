@@ -1,7 +1,7 @@
 """Per-model energy profiles: this model's own layer kinds measured on this GPU with the runtime.
 
 A profile (schema ``precision-advisor/model-energy-profile``, version 1) holds, for one GPU
-and one model (its :class:`~advisor.energy.runtime._dims.DecoderDims`, random weights):
+and one model (its :class:`~advisor.energy.runtime.DecoderDims`, random weights):
 
 * ``decode.gemm_ms[fmt][kind][i]``: one layer's fused-group GEMM (qkv, o, gate_up, down; a MoE
   layer's ``experts``: its routed experts' grouped GEMMs for that many tokens, with
@@ -16,26 +16,24 @@ and one model (its :class:`~advisor.energy.runtime._dims.DecoderDims`, random we
 * ``prefill``: the same per prompt length (one request);
 * ``decode.mlp_fp8`` / ``prefill.mlp_fp8`` (absent in profiles stored before it): ``step_ms`` and
   ``j_per_step`` (and the meter's records) of the kind corner, the plan with every layer's MLP groups
-  (gate_up, down; a MoE layer's experts and shared expert) in FP8 and attention (qkv, o) in BF16. What
-  a kind saves in FP8 is not its share of the weights: on an H200 at decode batch 1, Qwen2.5-0.5B's
-  attention in FP8 saved 0.42 of all-FP8's energy with 12% of the weights; on an H100 its MLP in FP8
-  saved 0.76 of all-FP8's prefill energy with 88% (reports/benchmarks/layer_additivity.md).
+  (gate_up, down; a MoE layer's experts and shared expert) in FP8 and attention (qkv, o) in BF16: what
+  a kind saves in FP8 is not its share of the weights (reports/benchmarks/layer_additivity.md).
 * ``prefill.alt_fp8`` (absent in profiles stored before 2026-11-23): the same records of the mixing point's
-  prefill, every other layer (the odd ones) in FP8, both kinds. Plans that mix formats across layers drew 2-5%
-  over the straight line between all-BF16 and all-FP8 in prefill on Qwen2.5-1.5B shapes (H100s and H200s,
-  reports/benchmarks/energy_transfer*.md); the cost model bends a prefill's line by what this point measured.
-  Profiles stored on 2026-11-23 also hold ``decode.alt_fp8``, which is not read: on H100s which layers a plan
-  holds in FP8 moves a decode step's energy more than mixing does, and the alternating point bent contiguous
-  plans the wrong way (reports/benchmarks/profile_point_trials.md); its decode steps are no longer metered.
+  prefill, every other layer (the odd ones) in FP8, both kinds: plans that mix formats across layers draw more
+  than the straight line between all-BF16 and all-FP8 in prefill (reports/benchmarks/energy_transfer*.md), and
+  the cost model bends a prefill's line by what this point measured. Profiles stored on 2026-11-23 also hold
+  ``decode.alt_fp8``, which is not read: which layers a plan holds in FP8 moves a decode step's energy more than
+  mixing does, and the alternating point bent contiguous plans the wrong way
+  (reports/benchmarks/profile_point_trials.md); its decode steps are no longer metered.
 * ``decode.last_quarter_fp8`` (absent in profiles stored before 2026-11-26): the position point's decode records,
-  the last quarter of the layers (at least one) in FP8, both kinds. On H100s Qwen2.5-0.5B's last quarter saved
-  about 0.4 of all-FP8's decode saving and each other quarter about 0.2 (reports/benchmarks/energy_transfer.md,
-  profile_point_trials.md); the cost model shares a decode saving between the last quarter and the rest by it.
+  the last quarter of the layers (at least one) in FP8, both kinds: the last layers save more than their share
+  (reports/benchmarks/energy_transfer.md, profile_point_trials.md), and the cost model shares a decode saving
+  between the last quarter and the rest by it.
 
 It is keyed (:func:`profile_key`) by the GPU (name, UUID, driver, power limit), the model
 (a digest of its layer-by-layer description) and the runtime version: a profile is reused only
-where all match (:class:`~advisor.energy.profiling._store.ProfileStore`). The cost model is
-:mod:`advisor.energy.prediction._model_costmodel`.
+where all match (:class:`~advisor.energy.profiling.ProfileStore`). The cost model is
+:class:`advisor.energy.prediction.ModelProfileCostModel`.
 Measuring needs torch and a GPU; keying and storing do not.
 """
 
@@ -101,9 +99,8 @@ POINTS = (*CORNERS, LAST_QUARTER_FP8)
 
 
 def profile_meter_config():
-    """Shorter windows than a plan's measurement (0.6 s x 3 after 0.8 s of warm-up): a profile meters
-    ~14 points; on an H100 these reproduced the default windows' J/step within the run-to-run spread
-    (reports/benchmarks/energy_transfer.md)."""
+    """Shorter windows than a plan's measurement, since a profile meters many points; they reproduced the
+    default windows' J/step within the run-to-run spread (reports/benchmarks/energy_transfer.md)."""
     from advisor.energy.meter import MeterConfig
 
     return MeterConfig(warmup_s=0.8, min_window_s=0.6, min_ticks=6, repeats=3)
@@ -371,8 +368,8 @@ def measure_plan(rt, name: str, batches, contexts, prefill_lengths, energy, log,
 
 
 def _append(records: dict[str, list], step_ms: float, e: dict[str, float]) -> None:
-    # the GPU's temperature (mean of before and after) moves a small model's J/step ~0.17%/C (H100, 2026-11-22:
-    # +3.9% right after a minute of prefills; reports/benchmarks/energy_transfer_data/h100_thermal.json)
+    # the GPU's temperature (mean of before and after) moves a small model's J/step
+    # (reports/benchmarks/energy_transfer_data/h100_thermal.json)
     for key, v in (("step_ms", step_ms), ("j_per_step", e["j"]), ("power_w", e["w"]),
                    ("meter_ms_per_step", e["s"] * 1e3), ("cv", e["cv"]), ("temperature_c", e["t"])):
         records[key].append(v)

@@ -20,10 +20,7 @@ def profile_regime(workloads: Sequence[Workload]) -> dict[str, tuple[int, ...]]:
     the longest input plus output (the cost model interpolates linearly between them).
 
     A wider bracket than the steps visit is not safer: a step's energy is not linear in the context over so
-    wide a range, so a chord from half to twice the mean context put the profiled plans' batch-64 steps of
-    Qwen2.5-0.5B 1.3-2.2% high at the mean (convex there), and Qwen2.5-1.5B's MLP-FP8 batch-16 step 4.8% low,
-    where the contexts the workload visits priced them within 0.9% (H100s,
-    reports/benchmarks/profile_point_trials.md)."""
+    wide a range (reports/benchmarks/profile_point_trials.md)."""
     ws = list(workloads) or [Workload()]
     batches = sorted({w.batch_size for w in ws})
     lo = min(w.input_tokens for w in ws)

@@ -149,10 +149,9 @@ class DecoderRuntime:
         self.decode_attention = decode_attention
         dev = weights.device
         self.on_gpu = dev.type == "cuda"
-        # Programmatic dependent launch of the Triton kernels: off by default, because
-        # on an H100 it changed decode step times by -0.7% to +1.6% (it only overlaps
-        # launches after cuBLAS GEMMs, which do not trigger early);
-        # reports/benchmarks/decode_step_variants.md.
+        # Programmatic dependent launch of the Triton kernels: off by default, because it
+        # does not pay (it only overlaps launches after cuBLAS GEMMs, which do not trigger
+        # early); reports/benchmarks/decode_step_variants.md.
         self.pdl = pdl and self.on_gpu and torch.cuda.get_device_capability(dev)[0] >= 9
         self.attention_splits: int | None = None  # None: kernels.decode_splits decides
         # ``linear_cache`` lets several runtimes (plans) share converted weights.

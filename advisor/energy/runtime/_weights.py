@@ -50,9 +50,8 @@ class DecoderWeights:
     def random(
         cls, dims: DecoderDims, max_pos: int = 8192, seed: int = 0, std: float = 0.02, device: Any = None
     ) -> DecoderWeights:
-        """Random weights of ``dims``'s shapes (normal, ``std``); no hub, no HF init. A decode step's energy did not
-        depend on their values (within 0.5% for std 0.005-0.08 on an H100), an all-BF16 prefill's did by about
-        ±3% (all-FP8: ±0.6%): reports/benchmarks/layer_additivity.md."""
+        """Random weights of ``dims``'s shapes (normal, ``std``); no hub, no HF init. A decode step's energy
+        hardly depends on their values, a prefill's somewhat (reports/benchmarks/layer_additivity.md)."""
         dev = torch.device(device) if device is not None else require_gpu()
         g = torch.Generator(device=dev).manual_seed(seed)
 

@@ -21,9 +21,9 @@ step is made of GEMMs, attention and one small kernel between each:
 
 ``pdl=True`` launches a kernel with programmatic dependent launch (Hopper and
 newer): the GPU may start it while the kernel before it drains, and it waits in
-``griddepcontrol.wait`` before touching anything that kernel wrote. Measured on an
-H100 it did not pay (the GEMMs before these kernels do not trigger early), so the
-runtime leaves it off unless asked.
+``griddepcontrol.wait`` before touching anything that kernel wrote. It does not pay
+(the GEMMs before these kernels do not trigger early:
+reports/benchmarks/decode_step_variants.md), so the runtime leaves it off unless asked.
 """
 
 

@@ -1,11 +1,11 @@
-"""How decode attention is tiled and split: host-side choices, measured on an H100 (no Triton kernels here)."""
+"""How decode attention is tiled and split: host-side choices (no Triton kernels here), chosen by the measurements
+in reports/benchmarks/decode_step_variants.md."""
 
 from __future__ import annotations
 
 import triton
 
 #: key block of an FP8 cache (heads up to 128 wide): the same bytes per pipelined block as 64 BF16 keys
-#: (on an H100, 64 and 128 were within 3% of each other at every measured point)
 FP8_KV_BLOCK_N = 128
 #: FP8 cache: dots in FP16 (codes widen to FP16 natively; to BF16 through FP32), and a minimum
 #: split count for contexts of 16+ blocks. On an H100 (reports/benchmarks/kv_cache.md) FP16 dots
@@ -20,9 +20,8 @@ def decode_splits(programs: int, n_old: int, sms: int, block_n: int = 64) -> int
 
     One split (no second kernel) once the (sequence, kv head) programs alone cover
     a quarter of the SMs; otherwise enough splits for about two programs per SM,
-    each with at least one block of keys. On an H100 at context 512, one split was
-    faster from batch 8 (64 programs) and eight splits at batch 1
-    (reports/benchmarks/decode_step_variants.md).
+    each with at least one block of keys (the crossover measured in
+    reports/benchmarks/decode_step_variants.md).
     """
     if programs * 4 >= sms:
         return 1
