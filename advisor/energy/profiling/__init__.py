@@ -51,14 +51,8 @@ from advisor.energy.profiling._gpu_profile import (
     validate_gpu_profile,
 )
 from advisor.energy.profiling._interp import interp
-from advisor.energy.profiling._layer import (
-    KINDS,
-    load_profile,
-    measurement_header,
-    shipped_profile,
-    validate_profile,
-)
-from advisor.energy.profiling._loader import read_any_profile, shipped_gpu_profile
+from advisor.energy.profiling._layer import KINDS, measurement_header, validate_profile
+from advisor.energy.profiling._loader import load_profile, read_any_profile, shipped_gpu_profile, shipped_profile
 from advisor.energy.profiling._mean import mean_profile
 from advisor.energy.profiling._model import (
     ALT_FP8,

@@ -21,16 +21,12 @@ never measured again. ``measurement_header`` is what every measured profile reco
 
 from __future__ import annotations
 
-import json
 import time
-from importlib import resources
-from pathlib import Path
 from typing import Any
 
 from advisor.energy.profiling._schemas import LAYER_SCHEMA as SCHEMA
 from advisor.energy.profiling._schemas import LAYER_VERSION as VERSION
 from advisor.errors import InputError
-from advisor.formats import GPU
 from advisor.plan import DENSE_GROUP_KINDS
 
 KINDS = DENSE_GROUP_KINDS
@@ -61,32 +57,3 @@ def validate_profile(data: dict[str, Any], origin: str = "profile") -> dict[str,
         if key not in data:
             raise InputError(f"{origin} lacks the field {key!r}")
     return data
-
-
-def load_profile(path: Path | str) -> dict[str, Any]:
-    try:
-        text = Path(path).read_text()
-    except OSError as exc:
-        raise InputError(f"cannot read profile {path}: {exc.strerror}; give a profile JSON written by "
-                         "`advisor profile` (or leave energy_profile unset)") from None
-    try:
-        data = json.loads(text)
-    except ValueError as exc:
-        raise InputError(f"profile {path} is not JSON ({exc}); give a profile JSON written by "
-                         "`advisor profile`") from None
-    return validate_profile(data, f"profile {path}")
-
-
-def shipped_profile(gpu: GPU) -> dict[str, Any] | None:
-    """The profile shipped in advisor/profiles/ for ``gpu`` (newest), or None."""
-    folder = resources.files("advisor.energy") / "profiles"
-    try:
-        names = sorted(
-            p.name for p in folder.iterdir()
-            if p.name.startswith(f"{gpu.value}_") and p.name.endswith(".json") and "_gemm_" not in p.name
-        )  # <gpu>_gemm_<date>.json are GPU profiles (energy.gemm_table), not layer profiles
-    except (FileNotFoundError, NotADirectoryError):
-        return None
-    if not names:
-        return None
-    return validate_profile(json.loads((folder / names[-1]).read_text()), f"shipped profile {names[-1]}")

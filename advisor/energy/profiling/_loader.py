@@ -1,4 +1,5 @@
-"""The one loader of every kind of profile: a user's file of any schema, and the shipped GPU profiles."""
+"""The one loader of every kind of profile: a user's file of any schema, and the shipped layer and GPU profiles
+(per-model profiles ship laid out as a store: :func:`~advisor.energy.profiling.shipped_model_profiles`)."""
 
 from __future__ import annotations
 
@@ -44,3 +45,23 @@ def read_any_profile(path: Path) -> dict[str, Any]:
     if data.get("schema") == GPU_SCHEMA:
         return validate_gpu_profile(data, f"profile {path}")
     return validate_profile(data, f"profile {path}")
+
+
+def load_profile(path: Path | str) -> dict[str, Any]:
+    """A layer profile JSON, checked against its schema (InputError naming the file)."""
+    return validate_profile(_read_json_profile(Path(path)), f"profile {path}")
+
+
+def shipped_profile(gpu: GPU) -> dict[str, Any] | None:
+    """The newest layer profile shipped for ``gpu`` (``profiles/<gpu>_<date>.json``), or None."""
+    folder = resources.files("advisor.energy") / "profiles"
+    try:
+        names = sorted(
+            p.name for p in folder.iterdir()
+            if p.name.startswith(f"{gpu.value}_") and p.name.endswith(".json") and "_gemm_" not in p.name
+        )  # <gpu>_gemm_<date>.json are GPU profiles, not layer profiles
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    if not names:
+        return None
+    return validate_profile(json.loads((folder / names[-1]).read_text()), f"shipped profile {names[-1]}")
