@@ -15,7 +15,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from advisor.energy.nvml import GPUState
+from advisor.energy.meter import GPUState
 from advisor.estimate import EnergyEstimate
 from advisor.formats import FORMAT_SPECS, Format
 from advisor.plan import Plan
@@ -215,10 +215,20 @@ def tiny_llama_config(**overrides: Any) -> Any:
     return LlamaConfig(**{**base, **overrides})
 
 
+def _families() -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """Every model type the adapter registry serves (each adapter's text model and its wrappers, such as the
+    multimodal "gemma3"), and those with routed experts: tests take their families from here, so a family
+    added to the registry is tested once ``tiny_config`` builds it."""
+    from advisor.models.adapters import ADAPTERS
+
+    every = tuple(dict.fromkeys(outer for a in ADAPTERS.values() for outer in (a.model_type, *a.stacks)))
+    moe = tuple(outer for outer in every if any(outer in a.stacks and a.moe for a in ADAPTERS.values()))
+    return every, moe
+
+
 #: one tiny config per supported family (``tiny_config``); "gemma3" is the multimodal wrapper
-FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text", "gemma3", "phi3",
-            "mixtral", "qwen3_moe", "qwen2_moe")
-MOE_FAMILIES = ("mixtral", "qwen3_moe", "qwen2_moe")
+FAMILIES, MOE_FAMILIES = _families()
+DENSE_FAMILIES = tuple(f for f in FAMILIES if f not in MOE_FAMILIES)
 
 
 def tiny_config(family: str, vocab: int = 256) -> Any:
@@ -270,5 +280,5 @@ def random_model(config: Any, seed: int = 0) -> Any:
     return model
 
 
-__all__ = ["FAMILIES", "MOE_FAMILIES", "AdditiveEvaluator", "ReplayCounter", "SimulatedGPU", "VirtualClock",
-           "random_model", "tiny_config", "tiny_llama_config"]
+__all__ = ["DENSE_FAMILIES", "FAMILIES", "MOE_FAMILIES", "AdditiveEvaluator", "ReplayCounter", "SimulatedGPU",
+           "VirtualClock", "random_model", "tiny_config", "tiny_llama_config"]

@@ -52,7 +52,6 @@ from acceptance_report import replay_check, write_markdown  # noqa: E402
 from model_check import compare_probes, model_check  # noqa: E402
 
 from advisor.accuracy.harness import task_sizes  # noqa: E402
-from advisor.accuracy.stats import paired_drop, proxy_calibration  # noqa: E402
 from advisor.calibration.tokens import TokenSets, build_token_sets, forward_loop  # noqa: E402
 from advisor.formats import Format  # noqa: E402
 from advisor.models.loading import load_model, model_fingerprint, resolve_source  # noqa: E402
@@ -61,6 +60,7 @@ from advisor.quantize.bank import FormatBank  # noqa: E402
 from advisor.quantize.modelopt_config import prepare_device  # noqa: E402
 from advisor.recipe.schema import CalibrationSpec, ModelSpec  # noqa: E402
 from advisor.search.acceptance import Verdict, task_verdict  # noqa: E402
+from advisor.search.stats import paired_drop, proxy_calibration  # noqa: E402
 from advisor.workflows.benchmark_items import PairedScorer  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -8,9 +8,9 @@
 ``--caveat`` is shown in every label the profile prices. ``--gemm-energy`` (a ``gemm_energy_collect.py``
 output) with ``--gemm-energy-anchors`` (collect ``--anchors`` output from the same GPU unit), repeated per
 unit, adds the metered GEMM energies (their mean over the units) and their fitted rest
-(:mod:`advisor.energy.gemm_energy`), which price models of large layers; ``--small-layers`` says how it prices
+(:mod:`advisor.energy.profiling`), which price models of large layers; ``--small-layers`` says how it prices
 smaller ones (``mean``, the default: the mean of that form and the fitted one; ``fitted``: the fitted one).
-The fit (:func:`advisor.energy.gpu_costmodel.fit_gpu_profile`) is stored so predicting needs no solver.
+The fit (:func:`advisor.energy.prediction.fit_gpu_profile`) is stored so predicting needs no solver.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from advisor.energy.gemm_energy import SMALL_LAYER_RULES, gemm_energy_section  # noqa: E402
-from advisor.energy.gpu_costmodel import fit_gpu_profile  # noqa: E402
+from advisor.energy.prediction import fit_gpu_profile  # noqa: E402
+from advisor.energy.profiling import SMALL_LAYER_RULES, gemm_energy_section  # noqa: E402
 from advisor.errors import InputError  # noqa: E402
 
 

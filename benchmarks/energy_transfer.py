@@ -3,10 +3,10 @@
 Reads what ``benchmarks/energy_transfer_collect.py`` measured on the GPU (per-model profiles and
 end-to-end measurements of each shape and plan), predicts every measured row with
 
-* the per-model profile of that shape (``advisor.energy.model_costmodel``),
-* the shipped GPU profile (``advisor.energy.gpu_costmodel``: GEMM tables plus anchor models that
+* the per-model profile of that shape (``advisor.energy.prediction``),
+* the shipped GPU profile (``advisor.energy.prediction``: GEMM tables plus anchor models that
   are none of the tested shapes), as for a model nobody profiled,
-* the older layer profile scaled by weight count (``advisor.energy.costmodel``), for comparison,
+* the older layer profile scaled by weight count (``advisor.energy.prediction``), for comparison,
 
 and writes ``reports/benchmarks/energy_transfer.{json,md}``. No GPU needed here.
 
@@ -30,11 +30,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from _report import command_line, md_table, measured_on, read_notes, write_report  # noqa: E402
 from energy_transfer_collect import DECODE_CONTEXT, INPUT, OUTPUT, plan_formats  # noqa: E402
 
-from advisor.energy.costmodel import ProfileCostModel  # noqa: E402
-from advisor.energy.gpu_costmodel import GpuProfileCostModel  # noqa: E402
-from advisor.energy.model_costmodel import ModelProfileCostModel  # noqa: E402
-from advisor.energy.profile import shipped_profile  # noqa: E402
-from advisor.energy.reference_shapes import REFERENCE_SHAPES  # noqa: E402
+from advisor.energy.prediction import (
+    GpuProfileCostModel,  # noqa: E402
+    ModelProfileCostModel,  # noqa: E402
+    ProfileCostModel,  # noqa: E402
+)
+from advisor.energy.profiling import (
+    REFERENCE_SHAPES,  # noqa: E402
+    shipped_profile,  # noqa: E402
+)
 from advisor.formats import GPU  # noqa: E402
 from advisor.plan import Plan  # noqa: E402
 

@@ -1,10 +1,10 @@
 """GPU half of the energy-transfer benchmark: per-model profiles and end-to-end measurements.
 
 For each shape (random weights, the project's runtime, the NVML meter): the per-model profile
-(:func:`advisor.energy.model_profile.measure_model_profile`, its wall time recorded), then each
+(:func:`advisor.energy.profiling.measure_model_profile`, its wall time recorded), then each
 plan (all-BF16, all-FP8, three mixed: :func:`plan_formats`) measured end to end: prefill of one 512-token request and
 decode at the workload's mean context (512 + 256 / 2) at batch 1, 16 and 64. ``--tables`` also
-measures the shipped GPU profile (:mod:`advisor.energy.gemm_table`: GEMM tables and anchor
+measures the shipped GPU profile (:mod:`advisor.energy.profiling`: GEMM tables and anchor
 models). Results are written after every shape, so a run cut short keeps what it measured.
 The CPU half (``benchmarks/energy_transfer.py``) predicts and renders.
 
@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from _report import command_line, dump_json  # noqa: E402
 
 from advisor.energy.meter import MeterConfig  # noqa: E402
-from advisor.energy.reference_shapes import REFERENCE_SHAPES  # noqa: E402
+from advisor.energy.profiling import REFERENCE_SHAPES  # noqa: E402
 from advisor.formats import Format  # noqa: E402
 from advisor.plan import DENSE_GROUP_KINDS  # noqa: E402
 
@@ -79,13 +79,13 @@ def meter_extra_points(bench, names: list[str], regime: dict, meter, log) -> dic
     """Each extra point's (decode, prefill) records, metered as the profile meters its own points."""
     from functools import partial
 
-    from advisor.energy.model_profile import _measure_plan, metered_step
+    from advisor.energy.profiling import measure_plan, metered_step
 
     energy = partial(metered_step, meter)
     out = {}
     for name in names:
         rt = bench.runtime(EXTRA_POINTS[name](bench.dims.num_layers))
-        out[name] = _measure_plan(rt, name, regime["batches"], regime["contexts"], regime["prefill_lengths"],
+        out[name] = measure_plan(rt, name, regime["batches"], regime["contexts"], regime["prefill_lengths"],
                                   energy, log, bench.dims.family)
         rt.free()
     return out
@@ -99,7 +99,7 @@ def search_regime() -> dict[str, tuple[int, ...]]:
     overshot a step energy convex in the context (reports/benchmarks/energy_transfer.md, notes;
     profile_point_trials.md); runs 11-13 (H100) and 8-9 (H200) of 19:25-19:59 UTC ran a trial profile that also
     metered 640 and a last-layer corner (not kept: notes)."""
-    from advisor.energy.profile_select import profile_regime
+    from advisor.energy.profiling import profile_regime
     from advisor.recipe.schema import Workload
 
     return profile_regime([Workload(name=f"b{b}", batch_size=b, input_tokens=INPUT, output_tokens=OUTPUT)
@@ -161,7 +161,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from advisor.energy.measure import Bench
     from advisor.energy.meter import open_meter
-    from advisor.energy.model_profile import _release, measure_model_profile
+    from advisor.energy.profiling import measure_model_profile
+    from advisor.energy.runtime import release_cuda_memory
 
     t_start = time.perf_counter()
     command = command_line(argv)
@@ -205,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
                                "params_b": ref.params_b, "profile": prof, "bench_create_s": t_bench, "rows": rows}
         dump_json(args.out, out)
         del bench, prof
-        _release()
+        release_cuda_memory()
     for name, layers in parse_models(args.anchors):
         if time.perf_counter() - t_start > args.deadline_s:
             log(f"deadline: anchor {name} not run")
@@ -217,9 +218,9 @@ def main(argv: list[str] | None = None) -> int:
         out["anchors"][name] = prof
         dump_json(args.out, out)
         del bench, prof
-        _release()
+        release_cuda_memory()
     if args.tables is not None and time.perf_counter() - t_start < args.deadline_s:
-        from advisor.energy.gemm_table import measure_gpu_profile
+        from advisor.energy.profiling import measure_gpu_profile
 
         data = measure_gpu_profile(command, deadline_s=args.deadline_s - (time.perf_counter() - t_start), log=log,
                                    gemm_energy_s=600.0)

@@ -1,6 +1,6 @@
 """Metered energy of each GEMM of the reference shapes (GPU): the GEMM tables' graphs, under the meter.
 
-The shipped GPU profile times every fused group's GEMM (``advisor.energy.gemm_table``) and fits a
+The shipped GPU profile times every fused group's GEMM (``advisor.energy.profiling``) and fits a
 step's energy as a linear form of time, bytes and FLOPs. ``reports/benchmarks/shipped_fit_ceiling``
 shows that no coefficients of that form price small models within 10%. This script meters each
 GEMM's energy instead, at the row counts the transfer benchmark uses (decode batches 1, 16, 64;
@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from _report import command_line, dump_json  # noqa: E402
 
-from advisor.energy.gemm_table import SCHEMA  # noqa: E402
+from advisor.energy.profiling import GPU_SCHEMA as SCHEMA  # noqa: E402
 
 #: the transfer benchmark's shapes and the shipped profile's anchors first; the rest after
 FIRST = ("SmolLM2-135M", "Gemma-3-270M", "Qwen2.5-0.5B", "SmolLM2-360M", "Llama-3.2-1B", "Qwen2.5-1.5B", "Llama-3.2-3B",
@@ -41,12 +41,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--deadline-s", type=float, default=480.0, help="stop starting new shapes after this")
     ap.add_argument("--resume", type=Path, help="an earlier run's output: its shapes are kept, not measured again")
     args = ap.parse_args(argv)
-    from advisor.energy.cuda_tools import copy_bandwidth_gb_s
-    from advisor.energy.gemm_table import ENERGY_METER, measure_gemm_energy
     from advisor.energy.measure import torch_with_gpu
     from advisor.energy.meter import MeterConfig, open_meter
-    from advisor.energy.profile import measurement_header
-    from advisor.energy.reference_shapes import table_nk
+    from advisor.energy.profiling import ENERGY_METER, measure_gemm_energy, measurement_header, table_nk
+    from advisor.energy.runtime import copy_bandwidth_gb_s
 
     torch = torch_with_gpu()
     t0 = time.perf_counter()

@@ -4,11 +4,11 @@ The shipped GPU profile prices models below about 3B least well (up to 15% on H1
 reports/benchmarks/energy_transfer*.md), and those are the shapes most teams start with. For such a
 shape, this script takes the per-model profiles that ``benchmarks/energy_transfer_collect.py`` measured
 on several units of one GPU kind (random weights of the shape; the kind corner metered), averages them
-(:func:`advisor.energy.profile_mean.mean_profile`) and checks the mean, leaving one unit out at a time,
+(:func:`advisor.energy.profiling.mean_profile`) and checks the mean, leaving one unit out at a time,
 against every end-to-end measurement of that shape on that kind: a unit whose profile is in the mean is
 predicted by the mean of the other units' profiles, so every error reported is out of sample. With
 ``--ship`` it writes each mean into the package (``advisor/energy/profiles/models``), where a model of
-the same layer geometry finds it (:meth:`~advisor.energy.profile_store.ProfileStore.find_for_kind`).
+the same layer geometry finds it (:meth:`~advisor.energy.profiling.ProfileStore.find_for_kind`).
 No GPU needed here.
 
     python benchmarks/ship_model_profiles.py --kind h100 --raw R1.json [--raw R2.json ...] \\
@@ -31,12 +31,16 @@ from _report import command_line, md_table, read_notes, write_report  # noqa: E4
 from energy_transfer import date_range, predict, shape_rows  # noqa: E402
 from energy_transfer_collect import plan_formats  # noqa: E402
 
-from advisor.energy.model_costmodel import ModelProfileCostModel  # noqa: E402
-from advisor.energy.model_profile import MLP_FP8, RUNTIME_VERSION  # noqa: E402
-from advisor.energy.profile import shipped_profile  # noqa: E402
-from advisor.energy.profile_mean import mean_profile  # noqa: E402
-from advisor.energy.profile_store import ProfileStore, shipped_model_profiles  # noqa: E402
-from advisor.energy.reference_shapes import REFERENCE_SHAPES  # noqa: E402
+from advisor.energy.prediction import ModelProfileCostModel  # noqa: E402
+from advisor.energy.profiling import (  # noqa: E402  # noqa: E402
+    MLP_FP8,
+    REFERENCE_SHAPES,  # noqa: E402
+    RUNTIME_VERSION,
+    ProfileStore,
+    mean_profile,  # noqa: E402
+    shipped_model_profiles,
+    shipped_profile,  # noqa: E402
+)
 from advisor.formats import GPU  # noqa: E402
 from advisor.plan import Plan  # noqa: E402
 

@@ -11,13 +11,13 @@ from rich.console import Console
 from test_study import GROUPS, meta
 
 from advisor.accuracy.score_cache import TaskScore
-from advisor.accuracy.stats import PairedInterval, paired_drop
 from advisor.formats import Format
 from advisor.plan import Plan
 from advisor.recipe.schema import validate_recipe
 from advisor.search.acceptance import TaskAcceptance, Verdict, judge, plan_verdict, task_verdict
 from advisor.search.frontier import recommend
 from advisor.search.policy import PairedItems, benchmark_queue, item_schedule, judge_sequentially
+from advisor.search.stats import PairedInterval, paired_drop
 from advisor.search.study import candidates, open_study, run_search, save_run_meta
 from advisor.search.trial_record import record_benchmark
 from advisor.testing import AdditiveEvaluator

@@ -14,7 +14,7 @@ import torch
 
 from advisor.models import adapters as A
 from advisor.quantize.modelopt_config import prepare_device
-from advisor.testing import FAMILIES, random_model, tiny_config
+from advisor.testing import DENSE_FAMILIES, FAMILIES, random_model, tiny_config
 from advisor.testing import MOE_FAMILIES as MOE
 
 STACK = {f: "model.language_model.layers" if f == "gemma3" else "model.layers" for f in FAMILIES}
@@ -217,7 +217,7 @@ def test_gemma3_vision_linears_have_layer_like_names_but_stay_out(models, infos)
 def test_kinds_per_family(infos):
     kinds = {f: sorted({gi.kind for gi in v}) for f, v in infos.items()}
     dense = sorted(["qkv", "o", "gate_up", "down"])
-    for f in ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text", "gemma3", "phi3"):
+    for f in DENSE_FAMILIES:
         assert kinds[f] == dense
     assert kinds["mixtral"] == sorted(["qkv", "o", "experts"])
     assert kinds["qwen3_moe"] == sorted(dense + ["experts"])  # layer 1 dense

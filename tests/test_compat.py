@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from advisor.deploy.compat import (
+from advisor.formats import Format
+from advisor.plan import Plan
+from advisor.serving import (
     ENGINES,
     FACTS,
     compatibility_table,
@@ -12,8 +14,6 @@ from advisor.deploy.compat import (
     engine_compatibility,
     plan_traits,
 )
-from advisor.formats import Format
-from advisor.plan import Plan
 
 DENSE = [f"layers.{i}.{k}" for i in range(2) for k in ("qkv", "o", "gate_up", "down")]
 MOE = [f"layers.{i}.{k}" for i in range(2) for k in ("qkv", "o", "experts")]

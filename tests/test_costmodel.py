@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from advisor.energy.costmodel import ProfileCostModel, interp
-from advisor.energy.profile import load_profile, shipped_profile, validate_profile
+from advisor.energy.prediction import ProfileCostModel
+from advisor.energy.profiling import interp, load_profile, shipped_profile, validate_profile
 from advisor.errors import InputError, UnsupportedError
 from advisor.formats import GPU, Format
 from advisor.models.shape import llama_shape
@@ -160,7 +160,7 @@ def test_profile_validation(tmp_path, h200):
 
 
 def test_make_energy_model_predicted_uses_the_shipped_profiles():
-    from advisor.energy.select import make_energy_model
+    from advisor.energy.prediction import make_energy_model
 
     # the Llama-3.1-8B geometry has per-model profiles shipped for H100 and H200 (means over units): they come first
     for gpu in (GPU.H100, GPU.H200):
@@ -185,7 +185,7 @@ def test_make_energy_model_predicted_uses_the_shipped_profiles():
 
 
 def test_make_energy_model_auto_without_a_target_gpu_predicts(monkeypatch):
-    from advisor.energy import select
+    from advisor.energy.prediction import _tiers as select
 
     monkeypatch.setattr(select, "gpu_here", lambda: (None, None))
     m = select.make_energy_model("auto", OTHER, GPU.H200)
@@ -195,7 +195,7 @@ def test_make_energy_model_auto_without_a_target_gpu_predicts(monkeypatch):
 
 
 def test_make_energy_model_rejects_bad_modes_and_mismatched_profiles(tmp_path, h200):
-    from advisor.energy.select import make_energy_model
+    from advisor.energy.prediction import make_energy_model
 
     with pytest.raises(InputError, match="--energy"):
         make_energy_model("guess", SHAPE, GPU.H200)
@@ -209,7 +209,7 @@ def test_make_energy_model_rejects_bad_modes_and_mismatched_profiles(tmp_path, h
 def test_measured_without_a_gpu_is_a_setup_error(monkeypatch):
     import torch  # a hard dependency
 
-    from advisor.energy.select import make_energy_model
+    from advisor.energy.prediction import make_energy_model
     from advisor.errors import SetupError
 
     if torch.cuda.is_available():
@@ -242,8 +242,7 @@ def test_cli_energy_imports_no_torch():
 
 
 def test_predicted_falls_back_to_the_roofline_for_layers_no_profile_covers():
-    from advisor.energy.roofline import RooflineEnergyModel
-    from advisor.energy.select import make_energy_model
+    from advisor.energy.prediction import RooflineEnergyModel, make_energy_model
     from advisor.models.shape import ModelShape
     from advisor.plan import LayerGroup
 

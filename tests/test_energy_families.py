@@ -8,11 +8,15 @@ import math
 
 import pytest
 
-from advisor.energy.costmodel import ProfileCostModel
-from advisor.energy.profile import shipped_profile
-from advisor.energy.roofline import RooflineEnergyModel, decode_step_cost, prefill_cost
-from advisor.energy.routing import expected_experts_touched
-from advisor.energy.select import make_energy_model
+from advisor.energy.prediction import (
+    ProfileCostModel,
+    RooflineEnergyModel,
+    decode_step_cost,
+    expected_experts_touched,
+    make_energy_model,
+    prefill_cost,
+)
+from advisor.energy.profiling import shipped_profile
 from advisor.errors import InputError
 from advisor.formats import FORMAT_SPECS, GPU, Format
 from advisor.models.shape import ModelShape, llama_shape

@@ -75,8 +75,7 @@ def _runtime_logits(rt, tokens):
 
 
 def test_bf16_runtime_matches_hf():
-    from advisor.energy.runtime import DecoderRuntime
-    from advisor.energy.weights import DecoderWeights
+    from advisor.energy.runtime import DecoderRuntime, DecoderWeights
 
     model = _small_hf()
     tokens = torch.randint(0, 512, (3, 40), device="cuda")
@@ -126,9 +125,7 @@ def _fake_quantize_hf(model, amax):
 
 
 def test_fp8_runtime_matches_fake_quantized_model_and_runs_fp8_gemms():
-    from advisor.energy.cuda_tools import kernel_names
-    from advisor.energy.runtime import DecoderRuntime, calibrate
-    from advisor.energy.weights import DecoderWeights
+    from advisor.energy.runtime import DecoderRuntime, DecoderWeights, calibrate, kernel_names
     from advisor.formats import Format
 
     model = _small_hf()
@@ -184,8 +181,7 @@ def test_fp8_runtime_matches_fake_quantized_model_and_runs_fp8_gemms():
 
 
 def test_nvfp4_energy_is_refused_on_hopper():
-    from advisor.energy.runtime import DecoderRuntime
-    from advisor.energy.weights import DecoderWeights
+    from advisor.energy.runtime import DecoderRuntime, DecoderWeights
     from advisor.errors import UnsupportedError
     from advisor.formats import Format
 
@@ -225,8 +221,8 @@ def test_nvml_meter_on_a_gpu_matmul():
 def test_gemm_table_times_and_meters_a_gemm():
     """The GPU profile's GEMM tables: time per GEMM grows with the rows, FP8 reads half the weight bytes of BF16
     (faster at one row on an 8B-sized GEMM), and the metered energy is the window's power times the GEMM's time."""
-    from advisor.energy.gemm_table import gemm_row_energy, gemm_row_ms
     from advisor.energy.meter import MeterConfig, open_meter
+    from advisor.energy.profiling import gemm_row_energy, gemm_row_ms
     from advisor.formats import Format
 
     rows = (1, 64, 2048)
@@ -244,8 +240,8 @@ def test_gemm_table_times_and_meters_a_gemm():
 def test_gemm_energies_are_metered_per_format_and_row_count_for_a_gpu_profile():
     """What `advisor profile` (no --model) adds to a GPU profile: each GEMM's metered J per row count, both formats
     except for an lm_head (BF16 only), shapes already metered kept, the caller told after each shape."""
-    from advisor.energy.gemm_table import measure_gemm_energy
     from advisor.energy.meter import MeterConfig, open_meter
+    from advisor.energy.profiling import measure_gemm_energy
 
     meter = open_meter(0, MeterConfig(warmup_s=0.2, min_window_s=0.2, min_ticks=2, repeats=2, soak_s=1.0))
     kept = {"bf16": {"576x576": [{"j": 1.0}] * 2}, "fp8": {}}
@@ -266,7 +262,7 @@ def test_gemm_energies_are_metered_per_format_and_row_count_for_a_gpu_profile():
 @pytest.mark.parametrize("batch,ctx,pdl", [(1, 1000, True), (4, 513, False), (16, 513, True), (64, 77, True)])
 def test_fused_decode_attention_matches_rope_and_sdpa(batch, ctx, pdl):
     """Llama-3.1-8B head layout: the fused kernel against rope_qkv + SDPA over the real context."""
-    from advisor.energy.kernels import decode_attention, rope_qkv
+    from advisor.energy.runtime.kernels import decode_attention, rope_qkv
 
     h, kv, d, lmax = 32, 8, 128, 1100
     g = torch.Generator(device="cuda").manual_seed(batch)
@@ -342,8 +338,7 @@ def _f32_reference(model, tokens):
 @pytest.mark.parametrize("name", list(FAMILY_SHAPES))
 def test_bf16_runtime_matches_hf_for_each_family(name):
     """Prefill (SDPA, banded where windowed) and a graph-captured decode step (the fused kernel)."""
-    from advisor.energy.runtime import DecoderRuntime
-    from advisor.energy.weights import DecoderWeights
+    from advisor.energy.runtime import DecoderRuntime, DecoderWeights
 
     model = _family_hf(name)
     tokens = torch.randint(3, 1024, (3, 150), device="cuda")
@@ -358,9 +353,7 @@ def test_bf16_runtime_matches_hf_for_each_family(name):
 @pytest.mark.parametrize("name", ["qwen2.5-7b", "gemma3-4b", "phi3-mini (hd 96)"])
 def test_fp8_runtime_matches_fake_quantized_model_for_families(name):
     """FP8 GEMMs with biases in the epilogue (Qwen2), Gemma's fused norms, Phi-3's pre-fused groups."""
-    from advisor.energy.cuda_tools import kernel_names
-    from advisor.energy.runtime import DecoderRuntime, calibrate
-    from advisor.energy.weights import DecoderWeights
+    from advisor.energy.runtime import DecoderRuntime, DecoderWeights, calibrate, kernel_names
     from advisor.formats import Format
 
     model = _family_hf(name)
@@ -395,8 +388,7 @@ def test_trained_model_with_head_dim_16_runs_compiled(tiny_model_dir):
     """tinystories-656k (head_dim 16) once crashed the decode kernel's compilation (tl.dot K < 16)."""
     from transformers import AutoModelForCausalLM
 
-    from advisor.energy.runtime import DecoderRuntime, calibrate
-    from advisor.energy.weights import DecoderWeights
+    from advisor.energy.runtime import DecoderRuntime, DecoderWeights, calibrate
     from advisor.formats import Format
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.bfloat16).to("cuda").eval()

@@ -131,8 +131,8 @@ def test_search_and_export_every_family(family, tmp_path):
     if family in MIXED_FORMAT_FAMILIES:  # the B200 layer profile, scaled from an 8B layer: FP8 saves
         assert e_fp8 < e_bf16
     else:  # the H200 GPU profile prices each trial of this (2-layer, hidden-64) model as it prices the shape
-        from advisor.energy.gpu_costmodel import GpuProfileCostModel
-        from advisor.energy.profile_select import shipped_gpu_profile
+        from advisor.energy.prediction import GpuProfileCostModel
+        from advisor.energy.profiling import shipped_gpu_profile
         from advisor.formats import GPU
         from advisor.plan import Plan
         from advisor.recipe.schema import Workload

@@ -1,10 +1,10 @@
 from __future__ import annotations
 
-from advisor.accuracy.stats import PairedInterval
 from advisor.formats import Format
 from advisor.plan import Plan
 from advisor.search.acceptance import PlanAcceptance, TaskAcceptance, Verdict
 from advisor.search.frontier import Candidate, hypervolume, pareto_front, recommend
+from advisor.search.stats import PairedInterval
 
 
 def judged(verdict: Verdict) -> PlanAcceptance:

@@ -4,19 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from advisor.energy.gemm_table import SCHEMA, VERSION, nk_key
-from advisor.energy.gpu_costmodel import (
-    FORMATS,
-    GemmTable,
-    Geometry,
-    GpuProfileCostModel,
-    at_power_limit,
-    energy_features,
-    fit_gpu_profile,
-    ng_features,
-    step_parts,
-)
-from advisor.energy.reference_shapes import REFERENCE_SHAPES
+from advisor.energy.prediction import GpuProfileCostModel, at_power_limit, energy_features, fit_gpu_profile, ng_features
+from advisor.energy.profiling import FORMATS, REFERENCE_SHAPES, GemmTable, Geometry, nk_key, step_parts
+from advisor.energy.profiling import GPU_SCHEMA as SCHEMA
+from advisor.energy.profiling import GPU_VERSION as VERSION
 from advisor.formats import GPU, Format
 from advisor.plan import Plan
 from advisor.recipe.schema import Workload
@@ -142,7 +133,7 @@ def test_the_table_is_monotone_in_rows_and_scales_shapes_it_lacks(profile):
 
 
 def test_h100_predictions_use_the_shipped_gpu_profile_and_fall_back_where_it_cannot_price():
-    from advisor.energy.select import make_energy_model
+    from advisor.energy.prediction import make_energy_model
 
     shape = REFERENCE_SHAPES["SmolLM2-135M"].shape()
     model = make_energy_model("predicted", shape, GPU.H100)
@@ -159,7 +150,7 @@ def test_h100_predictions_use_the_shipped_gpu_profile_and_fall_back_where_it_can
 
 
 def test_the_label_says_when_a_family_is_priced_as_llama_like_layers():
-    from advisor.energy.profile_select import shipped_gpu_profile
+    from advisor.energy.profiling import shipped_gpu_profile
     from advisor.models.groups import model_shape
     from advisor.testing import random_model, tiny_config
 
@@ -175,14 +166,14 @@ def test_the_label_says_when_a_family_is_priced_as_llama_like_layers():
 @pytest.mark.parametrize("name, outside", [("SmolLM2-135M", True), ("Llama-3.1-8B", False),
                                            ("Llama-3.1-70B", True)])
 def test_the_label_says_when_a_models_layers_lie_outside_the_anchors(name, outside):
-    from advisor.energy.profile_select import shipped_gpu_profile
+    from advisor.energy.profiling import shipped_gpu_profile
 
     model = GpuProfileCostModel(shipped_gpu_profile(GPU.H100), REFERENCE_SHAPES[name].shape(4))
     assert ("outside the anchors'" in model.label) == outside
 
 
 def test_a_known_flaw_of_a_shipped_profile_is_in_every_label():
-    from advisor.energy.profile_select import shipped_gpu_profile
+    from advisor.energy.profiling import shipped_gpu_profile
 
     shape = REFERENCE_SHAPES["SmolLM2-135M"].shape(4)
     profile = shipped_gpu_profile(GPU.H100)
@@ -191,7 +182,7 @@ def test_a_known_flaw_of_a_shipped_profile_is_in_every_label():
     assert "over-predicted" not in GpuProfileCostModel(profile, shape).label
 
 
-# -- metered GEMM energy (advisor.energy.gemm_energy) --------------------------------------------------------------
+# -- metered GEMM energy (advisor.energy.profiling) --------------------------------------------------------------
 
 GEMM_W = 300.0  # the simulated GPU's GEMMs draw this while they run, so a step's GEMM J is 300 W x its GEMM time
 REST = [140.0, 1.4e-10, 4e-9, 1.3e-12]  # P_rest, per KV byte, per activation byte, per attention FLOP
@@ -199,7 +190,7 @@ BIG = REFERENCE_SHAPES["Llama-3.1-8B"]  # 218M weights per layer: priced by the 
 
 
 def _metered(t_ms: float, parts: dict) -> list[float]:
-    from advisor.energy.gemm_energy import rest_features
+    from advisor.energy.profiling import rest_features
 
     return [parts["gemm_ms"] / 1e3, *rest_features(t_ms, parts)]
 
@@ -207,7 +198,7 @@ def _metered(t_ms: float, parts: dict) -> list[float]:
 def _gemm_energy_profile(profile: dict) -> dict:
     """``profile`` on a GPU whose steps cost their GEMMs' metered J plus REST, with the GEMM energy section
     assembled from a simulated collect run and anchors metered on that same unit."""
-    from advisor.energy.gemm_energy import gemm_energy_section
+    from advisor.energy.profiling import gemm_energy_section
 
     shapes = [REFERENCE_SHAPES[n] for n in ANCHORS] + [TEST, BIG]
     nks = {nk for s in shapes for nk in s.gemm_nk().values()}
@@ -276,7 +267,7 @@ def test_an_unknown_small_layers_rule_is_refused(profile):
 
 
 def test_several_units_gemm_energies_are_averaged_and_each_needs_its_own_anchors(profile):
-    from advisor.energy.gemm_energy import gemm_energy_section, mean_table
+    from advisor.energy.profiling import gemm_energy_section, mean_table
     from advisor.errors import InputError
 
     one = {"m_buckets": [1, 64], "j": {"bf16": {"8x8": [1.0, 3.0], "16x8": [2.0, 2.0]}}}
@@ -290,7 +281,7 @@ def test_several_units_gemm_energies_are_averaged_and_each_needs_its_own_anchors
 
 
 def test_gemm_energy_is_read_per_row_count_and_scaled_for_a_shape_it_lacks():
-    from advisor.energy.gemm_energy import GemmEnergy, table_of_collect
+    from advisor.energy.profiling import GemmEnergy, table_of_collect
 
     table = GemmEnergy(table_of_collect({"m_buckets": [1, 64], "gemm": {
         "bf16": {"100x100": [{"j": 1.0}, {"j": 3.0}]}, "fp8": {"100x100": [{"j": 0.5}, {"j": 1.5}]}}}))
@@ -304,12 +295,12 @@ def test_gemm_energy_is_read_per_row_count_and_scaled_for_a_shape_it_lacks():
 def test_measuring_a_gpu_profile_adds_the_metered_section_from_its_own_anchors(monkeypatch):
     """`advisor profile` without --model, with the GPU work simulated: tables, anchors, then each GEMM's energy; the
     profile it returns carries a gemm_energy section from this unit's anchors that prices a large model."""
-    import advisor.energy.cuda_tools as cuda_tools
-    import advisor.energy.gemm_table as gemm_table
     import advisor.energy.measure as measure
     import advisor.energy.meter as meter_mod
-    import advisor.energy.model_profile as model_profile
-    from advisor.energy.nvml import GPUState
+    import advisor.energy.profiling._gemm_table as gemm_table
+    import advisor.energy.profiling._model as model_profile
+    import advisor.energy.runtime._cuda_tools as cuda_tools
+    from advisor.energy.meter import GPUState
 
     state = GPUState(name="NVIDIA H100 80GB HBM3", index=0, driver="580", power_limit_w=1e6, sm_clock_mhz=1980,
                      mem_clock_mhz=2619, temperature_c=40, power_w=70.0, uuid="GPU-sim")
@@ -325,7 +316,7 @@ def test_measuring_a_gpu_profile_adds_the_metered_section_from_its_own_anchors(m
     monkeypatch.setattr(measure, "torch_with_gpu", lambda: torch)
     monkeypatch.setattr(meter_mod, "open_meter", lambda device, config: Meter())
     monkeypatch.setattr(cuda_tools, "copy_bandwidth_gb_s", lambda: 3000.0)
-    monkeypatch.setattr(model_profile, "_release", lambda: None)
+    monkeypatch.setattr(cuda_tools, "release_cuda_memory", lambda: None)
     monkeypatch.setattr(measure.Bench, "create", classmethod(lambda cls, dims, max_pos: None))
     monkeypatch.setattr(gemm_table, "gemm_row_ms", lambda n, k, fmt, ms, *a: [gemm_ms(fmt, n, k, m) for m in ms])
     asked = []
@@ -337,7 +328,7 @@ def test_measuring_a_gpu_profile_adds_the_metered_section_from_its_own_anchors(m
 
     monkeypatch.setattr(gemm_table, "measure_gemm_energy", metered)
     monkeypatch.setattr(gemm_table, "M_BUCKETS", tuple(M))
-    from advisor.energy.reference_shapes import table_nk
+    from advisor.energy.profiling import table_nk
 
     tab = GemmTable({"m_buckets": M, "gemm_ms": {f.value: {nk_key(n, k): [gemm_ms(f, n, k, m) for m in M]
                                                           for n, k in table_nk()} for f in FORMATS}})
@@ -361,9 +352,8 @@ def test_measuring_a_gpu_profile_adds_the_metered_section_from_its_own_anchors(m
 def test_a_gpu_profile_the_user_measured_is_stored_and_priced_before_the_shipped_one(tmp_path):
     """`advisor profile` without --model stores its GPU profile; predictions for that GPU kind take the newest
     one (by date), say so in the label, and fall back to the shipped profile for other kinds or damaged files."""
-    from advisor.energy.profile_select import shipped_gpu_profile
-    from advisor.energy.profile_store import ProfileStore
-    from advisor.energy.select import make_predicted_model
+    from advisor.energy.prediction import make_predicted_model
+    from advisor.energy.profiling import ProfileStore, shipped_gpu_profile
 
     store = ProfileStore(tmp_path / "store", shipped=tmp_path / "none")
     shape = REFERENCE_SHAPES["Qwen2.5-1.5B"].shape(4)

@@ -245,9 +245,9 @@ def test_generative_task_scores_exact_match_item_by_item_on_the_in_memory_model(
 
     import torch
 
-    from advisor.accuracy.stats import paired_drop
     from advisor.models.loading import load_model
     from advisor.recipe.schema import ModelSpec
+    from advisor.search.stats import paired_drop
 
     torch.set_num_threads(min(2, torch.get_num_threads()))
     lm = load_model(ModelSpec(source=str(need(TINY))))

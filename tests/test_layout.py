@@ -1,8 +1,11 @@
-"""The layout's promises: logic packages free of heavy imports, a light `--help`, small modules,
-a versioned summary.json, and no storage password in what a run writes."""
+"""The layout's promises: no import cycle among modules, nothing importing upward between packages, logic
+packages free of heavy imports, a light `--help`, small modules, energy in wings behind their faces, a versioned
+summary.json, and no storage password in what a run writes."""
 
 from __future__ import annotations
 
+import ast
+import graphlib
 import json
 import subprocess
 import sys
@@ -42,6 +45,93 @@ def test_search_help_imports_no_torch():
     code = ("import sys; sys.argv = ['advisor', 'search', '--help']\nfrom advisor.cli import main\n"
             "try:\n    main()\nexcept SystemExit:\n    pass")
     assert "torch" not in _imported_after(code)
+
+
+#: the packages (and top-level modules) of advisor, bottom to top: each imports only from its own layer or
+#: below. Data (records and rules), the model's description, the logic (search, report: torch-free), the edge
+#: (heavy libraries, the GPU), the orchestration of one command per workflow, the CLI and the test fakes.
+LAYERS = (
+    ("errors", "versions"),
+    ("formats",),
+    ("plan", "recipe", "serving"),
+    ("estimate",),
+    ("models",),
+    ("search", "report"),
+    ("calibration", "quantize", "accuracy", "energy", "deploy"),
+    ("workflows",),
+    ("cli", "testing"),
+)
+
+
+def _module_name(path: Path) -> str:
+    rel = path.relative_to(ROOT).with_suffix("")
+    return ".".join(rel.parts[:-1] if rel.name == "__init__" else rel.parts)
+
+
+def _import_graph() -> dict[str, set[str]]:
+    """advisor's modules -> the advisor modules each imports, module-level and inside functions alike
+    (``from package import module`` counts as the module)."""
+    modules = {_module_name(p): p for p in (ROOT / "advisor").rglob("*.py")}
+
+    def known(name: str) -> str:
+        while name not in modules:
+            name = name.rpartition(".")[0]
+        return name
+
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        deps = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                deps |= {known(a.name) for a in node.names if a.name.split(".")[0] == "advisor"}
+            elif isinstance(node, ast.ImportFrom):
+                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1]) if node.level else ""
+                source = ".".join(p for p in (base, node.module or "") if p)
+                if source.split(".")[0] == "advisor":
+                    deps |= {known(f"{source}.{a.name}") if f"{source}.{a.name}" in modules else known(source)
+                             for a in node.names}
+        graph[name] = deps - {name}
+    return graph
+
+
+def test_no_import_cycle_among_modules():
+    try:
+        tuple(graphlib.TopologicalSorter(_import_graph()).static_order())
+    except graphlib.CycleError as exc:
+        pytest.fail(f"import cycle: {' -> '.join(exc.args[1])}")
+
+
+def _package(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def test_nothing_imports_upward_between_packages():
+    layer = {package: i for i, packages in enumerate(LAYERS) for package in packages}
+    graph = _import_graph()
+    unplaced = {_package(m) for m in graph} - set(layer) - {""}
+    assert unplaced == set(), f"give these packages a layer in LAYERS: {sorted(unplaced)}"
+    upward = [f"{m} -> {d}" for m, deps in graph.items() for d in deps
+              if _package(m) and _package(d) and layer[_package(d)] > layer[_package(m)]]
+    assert upward == []
+
+
+def test_energy_has_few_top_level_modules_and_its_wings_keep_their_private_modules():
+    top = sorted(p.name for p in (ROOT / "advisor" / "energy").glob("*.py"))
+    assert len(top) <= 8, top
+    reaching_in = [f"{m} -> {d}" for m, deps in _import_graph().items() for d in deps
+                   if d.startswith("advisor.energy.") and d.split(".")[3:4] and d.split(".")[3].startswith("_")
+                   and not m.startswith(".".join(d.split(".")[:3]))]
+    assert reaching_in == []
+
+
+def test_only_the_meter_imports_pynvml():
+    importers = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "advisor").rglob("*.py")
+                       if any(isinstance(n, ast.Import | ast.ImportFrom) and "pynvml" in
+                              {*(a.name.split(".")[0] for a in n.names), (getattr(n, "module", None) or "")}
+                              for n in ast.walk(ast.parse(p.read_text()))))
+    assert importers == ["advisor/energy/meter/_nvml.py"]
 
 
 def test_no_module_is_over_400_lines():

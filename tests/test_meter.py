@@ -119,7 +119,7 @@ def test_cv():
 
 
 def test_missing_nvml_is_a_setup_error(monkeypatch):
-    from advisor.energy import nvml
+    from advisor.energy.meter import _nvml as nvml
 
     monkeypatch.setitem(sys.modules, "pynvml", None)
     with pytest.raises(SetupError, match="nvidia-ml-py"):
@@ -129,7 +129,7 @@ def test_missing_nvml_is_a_setup_error(monkeypatch):
 def test_no_driver_is_a_setup_error(monkeypatch):
     import types
 
-    from advisor.energy import nvml
+    from advisor.energy.meter import _nvml as nvml
 
     class NVMLError(Exception):
         pass

@@ -21,8 +21,8 @@ E, K = 16, 4
 
 @pytest.fixture(scope="module", params=["qwen3_moe", "qwen2_moe"])
 def moe(request):
-    from advisor.energy.dims import DecoderDims
     from advisor.energy.measure import Bench
+    from advisor.energy.runtime import DecoderDims
     from advisor.models.groups import model_shape
 
     common = dict(vocab_size=2048, hidden_size=512, intermediate_size=1024, moe_intermediate_size=256,
@@ -39,8 +39,8 @@ def moe(request):
 def test_a_moe_per_model_profile_prices_a_mixed_plan_from_its_uniform_steps(moe):
     from advisor.energy.measure import decode_step
     from advisor.energy.meter import MeterConfig, open_meter
-    from advisor.energy.model_costmodel import ModelProfileCostModel
-    from advisor.energy.model_profile import measure_model_profile
+    from advisor.energy.prediction import ModelProfileCostModel
+    from advisor.energy.profiling import measure_model_profile
     from advisor.plan import Plan
 
     shape, dims, bench = moe

@@ -7,11 +7,12 @@ import pytest
 import torch
 import transformers
 
-from advisor.energy.dims import DecoderDims
-from advisor.energy.model_costmodel import ModelProfileCostModel
-from advisor.energy.model_profile import SCHEMA, VERSION, profile_key
-from advisor.energy.nvml import GPUState
-from advisor.energy.routing import expected_experts_touched
+from advisor.energy.meter import GPUState
+from advisor.energy.prediction import ModelProfileCostModel, expected_experts_touched
+from advisor.energy.profiling import MODEL_SCHEMA as SCHEMA
+from advisor.energy.profiling import MODEL_VERSION as VERSION
+from advisor.energy.profiling import profile_key
+from advisor.energy.runtime import DecoderDims
 from advisor.errors import InputError
 from advisor.formats import Format
 from advisor.models.groups import model_shape
@@ -151,8 +152,8 @@ QWEN3_30B_A3B = dict(attention_bias=False, decoder_sparse_step=1, head_dim=128, 
 
 
 def test_a_shipped_per_model_profile_prices_its_model_without_a_gpu_and_a_users_own_comes_first(tmp_path):
-    from advisor.energy.profile_store import ProfileStore
-    from advisor.energy.select import make_predicted_model
+    from advisor.energy.prediction import make_predicted_model
+    from advisor.energy.profiling import ProfileStore
     from advisor.formats import GPU
     from advisor.recipe.schema import Workload
 

@@ -9,16 +9,15 @@ from functools import partial
 
 import pytest
 
-from advisor.energy.dims import DecoderDims
-from advisor.energy.meter import EnergyMeter, MeterConfig
-from advisor.energy.model_costmodel import ModelProfileCostModel
-from advisor.energy.model_profile import (
+from advisor.energy.meter import EnergyMeter, GPUState, MeterConfig
+from advisor.energy.prediction import ModelProfileCostModel
+from advisor.energy.profiling import (
     ALT_FP8,
     LAST_QUARTER_FP8,
     MLP_FP8,
+    REFERENCE_SHAPES,
     RUNTIME_VERSION,
-    SCHEMA,
-    VERSION,
+    ProfileStore,
     corner_format,
     is_attention,
     key_digest,
@@ -27,9 +26,9 @@ from advisor.energy.model_profile import (
     model_digest,
     profile_key,
 )
-from advisor.energy.nvml import GPUState
-from advisor.energy.profile_store import ProfileStore
-from advisor.energy.reference_shapes import REFERENCE_SHAPES
+from advisor.energy.profiling import MODEL_SCHEMA as SCHEMA
+from advisor.energy.profiling import MODEL_VERSION as VERSION
+from advisor.energy.runtime import DecoderDims
 from advisor.errors import InputError, UnsupportedError
 from advisor.formats import GPU, Format
 from advisor.plan import DENSE_GROUP_KINDS, Plan
@@ -86,7 +85,7 @@ def truth(formats: dict[str, Format], rows: float, context: float, phase: str,
     """(ms, J) of a step of any plan on the simulated GPU; ``mixing_j`` x :func:`mixing` more for mixing;
     ``quant_ms``: the non-GEMM ms an FP8 group of each kind adds (default 0.001 for every kind);
     ``last_layer_gain``: how many times its weights' share FP8 saves in the last layer (the last quarter of
-    :data:`LAYERS`) at a decode step (as on H100s: the module doc of advisor.energy.model_profile)."""
+    :data:`LAYERS`) at a decode step (as on H100s: the module doc of advisor.energy.profiling)."""
     n = len(SHAPE.groups)
     t_ng = sum(ng_ms(formats.get(g.name, Format.BF16), rows, context, phase,
                      (quant_ms or {}).get(g.name.rsplit(".", 1)[-1], 0.001)) for g in SHAPE.groups) / n * LAYERS
@@ -406,6 +405,9 @@ class FakeMeasured:
 
     free_total = (80 << 30, 80 << 30)
 
+    def bench(self, positions: int):
+        return self._bench
+
     def check_fits(self, workloads):
         from advisor.energy.measure import check_fits
 
@@ -416,7 +418,9 @@ class FakeMeasured:
 
 
 def test_a_measured_search_builds_the_per_model_profile_once_and_reuses_it(tmp_path, monkeypatch):
-    from advisor.energy import measure, model_profile, select
+    from advisor.energy import measure
+    from advisor.energy.prediction import _tiers as select
+    from advisor.energy.profiling import _model as model_profile
 
     built: list[dict] = []
 
@@ -448,7 +452,7 @@ def test_a_measured_search_builds_the_per_model_profile_once_and_reuses_it(tmp_p
 
 
 def test_a_per_model_profile_given_as_a_file_is_used_and_checked(tmp_path, profile):
-    from advisor.energy.select import make_energy_model
+    from advisor.energy.prediction import make_energy_model
 
     p = tmp_path / "p.json"
     p.write_text(json.dumps(profile))
@@ -459,8 +463,10 @@ def test_a_per_model_profile_given_as_a_file_is_used_and_checked(tmp_path, profi
 
 
 def test_a_model_whose_measurement_does_not_fit_the_gpu_is_refused_or_predicted(tmp_path, monkeypatch):
-    from advisor.energy import measure, model_profile, select
+    from advisor.energy import measure
     from advisor.energy.measure import WORKSPACE_BYTES, bench_bytes
+    from advisor.energy.prediction import _tiers as select
+    from advisor.energy.profiling import _model as model_profile
 
     w = [Workload(name="chat", batch_size=16, input_tokens=512, output_tokens=256),
          Workload(name="long", batch_size=4, input_tokens=8000, output_tokens=192)]
@@ -488,7 +494,7 @@ def test_a_model_whose_measurement_does_not_fit_the_gpu_is_refused_or_predicted(
 def test_a_search_profiles_the_contexts_its_decode_steps_visit():
     """From the shortest input to the longest input plus output: the cost model interpolates inside what was
     metered, and a stored profile whose contexts bracket them is reused."""
-    from advisor.energy.profile_select import covers, profile_regime
+    from advisor.energy.profiling import covers, profile_regime
 
     chat = Workload(name="chat", batch_size=16, input_tokens=512, output_tokens=256)
     regime = profile_regime([chat])
@@ -503,7 +509,7 @@ def test_a_metered_point_keeps_the_records_a_profile_stores():
     """What measure_model_profile (and the benchmarks that meter points beside it) keep of one metered step."""
     from types import SimpleNamespace
 
-    from advisor.energy.model_profile import metered_step
+    from advisor.energy.profiling import metered_step
 
     clock = VirtualClock()
     gpu = SimulatedGPU(clock, tick_s=0.01, idle_w=P_IDLE_W)

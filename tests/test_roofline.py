@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from advisor.energy.roofline import RooflineEnergyModel, decode_step_cost
+from advisor.energy.prediction import RooflineEnergyModel, decode_step_cost
 from advisor.errors import UnsupportedError
 from advisor.formats import GPU, GPU_SPECS, Format
 from advisor.models.shape import llama_shape

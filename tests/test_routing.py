@@ -9,7 +9,7 @@ import pytest
 import torch
 import transformers
 
-from advisor.energy.routing import (
+from advisor.energy.prediction import (
     MEASURED_ROUTING_NOTE,
     UNIFORM_ROUTING_NOTE,
     expected_experts_touched,
@@ -53,7 +53,7 @@ def tiny_moe():
 
 
 def test_expert_load_counts_the_top_k_choices_of_every_router(tiny_moe):
-    from advisor.energy.routing_measure import expert_load
+    from advisor.energy.profiling import expert_load
 
     model, shape, tokens = tiny_moe
     load = expert_load(model, shape, tokens, batch_size=4)
@@ -71,8 +71,8 @@ def test_expert_load_counts_the_top_k_choices_of_every_router(tiny_moe):
 
 
 def test_measured_routing_reaches_the_energy_models_and_the_summary(tiny_moe):
-    from advisor.energy.roofline import RooflineEnergyModel, decode_step_cost
-    from advisor.energy.routing_measure import with_measured_routing
+    from advisor.energy.prediction import RooflineEnergyModel, decode_step_cost
+    from advisor.energy.profiling import with_measured_routing
     from advisor.formats import GPU, Format
     from advisor.plan import Plan
 
@@ -92,9 +92,8 @@ def test_measured_routing_reaches_the_energy_models_and_the_summary(tiny_moe):
 
 
 def test_cost_model_reads_the_measured_routing(tiny_moe):
-    from advisor.energy.costmodel import ProfileCostModel
-    from advisor.energy.profile import shipped_profile
-    from advisor.energy.routing_measure import with_measured_routing
+    from advisor.energy.prediction import ProfileCostModel
+    from advisor.energy.profiling import shipped_profile, with_measured_routing
     from advisor.formats import GPU, Format
     from advisor.plan import Plan
 

@@ -26,8 +26,9 @@ import torch
 pytest.importorskip("triton")  # the dev extra installs it on Linux x86_64 only
 import transformers  # noqa: E402  (a hard dependency: its absence must fail, not skip)
 
-from advisor.energy.dims import DecoderDims  # noqa: E402
+from advisor.energy.runtime import DecoderDims  # noqa: E402
 from advisor.errors import SetupError, UnsupportedError  # noqa: E402
+from advisor.testing import DENSE_FAMILIES  # noqa: E402
 
 TOL = 3e-2
 VOCAB, SEQ, WINDOW = 96, 12, 4
@@ -61,7 +62,7 @@ def _config(family: str):
     return make[family]()
 
 
-FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text", "gemma3", "phi3")
+FAMILIES = DENSE_FAMILIES
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -95,8 +96,7 @@ def _f32_logits(model, tokens) -> torch.Tensor:
 
 
 def _runtime_logits(model, tokens, dims: DecoderDims | None = None, decode_attention: str = "triton"):
-    from advisor.energy.runtime import DecoderRuntime
-    from advisor.energy.weights import DecoderWeights
+    from advisor.energy.runtime import DecoderRuntime, DecoderWeights
 
     w = DecoderWeights.from_hf(model, max_pos=SEQ + 4, device="cpu", dims=dims)
     rt = DecoderRuntime(w, {}, decode_attention=decode_attention)
@@ -274,9 +274,7 @@ def test_geometry_reaches_the_runtime_dims():
 
 
 def test_rope_tables_grow_to_the_longest_workload_and_the_cache_bounds_are_checked():
-    from advisor.energy.rope import rope_tables
-    from advisor.energy.runtime import DecoderRuntime
-    from advisor.energy.weights import DecoderWeights
+    from advisor.energy.runtime import DecoderRuntime, DecoderWeights, rope_tables
 
     dims = DecoderDims.from_config(_config("qwen3"))
     w = DecoderWeights.random(dims, max_pos=16, device="cpu")
@@ -311,8 +309,7 @@ def test_dims_edits_keep_the_rest_of_the_model():
 @pytest.mark.parametrize("window,softcap,eager", [(None, None, False), (3, None, False), (3, 0.7, False),
                                                   (None, None, True)])
 def test_prefill_and_decode_attention_in_torch_match_a_masked_softmax(start, length, window, softcap, eager):
-    from advisor.energy.attention_torch import attention_over_cache
-    from advisor.energy.dims import AttentionSpec
+    from advisor.energy.runtime import AttentionSpec, attention_over_cache
 
     g = torch.Generator().manual_seed(start + length)
     h, kv, d, ctx = 4, 2, 16, start + length

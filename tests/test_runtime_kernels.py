@@ -33,7 +33,7 @@ def _same_bf16(a, b):
 def K():
     if DEVICE == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
         pytest.skip("no GPU, and triton was imported before TRITON_INTERPRET=1 could be set (see conftest.py)")
-    from advisor.energy import kernels
+    from advisor.energy.runtime import kernels
 
     return kernels
 

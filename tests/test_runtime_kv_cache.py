@@ -16,7 +16,7 @@ import torch
 pytest.importorskip("triton")  # the dev extra installs it on Linux x86_64 only
 import transformers  # noqa: E402  (a hard dependency: its absence must fail, not skip)
 
-from advisor.energy.dims import DecoderDims  # noqa: E402
+from advisor.energy.runtime import DecoderDims  # noqa: E402
 from advisor.errors import SetupError  # noqa: E402
 from advisor.formats import Format  # noqa: E402
 
@@ -28,8 +28,7 @@ SEQ = 24
 def bench():
     if DEVICE == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
         pytest.skip("no GPU, and triton was imported before TRITON_INTERPRET=1 could be set (see conftest.py)")
-    from advisor.energy.runtime import calibrate
-    from advisor.energy.weights import DecoderWeights
+    from advisor.energy.runtime import DecoderWeights, calibrate
 
     cfg = transformers.Qwen3Config(vocab_size=96, hidden_size=128, intermediate_size=96, num_hidden_layers=2,
                                    num_attention_heads=4, num_key_value_heads=2, head_dim=32)

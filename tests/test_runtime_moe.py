@@ -68,8 +68,7 @@ def _rel(a, b) -> float:
 
 def _runtime(model, fmt: Format = Format.BF16, amax=None):
     from advisor.energy.measure import uniform_formats
-    from advisor.energy.runtime import DecoderRuntime
-    from advisor.energy.weights import DecoderWeights
+    from advisor.energy.runtime import DecoderRuntime, DecoderWeights
 
     w = DecoderWeights.from_hf(model, max_pos=SEQ + 4, device="cpu")
     return DecoderRuntime(w, uniform_formats(w.dims, fmt), amax)
@@ -121,7 +120,7 @@ def test_calibration_and_touched_experts_of_the_runtime():
 
 
 def test_fp8_experts_track_the_bf16_experts():
-    from advisor.energy.moe import RoutedExperts
+    from advisor.energy.runtime import RoutedExperts
 
     model, _ = _model("qwen3_moe")
     rt = _runtime(model)

@@ -8,18 +8,19 @@ from dataclasses import replace
 import pytest
 from test_model_profiles import DIMS, SHAPE, STATE, plans, simulated_profile
 
-from advisor.energy.dims import DecoderDims
-from advisor.energy.model_costmodel import ModelProfileCostModel
-from advisor.energy.model_profile import (
+from advisor.energy.prediction import ModelProfileCostModel
+from advisor.energy.profiling import (
     LAST_QUARTER_FP8,
     POINTS,
+    REFERENCE_SHAPES,
     RUNTIME_VERSION,
+    ProfileStore,
     geometry_digest,
+    mean_profile,
     model_digest,
+    shipped_model_profiles,
 )
-from advisor.energy.profile_mean import mean_profile
-from advisor.energy.profile_store import ProfileStore, shipped_model_profiles
-from advisor.energy.reference_shapes import REFERENCE_SHAPES
+from advisor.energy.runtime import DecoderDims
 from advisor.errors import InputError
 from advisor.formats import GPU
 
@@ -205,7 +206,7 @@ def test_the_demo_model_is_priced_from_its_shipped_profile_on_an_h100(tmp_path, 
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from advisor.energy.select import make_predicted_model
+    from advisor.energy.prediction import make_predicted_model
     from advisor.models.adapters.geometry import model_shape
     from advisor.models.loading import _demo_location
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from scipy.stats import norm
 
-from advisor.accuracy.stats import (
+from advisor.search.stats import (
     BOOTSTRAP,
     TANGO,
     bootstrap_interval,

@@ -97,9 +97,9 @@ def test_report_is_built_from_storage(recipe):
 
 
 def test_benchmark_verdicts_override_the_proxy_budget(recipe):
-    from advisor.accuracy.stats import paired_drop
     from advisor.search.acceptance import TaskAcceptance, Verdict, judge
     from advisor.search.frontier import recommend
+    from advisor.search.stats import paired_drop
     from advisor.search.trial_record import record_benchmark
 
     recipe.run_dir.mkdir(parents=True)

@@ -4,5 +4,5 @@ lm-eval tasks on the in-memory model for the candidates that matter, and their s
 :mod:`~advisor.accuracy.proxy` and :mod:`~advisor.accuracy.harness` import torch / lm-eval
 when used; :mod:`~advisor.accuracy.task_configs` (which tasks, which metric) and
 :mod:`~advisor.accuracy.score_cache` (per-item results) import lm-eval only to load tasks;
-:mod:`~advisor.accuracy.stats` (paired intervals, proxy calibration) is numpy and scipy.
+their statistics (paired intervals, proxy calibration) are :mod:`~advisor.search.stats`, numpy and scipy.
 """

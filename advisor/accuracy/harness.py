@@ -4,7 +4,7 @@ The model object that the study holds (a ModelOpt-quantized copy, say) is wrappe
 lm-eval's ``HFLM`` as it is: nothing is written to disk or reloaded. Which tasks and
 which metric: :mod:`advisor.accuracy.task_configs`. Every item's value of the primary
 metric is kept (lm-eval's ``log_samples``), so plans can be compared with BF16 item by
-item (:mod:`advisor.accuracy.stats`).
+item (:mod:`advisor.search.stats`).
 
 Items are taken in a seeded order of the task's documents (:func:`item_order`); ``limit``
 scores its first ``limit`` items, so a larger limit holds every item of a smaller one (the

@@ -15,7 +15,7 @@ from typing import Annotated
 
 import typer
 
-from advisor.energy.select import ENERGY_MODES, gpu_here, make_energy_model  # noqa: F401
+from advisor.energy.prediction import ENERGY_MODES, gpu_here, make_energy_model  # noqa: F401
 from advisor.errors import InputError
 from advisor.formats import GPU
 from advisor.models.hub_access import with_hub_note
@@ -125,8 +125,7 @@ def profile(
     Without it (18 minutes on an H100): GEMM tables, anchor models and each GEMM's energy.
 
     Either is kept in the profile store, and searches for this GPU kind use it (a model's own profile first)."""
-    from advisor.energy.model_profile import measure_model_profile
-    from advisor.energy.profile_store import ProfileStore
+    from advisor.energy.profiling import ProfileStore, measure_model_profile
 
     if out is not None:
         from advisor.workflows.outputs import check_output_file
@@ -147,7 +146,7 @@ def profile(
     echo = lambda *a: typer.echo(" ".join(map(str, a)), err=True)  # noqa: E731
     kind = here.value if here else name.replace(" ", "-").lower()
     if model is None:
-        from advisor.energy.gemm_table import measure_gpu_profile
+        from advisor.energy.profiling import measure_gpu_profile
 
         data = measure_gpu_profile(command, log=echo)
         path = ProfileStore().save_gpu_profile(data)
@@ -155,7 +154,7 @@ def profile(
     else:
         from transformers import AutoConfig
 
-        from advisor.energy.dims import DecoderDims
+        from advisor.energy.runtime import DecoderDims
 
         shape = shape_from_model(model)  # checks the model (one line, exit code) before any GPU work
         dims = DecoderDims.from_config(AutoConfig.from_pretrained(model))

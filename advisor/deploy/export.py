@@ -13,7 +13,7 @@ What :func:`advisor.workflows.export.export_run` writes into the output folder:
 * the tokenizer;
 * ``llm_api_options.yaml``: TensorRT-LLM LLM-API options sized from the run's workloads;
 * ``README.md`` with the ``trtllm-serve`` command, the round-trip numbers, which engines can serve
-  the plan (``deploy.compat``: TensorRT-LLM, vLLM, SGLang, with sources) and a warning per known problem;
+  the plan (``advisor.serving``: TensorRT-LLM, vLLM, SGLang, with sources) and a warning per known problem;
 * ``export.json``: the same facts for programs.
 
 Round trip (:func:`advisor.deploy.checkpoint.load_exported`): the exported weights are
@@ -35,19 +35,18 @@ import copy
 import json
 import logging
 import time
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from advisor.deploy.checkpoint import load_exported, scaled_modules
-from advisor.deploy.compat import compatibility_record, compatibility_warnings, engine_compatibility
 from advisor.deploy.quant_config import check_kv_cache, check_quant_config
-from advisor.deploy.readme import render_readme
+from advisor.deploy.readme import ExportResult, render_readme
 from advisor.deploy.trtllm import deployment_warnings, llm_api_options, options_yaml, smoke_test_trtllm
 from advisor.errors import InputError, SetupError
 from advisor.models.adapters import GroupInfo
 from advisor.plan import Plan
 from advisor.quantize.quiet import quiet
+from advisor.serving import compatibility_record, compatibility_warnings, engine_compatibility
 
 log = logging.getLogger(__name__)
 
@@ -60,24 +59,6 @@ log = logging.getLogger(__name__)
 ROUNDTRIP_KL_REL_TOL = 0.10
 ROUNDTRIP_KL_ABS_TOL = 1e-4
 
-
-
-@dataclass
-class ExportResult:
-    out_dir: str
-    plan_id: str
-    plan_label: str
-    files: list[str]
-    quant_algo: str | None
-    hf_quant_config: dict[str, Any] | None
-    roundtrip: dict[str, Any]
-    smoke_test: str
-    warnings: list[str] = field(default_factory=list)
-    timings_s: dict[str, float] = field(default_factory=dict)
-    engines: dict[str, Any] = field(default_factory=dict)  # deploy.compat verdicts per serving engine
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 # ---------------------------------------------------------------- export

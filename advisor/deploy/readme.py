@@ -3,13 +3,31 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from dataclasses import asdict, dataclass, field
+from typing import Any
 
-from advisor.deploy.compat import NOT_RUN, EngineVerdict, compatibility_table
 from advisor.plan import Plan
+from advisor.serving import NOT_RUN, EngineVerdict, compatibility_table
 
-if TYPE_CHECKING:
-    from advisor.deploy.export import ExportResult
+
+@dataclass
+class ExportResult:
+    """What an export wrote and checked (its README renders it)."""
+
+    out_dir: str
+    plan_id: str
+    plan_label: str
+    files: list[str]
+    quant_algo: str | None
+    hf_quant_config: dict[str, Any] | None
+    roundtrip: dict[str, Any]
+    smoke_test: str
+    warnings: list[str] = field(default_factory=list)
+    timings_s: dict[str, float] = field(default_factory=dict)
+    engines: dict[str, Any] = field(default_factory=dict)  # advisor.serving verdicts per serving engine
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
 
 
 def render_readme(result: ExportResult, plan: Plan, options: dict[str, Any],

@@ -42,7 +42,7 @@ def options_yaml(options: dict[str, Any], workloads: list[dict[str, Any]]) -> st
 
 
 def deployment_warnings(quant_algo: str | None, plan: Plan) -> list[str]:
-    """Warnings about the checkpoint itself; what each engine makes of it is ``deploy.compat``'s."""
+    """Warnings about the checkpoint itself; what each engine makes of it is ``advisor.serving``'s."""
     out = []
     if quant_algo is None and plan.kv_cache == Format.BF16:
         out.append("the plan is all-BF16: the checkpoint is unquantized (no hf_quant_config.json).")

@@ -41,8 +41,7 @@ class Bench:
 
     @classmethod
     def create(cls, dims, seed: int = 0, max_pos: int = 8192, std: float = 0.02) -> Bench:
-        from advisor.energy.runtime import calibrate
-        from advisor.energy.weights import DecoderWeights
+        from advisor.energy.runtime import DecoderWeights, calibrate
 
         w = DecoderWeights.random(dims, max_pos=max_pos, seed=seed, std=std)
         return cls(dims, w, calibrate(w))
@@ -165,7 +164,7 @@ class MeasuredEnergyModel:
         config: MeterConfig | None = None,
         model_config: Any = None,
     ) -> None:
-        from advisor.energy.dims import DecoderDims
+        from advisor.energy.runtime import DecoderDims
 
         self.shape = shape
         # refused (partial rotary, MLP biases, ...) before looking for a GPU
@@ -185,6 +184,13 @@ class MeasuredEnergyModel:
             f"measured ({state.name}, driver {state.driver}, {time.strftime('%Y-%m-%d')}; {self.dims.label})"
         )
 
+    def bench(self, positions: int) -> Bench:
+        """The random-weight model on the GPU that every estimate (and this model's per-model profile) runs,
+        created on first use with RoPE tables for at least ``positions`` positions."""
+        if self._bench is None:
+            self._bench = Bench.create(self.dims, max_pos=max(8192, positions))
+        return self._bench
+
     def check_fits(self, workloads: Sequence[Workload]) -> None:
         """UnsupportedError when measuring does not fit the GPU memory free here (:func:`check_fits`)."""
         import torch
@@ -193,14 +199,13 @@ class MeasuredEnergyModel:
             check_fits(self.shape, workloads, *torch.cuda.mem_get_info())
 
     def estimate(self, plan: Plan, workload: Workload) -> EnergyEstimate:
-        import torch
+        from advisor.energy.runtime import release_cuda_memory
 
         lin, lout, b = workload.input_tokens, workload.output_tokens, workload.batch_size
         positions = lin + lout + 1
-        if self._bench is None:
-            self._bench = Bench.create(self.dims, max_pos=max(8192, positions))
-        self._bench.weights.ensure_positions(positions)
-        rt = self._bench.runtime(dict(plan.formats), kv_cache=plan.kv_cache)
+        bench = self.bench(positions)
+        bench.weights.ensure_positions(positions)
+        rt = bench.runtime(dict(plan.formats), kv_cache=plan.kv_cache)
         try:
             if not self._soaked and self.meter.config.soak_s > 0:  # start warm, as the next ones do
                 step = decode_step(rt, b, lin + lout // 2)
@@ -220,7 +225,6 @@ class MeasuredEnergyModel:
             del rt
             # Each graph capture runs on its own stream, and cuBLAS(Lt) keeps a workspace per
             # stream (32 MiB on Hopper) until told otherwise: two per estimate, never reused.
-            torch._C._cuda_clearCublasWorkspaces()
-            torch.cuda.empty_cache()
+            release_cuda_memory()
         pre_j, step_j = pre["j_per_step"], dec["j_per_step"]
         return EnergyEstimate.of_request(workload, pre_j, step_j, dec["tokens_per_s"], self.label, measured=True)

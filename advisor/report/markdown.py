@@ -116,9 +116,9 @@ def _kv_cache_effect(summary: dict[str, Any], workloads: list[str]) -> list[str]
 
 
 def _serving_engines(summary: dict[str, Any]) -> list[str]:
-    """Which engines can serve the recommended plan, and a warning per known problem (deploy.compat)."""
-    from advisor.deploy.compat import NOT_RUN, compatibility_table, compatibility_warnings, engine_compatibility
+    """Which engines can serve the recommended plan, and a warning per known problem (advisor.serving)."""
     from advisor.plan import Plan
+    from advisor.serving import NOT_RUN, compatibility_table, compatibility_warnings, engine_compatibility
 
     rec = summary.get("recommendation")
     if not rec:

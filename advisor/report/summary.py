@@ -9,7 +9,6 @@ from typing import Any
 
 import optuna
 
-from advisor.accuracy.stats import proxy_calibration
 from advisor.errors import InputError
 from advisor.estimate import EnergyEstimate
 from advisor.formats import Format
@@ -21,6 +20,7 @@ from advisor.report.schema import SCHEMA_VERSION, RecommendationRecord, Summary,
 from advisor.search.acceptance import as_record
 from advisor.search.energy_tiers import largest_drift_pct, near_ties, prediction_errors
 from advisor.search.frontier import Candidate, Recommendation, pareto_front, recommend
+from advisor.search.stats import proxy_calibration
 from advisor.search.study import benchmark_budget, candidates
 from advisor.search.trial_record import TaskScores, benchmark_scores, measured_drifts, measured_energy, scores_of
 

@@ -1,7 +1,7 @@
 """Benchmark acceptance: does a plan keep accuracy within ``benchmark.max_drop`` on every task?
 
 Per task, from the paired interval of the plan's drop against BF16 on the same items
-(:func:`advisor.accuracy.stats.paired_drop`):
+(:func:`advisor.search.stats.paired_drop`):
 
 * passes: the upper bound is within ``max_drop``;
 * fails: the lower bound exceeds ``max_drop``;
@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass
 from enum import StrEnum
 from typing import Any
 
-from advisor.accuracy.stats import PairedInterval
+from advisor.search.stats import PairedInterval
 
 
 class Verdict(StrEnum):

@@ -16,11 +16,11 @@ from dataclasses import dataclass
 
 import optuna
 
-from advisor.accuracy.stats import look_confidence, paired_drop
 from advisor.formats import Format
 from advisor.plan import Plan
 from advisor.search.acceptance import PlanAcceptance, TaskAcceptance, Verdict, plan_verdict, task_verdict
 from advisor.search.frontier import Candidate, one_tier, predicted_tier
+from advisor.search.stats import look_confidence, paired_drop
 from advisor.search.study import candidates
 
 
@@ -96,7 +96,7 @@ def judge_sequentially(
     """Judge one plan on every task, scoring more items only where a task is undecided.
 
     At each look every undecided task is extended to its next batch size and its paired
-    interval recomputed at the per-look level of :func:`~advisor.accuracy.stats.look_confidence`
+    interval recomputed at the per-look level of :func:`~advisor.search.stats.look_confidence`
     (so that all looks hold together at ``confidence``). A task stops when it passes or
     fails; the plan stops as soon as one task fails or all pass. A task still undecided on
     all its items stays undecided.

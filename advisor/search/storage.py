@@ -7,93 +7,16 @@ the standard places for it), output shows ``***``.
 
 from __future__ import annotations
 
-import re
 import time
 import warnings
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote, quote_plus
 
 import optuna
 
 from advisor.errors import InputError
+from advisor.search.storage_url import JOURNAL_PREFIX, redact_text, redact_url, url_without_password
 
-_QUERY_SECRET = re.compile(r"(?i)([?&](?:password|passwd|pwd|sslpassword)=)[^&#]*")
-# scheme://user:password@  -- the password runs up to the LAST '@' (before any '?'): a raw,
-# un-%-encoded '@' in a password makes SQLAlchemy cut it at the first '@' ("p@ss@h" -> password
-# "p", host "ss@h"), and render_as_string(hide_password=True) would then print "ss".
-_NETLOC_SECRET = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*://[^:/@?#]*:)(.*)@(?=[^@]*$)", re.S)
-
-
-def _split_query(url: str) -> tuple[str, str]:
-    base, sep, query = url.partition("?")
-    return base, sep + query
-
-
-def _raw_password(url: str) -> str | None:
-    """The password as written between 'user:' and the last '@' (conservative: the longest)."""
-    m = _NETLOC_SECRET.match(_split_query(url)[0])
-    return m.group(2) if m else None
-
-
-def redact_url(url: str) -> str:
-    """``url`` with any password replaced by ``***`` (in user:pass@ and in ?password=).
-    Non-URLs (e.g. a journal file path) come back unchanged. A password with raw '@', ':'
-    or '/' (not %-encoded) is masked up to the last '@' rather than trusted to the parser."""
-    from urllib.parse import unquote
-
-    from sqlalchemy.engine import make_url
-    from sqlalchemy.exc import ArgumentError
-
-    try:
-        u = make_url(url)
-        raw = _raw_password(url)
-        if raw is not None and unquote(raw) != (u.password or ""):
-            raise ValueError("ambiguous password")  # SQLAlchemy split it differently: be conservative
-    except (ArgumentError, ValueError, TypeError):
-        base, query = _split_query(url)
-        return _NETLOC_SECRET.sub(r"\1***@", base) + _QUERY_SECRET.sub(r"\1***", query)
-    if u.query:
-        u = u.update_query_dict(
-            {k: "***" for k in u.query if k.lower() in ("password", "passwd", "pwd", "sslpassword")}
-        )
-    return u.render_as_string(hide_password=True).replace("=%2A%2A%2A", "=***")
-
-
-def redact_text(text: str, url: str | None) -> str:
-    """Scrub ``url``'s password (raw and %-encoded forms) from arbitrary text, e.g. an
-    exception message that quoted the URL; use before logging or raising."""
-    from urllib.parse import unquote
-
-    from sqlalchemy.engine import make_url
-    from sqlalchemy.exc import ArgumentError
-
-    if not url:
-        return text
-    candidates = set()
-    raw = _raw_password(url)
-    if raw:
-        candidates |= {raw, unquote(raw)}
-    try:
-        if make_url(url).password:
-            candidates.add(str(make_url(url).password))
-    except (ArgumentError, ValueError, TypeError):
-        pass
-    text = text.replace(url, redact_url(url))
-    for pw in sorted(candidates, key=len, reverse=True):
-        for form in (pw, quote(pw, safe=""), quote_plus(pw)):
-            if form:
-                text = text.replace(form, "***")
-    return text
-
-
-def url_without_password(url: str) -> str:
-    """``url`` with any password removed (for files); libpq falls back to PGPASSWORD / ~/.pgpass."""
-    base, query = _split_query(url)
-    return _NETLOC_SECRET.sub(lambda m: m.group(1)[:-1] + "@", base) + _QUERY_SECRET.sub(r"\1***", query)
-
-
-JOURNAL_PREFIX = "journal:"
 DEFAULT_DB = "study.db"
 
 

@@ -13,7 +13,7 @@ import importlib.util
 from pathlib import Path
 
 from advisor.errors import InputError, SetupError
-from advisor.search.storage import JOURNAL_PREFIX, redact_text, redact_url
+from advisor.search.storage_url import JOURNAL_PREFIX, redact_text, redact_url
 
 # The pip package that provides each DBAPI module SQLAlchemy's dialects import.
 DRIVER_PACKAGES = {

@@ -181,7 +181,7 @@ def prepare(
     timings["tokens_s"] = time.perf_counter() - t
 
     if loaded.shape.is_moe:  # the energy models price the experts a batch touches under this routing
-        from advisor.energy.routing_measure import with_measured_routing
+        from advisor.energy.profiling import with_measured_routing
 
         status("measuring the MoE routing on the calibration tokens")
         loaded.shape = with_measured_routing(loaded.model, loaded.shape, tokens.calibration)
@@ -200,7 +200,7 @@ def prepare(
 
     measured_model = None
     if energy_model is None:
-        from advisor.energy.select import make_energy_tiers
+        from advisor.energy.prediction import make_energy_tiers
 
         tiers = {"predicted": "predicted only", "measured": "predicted for every trial, measured for the front",
                  "auto": "predicted for every trial, measured for the front if this GPU is the target"}

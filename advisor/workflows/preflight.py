@@ -37,7 +37,7 @@ def check_input_files(recipe: Recipe) -> None:
 
         read_calibration_text(Path(source).expanduser())
     if recipe.energy_profile:
-        from advisor.energy.profile_select import read_any_profile
+        from advisor.energy.profiling import read_any_profile
 
         data = read_any_profile(Path(recipe.energy_profile))
         if data.get("gpu_kind") not in (None, recipe.target.value):
@@ -68,7 +68,7 @@ def check_devices(recipe: Recipe) -> None:
 
         import_tensorrt_llm()
     if recipe.energy == "measured":
-        from advisor.energy.select import gpu_here
+        from advisor.energy.prediction import gpu_here
 
         kind, name = gpu_here()
         if name is None:

@@ -20,10 +20,10 @@ from pathlib import Path
 
 import torch
 
-from advisor.energy.costmodel import ProfileCostModel
-from advisor.energy.cuda_tools import copy_bandwidth_gb_s
 from advisor.energy.measure import MeasuredEnergyModel
-from advisor.energy.profile import load_profile, measurement_header
+from advisor.energy.prediction import ProfileCostModel
+from advisor.energy.profiling import load_profile, measurement_header
+from advisor.energy.runtime import copy_bandwidth_gb_s
 from advisor.formats import Format
 from advisor.models.shape import llama_shape
 from advisor.plan import Plan

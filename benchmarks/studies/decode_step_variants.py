@@ -18,12 +18,11 @@ from pathlib import Path
 
 import torch
 
-from advisor.energy.cuda_tools import copy_bandwidth_gb_s, kernel_names  # noqa: E402
-from advisor.energy.dims import DecoderDims
-from advisor.energy.kernels import decode_splits
 from advisor.energy.measure import Bench, decode_step, uniform_formats
 from advisor.energy.meter import open_meter
-from advisor.energy.profile import measurement_header
+from advisor.energy.profiling import measurement_header
+from advisor.energy.runtime import DecoderDims, copy_bandwidth_gb_s, kernel_names  # noqa: E402
+from advisor.energy.runtime.kernels import decode_splits
 from advisor.formats import Format
 
 

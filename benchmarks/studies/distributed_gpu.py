@@ -154,7 +154,7 @@ def main() -> None:
 
     import torch
 
-    from advisor.energy.nvml import NvmlDevice
+    from advisor.energy.meter import NvmlDevice
     from advisor.formats import gpu_from_device_name
 
     gpus = torch.cuda.device_count()

@@ -20,11 +20,10 @@ from pathlib import Path
 
 import torch
 
-from advisor.energy.cuda_tools import copy_bandwidth_gb_s, kernel_names  # noqa: E402
-from advisor.energy.dims import DecoderDims
 from advisor.energy.measure import Bench, decode_step, measure_step, prefill_step, uniform_formats
 from advisor.energy.meter import MeterConfig, open_meter
-from advisor.energy.profile import measurement_header
+from advisor.energy.profiling import measurement_header
+from advisor.energy.runtime import DecoderDims, copy_bandwidth_gb_s, kernel_names  # noqa: E402
 from advisor.formats import Format
 from advisor.plan import Plan
 
@@ -203,8 +202,8 @@ def main(argv: list[str] | None = None) -> int:
 
     predictions = []
     if args.profile is not None:
-        from advisor.energy.costmodel import ProfileCostModel
-        from advisor.energy.profile import load_profile
+        from advisor.energy.prediction import ProfileCostModel
+        from advisor.energy.profiling import load_profile
         from advisor.models.shape import llama_shape
 
         shape = llama_shape(

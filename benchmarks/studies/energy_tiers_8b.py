@@ -20,9 +20,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from advisor.energy.profile_store import ProfileStore  # noqa: E402
-from advisor.energy.reference_shapes import REFERENCE_SHAPES  # noqa: E402
-from advisor.energy.select import make_energy_tiers  # noqa: E402
+from advisor.energy.prediction import make_energy_tiers  # noqa: E402
+from advisor.energy.profiling import (
+    REFERENCE_SHAPES,  # noqa: E402
+    ProfileStore,  # noqa: E402
+)
 from advisor.formats import GPU, Format  # noqa: E402
 from advisor.plan import Plan  # noqa: E402
 from advisor.recipe.schema import Workload  # noqa: E402

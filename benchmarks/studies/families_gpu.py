@@ -40,11 +40,10 @@ from typing import Any
 import torch
 import transformers
 
-from advisor.energy.cuda_tools import copy_bandwidth_gb_s
-from advisor.energy.dims import DecoderDims
 from advisor.energy.measure import Bench, decode_step, measure_step, uniform_formats
 from advisor.energy.meter import MeterConfig, open_meter
-from advisor.energy.profile import measurement_header
+from advisor.energy.profiling import measurement_header
+from advisor.energy.runtime import DecoderDims, copy_bandwidth_gb_s
 from advisor.formats import Format
 
 # published shapes (config.json of each model); text towers only
@@ -129,8 +128,7 @@ def check_config(config: Any, layers: int) -> Any:
 
 
 def logits_check(config: Any, layers: int, log) -> dict[str, Any]:
-    from advisor.energy.runtime import DecoderRuntime, calibrate
-    from advisor.energy.weights import DecoderWeights
+    from advisor.energy.runtime import DecoderRuntime, DecoderWeights, calibrate
 
     cfg = check_config(config, layers)
     dims = DecoderDims.from_config(cfg)

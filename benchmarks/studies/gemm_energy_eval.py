@@ -1,7 +1,7 @@
 """Does metering each GEMM's energy let a GPU profile price unprofiled models within 10%? No GPU needed.
 
 The shipped GPU profile fits a step's whole energy as ``P0 t + e_byte B + e_bf16 F + e_fp8 F8`` to a
-few anchor models (``advisor.energy.gpu_costmodel``); no coefficients of that form price small models
+few anchor models (``advisor.energy.prediction``); no coefficients of that form price small models
 within 10% (``reports/benchmarks/shipped_fit_ceiling``). The alternative tried here: every GEMM's
 energy read from a metered table (``benchmarks/gemm_energy_collect.py``: J per GEMM per format and
 row count, on one unit), and only the rest fitted to the anchors (metered on the same unit):
@@ -37,22 +37,18 @@ from _report import command_line, read_notes, write_report  # noqa: E402
 from energy_transfer_collect import plan_formats  # noqa: E402
 from shipped_fit_ceiling import measured_rows, minimax  # noqa: E402
 
-from advisor.energy.gemm_energy import (  # noqa: E402
+from advisor.energy.prediction import GpuProfileCostModel, energy_features, fit_gpu_profile
+from advisor.energy.profiling import (  # noqa: E402
+    REFERENCE_SHAPES,  # noqa: E402
     GemmEnergy,
+    GemmTable,
+    Geometry,
     anchor_points,
     fit_rest,
     rest_features,
+    step_parts,
     table_of_collect,
 )
-from advisor.energy.gpu_costmodel import (  # noqa: E402
-    GemmTable,
-    Geometry,
-    GpuProfileCostModel,
-    energy_features,
-    fit_gpu_profile,
-    step_parts,
-)
-from advisor.energy.reference_shapes import REFERENCE_SHAPES  # noqa: E402
 from advisor.plan import Plan  # noqa: E402
 
 TARGET = 0.10

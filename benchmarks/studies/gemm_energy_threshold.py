@@ -1,6 +1,6 @@
 """Which models should a GPU profile's metered GEMM energies price? No GPU needed.
 
-A shipped GPU profile's ``gemm_energy`` section (``advisor.energy.gemm_energy``) prices models whose
+A shipped GPU profile's ``gemm_energy`` section (``advisor.energy.profiling``) prices models whose
 layers hold at least ``min_layer_weights`` weights; smaller ones follow its ``small_layers`` rule: the
 fitted energy form alone, or the mean of the two forms. This script prices every measured row of every
 run (``benchmarks/energy_transfer_collect.py`` outputs) with the profile as shipped, but with that
@@ -26,9 +26,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from _report import command_line, read_notes, write_report  # noqa: E402
 from energy_transfer import shape_rows  # noqa: E402
 
-from advisor.energy.gpu_costmodel import Geometry, layer_weights  # noqa: E402
-from advisor.energy.profile import shipped_profile  # noqa: E402
-from advisor.energy.reference_shapes import REFERENCE_SHAPES  # noqa: E402
+from advisor.energy.profiling import (
+    REFERENCE_SHAPES,  # noqa: E402
+    Geometry,
+    layer_weights,
+    shipped_profile,  # noqa: E402
+)
 from advisor.formats import GPU  # noqa: E402
 
 #: (min weights per layer, rule below it)

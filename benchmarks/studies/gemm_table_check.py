@@ -26,7 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from advisor.energy.reference_shapes import REFERENCE_SHAPES  # noqa: E402
+from advisor.energy.profiling import REFERENCE_SHAPES  # noqa: E402
 from advisor.formats import Format  # noqa: E402
 
 ROWS = (1, 16, 64, 512)
@@ -68,10 +68,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     import torch
 
-    from advisor.energy.gemm_table import gemm_row_ms, measure_gpu_profile
     from advisor.energy.measure import Bench, uniform_formats
     from advisor.energy.meter import open_meter
-    from advisor.energy.model_profile import _release, layer_gemm_ms
+    from advisor.energy.profiling import gemm_row_ms, layer_gemm_ms, measure_gpu_profile
+    from advisor.energy.runtime import release_cuda_memory
 
     command = "python " + " ".join([sys.argv[0], *(argv if argv is not None else sys.argv[1:])])
     state = open_meter(0).counter.state()
@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
                                  for t, c, i in zip(row["table"], row["table_capped"], row["in_model"], strict=True))
                 print(f"{name:13s} {kind:8s} {fmt.value:4s} table/capped vs in-model at m={ROWS}: {ratio}", flush=True)
         del runtimes, bench
-        _release()
+        release_cuda_memory()
         args.out.write_text(json.dumps(out, indent=1))
     if args.tables is not None:
         tables = measure_gpu_profile(command, anchors=(), max_copies=None, iters=20)

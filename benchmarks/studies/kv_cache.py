@@ -31,11 +31,10 @@ from typing import Any
 
 import torch
 
-from advisor.energy.cuda_tools import copy_bandwidth_gb_s, kernel_names
-from advisor.energy.dims import DecoderDims
 from advisor.energy.measure import Bench, decode_step, measure_step, uniform_formats
 from advisor.energy.meter import MeterConfig, open_meter
-from advisor.energy.profile import measurement_header
+from advisor.energy.profiling import measurement_header
+from advisor.energy.runtime import DecoderDims, copy_bandwidth_gb_s, kernel_names
 from advisor.formats import KV_CACHE_BYTES, Format
 
 KV = {"bf16": Format.BF16, "fp8": Format.FP8}
@@ -69,8 +68,8 @@ def attention_kernel(log, heads: int = 32, kv_heads: int = 8, d: int = 128) -> d
     kernel wrote it; ``fp8_vs_bf16_cache`` is FP8's own effect (the kernel on the BF16 cache).
     Times: CUDA events over eager launches, BF16 (64-key blocks) and FP8 with 64- and 128-key blocks.
     """
-    from advisor.energy import kernels as K
-    from advisor.energy.kernels import attention_policy as A
+    from advisor.energy.runtime import kernels as K
+    from advisor.energy.runtime.kernels import attention_policy as A
 
     out: dict[str, Any] = {"heads": heads, "kv_heads": kv_heads, "head_dim": d, "points": [],
                            "variants": {k: {"dot_f16": f, "min_splits": n} for k, (f, n) in FP8_VARIANTS.items()}}
@@ -163,9 +162,8 @@ def kernels_of_step(bench: Bench, dims: DecoderDims, kv: Format) -> list[dict]:
 
 
 def predictions(layers: int, kv: Format, batch: int, context: int) -> dict[str, float]:
-    from advisor.energy.costmodel import ProfileCostModel
-    from advisor.energy.profile import shipped_profile
-    from advisor.energy.roofline import decode_step_cost
+    from advisor.energy.prediction import ProfileCostModel, decode_step_cost
+    from advisor.energy.profiling import shipped_profile
     from advisor.formats import GPU, GPU_SPECS
     from advisor.models.shape import llama_shape
     from advisor.plan import Plan

@@ -27,9 +27,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from advisor.energy.costmodel import ProfileCostModel
-from advisor.energy.profile import shipped_profile
-from advisor.energy.roofline import RooflineEnergyModel
+from advisor.energy.prediction import ProfileCostModel, RooflineEnergyModel
+from advisor.energy.profiling import shipped_profile
 from advisor.formats import GPU, Format
 from advisor.models.shape import llama_shape
 from advisor.plan import Plan
@@ -42,7 +41,7 @@ GRID = [(b, c) for b in (16, 64) for c in (512, 8192)]
 
 def _kv_drop(rows: list[dict[str, Any]]) -> None:
     """Each FP8-KV row's LAMBADA drop against the BF16-KV row of the same weights, paired on the same items."""
-    from advisor.accuracy.stats import paired_drop
+    from advisor.search.stats import paired_drop
 
     by_plan = {(r["weights"], r["kv_cache"]): r for r in rows if "lambada_openai" in r}
     for (weights, kv), row in by_plan.items():

@@ -1,7 +1,7 @@
 """Is a mixed plan's energy additive over layers and group kinds? Complementary FP8 subsets, metered.
 
 A per-model profile meters all-BF16 and all-FP8 and prices a mixed plan by sharing out all-FP8's
-saving (``advisor.energy.model_costmodel``). On H100s Qwen2.5-0.5B's middle-half-FP8 plan saved
+saving (``advisor.energy.prediction``). On H100s Qwen2.5-0.5B's middle-half-FP8 plan saved
 0.41-0.51 of all-FP8's decode energy on six units (``energy_transfer.md``), where its weights
 are 0.50. This benchmark meters, on one shape, complementary pairs of FP8 subsets whose savings
 would add up to all-FP8's if energy were additive:
@@ -76,8 +76,8 @@ def collect(args) -> int:
 
     from advisor.energy.measure import Bench
     from advisor.energy.meter import open_meter
-    from advisor.energy.model_profile import _release, measure_model_profile
-    from advisor.energy.reference_shapes import REFERENCE_SHAPES
+    from advisor.energy.profiling import REFERENCE_SHAPES, measure_model_profile
+    from advisor.energy.runtime import release_cuda_memory
 
     t_start = time.perf_counter()
     command = "python " + " ".join(sys.argv)
@@ -101,7 +101,7 @@ def collect(args) -> int:
 
             out["shapes"][name] = {"num_layers": dims.num_layers, "probe": probe(bench_for, dims, bench_meter, log)}
             args.out.write_text(json.dumps(out, indent=1))
-            _release()
+            release_cuda_memory()
             continue
         bench = Bench.create(dims, max_pos=4096)
         prof = measure_model_profile(dims, **search_regime(), meter=profile_meter, bench=bench, command=command,
@@ -110,7 +110,7 @@ def collect(args) -> int:
         out["shapes"][name] = {"num_layers": dims.num_layers, "profile": prof, "rows": rows}
         args.out.write_text(json.dumps(out, indent=1))
         del bench, prof
-        _release()
+        release_cuda_memory()
     log("done")
     return 0
 

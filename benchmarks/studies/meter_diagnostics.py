@@ -33,7 +33,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from advisor.energy.meter import MeterConfig  # noqa: E402
-from advisor.energy.reference_shapes import REFERENCE_SHAPES  # noqa: E402
+from advisor.energy.profiling import REFERENCE_SHAPES  # noqa: E402
 from advisor.formats import Format  # noqa: E402
 
 PROFILE = MeterConfig(warmup_s=0.8, min_window_s=0.6, min_ticks=6, repeats=3)
@@ -86,7 +86,7 @@ def _point(factory, step, label: str, cfg: MeterConfig, ev_ms: float, log, **ext
 
 
 def window_sweep(factory, item: str, log) -> dict:
-    from advisor.energy.model_profile import _release
+    from advisor.energy.runtime import release_cuda_memory
 
     bench, rt, step, heater = _step_for(item)
     ev = step.time_ms()
@@ -95,7 +95,7 @@ def window_sweep(factory, item: str, log) -> dict:
         cfg = replace(PROFILE, min_window_s=window_s, min_ticks=max(2, round(10 * window_s)), repeats=n, attempts=1)
         runs.append(_point(factory, step, f"{item} window {window_s} s x {n}", cfg, ev, log, window_s=window_s))
     del step, heater, rt, bench
-    _release()
+    release_cuda_memory()
     return {"step": item, "runs": runs}
 
 
@@ -105,7 +105,7 @@ def thermal_soak(factory, item: str, log) -> dict:
     load, and after ``COOL_S`` idle again; temperatures before and after each."""
     import torch
 
-    from advisor.energy.model_profile import _release
+    from advisor.energy.runtime import release_cuda_memory
 
     bench, rt, step, heater = _step_for(item)
     ev = step.time_ms()
@@ -123,7 +123,7 @@ def thermal_soak(factory, item: str, log) -> dict:
     time.sleep(COOL_S)
     runs.append(_point(factory, step, f"{item} after {COOL_S:.0f} s idle again", cfg, ev, log, state="cooled"))
     del step, heater, rt, bench
-    _release()
+    release_cuda_memory()
     return {"step": item, "runs": runs}
 
 
@@ -139,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from advisor.energy.measure import Bench, decode_step, uniform_formats
     from advisor.energy.meter import EnergyMeter, open_meter
-    from advisor.energy.model_profile import _release
+    from advisor.energy.runtime import release_cuda_memory
 
     base = open_meter(0, PROFILE)
     state = base.counter.state()
@@ -200,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
         out["runs"] += runs
         args.out.write_text(json.dumps(out, indent=1))
         del step, rt, bench
-        _release()
+        release_cuda_memory()
     print(json.dumps({k: v for k, v in out.items() if k != "runs"}, indent=1))
     return 0
 

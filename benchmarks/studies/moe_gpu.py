@@ -13,7 +13,7 @@ Qwen1.5-MoE-A2.7B (Qwen2-MoE: 60 experts of 1408, top-4, and a shared expert of 
 1. Checks: the profiler's kernel names of one eager decode step (grouped GEMMs), and the
    grouped experts against a loop over experts (float32) on the GPU, BF16 and FP8.
 2. Routing: the runtime's router choices on one decode step of the largest batch give each
-   layer's per-expert load (:mod:`advisor.energy.routing`), used by both predictions.
+   layer's per-expert load (:mod:`advisor.energy.prediction`), used by both predictions.
 3. The per-model profile (what ``advisor profile --model`` measures) at ``--batches`` and
    ``--profile-contexts``, written beside the output as ``<out>.profile.json``.
 4. Per plan (all-BF16, all-FP8, FP8 experts only, FP8 attention only, FP8 first half; routers
@@ -39,11 +39,10 @@ from typing import Any
 import torch
 import transformers
 
-from advisor.energy.cuda_tools import CapturedStep, copy_bandwidth_gb_s, kernel_names
-from advisor.energy.dims import DecoderDims
 from advisor.energy.measure import Bench, measure_step, uniform_formats
 from advisor.energy.meter import MeterConfig, open_meter
-from advisor.energy.profile import measurement_header
+from advisor.energy.profiling import measurement_header
+from advisor.energy.runtime import CapturedStep, DecoderDims, copy_bandwidth_gb_s, kernel_names
 from advisor.formats import GPU, Format, gpu_from_device_name
 
 FORMATS = {"bf16": Format.BF16, "fp8": Format.FP8}
@@ -156,10 +155,8 @@ def plan_formats(shape, name: str) -> dict[str, Format]:
 
 
 def predictions(shape, plan, batch: int, context: int, model_profile: dict | None, gpu) -> dict[str, Any]:
-    from advisor.energy.costmodel import ProfileCostModel
-    from advisor.energy.model_costmodel import ModelProfileCostModel
-    from advisor.energy.profile import shipped_profile
-    from advisor.energy.roofline import decode_step_cost
+    from advisor.energy.prediction import ModelProfileCostModel, ProfileCostModel, decode_step_cost
+    from advisor.energy.profiling import shipped_profile
     from advisor.formats import GPU_SPECS
 
     out: dict[str, Any] = {}
@@ -259,7 +256,7 @@ def measure_plan(meter, bench, shape, name: str, batches: list[int], context: in
                  model_profile: dict | None, profiled: set[int], gpu, log,
                  shape_name: str = "qwen3-30b-a3b") -> list[dict[str, Any]]:
     """Each batch of one plan: the metered decode step, its floor, and both cost models' predictions."""
-    from advisor.energy.routing import layer_experts_touched
+    from advisor.energy.prediction import layer_experts_touched
     from advisor.plan import Plan
 
     formats = plan_formats(shape, name)
@@ -298,7 +295,7 @@ def measure_plan(meter, bench, shape, name: str, batches: list[int], context: in
 
 def replay(path: Path, profile_path: Path, command: str) -> None:
     """Recompute the per-model predictions of a finished run (its JSON) with the cost model here (no GPU)."""
-    from advisor.energy.model_costmodel import ModelProfileCostModel
+    from advisor.energy.prediction import ModelProfileCostModel
     from advisor.plan import Plan
 
     d = json.loads(path.read_text())
@@ -385,7 +382,7 @@ def main(argv: list[str] | None = None) -> int:
     model_profile = None
     if pctx:
         from advisor.energy.meter import EnergyMeter
-        from advisor.energy.model_profile import measure_model_profile, profile_meter_config
+        from advisor.energy.profiling import measure_model_profile, profile_meter_config
 
         t0 = time.time()
         model_profile = measure_model_profile(dims, batches=tuple(batches), contexts=pctx, prefill_lengths=(512,),

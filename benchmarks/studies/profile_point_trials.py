@@ -1,7 +1,7 @@
 """Trials of what a per-model profile meters, read back from runs that metered more than a profile does.
 
 No GPU: reads ``benchmarks/energy_transfer_collect.py`` outputs and prices each run's end-to-end rows from
-that run's own profile with three cost models: the kept one ('kept', :class:`~advisor.energy.model_costmodel.
+that run's own profile with three cost models: the kept one ('kept', :class:`~advisor.energy.prediction.
 ModelProfileCostModel`: the line between all-BF16 and all-FP8, a prefill's bent by the profile's mixing point),
 the one before it ('bent', :class:`BentCostModel`: decode steps bent too) and no bend ('line',
 :class:`LineCostModel`), on variants of the profile:
@@ -38,9 +38,11 @@ from _report import command_line, read_notes, write_report  # noqa: E402
 from energy_transfer import predict  # noqa: E402
 from energy_transfer_collect import plan_formats  # noqa: E402
 
-from advisor.energy.model_costmodel import ModelProfileCostModel  # noqa: E402
-from advisor.energy.model_profile import ALT_FP8  # noqa: E402
-from advisor.energy.reference_shapes import REFERENCE_SHAPES  # noqa: E402
+from advisor.energy.prediction import ModelProfileCostModel  # noqa: E402
+from advisor.energy.profiling import (
+    ALT_FP8,  # noqa: E402
+    REFERENCE_SHAPES,  # noqa: E402
+)
 from advisor.plan import Plan  # noqa: E402
 
 MIXED = ("mlp-fp8", "middle-fp8", "attn+half-mlp-fp8", "outer-fp8")

@@ -1,7 +1,7 @@
 """How close can the shipped GPU profile's energy form come, given the data? No GPU needed.
 
 The shipped GPU profile prices a step's energy as a linear form of its time, bytes and FLOPs
-(:func:`advisor.energy.gpu_costmodel.energy_features`), fitted to a few anchor models metered on one
+(:func:`advisor.energy.prediction.energy_features`), fitted to a few anchor models metered on one
 GPU unit. ``energy_transfer.md`` measures its error on other shapes and units. This script asks
 whether a better fit of this kind of form could meet the 10% target, by fitting each form three
 ways to what ``benchmarks/energy_transfer_collect.py`` has measured:
@@ -47,16 +47,14 @@ from _report import command_line, read_notes, write_report  # noqa: E402
 from energy_transfer import predict  # noqa: E402
 from energy_transfer_collect import plan_formats  # noqa: E402
 
-from advisor.energy.gpu_costmodel import (  # noqa: E402
+from advisor.energy.prediction import GpuProfileCostModel, energy_features, fit_gpu_profile
+from advisor.energy.profiling import (
     CAPPED_SHARE,
+    REFERENCE_SHAPES,  # noqa: E402
     GemmTable,
     Geometry,
-    GpuProfileCostModel,
-    energy_features,
-    fit_gpu_profile,
     step_parts,
 )
-from advisor.energy.reference_shapes import REFERENCE_SHAPES  # noqa: E402
 from advisor.formats import Format  # noqa: E402
 from advisor.plan import Plan  # noqa: E402
 
@@ -108,7 +106,7 @@ def measured_rows(raws: list[tuple[str, dict]], table: GemmTable, limit_w: float
 
 
 def fit_rows(form, rows: list[dict]) -> np.ndarray:
-    """Non-negative least squares on relative errors, as :func:`~advisor.energy.gpu_costmodel.fit_gpu_profile`."""
+    """Non-negative least squares on relative errors, as :func:`~advisor.energy.prediction.fit_gpu_profile`."""
     a = np.array([form(r["t_ms"], r["parts"]) for r in rows], dtype=float)
     y = np.array([r["j"] for r in rows], dtype=float)
     scale = a.max(axis=0)

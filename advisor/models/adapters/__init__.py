@@ -37,6 +37,7 @@ from advisor.models.adapters.geometry import expected_group_shapes, layer_geomet
 from advisor.models.adapters.registry import ADAPTERS, SUPPORTED_MODEL_TYPES, adapter_for, check_causal_lm
 from advisor.models.adapters.types import (
     KIND_ORDER,
+    NORM_MODULES,
     ROUTED_KINDS,
     SHARED_INPUT_KINDS,
     Adapter,
@@ -49,8 +50,8 @@ from advisor.models.adapters.types import (
 )
 
 __all__ = [
-    "ADAPTERS", "KIND_ORDER", "ROUTED_KINDS", "SHARED_INPUT_KINDS", "SUPPORTED_MODEL_TYPES", "Adapter", "GroupInfo",
-    "LayerGeometry", "Role", "Stack", "TextGeometry", "UnsupportedArchitectureError", "adapter_for",
+    "ADAPTERS", "KIND_ORDER", "NORM_MODULES", "ROUTED_KINDS", "SHARED_INPUT_KINDS", "SUPPORTED_MODEL_TYPES", "Adapter",
+    "GroupInfo", "LayerGeometry", "Role", "Stack", "TextGeometry", "UnsupportedArchitectureError", "adapter_for",
     "check_causal_lm", "discover_groups", "expected_group_shapes", "group_infos", "layer_geometry",
     "member_quantizers", "model_shape", "quant_cfg_entries", "text_geometry",
 ]

@@ -7,7 +7,7 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from advisor.models.adapters.registry import _text_config, check_causal_lm
+from advisor.models.adapters.registry import check_causal_lm, text_config
 from advisor.models.adapters.types import (
     KIND_ORDER,
     ROUTED_KINDS,
@@ -69,10 +69,10 @@ def _expert_index(member: str) -> int:
     return int(m[1]) if m else -1
 
 
-def _routing(config: Any, adapter: Adapter) -> tuple[int, int]:
+def expert_routing(config: Any, adapter: Adapter) -> tuple[int, int]:
     if not adapter.moe:
         return 0, 0
-    text = _text_config(config)
+    text = text_config(config)
     return int(getattr(text, adapter.experts_attr, 0) or 0), int(getattr(text, "num_experts_per_tok", 0) or 0)
 
 
@@ -103,7 +103,7 @@ def group_infos(model: Any, adapter: Adapter | None = None) -> list[GroupInfo]:
         raise UnsupportedArchitectureError(
             f"{type(model).__name__}: no decoder layers at {stack.layers!r} (the {adapter.family} adapter's stack)"
         ) from None
-    experts, top_k = _routing(model.config, adapter)
+    experts, top_k = expert_routing(model.config, adapter)
     infos: list[GroupInfo] = []
     covered: set[str] = set()
     for idx, layer in enumerate(layers):

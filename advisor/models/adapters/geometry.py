@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from advisor.models.adapters.discovery import _routing, discover_groups
-from advisor.models.adapters.registry import _text_config, adapter_for
+from advisor.models.adapters.discovery import discover_groups, expert_routing
+from advisor.models.adapters.registry import adapter_for, text_config
 from advisor.models.adapters.types import Adapter, TextGeometry
 from advisor.models.shape import LayerGeometry, ModelShape
 
@@ -37,7 +37,7 @@ def _sliding(text: Any, adapter: Adapter, idx: int) -> int | None:
 def layer_geometry(config: Any) -> list[LayerGeometry]:
     """Per-layer geometry of the text model, from its config alone."""
     adapter = adapter_for(config)
-    text = _text_config(config)
+    text = text_config(config)
     hidden = int(text.hidden_size)
     heads = int(text.num_attention_heads)
     kv = int(getattr(text, "num_key_value_heads", None) or heads)
@@ -45,7 +45,7 @@ def layer_geometry(config: Any) -> list[LayerGeometry]:
     qb = adapter.qkv_bias
     bias = qb if isinstance(qb, bool) else bool(getattr(text, qb, False))
     act = str(getattr(text, adapter.activation_attr, None) or getattr(text, "hidden_act", ""))
-    experts, top_k = _routing(config, adapter)
+    experts, top_k = expert_routing(config, adapter)
     moe_inter = int(getattr(text, adapter.moe_intermediate_attr or "intermediate_size"))
     shared = int(getattr(text, adapter.shared_expert_attr, 0) or 0) if adapter.shared_expert_attr else 0
     out = []
@@ -63,7 +63,7 @@ def layer_geometry(config: Any) -> list[LayerGeometry]:
 
 def text_geometry(config: Any) -> TextGeometry:
     adapter = adapter_for(config)
-    text = _text_config(config)
+    text = text_config(config)
     tied = getattr(config, "tie_word_embeddings", None)
     if tied is None:
         tied = getattr(text, "tie_word_embeddings", False)

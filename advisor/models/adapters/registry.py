@@ -53,23 +53,29 @@ def _lm(model_type: str) -> dict[str, Stack]:
     return {model_type: Stack("model.layers")}
 
 
-def _dense(model_type: str, family: str, **kw: Any) -> Adapter:
-    return Adapter(model_type, family, _ATTN + _MLP, _lm(model_type), _NEVER, **kw)
+def _rotary(module: str, cls: str) -> tuple[str, str]:
+    return module, f"{cls}RotaryEmbedding"
 
 
-def _moe(model_type: str, family: str, roles: tuple[Role, ...], **kw: Any) -> Adapter:
-    return Adapter(model_type, family, roles, _lm(model_type), _NEVER + _ROUTERS, routers=_ROUTERS, moe=True, **kw)
+def _dense(model_type: str, family: str, rotary: str, **kw: Any) -> Adapter:
+    return Adapter(model_type, family, _ATTN + _MLP, _lm(model_type), _NEVER,
+                   rotary_embedding=_rotary(model_type, rotary), **kw)
+
+
+def _moe(model_type: str, family: str, roles: tuple[Role, ...], rotary: str, **kw: Any) -> Adapter:
+    return Adapter(model_type, family, roles, _lm(model_type), _NEVER + _ROUTERS, routers=_ROUTERS, moe=True,
+                   rotary_embedding=_rotary(model_type, rotary), **kw)
 
 
 ADAPTERS: dict[str, Adapter] = {
     a.model_type: a
     for a in (
-        _dense("llama", "Llama 3.x", qkv_bias="attention_bias"),
-        _dense("mistral", "Mistral"),
-        _dense("qwen2", "Qwen2 / Qwen2.5", qkv_bias=True),
-        _dense("qwen3", "Qwen3", qk_norm=True, qkv_bias="attention_bias"),
-        _dense("gemma2", "Gemma 2", activation_attr="hidden_activation", norms_per_layer=4,
-               qkv_bias="attention_bias", sliding_pattern=2),
+        _dense("llama", "Llama 3.x", "Llama", qkv_bias="attention_bias", llama_like=True),
+        _dense("mistral", "Mistral", "Mistral", llama_like=True),
+        _dense("qwen2", "Qwen2 / Qwen2.5", "Qwen2", qkv_bias=True, o_bias_with_qkv=False, llama_like=True),
+        _dense("qwen3", "Qwen3", "Qwen3", qk_norm=True, qkv_bias="attention_bias"),
+        _dense("gemma2", "Gemma 2", "Gemma2", activation_attr="hidden_activation", norms_per_layer=4,
+               qkv_bias="attention_bias", sliding_pattern=2, gemma_norms=True),
         Adapter(
             "gemma3_text", "Gemma 3", _ATTN + _MLP,
             {
@@ -80,20 +86,21 @@ ADAPTERS: dict[str, Adapter] = {
             _NEVER, activation_attr="hidden_activation", norms_per_layer=4, qk_norm=True,
             qkv_bias="attention_bias", sliding_pattern=6,
             causal_lm_classes=("Gemma3ForCausalLM", "Gemma3ForConditionalGeneration"),
+            rotary_embedding=_rotary("gemma3", "Gemma3"), gemma_norms=True,
         ),
         Adapter(
             "phi3", "Phi-3 / Phi-4",
             (Role("self_attn.qkv_proj", "qkv"), Role("self_attn.o_proj", "o"),
              Role("mlp.gate_up_proj", "gate_up"), Role("mlp.down_proj", "down")),
-            _lm("phi3"), _NEVER,
+            _lm("phi3"), _NEVER, rotary_embedding=_rotary("phi3", "Phi3"),
         ),
-        _moe("mixtral", "Mixtral", _ATTN + _MIXTRAL_FUSED_EXPERTS + _MIXTRAL_EXPERTS_V4,
-             experts_attr="num_local_experts"),
-        _moe("qwen3_moe", "Qwen3-MoE", _ATTN + _MLP + _QWEN_FUSED_EXPERTS + _QWEN_EXPERTS_V4, qk_norm=True,
-             qkv_bias="attention_bias", moe_intermediate_attr="moe_intermediate_size"),
+        _moe("mixtral", "Mixtral", _ATTN + _MIXTRAL_FUSED_EXPERTS + _MIXTRAL_EXPERTS_V4, "Mixtral",
+             experts_attr="num_local_experts", router_paths=("mlp.gate", "block_sparse_moe.gate")),
+        _moe("qwen3_moe", "Qwen3-MoE", _ATTN + _MLP + _QWEN_FUSED_EXPERTS + _QWEN_EXPERTS_V4, "Qwen3Moe",
+             qk_norm=True, qkv_bias="attention_bias", moe_intermediate_attr="moe_intermediate_size"),
         _moe("qwen2_moe", "Qwen2-MoE", _ATTN + _MLP + _QWEN_FUSED_EXPERTS + _QWEN_EXPERTS_V4 + _SHARED_EXPERT,
-             qkv_bias="qkv_bias", moe_intermediate_attr="moe_intermediate_size",
-             shared_expert_attr="shared_expert_intermediate_size"),
+             "Qwen2Moe", qkv_bias="qkv_bias", moe_intermediate_attr="moe_intermediate_size",
+             shared_expert_attr="shared_expert_intermediate_size", o_bias_with_qkv=False),
     )
 }
 
@@ -103,7 +110,7 @@ SUPPORTED_MODEL_TYPES = tuple(sorted(ADAPTERS))
 # ----------------------------------------------------------------------------- lookup
 
 
-def _text_config(config: Any) -> Any:
+def text_config(config: Any) -> Any:
     get = getattr(config, "get_text_config", None)
     return get() if callable(get) else config
 
@@ -120,7 +127,7 @@ def _non_causal_reason(config: Any) -> str | None:
 
 def adapter_for(config: Any) -> Adapter:
     """The adapter of a transformers config (outer or text config)."""
-    text = _text_config(config)
+    text = text_config(config)
     mt = getattr(text, "model_type", None)
     adapter = ADAPTERS.get(mt)
     if adapter is None:

@@ -19,9 +19,19 @@ KIND_ORDER = (*DENSE_GROUP_KINDS, "shared_gate_up", "shared_down", "experts")
 ROUTED_KINDS = frozenset({"experts"})
 #: kinds whose members read the same input, fused into one GEMM with one input scale
 SHARED_INPUT_KINDS = frozenset({"qkv", "gate_up", "shared_gate_up"})
+#: runtime norm name -> the module name in a layer, per norms per layer
+NORM_MODULES = {
+    2: {"ln_attn": "input_layernorm", "ln_mlp": "post_attention_layernorm"},
+    4: {
+        "ln_attn": "input_layernorm",
+        "ln_attn_out": "post_attention_layernorm",
+        "ln_mlp": "pre_feedforward_layernorm",
+        "ln_mlp_out": "post_feedforward_layernorm",
+    },
+}
 
-__all__ = ["KIND_ORDER", "ROUTED_KINDS", "SHARED_INPUT_KINDS", "Adapter", "GroupInfo", "LayerGeometry", "Layout",
-           "Role", "Stack", "TextGeometry", "UnsupportedArchitectureError"]
+__all__ = ["KIND_ORDER", "NORM_MODULES", "ROUTED_KINDS", "SHARED_INPUT_KINDS", "Adapter", "GroupInfo",
+           "LayerGeometry", "Layout", "Role", "Stack", "TextGeometry", "UnsupportedArchitectureError"]
 
 # ----------------------------------------------------------------------------- data types
 
@@ -70,6 +80,26 @@ class Adapter:
     moe_intermediate_attr: str | None = None  # None: experts use intermediate_size
     shared_expert_attr: str | None = None
     causal_lm_classes: tuple[str, ...] = ()  # accepted besides AutoModelForCausalLM's class
+    # -- what the energy side needs (runtime, profiles, cost models) --------------------------------
+    #: (transformers module, rotary embedding class) that computes the family's RoPE tables
+    rotary_embedding: tuple[str, str] = ("llama", "LlamaRotaryEmbedding")
+    #: Gemma's layers: RMSNorm scales by (1 + w) in float32, embeddings by sqrt(hidden), attention by
+    #: query_pre_attn_scalar
+    gemma_norms: bool = False
+    #: where the family biases q/k/v, o_proj has a bias too (Qwen2 biases q, k, v only)
+    o_bias_with_qkv: bool = True
+    #: a MoE layer's router, relative to the layer (the first that exists: transformers 5, then 4)
+    router_paths: tuple[str, ...] = ("mlp.gate",)
+    #: a shared expert's sigmoid output gate, relative to the layer
+    shared_expert_gate: str = "mlp.shared_expert_gate"
+    #: its decoder layer is what the GPU profiles' anchor models measured (two norms, SwiGLU, no q/k norm)
+    llama_like: bool = False
+
+    @property
+    def norm_modules(self) -> dict[str, str]:
+        """The runtime's norm of a layer -> the family's module name (before attention and MLP; Gemma's after
+        them too)."""
+        return NORM_MODULES[self.norms_per_layer]
 
     @property
     def kinds(self) -> tuple[str, ...]:

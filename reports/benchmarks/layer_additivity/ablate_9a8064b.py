@@ -13,8 +13,8 @@ sys.path.insert(0, "benchmarks")
 import energy_transfer as et  # noqa: E402
 from energy_transfer_collect import plan_formats  # noqa: E402
 
-from advisor.energy.model_costmodel import ModelProfileCostModel  # noqa: E402
-from advisor.energy.reference_shapes import REFERENCE_SHAPES  # noqa: E402
+from advisor.energy.prediction import ModelProfileCostModel  # noqa: E402
+from advisor.energy.profiling import REFERENCE_SHAPES  # noqa: E402
 from advisor.plan import Plan  # noqa: E402
 
 

@@ -13,8 +13,8 @@ sys.path.insert(0, "benchmarks")
 import energy_transfer as et
 from energy_transfer_collect import plan_formats
 
-from advisor.energy.model_costmodel import ModelProfileCostModel
-from advisor.energy.reference_shapes import REFERENCE_SHAPES
+from advisor.energy.prediction import ModelProfileCostModel
+from advisor.energy.profiling import REFERENCE_SHAPES
 from advisor.plan import Plan
 
 for f in sys.argv[1:]:

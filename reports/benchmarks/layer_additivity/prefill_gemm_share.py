@@ -11,8 +11,8 @@ sys.path.insert(0, "benchmarks")
 import energy_transfer as et  # noqa: E402
 from energy_transfer_collect import plan_formats  # noqa: E402
 
-from advisor.energy import model_costmodel as mc  # noqa: E402
-from advisor.energy.reference_shapes import REFERENCE_SHAPES  # noqa: E402
+from advisor.energy import prediction as mc  # noqa: E402
+from advisor.energy.profiling import REFERENCE_SHAPES  # noqa: E402
 from advisor.formats import Format  # noqa: E402
 from advisor.plan import Plan  # noqa: E402
 

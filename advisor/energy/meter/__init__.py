@@ -1,0 +1,38 @@
+"""The energy meter: NVML's total-energy counter read over windows of CUDA-graph replays, repeated until
+stable, with the GPU's state recorded. The only place that imports pynvml (``_nvml``); GPU checks refuse
+what this GPU cannot measure honestly."""
+
+from advisor.energy.meter._gpu_checks import check_formats_supported, require_gpu
+from advisor.energy.meter._meter import (
+    EnergyCounter,
+    EnergyMeter,
+    Measurement,
+    MeterConfig,
+    Step,
+    StepHandle,
+    Window,
+    coefficient_of_variation,
+    open_meter,
+    queue_depth,
+    torch_device_uuid,
+)
+from advisor.energy.meter._nvml import GPUState, NvmlDevice, normalize_uuid
+
+__all__ = [
+    "EnergyCounter",
+    "EnergyMeter",
+    "GPUState",
+    "Measurement",
+    "MeterConfig",
+    "NvmlDevice",
+    "Step",
+    "StepHandle",
+    "Window",
+    "check_formats_supported",
+    "coefficient_of_variation",
+    "normalize_uuid",
+    "open_meter",
+    "queue_depth",
+    "require_gpu",
+    "torch_device_uuid",
+]
