@@ -149,15 +149,15 @@ def open_storage(url: str, heartbeat_s: int | None = None) -> optuna.storages.Ba
     """Optuna's own storage for ``url``: RDB (SQLite, PostgreSQL, MySQL) with a heartbeat, whose
     stale trials Optuna fails and :class:`RetryHeartbeatStaleTrialCallback` re-enqueues, or the journal
     file (processes of one host; no heartbeat in Optuna 5, see ``search.recovery``)."""
+    from advisor.search.storage_driver import check_storage_url
+
+    check_storage_url(url, folder_must_exist=False)
     if url.startswith(JOURNAL_PREFIX):
         from optuna.storages.journal import JournalFileBackend
 
         path = Path(url.removeprefix(JOURNAL_PREFIX))
         path.parent.mkdir(parents=True, exist_ok=True)
         return optuna.storages.JournalStorage(JournalFileBackend(str(path)))
-    from advisor.search.storage_driver import check_storage_url
-
-    check_storage_url(url, folder_must_exist=False)
     kwargs: dict[str, Any] = {}
     if heartbeat_s:
         from advisor.search.recovery import retry_callback

@@ -1,0 +1,89 @@
+"""Files given as input and files a run writes, handled so that no input hangs and no writer leaves
+its folder.
+
+* A path the user gives as a file to read (a recipe, a task YAML, a journal) must be a regular
+  file: reading a FIFO blocks until another process writes to it, a device never ends.
+* A path the user gives as a folder must not pass through a dangling or looping symbolic link.
+* Everything a run writes goes to a temporary file in the target's folder, renamed over the
+  target (``os.replace``): a reader never sees half a file, and a symbolic link at the target's
+  name is replaced, never written through (it could point anywhere on the machine).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import stat
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+from advisor.errors import InputError
+
+_UMASK = os.umask(0)
+os.umask(_UMASK)  # read once: a renamed file gets the mode a plain open() would have given it
+
+
+def non_regular_kind(path: Path | str) -> str | None:
+    """What ``path`` is when it exists but is not a regular file (after symlinks), else None."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return None  # missing: each caller says so in its own words
+    kinds = [(stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISSOCK, "a socket"),
+             (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device")]
+    return next((name for test, name in kinds if test(mode)), None if stat.S_ISREG(mode) else "not a regular file")
+
+
+def check_regular_file(path: Path | str, what: str, fix: str) -> None:
+    """InputError when ``path`` exists but is no regular file (reading it could block forever)."""
+    kind = non_regular_kind(path)
+    if kind is not None:
+        raise InputError(f"{what} {path} is {kind}, not a regular file; {fix}")
+
+
+def broken_link(path: Path | str) -> tuple[Path, str] | None:
+    """The first component of ``path`` that is a symbolic link leading nowhere, and why (dangling or a
+    loop), or None. Creating a folder through such a link fails deep inside the run."""
+    current = Path(os.path.abspath(Path(path).expanduser()))
+    for part in [*reversed(current.parents), current]:
+        if not part.is_symlink():
+            continue
+        try:
+            part.resolve(strict=True)
+        except FileNotFoundError:
+            return part, f"a symbolic link to {os.readlink(part)}, which does not exist"
+        except (RuntimeError, OSError):  # Python 3.11: RuntimeError "Symlink loop"; later: OSError ELOOP
+            return part, "a symbolic link that loops back on itself"
+    return None
+
+
+def check_no_broken_link(path: Path | str, what: str) -> None:
+    found = broken_link(path)
+    if found is not None:
+        link, why = found
+        raise InputError(f"{what}: {link} is {why}; remove the link or give another folder")
+
+
+def replace_atomically(path: Path, write: Callable[[Path], None]) -> None:
+    """Call ``write(tmp)`` on a temporary file in ``path``'s folder, then rename it over ``path``.
+
+    The temporary file is removed on every failure; a symbolic link named ``path`` is replaced by
+    the file, never followed.
+    """
+    path = Path(path)
+    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    tmp = Path(name)
+    try:
+        write(tmp)
+        tmp.chmod(0o666 & ~_UMASK)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+
+
+def write_text_atomically(path: Path, text: str) -> None:
+    replace_atomically(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
