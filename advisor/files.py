@@ -12,7 +12,9 @@ its folder.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
+import shutil
 import stat
 import tempfile
 from collections.abc import Callable
@@ -87,3 +89,40 @@ def replace_atomically(path: Path, write: Callable[[Path], None]) -> None:
 
 def write_text_atomically(path: Path, text: str) -> None:
     replace_atomically(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
+
+
+DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+SQLITE_FULL = "database or disk is full"
+
+
+def disk_full_message(exc: BaseException) -> str | None:
+    """One line naming the full disk (and what is free on it) when ``exc``, or an exception it was
+    raised from, says the disk or the quota is full; None otherwise. A full disk is the environment's
+    problem (exit 3), not the input's, and the storage is not damaged."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, OSError) and current.errno in DISK_FULL_ERRNOS:
+            return _full_disk_line(current.filename)
+        if SQLITE_FULL in str(current):
+            return _full_disk_line(None, "the SQLite study storage")
+        current = current.__cause__ or current.__context__
+    return None
+
+
+def _full_disk_line(filename: object, what: str | None = None) -> str:
+    where = what or (f"{filename}" if filename else "a file the run writes")
+    mount, free = "", ""
+    if filename:
+        folder = Path(os.path.abspath(str(filename)))
+        while not folder.exists() and folder != folder.parent:
+            folder = folder.parent
+        mount_point = folder
+        while not os.path.ismount(mount_point) and mount_point != mount_point.parent:
+            mount_point = mount_point.parent
+        with contextlib.suppress(OSError):
+            free = f", {shutil.disk_usage(folder).free / 1e9:.1f} GB free"
+        mount = f" (the disk mounted at {mount_point}{free})"
+    return (f"no space left on the disk to write {where}{mount}: the disk or your quota is full; free space there "
+            "or write to another disk (--out, --storage) and run the command again")

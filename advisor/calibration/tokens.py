@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from advisor.errors import InputError
+from advisor.files import replace_atomically
 from advisor.recipe.schema import CalibrationSpec
 
 log = logging.getLogger(__name__)
@@ -33,7 +34,8 @@ class TokenSets:
     source: str
 
     def save(self, path: Path) -> None:
-        torch.save({"calibration": self.calibration, "heldout": self.heldout, "source": self.source}, path)
+        data = {"calibration": self.calibration, "heldout": self.heldout, "source": self.source}
+        replace_atomically(Path(path), lambda tmp: torch.save(data, tmp))
 
     @classmethod
     def load(cls, path: Path) -> TokenSets:

@@ -11,6 +11,7 @@ import optuna
 
 from advisor.accuracy.stats import proxy_calibration
 from advisor.errors import InputError
+from advisor.files import write_text_atomically
 from advisor.formats import Format
 from advisor.models.shape import ModelShape
 from advisor.plan import LayerGroup
@@ -154,7 +155,8 @@ def _recommendation_dict(rec: Recommendation | None, records: list[dict]) -> dic
 
 
 def write_report(study: optuna.Study, out_dir: Path) -> Path:
-    """Write summary.json, report.md, front.png and format_map.png into ``out_dir``."""
+    """Write summary.json, report.md, front.png and format_map.png into ``out_dir``, each through a
+    temporary file renamed over the old one (never written through a symbolic link)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     summary = build_summary(study)
     data = summary.model_dump(mode="json")
@@ -162,6 +164,6 @@ def write_report(study: optuna.Study, out_dir: Path) -> Path:
         plot_front(data, out_dir / "front.png")
     if summary.recommendation:
         plot_format_map(data, out_dir / "format_map.png")
-    (out_dir / "summary.json").write_text(summary.to_json())
-    (out_dir / "report.md").write_text(render_markdown(data))
+    write_text_atomically(out_dir / "summary.json", summary.to_json())
+    write_text_atomically(out_dir / "report.md", render_markdown(data))
     return out_dir / "report.md"

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from advisor.errors import InputError, SetupError
 from advisor.files import check_regular_file
-from advisor.search.storage import JOURNAL_PREFIX, redact_text, redact_url
+from advisor.search.storage import JOURNAL_PREFIX, ambiguous_password, redact_text, redact_url, remember_url
 
 # The pip package that provides each DBAPI module SQLAlchemy's dialects import.
 DRIVER_PACKAGES = {
@@ -55,7 +55,12 @@ def check_storage_url(url: str, *, folder_must_exist: bool = True) -> None:
     if url.startswith(JOURNAL_PREFIX):
         _check_journal(url.removeprefix(JOURNAL_PREFIX), folder_must_exist)
         return
+    remember_url(url)
     shown = redact_url(url)
+    if ambiguous_password(url):
+        raise InputError(f"storage: the password in {shown} holds a raw '@' (or the URL another '@'), so the "
+                         "host cannot be told from the password; percent-encode it ('@' as %40, ':' as %3A, "
+                         "'/' as %2F) or leave it out and set PGPASSWORD")
     try:
         parsed = make_url(url)
     except ArgumentError:

@@ -22,6 +22,7 @@ from advisor.deploy.recheck import (
     summary_recipe,
 )
 from advisor.errors import InputError
+from advisor.files import write_text_atomically
 from advisor.formats import Format
 from advisor.plan import LayerGroup, Plan
 from advisor.workflows.outputs import check_output_dir
@@ -125,6 +126,6 @@ def run_recheck(
         timings_s={**ctx.timings_s, "total_s": time.perf_counter() - t0},
         generated=datetime.now(timezone.utc).isoformat(timespec="seconds"),
     )
-    (out_dir / "recheck.json").write_text(json.dumps(result.to_dict(), indent=2, default=str))
-    (out_dir / "recheck.md").write_text(render_markdown(result))
+    write_text_atomically(out_dir / "recheck.json", json.dumps(result.to_dict(), indent=2, default=str))
+    write_text_atomically(out_dir / "recheck.md", render_markdown(result))
     return result

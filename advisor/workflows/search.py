@@ -17,6 +17,7 @@ from rich.console import Console
 
 from advisor import __version__
 from advisor.errors import Interrupted, UnsupportedError
+from advisor.files import write_text_atomically
 from advisor.recipe.schema import Recipe
 from advisor.report.schema import Summary
 from advisor.report.summary import write_report
@@ -103,7 +104,7 @@ def write_run_file(recipe: Recipe) -> None:
     if recipe_data.get("storage"):
         recipe_data["storage"] = url_without_password(recipe_data["storage"])
     data = {"name": recipe.name, "storage_url": portable_url(recipe.storage_url, recipe.run_dir), "recipe": recipe_data}
-    (recipe.run_dir / "recipe.json").write_text(json.dumps(data, indent=2))
+    write_text_atomically(recipe.run_dir / "recipe.json", json.dumps(data, indent=2))
 
 
 def prepare_model_side(recipe: Recipe, progress: ProgressReporter) -> Any:
