@@ -141,7 +141,7 @@ def _proxy_calibration(cands: list[Candidate], confidence: float) -> list[dict[s
                                 [r[2].drop if r[2] else 0.0 for r in rows],
                                 [(r[2].ci_low, r[2].ci_high) if r[2] else (0.0, 0.0) for r in rows], confidence)
         record = {k: getattr(fit, k) for k in ("task", "n_plans", "spearman", "spearman_ci", "slope", "slope_ci",
-                                                "intercept", "contradicted_pairs", "confidence")}
+                                                "intercept", "contradicted_pairs", "confidence", "undefined")}
         out.append({**record, "disagrees": fit.disagrees})
     return out
 
