@@ -10,6 +10,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from advisor.deploy.model_identity import check_new_version
 from advisor.deploy.recheck import (
     RecheckResult,
     neighbours,
@@ -84,6 +85,7 @@ def run_recheck(
     out_dir = Path(out_dir)
     check_output_dir(out_dir, "--out")
     check_model(base)
+    check_new_version(summary, base.model)  # another model: refused before its weights are read
     out_dir.mkdir(parents=True, exist_ok=True)
     used = {Format.BF16, *plan.formats.values()}
     formats = list(base.formats) if research else [f for f in base.formats if f in used]

@@ -16,6 +16,7 @@ import optuna
 from rich.console import Console
 
 from advisor import __version__
+from advisor.deploy.model_identity import tokenizer_fingerprint
 from advisor.errors import Interrupted, UnsupportedError
 from advisor.files import write_text_atomically
 from advisor.recipe.schema import Recipe
@@ -124,7 +125,8 @@ def run_meta(recipe: Recipe, ctx: Any) -> dict[str, Any]:
         "recipe": recipe_data,
         "shape": ctx.loaded.shape.to_dict(),
         "device": ctx.scoring_place,
-        "model": {"name": ctx.loaded.name, "fingerprint": ctx.fingerprint},
+        "model": {"name": ctx.loaded.name, "fingerprint": ctx.fingerprint,
+                  "tokenizer": tokenizer_fingerprint(ctx.loaded.tokenizer)},
         "versions": package_versions(),
         "accuracy_label": f"measured (proxy on {ctx.tokens.heldout.numel()} held-out tokens, "
                           f"{ctx.tokens.source}, on {ctx.scoring_place})",
