@@ -15,9 +15,11 @@ import contextlib
 import errno
 import os
 import shutil
+import signal
 import stat
 import tempfile
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from advisor.errors import InputError
@@ -126,3 +128,24 @@ def _full_disk_line(filename: object, what: str | None = None) -> str:
         mount = f" (the disk mounted at {mount_point}{free})"
     return (f"no space left on the disk to write {where}{mount}: the disk or your quota is full; free space there "
             "or write to another disk (--out, --storage) and run the command again")
+
+
+@contextlib.contextmanager
+def temporary_folder(prefix: str) -> Iterator[Path]:
+    """A new folder under the system's temporary directory, removed on every way out: a return, an
+    exception, Ctrl-C, and SIGTERM or SIGHUP (turned into KeyboardInterrupt while inside, so that the
+    work in flight ends the way Ctrl-C ends it; in the main thread, where Python delivers signals)."""
+    folder = Path(tempfile.mkdtemp(prefix=prefix))
+    previous: dict[int, object] = {}
+    if threading.current_thread() is threading.main_thread():
+        def interrupt(signum: int, _frame: object) -> None:
+            raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
+
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            previous[sig] = signal.signal(sig, interrupt)
+    try:
+        yield folder
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        shutil.rmtree(folder, ignore_errors=True)
