@@ -75,7 +75,7 @@ def eval_plan(
     """Score one plan on lm-eval tasks (in memory: the quantized model is never written to disk)."""
     task_list = _tasks(tasks)
     if not 0 <= seed <= SEED_MAX:
-        raise InputError(f"--seed: got {seed}; give a seed from 0 to {SEED_MAX}")
+        raise InputError(f"--seed: got {seed}; give a whole number from 0 to {SEED_MAX}")
     if limit is not None and limit < 1:
         raise InputError(f"--limit: must be at least 1, got {limit}")
     if batch_size < 1:

@@ -221,6 +221,8 @@ def _describe(err: dict[str, Any], from_flags: frozenset[str] = frozenset()) -> 
         msg = f"got {err.get('input')!r}; {msg.lower()}"
     elif "input" in err and not isinstance(err["input"], dict | list):
         msg = f"got {err['input']!r}; {msg}"
+    if err["loc"] and err["loc"][-1] == "seed":
+        msg += f"; give a whole number from 0 to {SEED_MAX}"
     return f"{where}: {msg}"
 
 
