@@ -55,7 +55,8 @@ def _record(case: Case, workspace: dict[str, str], result, error_lines: list[str
         message = message.replace(workspace[key], f"${key.upper()}")
     with open(path, "a") as f:
         f.write(json.dumps({"case": case.id, "command": "advisor " + " ".join(case.args), "exit_code": result.exit_code,
-                            "expected_exit": case.exit_code, "message": message, "passed": passed}) + "\n")
+                            "expected_exit": case.exit_code, "message": message, "passed": passed,
+                            "added": case.added}) + "\n")
 
 
 def _disk_full(monkeypatch) -> None:
