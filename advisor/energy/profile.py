@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from advisor.errors import InputError
+from advisor.files import check_regular_file
 from advisor.formats import GPU, Format
 from advisor.plan import DENSE_GROUP_KINDS
 
@@ -61,6 +62,7 @@ def validate_profile(data: dict[str, Any], origin: str = "profile") -> dict[str,
 
 
 def load_profile(path: Path | str) -> dict[str, Any]:
+    check_regular_file(path, "profile", "give a profile JSON written by `advisor profile`")
     try:
         text = Path(path).read_text()
     except OSError as exc:

@@ -15,6 +15,7 @@ from advisor.energy.model_profile import profile_key
 from advisor.energy.profile_store import ProfileStore
 from advisor.errors import InputError, UnsupportedError
 from advisor.estimate import EnergyEstimate, EnergyModel
+from advisor.files import check_regular_file
 from advisor.formats import GPU
 from advisor.models.shape import ModelShape
 from advisor.plan import Plan
@@ -53,6 +54,7 @@ def shipped_gpu_profile(gpu: GPU) -> dict[str, Any] | None:
 
 
 def _read_json_profile(path: Path) -> dict[str, Any]:
+    check_regular_file(path, "profile", "give a profile JSON written by `advisor profile`")
     try:
         return json.loads(Path(path).read_text())
     except OSError as exc:
