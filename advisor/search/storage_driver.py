@@ -106,6 +106,10 @@ def _check_journal(name: str, folder_must_exist: bool) -> None:
 
 
 def _is_journal_line(line: bytes) -> bool:
+    """A complete first line is one JSON operation; one still being written (no newline yet, another
+    process is creating the journal) must at least start as a JSON object."""
+    if not line.endswith(b"\n"):
+        return line.lstrip().startswith(b"{")
     try:
         entry = json.loads(line)
     except ValueError:  # not JSON, or not UTF-8
