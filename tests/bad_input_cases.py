@@ -330,6 +330,8 @@ CASES: list[Case] = [
     case("search --energy-profile a FIFO", f"{SEARCH} --energy-profile {{fifo}}", 2,
          "is a FIFO (named pipe), not a regular file", "give a profile JSON written by `advisor profile`",
          added="issue 36"),
+    case("search --calibration a FIFO", f"{SEARCH} --calibration {{fifo_calibration}}", 2,
+         "is a FIFO (named pipe), not a regular file", "give a .txt or .jsonl file", added="issue 36"),
     case("search -r a folder", "search -r {empty_dir}", 2,
          "is a folder, not a regular file", "give the path of a YAML recipe file", added="issue 36"),
     case("search --out a dangling symlink", "search -r {tiny_recipe} --out {dangling_link}", 2,
@@ -477,7 +479,7 @@ def _issue36_files(ws: Path, run: Path) -> dict[str, str]:
     config.update(vocab_size=4096, hidden_size=64, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2)
     (other / "config.json").write_text(json.dumps(config))
     save_file({"x": np.zeros(4, dtype=np.float32)}, str(other / "model.safetensors"))
-    for name in ("fifo", "fifo_task.yaml"):
+    for name in ("fifo", "fifo_task.yaml", "fifo_calibration.jsonl"):
         os.mkfifo(ws / name)
     (ws / "dangling_link").symlink_to(ws / "nowhere")
     (ws / "looping_link").symlink_to(ws / "looping_link")
@@ -488,6 +490,7 @@ def _issue36_files(ws: Path, run: Path) -> dict[str, str]:
         "other_model": str(other),
         "fifo": str(ws / "fifo"),
         "fifo_task": str(ws / "fifo_task.yaml"),
+        "fifo_calibration": str(ws / "fifo_calibration.jsonl"),
         "dangling_link": str(ws / "dangling_link"),
         "looping_link": str(ws / "looping_link"),
         "task_binary": _write(ws / "tasks" / "binary.yaml", bytes(range(256))),

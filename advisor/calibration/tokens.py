@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from advisor.errors import InputError
-from advisor.files import replace_atomically
+from advisor.files import check_regular_file, replace_atomically
 from advisor.recipe.schema import CalibrationSpec
 
 log = logging.getLogger(__name__)
@@ -44,6 +44,7 @@ class TokenSets:
 
 
 def _read_rows(path: Path) -> list[Any]:
+    check_regular_file(path, "calibration.source:", "give a .txt or .jsonl file, or 'self'")
     if not path.is_file():
         raise InputError(f"calibration.source: file {path} does not exist")
     rows: list[Any] = []
@@ -59,6 +60,7 @@ def _read_rows(path: Path) -> list[Any]:
 
 
 def _read_text(path: Path) -> str:
+    check_regular_file(path, "calibration.source:", "give a .txt or .jsonl file, or 'self'")
     if not path.is_file():
         raise InputError(f"calibration.source: file {path} does not exist; give a .txt or .jsonl file, or 'self'")
     if path.suffix == ".txt":
