@@ -134,3 +134,19 @@ def test_every_command_reads_every_variety(variety, finished, tmp_path):
         assert "drop undefined: no items scored" in (run / "report.md").read_text()
     if variety == "one plan":
         assert [r["label"] for r in summary["trials"]] == ["all-bf16"]
+
+
+def test_report_replaces_symlinks_in_the_run_folder_and_writes_nothing_outside(finished, tmp_path):
+    run, _ = _copy(finished, tmp_path)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    for name in ("report.md", "summary.json", "front.png"):
+        (outside / name).write_text("not the advisor's")
+        (run / name).unlink()
+        (run / name).symlink_to(outside / name)
+    result = runner.invoke(app, ["report", str(run)])
+    assert result.exit_code == 0, result.output
+    assert all((outside / n).read_text() == "not the advisor's" for n in ("report.md", "summary.json", "front.png"))
+    assert not any((run / n).is_symlink() for n in ("report.md", "summary.json", "front.png"))
+    assert json.loads((run / "summary.json").read_text())["tool"] == "precision-advisor"
+    assert not [p for p in run.iterdir() if p.name.endswith(".tmp")]
