@@ -70,9 +70,9 @@ def render(rows: list[dict], pytest_line: str, elapsed: float) -> str:
         f"Exit codes: {', '.join(f'{code}: {n}' for code, n in sorted(by_exit.items()))}. "
         f"Per command: {', '.join(f'{c} {n}' for c, n in sorted(by_command.items()))}.",
         "",
-        f"Added by the review of issue 36 (each crashed, hung, or gave a wrong or misleading answer before): "
-        f"{sum(1 for r in rows if r.get('added'))} cases, marked in the column 'added'; the others are the "
-        "earlier cases, run again.",
+        f"Added for issue 36: {sum(1 for r in rows if r.get('added'))} cases (the inputs its review found "
+        "crashing, hanging or misreported, and their neighbours), marked in the column 'added'; the others are "
+        "the earlier cases, run again.",
         "",
         "| # | case | command | exit | as expected | added | message |",
         "|---:|---|---|---:|---|---|---|",
