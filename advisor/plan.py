@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from advisor.errors import InputError
+from advisor.files import check_regular_file
 from advisor.formats import FORMAT_SPECS, KV_CACHE_FORMATS, Format
 
 # The fused GEMMs of a dense decoder layer, in execution order (engines fuse q/k/v and gate/up).
@@ -175,6 +176,7 @@ class Plan:
 
     @classmethod
     def load(cls, path: Path) -> Plan:
+        check_regular_file(path, "plan file", "`advisor show RUN_DIR --plan ID > plan.json` writes one")
         try:
             return cls.from_json(Path(path).read_text())
         except OSError as exc:

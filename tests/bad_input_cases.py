@@ -34,6 +34,8 @@ class Case:
     cpu_only: bool = False  # on a machine with a GPU the command would run for real
     missing_modules: tuple[str, ...] = ()  # made unimportable for the case (a driver that is not installed)
     never_shown: tuple[str, ...] = ()  # text that must not appear anywhere (a password)
+    fault: str | None = None  # a fault of the machine the test brings about (FAULTS in test_bad_input.py)
+    added: str = ""  # the issue whose review found the case (reports/reliability.md shows it)
 
 
 def case(id: str, args: str | list[str], exit_code: int, problem: str, fix: str, **kw) -> Case:
@@ -288,6 +290,64 @@ CASES: list[Case] = [
          "--target must be one of h100, h200, b200", "h100"),
     case("measure --model BERT encoder", "measure --plan {tiny_plan} --model {bert}", 2,
          "not a causal (decoder-only) language model", "causal LMs such as Llama"),
+    # ---------------------------------------------------------------- issue 36: inputs that crashed or hung
+    case("search --max-kl inf", f"{SEARCH} --max-kl inf", 2,
+         "accuracy.max_kl (set by a flag): got inf", "Input should be a finite number", added="issue 36"),
+    case("search --max-kl nan", f"{SEARCH} --max-kl nan", 2,
+         "accuracy.max_kl (set by a flag): got nan", "Input should be a finite number", added="issue 36"),
+    case("search --seed -1", f"{SEARCH} --seed -1", 2,
+         "search.seed (set by a flag): got -1", "give a whole number from 0 to 4294967295", added="issue 36"),
+    case("search --seed 1e20", f"{SEARCH} --seed 1e20", 2,
+         "Invalid value for '--seed'", "see `advisor search --help`", added="issue 36"),
+    case("search recipe seed 1.0e+20", "search -r {recipe_huge_seed}", 2,
+         "search.seed: got 1e+20", "give a whole number from 0 to 4294967295", added="issue 36"),
+    case("eval --seed -1", "eval --plan bf16 --seed -1", 2, "--seed: got -1",
+         "give a whole number from 0 to 4294967295", added="issue 36"),
+    case("search --model 0-byte model.safetensors", f"{SEARCH} --model {{weights_empty}}", 2,
+         "model.safetensors is 0 bytes", "download or copy the model again", added="issue 36"),
+    case("search --model model.safetensors cut in its header", f"{SEARCH} --model {{weights_cut_header}}", 2,
+         "is not a complete safetensors file", "download or copy the model again", added="issue 36"),
+    case("search --model model.safetensors cut in its tensors", f"{SEARCH} --model {{weights_cut}}", 2,
+         "is truncated: its tensors need", "download or copy the model again", added="issue 36"),
+    case("search --storage journal: without a path", f"{SEARCH} --storage journal:", 2,
+         "journal: names no file", "give one like journal:runs/study.journal", added="issue 36"),
+    case("search --storage journal file that is no journal", f"{SEARCH} --storage journal:{{a_file}}", 2,
+         "is not an Optuna journal file", "move it away", added="issue 36"),
+    case("search --storage journal: a folder", f"{SEARCH} --storage journal:{{empty_dir}}", 2,
+         "is a folder", "give the journal file inside it", added="issue 36"),
+    case("search --storage journal: a FIFO", f"{SEARCH} --storage journal:{{fifo}}", 2,
+         "is a FIFO (named pipe), not a regular file", "give the path of an Optuna journal file", added="issue 36"),
+    case("search --tasks binary task YAML", f"{SEARCH} --tasks {{task_binary}}", 2,
+         "is not UTF-8 text", "give a task YAML saved as UTF-8", added="issue 36"),
+    case("search --tasks Latin-1 task YAML", f"{SEARCH} --tasks {{task_latin1}}", 2,
+         "is not UTF-8 text", "give a task YAML saved as UTF-8", added="issue 36"),
+    case("search --tasks a FIFO", f"{SEARCH} --tasks {{fifo_task}}", 2,
+         "is a FIFO (named pipe), not a regular file", "give the path of a task YAML", added="issue 36"),
+    case("search -r a FIFO", "search -r {fifo}", 2,
+         "is a FIFO (named pipe), not a regular file", "give the path of a YAML recipe file", added="issue 36"),
+    case("measure --plan a FIFO", "measure --plan {fifo}", 2,
+         "is a FIFO (named pipe), not a regular file", "writes one", added="issue 36"),
+    case("search --energy-profile a FIFO", f"{SEARCH} --energy-profile {{fifo}}", 2,
+         "is a FIFO (named pipe), not a regular file", "give a profile JSON written by `advisor profile`",
+         added="issue 36"),
+    case("search --calibration a FIFO", f"{SEARCH} --calibration {{fifo_calibration}}", 2,
+         "is a FIFO (named pipe), not a regular file", "give a .txt or .jsonl file", added="issue 36"),
+    case("search -r a folder", "search -r {empty_dir}", 2,
+         "is a folder, not a regular file", "give the path of a YAML recipe file", added="issue 36"),
+    case("search --out a dangling symlink", "search -r {tiny_recipe} --out {dangling_link}", 2,
+         "which does not exist", "remove the link or give another folder", added="issue 36"),
+    case("search --out a looping symlink", "search -r {tiny_recipe} --out {looping_link}", 2,
+         "loops back on itself", "remove the link or give another folder", added="issue 36"),
+    case("export --out a dangling symlink", "export {run} --out {dangling_link}", 2,
+         "which does not exist", "remove the link or give another folder", added="issue 36"),
+    case("search --storage password with a raw @", f"{SEARCH} --storage postgresql://user:se@cret123@127.0.0.1:9/db",
+         2, "holds a raw '@'", "percent-encode it ('@' as %40", never_shown=("cret123", "se@"), added="issue 36"),
+    case("report --storage password with a raw @", "report {run} --storage postgresql://user:se@cret123@127.0.0.1:9/db",
+         2, "holds a raw '@'", "percent-encode it ('@' as %40", never_shown=("cret123", "se@"), added="issue 36"),
+    case("recheck --model another model", "recheck --recommendation {run} --model {other_model} --out {ws}/recheck",
+         2, "is not a new version of this run's model", "run `advisor search` on", added="issue 36"),
+    case("report on a full disk", "report {run_copy}", 3, "no space left on the disk",
+         "free space there or write to another disk", fault="disk full", added="issue 36"),
     # ---------------------------------------------------------------- the command line itself
     case("option without its value", "show {run} --plan", 2, "Option '--plan' requires an argument",
          "see `advisor show --help`"),
@@ -393,6 +453,54 @@ def _summary_variants(ws: Path, run: Path) -> dict[str, str]:
     }
 
 
+def _issue36_files(ws: Path, run: Path) -> dict[str, str]:
+    """Cut weights, another model, FIFOs, broken links, undecodable task files, a copy of the run."""
+    import shutil
+
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    weights = (TINY_MODEL / "model.safetensors").read_bytes()
+    folders = {}
+    for key, data in (("weights_empty", b""), ("weights_cut_header", weights[:1000]), ("weights_cut", weights[:-100])):
+        folder = ws / key
+        folder.mkdir()
+        for f in TINY_MODEL.iterdir():
+            if f.name != "model.safetensors":
+                shutil.copy(f, folder / f.name)
+        (folder / "model.safetensors").write_bytes(data)
+        folders[key] = str(folder)
+    other = ws / "other_model"  # another width, depth and vocabulary; weights that are never read
+    other.mkdir()
+    for f in TINY_MODEL.iterdir():
+        if f.name.startswith(("tokenizer", "special_tokens")):
+            shutil.copy(f, other / f.name)
+    config = json.loads((TINY_MODEL / "config.json").read_text())
+    config.update(vocab_size=4096, hidden_size=64, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2)
+    (other / "config.json").write_text(json.dumps(config))
+    save_file({"x": np.zeros(4, dtype=np.float32)}, str(other / "model.safetensors"))
+    for name in ("fifo", "fifo_task.yaml", "fifo_calibration.jsonl"):
+        os.mkfifo(ws / name)
+    (ws / "dangling_link").symlink_to(ws / "nowhere")
+    (ws / "looping_link").symlink_to(ws / "looping_link")
+    run_copy = ws / "run_copy"
+    shutil.copytree(run, run_copy)
+    return {
+        **folders,
+        "other_model": str(other),
+        "fifo": str(ws / "fifo"),
+        "fifo_task": str(ws / "fifo_task.yaml"),
+        "fifo_calibration": str(ws / "fifo_calibration.jsonl"),
+        "dangling_link": str(ws / "dangling_link"),
+        "looping_link": str(ws / "looping_link"),
+        "task_binary": _write(ws / "tasks" / "binary.yaml", bytes(range(256))),
+        "task_latin1": _write(ws / "tasks" / "latin1.yaml", "task: caf\u00e9\n".encode("latin-1")),
+        "recipe_huge_seed": _write(ws / "huge_seed.yaml", yaml.safe_dump(tiny_recipe(ws / "runs")).replace(
+            "seed: 0", "seed: 1.0e+20")),
+        "run_copy": str(run_copy),
+    }
+
+
 def _runs_with_broken_storage(ws: Path, run: Path) -> dict[str, str]:
     import optuna
 
@@ -464,6 +572,7 @@ def build_workspace(ws: Path, run: Path) -> dict[str, str]:
         "calib_no_text": _write(ws / "calib" / "numbers.jsonl", '{"n": 1}\n{"n": 2}\n'),
         "tiny_plan": _write(ws / "tiny_plan.json", json.dumps({"formats": summary["recommendation"]["formats"]})),
         **_summary_variants(ws, run),
+        **_issue36_files(ws, run),
         **_runs_with_broken_storage(ws, run),
     }
     read_only = read_only_folder(ws)

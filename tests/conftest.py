@@ -79,3 +79,23 @@ def hub_settings_restored(monkeypatch):
             monkeypatch.delenv(name)
         else:
             monkeypatch.setenv(name, was)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def every_summary_is_readable():
+    """Each summary.json any test's search or report writes is read back at once, as `show`, `report`,
+    `export` and `recheck` read it: a run that finished must never leave a result those refuse."""
+    from summary_readers import read_as_every_command
+
+    import advisor.report.summary as summary_module
+
+    write = summary_module.write_text_atomically
+
+    def write_then_read(path: Path, text: str) -> None:
+        write(path, text)
+        if path.name == "summary.json":
+            read_as_every_command(path)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(summary_module, "write_text_atomically", write_then_read)
+        yield

@@ -5,6 +5,7 @@ and turns what it records into reports/reliability.md."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import sys
@@ -54,7 +55,23 @@ def _record(case: Case, workspace: dict[str, str], result, error_lines: list[str
         message = message.replace(workspace[key], f"${key.upper()}")
     with open(path, "a") as f:
         f.write(json.dumps({"case": case.id, "command": "advisor " + " ".join(case.args), "exit_code": result.exit_code,
-                            "expected_exit": case.exit_code, "message": message, "passed": passed}) + "\n")
+                            "expected_exit": case.exit_code, "message": message, "passed": passed,
+                            "added": case.added}) + "\n")
+
+
+def _disk_full(monkeypatch) -> None:
+    """Every file the advisor writes fails as on a full disk, where it writes it."""
+    import advisor.files
+    import advisor.report.plots
+
+    def no_space(path, write):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+
+    monkeypatch.setattr(advisor.files, "replace_atomically", no_space)
+    monkeypatch.setattr(advisor.report.plots, "replace_atomically", no_space)
+
+
+FAULTS = {"disk full": _disk_full}
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
@@ -62,6 +79,8 @@ def test_bad_input_fails_clean(case: Case, workspace, monkeypatch):
     args = _args(case, workspace)
     for module in case.missing_modules:  # an import of it now raises ImportError
         monkeypatch.setitem(sys.modules, module, None)
+    if case.fault is not None:
+        FAULTS[case.fault](monkeypatch)
     result = runner.invoke(app, args)
     errors = [line for line in result.stderr.splitlines() if line.startswith("Error:")]
     checks = {

@@ -30,6 +30,7 @@ from typing import Any
 import yaml
 
 from advisor.errors import InputError, SetupError
+from advisor.files import check_regular_file
 from advisor.recipe.schema import yaml_problem
 
 LOCAL_TASKS = ("lambada_openai", "piqa", "arc_easy", "gsm8k")
@@ -53,9 +54,12 @@ def local_task_dir() -> Path:
 
 def _read_yaml(path: Path) -> dict[str, Any]:
     try:
-        cfg = yaml.safe_load(path.read_text())
+        cfg = yaml.safe_load(path.read_text(encoding="utf-8"))
     except OSError as exc:
         raise InputError(f"cannot read task file {path}: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise InputError(f"task file {path} is not UTF-8 text (byte {exc.start}); give a task YAML saved as UTF-8"
+                         ) from None
     except yaml.YAMLError as exc:
         raise InputError(f"task file {path} is not valid YAML ({yaml_problem(exc)}); fix that line") from None
     if not isinstance(cfg, dict) or "task" not in cfg:
@@ -75,6 +79,7 @@ def task_config(name: str, data_dir: Path | str | None) -> dict[str, Any] | None
     """
     if is_task_file(name):
         path = Path(name).expanduser()
+        check_regular_file(path, "task file", "give the path of a task YAML or a task name")
         if not path.is_file():
             raise InputError(f"task file {name} does not exist; give the path of a task YAML or a task name")
         cfg = _read_yaml(path)
@@ -114,8 +119,8 @@ def task_key(task: str) -> str:
     """The task's name in results: the YAML's ``task`` for a file, else the name itself."""
     if is_task_file(task) and Path(task).is_file():
         try:
-            return str(yaml.safe_load(Path(task).read_text())["task"])
-        except (OSError, yaml.YAMLError, KeyError, TypeError):
+            return str(yaml.safe_load(Path(task).read_text(encoding="utf-8"))["task"])
+        except (OSError, UnicodeDecodeError, yaml.YAMLError, KeyError, TypeError):
             return task
     return task
 

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from advisor.errors import InputError
+from advisor.files import check_regular_file, replace_atomically
 from advisor.recipe.schema import CalibrationSpec
 
 log = logging.getLogger(__name__)
@@ -33,7 +34,8 @@ class TokenSets:
     source: str
 
     def save(self, path: Path) -> None:
-        torch.save({"calibration": self.calibration, "heldout": self.heldout, "source": self.source}, path)
+        data = {"calibration": self.calibration, "heldout": self.heldout, "source": self.source}
+        replace_atomically(Path(path), lambda tmp: torch.save(data, tmp))
 
     @classmethod
     def load(cls, path: Path) -> TokenSets:
@@ -42,6 +44,7 @@ class TokenSets:
 
 
 def _read_rows(path: Path) -> list[Any]:
+    check_regular_file(path, "calibration.source:", "give a .txt or .jsonl file, or 'self'")
     if not path.is_file():
         raise InputError(f"calibration.source: file {path} does not exist")
     rows: list[Any] = []
@@ -57,6 +60,7 @@ def _read_rows(path: Path) -> list[Any]:
 
 
 def _read_text(path: Path) -> str:
+    check_regular_file(path, "calibration.source:", "give a .txt or .jsonl file, or 'self'")
     if not path.is_file():
         raise InputError(f"calibration.source: file {path} does not exist; give a .txt or .jsonl file, or 'self'")
     if path.suffix == ".txt":

@@ -13,7 +13,8 @@ from rich.console import Console
 from rich.markup import escape
 from typer import _click  # typer's own copy of click: its exceptions are the ones typer raises
 
-from advisor.errors import AdvisorError
+from advisor.errors import AdvisorError, SetupError
+from advisor.files import disk_full_message
 
 # Results. On a terminal rich fits them to its width; in a pipe or a file nothing is ever
 # wrapped (a script reads whole lines), so: no soft wrapping and no width to fit.
@@ -25,7 +26,11 @@ UNEXPECTED_EXIT = 1
 
 
 def print_error(message: str) -> None:
-    """The one `Error:` line on stderr (``message`` is plain text, never rich markup)."""
+    """The one `Error:` line on stderr (``message`` is plain text, never rich markup), with the password of any
+    storage URL this process was given masked, whatever code path wrote the message."""
+    from advisor.search.storage_url import redact_seen
+
+    message = redact_seen(message)
     err.print(f"[bold red]Error:[/] {escape(message)}", markup=True, highlight=False)
 
 
@@ -50,6 +55,11 @@ def handle_errors(fn: F | None = None, *, error_exit: int | None = None, catch_a
                 print_error(str(exc))
                 raise typer.Exit(error_exit if error_exit is not None else exc.exit_code) from None
             except Exception as exc:
+                full = disk_full_message(exc)
+                if full is not None:
+                    _traceback_if_debug()
+                    print_error(full)
+                    raise typer.Exit(error_exit if error_exit is not None else SetupError.exit_code) from None
                 if not catch_all:
                     raise
                 _traceback_if_debug()

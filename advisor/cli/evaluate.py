@@ -17,6 +17,7 @@ import typer
 
 from advisor.errors import InputError
 from advisor.formats import Format
+from advisor.recipe.schema import SEED_MAX
 
 PlanOpt = Annotated[str, typer.Option("--plan", help="plan JSON file, or a uniform format: bf16, fp8, nvfp4")]
 TasksOpt = Annotated[str, typer.Option(
@@ -73,6 +74,8 @@ def eval_plan(
 ) -> None:
     """Score one plan on lm-eval tasks (in memory: the quantized model is never written to disk)."""
     task_list = _tasks(tasks)
+    if not 0 <= seed <= SEED_MAX:
+        raise InputError(f"--seed: got {seed}; give a whole number from 0 to {SEED_MAX}")
     if limit is not None and limit < 1:
         raise InputError(f"--limit: must be at least 1, got {limit}")
     if batch_size < 1:

@@ -9,7 +9,8 @@ from typing import Annotated
 import typer
 
 from advisor.cli.common import handle_errors, out
-from advisor.errors import AdvisorError, InputError
+from advisor.errors import AdvisorError, InputError, SetupError
+from advisor.files import disk_full_message
 
 
 def _open_run(run_dir: Path, storage: str | None):
@@ -75,6 +76,8 @@ def report(
     try:
         path = write_report(study, run_dir)
     except OSError as exc:
+        if (full := disk_full_message(exc)) is not None:
+            raise SetupError(full) from None
         raise InputError(f"cannot write the report into {run_dir} ({exc.strerror}); make the folder writable") from None
     out.print(str(path))
 

@@ -14,6 +14,7 @@ from advisor.errors import InputError
 from advisor.models.gguf_header import read_gguf_header
 from advisor.models.hub_access import with_hub_note
 from advisor.models.loading import resolve_source
+from advisor.models.safetensors_header import check_weight_files
 from advisor.recipe.schema import ModelSpec, Recipe
 
 WEIGHT_PATTERNS = ("*.safetensors", "*.bin", "*.safetensors.index.json", "*.bin.index.json")
@@ -81,6 +82,7 @@ def _check_weight_files(folder: Path, source: str) -> None:
     if not any(next(folder.glob(pattern), None) for pattern in WEIGHT_PATTERNS):
         raise InputError(f"model.source: {source} has a config.json but no weights (*.safetensors or *.bin); "
                          "give the complete model folder")
+    check_weight_files(folder, source)
 
 
 def _read_config(where: str, spec: ModelSpec) -> Any:

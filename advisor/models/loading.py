@@ -13,6 +13,7 @@ from advisor.models.gguf_cache import gguf_parsed_once
 from advisor.models.gguf_header import check_gguf_complete
 from advisor.models.groups import model_shape, use_eager_experts
 from advisor.models.hub_access import with_hub_note
+from advisor.models.safetensors_header import check_weight_files
 from advisor.models.shape import ModelShape
 from advisor.recipe.schema import DEMO_MODEL, ModelSpec
 
@@ -118,6 +119,8 @@ def load_model(spec: ModelSpec, device: str = "cpu") -> LoadedModel:
         kwargs["gguf_file"] = gguf_file
     if spec.revision:
         kwargs["revision"] = spec.revision
+    if not gguf_file and Path(where).is_dir():
+        check_weight_files(Path(where), spec.source)  # a cut file: refused before the load starts
     try:
         with gguf_parsed_once():
             check_supported(where, AutoConfig, kwargs)

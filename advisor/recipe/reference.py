@@ -22,8 +22,8 @@ HEADER = """# Recipe reference
 
 Every field of a recipe (`advisor search -r RECIPE.yaml`), generated from `advisor/recipe/schema.py` by
 `python -m advisor.recipe.reference > docs/recipe.md`. Every field is optional: flags override the recipe,
-which overrides these defaults. `recipes/quickstart.yaml` is a commented example; `workloads` is a list of
-entries with the `workloads[]` fields.
+which overrides these defaults; numbers must be finite (`inf` and `nan` are refused).
+`recipes/quickstart.yaml` is a commented example; `workloads` is a list of entries with the `workloads[]` fields.
 
 | field | type | default | allowed | what |
 |---|---|---|---|---|

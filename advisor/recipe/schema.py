@@ -15,13 +15,18 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from advisor.errors import InputError
+from advisor.files import check_regular_file
 from advisor.formats import GPU, GPU_SPECS, KV_CACHE_FORMATS, Format
 
 DEMO_MODEL = "demo:smollm2-135m"
 
 
+SEED_MAX = 2**32 - 1  # numpy's and Optuna's samplers take seeds in [0, 2**32)
+
+
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # inf and nan pass `gt=0` but mean no budget at all, and JSON cannot hold them
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class ModelSpec(_Strict):
@@ -58,7 +63,7 @@ class CalibrationSpec(_Strict):
     seq_len: int = Field(128, ge=8, le=32_768, description="tokens per calibration sequence")
     heldout_samples: int = Field(8, ge=1, le=100_000, description="held-out sequences the proxy KL is measured on")
     heldout_seq_len: int = Field(128, ge=8, le=32_768, description="tokens per held-out sequence")
-    seed: int = Field(0, description="seed of the sampling and of the split")
+    seed: int = Field(0, ge=0, le=SEED_MAX, description="seed of the sampling and of the split")
 
     @field_validator("source")
     @classmethod
@@ -89,7 +94,7 @@ class BenchmarkSpec(_Strict):
     tasks: list[str] = Field(default_factory=list, description="lm-eval task names, local tasks or task YAMLs")
     limit: int | None = Field(None, ge=1, description="most items per task (seeded order); None = full set")
     first_batch: int = Field(100, ge=1, description="items per task at the first look; doubled at each next look")
-    seed: int = Field(1234, description="seed of the items' order (the same items for every plan)")
+    seed: int = Field(1234, ge=0, le=SEED_MAX, description="seed of the items' order (the same items for every plan)")
     data_dir: str | None = Field(
         None, description="folder with lambada_openai.jsonl, piqa.jsonl, arc_easy.jsonl, gsm8k.jsonl")
     max_drop: float = Field(0.02, ge=0, le=1, description="allowed drop vs BF16 on each task (primary metric)")
@@ -102,7 +107,7 @@ class SearchSpec(_Strict):
 
     trials: int = Field(40, ge=1, le=1_000_000, description="total trials in the study, baselines included")
     timeout_s: float | None = Field(None, gt=0, description="stop starting trials after this many seconds")
-    seed: int = Field(0, description="the sampler's seed")
+    seed: int = Field(0, ge=0, le=SEED_MAX, description="the sampler's seed")
     sampler: Literal["guided", "tpe", "nsga2", "random"] = Field(
         "guided", description="guided: sensitivity + knapsack proposals, then TPE; or a plain Optuna sampler"
     )
@@ -216,6 +221,8 @@ def _describe(err: dict[str, Any], from_flags: frozenset[str] = frozenset()) -> 
         msg = f"got {err.get('input')!r}; {msg.lower()}"
     elif "input" in err and not isinstance(err["input"], dict | list):
         msg = f"got {err['input']!r}; {msg}"
+    if err["loc"] and err["loc"][-1] == "seed":
+        msg += f"; give a whole number from 0 to {SEED_MAX}"
     return f"{where}: {msg}"
 
 
@@ -264,6 +271,7 @@ def load_recipe(path: Path | None, overrides: dict[str, Any] | None = None) -> R
     origin = "flags"
     if path is not None:
         origin = f"recipe {path}"
+        check_regular_file(path, "recipe", "give the path of a YAML recipe file (e.g. recipes/quickstart.yaml)")
         try:
             text = Path(path).read_text(encoding="utf-8")
         except OSError as exc:

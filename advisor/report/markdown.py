@@ -239,6 +239,8 @@ def _pts(x: float) -> str:
 
 def verdict_cell(t: dict[str, Any]) -> str:
     """'passes: +1.2 [-0.4, +2.9] pts, 400/5153 items'."""
+    if not t["n_items"]:
+        return f"{t['verdict']}: drop {t['method']}, 0/{t['n_available']} items"
     return (f"{t['verdict']}: {_pts(t['drop'])} [{_pts(t['ci_low'])}, {_pts(t['ci_high'])}] pts, "
             f"{t['n_items']}/{t['n_available']} items")
 
@@ -279,21 +281,26 @@ def _benchmark_section(summary: dict[str, Any]) -> list[str]:
     return out
 
 
+def _fit_text(f: dict[str, Any]) -> str:
+    """The fit in words; a statistic that is undefined says so, with its reason."""
+    why = f.get("undefined") or {}
+    if f["slope"] is None or f["intercept"] is None:
+        return f"no fit: {why.get('slope', 'too few plans (3 or more with distinct KL needed)')}."
+    rho_ci = f["spearman_ci"]
+    rho = (f"undefined ({why.get('spearman', 'no reason recorded')})" if f["spearman"] is None
+           else f"{f['spearman']:+.2f}" + (f" [{rho_ci[0]:+.2f}, {rho_ci[1]:+.2f}]" if rho_ci else ""))
+    slope_ci = (f"undefined: {why.get('slope_ci', 'no reason recorded')}" if f["slope_ci"] is None
+                else f"[{100 * f['slope_ci'][0]:.1f}, {100 * f['slope_ci'][1]:.1f}]")
+    return (f"Spearman rho {rho}; drop = {100 * f['intercept']:+.2f} + {100 * f['slope']:.1f} x KL points per nat "
+            f"(slope {f['confidence']:.0%} interval {slope_ci}).")
+
+
 def _calibration_lines(fits: list[dict[str, Any]]) -> list[str]:
     if not fits:
         return []
     out = ["### Proxy calibration (KL against benchmark drop)", ""]
     for f in fits:
-        if f["slope"] is None:
-            out.append(f"- {f['task']}: {f['n_plans']} plans; too few to fit (3 or more with distinct KL needed).")
-        else:
-            rho_ci = f["spearman_ci"]
-            rho = "n/a" if f["spearman"] is None else f"{f['spearman']:+.2f}" + (
-                f" [{rho_ci[0]:+.2f}, {rho_ci[1]:+.2f}]" if rho_ci else "")
-            out.append(f"- {f['task']}: {f['n_plans']} plans; Spearman rho {rho}; drop = "
-                       f"{100 * f['intercept']:+.2f} + {100 * f['slope']:.1f} x KL points per nat "
-                       f"(slope {f['confidence']:.0%} interval [{100 * f['slope_ci'][0]:.1f}, "
-                       f"{100 * f['slope_ci'][1]:.1f}]).")
+        out.append(f"- {f['task']}: {f['n_plans']} plans; " + _fit_text(f))
         for better, worse_by_proxy in f["contradicted_pairs"]:
             out.append(f"  - the proxy prefers {better} (lower KL) but the benchmark's intervals put "
                        f"{worse_by_proxy} clearly ahead")

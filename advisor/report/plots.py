@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from advisor.files import replace_atomically
 from advisor.formats import Format
 
 FORMAT_COLORS = {Format.BF16: "#4c72b0", Format.FP8: "#dd8452", Format.NVFP4: "#55a868"}
@@ -47,8 +48,10 @@ def plot_front(summary: dict[str, Any], path: Path) -> None:
     ax.set_title(f"{summary['run']}: accuracy vs energy ({len(recs)} trials)")
     ax.legend(fontsize=7, loc="upper right")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    try:
+        replace_atomically(path, lambda tmp: fig.savefig(tmp, dpi=120, format="png"))
+    finally:
+        plt.close(fig)
 
 
 def plot_format_map(summary: dict[str, Any], path: Path) -> None:
@@ -82,7 +85,9 @@ def plot_format_map(summary: dict[str, Any], path: Path) -> None:
               loc="upper left", bbox_to_anchor=(1.0, 1.0))
     ax.set_title(f"recommended plan {rec['plan_id']}: {rec['label']}", fontsize=9)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    try:
+        replace_atomically(path, lambda tmp: fig.savefig(tmp, dpi=120, format="png"))
+    finally:
+        plt.close(fig)
 
 

@@ -7,13 +7,17 @@ other versions with a clear message (rebuild with `advisor report RUN_DIR`).
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from advisor.errors import InputError
 from advisor.estimate import DriftCheck, EnergyEstimate
+
+FIT_STATISTICS = ("spearman", "spearman_ci", "slope", "slope_ci", "intercept")  # as advisor.search.stats
+NON_FINITE = ("NaN", "Infinity", "-Infinity")  # how summary.json writes a float that is not finite
 
 SCHEMA_VERSION = 3
 # 1: the untyped summary.json written before 2026-11-22 (no schema_version)
@@ -22,7 +26,13 @@ SCHEMA_VERSION = 3
 #    intervals and verdicts against BF16 (acceptance), proxy calibration per task
 
 
-class BenchmarkScore(BaseModel):
+class _Record(BaseModel):
+    # a float that is not finite is written "NaN" / "Infinity" (and read back as such), never as null,
+    # which no float field would accept
+    model_config = ConfigDict(ser_json_inf_nan="strings")
+
+
+class BenchmarkScore(_Record):
     """A plan's primary metric on one task (the items it was scored on)."""
 
     model_config = ConfigDict(extra="allow")
@@ -39,7 +49,7 @@ class BenchmarkScore(BaseModel):
 Verdict = Literal["passes", "fails", "undecided"]
 
 
-class TaskVerdict(BaseModel):
+class TaskVerdict(_Record):
     """A plan's drop against BF16 on one task, paired on the same items, and the verdict."""
 
     task: str
@@ -55,13 +65,14 @@ class TaskVerdict(BaseModel):
     method: str
 
 
-class Acceptance(BaseModel):
+class Acceptance(_Record):
     verdict: Verdict
     tasks: list[TaskVerdict]
 
 
-class ProxyCalibrationRecord(BaseModel):
-    """Benchmark drop against proxy KL over the scored plans of one task."""
+class ProxyCalibrationRecord(_Record):
+    """Benchmark drop against proxy KL over the scored plans of one task. A statistic that cannot be
+    computed (too few plans, ties) is null, and ``undefined`` names it with the reason."""
 
     task: str
     n_plans: int
@@ -73,9 +84,26 @@ class ProxyCalibrationRecord(BaseModel):
     contradicted_pairs: list[tuple[str, str]]  # (proxy's better plan, benchmark's clearly better plan)
     disagrees: bool
     confidence: float
+    undefined: dict[str, str] = Field(default_factory=dict)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _undefined_as_null(cls, data: Any) -> Any:
+        """Summaries written before ``undefined`` existed held NaN as null, e.g. a slope interval
+        ``[null, null]`` for tied drops: read such a statistic as undefined, not as a broken file."""
+        if not isinstance(data, dict):
+            return data
+        data = {**data, "undefined": dict(data.get("undefined") or {})}
+        for key in FIT_STATISTICS:
+            value = data.get(key)
+            parts = value if isinstance(value, list | tuple) else [value]
+            if any(p is None or (isinstance(p, float) and not math.isfinite(p)) or p in NON_FINITE for p in parts):
+                data[key] = None
+                data["undefined"].setdefault(key, "undefined (this summary does not say why)")
+        return data
 
 
-class TrialRecord(BaseModel):
+class TrialRecord(_Record):
     model_config = ConfigDict(extra="allow")
 
     trial: int
@@ -104,12 +132,12 @@ class RecommendationRecord(TrialRecord):
     accuracy_metric: str
 
 
-class Labels(BaseModel):
+class Labels(_Record):
     accuracy: str
     energy: list[str]
 
 
-class Summary(BaseModel):
+class Summary(_Record):
     """Everything a report shows, with every number's label; no secrets (storage is redacted)."""
 
     model_config = ConfigDict(extra="forbid")

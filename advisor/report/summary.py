@@ -11,6 +11,7 @@ import optuna
 
 from advisor.errors import InputError
 from advisor.estimate import EnergyEstimate
+from advisor.files import write_text_atomically
 from advisor.formats import Format
 from advisor.models.shape import ModelShape
 from advisor.plan import LayerGroup
@@ -129,7 +130,7 @@ def _proxy_calibration(cands: list[Candidate], confidence: float) -> list[dict[s
                                 [r[2].drop if r[2] else 0.0 for r in rows],
                                 [(r[2].ci_low, r[2].ci_high) if r[2] else (0.0, 0.0) for r in rows], confidence)
         record = {k: getattr(fit, k) for k in ("task", "n_plans", "spearman", "spearman_ci", "slope", "slope_ci",
-                                                "intercept", "contradicted_pairs", "confidence")}
+                                                "intercept", "contradicted_pairs", "confidence", "undefined")}
         out.append({**record, "disagrees": fit.disagrees})
     return out
 
@@ -143,7 +144,8 @@ def _recommendation_record(rec: Recommendation | None, records: list[TrialRecord
 
 
 def write_report(study: optuna.Study, out_dir: Path) -> Path:
-    """Write summary.json, report.md, front.png and format_map.png into ``out_dir``."""
+    """Write summary.json, report.md, front.png and format_map.png into ``out_dir``, each through a
+    temporary file renamed over the old one (never written through a symbolic link)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     summary = build_summary(study)
     data = summary.model_dump(mode="json")
@@ -151,6 +153,6 @@ def write_report(study: optuna.Study, out_dir: Path) -> Path:
         plot_front(data, out_dir / "front.png")
     if summary.recommendation:
         plot_format_map(data, out_dir / "format_map.png")
-    (out_dir / "summary.json").write_text(summary.to_json())
-    (out_dir / "report.md").write_text(render_markdown(data))
+    write_text_atomically(out_dir / "summary.json", summary.to_json())
+    write_text_atomically(out_dir / "report.md", render_markdown(data))
     return out_dir / "report.md"

@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from advisor.files import write_text_atomically
 from advisor.formats import Format
 from advisor.plan import KV_CACHE_KEY, LayerGroup, Plan
 
@@ -95,5 +96,5 @@ def load_or_measure(path: Path, key: dict, compute: Callable[[], Sensitivity]) -
         if data.get("key") == key:
             return Sensitivity.from_json(data["sensitivity"])
     sens = compute()
-    path.write_text(json.dumps({"key": key, "sensitivity": sens.to_json()}, indent=2))
+    write_text_atomically(path, json.dumps({"key": key, "sensitivity": sens.to_json()}, indent=2))
     return sens

@@ -18,13 +18,16 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
 
+# the statistics of a proxy calibration that can be undefined (None, with the reason in ``undefined``)
+FIT_STATISTICS = ("spearman", "spearman_ci", "slope", "slope_ci", "intercept")
 TANGO = "Tango score interval (paired binary outcomes)"
 BOOTSTRAP = "paired BCa bootstrap over items"
+NO_ITEMS = "undefined: no items scored for both the plan and the reference"
 
 
 @dataclass(frozen=True)
@@ -136,11 +139,12 @@ def is_binary(values: Sequence[float]) -> bool:
 def paired_drop(reference: Sequence[float], plan: Sequence[float], confidence: float,
                 higher_is_better: bool = True, seed: int = 0) -> PairedInterval:
     """The plan's drop against the reference on the same items (same order), with an interval
-    at ``confidence``: Tango's score interval for 0/1 outcomes, else a paired BCa bootstrap."""
+    at ``confidence``: Tango's score interval for 0/1 outcomes, else a paired BCa bootstrap. Without items
+    the drop and its interval are undefined (NaN, ``method`` says why)."""
     if len(reference) != len(plan):
         raise ValueError(f"{len(reference)} reference items but {len(plan)} plan items: pair them first")
-    if not reference:
-        raise ValueError("no items to compare")
+    if not reference:  # undefined, not an error: the verdict is "undecided" and the record says why
+        return PairedInterval(0, math.nan, math.nan, math.nan, confidence, NO_ITEMS)
     sign = 1.0 if higher_is_better else -1.0
     diffs = [sign * (r - p) for r, p in zip(reference, plan, strict=True)]
     drop = sum(diffs) / len(diffs)
@@ -171,6 +175,7 @@ class ProxyCalibration:
     intercept: float | None
     contradicted_pairs: list[tuple[str, str]]  # (proxy's better, benchmark's clearly better)
     confidence: float
+    undefined: dict[str, str] = field(default_factory=dict)  # statistic left None -> why it is undefined
 
     @property
     def disagrees(self) -> bool:
@@ -216,21 +221,38 @@ def proxy_calibration(task: str, labels: Sequence[str], kl: Sequence[float], dro
 
     Spearman's rho (its interval: percentile bootstrap over plans), a least-squares line
     (slope interval: t quantile times scipy.stats.linregress's standard error) and the
-    pairs whose order the benchmark's intervals contradict. Fewer than 3 plans: no fit.
+    pairs whose order the benchmark's intervals contradict. A statistic that cannot be computed
+    (fewer than 3 plans, one KL for all, or drops that tie) is None, and ``undefined`` says why.
     """
     from scipy.stats import linregress, t
 
     n = len(labels)
     pairs = contradicted_pairs(labels, kl, intervals)
-    empty = ProxyCalibration(task, n, None, None, None, None, None, pairs, confidence)
     if n < 3 or len(set(kl)) < 2:
-        return empty
+        why = (f"{n} plan{'s' if n != 1 else ''} scored on this task; a fit needs 3 or more" if n < 3
+               else "every scored plan has the same KL: no line can be fitted")
+        return ProxyCalibration(task, n, None, None, None, None, None, pairs, confidence,
+                                dict.fromkeys(FIT_STATISTICS, why))
     x, y = np.asarray(kl, dtype=float), np.asarray(drops, dtype=float)
-    rho = spearman(x, y)
     fit = linregress(x, y)
-    half = float(t.ppf(0.5 + confidence / 2, n - 2) * fit.stderr) if n > 2 else math.inf
-    return ProxyCalibration(
-        task, n, None if math.isnan(rho) else rho, _spearman_ci(x, y, confidence, seed),
-        float(fit.slope), (float(fit.slope) - half, float(fit.slope) + half), float(fit.intercept), pairs,
-        confidence,
-    )
+    rho = spearman(x, y)
+    half = float(t.ppf(0.5 + confidence / 2, n - 2) * fit.stderr)
+    values = {"spearman": None if math.isnan(rho) else rho, "spearman_ci": _spearman_ci(x, y, confidence, seed),
+              "slope": _finite(fit.slope), "intercept": _finite(fit.intercept),
+              "slope_ci": (float(fit.slope) - half, float(fit.slope) + half) if math.isfinite(half) else None}
+    tie = (f"every scored plan has the same drop ({float(y[0]):.4g}): the benchmark cannot rank them"
+           if np.all(y == y[0]) else None)
+    reasons = {
+        "spearman": tie or "the ranks are undefined",
+        "spearman_ci": tie or "most bootstrap resamples of the plans hold a single distinct KL or drop",
+        "slope": "the least-squares fit is undefined", "intercept": "the least-squares fit is undefined",
+        "slope_ci": (f"{tie}, so the line fits them exactly and its slope has no spread to estimate" if tie
+                     else "the slope's standard error is undefined"),
+    }
+    return ProxyCalibration(task, n, values["spearman"], values["spearman_ci"], values["slope"], values["slope_ci"],
+                            values["intercept"], pairs, confidence,
+                            {k: reasons[k] for k in FIT_STATISTICS if values[k] is None})
+
+
+def _finite(value: float) -> float | None:
+    return float(value) if math.isfinite(value) else None

@@ -14,8 +14,14 @@ from typing import Any
 
 import optuna
 
-from advisor.errors import InputError
-from advisor.search.storage_url import JOURNAL_PREFIX, redact_text, redact_url, url_without_password
+from advisor.errors import InputError, SetupError
+from advisor.files import disk_full_message
+from advisor.search.storage_url import (
+    JOURNAL_PREFIX,
+    redact_text,
+    redact_url,
+    url_without_password,
+)
 
 DEFAULT_DB = "study.db"
 
@@ -72,15 +78,15 @@ def open_storage(url: str, heartbeat_s: int | None = None) -> optuna.storages.Ba
     """Optuna's own storage for ``url``: RDB (SQLite, PostgreSQL, MySQL) with a heartbeat, whose
     stale trials Optuna fails and :class:`RetryHeartbeatStaleTrialCallback` re-enqueues, or the journal
     file (processes of one host; no heartbeat in Optuna 5, see ``search.recovery``)."""
+    from advisor.search.storage_driver import check_storage_url
+
+    check_storage_url(url, folder_must_exist=False)
     if url.startswith(JOURNAL_PREFIX):
         from optuna.storages.journal import JournalFileBackend
 
         path = Path(url.removeprefix(JOURNAL_PREFIX))
         path.parent.mkdir(parents=True, exist_ok=True)
         return optuna.storages.JournalStorage(JournalFileBackend(str(path)))
-    from advisor.search.storage_driver import check_storage_url
-
-    check_storage_url(url, folder_must_exist=False)
     kwargs: dict[str, Any] = {}
     if heartbeat_s:
         from advisor.search.recovery import retry_callback
@@ -104,6 +110,8 @@ def open_storage(url: str, heartbeat_s: int | None = None) -> optuna.storages.Ba
                 raise
             time.sleep(0.2 * (attempt + 1))
         except Exception as exc:  # SQLAlchemy and the drivers raise many kinds
+            if (full := disk_full_message(exc)) is not None:
+                raise SetupError(full) from None
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise InputError(f"storage: cannot open {redact_url(url)}: {redact_text(first, url)}") from None
     raise AssertionError("unreachable")

@@ -10,10 +10,12 @@ that is missing and the package that provides it.
 from __future__ import annotations
 
 import importlib.util
+import json
 from pathlib import Path
 
 from advisor.errors import InputError, SetupError
-from advisor.search.storage_url import JOURNAL_PREFIX, redact_text, redact_url
+from advisor.files import check_regular_file
+from advisor.search.storage_url import JOURNAL_PREFIX, ambiguous_password, redact_text, redact_url, remember_url
 
 # The pip package that provides each DBAPI module SQLAlchemy's dialects import.
 DRIVER_PACKAGES = {
@@ -51,12 +53,14 @@ def check_storage_url(url: str, *, folder_must_exist: bool = True) -> None:
     from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 
     if url.startswith(JOURNAL_PREFIX):
-        folder = Path(url.removeprefix(JOURNAL_PREFIX)).parent
-        if folder_must_exist and not folder.is_dir():
-            raise InputError(f"storage: the folder {folder} of the journal file does not exist; create it or give "
-                             "another path")
+        _check_journal(url.removeprefix(JOURNAL_PREFIX), folder_must_exist)
         return
+    remember_url(url)
     shown = redact_url(url)
+    if ambiguous_password(url):
+        raise InputError(f"storage: the password in {shown} holds a raw '@' (or the URL another '@'), so the "
+                         "host cannot be told from the password; percent-encode it ('@' as %40, ':' as %3A, "
+                         "'/' as %2F) or leave it out and set PGPASSWORD")
     try:
         parsed = make_url(url)
     except ArgumentError:
@@ -75,6 +79,42 @@ def check_storage_url(url: str, *, folder_must_exist: bool = True) -> None:
         raise SetupError(_missing_driver(parsed, shown, exc.name or str(exc))) from None
     if parsed.get_backend_name() == "sqlite":
         _check_sqlite_file(parsed.database, shown, folder_must_exist)
+
+
+def _check_journal(name: str, folder_must_exist: bool) -> None:
+    """The journal file's path names a file (or none yet) in a folder, and an existing file holds
+    Optuna's journal: JSON lines, each an operation with an ``op_code``."""
+    if not name.strip():
+        raise InputError(f"storage: journal: names no file; give one like {JOURNAL_PREFIX}runs/study.journal")
+    path = Path(name).expanduser()
+    if path.is_dir() or name.endswith("/"):
+        raise InputError(f"storage: {name} is a folder; give the journal file inside it, e.g. "
+                         f"{JOURNAL_PREFIX}{path / 'study.journal'}")
+    check_regular_file(path, "storage: the journal", "give the path of an Optuna journal file")
+    if path.is_file():
+        try:
+            with path.open("rb") as f:
+                first = f.readline(1_000_000)
+        except OSError as exc:
+            raise InputError(f"storage: cannot read the journal {path} ({exc.strerror})") from None
+        if first.strip() and not _is_journal_line(first):
+            raise InputError(f"storage: {path} is not an Optuna journal file (its first line is no journal "
+                             "operation); move it away and rerun the search, or give another storage")
+    elif folder_must_exist and not path.parent.is_dir():
+        raise InputError(f"storage: the folder {path.parent} of the journal file does not exist; create it or give "
+                         "another path")
+
+
+def _is_journal_line(line: bytes) -> bool:
+    """A complete first line is one JSON operation; one still being written (no newline yet, another
+    process is creating the journal) must at least start as a JSON object."""
+    if not line.endswith(b"\n"):
+        return line.lstrip().startswith(b"{")
+    try:
+        entry = json.loads(line)
+    except ValueError:  # not JSON, or not UTF-8
+        return False
+    return isinstance(entry, dict) and "op_code" in entry
 
 
 def _missing_driver(parsed, shown: str, module: str) -> str:

@@ -47,31 +47,71 @@ def redact_url(url: str) -> str:
     return u.render_as_string(hide_password=True).replace("=%2A%2A%2A", "=***")
 
 
-def redact_text(text: str, url: str | None) -> str:
-    """Scrub ``url``'s password (raw and %-encoded forms) from arbitrary text, e.g. an
-    exception message that quoted the URL; use before logging or raising."""
+def _secret_forms(url: str) -> set[str]:
+    """Every way ``url``'s password can show up in a driver's message: as written, decoded, re-encoded,
+    as SQLAlchemy parsed it, and the pieces a raw '@' splits it into (the parser then takes the tail
+    for the host name, which the driver quotes)."""
     from urllib.parse import unquote
 
     from sqlalchemy.engine import make_url
     from sqlalchemy.exc import ArgumentError
 
-    if not url:
-        return text
     candidates = set()
     raw = _raw_password(url)
     if raw:
-        candidates |= {raw, unquote(raw)}
+        candidates |= {raw, unquote(raw), *raw.split("@"), *unquote(raw).split("@")}
     try:
-        if make_url(url).password:
-            candidates.add(str(make_url(url).password))
+        parsed = make_url(url).password
+        if parsed:
+            candidates.add(str(parsed))
     except (ArgumentError, ValueError, TypeError):
         pass
+    return {form for pw in candidates if pw for form in (pw, quote(pw, safe=""), quote_plus(pw)) if form}
+
+
+def redact_text(text: str, url: str | None) -> str:
+    """Scrub ``url``'s password (raw, %-encoded and split forms) from arbitrary text, e.g. an
+    exception message that quoted the URL; use before logging or raising. A form is masked only
+    where it stands alone (not inside a longer word): a password "se" leaves "service" alone."""
+    if not url:
+        return text
     text = text.replace(url, redact_url(url))
-    for pw in sorted(candidates, key=len, reverse=True):
-        for form in (pw, quote(pw, safe=""), quote_plus(pw)):
-            if form:
-                text = text.replace(form, "***")
+    for form in sorted(_secret_forms(url), key=len, reverse=True):
+        text = re.sub(rf"(?<![A-Za-z0-9]){re.escape(form)}(?![A-Za-z0-9])", "***", text)
     return text
+
+
+_URLS_SEEN: set[str] = set()
+
+
+def remember_url(url: str) -> None:
+    """Note a storage URL this process was given, so that :func:`redact_seen` can scrub its password
+    from any message, whichever code path printed it."""
+    if _raw_password(url) is not None or "?" in url:
+        _URLS_SEEN.add(url)
+
+
+def redact_seen(text: str) -> str:
+    """``text`` with the password of every storage URL this process was given masked."""
+    for url in sorted(_URLS_SEEN, key=len, reverse=True):
+        text = redact_text(text, url)
+    return text
+
+
+def ambiguous_password(url: str) -> bool:
+    """The password holds a raw '@', so the URL parser and the eye split it differently."""
+    from urllib.parse import unquote
+
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    raw = _raw_password(url)
+    if raw is None:
+        return False
+    try:
+        return unquote(raw) != (make_url(url).password or "")
+    except (ArgumentError, ValueError, TypeError):
+        return True
 
 
 def url_without_password(url: str) -> str:

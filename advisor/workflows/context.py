@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from advisor.calibration.tokens import TokenSets, build_token_sets, forward_loop
 from advisor.estimate import EnergyModel
+from advisor.files import write_text_atomically
 from advisor.models.arithmetic import BF16, scoring_place, to_scoring_arithmetic
 from advisor.models.loading import LoadedModel, load_model
 from advisor.plan import Plan
@@ -69,7 +70,7 @@ def load_or_build_tokens(
     tokens = build_token_sets(loaded.model, loaded.tokenizer, recipe.calibration)
     if store:
         tokens.save(path)
-        key_path.write_text(json.dumps(key, indent=2))
+        write_text_atomically(key_path, json.dumps(key, indent=2))
     return tokens
 
 

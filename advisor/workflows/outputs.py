@@ -9,6 +9,7 @@ import tempfile
 from pathlib import Path
 
 from advisor.errors import InputError
+from advisor.files import check_no_broken_link
 
 
 def check_output_dir(path: Path | str, what: str, *, must_be_empty: bool = False) -> None:
@@ -18,6 +19,7 @@ def check_output_dir(path: Path | str, what: str, *, must_be_empty: bool = False
     folder must hold nothing (an export never mixes its files with others).
     """
     path = Path(path).expanduser()
+    check_no_broken_link(path, what)
     if path.exists():
         if not path.is_dir():
             raise InputError(f"{what}: {path} is a file, not a folder; give a folder path (created if missing)")
@@ -31,6 +33,7 @@ def check_output_dir(path: Path | str, what: str, *, must_be_empty: bool = False
 def check_output_file(path: Path | str, what: str) -> None:
     """Refuse a file path that is a folder or whose folder cannot be created or written into."""
     path = Path(path).expanduser()
+    check_no_broken_link(path, what)
     if path.is_dir():
         raise InputError(f"{what}: {path} is a folder; give a file path")
     _check_creatable(path, what)

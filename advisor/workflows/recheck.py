@@ -10,6 +10,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from advisor.deploy.model_identity import check_new_version
 from advisor.deploy.recheck import (
     RecheckResult,
     neighbours,
@@ -22,6 +23,7 @@ from advisor.deploy.recheck import (
     summary_recipe,
 )
 from advisor.errors import InputError
+from advisor.files import write_text_atomically
 from advisor.formats import Format
 from advisor.plan import LayerGroup, Plan
 from advisor.workflows.outputs import check_output_dir
@@ -83,6 +85,7 @@ def run_recheck(
     out_dir = Path(out_dir)
     check_output_dir(out_dir, "--out")
     check_model(base)
+    check_new_version(summary, base.model)  # another model: refused before its weights are read
     out_dir.mkdir(parents=True, exist_ok=True)
     used = {Format.BF16, *plan.formats.values()}
     formats = list(base.formats) if research else [f for f in base.formats if f in used]
@@ -125,6 +128,6 @@ def run_recheck(
         timings_s={**ctx.timings_s, "total_s": time.perf_counter() - t0},
         generated=datetime.now(timezone.utc).isoformat(timespec="seconds"),
     )
-    (out_dir / "recheck.json").write_text(json.dumps(result.to_dict(), indent=2, default=str))
-    (out_dir / "recheck.md").write_text(render_markdown(result))
+    write_text_atomically(out_dir / "recheck.json", json.dumps(result.to_dict(), indent=2, default=str))
+    write_text_atomically(out_dir / "recheck.md", render_markdown(result))
     return result

@@ -18,7 +18,9 @@ import optuna
 from rich.console import Console
 
 from advisor import __version__
+from advisor.deploy.model_identity import tokenizer_fingerprint
 from advisor.errors import Interrupted, UnsupportedError
+from advisor.files import write_text_atomically
 from advisor.recipe.schema import Recipe
 from advisor.report.schema import Summary
 from advisor.report.summary import write_report
@@ -109,7 +111,7 @@ def write_run_file(recipe: Recipe) -> None:
     if recipe_data.get("storage"):
         recipe_data["storage"] = url_without_password(recipe_data["storage"])
     data = {"name": recipe.name, "storage_url": portable_url(recipe.storage_url, recipe.run_dir), "recipe": recipe_data}
-    (recipe.run_dir / "recipe.json").write_text(json.dumps(data, indent=2))
+    write_text_atomically(recipe.run_dir / "recipe.json", json.dumps(data, indent=2))
 
 
 def prepare_model_side(recipe: Recipe, progress: ProgressReporter) -> RunContext:
@@ -133,7 +135,8 @@ def run_meta(recipe: Recipe, ctx: RunContext) -> dict[str, Any]:
         "recipe": recipe_data,
         "shape": ctx.loaded.shape.to_dict(),
         "device": ctx.scoring_place,
-        "model": {"name": ctx.loaded.name, "fingerprint": ctx.fingerprint},
+        "model": {"name": ctx.loaded.name, "fingerprint": ctx.fingerprint,
+                  "tokenizer": tokenizer_fingerprint(ctx.loaded.tokenizer)},
         "versions": package_versions(),
         "accuracy_label": f"measured (proxy on {ctx.tokens.heldout.numel()} held-out tokens, "
                           f"{ctx.tokens.source}, on {ctx.scoring_place})",

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from pathlib import Path
 
 import optuna
 from rich.console import Console
 
 from advisor.errors import InputError
+from advisor.files import temporary_folder
 from advisor.recipe import validate_recipe
 from advisor.search.artifacts import fetch_tokens
 from advisor.search.storage import open_storage, redact_url
@@ -29,12 +29,16 @@ from advisor.workflows.progress import ProgressReporter
 
 def run_worker(url: str, study_name: str, work_dir: Path | None = None, artifacts: Path | None = None,
                console: Console | None = None) -> int:
-    """Returns how many trials this worker finished."""
+    """Returns how many trials this worker finished. Without ``work_dir`` it works in a temporary folder,
+    removed however the worker ends."""
+    if work_dir is None:
+        with temporary_folder(f"advisor-worker-{study_name}-") as folder:
+            return run_worker(url, study_name, folder, artifacts, console)
     progress = ProgressReporter(console or Console(stderr=True))
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     silence_interrupt_tracebacks()
     attrs = _study_attrs(url, study_name)
-    work_dir = Path(work_dir or tempfile.mkdtemp(prefix=f"advisor-worker-{study_name}-"))
+    work_dir = Path(work_dir)
     recipe = validate_recipe({**attrs["recipe"], "name": study_name, "out": str(work_dir), "storage": url},
                              f"recipe stored in study {study_name!r}")
     check_same_key(attrs.get(KEY_ATTR), study_key(recipe, package_versions()), study_name, "advisor worker")

@@ -13,6 +13,7 @@ from advisor.energy.profiling._gpu_profile import validate_gpu_profile
 from advisor.energy.profiling._layer import validate_profile
 from advisor.energy.profiling._model import is_model_profile, validate_model_profile
 from advisor.errors import InputError
+from advisor.files import check_regular_file
 from advisor.formats import GPU
 
 
@@ -27,6 +28,7 @@ def shipped_gpu_profile(gpu: GPU) -> dict[str, Any] | None:
 
 
 def _read_json_profile(path: Path) -> dict[str, Any]:
+    check_regular_file(path, "profile", "give a profile JSON written by `advisor profile`")
     try:
         return json.loads(Path(path).read_text())
     except OSError as exc:
