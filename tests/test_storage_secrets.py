@@ -8,8 +8,8 @@ from typer.testing import CliRunner
 
 from advisor.cli import app
 from advisor.errors import InputError
-from advisor.search.storage_url import ambiguous_password, redact_seen, redact_text, redact_url, remember_url
 from advisor.search.storage_driver import check_storage_url
+from advisor.search.storage_url import ambiguous_password, redact_seen, redact_text, redact_url, remember_url
 
 runner = CliRunner()
 RAW_AT = "postgresql://user:se@cret123@127.0.0.1:9/db"

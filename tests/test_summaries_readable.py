@@ -16,11 +16,11 @@ from pathlib import Path
 import optuna
 import pytest
 import yaml
+from advisor.accuracy.stats import paired_drop
 from conftest import TINY_MODEL, need, tiny_recipe_dict
 from summary_readers import read_as_every_command
 from typer.testing import CliRunner
 
-from advisor.accuracy.stats import paired_drop
 from advisor.cli import app
 from advisor.search.acceptance import PlanAcceptance, TaskAcceptance, Verdict
 from advisor.search.study import record_benchmark
