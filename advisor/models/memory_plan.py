@@ -111,6 +111,10 @@ class MemoryPlan:
     def fits(self) -> bool:
         return not self.overflow
 
+    def device_of(self) -> dict[str, int]:
+        """Index of the device holding each item (``embeddings``, ``layer N``, ``final norm + lm_head``)."""
+        return {name: k for k, p in enumerate(self.placements) for name in p.items}
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "model": self.model, "sizes": asdict(self.sizes), "totals_bytes": self.totals, "fits": self.fits,

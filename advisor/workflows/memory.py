@@ -30,14 +30,13 @@ def read_config(spec: ModelSpec) -> Any:
                          ) from None
 
 
-def devices_here(first_only: bool = False) -> list[Device]:
-    """The free memory of each GPU torch sees (the current one only with ``first_only``); [] without one."""
+def devices_here() -> list[Device]:
+    """The free memory of each GPU torch sees; [] without one."""
     import torch
 
     if not torch.cuda.is_available():
         return []
-    indices = [torch.cuda.current_device()] if first_only else range(torch.cuda.device_count())
-    return [Device(f"cuda:{i}", int(torch.cuda.mem_get_info(i)[0])) for i in indices]
+    return [Device(f"cuda:{i}", int(torch.cuda.mem_get_info(i)[0])) for i in range(torch.cuda.device_count())]
 
 
 def named_node(count: int | None, memory_gib: float | None) -> list[Device] | None:
@@ -66,11 +65,29 @@ def not_fitting_message(plan: MemoryPlan) -> str:
             f"to stream from CPU memory; {fix}; `advisor search --dry-run` prints the plan")
 
 
+def spread_device_map(recipe: Recipe, device: str) -> dict[str, int] | None:
+    """The device map that spreads the model over the GPUs here when one cannot hold its search; None when one
+    can (or there is one GPU, or the plan does not fit: pre-flight has said so)."""
+    if device != "cuda":
+        return None
+    devices = devices_here()
+    if len(devices) < 2:
+        return None
+    from advisor.models.device_map import plan_device_map
+
+    config, sizes = read_config(recipe.model), RunSizes.from_recipe(recipe)
+    if plan_memory(config, sizes, devices[:1]).fits:
+        return None
+    plan = plan_memory(config, sizes, devices, recipe.model.source)
+    return plan_device_map(config, plan) if plan.fits else None
+
+
 def check_memory(recipe: Recipe) -> None:
-    """Pre-flight: refuse (exit 3) a search whose model, bank and batches do not fit the GPU it will use."""
+    """Pre-flight: refuse (exit 3) a search whose model, bank and batches do not fit the GPUs here (spread over
+    them when one is short: :func:`spread_device_map`)."""
     if recipe.device == "cpu":
         return
-    devices = devices_here(first_only=True)
+    devices = devices_here()
     if not devices:
         return  # device auto on a CPU machine; device cuda without a GPU is check_devices' error
     plan = recipe_plan(recipe, devices)
