@@ -88,8 +88,9 @@ def test_llama_70b_totals_by_hand():
     assert plan.totals["bank entry nvfp4"] == L_NVFP4
     assert plan.totals["proxy logits (BF16 + 2x float32)"] == L_PROXY_LOGITS
     assert plan.totals["bank build (largest weight)"] == L_BUILD
-    assert plan.cpu_bytes["loading (whole BF16 model, read then moved)"] == L_WEIGHTS
-    assert plan.cpu_bytes["proxy reference log-probs (float32)"] == (8 + 4) * 128 * 128256 * 4
+    assert plan.cpu_bytes == {"proxy reference log-probs (float32)": (8 + 4) * 128 * 128256 * 4}
+    gguf = plan_memory(_config(LLAMA_70B), RunSizes(**{**SIZES.__dict__, "whole_cpu_copy": True}), gpus(4, H100))
+    assert gguf.cpu_bytes["loading (whole BF16 model, read then moved)"] == L_WEIGHTS
 
 
 def test_qwen3_235b_totals_by_hand():

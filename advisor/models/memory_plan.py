@@ -9,7 +9,8 @@ largest item), the sensitivity pass's recorded layer outputs and lm-eval's batch
 the devices in order (embeddings first, the final norm, lm_head and the logits on the last),
 each device filled before the next, as accelerate's sequential device map does; what is left
 over would have to stream from CPU memory. The CPU side holds the proxy's reference log-probs
-and, while loading, the whole BF16 model.
+and, while loading a GGUF file, the whole BF16 model (safetensors are read shard by shard onto the
+devices).
 
 Everything here is arithmetic on :mod:`advisor.models.adapters` geometry (torch-free); the sizes
 that are estimates (the per-device reserve, the longest lm-eval item) are named constants.
@@ -51,13 +52,15 @@ class RunSizes:
     heldout_seq: int
     sensitivity_samples: int
     lm_eval: bool
+    whole_cpu_copy: bool = False  # a GGUF file is read whole into CPU memory; safetensors go shard by shard
 
     @classmethod
     def from_recipe(cls, recipe: Any) -> RunSizes:
         cal = recipe.calibration
         return cls(tuple(f.value for f in recipe.formats), cal.num_samples, cal.seq_len, cal.heldout_samples,
                    cal.heldout_seq_len, min(recipe.search.sensitivity_samples, cal.heldout_samples),
-                   bool(recipe.benchmark.tasks))
+                   bool(recipe.benchmark.tasks), recipe.model.source.endswith(".gguf") or bool(recipe.model.gguf_file)
+                   or recipe.model.source.startswith("demo:"))
 
 
 @dataclass(frozen=True)
@@ -235,9 +238,10 @@ def _place(config: Any, sizes: RunSizes, devices: list[Device], model: str) -> M
     totals["sensitivity records"] = sum(i.records_bytes for i in items)
     totals.update(stages)
     totals["bank build (largest weight)"] = build
-    cpu = {"loading (whole BF16 model, read then moved)": totals["weights (BF16)"],
-           "proxy reference log-probs (float32)": (sizes.heldout_samples + sizes.sensitivity_samples)
+    cpu = {"proxy reference log-probs (float32)": (sizes.heldout_samples + sizes.sensitivity_samples)
            * sizes.heldout_seq * geo.vocab * 4}
+    if sizes.whole_cpu_copy:
+        cpu["loading (whole BF16 model, read then moved)"] = totals["weights (BF16)"]
     return MemoryPlan(model, sizes, totals, placements, [i.name for i in queue], sum(i.total_bytes for i in queue),
                       cpu, None)
 

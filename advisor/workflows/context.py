@@ -159,9 +159,9 @@ def prepare(
 
     t = time.perf_counter()
     status(f"loading model {recipe.model.source} on {device}")
-    from advisor.workflows.memory import spread_device_map
+    from advisor.workflows.memory import load_device_map
 
-    loaded = load_model(recipe.model, device, device_map=spread_device_map(recipe, device))
+    loaded = load_model(recipe.model, device, device_map=load_device_map(recipe, device))
     fingerprint = model_fingerprint(loaded)  # of the BF16 weights, before any float32 copy
     arithmetic, why = to_scoring_arithmetic(loaded.model, device)
     if arithmetic != BF16:

@@ -65,21 +65,26 @@ def not_fitting_message(plan: MemoryPlan) -> str:
             f"to stream from CPU memory; {fix}; `advisor search --dry-run` prints the plan")
 
 
-def spread_device_map(recipe: Recipe, device: str) -> dict[str, int] | None:
-    """The device map that spreads the model over the GPUs here when one cannot hold its search; None when one
-    can (or there is one GPU, or the plan does not fit: pre-flight has said so)."""
-    if device != "cuda":
+def load_device_map(recipe: Recipe, device: str) -> dict[str, Any] | None:
+    """Where a CUDA search loads its model: over the GPUs here when one cannot hold its search (the memory
+    plan's placement), else onto the current GPU; either way read shard by shard, with no whole CPU copy.
+    None (load on the CPU, then move) for the CPU and for GGUF files, which transformers reads whole."""
+    sizes = RunSizes.from_recipe(recipe)
+    if device != "cuda" or sizes.whole_cpu_copy:
         return None
+    import torch
+
     devices = devices_here()
+    whole = {"": torch.cuda.current_device()}
     if len(devices) < 2:
-        return None
+        return whole
     from advisor.models.device_map import plan_device_map
 
-    config, sizes = read_config(recipe.model), RunSizes.from_recipe(recipe)
+    config = read_config(recipe.model)
     if plan_memory(config, sizes, devices[:1]).fits:
-        return None
+        return whole
     plan = plan_memory(config, sizes, devices, recipe.model.source)
-    return plan_device_map(config, plan) if plan.fits else None
+    return plan_device_map(config, plan) if plan.fits else whole
 
 
 def check_memory(recipe: Recipe) -> None:
