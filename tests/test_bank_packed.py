@@ -49,7 +49,7 @@ def _assert_same_trials(folded, packed, groups, heldout, kv_cache=(Format.BF16,)
         assert ref_folded.score(folded.assemble(plan)) == ref_packed.score(packed.assemble(plan))
 
 
-def test_tiny_model_trials_are_bit_identical_and_entries_cost_their_width(tiny_model_dir):
+def test_tiny_model_trials_are_bit_identical_and_entries_cost_their_width(tiny_model_dir, one_torch_thread):
     from advisor.models.loading import load_model
     from advisor.recipe.schema import ModelSpec
 
@@ -101,7 +101,7 @@ def test_fp8_kv_cache_bank_is_bit_identical(one_torch_thread):
 
 
 @pytest.mark.slow
-def test_smollm2_trials_are_bit_identical():
+def test_smollm2_trials_are_bit_identical(one_torch_thread):
     from advisor.models.loading import load_model
     from advisor.recipe.schema import DEMO_MODEL, ModelSpec
 

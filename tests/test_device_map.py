@@ -61,7 +61,7 @@ def _scores(model, groups, tokens):
     return out
 
 
-def test_spread_model_gives_the_same_kl_as_one_device(tiny_model_dir):
+def test_spread_model_gives_the_same_kl_as_one_device(tiny_model_dir, one_torch_thread):
     from accelerate import dispatch_model
     from transformers import AutoConfig
 
