@@ -33,8 +33,9 @@ TOP_K = 20
 
 
 def lambada_items(path: Path, tokenizer: Any, count: int) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
-    """The first ``count`` items of a LAMBADA JSONL file ({"text": ...}) as (context, target) token ids:
-    the target is the last word with its leading space, as lm-eval's lambada_openai splits it."""
+    """The first ``count`` items of a LAMBADA JSONL file ({"text": ...}, or {"context": ..., "continuation":
+    last word}) as (context, target) token ids: the target is the last word with its leading space, as
+    lm-eval's lambada_openai splits it."""
     items = []
     try:
         lines = path.read_text().splitlines()
@@ -42,14 +43,20 @@ def lambada_items(path: Path, tokenizer: Any, count: int) -> list[tuple[tuple[in
         raise InputError(f"--lambada: cannot read {path} ({exc}); give a LAMBADA JSONL file") from None
     for line in lines[:count]:
         try:
-            text = json.loads(line)["text"]
-        except (ValueError, KeyError, TypeError):
-            raise InputError(f"--lambada: {path} has a line that is not JSON with a \"text\" field") from None
-        context, _, word = text.rpartition(" ")
+            doc = json.loads(line)
+            context, word = (doc["text"].rpartition(" ")[::2] if "text" in doc
+                             else (doc["context"].rstrip(" "), doc["continuation"].strip()))
+        except (ValueError, KeyError, TypeError, AttributeError):
+            raise InputError(f"--lambada: {path} has a line that is not JSON with a \"text\" field "
+                             "(or \"context\" and \"continuation\")") from None
         ctx = tokenizer(context, add_special_tokens=False)["input_ids"]
         whole = tokenizer(context + " " + word, add_special_tokens=False)["input_ids"]
-        if whole[:len(ctx)] == ctx and len(whole) > len(ctx):
-            items.append((tuple(ctx), tuple(whole[len(ctx):])))
+        # lm-eval's split (what follows the context's tokens); a tokenizer that merges across the boundary
+        # gets the word encoded on its own
+        cont = (whole[len(ctx):] if whole[:len(ctx)] == ctx
+                else tokenizer(" " + word, add_special_tokens=False)["input_ids"])
+        if ctx and cont:
+            items.append((tuple(ctx), tuple(cont)))
     return items
 
 
@@ -115,9 +122,10 @@ def energy_as_served(record: dict[str, Any] | None, served: dict[str, Any]) -> l
 
 def verify_run(run_dir: Path, engine: str = "vllm", plan_ids: Sequence[str] = (), lambada: Path | None = None,
                lambada_count: int = 200, energy: bool = True, meter: MeterConfig | None = None,
-               runner: Callable[[ServeJob], dict[str, Any]] = run_in_child,
+               runner: Callable[[ServeJob], dict[str, Any]] | None = None,
                status: Callable[[str], None] = lambda _m: None) -> dict[str, Any]:
-    """Serve the run's plans through ``engine`` and write verify.json / verify.md / report.md's section."""
+    """Serve the run's plans through ``engine`` (each in a process of its own unless ``runner`` says otherwise)
+    and write verify.json / verify.md / report.md's section."""
     from advisor.deploy.checkpoint import load_exported
     from advisor.deploy.engines import checkpoint_exporter
     from advisor.deploy.engines import engine as engine_entry
@@ -171,7 +179,7 @@ def verify_run(run_dir: Path, engine: str = "vllm", plan_ids: Sequence[str] = ()
         job = ServeJob(checkpoint=str(paths[role]), vocab_size=vocab, sequences=tuple(heldout), items=tuple(items),
                        top_k=TOP_K, workloads=tuple(summary["workloads"]) if energy else (),
                        meter=asdict(meter or MeterConfig()))
-        served[role] = runner(job)
+        served[role] = (runner or run_in_child)(job)
 
     status("scoring the advisor's own models on the same tokens")
     import torch
