@@ -53,15 +53,20 @@ def test_verify_serves_the_recommendation_and_bf16(run_dir, engine, tmp_path):
     lambada = tmp_path / "lambada.jsonl"
     lambada.write_text("\n".join(json.dumps({"text": t}) for t in (
         "Once upon a time there was a little girl named Lily", "The dog ran to the park and saw a big tree")))
-    res = runner.invoke(app, ["verify", str(run_dir), "--lambada", str(lambada)])
+    fp8 = next(t["plan_id"] for t in json.loads((run_dir / "summary.json").read_text())["trials"]
+               if set(t["formats"].values()) == {"fp8"})
+    res = runner.invoke(app, ["verify", str(run_dir), "--lambada", str(lambada), "--plan", fp8])
     assert res.exit_code == 0, res.output
     data = json.loads((run_dir / "verify.json").read_text())
     summary = json.loads((run_dir / "summary.json").read_text())
-    roles = {r["role"]: r for r in data["plans"]}
+    roles = {part: r for r in data["plans"] for part in r["role"].split("+")}
     assert roles["recommendation"]["plan_id"] == summary["recommendation"]["plan_id"]
+    assert len({r["plan_id"] for r in data["plans"]}) == len(data["plans"])  # each plan served once
     assert all(r["formats_match"] is True for r in data["plans"]) and data["verified"]
     bf16 = roles["bf16"]
     assert set(bf16["served_formats"].values()) == {"bf16"}
+    assert set(roles[fp8]["served_formats"].values()) == {"fp8"}
+    assert roles[fp8]["accuracy"]["advisor_kl_topk"] > 0
     # the advisor's own model of the BF16 export is the reference itself
     assert bf16["accuracy"]["advisor_kl_topk"] == pytest.approx(0.0, abs=1e-6)
     assert bf16["accuracy"]["served_kl_topk"] > 0  # the fake engine's "model" is another one

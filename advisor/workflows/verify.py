@@ -162,7 +162,11 @@ def verify_run(run_dir: Path, engine: str = "vllm", plan_ids: Sequence[str] = ()
     fingerprint = model_fingerprint(loaded)
     to_scoring_arithmetic(loaded.model, "cpu")
     tokens = run_tokens(run_dir, recipe, loaded, fingerprint)
-    plans = {"bf16": Plan.uniform(loaded.shape.groups, Format.BF16), **plans}
+    roles: dict[str, Plan] = {}  # one serving per plan: a role that names a plan already there joins its name
+    for role, plan in {"bf16": Plan.uniform(loaded.shape.groups, Format.BF16), **plans}.items():
+        same = next((r for r, p in roles.items() if p.id == plan.id), None)
+        roles[f"{same}+{role}" if same else role] = roles.pop(same) if same else plan
+    plans = roles
     members = {g.name: g.members for g in loaded.shape.groups}
     heldout = [tuple(int(t) for t in row) for row in tokens.heldout]
     items = lambada_items(lambada, loaded.tokenizer, lambada_count) if lambada else []
