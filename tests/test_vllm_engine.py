@@ -121,3 +121,17 @@ def test_without_vllm_the_child_says_how_to_install_it(tmp_path):
         pytest.skip("a vllm package is importable here")
     with pytest.raises(SetupError, match=r"vllm.*pip install vllm==0\.26\.0"):
         run_in_child(ServeJob(str(tmp_path), vocab_size=64))
+
+
+def test_measure_chooses_the_engine_and_vllm_needs_the_checkpoint(tmp_path):
+    from typer.testing import CliRunner
+
+    from advisor.cli import app
+
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"formats": {}}))
+    runner = CliRunner()
+    res = runner.invoke(app, ["measure", "--plan", str(plan), "--engine", "vllm"])
+    assert res.exit_code == 2 and "--engine vllm serves an exported checkpoint" in res.output
+    res = runner.invoke(app, ["measure", "--plan", str(plan), "--engine", "sglang"])
+    assert res.exit_code == 2 and "builtin or vllm" in res.output
