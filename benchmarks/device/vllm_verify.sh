@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The device side of benchmarks/vllm_verify.py, started in the background (setsid) on a GPU machine that
+# The device side of benchmarks/vllm_verify.py (run from the repository root), started in the background (setsid) on a GPU machine that
 # already holds vLLM in /tmp/vsite, the project's wheels in /tmp/site, this code in /tmp/v38/code and the
 # SmolLM2 GGUF and LAMBADA items in /tmp/v38/. Writes everything to /tmp/v38/out (a poll copies it back).
 set -u
@@ -8,7 +8,7 @@ export PYTHONPATH=/tmp/v38/code:/tmp/vsite:/tmp/site PYTHONUNBUFFERED=1 HF_HUB_O
 out=/tmp/v38/out
 mkdir -p $out
 kind=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -qi h200 && echo h200 || echo h100)
-sed "s/^target: .*/target: $kind/" benchmarks/vllm_verify_smollm2.yaml > /tmp/v38/smollm2.yaml
+sed "s/^target: .*/target: $kind/" benchmarks/device/vllm_verify_smollm2.yaml > /tmp/v38/smollm2.yaml
 echo "B start $(date -u +%T)" >> $out/progress
 python3 -c 'from advisor.cli import main; main()' search -r /tmp/v38/smollm2.yaml > $out/b_search.log 2>&1
 run=/tmp/v38/runs/smollm2_vllm

@@ -2,7 +2,7 @@
 # The device side of reports/accuracy/acceptance.{json,md}: the full-set run on a GPU, from the repository
 # root of the device's copy. The GGUF travels xz-compressed in two parts (one device call carries 64 MiB),
 # the first left in $W by an earlier call together with the installed wheels (see the report).
-#   W=/tmp/a15 bash .dev/a15/benchmarks/acceptance_gpu.sh MAIN_S EXTRA_S
+#   W=/tmp/a15 bash .dev/a15/benchmarks/device/acceptance_gpu.sh MAIN_S EXTRA_S
 set -o pipefail
 W=${W:-/tmp/a15}; MAIN_S=${1:-480}; EXTRA_S=${2:-0}; ROOT=$PWD
 GGUF=$W/SmolLM2-135M-Instruct.Q4_1.gguf
