@@ -96,11 +96,11 @@ def build_checkpoints(config: Any, plans: dict[str, Plan], root: Path, device: s
 
 def eightb(args: argparse.Namespace) -> dict[str, Any]:
     import torch
-    from advisor.energy.select import gpu_here, make_predicted_model
     from transformers import LlamaForCausalLM
 
     from advisor.deploy.vllm_engine import run_in_child, served_formats
     from advisor.deploy.vllm_serve import ServeJob, serve
+    from advisor.energy.prediction import gpu_here, make_predicted_model
     from advisor.models.groups import model_shape
 
     config = llama31_8b_config(args.dry_run)
@@ -119,7 +119,7 @@ def eightb(args: argparse.Namespace) -> dict[str, Any]:
     paths = build_checkpoints(config, plans, root, "cpu" if args.dry_run else "cuda")
     stages = {"build_and_export_s": time.perf_counter() - t0}
 
-    from advisor.energy.profile_store import ProfileStore
+    from advisor.energy.profiling import ProfileStore
 
     predicted = make_predicted_model(shape, target, None, config, store=ProfileStore(tempfile.mkdtemp()))
     runtime: dict[tuple[str, str], Any] = {}

@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import pytest
 
-from advisor.deploy.engines import NOT_VERIFIED, TensorRTLLMEnergyModel, import_tensorrt_llm
+from advisor.deploy.trtllm_engine import NOT_VERIFIED, TensorRTLLMEnergyModel, import_tensorrt_llm
 from advisor.energy.meter import EnergyMeter, MeterConfig
 from advisor.errors import SetupError
 from advisor.formats import Format
@@ -90,7 +90,7 @@ def test_search_run_exports_each_measured_plan_once_and_serves_that_checkpoint(t
 
     import advisor.energy.meter as meter_mod
     from advisor.calibration.tokens import build_token_sets
-    from advisor.deploy.engines import tensorrt_llm_tier
+    from advisor.deploy.trtllm_engine import tensorrt_llm_tier
     from advisor.models.loading import load_model
     from advisor.recipe.schema import validate_recipe
 

@@ -59,7 +59,7 @@ LAYERS = (
     ("search", "report"),
     ("calibration", "quantize", "accuracy", "energy", "deploy"),
     ("workflows",),
-    ("cli", "testing"),
+    ("cli", "testing", "testing_vllm"),
 )
 
 
@@ -180,3 +180,38 @@ def test_previous_summary_version_is_refused_clearly(tmp_path, command):
     assert res.exit_code == 2, res.output
     assert "Error:" in res.output and "schema version 1" in res.output and "advisor report" in res.output
     assert "Traceback" not in res.output
+
+
+def _advisor_imports() -> list[tuple[str, int, str, str | None]]:
+    """(file, line, module, name) for every `import advisor...` / `from advisor... import name`, function-level too."""
+    found = []
+    files = [p for d in ("advisor", "tests", "benchmarks") for p in (ROOT / d).rglob("*.py")
+             if "studies" not in p.parts]
+    for path in files:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").split(".")[0] == "advisor":
+                found += [(str(path.relative_to(ROOT)), node.lineno, node.module, a.name) for a in node.names]
+            elif isinstance(node, ast.Import):
+                found += [(str(path.relative_to(ROOT)), node.lineno, a.name, None) for a in node.names
+                          if a.name.split(".")[0] == "advisor"]
+    return found
+
+
+def test_every_advisor_import_resolves():
+    """A module moved or a name renamed leaves no stale import behind, not even inside a function
+    that only a GPU run or a benchmark reaches."""
+    import importlib
+
+    stale = []
+    for path, line, module, name in _advisor_imports():
+        try:
+            imported = importlib.import_module(module)
+        except ImportError as exc:
+            stale.append(f"{path}:{line} {module}: {exc}")
+            continue
+        if name and name != "*" and not hasattr(imported, name):
+            try:
+                importlib.import_module(f"{module}.{name}")
+            except ImportError:
+                stale.append(f"{path}:{line} {module}.{name}")
+    assert stale == []

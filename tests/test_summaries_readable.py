@@ -16,14 +16,14 @@ from pathlib import Path
 import optuna
 import pytest
 import yaml
-from advisor.accuracy.stats import paired_drop
 from conftest import TINY_MODEL, need, tiny_recipe_dict
 from summary_readers import read_as_every_command
 from typer.testing import CliRunner
 
 from advisor.cli import app
 from advisor.search.acceptance import PlanAcceptance, TaskAcceptance, Verdict
-from advisor.search.study import record_benchmark
+from advisor.search.stats import paired_drop
+from advisor.search.trial_record import record_benchmark
 
 runner = CliRunner()
 TASK = "lambada_openai"

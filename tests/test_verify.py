@@ -43,7 +43,7 @@ def engine(monkeypatch):
 
     vllm = fake_vllm(step_s=0.002)
     monkeypatch.setitem(sys.modules, "vllm", vllm)
-    monkeypatch.setattr("advisor.energy.select.gpu_here", lambda: ("h100", "Fake GPU"))
+    monkeypatch.setattr("advisor.energy.prediction.gpu_here", lambda: ("h100", "Fake GPU"))
     monkeypatch.setattr(verify_module, "run_in_child", lambda job: serve(job, make_counter=ConstantPowerCounter))
     monkeypatch.setattr(verify_module, "MeterConfig", lambda: MeterConfig(**FAST))
     return vllm
@@ -99,7 +99,7 @@ def test_without_vllm_or_gpu_exit_3_and_a_foreign_run_exit_2(run_dir, tmp_path, 
     assert res.exit_code == 3 and res.output.count("Error:") == 1 and "pip install vllm==0.26.0" in res.output
 
     monkeypatch.setitem(sys.modules, "vllm", fake_vllm())
-    monkeypatch.setattr("advisor.energy.select.gpu_here", lambda: (None, None))
+    monkeypatch.setattr("advisor.energy.prediction.gpu_here", lambda: (None, None))
     res = runner.invoke(app, ["verify", str(run_dir)])
     assert res.exit_code == 3 and "NVML sees none" in res.output
 

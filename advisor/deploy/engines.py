@@ -11,15 +11,12 @@ tier from ``(recipe, loaded model, token sets)``.
 from __future__ import annotations
 
 import importlib
-import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 from advisor.errors import InputError, SetupError
-from advisor.plan import Plan
 
 
 @dataclass(frozen=True)
@@ -77,32 +74,4 @@ def measured_tier(name: str) -> Callable[[Any, Any, Any], Any] | None:
     return getattr(importlib.import_module(module), function)
 
 
-def checkpoint_exporter(recipe: Any, loaded: Any, tokens: Any, smoke: bool = False) -> Callable[[Plan], Path]:
-    """``plan -> folder``: the plan exported once (``advisor export``'s code) into
-    ``RUN_DIR/engine_checkpoints/<plan id>``, reused when its export finished before."""
-    from advisor.deploy.export import export_plan
-
-    folder = Path(recipe.run_dir) / "engine_checkpoints"
-    workloads = [w.model_dump() for w in recipe.workloads]
-
-    def checkpoint_for(plan: Plan) -> Path:
-        out = folder / plan.id
-        if not (out / "export.json").is_file():
-            if out.exists():  # what an interrupted export of this run left
-                shutil.rmtree(out)
-            export_plan(loaded, plan, tokens, out, workloads, target=recipe.target.value, smoke=smoke)
-        return out
-
-    return checkpoint_for
-
-
-# The TensorRT-LLM entry's names, where callers have always found them.
-from advisor.deploy.trtllm_engine import (  # noqa: E402
-    NOT_VERIFIED,
-    TensorRTLLMEnergyModel,
-    import_tensorrt_llm,
-    tensorrt_llm_tier,
-)
-
-__all__ = ["ENGINES", "ENGINE_TABLE", "NOT_VERIFIED", "Engine", "TensorRTLLMEnergyModel", "checkpoint_exporter",
-           "engine", "import_engine", "import_tensorrt_llm", "measured_tier", "tensorrt_llm_tier"]
+__all__ = ["ENGINES", "ENGINE_TABLE", "Engine", "engine", "import_engine", "measured_tier"]

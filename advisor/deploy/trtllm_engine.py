@@ -149,7 +149,7 @@ class TensorRTLLMEnergyModel:
 def tensorrt_llm_tier(recipe: Any, loaded: Any, tokens: Any) -> TensorRTLLMEnergyModel:
     """The measured tier of a search run through TensorRT-LLM: each measured plan is exported once
     (``advisor export``'s code, into ``RUN_DIR/engine_checkpoints/<plan id>``), then served."""
-    from advisor.deploy.engines import checkpoint_exporter
+    from advisor.deploy.engine_checkpoint import checkpoint_exporter
     from advisor.energy.meter import MeterConfig, open_meter
 
     def make_meter(depth: int) -> EnergyMeter:

@@ -201,8 +201,8 @@ class VllmEnergyModel:
 def vllm_tier(recipe: Any, loaded: Any, tokens: Any) -> VllmEnergyModel:
     """The measured tier of a search run through vLLM: each measured plan is exported once
     (``RUN_DIR/engine_checkpoints/<plan id>``), then served at every workload of the recipe."""
-    from advisor.deploy.engines import checkpoint_exporter
-    from advisor.energy.nvml import NvmlDevice
+    from advisor.deploy.engine_checkpoint import checkpoint_exporter
+    from advisor.energy.meter import NvmlDevice
 
     import_vllm()
     state = NvmlDevice(0).state()

@@ -127,12 +127,12 @@ def verify_run(run_dir: Path, engine: str = "vllm", plan_ids: Sequence[str] = ()
     """Serve the run's plans through ``engine`` (each in a process of its own unless ``runner`` says otherwise)
     and write verify.json / verify.md / report.md's section."""
     from advisor.deploy.checkpoint import load_exported
-    from advisor.deploy.engines import checkpoint_exporter
+    from advisor.deploy.engine_checkpoint import checkpoint_exporter
     from advisor.deploy.engines import engine as engine_entry
     from advisor.deploy.recheck import read_summary, stored_plan, summary_recipe
     from advisor.deploy.verify_report import render_verify, write_report_section
     from advisor.deploy.vllm_engine import import_vllm
-    from advisor.energy.select import gpu_here
+    from advisor.energy.prediction import gpu_here
     from advisor.models.arithmetic import to_scoring_arithmetic
     from advisor.models.loading import load_model
     from advisor.workflows.context import model_fingerprint
