@@ -156,7 +156,7 @@ def kill_run(after: int | None, recipe: Path, base: Path, code: Path, timeout_s:
         os.kill(victim, signal.SIGKILL)
         t_kill = time.monotonic()
     try:
-        _, err = parent.communicate(timeout=max(1.0, end - time.monotonic()))
+        _, err = parent.communicate(timeout=timeout_s)  # counted from the kill
         hung = False
     except subprocess.TimeoutExpired:
         parent.kill()
@@ -201,7 +201,8 @@ def main() -> None:
     parser.add_argument("--kills", type=int, default=len(KILL_AFTER))
     parser.add_argument("--storages", default="sqlite,journal,postgresql")
     parser.add_argument("--code", type=Path, default=ROOT, help="checkout whose advisor runs (default: this one)")
-    parser.add_argument("--kill-timeout", type=float, default=300.0, help="a run still going after this is 'hung'")
+    parser.add_argument("--kill-timeout", type=float, default=300.0,
+                        help="a run still going this long after the kill is 'hung'")
     parser.add_argument("--report", type=Path, default=REPORT, help="path without suffix of the .json/.md written")
     args = parser.parse_args()
     t0 = time.monotonic()
