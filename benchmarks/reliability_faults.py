@@ -84,7 +84,7 @@ def storages(kind: str, tmp: Path, pg: Any) -> tuple[str | None, bool]:
     return pg.create_database(f"faults_{tmp.name}"), False
 
 
-def pair_runs(kind: str, n: int, recipe: Path, base: Path, code: Path, pg: Any) -> dict[str, Any]:
+def solo_run(kind: str, recipe: Path, base: Path, code: Path, pg: Any) -> dict[str, Any]:
     solo_dir = base / kind / "solo"
     solo_dir.mkdir(parents=True)
     url, _ = storages(kind, solo_dir, pg)
@@ -92,24 +92,30 @@ def pair_runs(kind: str, n: int, recipe: Path, base: Path, code: Path, pg: Any) 
     _, err = proc.communicate()
     solo = outcome(solo_dir / "runs" / "solo" / "summary.json")
     assert proc.returncode == 0 and solo, err
-    runs = []
-    for i in range(n):
-        tmp = base / kind / f"pair{i}"
-        tmp.mkdir(parents=True)
-        url, same_folder = storages(kind, tmp, pg)
-        outs = [tmp / "runs"] * 2 if same_folder else [tmp / "a", tmp / "b"]
-        t0 = time.monotonic()
-        procs = [search(recipe, o, "pair", PAIR_TRIALS, code, *(["--storage", url] if url else [])) for o in outs]
-        results = [p.communicate() for p in procs]
-        codes = [p.returncode for p in procs]
-        winner = [o for o, c in zip(outs, codes, strict=True) if c == 0]
-        got = outcome(winner[0] / "pair" / "summary.json") if len(winner) == 1 else None
-        runs.append({"exit_codes": codes, "seconds": round(time.monotonic() - t0, 1),
-                     "loser_error": next((error_line(e) for (_, e), c in zip(results, codes, strict=True) if c), ""),
-                     "winner_equals_solo": got == solo})
-        print(f"{kind} pair {i}: exit {codes}, equal to solo: {got == solo}", flush=True)
+    return solo
+
+
+def pair_run(kind: str, i: int, solo: dict[str, Any], recipe: Path, base: Path, code: Path, pg: Any) -> dict[str, Any]:
+    tmp = base / kind / f"pair{i}"
+    tmp.mkdir(parents=True)
+    url, same_folder = storages(kind, tmp, pg)
+    outs = [tmp / "runs"] * 2 if same_folder else [tmp / "a", tmp / "b"]
+    t0 = time.monotonic()
+    procs = [search(recipe, o, "pair", PAIR_TRIALS, code, *(["--storage", url] if url else [])) for o in outs]
+    results = [p.communicate() for p in procs]
+    codes = [p.returncode for p in procs]
+    winner = [o for o, c in zip(outs, codes, strict=True) if c == 0]
+    got = outcome(winner[0] / "pair" / "summary.json") if len(winner) == 1 else None
+    row = {"exit_codes": codes, "seconds": round(time.monotonic() - t0, 1),
+           "loser_error": next((error_line(e) for (_, e), c in zip(results, codes, strict=True) if c), ""),
+           "winner_equals_solo": got == solo}
+    print(f"{kind} pair {i}: {row}", flush=True)
+    return row
+
+
+def pair_summary(kind: str, runs: list[dict[str, Any]]) -> dict[str, Any]:
     ok = sum(sorted(r["exit_codes"]) == [0, 2] and r["winner_equals_solo"] for r in runs)
-    return {"storage": kind, "pairs": n, "one_ran_other_exit_2_and_equal_to_solo": ok, "runs": runs}
+    return {"storage": kind, "pairs": len(runs), "one_ran_other_exit_2_and_equal_to_solo": ok, "runs": runs}
 
 
 def study_states(url: str) -> dict[str, Any]:
@@ -206,25 +212,36 @@ def main() -> None:
     parser.add_argument("--report", type=Path, default=REPORT, help="path without suffix of the .json/.md written")
     args = parser.parse_args()
     t0 = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="advisor-faults-") as tmp:
-        base = Path(tmp)
-        recipe = recipe_file(base)
-        sys.path.insert(0, str(ROOT / "tests"))
-        from pg_server import running_postgres
-
-        pairs = []
-        kinds = [k for k in args.storages.split(",") if k] if args.pairs else []
-        with running_postgres() if "postgresql" in kinds else contextlib.nullcontext() as pg:
-            for kind in kinds:
-                pairs.append(pair_runs(kind, args.pairs, recipe, base, args.code, pg))
-        kills = [kill_run(after, recipe, base, args.code, args.kill_timeout) for after in KILL_AFTER[:args.kills]]
+    kinds = [k for k in args.storages.split(",") if k] if args.pairs else []
     data = {"command": shlex.join([Path(sys.executable).name, *sys.argv]),
             "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "host": socket.gethostname(),
             "cpus": os.cpu_count(), "platform": platform.platform(), "code": str(args.code),
-            "seconds": round(time.monotonic() - t0), "pairs": pairs, "kills": kills}
-    args.report.parent.mkdir(parents=True, exist_ok=True)
-    args.report.with_suffix(".json").write_text(json.dumps(data, indent=2) + "\n")
-    args.report.with_suffix(".md").write_text(markdown(data))
+            "seconds": 0, "pairs": [], "kills": []}
+    runs: dict[str, list[dict[str, Any]]] = {k: [] for k in kinds}
+
+    def write() -> None:  # after every run: a cut-short session keeps what it measured
+        data["seconds"] = round(time.monotonic() - t0)
+        data["pairs"] = [pair_summary(k, runs[k]) for k in kinds]
+        args.report.parent.mkdir(parents=True, exist_ok=True)
+        args.report.with_suffix(".json").write_text(json.dumps(data, indent=2) + "\n")
+        args.report.with_suffix(".md").write_text(markdown(data))
+
+    with tempfile.TemporaryDirectory(prefix="advisor-faults-") as tmp:
+        base = Path(tmp)
+        recipe = recipe_file(base)
+        for after in KILL_AFTER[:args.kills]:
+            data["kills"].append(kill_run(after, recipe, base, args.code, args.kill_timeout))
+            write()
+        sys.path.insert(0, str(ROOT / "tests"))
+        from pg_server import running_postgres
+
+        with running_postgres() if "postgresql" in kinds else contextlib.nullcontext() as pg:
+            solos = {k: solo_run(k, recipe, base, args.code, pg) for k in kinds}
+            for i in range(args.pairs):  # storages in turn
+                for kind in kinds:
+                    runs[kind].append(pair_run(kind, i, solos[kind], recipe, base, args.code, pg))
+                    write()
+    write()
     print(markdown(data))
 
 

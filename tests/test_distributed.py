@@ -257,3 +257,27 @@ def test_run_search_counts_only_the_trials_it_finished_itself(tmp_path):
     assert len(complete) == 10 and sum(counts.values()) == 10
     for label in "ab":
         assert counts[label] == sum(t.user_attrs["worker"]["gpu_uuid"] == label for t in complete)
+
+
+def test_a_trial_that_died_before_naming_its_worker_is_retried(tmp_path, monkeypatch):
+    """Killed between Optuna creating the trial and the objective's first line: no pid to check, so its age
+    decides (the journal has no heartbeat); the coordinator would otherwise wait for it forever."""
+    from advisor.search import recovery
+    from advisor.search.budget import reap
+
+    study = optuna.create_study(storage=_journal(tmp_path), study_name="d")
+    trial = study.ask()
+    trial.suggest_categorical("layers.0.qkv", ["bf16", "fp8"])
+    reap(study)
+    assert study.get_trials()[0].state == TrialState.RUNNING  # young: it may still name itself
+    monkeypatch.setattr(recovery, "UNNAMED_GRACE_S", 0.0)
+    reap(study)
+    trials = study.get_trials()
+    assert trials[0].state == TrialState.FAIL and trials[1].state == TrialState.WAITING
+    assert trials[1].system_attrs["failed_trial"] == 0
+
+
+def _journal(tmp_path: Path) -> optuna.storages.BaseStorage:
+    from advisor.search.storage import open_storage
+
+    return open_storage(f"journal:{tmp_path / 'j.journal'}")

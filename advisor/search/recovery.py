@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import socket
 import warnings
+from datetime import datetime
 
 import optuna
 from optuna.storages import RetryHeartbeatStaleTrialCallback
@@ -22,6 +23,7 @@ from optuna.trial import TrialState
 from advisor.search.processes import is_running, process_start_ticks
 
 WORKER_ATTR = "worker"
+UNNAMED_GRACE_S = 60.0  # a RUNNING trial that has not named its worker after this is dead
 
 
 def retry_callback(max_retry: int = 2) -> RetryHeartbeatStaleTrialCallback:
@@ -44,7 +46,10 @@ def retry_dead_local_trials(study: optuna.Study, max_retry: int = 2) -> list[int
     failed = []
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         worker = t.user_attrs.get(WORKER_ATTR) or {}
-        if worker.get("host") != host or not isinstance(worker.get("pid"), int) \
+        if not worker:  # the objective names its process first thing: silent this long, it died at its start
+            if t.datetime_start is None or (datetime.now() - t.datetime_start).total_seconds() < UNNAMED_GRACE_S:
+                continue
+        elif worker.get("host") != host or not isinstance(worker.get("pid"), int) \
                 or is_running(worker["pid"], worker.get("start_ticks")):
             continue
         try:
