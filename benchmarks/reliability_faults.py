@@ -11,7 +11,8 @@ Writes reports/reliability_faults.json and .md (command, date, host, counts, eve
   from two --out folders (the study's owner record decides). Expected: one exits 0, the other 2;
   the winner's recommendation and trial values equal a solo run's.
 * kills: `advisor search --workers 3` (journal storage), one child killed with SIGKILL at each of
-  ``--kills`` moments (while it loads, then inside a trial after 1, 4, 7 and 10 finished trials).
+  ``--kills`` moments (while it loads, then inside a trial after 1, 6, 12 and 18 finished trials;
+  more held-out tokens make trials long enough for the children to join in time).
   Expected: exit 0, the budget met, nothing RUNNING, no trial lost, the seconds it took to finish.
 
 ``--code DIR`` runs another checkout's advisor (e.g. the code before a fix) with the same scenarios.
@@ -42,14 +43,17 @@ ROOT = Path(__file__).resolve().parents[1]
 REPORT = ROOT / "reports" / "reliability_faults"
 CLI = [sys.executable, "-c", "from advisor.cli import main; main()"]
 PAIR_TRIALS = 4
-KILL_TRIALS = 12
-KILL_AFTER = (None, 1, 4, 7, 10)  # finished trials before the kill; None: while the child loads
+KILL_TRIALS = 24
+KILL_AFTER = (None, 1, 6, 12, 18)  # finished trials before the kill; None: while the child loads
+# Longer trials for the kills (more held-out tokens): the children join while trials remain.
+KILL_HELDOUT = {"heldout_samples": 32, "heldout_seq_len": 64}
 
 
-def recipe_file(tmp: Path) -> Path:
+def recipe_file(tmp: Path, name: str = "tiny", **calibration: int) -> Path:
     data = yaml.safe_load((ROOT / "recipes" / "tiny.yaml").read_text())
     data["model"]["source"] = str((ROOT / data["model"]["source"]).resolve())
-    path = tmp / "tiny.yaml"
+    data["calibration"].update(calibration)
+    path = tmp / f"{name}.yaml"
     path.write_text(yaml.safe_dump(data))
     return path
 
@@ -229,8 +233,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="advisor-faults-") as tmp:
         base = Path(tmp)
         recipe = recipe_file(base)
+        slow = recipe_file(base, "tiny-slow-trials", **KILL_HELDOUT)
         for after in KILL_AFTER[:args.kills]:
-            data["kills"].append(kill_run(after, recipe, base, args.code, args.kill_timeout))
+            data["kills"].append(kill_run(after, slow, base, args.code, args.kill_timeout))
             write()
         sys.path.insert(0, str(ROOT / "tests"))
         from pg_server import running_postgres

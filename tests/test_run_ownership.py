@@ -167,3 +167,35 @@ def test_search_of_a_study_another_run_holds_in_postgresql_exits_2_in_one_line(p
     finally:
         held.release()
     assert optuna.load_study(study_name="t", storage=open_storage(url)).user_attrs["study_key"] == {"k": 1}
+
+
+def test_workers_join_the_owned_study_and_a_killed_child_is_reaped_and_named(tmp_path, tiny_recipe):
+    """`--workers 2`: the child joins the coordinator's study (no claim, no lock); killed with SIGKILL, it is
+    reaped and named in one warning line, and the run ends with the budget met. (A kill inside a trial, whose
+    trial is retried: tests/test_distributed.py; at five moments: benchmarks/reliability_faults.py.)"""
+    import signal
+
+    from optuna.trial import TrialState
+
+    trials = 6
+    path = tmp_path / "r.yaml"
+    path.write_text(yaml.safe_dump({**tiny_recipe, "search": {"trials": trials, "seed": 0, "sampler": "random"}}))
+    run_dir = Path(tiny_recipe["out"]) / tiny_recipe["name"]
+    parent = subprocess.Popen([sys.executable, "-c", "from advisor.cli import main; main()", "search", "-r", str(path),
+                               "--workers", "2"], cwd=Path(__file__).resolve().parents[1], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+    children = Path(f"/proc/{parent.pid}/task/{parent.pid}/children")
+    end = time.monotonic() + 300
+    while not children.read_text().split():
+        assert parent.poll() is None and time.monotonic() < end, "no worker was started"
+        time.sleep(0.05)
+    victim = int(children.read_text().split()[0])
+    os.kill(victim, signal.SIGKILL)
+    out, err = parent.communicate(timeout=300)
+    assert parent.returncode == 0, err
+    warnings = [line for line in err.splitlines() if line.startswith("warning: worker-1")]
+    assert len(warnings) == 1 and f"pid {victim}" in warnings[0] and "SIGKILL" in warnings[0], err
+    study = optuna.load_study(study_name="t", storage=open_storage(f"journal:{run_dir / 'study.journal'}"))
+    states = [t.state for t in study.get_trials()]
+    assert states.count(TrialState.COMPLETE) == trials and TrialState.RUNNING not in states
+    assert "recommended:" in out

@@ -85,12 +85,13 @@ def _run_owned(study: optuna.Study, recipe: Recipe, resume: bool, progress: Prog
     return build_summary_from(recipe.run_dir)
 
 
-def check_workers(study: optuna.Study, recipe: Recipe, children: list, codes: list[int],
+def check_workers(study: optuna.Study, recipe: Recipe, children: list, codes: list[int | None],
                   progress: ProgressReporter) -> None:
-    """One warning line per worker that died; the others finished the budget, its trial was retried. Only
-    when trials were lost for good (a retried trial that failed again) is the run an error naming them."""
+    """One warning line per worker that died (None: stopped once the budget was used, not a death); the
+    others finished the budget, its trial was retried. Only when trials were lost for good (a retried
+    trial that failed again) is the run an error naming them."""
     dead = [f"worker-{i + 1} (pid {p.pid}) {describe_exit(code)} (log: {recipe.run_dir / 'workers'}/worker-{i + 1}.log)"
-            for i, (p, code) in enumerate(zip(children, codes, strict=True)) if code != 0]
+            for i, (p, code) in enumerate(zip(children, codes, strict=True)) if code not in (0, None)]
     for line in dead:
         progress.print(f"warning: {line}; the others finished the trial budget")
     if dead and finished_trials(study) < recipe.search.trials and recipe.search.timeout_s is None:

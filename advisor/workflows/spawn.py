@@ -58,16 +58,18 @@ def stop_workers(procs: list[subprocess.Popen], timeout_s: float = 30.0) -> None
             p.kill()
 
 
-def wait_workers(procs: list[subprocess.Popen], grace_s: float = 60.0) -> list[int]:
-    """Exit codes, once every child has left. Called when no trial runs and the budget is used, so a
-    child still there after ``grace_s`` has nothing left to do (e.g. still loading its model): it is
-    stopped rather than waited for."""
+def wait_workers(procs: list[subprocess.Popen], grace_s: float = 10.0) -> list[int | None]:
+    """Exit codes once every child has left; None for a child stopped here. Called when no trial runs
+    and the budget is used, so a child still there after ``grace_s`` has nothing left to do (e.g. it
+    is still loading its model): it is stopped rather than waited for."""
+    codes: list[int | None] = []
     for p in procs:
         try:
-            p.wait(timeout=grace_s)
+            codes.append(p.wait(timeout=grace_s))
         except subprocess.TimeoutExpired:
             stop_workers([p])
-    return [p.wait() for p in procs]
+            codes.append(None)
+    return codes
 
 
 def describe_exit(code: int) -> str:
