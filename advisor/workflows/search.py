@@ -41,7 +41,10 @@ def run(recipe: Recipe, resume: bool = False, console: Console | None = None,
     if workers > 1 and recipe.storage is None:  # processes of one host share Optuna's journal file
         recipe = recipe.model_copy(update={"storage": default_url(recipe.run_dir, workers)})
     key = study_key(recipe, package_versions(), energy_tier(recipe))
-    warn = lambda msg: progress.print(f"warning: {msg}")  # noqa: E731
+
+    def warn(message: str) -> None:
+        progress.print(f"warning: {message}")
+
     with run_folder_lock(recipe.run_dir, warn):
         owned = open_owned_study(recipe, resume, key, warn)
         failed = True
