@@ -189,7 +189,11 @@ def kill_run(after: int | None, recipe: Path, base: Path, code: Path, timeout_s:
 
 def markdown(data: dict[str, Any]) -> str:
     lines = [f"# Fault runs ({data['date']})", "", f"Command: `{data['command']}`  ", f"Host: {data['host']} "
-             f"({data['cpus']} CPUs), code: {data['code']}", "", "## Two same-name searches started together", "",
+             f"({data['cpus']} CPUs, shared with other jobs: seconds are wall-clock under that load), code: "
+             f"{data['code']}, {data['seconds']} s in all", "", "## Two same-name searches started together", "",
+             f"Tiny recipe, {PAIR_TRIALS} trials, random sampler. SQLite: the same --out and --name (the run folder's "
+             "lock decides); journal and PostgreSQL: one study from two --out folders (the study's owner record "
+             "decides). Winner = solo: same recommended plan id and the same trial plans and values.", "",
              "| storage | pairs | exactly one ran, the other exit 2, winner = solo | exit codes | loser's error |",
              "|---|---|---|---|---|"]
     for p in data["pairs"]:
