@@ -156,7 +156,7 @@ def test_profile_validation(tmp_path, h200):
         load_profile(tmp_path / "missing.json")
 
 
-# -- the --energy choice (advisor/energy/select.py) -------------------------------------
+# -- the --energy choice (advisor/energy/prediction) -------------------------------------
 
 
 def test_make_energy_model_predicted_uses_the_shipped_profiles():

@@ -4,6 +4,7 @@ tests, 127.0.0.1 only) and the journal file. Workers are real processes."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -176,3 +177,107 @@ def test_resume_and_worker_with_changed_settings_are_refused(postgres_run):
         study.set_user_attr("study_key", key)
     assert joined.exit_code == 2, joined.output
     assert "versions.torch" in joined.output and "Traceback" not in joined.output
+
+
+UNREAPED_PARENT = textwrap.dedent("""
+    import subprocess, sys
+    # A coordinator whose worker child is its own, started and never waited for while it runs trials: killed,
+    # the child stays a zombie until the end, and a signal probe of its pid succeeds.
+    worker_script, url, out, delay, trials = sys.argv[1:6]
+    child = subprocess.Popen([sys.executable, "-c", worker_script, url, "worker", out, delay, trials])
+    print(child.pid, flush=True)
+    sys.argv = ["x", url, "coordinator", out, delay, trials]
+    exec(worker_script)
+""")
+
+
+def test_a_killed_child_of_the_coordinator_has_its_trial_retried_and_the_coordinator_ends(tmp_path):
+    """kill -9 of a coordinator's own worker child inside a trial, on the journal (no heartbeat): the unreaped
+    child is a zombie, which the old `os.kill(pid, 0)` probe took for alive, so its trial stayed RUNNING and
+    the coordinator waited for it forever."""
+    url = f"journal:{tmp_path / 'study.journal'}"
+    parent = subprocess.Popen([sys.executable, "-c", UNREAPED_PARENT, WORKER, url, str(tmp_path), "1.0", "8"],
+                              cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    child = int(parent.stdout.readline())
+    end = time.monotonic() + 60
+    while not any(t.state == TrialState.RUNNING and t.user_attrs.get("worker", {}).get("pid") == child
+                  for t in (_trials(url))):
+        assert time.monotonic() < end, "the child never started a trial"
+        time.sleep(0.05)
+    os.kill(child, signal.SIGKILL)
+    try:
+        parent.wait(timeout=60)
+    finally:
+        parent.kill()
+    assert parent.returncode == 0, parent.stderr.read()
+    trials = _trials(url)
+    assert sum(t.state == TrialState.COMPLETE for t in trials) == 8
+    killed = [t for t in trials if t.state == TrialState.FAIL]
+    assert len(killed) == 1 and killed[0].user_attrs["worker"]["pid"] == child
+    assert not [t for t in trials if t.state == TrialState.RUNNING]
+
+
+def _trials(url: str) -> list:
+    try:
+        return _load(url).get_trials()
+    except (KeyError, ValueError):
+        return []
+
+
+def test_run_search_counts_only_the_trials_it_finished_itself(tmp_path):
+    """Two workers share one budget: each returns its own count (`advisor worker` printed every worker's)."""
+    import threading
+
+    from advisor.plan import LayerGroup
+    from advisor.recipe import validate_recipe
+    from advisor.search.study import open_study, run_search
+    from advisor.testing import AdditiveEvaluator
+
+    class Slow(AdditiveEvaluator):
+        def evaluate(self, plan):
+            time.sleep(0.05)
+            return super().evaluate(plan)
+
+    groups = tuple(LayerGroup(f"layers.{i}.qkv", (f"m{i}",), ((64, 64),)) for i in range(3))
+    recipe = validate_recipe({"name": "d", "target": "b200", "out": str(tmp_path), "accuracy": {"max_kl": 0.1},
+                              "storage": f"journal:{tmp_path / 'study.journal'}",
+                              "search": {"trials": 10, "seed": 1, "sampler": "random"}})
+    study = open_study(recipe, resume=False)
+    counts: dict[str, int] = {}
+
+    def worker(label: str) -> None:
+        counts[label] = run_search(study, Slow(), recipe, groups, coordinator=label == "a",
+                                   worker={"host": "h", "pid": os.getpid(), "gpu_uuid": label})
+    threads = [threading.Thread(target=worker, args=(label,)) for label in "ab"]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    complete = study.get_trials(states=(TrialState.COMPLETE,))
+    assert len(complete) == 10 and sum(counts.values()) == 10
+    for label in "ab":
+        assert counts[label] == sum(t.user_attrs["worker"]["gpu_uuid"] == label for t in complete)
+
+
+def test_a_trial_that_died_before_naming_its_worker_is_retried(tmp_path, monkeypatch):
+    """Killed between Optuna creating the trial and the objective's first line: no pid to check, so its age
+    decides (the journal has no heartbeat); the coordinator would otherwise wait for it forever."""
+    from advisor.search import recovery
+    from advisor.search.budget import reap
+
+    study = optuna.create_study(storage=_journal(tmp_path), study_name="d")
+    trial = study.ask()
+    trial.suggest_categorical("layers.0.qkv", ["bf16", "fp8"])
+    reap(study)
+    assert study.get_trials()[0].state == TrialState.RUNNING  # young: it may still name itself
+    monkeypatch.setattr(recovery, "UNNAMED_GRACE_S", 0.0)
+    reap(study)
+    trials = study.get_trials()
+    assert trials[0].state == TrialState.FAIL and trials[1].state == TrialState.WAITING
+    assert trials[1].system_attrs["failed_trial"] == 0
+
+
+def _journal(tmp_path: Path) -> optuna.storages.BaseStorage:
+    from advisor.search.storage import open_storage
+
+    return open_storage(f"journal:{tmp_path / 'j.journal'}")

@@ -171,7 +171,6 @@ def test_a_moved_and_a_copied_run_folder_report_from_their_own_study(finished_ru
     (["--formats", "bf16,fp8"], "formats"),
     (["--target", "h100", "--formats", "bf16,fp8"], "target"),
     (["--batch-size", "64"], "workloads"),
-    (["--energy", "predicted"], "energy"),
     (["--tasks", "lambada_openai"], "benchmark.tasks"),
     (["--calibration", "../shared/data/text/tinystories_val.txt"], "calibration.source"),
 ])
@@ -182,6 +181,19 @@ def test_resume_with_a_changed_comparability_field_is_refused(finished_run, flag
     assert res.exit_code == 2, res.output
     assert "Error:" in res.output and field in res.output and "Traceback" not in res.output
     assert (tmp / "runs" / "t" / "recipe.json").read_text() == stored
+
+
+def test_resume_where_energy_auto_now_means_another_tier_is_refused(finished_run, monkeypatch):
+    """`auto` chose the predicted tier on this CPU; with a GPU of the target kind it would measure: a real
+    change, named. (`--energy predicted`, the tier `auto` chose, resumes: tests/test_run_paths.py.)"""
+    from advisor.energy import prediction
+    from advisor.formats import GPU
+
+    tmp, path = finished_run
+    monkeypatch.setattr(prediction, "gpu_here", lambda: (GPU.B200, "NVIDIA B200"))
+    res = runner.invoke(app, ["search", "-r", str(path), "--resume"])
+    assert res.exit_code == 2, res.output
+    assert "energy: 'predicted' -> 'measured'" in res.output and "Traceback" not in res.output
 
 
 def test_an_interrupt_inside_a_trial_logs_neither_its_parameters_nor_a_traceback():

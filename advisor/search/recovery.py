@@ -4,8 +4,9 @@ Database storages have Optuna's heartbeat: a trial silent for its grace period i
 retried by Optuna itself on the next trial start. Two gaps remain, both closed here with
 Optuna's own primitives (``set_trial_state_values`` and ``RetryHeartbeatStaleTrialCallback``): the
 journal file storage has no heartbeat in Optuna 5, and a resume within the grace period would
-leave the killed trial RUNNING. Every trial records its worker (host, pid) when it starts, so
-a trial RUNNING under a pid that no longer exists on this host is known to be dead.
+leave the killed trial RUNNING. Every trial records its worker (host, pid, process start) when it
+starts, so a trial RUNNING under a process of this host that no longer runs is known to be dead
+(a killed child its parent has not reaped yet, a zombie, counts as dead: ``processes.is_running``).
 """
 
 from __future__ import annotations
@@ -13,12 +14,16 @@ from __future__ import annotations
 import os
 import socket
 import warnings
+from datetime import datetime
 
 import optuna
 from optuna.storages import RetryHeartbeatStaleTrialCallback
 from optuna.trial import TrialState
 
+from advisor.search.processes import is_running, process_start_ticks
+
 WORKER_ATTR = "worker"
+UNNAMED_GRACE_S = 60.0  # a RUNNING trial that has not named its worker after this is dead
 
 
 def retry_callback(max_retry: int = 2) -> RetryHeartbeatStaleTrialCallback:
@@ -29,17 +34,8 @@ def retry_callback(max_retry: int = 2) -> RetryHeartbeatStaleTrialCallback:
 
 
 def this_worker(gpu_uuid: str | None = None) -> dict[str, object]:
-    return {"host": socket.gethostname(), "pid": os.getpid(), "gpu_uuid": gpu_uuid}
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    return {"host": socket.gethostname(), "pid": os.getpid(), "gpu_uuid": gpu_uuid,
+            "start_ticks": process_start_ticks(os.getpid())}
 
 
 def retry_dead_local_trials(study: optuna.Study, max_retry: int = 2) -> list[int]:
@@ -50,7 +46,11 @@ def retry_dead_local_trials(study: optuna.Study, max_retry: int = 2) -> list[int
     failed = []
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         worker = t.user_attrs.get(WORKER_ATTR) or {}
-        if worker.get("host") != host or not isinstance(worker.get("pid"), int) or _alive(worker["pid"]):
+        if not worker:  # the objective names its process first thing: silent this long, it died at its start
+            if t.datetime_start is None or (datetime.now() - t.datetime_start).total_seconds() < UNNAMED_GRACE_S:
+                continue
+        elif worker.get("host") != host or not isinstance(worker.get("pid"), int) \
+                or is_running(worker["pid"], worker.get("start_ticks")):
             continue
         try:
             if storage.set_trial_state_values(t._trial_id, state=TrialState.FAIL):

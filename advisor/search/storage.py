@@ -7,6 +7,7 @@ the standard places for it), output shows ``***``.
 
 from __future__ import annotations
 
+import os
 import time
 import warnings
 from pathlib import Path
@@ -31,6 +32,19 @@ def default_url(run_dir: Path, workers: int = 1) -> str:
     if workers > 1:
         return f"{JOURNAL_PREFIX}{(run_dir / 'study.journal').resolve()}"
     return f"sqlite:///{(run_dir / DEFAULT_DB).resolve()}"
+
+
+def absolute_url(url: str) -> str:
+    """``url`` with a relative SQLite or journal file made absolute against the current folder: resolved
+    once, when a run starts, so its study is found again from any folder (`advisor report RUN_DIR`)."""
+    if url.startswith(JOURNAL_PREFIX):
+        path = url.removeprefix(JOURNAL_PREFIX)
+        return JOURNAL_PREFIX + os.path.abspath(os.path.expanduser(path)) if path else url
+    if url.startswith("sqlite:///"):
+        path, sep, query = url.removeprefix("sqlite:///").partition("?")
+        if path and path != ":memory:" and not path.startswith("file:"):
+            return f"sqlite:///{os.path.abspath(os.path.expanduser(path))}{sep}{query}"
+    return url
 
 
 def portable_url(url: str, run_dir: Path) -> str:

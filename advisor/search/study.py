@@ -29,6 +29,8 @@ from advisor.recipe.schema import AccuracySpec, Recipe
 from advisor.search.acceptance import Verdict
 from advisor.search.budget import TrialBudget, reap, work
 from advisor.search.frontier import Candidate
+from advisor.search.interrupt_log import silence_interrupt_tracebacks
+from advisor.search.ownership import SETTLE_S, StudyOwnership, claim_study, in_use_error, owner_is_live, read_owner
 from advisor.search.recovery import WORKER_ATTR, this_worker
 from advisor.search.storage import open_storage, redact_url
 from advisor.search.study_key import KEY_ATTR, check_same_key, study_key
@@ -92,12 +94,45 @@ def open_study(
     url: str | None = None,
     sampler: optuna.samplers.BaseSampler | None = None,
 ) -> optuna.Study:
-    """Create the study, or load it when ``resume``; never silently mix two runs.
+    """Create the study, or load it when ``resume``; never silently mix two runs (see :func:`open_owned_study`,
+    which also claims it for this run)."""
+    return _open(recipe, resume, key, url, sampler)[0]
 
-    Refused: a name that exists without ``resume``, unless it is the leftover of a run that
-    failed before finishing any trial (replaced, so the corrected rerun just works); a
-    ``resume`` of a missing study; a ``resume`` whose study key differs (the fields are named).
-    """
+
+@dataclass
+class OwnedStudy:
+    """A study this run holds (:mod:`advisor.search.ownership`); ``created``: by this run, now."""
+
+    study: optuna.Study
+    ownership: StudyOwnership
+    created: bool
+
+    def release(self, discard_if_empty: bool = False) -> None:
+        """Give the study up; ``discard_if_empty``: delete it when this run created it and it holds no
+        finished or running trial (a failed start leaves nothing that blocks the corrected rerun)."""
+        self.ownership.release()
+        if discard_if_empty and self.created and is_leftover(self.study):
+            optuna.delete_study(study_name=self.study.study_name, storage=self.ownership.storage)
+
+
+def open_owned_study(recipe: Recipe, resume: bool, key: dict[str, Any], warn: Callable[[str], None]) -> OwnedStudy:
+    """:func:`open_study`, then this run's owner record on it: a study whose owner still runs is refused."""
+    study, storage, created = _open(recipe, resume, key)
+    study_id = storage.get_study_id_from_name(recipe.name)
+    ownership = claim_study(storage, study_id, recipe.name, redact_url(recipe.storage_url), created, warn)
+    return OwnedStudy(study, ownership, created)
+
+
+def _open(
+    recipe: Recipe,
+    resume: bool,
+    key: dict[str, Any] | None = None,
+    url: str | None = None,
+    sampler: optuna.samplers.BaseSampler | None = None,
+) -> tuple[optuna.Study, optuna.storages.BaseStorage, bool]:
+    """(study, storage, created). Refused: a name that exists without ``resume`` (whoever made it: no run
+    deletes or reuses a study it did not create), a study another run is creating or running, a ``resume``
+    of a missing study, a ``resume`` whose study key differs (the fields are named)."""
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     silence_interrupt_tracebacks()
     key = key if key is not None else study_key(recipe, package_versions())
@@ -105,66 +140,63 @@ def open_study(
     url = url or recipe.storage_url
     storage = open_storage(url, heartbeat_s=recipe.search.heartbeat_s)
     shown = redact_url(url)
-    names = {s.study_name for s in storage.get_all_studies()}
-    exists = recipe.name in names
-    if exists and not resume:
-        old = optuna.load_study(study_name=recipe.name, storage=storage)
-        if not is_leftover(old):
-            raise InputError(f"a study named {recipe.name!r} already exists in {shown}; "
-                             "pass --resume to continue it, or choose another --name or --out")
-        log.warning("replacing study %r: a run that failed before finishing any trial left it", recipe.name)
-        optuna.delete_study(study_name=recipe.name, storage=storage)
-        exists = False
-    if resume and not exists:
+    study_id = _study_id(storage, recipe.name)
+    if study_id is not None:
+        owner = _settled_owner(storage, study_id)
+        if owner_is_live(owner):
+            raise in_use_error(recipe.name, shown, owner)
+    if study_id is not None and not resume:
+        raise InputError(f"a study named {recipe.name!r} already exists in {shown}; "
+                         "pass --resume to continue it, or choose another --name or --out")
+    if resume and study_id is None:
         raise InputError(f"--resume: no study named {recipe.name!r} in {shown} to resume")
-    if exists:
-        study = optuna.load_study(study_name=recipe.name, storage=storage, sampler=sampler)
-        check_same_key(study.user_attrs.get(KEY_ATTR), key, recipe.name, "--resume")
+    if study_id is not None:
+        try:
+            study = optuna.load_study(study_name=recipe.name, storage=storage, sampler=sampler)
+        except KeyError:  # its creator discarded it (a failed start) since we looked
+            raise InputError(f"--resume: no study named {recipe.name!r} in {shown} to resume") from None
+        check_same_key(study.user_attrs.get(KEY_ATTR), key, recipe.name, "--resume", asked_energy=recipe.energy)
+        created = False
     else:
-        study = optuna.create_study(study_name=recipe.name, storage=storage,
-                                    directions=["minimize", "minimize"], sampler=sampler)
+        try:
+            study = optuna.create_study(study_name=recipe.name, storage=storage,
+                                        directions=["minimize", "minimize"], sampler=sampler)
+        except optuna.exceptions.DuplicatedStudyError:  # another run created it since we looked
+            owner = _settled_owner(storage, _study_id(storage, recipe.name))
+            raise in_use_error(recipe.name, shown, owner if owner_is_live(owner) else None) from None
         study.set_user_attr(KEY_ATTR, key)
+        created = True
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         study.set_metric_names(["kl", "j_per_token"])
-    return study
+    return study, storage, created
+
+
+def _study_id(storage: optuna.storages.BaseStorage, name: str) -> int | None:
+    try:
+        return storage.get_study_id_from_name(name)
+    except KeyError:
+        return None
+
+
+def _settled_owner(storage: optuna.storages.BaseStorage, study_id: int | None) -> dict[str, Any] | None:
+    """The study's owner record, waiting once for a creator that is between create_study and its claim."""
+    if study_id is None:
+        return None
+    try:
+        owner = read_owner(storage, study_id)
+        if owner is None:
+            time.sleep(SETTLE_S)
+            owner = read_owner(storage, study_id)
+    except KeyError:  # deleted meanwhile by its creator
+        return None
+    return owner
 
 
 def is_leftover(study: optuna.Study) -> bool:
     """A study that holds no finished and no running trial: what a run that failed early leaves."""
     states = {t.state for t in study.get_trials(deepcopy=False)}
     return not states & {optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.RUNNING}
-
-
-class _DropInterruptTraceback(logging.Filter):
-    """Optuna logs a failed trial with its parameters and traceback, then its value; for an interrupt
-    (Ctrl-C, SIGTERM) the user asked for it, so the one-line resume hint is all that should show."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.interrupted: set[str] = set()  # "Trial N" prefixes whose interrupt was dropped
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if not record.name.startswith("optuna"):
-            return True
-        msg = str(record.msg)
-        trial = " ".join(msg.split(" ", 2)[:2])
-        if record.exc_info and isinstance(record.exc_info[1], KeyboardInterrupt):
-            self.interrupted.add(trial)
-            return False
-        if trial in self.interrupted and msg.startswith(f"{trial} failed with value"):
-            self.interrupted.discard(trial)  # one line each: a later study's trial of that number logs as usual
-            return False
-        return True
-
-
-def silence_interrupt_tracebacks() -> None:
-    """Filter on Optuna's handlers and the root logger's: a logger's own filters do not see the records its
-    children (``optuna.study._optimize``, which logs failed trials) pass up to its handlers."""
-    root = logging.getLogger("optuna")
-    for target in (root, *root.handlers, *logging.getLogger().handlers):
-        if not any(isinstance(f, _DropInterruptTraceback) for f in target.filters):
-            target.addFilter(_DropInterruptTraceback())
 
 
 def enqueue_baselines(study: optuna.Study, plans: Sequence[Plan], kv_dimension: bool = False) -> None:
@@ -313,7 +345,8 @@ def run_search(
     coordinator: bool = True,
     worker: dict[str, Any] | None = None,
 ) -> int:
-    """Run trials until the study has used ``recipe.search.trials``; returns how many finished here.
+    """Run trials until the study has used ``recipe.search.trials``; returns how many this call finished
+    (not those other workers finished meanwhile).
 
     The coordinator (``advisor search``) enqueues the baselines, then, with a ``proposer``,
     its knapsack plans, re-proposed once with the damage scale corrected by what the first
@@ -321,7 +354,13 @@ def run_search(
     worker``) only run waiting trials and the sampler's. Every finished trial is committed
     to storage as it ends, so an interruption loses only the trial in flight (retried).
     """
-    before = finished_trials(study)
+    finished_here = []
+
+    def count(_study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
+        if trial.state == optuna.trial.TrialState.COMPLETE:  # Optuna calls back only for this process's trials
+            finished_here.append(trial.number)
+
+    callbacks = [*callbacks, count]
     objective = make_objective(evaluator, groups, recipe.formats, recipe.accuracy, worker, recipe.kv_cache)
     kv_dimension = len(recipe.kv_cache) > 1
     budget = TrialBudget(recipe.search.trials)
@@ -339,7 +378,7 @@ def run_search(
             _enqueue(study, proposer.propose(_damage_scale(study, proposer)), kv_dimension)
             run(waiting_only=True)
     run(waiting_only=False)
-    return finished_trials(study) - before
+    return len(finished_here)
 
 
 def save_run_meta(study: optuna.Study, meta: dict[str, Any]) -> None:

@@ -9,6 +9,7 @@ library versions). Trial count, time limit, sampler and seed may change on resum
 from __future__ import annotations
 
 import json
+import os
 from typing import Any
 
 from advisor.errors import InputError
@@ -24,9 +25,25 @@ POLICY_ONLY = {("benchmark", "max_candidates")}
 VERSIONED = ("torch", "transformers", "nvidia-modelopt", "lm_eval")
 
 
-def study_key(recipe: Recipe, versions: dict[str, str]) -> dict[str, Any]:
+# Fields that name local files, compared as absolute paths (a run resolves them once, at its start).
+PATH_FIELDS = ("model.source", "calibration.source", "energy_profile")
+
+
+def absolute_local_path(value: str) -> str:
+    """``value`` as an absolute path when it names a file or folder here (a hub id, ``self`` or ``demo:...``
+    stays as it is); a ``chat:`` prefix is kept."""
+    prefix = "chat:" if value.startswith("chat:") else ""
+    path = os.path.expanduser(value.removeprefix(prefix))
+    return prefix + os.path.abspath(path) if os.path.exists(path) else value
+
+
+def study_key(recipe: Recipe, versions: dict[str, str], energy_tier: str | None = None) -> dict[str, Any]:
+    """``energy_tier``: what the run's ``energy`` setting resolved to here (``auto`` becomes ``measured``
+    or ``predicted``), so two runs that asked differently for the same tier compare equal."""
     data = recipe.model_dump(mode="json")
     key: dict[str, Any] = {field: data[field] for field in COMPARABLE}
+    if energy_tier is not None:
+        key["energy"] = energy_tier
     for section, name in POLICY_ONLY:
         key[section].pop(name, None)
     if data["kv_cache"] != [Format.BF16.value]:  # only then: studies made before it keep their key
@@ -47,15 +64,24 @@ def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
 
 
 def key_differences(stored: dict[str, Any], current: dict[str, Any]) -> list[str]:
-    """``field: stored -> current`` for every leaf that differs."""
+    """``field: stored -> current`` for every leaf that differs (local paths compared as absolute ones)."""
     a, b = _flatten(stored), _flatten(current)
+    for flat in (a, b):
+        for name in PATH_FIELDS:
+            if isinstance(flat.get(name), str):
+                flat[name] = absolute_local_path(flat[name])
     return [f"{k}: {a.get(k)!r} -> {b.get(k)!r}" for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
 
 
-def check_same_key(stored: dict[str, Any] | None, current: dict[str, Any], study: str, action: str) -> None:
+def check_same_key(stored: dict[str, Any] | None, current: dict[str, Any], study: str, action: str,
+                   asked_energy: str | None = None) -> None:
+    """``asked_energy``: the ``energy`` setting as given; a study made before keys held the resolved tier
+    stored ``auto``, which an ``auto`` run matches."""
     if stored is None:
         raise InputError(f"{action}: study {study!r} has no study key (made by an older advisor); "
                          "start a new study with another --name")
+    if stored.get("energy") == "auto" and asked_energy == "auto":
+        current = {**current, "energy": "auto"}
     diffs = key_differences(stored, current)
     if diffs:
         shown = "; ".join(diffs[:6]) + (f"; and {len(diffs) - 6} more" if len(diffs) > 6 else "")

@@ -19,7 +19,7 @@ from rich.console import Console
 
 from advisor import __version__
 from advisor.deploy.model_identity import tokenizer_fingerprint
-from advisor.errors import Interrupted, UnsupportedError
+from advisor.errors import AdvisorError, InputError, Interrupted, UnsupportedError
 from advisor.files import write_text_atomically
 from advisor.recipe.schema import Recipe
 from advisor.report.schema import Summary
@@ -28,13 +28,15 @@ from advisor.search.artifacts import share_tokens
 from advisor.search.energy_tiers import drift_record
 from advisor.search.policy import benchmark_targets, best_feasible_line, measurement_targets
 from advisor.search.storage import default_url, portable_url, redact_url, url_without_password
-from advisor.search.study import Proposer, finished_trials, open_study, run_search, save_run_meta
+from advisor.search.study import Proposer, finished_trials, open_owned_study, run_search, save_run_meta
 from advisor.search.study_key import check_same_model, check_same_scoring, study_key
 from advisor.search.trial_record import label_of, measured_energy, record_benchmark, record_drift, record_measured
 from advisor.versions import package_versions
 from advisor.workflows.context import RunContext, tokens_key
 from advisor.workflows.progress import ProgressReporter
-from advisor.workflows.spawn import spawn_workers, stop_workers, wait_workers
+from advisor.workflows.run_lock import run_folder_lock
+from advisor.workflows.run_settings import energy_tier, resolved
+from advisor.workflows.spawn import describe_exit, spawn_workers, stop_workers, wait_workers
 
 if TYPE_CHECKING:
     from advisor.search.proposals import KnapsackProposer
@@ -43,11 +45,30 @@ if TYPE_CHECKING:
 def run(recipe: Recipe, resume: bool = False, console: Console | None = None,
         resume_command: str = "advisor search ... --resume", workers: int = 1) -> Summary:
     progress = ProgressReporter(console or Console(stderr=True))
+    recipe = resolved(recipe)
     if workers > 1 and recipe.storage is None:  # processes of one host share Optuna's journal file
         recipe = recipe.model_copy(update={"storage": default_url(recipe.run_dir, workers)})
-    key = study_key(recipe, package_versions())
-    recipe.run_dir.mkdir(parents=True, exist_ok=True)
-    study = open_study(recipe, resume, key)
+    key = study_key(recipe, package_versions(), energy_tier(recipe))
+
+    def warn(message: str) -> None:
+        progress.print(f"warning: {message}")
+
+    with run_folder_lock(recipe.run_dir, warn):
+        owned = open_owned_study(recipe, resume, key, warn)
+        failed = True
+        try:
+            summary = _run_owned(owned.study, recipe, resume, progress, resume_command, workers)
+            failed = False
+        except Interrupted:
+            failed = False  # the study is kept for the resume the message names
+            raise
+        finally:
+            owned.release(discard_if_empty=failed)
+    return summary
+
+
+def _run_owned(study: optuna.Study, recipe: Recipe, resume: bool, progress: ProgressReporter,
+               resume_command: str, workers: int) -> Summary:
     if not resume:
         write_run_file(recipe)
     t0 = time.perf_counter()
@@ -64,7 +85,8 @@ def run(recipe: Recipe, resume: bool = False, console: Console | None = None,
             progress.print(f"workers: {workers - 1} more on this host (logs in {recipe.run_dir / 'workers'})")
         proposer = sensitivity_stage(study, ctx, recipe, progress) if recipe.search.sampler == "guided" else None
         trials_stage(study, ctx, recipe, progress, proposer)
-        wait_workers(children)
+        check_workers(study, recipe, children, wait_workers(children), progress)
+        check_some_trial_finished(study, recipe)
         energy_stage(study, ctx, recipe, progress)
         t_bench = time.perf_counter()
         bench_status = benchmark_stage(study, ctx, recipe, progress)
@@ -72,6 +94,30 @@ def run(recipe: Recipe, resume: bool = False, console: Console | None = None,
     with progress.stage("report"):
         write_report(study, recipe.run_dir)
     return build_summary_from(recipe.run_dir)
+
+
+def check_workers(study: optuna.Study, recipe: Recipe, children: list, codes: list[int | None],
+                  progress: ProgressReporter) -> None:
+    """One warning line per worker that died (None: stopped once the budget was used, not a death); the
+    others finished the budget, its trial was retried. Only when trials were lost for good (a retried
+    trial that failed again) is the run an error naming them."""
+    dead = [f"worker-{i + 1} (pid {p.pid}) {describe_exit(code)} (log: {recipe.run_dir / 'workers'}/worker-{i + 1}.log)"
+            for i, (p, code) in enumerate(zip(children, codes, strict=True)) if code not in (0, None)]
+    for line in dead:
+        progress.print(f"warning: {line}; the others finished the trial budget")
+    if dead and finished_trials(study) < recipe.search.trials and recipe.search.timeout_s is None:
+        raise AdvisorError(f"{finished_trials(study)} of {recipe.search.trials} trials finished: "
+                           + "; ".join(dead) + f"; continue with `advisor search ... --name {recipe.name} --resume`")
+
+
+def check_some_trial_finished(study: optuna.Study, recipe: Recipe) -> None:
+    """A search that ends with no finished trial has nothing to report: an error, never an empty success."""
+    if finished_trials(study):
+        return
+    if recipe.search.timeout_s is not None:
+        raise InputError(f"--timeout {recipe.search.timeout_s:g} s ended the search before any trial finished; "
+                         "give a longer --timeout (or none)")
+    raise AdvisorError("no trial finished (each one failed: see the messages above); nothing to report")
 
 
 @contextmanager

@@ -1,6 +1,11 @@
 """Worker processes on this host for `advisor search --workers N`: N-1 `advisor worker` children
 beside the coordinator, one GPU each when there are enough (CUDA_VISIBLE_DEVICES), logs in
-RUN_DIR/workers/. The storage URL travels in the environment, never on a command line."""
+RUN_DIR/workers/. The storage URL travels in the environment, never on a command line.
+
+Each child is reaped the moment it ends (a thread waits on it): a killed child never lingers
+as a zombie, which a signal probe of its pid would take for a live worker and whose trial would
+then stay RUNNING. Its trial is failed and retried by the others (``search.recovery``).
+"""
 
 from __future__ import annotations
 
@@ -8,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 STORAGE_ENV = "ADVISOR_STORAGE"
@@ -34,7 +40,9 @@ def spawn_workers(n: int, url: str, study: str, run_dir: Path) -> list[subproces
         cmd = [sys.executable, "-c", "from advisor.cli import main; main()", "worker", "--study", study,
                "--work-dir", str(logs / f"worker-{i + 1}")]
         with open(logs / f"worker-{i + 1}.log", "w") as log:
-            procs.append(subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT))
+            proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
+        threading.Thread(target=proc.wait, name=f"reap-worker-{i + 1}", daemon=True).start()
+        procs.append(proc)
     return procs
 
 
@@ -50,5 +58,24 @@ def stop_workers(procs: list[subprocess.Popen], timeout_s: float = 30.0) -> None
             p.kill()
 
 
-def wait_workers(procs: list[subprocess.Popen]) -> list[int]:
-    return [p.wait() for p in procs]
+def wait_workers(procs: list[subprocess.Popen], grace_s: float = 10.0) -> list[int | None]:
+    """Exit codes once every child has left; None for a child stopped here. Called when no trial runs
+    and the budget is used, so a child still there after ``grace_s`` has nothing left to do (e.g. it
+    is still loading its model): it is stopped rather than waited for."""
+    codes: list[int | None] = []
+    for p in procs:
+        try:
+            codes.append(p.wait(timeout=grace_s))
+        except subprocess.TimeoutExpired:
+            stop_workers([p])
+            codes.append(None)
+    return codes
+
+
+def describe_exit(code: int) -> str:
+    if code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with code {code}"

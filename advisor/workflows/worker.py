@@ -19,12 +19,13 @@ from advisor.errors import InputError
 from advisor.files import temporary_folder
 from advisor.recipe import validate_recipe
 from advisor.search.artifacts import fetch_tokens
-from advisor.search.storage import open_storage, redact_url
+from advisor.search.storage import absolute_url, open_storage, redact_url
 from advisor.search.study import finished_trials, make_sampler, run_search, silence_interrupt_tracebacks
 from advisor.search.study_key import KEY_ATTR, check_same_key, check_same_model, check_same_scoring, study_key
 from advisor.search.trial_record import label_of
 from advisor.versions import package_versions
 from advisor.workflows.progress import ProgressReporter
+from advisor.workflows.run_settings import energy_tier
 
 
 def run_worker(url: str, study_name: str, work_dir: Path | None = None, artifacts: Path | None = None,
@@ -37,11 +38,13 @@ def run_worker(url: str, study_name: str, work_dir: Path | None = None, artifact
     progress = ProgressReporter(console or Console(stderr=True))
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     silence_interrupt_tracebacks()
+    url = absolute_url(url)
     attrs = _study_attrs(url, study_name)
     work_dir = Path(work_dir)
     recipe = validate_recipe({**attrs["recipe"], "name": study_name, "out": str(work_dir), "storage": url},
                              f"recipe stored in study {study_name!r}")
-    check_same_key(attrs.get(KEY_ATTR), study_key(recipe, package_versions()), study_name, "advisor worker")
+    check_same_key(attrs.get(KEY_ATTR), study_key(recipe, package_versions(), energy_tier(recipe)), study_name,
+                   "advisor worker", asked_energy=recipe.energy)
     storage = open_storage(url, heartbeat_s=recipe.search.heartbeat_s)
     sampler = make_sampler(recipe.search.sampler, (recipe.search.seed + os.getpid()) % 2**32)
     study = optuna.load_study(study_name=study_name, storage=storage, sampler=sampler)
@@ -55,7 +58,6 @@ def run_worker(url: str, study_name: str, work_dir: Path | None = None, artifact
         ctx = prepare(recipe, status=lambda msg: (stage.advance(note=msg), progress.step(f"  {msg}")))
     check_same_model(study.user_attrs.get("model", {}).get("fingerprint"), ctx.fingerprint, study_name)
     check_same_scoring(study.user_attrs.get("device"), ctx.scoring_place, study_name, "advisor worker")
-    before = finished_trials(study)
     with progress.stage("trials", total=recipe.search.trials) as stage:
         def on_trial(st: optuna.Study, t: optuna.trial.FrozenTrial) -> None:
             stage.advance(finished_trials(st))
@@ -63,9 +65,8 @@ def run_worker(url: str, study_name: str, work_dir: Path | None = None, artifact
                 progress.print(f"trial {t.number}: {label_of(t)} KL {t.values[0]:.4f}, "
                                f"{t.values[1]:.4g} J/token")
 
-        run_search(study, ctx, recipe, ctx.loaded.shape.groups, callbacks=[on_trial], coordinator=False,
-                   worker=ctx.worker())
-    return finished_trials(study) - before
+        return run_search(study, ctx, recipe, ctx.loaded.shape.groups, callbacks=[on_trial], coordinator=False,
+                          worker=ctx.worker())
 
 
 def _study_attrs(url: str, study_name: str) -> dict:
