@@ -26,6 +26,7 @@ from advisor.report.schema import Summary
 from advisor.report.summary import write_report
 from advisor.search.artifacts import share_tokens
 from advisor.search.energy_tiers import drift_record
+from advisor.search.payback import SearchEnergyMeter
 from advisor.search.policy import benchmark_targets, best_feasible_line, measurement_targets
 from advisor.search.storage import default_url, portable_url, redact_url, url_without_password
 from advisor.search.study import Proposer, finished_trials, open_study, run_search, save_run_meta
@@ -33,6 +34,7 @@ from advisor.search.study_key import check_same_model, check_same_scoring, study
 from advisor.search.trial_record import label_of, measured_energy, record_benchmark, record_drift, record_measured
 from advisor.versions import package_versions
 from advisor.workflows.context import RunContext, tokens_key
+from advisor.workflows.operating import operating_stage, record_run_energy
 from advisor.workflows.progress import ProgressReporter
 from advisor.workflows.spawn import spawn_workers, stop_workers, wait_workers
 
@@ -51,6 +53,7 @@ def run(recipe: Recipe, resume: bool = False, console: Console | None = None,
     if not resume:
         write_run_file(recipe)
     t0 = time.perf_counter()
+    meter = SearchEnergyMeter()
     children: list = []
     with interrupts_as_errors(study, recipe, resume_command), stopped_on_exit(children):
         ctx = prepare_model_side(recipe, progress)
@@ -68,6 +71,8 @@ def run(recipe: Recipe, resume: bool = False, console: Console | None = None,
         energy_stage(study, ctx, recipe, progress)
         t_bench = time.perf_counter()
         bench_status = benchmark_stage(study, ctx, recipe, progress)
+        operating_stage(study, ctx, recipe, progress)
+    record_run_energy(study, meter)
     save_run_meta(study, {"timings": timings(ctx, recipe, t0, t_bench), "benchmark_status": bench_status})
     with progress.stage("report"):
         write_report(study, recipe.run_dir)

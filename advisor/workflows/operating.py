@@ -1,0 +1,50 @@
+"""After the search: each plan's operating point under the workloads' latency objectives, and the search's own
+energy, stored in the study for the report (:mod:`advisor.search.operating`, :mod:`advisor.search.payback`)."""
+
+from __future__ import annotations
+
+import optuna
+
+from advisor.formats import GPU_SPECS
+from advisor.plan import Plan
+from advisor.recipe.schema import Recipe
+from advisor.search.operating import operating_points
+from advisor.search.payback import SearchEnergy, SearchEnergyMeter
+from advisor.search.study import candidates
+from advisor.search.trial_record import record_operating_points, record_search_energy, search_energy
+from advisor.workflows.context import RunContext
+from advisor.workflows.progress import ProgressReporter
+
+
+def operating_stage(study: optuna.Study, ctx: RunContext, recipe: Recipe, progress: ProgressReporter) -> None:
+    """Every distinct plan that is feasible or a baseline, at its largest batch under each objective, from the
+    predicted tier's step times (predicted, and labelled so, even where the stated batches were measured)."""
+    if not any(w.has_objective for w in recipe.workloads):
+        return
+    model = ctx.energy_model
+    if not (hasattr(model, "decode_step") and hasattr(model, "prefill")):
+        progress.print(f"  operating points: {model.label} gives no step times; none computed")
+        return
+    plans: dict[str, Plan] = {}
+    for c in candidates(study):
+        if c.feasible or c.plan.uniform_weights() is not None:
+            plans.setdefault(c.plan.id, c.plan)
+    cap = recipe.site.power_cap_w
+    capped = f"; within a {cap:g} W cap per GPU, steps stretched to energy / cap)" if cap is not None else ")"
+    step_source = getattr(model, "step_source", lambda _plan: model.label)
+
+    def source_of(plan: Plan) -> str:
+        return step_source(plan).removesuffix(")") + "; steady state, step times" + capped
+
+    with progress.stage("operating points"):
+        points = operating_points(model, ctx.loaded.shape, GPU_SPECS[recipe.target], list(plans.values()),
+                                  recipe.workloads, source_of, cap)
+    record_operating_points(study, [p.to_dict() for p in points])
+
+
+def record_run_energy(study: optuna.Study, meter: SearchEnergyMeter) -> SearchEnergy:
+    """This run's energy added to what earlier runs of the study stored (a resumed search)."""
+    earlier = search_energy(study)
+    total = meter.read().plus(SearchEnergy(**earlier) if earlier else None)
+    record_search_energy(study, total.to_dict())
+    return total
