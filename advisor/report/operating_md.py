@@ -41,7 +41,7 @@ def operating_section(summary: dict[str, Any]) -> list[str]:
         rows = [[("**" if p["plan_id"] == rec else "") + f"{p['plan']} (`{p['plan_id'][:8]}`)"
                  + ("**" if p["plan_id"] == rec else ""),
                  str(p["batch"]) if p["meets"] else f"none (b1: {p['batch']})", p["bound"] if p["meets"] else "-",
-                 f"{p['tpot_ms']:.2f}", f"{p['ttft_ms']:.1f}", f"{p['j_per_token']:.4g}", f"{p['tokens_per_s']:.0f}",
+                 f"{p['tpot_ms']:.3g}", f"{p['ttft_ms']:.3g}", f"{p['j_per_token']:.4g}", f"{p['tokens_per_s']:.0f}",
                  f"{p['power_w']:.0f}"] for p in here[:12]]
         out += [*_table(rows, ["plan", "largest batch", "bound", "TPOT ms", "TTFT ms", "J/token", "tokens/s",
                                "W"]), ""]
