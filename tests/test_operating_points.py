@@ -24,8 +24,9 @@ from advisor.search.operating import (
     steady_state,
     weight_bytes,
 )
-from advisor.search.payback import SearchEnergy, SearchEnergyMeter, describe_days, payback
+from advisor.search.payback import SearchEnergy, describe_days, payback
 from advisor.search.study_key import study_key
+from advisor.workflows.operating import SearchEnergyMeter
 
 SHAPE = llama_shape("model.layers", 2, 256, 512, 4, 2, 1000)
 H100 = GPU_SPECS[GPU.H100]
@@ -180,7 +181,7 @@ def test_payback_arithmetic():
 
 
 def test_without_a_gpu_the_search_energy_is_an_estimate_labelled_so(monkeypatch):
-    import advisor.search.payback as payback_module
+    import advisor.workflows.operating as payback_module
 
     monkeypatch.setattr(payback_module, "_cpu_seconds", iter([10.0, 13.0]).__next__)
     meter = SearchEnergyMeter()

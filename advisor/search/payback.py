@@ -1,18 +1,11 @@
-"""What the search cost in energy, and how long the recommendation takes to pay it back.
-
-On a GPU the search's joules are NVML's energy counter of GPU 0 over the whole run (every process on that
-GPU counts). Without one they are estimated, and labelled so: the CPU seconds of the run and its worker
-children times :data:`CPU_WATTS_PER_CORE`, a stated draw of one busy server core.
-"""
+"""What the search cost in energy, and how long the recommendation takes to pay it back (the arithmetic;
+:mod:`advisor.workflows.operating` meters the run)."""
 
 from __future__ import annotations
 
-import resource
-import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
-CPU_WATTS_PER_CORE = 10.0  # a busy core of a current server CPU, package power shared over its cores
 SECONDS_PER_DAY = 86_400
 
 
@@ -33,37 +26,6 @@ class SearchEnergy:
         measured = self.measured and other.measured
         source = self.source if self.source == other.source else f"{self.source}; earlier: {other.source}"
         return SearchEnergy(self.joules + other.joules, self.seconds + other.seconds, source, measured)
-
-
-def _cpu_seconds() -> float:
-    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
-
-
-class SearchEnergyMeter:
-    """Started before the search, read after it: NVML where a GPU is, else the CPU estimate."""
-
-    def __init__(self) -> None:
-        from advisor.errors import SetupError
-
-        self._t0, self._cpu0 = time.perf_counter(), _cpu_seconds()
-        try:
-            from advisor.energy.meter import NvmlDevice
-
-            self._gpu: Any = NvmlDevice(0)
-            self._mj0 = self._gpu.energy_mj()
-        except SetupError:
-            self._gpu = None
-
-    def read(self) -> SearchEnergy:
-        seconds = time.perf_counter() - self._t0
-        if self._gpu is not None:
-            joules = (self._gpu.energy_mj() - self._mj0) / 1e3
-            return SearchEnergy(joules, seconds, f"measured (NVML, {self._gpu.name}, whole run)", True)
-        cpu = _cpu_seconds() - self._cpu0
-        return SearchEnergy(cpu * CPU_WATTS_PER_CORE, seconds,
-                            f"estimated ({cpu:.0f} CPU seconds x {CPU_WATTS_PER_CORE:g} W per busy core; no GPU)",
-                            False)
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,6 @@ from advisor.report.schema import Summary
 from advisor.report.summary import write_report
 from advisor.search.artifacts import share_tokens
 from advisor.search.energy_tiers import drift_record
-from advisor.search.payback import SearchEnergyMeter
 from advisor.search.policy import benchmark_targets, best_feasible_line, measurement_targets
 from advisor.search.storage import default_url, portable_url, redact_url, url_without_password
 from advisor.search.study import Proposer, finished_trials, open_study, run_search, save_run_meta
@@ -34,7 +33,7 @@ from advisor.search.study_key import check_same_model, check_same_scoring, study
 from advisor.search.trial_record import label_of, measured_energy, record_benchmark, record_drift, record_measured
 from advisor.versions import package_versions
 from advisor.workflows.context import RunContext, tokens_key
-from advisor.workflows.operating import operating_stage, record_run_energy
+from advisor.workflows.operating import SearchEnergyMeter, operating_stage, record_run_energy
 from advisor.workflows.progress import ProgressReporter
 from advisor.workflows.spawn import spawn_workers, stop_workers, wait_workers
 
