@@ -14,6 +14,7 @@ from typing import Any
 
 import optuna
 
+from advisor.errors import InputError, SetupError, UnsupportedError
 from advisor.formats import GPU_SPECS
 from advisor.plan import Plan
 from advisor.recipe.schema import Recipe
@@ -36,8 +37,6 @@ class SearchEnergyMeter:
     """Started before the search, read after it: NVML where a GPU is, else the CPU estimate."""
 
     def __init__(self) -> None:
-        from advisor.errors import SetupError
-
         self._t0, self._cpu0 = time.perf_counter(), _cpu_seconds()
         try:
             from advisor.energy.meter import NvmlDevice
@@ -79,8 +78,12 @@ def operating_stage(study: optuna.Study, ctx: RunContext, recipe: Recipe, progre
         return step_source(plan).removesuffix(")") + "; steady state, step times" + capped
 
     with progress.stage("operating points"):
-        points = operating_points(model, ctx.loaded.shape, GPU_SPECS[recipe.target], list(plans.values()),
-                                  recipe.workloads, source_of, cap)
+        try:
+            points = operating_points(model, ctx.loaded.shape, GPU_SPECS[recipe.target], list(plans.values()),
+                                      recipe.workloads, source_of, cap)
+        except (InputError, UnsupportedError) as exc:  # the trials stand; the report says there are no points
+            progress.print(f"  operating points: none ({exc})")
+            return
     record_operating_points(study, [p.to_dict() for p in points])
 
 
