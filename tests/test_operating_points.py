@@ -224,3 +224,26 @@ def test_an_objective_does_not_change_the_study_key():
     plain = Recipe(workloads=[Workload(name="w")])
     stated = Recipe(workloads=[Workload(name="w", tpot_ms=8.0, percentile="p90")], site={"requests_per_s": 3})
     assert study_key(plain, {}) == study_key(stated, {})
+
+
+def _summary_with(points, workload):
+    return {"workloads": [workload.model_dump()], "operating_points": [p.to_dict() for p in points],
+            "recommendation": {"plan_id": BF16_PLAN.id}, "baselines": {"all-bf16": 0},
+            "trials": [{"trial": 0, "plan_id": BF16_PLAN.id, "formats": {g.name: "bf16" for g in SHAPE.groups}}],
+            "payback": None}
+
+
+def test_the_report_section_says_when_no_plan_meets_and_draws_the_frontier(tmp_path):
+    from advisor.report.operating_md import operating_lines, operating_section
+    from advisor.report.plots import plot_operating_points
+
+    none_meets = served(tpot_ms=0.5)
+    summary = _summary_with([point(BF16_PLAN, none_meets), point(FP8_PLAN, none_meets)], none_meets)
+    text = "\n".join(operating_section(summary))
+    assert "No plan meets this objective" in text and "TPOT <= 0.5 ms (p50)" in text
+    assert operating_lines(summary) == ["operating points on 'w' (predicted): all-bf16 meets no batch"]
+    all_meet = served(tpot_ms=5.0)
+    summary = _summary_with([point(BF16_PLAN, all_meet), point(FP8_PLAN, all_meet)], all_meet)
+    assert "| **all-bf16" in "\n".join(operating_section(summary))
+    plot_operating_points(summary, tmp_path / "operating_points.png")
+    assert (tmp_path / "operating_points.png").read_bytes()[:4] == b"\x89PNG"

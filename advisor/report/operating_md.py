@@ -62,3 +62,21 @@ def payback_lines(summary: dict[str, Any]) -> list[str]:
             f"day; recipe `site.requests_per_s`) the recommendation saves {pay['saved_j_per_token']:.4g} J/token "
             f"against BF16, {pay['saved_j_per_day'] / 3.6e6:.3g} kWh a day (predicted): it pays the search back in "
             f"**{describe_days(pay['days'])}**.", ""]
+
+
+def operating_lines(summary: dict[str, Any]) -> list[str]:
+    """The console's short form: the recommended plan's and BF16's points per objective, and the payback."""
+    rec = (summary.get("recommendation") or {}).get("plan_id")
+    bf16 = {r["plan_id"] for r in summary["trials"] if set(r["formats"].values()) == {"bf16"}}
+    out = []
+    for name in dict.fromkeys(p["workload"] for p in summary.get("operating_points") or []):
+        here = {p["plan_id"]: p for p in summary["operating_points"] if p["workload"] == name}
+        shown = [here[i] for i in dict.fromkeys([rec, *sorted(bf16)]) if i in here]
+        out.append(f"operating points on '{name}' (predicted): " + "; ".join(
+            f"{p['plan']} batch {p['batch']} at {p['j_per_token']:.4g} J/token, TPOT {p['tpot_ms']:.3g} ms"
+            if p["meets"] else f"{p['plan']} meets no batch" for p in shown))
+    pay = summary.get("payback")
+    if pay:
+        out.append(f"the search spent {pay['search_j']:.4g} J ({pay['search_source']}); paid back in "
+                   f"{describe_days(pay['days'])} at {pay['requests_per_s']:g} requests/s")
+    return out
