@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import optuna
+from pydantic import ValidationError
 
 from advisor.errors import InputError
 from advisor.estimate import EnergyEstimate
@@ -83,7 +84,7 @@ def build_summary(study: optuna.Study) -> Summary:
     trials = {t.number: t for t in study.get_trials(deepcopy=False)}
     front = pareto_front(cands, workloads[0])
     max_drop, confidence = benchmark_budget(study)
-    points = [OperatingPointRecord.model_validate(p) for p in operating_points(study)]
+    points = _operating_points(study)
     rec = recommend(cands, workloads, benchmark_rule=f"upper bound of the {confidence:.0%} paired interval "
                     f"of the drop within {max_drop:g} on every task",
                     operating={(p.plan_id, p.workload): p for p in points})
@@ -154,6 +155,14 @@ def _proxy_calibration(cands: list[Candidate], confidence: float) -> list[dict[s
                                                 "intercept", "contradicted_pairs", "confidence", "undefined")}
         out.append({**record, "disagrees": fit.disagrees})
     return out
+
+
+def _operating_points(study: optuna.Study) -> list[OperatingPointRecord]:
+    try:
+        return [OperatingPointRecord.model_validate(p) for p in operating_points(study)]
+    except ValidationError as exc:
+        raise InputError(f"the study's operating points are not what `advisor search` stores ({exc.errors()[0]['msg']}"
+                         "); rerun `advisor search --resume` to recompute them") from None
 
 
 def _payback(rec: Recommendation | None, cands: list[Candidate], points: list[OperatingPointRecord],
