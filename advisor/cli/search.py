@@ -82,6 +82,13 @@ def search(
         help=f"What the measured tier runs: {choices_text(Recipe, 'engine')}. tensorrt_llm serves each measured "
         "plan's exported checkpoint through TensorRT-LLM's LLM API (not verified on a GPU here).")] = None,
     resume: Annotated[bool, typer.Option("--resume", help="Continue the study of the same name.")] = False,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the memory plan (from the model's config, no "
+                                          "weights read) and stop; exit 3 when it does not fit.")] = False,
+    gpus: Annotated[int | None, typer.Option(min=1, help="With --dry-run: plan for a node of this many GPUs...")]
+        = None,
+    gpu_memory: Annotated[float | None, typer.Option(min=1, help="...of this much memory each, GiB (H100: 80).")]
+        = None,
+    json_out: Annotated[bool, typer.Option("--json", help="With --dry-run: the plan as JSON.")] = False,
 ) -> None:
     """Search per-layer formats; write the report, summary.json and the study to OUT/NAME."""
     from advisor.recipe.schema import load_recipe
@@ -99,6 +106,9 @@ def search(
     rec = load_recipe(recipe, overrides)
     from advisor.recipe.workload_flags import describe
 
+    if dry_run or gpus is not None or gpu_memory is not None or json_out:
+        _dry_run(rec, dry_run, gpus, gpu_memory, json_out)
+        return
     err.print(f"workloads: {describe(rec.workloads)}", highlight=False, markup=False)
     from advisor.workflows.preflight import preflight
 
@@ -108,6 +118,22 @@ def search(
     summary = run(rec, resume=resume, console=err, resume_command=_resume_command(), workers=workers)
     _print_summary(summary.model_dump(mode="json"))
     out.print(f"\nreport: {rec.run_dir / 'report.md'}")
+
+
+def _dry_run(rec: Recipe, dry_run: bool, gpus: int | None, gpu_memory: float | None, json_out: bool) -> None:
+    from advisor.cli.plan_view import print_plan
+    from advisor.errors import InputError, SetupError
+    from advisor.workflows.memory import devices_here, named_node, not_fitting_message, recipe_plan
+
+    if not dry_run:
+        raise InputError("--gpus, --gpu-memory and --json belong to --dry-run; add --dry-run or drop them")
+    devices = named_node(gpus, gpu_memory) or devices_here()
+    if not devices:
+        raise SetupError("torch sees no GPU here to plan for; name the node: --gpus N --gpu-memory GB")
+    plan = recipe_plan(rec, devices)
+    print_plan(plan, json_out)
+    if not plan.fits:
+        raise SetupError(not_fitting_message(plan))
 
 
 def _resume_command() -> str:

@@ -104,8 +104,10 @@ def check_supported(where: str, auto_config: Any, kwargs: dict[str, Any]) -> Non
     adapter_for(config)
 
 
-def load_model(spec: ModelSpec, device: str = "cpu") -> LoadedModel:
-    """Load model and tokenizer in BF16 on ``device``, in eval mode.
+def load_model(spec: ModelSpec, device: str = "cpu", device_map: dict[str, Any] | None = None) -> LoadedModel:
+    """Load model and tokenizer in BF16 on ``device``, in eval mode; with ``device_map`` (module path ->
+    device, :mod:`advisor.models.device_map`) spread over devices instead, each safetensors shard read
+    onto its devices (transformers' own loading: no whole CPU copy).
 
     The config is read first: a family without an adapter is refused (exit code 3) before
     any weight is loaded.
@@ -125,7 +127,8 @@ def load_model(spec: ModelSpec, device: str = "cpu") -> LoadedModel:
         with gguf_parsed_once():
             check_supported(where, AutoConfig, kwargs)
             tokenizer = AutoTokenizer.from_pretrained(where, **kwargs)
-            model = AutoModelForCausalLM.from_pretrained(where, dtype=torch.bfloat16, **kwargs)
+            placement = {"device_map": device_map} if device_map else {}
+            model = AutoModelForCausalLM.from_pretrained(where, dtype=torch.bfloat16, **placement, **kwargs)
     except (OSError, ValueError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise InputError(f"cannot load model {spec.source!r}: {with_hub_note(first, where)}") from None
@@ -135,7 +138,9 @@ def load_model(spec: ModelSpec, device: str = "cpu") -> LoadedModel:
         model.config.architectures = [type(model).__name__]
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
-    model.to(device).eval()
+    if not device_map:
+        model.to(device)
+    model.eval()
     name = spec.source
     if gguf_file and not spec.source.endswith(".gguf"):
         name = f"{spec.source}/{gguf_file}"

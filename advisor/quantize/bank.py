@@ -35,6 +35,7 @@ from advisor.quantize.modelopt_config import (
     plan_group_table,
     quantize_plan,
 )
+from advisor.quantize.packed import PackStats, bank_bytes, fold_and_pack
 
 
 def _share_weights_copy(model: torch.nn.Module) -> torch.nn.Module:
@@ -49,9 +50,12 @@ class FormatBank:
     ``fold_weights=True`` gives each format copy its own weights, rounds its FP8 weights as
     the exported checkpoint will (:mod:`advisor.quantize.export_rounding`: a trial scores the
     served weights) and folds the fake-quantized weights into them once (ModelOpt's
-    ``mtq.fold_weight``), so a trial only quantizes activations: faster, at one extra model's
-    weight memory per format. ``False`` shares the BF16 weight tensors and re-quantizes weights
-    in every forward (with the fake quantizer's rounding).
+    ``mtq.fold_weight``), so a trial only quantizes activations. With ``packed`` (the default)
+    the folded weights are held at their format's width (:mod:`advisor.quantize.packed`: FP8
+    codes, NVFP4 codes and block scales), folded module by module and decoded as each module
+    runs, with the same values; without it, as BF16 (one model's worth of weights per format).
+    ``fold_weights=False`` shares the BF16 weight tensors and re-quantizes weights in every
+    forward (with the fake quantizer's rounding).
     """
 
     def __init__(
@@ -63,11 +67,13 @@ class FormatBank:
         on_format: Callable[[Format], None] | None = None,
         fold_weights: bool = True,
         kv_cache: Iterable[Format] = (Format.BF16,),
+        packed: bool = True,
     ) -> None:
         self.groups = tuple(groups)
         self.formats = tuple(formats)
         self.kv_cache = tuple(kv_cache)
         self.calibrations = 0
+        self.pack_stats = PackStats()
         self._modules: dict[Format, dict[str, torch.nn.Module]] = {}
         infos = plan_group_table(model, Plan.uniform(self.groups, Format.BF16), self.groups)
         self._units = {gi.name: gi.modules for gi in infos}  # what is swapped per group
@@ -78,11 +84,15 @@ class FormatBank:
                 continue
             if on_format:
                 on_format(fmt)
-            copy_ = copy.deepcopy(model) if fold_weights else _share_weights_copy(model)
+            own = fold_weights and not packed  # a whole copy of the weights, else module by module
+            copy_ = copy.deepcopy(model) if own else _share_weights_copy(model)
             calibrated = quantize_plan(copy_, Plan.uniform(self.groups, fmt), self.groups, forward_loop)
-            if fold_weights:  # its own weights: round FP8 ones as the export will, then fold
+            if own:  # round FP8 weights as the export will, then fold
                 round_fp8_weights_as_exported(calibrated)
                 modelopt_quantization().fold_weight(calibrated)
+            elif fold_weights:
+                for m in swapped:
+                    fold_and_pack(calibrated.get_submodule(m), fmt, m, self.pack_stats)
             self.calibrations += 1
             self._modules[fmt] = {m: calibrated.get_submodule(m) for m in swapped}
         self.model = _share_weights_copy(model)
@@ -127,6 +137,10 @@ class FormatBank:
                     self._current[module] = fmt
         self._set_kv_cache(plan.kv_cache)
         return self.model
+
+    def entry_bytes(self, fmt: Format) -> int:
+        """Bytes of weights (and codes, scales, quantizer state) ``fmt``'s calibrated modules hold."""
+        return bank_bytes(self._modules[fmt])
 
     def module_for(self, module: str, fmt: Format) -> torch.nn.Module:
         """The calibrated module of ``fmt`` at ``module`` (a member, or a fused-experts module)."""

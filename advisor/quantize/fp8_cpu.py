@@ -22,15 +22,23 @@ _lock = threading.Lock()
 _ALL_CODES = torch.arange(256, dtype=torch.int32).to(torch.uint8).view(torch.float8_e4m3fn)
 
 
-def fp8_fake_quant(x: torch.Tensor, amax: torch.Tensor) -> torch.Tensor:
-    """ModelOpt's ``_fp8_eager(x, amax)`` for a one-element ``amax``, through a 256-entry table."""
-    dtype = x.dtype
+def _scale(amax: torch.Tensor) -> torch.Tensor:
     amax = amax.to(torch.float32)
     safe_amax = torch.where(amax <= 1.0 / (1 << 24), torch.ones_like(amax), amax)
-    scale = _E4M3_MAX / safe_amax
-    scale_inv = 1 / scale
-    codes = x.to(torch.float32, copy=True).mul_(scale).clamp_(min=-_E4M3_MAX, max=_E4M3_MAX).to(torch.float8_e4m3fn)
-    table = (_ALL_CODES.to(torch.float32) * scale_inv.reshape(())).to(dtype)
+    return _E4M3_MAX / safe_amax
+
+
+def fp8_codes(x: torch.Tensor, amax: torch.Tensor) -> torch.Tensor:
+    """The E4M3 codes ModelOpt's per-tensor fake quantizer gives ``x`` (``float8_e4m3fn``, the shape of ``x``)."""
+    return x.to(torch.float32, copy=True).mul_(_scale(amax)).clamp_(min=-_E4M3_MAX, max=_E4M3_MAX).to(
+        torch.float8_e4m3fn)
+
+
+def fp8_fake_quant(x: torch.Tensor, amax: torch.Tensor) -> torch.Tensor:
+    """ModelOpt's ``_fp8_eager(x, amax)`` for a one-element ``amax``, through a 256-entry table."""
+    scale_inv = 1 / _scale(amax)
+    codes = fp8_codes(x, amax)
+    table = (_ALL_CODES.to(torch.float32) * scale_inv.reshape(())).to(x.dtype)
     index = codes.view(torch.uint8).reshape(-1).to(torch.int32)
     return table.index_select(0, index).reshape(x.shape)
 

@@ -43,15 +43,29 @@ def e2m1_round_magnitude(a: torch.Tensor) -> torch.Tensor:
     return torch.round(a / step).mul_(step).clamp_(max=_E2M1_MAX)
 
 
-def _scales_from_block_amax(block_amax: torch.Tensor, global_amax: torch.Tensor) -> torch.Tensor:
+def global_scale(global_amax: torch.Tensor) -> torch.Tensor:
+    """The scale of the FP8 block scales, ``global_amax / (6 * 448)``, as ModelOpt's CUDA path computes it."""
     # ModelOpt's CUDA path computes amax / 2688 as amax * fl32(1 / 2688) (PyTorch on CUDA
     # divides by a Python number through its reciprocal); do the same, or 1-ulp differences
     # in the global scale flip block scales (reports/nvfp4_cpu_parity/).
-    global_scale = global_amax.float().reshape(()) * (torch.tensor(1.0) / (_E2M1_MAX * _E4M3_MAX))
-    global_scale = torch.where(global_scale > 0, global_scale, torch.full_like(global_scale, 1e-12))
-    in_fp8_range = torch.clamp(block_amax / (_E2M1_MAX * global_scale), max=_E4M3_MAX)
-    scale = in_fp8_range.to(torch.float8_e4m3fn).float() * global_scale
+    scale = global_amax.float().reshape(()) * (torch.tensor(1.0) / (_E2M1_MAX * _E4M3_MAX))
+    return torch.where(scale > 0, scale, torch.full_like(scale, 1e-12))
+
+
+def block_scale_codes(block_amax: torch.Tensor, global_scale_: torch.Tensor) -> torch.Tensor:
+    """The FP8 (E4M3) code of each block's scale, in units of the global scale."""
+    return torch.clamp(block_amax / (_E2M1_MAX * global_scale_), max=_E4M3_MAX).to(torch.float8_e4m3fn)
+
+
+def scales_from_codes(codes: torch.Tensor, global_scale_: torch.Tensor) -> torch.Tensor:
+    """Block scales (float32) from their FP8 codes; a scale below 1e-5 is 1, as in ModelOpt's kernel."""
+    scale = codes.float() * global_scale_
     return torch.where(scale >= 1e-5, scale, torch.ones_like(scale))
+
+
+def _scales_from_block_amax(block_amax: torch.Tensor, global_amax: torch.Tensor) -> torch.Tensor:
+    gs = global_scale(global_amax)
+    return scales_from_codes(block_scale_codes(block_amax, gs), gs)
 
 
 def nvfp4_block_scales(x: torch.Tensor, global_amax: torch.Tensor, block_size: int = 16) -> torch.Tensor:

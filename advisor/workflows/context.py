@@ -169,7 +169,9 @@ def prepare(
 
     t = time.perf_counter()
     status(f"loading model {recipe.model.source} on {device}")
-    loaded = load_model(recipe.model, device)
+    from advisor.workflows.memory import load_device_map
+
+    loaded = load_model(recipe.model, device, device_map=load_device_map(recipe, device))
     fingerprint = model_fingerprint(loaded)  # of the BF16 weights, before any float32 copy
     arithmetic, why = to_scoring_arithmetic(loaded.model, device)
     if arithmetic != BF16:
@@ -193,6 +195,9 @@ def prepare(
         on_format=lambda f: status(f"calibrating {f.value} (once for every trial)"), kv_cache=recipe.kv_cache,
     )
     timings["calibration_s"] = time.perf_counter() - t
+    if bank.pack_stats.kept_bf16:  # exact either way; only the bank's memory is larger than planned
+        log.warning("%d folded weights would not decode bit for bit from their codes and stay BF16 (e.g. %s)",
+                    len(bank.pack_stats.kept_bf16), bank.pack_stats.kept_bf16[0])
 
     t = time.perf_counter()
     status("scoring the BF16 reference on held-out tokens")

@@ -3,7 +3,8 @@ weights: a run that cannot finish must fail on its first line, not after its tri
 
 Order: the cheap and local first (output folder, storage URL and its driver, files the recipe
 names), then the model's config (transformers' import dominates: a few seconds), then the
-GPU the energy mode needs, then the lm-eval tasks (a text scan of lm-eval's task YAMLs, and a
+GPU the energy mode needs and the memory plan on the GPUs the search will use, then the lm-eval
+tasks (a text scan of lm-eval's task YAMLs, and a
 real build of local tasks). Nothing is created; each problem is one InputError (exit 2) or
 SetupError / UnsupportedError (exit 3) naming the fix.
 """
@@ -27,6 +28,9 @@ def preflight(recipe: Recipe) -> None:
     check_input_files(recipe)
     check_model(recipe)
     check_devices(recipe)
+    from advisor.workflows.memory import check_memory
+
+    check_memory(recipe)  # the model, its bank and the batches on the GPUs the search will use
     check_benchmark(recipe.benchmark)
 
 

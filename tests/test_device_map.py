@@ -1,0 +1,90 @@
+"""A model spread by a memory plan's device map (accelerate's hooks) scores trials exactly as one on one device;
+on CPU the two placements are both the CPU, with accelerate's hooks forced on."""
+
+from __future__ import annotations
+
+import torch
+
+from advisor.accuracy.proxy import ProxyEvaluator
+from advisor.calibration.tokens import forward_loop
+from advisor.formats import Format
+from advisor.models.device_map import device_map_for, plan_device_map
+from advisor.models.loading import load_model, model_fingerprint
+from advisor.models.memory_plan import GIB, Device, RunSizes, plan_memory
+from advisor.plan import Plan
+from advisor.quantize.bank import FormatBank
+from advisor.quantize.modelopt_config import prepare_device
+from advisor.recipe.schema import ModelSpec
+
+FORMATS = (Format.BF16, Format.FP8, Format.NVFP4)
+SIZES = RunSizes(("bf16", "fp8", "nvfp4"), 4, 32, 2, 32, 2, False)
+
+
+def _two_device_plan(config):
+    """Devices just large enough that the tiny model's two layers go one to each."""
+    for memory in range(2 * GIB, 4 * GIB, 2**16):
+        plan = plan_memory(config, SIZES, [Device("cuda:0", memory), Device("cuda:1", memory)])
+        if plan.fits and len({k for k in plan.device_of().values()}) == 2:
+            return plan
+    raise AssertionError("no memory splits the tiny model over two devices")
+
+
+def test_device_map_places_layers_and_the_modules_around_them(tiny_model_dir):
+    loaded = load_model(ModelSpec(source=str(tiny_model_dir)))
+    got = device_map_for(loaded.model, "model.layers", [0, 1], first=0, last=1)
+    assert got == {"model.embed_tokens": 0, "model.layers.0": 0, "model.layers.1": 1, "model.norm": 1,
+                   "model.rotary_emb": 1, "lm_head": 1}
+
+
+def test_plan_device_map_covers_every_weight(tiny_model_dir):
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(tiny_model_dir)
+    plan = _two_device_plan(config)
+    mapping = plan_device_map(config, plan)
+    assert set(mapping.values()) == {0, 1}
+    loaded = load_model(ModelSpec(source=str(tiny_model_dir)))
+    for name, _ in loaded.model.named_parameters():
+        assert any(name == k or name.startswith(f"{k}.") for k in mapping), name
+
+
+def _scores(model, groups, tokens):
+    bank = FormatBank(model, groups, FORMATS, forward_loop(tokens[:4]))
+    proxy = ProxyEvaluator(bank.assemble(Plan.uniform(groups, Format.BF16)), tokens[4:])
+    plans = [Plan.uniform(groups, f) for f in FORMATS[1:]]
+    plans.append(Plan({g.name: FORMATS[i % 3] for i, g in enumerate(groups)}))
+    out = []
+    for plan in plans:
+        with torch.no_grad():
+            logits = bank.assemble(plan)(input_ids=tokens[4:]).logits
+        out.append((proxy.score(bank.assemble(plan)), logits))
+    return out
+
+
+def test_spread_model_gives_the_same_kl_as_one_device(tiny_model_dir, one_torch_thread):
+    from accelerate import dispatch_model
+    from transformers import AutoConfig
+
+    prepare_device("cpu")
+    tokens = torch.randint(3, 2000, (6, 32), generator=torch.Generator().manual_seed(0))
+    one = load_model(ModelSpec(source=str(tiny_model_dir)))
+    spread = load_model(ModelSpec(source=str(tiny_model_dir)))
+    mapping = plan_device_map(AutoConfig.from_pretrained(tiny_model_dir),
+                              _two_device_plan(AutoConfig.from_pretrained(tiny_model_dir)))
+    model = dispatch_model(spread.model, {k: "cpu" for k in mapping}, force_hooks=True)
+    assert hasattr(model.model.layers[1], "_hf_hook")  # accelerate moves each layer's inputs
+    for (a, la), (b, lb) in zip(_scores(one.model, one.shape.groups, tokens),
+                                _scores(model, spread.shape.groups, tokens), strict=True):
+        assert a == b
+        assert torch.equal(la, lb)
+
+
+def test_load_with_a_device_map_reads_the_same_weights(tiny_model_dir):
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(tiny_model_dir)
+    mapping = {k: "cpu" for k in plan_device_map(config, _two_device_plan(config))}
+    plain = load_model(ModelSpec(source=str(tiny_model_dir)))
+    mapped = load_model(ModelSpec(source=str(tiny_model_dir)), device_map=mapping)
+    assert model_fingerprint(mapped.model) == model_fingerprint(plain.model)
+    assert mapped.shape.groups == plain.shape.groups

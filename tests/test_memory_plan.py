@@ -1,0 +1,195 @@
+"""The memory plan from a config alone: Llama-3.1-70B and Qwen3-235B-A22B on 1-8 H100s and H200s against
+bytes computed by hand here, and `advisor search --dry-run` on a folder that holds only a config."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pytest
+from typer.testing import CliRunner
+
+from advisor.cli import app
+from advisor.models.memory_plan import (
+    BUILD_BYTES_PER_WEIGHT,
+    GIB,
+    RESERVED_PER_DEVICE,
+    RunSizes,
+    bank_entry_bytes,
+    compact,
+    gpus,
+    plan_memory,
+)
+
+# The published config.json values (meta-llama/Llama-3.1-70B, Qwen/Qwen3-235B-A22B).
+LLAMA_70B = {
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 8192, "intermediate_size": 28672,
+    "num_hidden_layers": 80, "num_attention_heads": 64, "num_key_value_heads": 8, "vocab_size": 128256,
+    "max_position_embeddings": 131072, "hidden_act": "silu", "attention_bias": False, "mlp_bias": False,
+    "rms_norm_eps": 1e-05, "rope_theta": 500000.0, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+    "rope_scaling": {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                     "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+}
+QWEN3_235B = {
+    "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "attention_bias": False,
+    "decoder_sparse_step": 1, "head_dim": 128, "hidden_act": "silu", "hidden_size": 4096, "intermediate_size": 12288,
+    "max_position_embeddings": 40960, "max_window_layers": 94, "mlp_only_layers": [], "moe_intermediate_size": 1536,
+    "norm_topk_prob": True, "num_attention_heads": 64, "num_experts": 128, "num_experts_per_tok": 8,
+    "num_hidden_layers": 94, "num_key_value_heads": 4, "rms_norm_eps": 1e-06, "rope_theta": 1000000.0,
+    "sliding_window": None, "tie_word_embeddings": False, "use_sliding_window": False, "vocab_size": 151936,
+}
+# The default recipe's token counts, all three formats (the worst case), no lm-eval tasks.
+SIZES = RunSizes(("bf16", "fp8", "nvfp4"), calibration_samples=16, calibration_seq=128, heldout_samples=8,
+                 heldout_seq=128, sensitivity_samples=4, lm_eval=False)
+H100, H200 = 80 * GIB, 141 * GIB
+
+# ---- Llama-3.1-70B by hand
+# per layer: q 8192x8192 + k, v 8192x1024 + o 8192x8192 + gate, up, down 8192x28672
+L_LINEARS = 2 * 8192 * 8192 + 2 * 8192 * 1024 + 3 * 8192 * 28672
+assert L_LINEARS == 855_638_016
+L_LAYER_BF16 = 2 * (L_LINEARS + 2 * 8192)  # two RMSNorms of 8192
+L_EMBED = 2 * 128256 * 8192  # embed_tokens; lm_head (untied) is as large
+L_WEIGHTS = 80 * L_LAYER_BF16 + 2 * L_EMBED + 2 * 8192  # + the final norm
+assert L_WEIGHTS == 141_107_412_992  # 70.55B parameters
+L_FP8 = 80 * (L_LINEARS + 7 * 256 * 2)  # a byte a weight + 256 BF16 values per linear (7 a layer)
+L_NVFP4 = 80 * (L_LINEARS // 2 + L_LINEARS // 16 + 7 * 4)  # half a byte + an FP8 scale per 16 + a float32 per linear
+assert (L_FP8, L_NVFP4) == (68_451_328_000, 38_503_712_960)
+L_PROXY_LOGITS = 4 * 128 * 128256 * (2 + 4 + 4)  # 4 held-out rows of 128 tokens: BF16 logits, float32, log-softmax
+L_BUILD = 8192 * 28672 * 2 + 8192 * 28672 * BUILD_BYTES_PER_WEIGHT  # the largest linear, cloned and folded
+
+# ---- Qwen3-235B-A22B by hand
+Q_ATTN = 4096 * 8192 + 2 * 4096 * 512 + 8192 * 4096  # q (64 heads x 128), k, v (4 x 128), o
+Q_EXPERTS = 128 * 3 * 4096 * 1536  # gate, up, down of 128 experts
+Q_LINEARS = Q_ATTN + Q_EXPERTS
+assert Q_LINEARS == 2_487_222_272
+Q_LAYER_BF16 = 2 * (Q_LINEARS + 2 * 4096 + 2 * 128 + 128 * 4096)  # norms, q/k norms, router
+Q_WEIGHTS = 94 * Q_LAYER_BF16 + 2 * 2 * 151936 * 4096 + 2 * 4096
+assert Q_WEIGHTS == 470_187_269_120  # 235.09B parameters
+Q_VIEWS = 4 + 2 * 128  # q, k, v, o; each expert's slice of gate_up and of down
+Q_FP8 = 94 * (Q_LINEARS + Q_VIEWS * 512)
+Q_NVFP4 = 94 * (Q_LINEARS // 2 + Q_LINEARS // 16 + Q_VIEWS * 4)
+assert (Q_FP8, Q_NVFP4) == (233_811_406_848, 131_511_975_392)
+
+
+def _config(values: dict) -> SimpleNamespace:
+    return SimpleNamespace(**values)
+
+
+def test_bank_entry_widths():
+    assert bank_entry_bytes("bf16", 1024, 1) == 0
+    assert bank_entry_bytes("fp8", 1024, 1) == 1024 + 512
+    assert bank_entry_bytes("nvfp4", 1024, 2) == 512 + 64 + 8
+
+
+def test_llama_70b_totals_by_hand():
+    plan = plan_memory(_config(LLAMA_70B), SIZES, gpus(4, H100), "llama-70b")
+    assert plan.totals["weights (BF16)"] == L_WEIGHTS
+    assert plan.totals["bank entry fp8"] == L_FP8
+    assert plan.totals["bank entry nvfp4"] == L_NVFP4
+    assert plan.totals["proxy logits (BF16 + 2x float32)"] == L_PROXY_LOGITS
+    assert plan.totals["bank build (largest weight)"] == L_BUILD
+    assert plan.cpu_bytes == {"proxy reference log-probs (float32)": (8 + 4) * 128 * 128256 * 4}
+    gguf = plan_memory(_config(LLAMA_70B), RunSizes(**{**SIZES.__dict__, "whole_cpu_copy": True}), gpus(4, H100))
+    assert gguf.cpu_bytes["loading (whole BF16 model, read then moved)"] == L_WEIGHTS
+
+
+def test_qwen3_235b_totals_by_hand():
+    plan = plan_memory(_config(QWEN3_235B), SIZES, gpus(8, H200), "qwen3-235b")
+    assert plan.totals["weights (BF16)"] == Q_WEIGHTS
+    assert plan.totals["bank entry fp8"] == Q_FP8
+    assert plan.totals["bank entry nvfp4"] == Q_NVFP4
+
+
+def _fewest_by_capacity(total_items: int, workspace: int, memory: int) -> int:
+    """The fewest GPUs by bytes alone (every device loses its reserve and workspace); whole layers can need one
+    more."""
+    usable = memory - RESERVED_PER_DEVICE - workspace
+    return -(-total_items // usable)
+
+
+@pytest.mark.parametrize(("config", "memory", "fits", "fewest"), [
+    # Llama-3.1-70B: items = weights 131.4 + FP8 63.8 + NVFP4 35.9 GiB (+ 0.6 records); every device loses
+    # 2 GiB reserve + 5.69 GiB bank build: an H100 keeps 72.3 GiB (3 hold 216.9 < 232.3), an H200 133.3 (2: 266.6)
+    (LLAMA_70B, H100, {1: False, 2: False, 4: True, 8: True}, 4),
+    (LLAMA_70B, H200, {1: False, 2: True, 4: True, 8: True}, 2),
+    # Qwen3-235B-A22B: 437.9 + 217.8 + 122.5 GiB; per layer 8.26 GiB, an H100 keeps 74.25 GiB (8 layers: 94 layers
+    # need 12), an H200 135.25 (16 layers: 6)
+    (QWEN3_235B, H100, {1: False, 2: False, 4: False, 8: False}, 12),
+    (QWEN3_235B, H200, {1: False, 2: False, 4: False, 8: True}, 6),
+])
+def test_fit_on_1_2_4_8_gpus(config, memory, fits, fewest):
+    for count, expected in fits.items():
+        plan = plan_memory(_config(config), SIZES, gpus(count, memory))
+        assert plan.fits is expected, count
+        assert plan.smallest_gpus == fewest
+        for p in plan.placements:
+            assert p.used_bytes <= memory
+        placed = [name for p in plan.placements for name in p.items] + plan.overflow
+        assert placed[0] == "embeddings" and placed[-1] == "final norm + lm_head"
+        assert len(placed) == config["num_hidden_layers"] + 2  # every layer once, in order
+        if expected:
+            holder = next(p for p in plan.placements if "final norm + lm_head" in p.items)
+            assert holder.logits_bytes == max(v for k, v in plan.totals.items() if "logits" in k or "KV" in k)
+    total = sum(plan.totals[k] for k in ("weights (BF16)", "bank entry fp8", "bank entry nvfp4",
+                                         "sensitivity records"))
+    workspace = plan.placements[0].workspace_bytes
+    assert _fewest_by_capacity(total, workspace, memory) <= fewest <= _fewest_by_capacity(total, workspace, memory) + 1
+
+
+def test_balanced_spread_and_compact_names():
+    plan = plan_memory(_config(LLAMA_70B), SIZES, gpus(4, H100))
+    holds = [compact(p.items) for p in plan.placements]
+    assert holds[0][0] == "embeddings" and holds[-1][-1] == "final norm + lm_head"
+    loads = [p.weights_bytes + p.bank_bytes for p in plan.placements]
+    assert max(loads) - min(loads) < 6 * GIB  # about a quarter each, not the first devices filled up
+
+
+def test_lm_eval_batches_count_when_tasks_are_given():
+    with_tasks = RunSizes(**{**SIZES.__dict__, "lm_eval": True})
+    plan = plan_memory(_config(LLAMA_70B), with_tasks, gpus(4, H100))
+    assert plan.totals["lm-eval logits (BF16 x2)"] == 16 * 1024 * 128256 * 2 * 2
+
+
+# ---- advisor search --dry-run
+
+runner = CliRunner()
+
+
+@pytest.fixture
+def config_only(tmp_path):
+    folder = tmp_path / "llama-70b"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(LLAMA_70B))
+    return folder
+
+
+@pytest.mark.parametrize(("count", "code"), [(1, 3), (2, 3), (4, 0)])
+def test_dry_run_on_h100s(config_only, tmp_path, count, code):
+    res = runner.invoke(app, ["search", "--model", str(config_only), "--target", "b200", "--formats",
+                              "bf16,fp8,nvfp4", "--out", str(tmp_path / "runs"), "--dry-run", "--gpus", str(count),
+                              "--gpu-memory", "80"])
+    assert res.exit_code == code, res.output
+    assert "weights (BF16)" in res.stdout and "131.42" in res.stdout
+    if code:
+        errors = [line for line in res.stderr.splitlines() if line.startswith("Error:")]
+        assert len(errors) == 1 and "at least 4 such GPUs" in errors[0]
+        assert "does not fit" in res.stdout
+    else:
+        assert "fits" in res.stdout and "Error" not in res.stderr
+    assert not (tmp_path / "runs").exists()  # a dry run creates nothing
+
+
+def test_dry_run_json(config_only):
+    res = runner.invoke(app, ["search", "--model", str(config_only), "--target", "b200", "--formats", "bf16,fp8",
+                              "--dry-run", "--gpus", "2", "--gpu-memory", "141", "--json"])
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.stdout)
+    assert data["fits"] and data["totals_bytes"]["weights (BF16)"] == L_WEIGHTS
+    assert [d["device"] for d in data["devices"]] == ["cuda:0", "cuda:1"]
+
+
+@pytest.mark.parametrize("args", [["--gpus", "2", "--gpu-memory", "80"], ["--dry-run", "--gpus", "2"]])
+def test_dry_run_flags_misused(config_only, args):
+    res = runner.invoke(app, ["search", "--model", str(config_only), "--target", "b200", *args])
+    assert res.exit_code == 2
+    assert res.stderr.count("Error:") == 1
