@@ -115,7 +115,8 @@ def test_fp8_plan_lists_bf16_groups_in_exclude_modules(tiny, tmp_path):
     assert rt["passed"] and rt["kl_abs_diff"] <= rt["tolerance_kl"]
     # FP8 weights are scored as the export rounds them: the served weights are the scored ones
     assert rt["weights"]["differing"] == 0 and rt["kl_abs_diff"] <= ROUNDTRIP_KL_ABS_TOL
-    assert res.warnings == []
+    # the one warning is vLLM's measured energy caveat for FP8 at batch 64 (deploy.compat)
+    assert [w for w in res.warnings if "reports/benchmarks/vllm_verify.md" not in w] == []
     assert _assert_fused_scales_equal(tmp_path / "ckpt", plan, groups) == 4  # qkv and gate_up of 2 layers
     # the search scores these shared scales already: export's own fusion step changes nothing
     assert rt["kl_in_memory_plan"] == rt["kl_in_memory"]

@@ -32,7 +32,7 @@ BAD_RECIPES = [
     ({"kv_cache": ["fp8"]}, "kv_cache: must include bf16"),
     ({"kv_cache": ["bf16", "nvfp4"]}, "kv_cache: ['nvfp4'] cannot be a KV-cache format here; allowed: bf16, fp8"),
     ({"kv_cache": ["bf16", "int4"]}, "kv_cache.1: got 'int4'"),
-    ({"engine": "vllm"}, "engine: got 'vllm'"),
+    ({"engine": "sglang"}, "engine: got 'sglang'"),
     ({"engine": "tensorrt_llm", "energy": "predicted"}, "engine tensorrt_llm measures energy, but energy: predicted"),
 ]
 

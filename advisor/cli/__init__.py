@@ -29,7 +29,7 @@ app = typer.Typer(
 
 
 #: the commands that may read a model or dataset from the hub
-HUB_COMMANDS = {"search", "worker", "eval", "export", "recheck", "measure", "profile"}
+HUB_COMMANDS = {"search", "worker", "eval", "export", "recheck", "measure", "profile", "verify"}
 
 
 @app.callback()
@@ -68,6 +68,7 @@ from advisor.cli.energy import profile as profile_command  # noqa: E402
 from advisor.cli.evaluate import eval_plan  # noqa: E402
 from advisor.cli.runs import report, show  # noqa: E402
 from advisor.cli.search import search  # noqa: E402
+from advisor.cli.verify import verify  # noqa: E402
 from advisor.cli.worker import worker  # noqa: E402
 
 app.command()(search)
@@ -75,6 +76,7 @@ app.command()(report)
 app.command()(show)
 app.command()(export)
 app.command()(recheck)
+app.command()(verify)
 app.command()(worker)
 app.command(name="profile")(handle_errors(profile_command))
 app.command(name="measure")(handle_errors(measure_command))

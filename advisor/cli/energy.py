@@ -178,12 +178,22 @@ def measure(
     batch: BatchOpt = 16,
     input_tokens: InOpt = 512,
     output_tokens: OutTokOpt = 256,
+    engine: Annotated[str, typer.Option(help="What runs the plan: builtin (random weights of the model's shape) or "
+                                        "vllm (--checkpoint served by vLLM).")] = "builtin",
+    checkpoint: Annotated[Path | None, typer.Option(help="The plan's exported checkpoint (`advisor export`), "
+                                                    "for --engine vllm.")] = None,
 ) -> None:
-    """Measure one plan's J/token on the GPU here (serving runtime, NVML meter)."""
+    """Measure one plan's J/token on the GPU here (serving runtime or engine, NVML meter)."""
     from advisor.energy.measure import MeasuredEnergyModel
 
     if batch < 1 or input_tokens < 1 or output_tokens < 1:
         raise InputError("--batch, --input-tokens and --output-tokens must be >= 1")
+    if engine not in ("builtin", "vllm"):
+        raise InputError(f"--engine: got {engine!r}; `advisor measure` runs builtin or vllm (tensorrt_llm measures "
+                         "inside `advisor search --engine tensorrt_llm`)")
+    if engine == "vllm" and (checkpoint is None or not (checkpoint / "config.json").is_file()):
+        raise InputError("--engine vllm serves an exported checkpoint: give --checkpoint DIR (a folder with "
+                         "config.json, written by `advisor export`)")
     tgt = None
     if target is not None:
         try:
@@ -199,6 +209,16 @@ def measure(
         raise SetupError("no NVIDIA GPU visible through NVML: `advisor measure` measures on the GPU it runs on "
                          "(without one, `advisor search --energy predicted` predicts)")
     workload = Workload(name="cli", batch_size=batch, input_tokens=input_tokens, output_tokens=output_tokens)
+    if engine == "vllm":
+        from advisor.deploy.engines import import_engine
+        from advisor.deploy.vllm_engine import VllmEnergyModel
+
+        import_engine("vllm")
+        vocab = json.loads((checkpoint / "config.json").read_text()).get("vocab_size", 32000)
+        est = VllmEnergyModel(lambda _plan: checkpoint, [workload], vocab, gpu_label=gpu_here()[1] or "").estimate(
+            p, workload)
+        typer.echo(json.dumps({"plan": p.id, "label": p.label(), "engine": "vllm", **est.to_dict()}, indent=2))
+        return
     config = None
     if model is not None:
         from transformers import AutoConfig

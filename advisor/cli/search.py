@@ -79,8 +79,9 @@ def search(
         = None,
     energy_profile: Annotated[str | None, typer.Option(help="Profile JSON from `advisor profile`.")] = None,
     engine: Annotated[str | None, typer.Option(
-        help=f"What the measured tier runs: {choices_text(Recipe, 'engine')}. tensorrt_llm serves each measured "
-        "plan's exported checkpoint through TensorRT-LLM's LLM API (not verified on a GPU here).")] = None,
+        help=f"What the measured tier runs: {choices_text(Recipe, 'engine')}. tensorrt_llm and vllm serve each "
+        "measured plan's exported checkpoint through that engine (TensorRT-LLM: tested against a fake module only, "
+        "it cannot be installed on the GPU machines this project was measured on).")] = None,
     resume: Annotated[bool, typer.Option("--resume", help="Continue the study of the same name.")] = False,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the memory plan (from the model's config, no "
                                           "weights read) and stop; exit 3 when it does not fit.")] = False,

@@ -184,10 +184,11 @@ class Recipe(_Strict):
         "target's GPU profile, else the datasheet roofline; auto: measured when possible"
     )
     energy_profile: str | None = Field(None, description="a profile JSON from `advisor profile` to predict with")
-    engine: Literal["builtin", "tensorrt_llm"] = Field(
+    engine: Literal["builtin", "tensorrt_llm", "vllm"] = Field(
         "builtin", description="what runs the plans the measured tier measures: builtin (the advisor's runtime, "
-        "random weights of the model's shape) or tensorrt_llm (the exported checkpoint through TensorRT-LLM's "
-        "LLM API; needs the package)")
+        "random weights of the model's shape), tensorrt_llm (the exported checkpoint through TensorRT-LLM's "
+        "LLM API; needs the package) or vllm (the exported checkpoint through vLLM's offline LLM API, one "
+        "engine per process; needs the package)")
 
     @field_validator("formats")
     @classmethod

@@ -212,12 +212,13 @@ def prepare(
                  "auto": "predicted for every trial, measured for the front if this GPU is the target"}
         status(f"choosing the energy models (energy: {recipe.energy}: {tiers.get(recipe.energy, recipe.energy)})")
         profile = Path(recipe.energy_profile) if recipe.energy_profile else None
+        from advisor.deploy.engines import measured_tier
+
         engine = None
-        if recipe.engine == "tensorrt_llm":
-            from advisor.deploy.engines import tensorrt_llm_tier
+        if (tier := measured_tier(recipe.engine)) is not None:
 
             def engine():
-                return tensorrt_llm_tier(recipe, loaded, tokens)
+                return tier(recipe, loaded, tokens)
         energy_model, measured_model = make_energy_tiers(recipe.energy, loaded.shape, recipe.target, profile, engine,
                                                          model_config=loaded.model.config,
                                                          workloads=recipe.workloads)

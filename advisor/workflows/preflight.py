@@ -61,16 +61,16 @@ def check_model(recipe: Recipe, *, workloads: bool = True) -> None:
 
 def check_devices(recipe: Recipe) -> None:
     """The GPU that ``device: cuda`` and ``energy: measured`` need is here, of the target kind, and the
-    package ``engine: tensorrt_llm`` needs is importable."""
+    package the recipe's engine needs is importable."""
     if recipe.device == "cuda":
         import torch
 
         if not torch.cuda.is_available():
             raise SetupError("device: cuda was asked for but torch sees no CUDA GPU; use --device cpu or auto")
-    if recipe.engine == "tensorrt_llm":
-        from advisor.deploy.engines import import_tensorrt_llm
+    if recipe.engine != "builtin":
+        from advisor.deploy.engines import import_engine
 
-        import_tensorrt_llm()
+        import_engine(recipe.engine)
     if recipe.energy == "measured":
         from advisor.energy.prediction import gpu_here
 

@@ -1,0 +1,48 @@
+"""The `advisor verify` command (registered in cli/__init__.py): serve a run's plans in vLLM and compare.
+
+Exit codes: 0 every group served as planned, 1 a group served in another format (named on the
+Error line; verify.md says more), 2 bad input (a run folder of another version included), 3 no
+vLLM or no GPU.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from advisor.cli.common import err, handle_errors, out, print_error
+
+
+@handle_errors
+def verify(
+    run_dir: Annotated[Path, typer.Argument(help="Run directory written by `advisor search`.")],
+    engine: Annotated[str, typer.Option(help="Serving engine to verify in: vllm.")] = "vllm",
+    plan: Annotated[list[str] | None, typer.Option(
+        "--plan", help="Also this plan id (repeatable); the recommendation and all-BF16 always.")] = None,
+    lambada: Annotated[Path | None, typer.Option(
+        help="LAMBADA JSONL ({\"text\": ...}) whose first items are scored through vLLM and the advisor.")] = None,
+    lambada_items: Annotated[int, typer.Option(min=1, help="How many LAMBADA items.")] = 200,
+    energy: Annotated[bool, typer.Option(help="Also meter J/token per workload in vLLM.")] = True,
+) -> None:
+    """Serve the run's recommendation and BF16 in vLLM (GPU): formats, KL, items and J/token as served."""
+    from advisor.workflows.verify import verify_run
+
+    with err.status("verifying") as status:
+        result = verify_run(run_dir, engine=engine, plan_ids=plan or (), lambada=lambada, lambada_count=lambada_items,
+                            energy=energy, status=lambda m: status.update(m))
+    for r in result["plans"]:
+        a = r["accuracy"]
+        served = "served as planned" if r["formats_match"] is True else f"{len(r['formats_match'])} groups differ"
+        out.print(f"{r['role']} {r['plan_id']}: {served}; served KL {a['served_kl_topk']:.4g} "
+                  f"(advisor {a['advisor_kl_topk']:.4g}, proxy {r['proxy_kl']})", highlight=False)
+        for e in r["energy"]:
+            out.print(f"  {e['workload']}: vLLM {e['vllm_j_per_token']:.4g} J/token, built-in "
+                      f"{e['runtime_j_per_token']}, predicted {e['predicted_j_per_token']}", highlight=False)
+    out.print(f"written: {Path(run_dir) / 'verify.md'}, verify.json, and a section of report.md", highlight=False)
+    if not result["verified"]:
+        bad = "; ".join(f"{r['plan_id']}: " + ", ".join(f"{g} {why}" for g, why in r["formats_match"].items())
+                        for r in result["plans"] if r["formats_match"] is not True)
+        print_error(f"vLLM served layer groups otherwise than planned ({bad}); see verify.md")
+        raise typer.Exit(1)

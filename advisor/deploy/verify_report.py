@@ -1,0 +1,74 @@
+"""verify.md and the "Verified in vLLM" section of report.md, from verify.json's data. Torch-free."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+BEGIN, END = "<!-- advisor verify: begin -->", "<!-- advisor verify: end -->"
+
+
+def _num(x: Any, fmt: str = ".4g") -> str:
+    return "n/a" if x is None else format(x, fmt)
+
+
+def _pct(a: Any, b: Any) -> str:
+    return "n/a" if a is None or b is None or not b else f"{100.0 * (a / b - 1.0):+.1f}%"
+
+
+def render_verify(result: dict[str, Any]) -> str:
+    lines = [f"## Verified in vLLM {result['vllm_version']} ({result['gpu']}, {result['date']})", ""]
+    bad = [r for r in result["plans"] if r["formats_match"] is not True]
+    lines.append("Every layer group was served in the format the plan gives it." if not bad else
+                 "**Served otherwise than planned:** " + "; ".join(
+                     f"plan {r['plan_id']} ({r['role']}): " + ", ".join(f"{g}: {why}" for g, why in
+                                                                       r["formats_match"].items()) for r in bad))
+    lines += ["", "### Formats as served", "", "| plan | role | served as planned | formats vLLM built |",
+              "|---|---|---|---|"]
+    for r in result["plans"]:
+        counts: dict[str, int] = {}
+        for f in r["served_formats"].values():
+            counts[f] = counts.get(f, 0) + 1
+        built = ", ".join(f"{n} x {f}" for f, n in sorted(counts.items()))
+        ok = "yes" if r["formats_match"] is True else f"**no** ({len(r['formats_match'])} groups)"
+        lines.append(f"| `{r['plan_id']}` {r['label']} | {r['role']} | {ok} | {built} |")
+    lines += ["", "### Accuracy as served", "",
+              f"KL(advisor BF16 reference || model) per token on the run's held-out tokens, over each position's "
+              f"top-{result['plans'][0]['accuracy']['top_k'] if result['plans'] else 20} tokens from vLLM and the "
+              "rest as one outcome (a lower bound of the full KL); the advisor's own model of the exported plan on "
+              "the same partition; the proxy KL the search scored (full vocabulary).", "",
+              "| plan | role | served KL (vLLM, top-k) | advisor KL (top-k) | proxy KL (search) | items: vLLM | "
+              "items: advisor |", "|---|---|---|---|---|---|---|"]
+    for r in result["plans"]:
+        a = r["accuracy"]
+        it = a.get("items") or {}
+        lines.append(f"| `{r['plan_id']}` | {r['role']} | {_num(a['served_kl_topk'])} | {_num(a['advisor_kl_topk'])} "
+                     f"| {_num(r['proxy_kl'])} | {_num(it.get('vllm_accuracy'), '.3f')} "
+                     f"| {_num(it.get('advisor_accuracy'), '.3f')} |")
+    if result.get("lambada"):
+        lines += ["", f"Items: the first {result['lambada']['items']} of {result['lambada']['file']}, last word "
+                  "greedy (every target token the top-1 next token)."]
+    lines += ["", "### Energy as served", "",
+              "| plan | workload | vLLM J/token (measured) | built-in runtime J/token (measured) | vs vLLM | "
+              "predicted J/token | vs vLLM | steady |", "|---|---|---|---|---|---|---|---|"]
+    for r in result["plans"]:
+        for e in r["energy"]:
+            steady = "yes" if e["batch_full"] and not e["vllm_unstable"] else (
+                "unstable" if e["vllm_unstable"] else "batch not full")
+            lines.append(f"| `{r['plan_id']}` | {e['workload']} | {_num(e['vllm_j_per_token'])} | "
+                         f"{_num(e['runtime_j_per_token'])} | {_pct(e['runtime_j_per_token'], e['vllm_j_per_token'])} "
+                         f"| {_num(e['predicted_j_per_token'])} | "
+                         f"{_pct(e['predicted_j_per_token'], e['vllm_j_per_token'])} | {steady} |")
+    return "\n".join(lines) + "\n"
+
+
+def write_report_section(report: Path, section: str) -> None:
+    """Put ``section`` into report.md between the verify markers (replacing an earlier one), or append it."""
+    text = report.read_text() if report.is_file() else ""
+    block = f"{BEGIN}\n{section}{END}\n"
+    if BEGIN in text and END in text:
+        head, rest = text.split(BEGIN, 1)
+        text = head + block + rest.split(END, 1)[1].lstrip("\n")
+    else:
+        text = (text.rstrip("\n") + "\n\n" if text else "") + block
+    report.write_text(text)

@@ -1,0 +1,211 @@
+"""vLLM as a serving engine (``--engine vllm``): the plan's exported checkpoint served by vLLM's
+offline ``LLM`` API in a child process (:mod:`advisor.deploy.vllm_serve` does the serving), and
+what the parent makes of it:
+
+* :class:`VllmEnergyModel`, the measured energy tier through vLLM: each plan's checkpoint is loaded
+  once, in its own process, and metered at every workload's concurrency and lengths (steady state:
+  the batch kept full with fresh random prompts, prefix caching off, the advisor's own NVML meter);
+* :func:`served_formats`: the format vLLM built for every layer group, against the plan;
+* :func:`topk_kl`: KL(reference || served) per position from vLLM's top-k prompt log-probabilities.
+"""
+
+from __future__ import annotations
+
+import math
+import multiprocessing
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import asdict
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from advisor.deploy.vllm_serve import ServeJob, serve
+from advisor.energy.meter import MeterConfig
+from advisor.errors import AdvisorError, SetupError, UnsupportedError
+from advisor.estimate import EnergyEstimate
+from advisor.formats import Format
+from advisor.plan import Plan
+from advisor.recipe.schema import Workload
+
+VLLM_INSTALL = ("pip install vllm==0.26.0 (its wheel pins torch 2.11; on the lent GPU machines, pack it with "
+                "../shared/tools/device-vllm.sh)")
+
+# vLLM's linear-method classes and the format each serves. Anything else is reported by its class name.
+SERVED_FORMATS: dict[str, str] = {
+    "UnquantizedLinearMethod": Format.BF16.value,
+    "ModelOptFp8LinearMethod": Format.FP8.value,
+    "Fp8LinearMethod": Format.FP8.value,
+    "ModelOptNvFp4LinearMethod": Format.NVFP4.value,
+}
+
+
+def import_vllm() -> ModuleType:
+    """The ``vllm`` package, or a SetupError (exit 3) saying how to install it."""
+    try:
+        import vllm
+    except ImportError as exc:
+        raise SetupError(f"--engine vllm: vllm is not importable ({exc}); {VLLM_INSTALL}") from None
+    return vllm
+
+
+# ----------------------------------------------------------------------------------- one engine per process
+def _child(target: Callable[[ServeJob], dict[str, Any]], job: ServeJob, conn: Any) -> None:
+    try:
+        conn.send(("ok", target(job)))
+    except BaseException as exc:  # noqa: BLE001 (sent to the parent, which decides)
+        text = str(exc).strip().splitlines()
+        conn.send(("error", f"{type(exc).__name__}: {text[0] if text else ''}", isinstance(exc, ImportError)))
+    finally:
+        conn.close()
+
+
+def run_in_child(job: ServeJob, target: Callable[[ServeJob], dict[str, Any]] = serve,
+                 timeout_s: float = 3600.0) -> dict[str, Any]:
+    """``target(job)`` in a fresh (spawned) process, so the engine's GPU memory is freed when it ends.
+    A checkpoint vLLM cannot load or serve is an UnsupportedError naming vLLM's own first line."""
+    ctx = multiprocessing.get_context("spawn")
+    parent, child = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=_child, args=(target, job, child), daemon=False)
+    proc.start()
+    child.close()
+    try:
+        if not parent.poll(timeout_s):
+            proc.kill()
+            raise UnsupportedError(f"vLLM did not finish serving {job.checkpoint} in {timeout_s:.0f} s")
+        reply = parent.recv()
+    except EOFError:
+        proc.join()
+        raise UnsupportedError(f"vLLM's process serving {job.checkpoint} died (exit code {proc.exitcode}) "
+                               "before answering; its log above says why") from None
+    finally:
+        proc.join(timeout=60)
+        if proc.is_alive():
+            proc.kill()
+    if reply[0] == "ok":
+        return reply[1]
+    if reply[2]:
+        raise SetupError(f"--engine vllm: {reply[1]}; {VLLM_INSTALL}")
+    raise UnsupportedError(f"vLLM could not serve {job.checkpoint} ({reply[1]})")
+
+
+# ----------------------------------------------------------------------------------- formats as served
+def served_formats(served: Mapping[str, Mapping[str, Any]], plan: Plan, members: Mapping[str, Sequence[str]]
+                   ) -> tuple[dict[str, str], dict[str, str]]:
+    """(group -> format vLLM serves it in, group -> why it differs from the plan).
+
+    ``members`` maps each group to its checkpoint module names; a served layer belongs to the group
+    holding any module it packs. A group whose layers vLLM built with different methods, or one no
+    served layer covers, is a difference too."""
+    owner = {m: g for g, ms in members.items() for m in ms}
+    seen: dict[str, set[str]] = {}
+    for layer in served.values():
+        groups = {owner[m] for m in layer["members"] if m in owner}
+        for g in groups:
+            seen.setdefault(g, set()).add(SERVED_FORMATS.get(layer["method"], layer["method"]))
+    formats, differ = {}, {}
+    for g, planned in plan.formats.items():
+        got = seen.get(g)
+        if not got:
+            differ[g] = f"planned {planned.value}, not found among vLLM's layers"
+            continue
+        formats[g] = "+".join(sorted(got))
+        if got != {planned.value}:
+            differ[g] = f"planned {planned.value}, served {formats[g]}"
+    return formats, differ
+
+
+# ----------------------------------------------------------------------------------- accuracy as served
+def topk_kl(ref_logprobs: Any, served: Sequence[Sequence[tuple[int, float, int]]]) -> float:
+    """Mean over positions of KL(reference || served) on the partition {vLLM's top-k tokens, the rest}.
+
+    ``ref_logprobs`` is the reference's full log-softmax, [positions, vocab] (a torch tensor); each
+    served position lists (token, log-prob, rank). Merging the tokens outside the top-k into one
+    outcome can only lower a KL (the data-processing inequality), so this is a lower bound of the
+    full-vocabulary KL; :func:`topk_kl` of the advisor's own plan on the same partition is its like."""
+    import torch
+
+    total, n = 0.0, 0
+    for i, pos in enumerate(served):
+        if not pos:
+            continue
+        ids = torch.tensor([t for t, _, _ in pos])
+        q = torch.tensor([lp for _, lp, _ in pos], dtype=torch.float64).exp()
+        p = ref_logprobs[i, ids].double().exp()
+        p_rest, q_rest = max(1.0 - float(p.sum()), 0.0), max(1.0 - float(q.sum()), 1e-12)
+        kl = float((p * (p.clamp_min(1e-30).log() - q.clamp_min(1e-30).log())).sum())
+        if p_rest > 0:
+            kl += p_rest * (math.log(p_rest) - math.log(q_rest))
+        total, n = total + kl, n + 1
+    return total / n if n else float("nan")
+
+
+def topk_of(logprobs: Any, k: int, following: Iterable[int]) -> list[list[tuple[int, float, int]]]:
+    """The advisor's own model's top-k per position (and the token that followed), shaped like vLLM's."""
+    import torch
+
+    top = torch.topk(logprobs.float(), k, dim=-1)
+    out = []
+    for i, nxt in enumerate(following):
+        entries = {int(t): float(v) for t, v in zip(top.indices[i], top.values[i], strict=True)}
+        entries.setdefault(int(nxt), float(logprobs[i, int(nxt)]))
+        out.append([(t, v, 0) for t, v in entries.items()])
+    return out
+
+
+# ----------------------------------------------------------------------------------- the measured tier
+class VllmEnergyModel:
+    """The measured tier through vLLM: an :class:`~advisor.estimate.EnergyModel`.
+
+    ``checkpoint_for(plan)`` gives the plan's exported checkpoint folder. The first estimate of a plan
+    serves it once, in a child process, for every workload of ``workloads``; the rest are read back."""
+
+    measured = True
+
+    def __init__(self, checkpoint_for: Callable[[Plan], Path], workloads: Sequence[Workload], vocab_size: int,
+                 meter: MeterConfig | None = None, runner: Callable[[ServeJob], dict[str, Any]] = run_in_child,
+                 gpu_label: str = "", vllm_version: str | None = None) -> None:
+        self.checkpoint_for, self.workloads, self.vocab_size = checkpoint_for, list(workloads), vocab_size
+        self.meter, self.runner = meter or MeterConfig(), runner
+        self._served: dict[str, dict[str, Any]] = {}
+        version = vllm_version or getattr(import_vllm(), "__version__", "unknown")
+        self.label = f"measured (vLLM {version}{', ' + gpu_label if gpu_label else ''}, {time.strftime('%Y-%m-%d')})"
+
+    def serve_plan(self, plan: Plan) -> dict[str, Any]:
+        if plan.id not in self._served:
+            job = ServeJob(checkpoint=str(self.checkpoint_for(plan)), vocab_size=self.vocab_size,
+                           workloads=tuple(w.model_dump() for w in self.workloads), formats=False,
+                           meter=asdict(self.meter))
+            self._served[plan.id] = self.runner(job)
+        return self._served[plan.id]
+
+    def estimate(self, plan: Plan, workload: Workload) -> EnergyEstimate:
+        if workload.name not in {w.name for w in self.workloads}:
+            self.workloads.append(workload)
+            self._served.pop(plan.id, None)
+        try:
+            row = self.serve_plan(plan)["energy"][workload.name]
+        except AdvisorError:
+            raise
+        lin, lout = workload.input_tokens, workload.output_tokens
+        pre = row.get("prefill_j_per_input_token", float("nan"))
+        decode = row["j_per_token"] - pre * lin / lout if not math.isnan(pre) else row["j_per_token"]
+        unstable = " (unstable)" if row["measurement"].get("unstable") else ""
+        full = "" if row["batch_full"] else f"; batch not full: {row['fewest_inflight']} of {workload.batch_size}"
+        return EnergyEstimate(workload=workload.name, j_per_token=row["j_per_token"],
+                              decode_j_per_token=max(decode, 0.0), prefill_j_per_input_token=pre,
+                              decode_tokens_per_s=row["tokens_per_s"], source=self.label + unstable + full,
+                              measured=True)
+
+
+def vllm_tier(recipe: Any, loaded: Any, tokens: Any) -> VllmEnergyModel:
+    """The measured tier of a search run through vLLM: each measured plan is exported once
+    (``RUN_DIR/engine_checkpoints/<plan id>``), then served at every workload of the recipe."""
+    from advisor.deploy.engines import checkpoint_exporter
+    from advisor.energy.nvml import NvmlDevice
+
+    import_vllm()
+    state = NvmlDevice(0).state()
+    vocab = int(loaded.model.config.get_text_config().vocab_size)
+    return VllmEnergyModel(checkpoint_exporter(recipe, loaded, tokens), recipe.workloads, vocab,
+                           gpu_label=f"{state.name}, driver {state.driver}")

@@ -1,0 +1,261 @@
+"""One vLLM engine serving one exported checkpoint: what runs inside the child process of
+:mod:`advisor.deploy.vllm_engine` (vLLM keeps its GPU memory after ``del llm``, so every engine
+gets a process of its own).
+
+:func:`serve` loads the checkpoint with vLLM's offline ``LLM`` API (prefix caching off, sized for
+the job's largest workload) and does what the job asks, returning plain data:
+
+* ``served``: per linear layer of the loaded model, the quantization method vLLM built for it
+  (``layer.quant_method``, read through ``LLM.apply_model``) and the checkpoint's modules it packs
+  (``packed_modules_mapping``: ``qkv_proj`` holds ``q_proj``/``k_proj``/``v_proj``);
+* ``prompt_logprobs``: for each held-out sequence, the top-k next-token log-probabilities vLLM
+  computes at every position (``SamplingParams(prompt_logprobs=k)``), with the rank of the token that
+  followed;
+* ``items``: for each (context, target) item, whether every target token was vLLM's top-1
+  next token (greedy, as LAMBADA's accuracy is defined), from the same prompt log-probabilities;
+* ``energy``: per workload, J per output token (prefill included) in steady state
+  (:class:`SteadyLoad` under the advisor's own NVML meter) and J per input token of prefill.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from advisor.energy.meter import EnergyCounter, EnergyMeter, Measurement, MeterConfig
+
+# Tickets the meter keeps issued: far more than the tokens one meter poll can see arrive.
+TICKETS = 4096
+
+
+@dataclass(frozen=True)
+class ServeJob:
+    """What one child process does with one checkpoint. Plain data: it crosses a process boundary."""
+
+    checkpoint: str
+    vocab_size: int
+    workloads: tuple[dict[str, Any], ...] = ()  # Workload.model_dump() each, for energy
+    sequences: tuple[tuple[int, ...], ...] = ()  # held-out token sequences, for prompt logprobs
+    items: tuple[tuple[tuple[int, ...], tuple[int, ...]], ...] = ()  # (context, target) token ids
+    top_k: int = 20
+    formats: bool = True
+    prefill: bool = True  # also measure prefill J per input token (requests of one output token)
+    meter: dict[str, Any] = field(default_factory=dict)  # MeterConfig fields
+    gpu_memory_utilization: float = 0.85
+    seed: int = 0
+    llm_options: dict[str, Any] = field(default_factory=dict)  # extra LLM(...) keyword arguments
+
+
+# ----------------------------------------------------------------------------------- steady load
+class _Ticket:
+    """One output token the meter waits for: finished once the engine has produced that many tokens."""
+
+    __slots__ = ("index", "load")
+
+    def __init__(self, load: SteadyLoad, index: int) -> None:
+        self.load, self.index = load, index
+
+    def query(self) -> bool:
+        if self.load.error is not None:
+            raise self.load.error
+        return self.load.tokens > self.index
+
+
+class SteadyLoad:
+    """Keeps ``batch`` requests of ``input_tokens`` fresh random token ids and ``output_tokens``
+    outputs in flight in vLLM's engine, from a thread, and counts the output tokens it returns.
+
+    The first round's requests ask for ``output_tokens * (i + 1) / batch`` tokens, so their ends
+    spread evenly over one request's length and every later replacement's prefill rides along with
+    the others' decode: the batch stays full and the load is steady (``settle`` waits until that
+    first round is gone). The meter's "step" is one output token (:meth:`ticket`).
+    """
+
+    def __init__(self, vllm: Any, engine: Any, batch: int, input_tokens: int, output_tokens: int,
+                 vocab_size: int, seed: int = 0) -> None:
+        self.vllm, self.engine = vllm, engine
+        self.batch, self.input_tokens, self.output_tokens = batch, input_tokens, output_tokens
+        self.vocab_size, self._rng = vocab_size, random.Random(seed)
+        self.tokens = 0
+        self.error: BaseException | None = None
+        self.inflight: set[str] = set()
+        self.first_round: set[str] = set()
+        self.fewest_inflight = batch
+        self._issued = 0
+        self._next_id = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _params(self, max_tokens: int) -> Any:
+        kind = self.vllm.sampling_params.RequestOutputKind.DELTA
+        return self.vllm.SamplingParams(max_tokens=max_tokens, ignore_eos=True, temperature=0.0, output_kind=kind,
+                                        detokenize=False)
+
+    def _add(self, max_tokens: int) -> str:
+        rid = f"steady-{self._next_id}"
+        self._next_id += 1
+        prompt = [self._rng.randrange(self.vocab_size) for _ in range(self.input_tokens)]
+        self.engine.add_request(rid, {"prompt_token_ids": prompt}, self._params(max_tokens))
+        self.inflight.add(rid)
+        return rid
+
+    def start(self) -> SteadyLoad:
+        for i in range(self.batch):
+            self.first_round.add(self._add(max(1, round(self.output_tokens * (i + 1) / self.batch))))
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.is_set():
+                for out in self.engine.step():
+                    self.tokens += len(out.outputs[0].token_ids) if out.outputs else 0
+                    if out.finished:
+                        self.inflight.discard(out.request_id)
+                        self.first_round.discard(out.request_id)
+                        self._add(self.output_tokens)
+                if not self.first_round:
+                    self.fewest_inflight = min(self.fewest_inflight, len(self.inflight))
+        except BaseException as exc:  # noqa: BLE001 (re-raised in the meter's thread by _Ticket.query)
+            self.error = exc
+
+    def settle(self, timeout_s: float = 600.0) -> None:
+        """Wait until the staggered first round has finished (the load is steady from then on)."""
+        end = time.monotonic() + timeout_s
+        while self.first_round and self.error is None:
+            if time.monotonic() > end:
+                raise TimeoutError(f"the first {self.batch} requests did not finish in {timeout_s:.0f} s")
+            time.sleep(0.01)
+        if self.error is not None:
+            raise self.error
+
+    def ticket(self) -> _Ticket:
+        t = _Ticket(self, self._issued)
+        self._issued += 1
+        return t
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        for rid in list(self.inflight):
+            self.engine.abort_request([rid])
+        while self.engine.get_num_unfinished_requests():
+            self.engine.step()
+        self.inflight.clear()
+
+
+def measure_load(vllm: Any, llm: Any, counter: EnergyCounter, config: MeterConfig, batch: int, input_tokens: int,
+                 output_tokens: int, vocab_size: int, label: str, seed: int = 0) -> tuple[Measurement, int]:
+    """J per output token of a steady load (the meter's step is one token), and the fewest requests
+    that were in flight after it settled (the batch was full when that equals ``batch``)."""
+    load = SteadyLoad(vllm, llm.llm_engine, batch, input_tokens, output_tokens, vocab_size, seed).start()
+    try:
+        load.settle()
+        cfg = MeterConfig(**{**asdict(config), "depth": TICKETS, "queued_s": 0.0})
+        m = EnergyMeter(counter, cfg).measure(load.ticket, label, 1.0)
+    finally:
+        load.stop()
+    return m, load.fewest_inflight
+
+
+# ----------------------------------------------------------------------------------- what vLLM built
+def _layer_methods(model: Any) -> dict[str, dict[str, Any]]:
+    """Runs inside vLLM's worker (``apply_model``): per linear layer, its quant method's class and the
+    checkpoint modules it packs."""
+    packed = getattr(model, "packed_modules_mapping", {}) or {}
+    out = {}
+    for name, module in model.named_modules():
+        method = getattr(module, "quant_method", None)
+        if method is None or not hasattr(module, "weight") and not hasattr(module, "weight_packed"):
+            continue
+        prefix, _, leaf = name.rpartition(".")
+        parts = packed.get(leaf)
+        members = [f"{prefix}.{p}" if prefix else p for p in parts] if parts else [name]
+        out[name] = {"method": type(method).__name__, "members": members}
+    return out
+
+
+def served_methods(llm: Any) -> dict[str, dict[str, Any]]:
+    return llm.apply_model(_layer_methods)[0]
+
+
+# ----------------------------------------------------------------------------------- log-probabilities
+def _topk(position: dict[int, Any] | None) -> list[tuple[int, float, int]]:
+    if not position:
+        return []
+    return [(int(tok), float(lp.logprob), int(lp.rank or 0)) for tok, lp in position.items()]
+
+
+def prompt_logprobs(vllm: Any, llm: Any, sequences: Any, top_k: int) -> list[list[list[tuple[int, float, int]]]]:
+    """Per sequence, per position after the first: [(token id, log-prob, rank)] of vLLM's top-k and of the
+    token that followed (vLLM adds it when it is not in the top-k)."""
+    params = vllm.SamplingParams(max_tokens=1, prompt_logprobs=top_k, temperature=0.0, detokenize=False)
+    prompts = [{"prompt_token_ids": list(s)} for s in sequences]
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    return [[_topk(p) for p in list(o.prompt_logprobs or [None])[1:]] for o in outs]
+
+
+def greedy_hits(vllm: Any, llm: Any, items: Any) -> list[bool]:
+    """Per (context, target) item: every target token was vLLM's top-1 next token."""
+    seqs = [tuple(c) + tuple(t) for c, t in items]
+    per_seq = prompt_logprobs(vllm, llm, seqs, 1)
+    hits = []
+    for (context, target), positions in zip(items, per_seq, strict=True):
+        start = len(context) - 1  # positions[i] predicts token i + 1
+        ok = True
+        for j, tok in enumerate(target):
+            entry = {t: r for t, _, r in positions[start + j]}
+            ok = ok and entry.get(int(tok)) == 1
+        hits.append(ok)
+    return hits
+
+
+# ----------------------------------------------------------------------------------- the job
+def _open_counter() -> EnergyCounter:
+    from advisor.energy.meter import open_meter
+
+    return open_meter(0).counter
+
+
+def serve(job: ServeJob, make_counter: Callable[[], EnergyCounter] = _open_counter) -> dict[str, Any]:
+    """Load ``job.checkpoint`` in vLLM and return what the job asks for (module docstring)."""
+    os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # apply_model sends a function
+    import vllm
+
+    longest = max([w["input_tokens"] + w["output_tokens"] for w in job.workloads]
+                  + [len(s) for s in job.sequences] + [len(c) + len(t) for c, t in job.items] + [16])
+    t0 = time.perf_counter()
+    llm = vllm.LLM(model=job.checkpoint, enable_prefix_caching=False, seed=job.seed,
+                   max_num_seqs=max([w["batch_size"] for w in job.workloads] or [16]),
+                   max_model_len=longest, max_logprobs=max(job.top_k, 1),
+                   gpu_memory_utilization=job.gpu_memory_utilization, **job.llm_options)
+    out: dict[str, Any] = {"vllm_version": getattr(vllm, "__version__", "unknown"),
+                           "load_s": time.perf_counter() - t0}
+    if job.formats:
+        out["served"] = served_methods(llm)
+    if job.sequences:
+        out["prompt_logprobs"] = prompt_logprobs(vllm, llm, job.sequences, job.top_k)
+    if job.items:
+        out["items"] = greedy_hits(vllm, llm, job.items)
+    if job.workloads:
+        counter = make_counter()
+        config = MeterConfig(**job.meter)
+        energy = {}
+        for w in job.workloads:
+            b, lin, lout = w["batch_size"], w["input_tokens"], w["output_tokens"]
+            full, fewest = measure_load(vllm, llm, counter, config, b, lin, lout, job.vocab_size,
+                                        f"vllm {w['name']}", job.seed)
+            row = {"j_per_token": full.j_per_token, "tokens_per_s": full.tokens_per_s, "fewest_inflight": fewest,
+                   "batch_full": fewest >= b, "measurement": full.to_dict()}
+            if job.prefill:
+                pre, _ = measure_load(vllm, llm, counter, config, 1, lin, 1, job.vocab_size,
+                                      f"vllm {w['name']} prefill", job.seed + 1)
+                row["prefill_j_per_input_token"] = pre.j_per_token / lin
+            energy[w["name"]] = row
+        out["energy"] = energy
+    return out

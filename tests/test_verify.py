@@ -1,0 +1,111 @@
+"""`advisor verify RUN_DIR --engine vllm` on a real (tiny) run, with the fake vllm module standing in for the
+engine (served in-process here; the child-process path is tests/test_vllm_engine.py's)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+
+import pytest
+from conftest import TINY_MODEL, need
+from typer.testing import CliRunner
+
+from advisor.cli import app
+from advisor.deploy.vllm_serve import serve
+from advisor.testing_vllm import ConstantPowerCounter, fake_vllm
+
+runner = CliRunner()
+FAST = {"warmup_s": 0.1, "min_window_s": 0.3, "min_ticks": 20, "repeats": 3, "idle_s": 0.05, "max_cv": 0.5}
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    from advisor.recipe.schema import validate_recipe
+    from advisor.workflows.search import run
+
+    recipe = validate_recipe({
+        "name": "tiny", "model": {"source": str(need(TINY_MODEL))}, "target": "h100",
+        "workloads": [{"name": "chat", "batch_size": 4, "input_tokens": 16, "output_tokens": 8}],
+        "calibration": {"num_samples": 4, "seq_len": 32, "heldout_samples": 2, "heldout_seq_len": 32},
+        "search": {"trials": 3, "seed": 0}, "out": str(tmp_path_factory.mktemp("runs")), "device": "cpu",
+        "energy": "predicted",
+    })
+    run(recipe)
+    return recipe.run_dir
+
+
+@pytest.fixture
+def engine(monkeypatch):
+    """The fake vllm importable, a GPU "here", and the engine served in-process on a constant-power counter."""
+    from advisor.energy.meter import MeterConfig
+    from advisor.workflows import verify as verify_module
+
+    vllm = fake_vllm(step_s=0.002)
+    monkeypatch.setitem(sys.modules, "vllm", vllm)
+    monkeypatch.setattr("advisor.energy.select.gpu_here", lambda: ("h100", "Fake GPU"))
+    monkeypatch.setattr(verify_module, "run_in_child", lambda job: serve(job, make_counter=ConstantPowerCounter))
+    monkeypatch.setattr(verify_module, "MeterConfig", lambda: MeterConfig(**FAST))
+    return vllm
+
+
+def test_verify_serves_the_recommendation_and_bf16(run_dir, engine, tmp_path):
+    lambada = tmp_path / "lambada.jsonl"
+    lambada.write_text("\n".join(json.dumps({"text": t}) for t in (
+        "Once upon a time there was a little girl named Lily", "The dog ran to the park and saw a big tree")))
+    fp8 = next(t["plan_id"] for t in json.loads((run_dir / "summary.json").read_text())["trials"]
+               if set(t["formats"].values()) == {"fp8"})
+    res = runner.invoke(app, ["verify", str(run_dir), "--lambada", str(lambada), "--plan", fp8])
+    assert res.exit_code == 0, res.output
+    data = json.loads((run_dir / "verify.json").read_text())
+    summary = json.loads((run_dir / "summary.json").read_text())
+    roles = {part: r for r in data["plans"] for part in r["role"].split("+")}
+    assert roles["recommendation"]["plan_id"] == summary["recommendation"]["plan_id"]
+    assert len({r["plan_id"] for r in data["plans"]}) == len(data["plans"])  # each plan served once
+    assert all(r["formats_match"] is True for r in data["plans"]) and data["verified"]
+    bf16 = roles["bf16"]
+    assert set(bf16["served_formats"].values()) == {"bf16"}
+    assert set(roles[fp8]["served_formats"].values()) == {"fp8"}
+    assert roles[fp8]["accuracy"]["advisor_kl_topk"] > 0
+    # the advisor's own model of the BF16 export is the reference itself
+    assert bf16["accuracy"]["advisor_kl_topk"] == pytest.approx(0.0, abs=1e-6)
+    assert bf16["accuracy"]["served_kl_topk"] > 0  # the fake engine's "model" is another one
+    assert bf16["accuracy"]["items"]["n"] == 2
+    e = bf16["energy"][0]
+    assert e["workload"] == "chat" and e["vllm_j_per_token"] > 0 and e["batch_full"]
+    assert e["predicted_j_per_token"] is not None and "predicted" in e["predicted_source"]
+    assert engine.instances[0].kwargs["enable_prefix_caching"] is False
+    report = (run_dir / "report.md").read_text()
+    assert report.count("## Verified in vLLM 0.0-fake") == 1 and "Energy as served" in report
+    # again: the report's section is replaced, not repeated; the exports are reused
+    stamp = (run_dir / "engine_checkpoints" / bf16["plan_id"] / "export.json").stat().st_mtime
+    assert runner.invoke(app, ["verify", str(run_dir), "--no-energy"]).exit_code == 0
+    assert (run_dir / "report.md").read_text().count("## Verified in vLLM") == 1
+    assert (run_dir / "engine_checkpoints" / bf16["plan_id"] / "export.json").stat().st_mtime == stamp
+
+
+def test_a_group_served_otherwise_is_an_error_named(run_dir, engine):
+    engine.misserve = {"model.layers.1.mlp.down_proj": "ModelOptNvFp4W4A16LinearMethod"}
+    res = runner.invoke(app, ["verify", str(run_dir), "--no-energy"])
+    assert res.exit_code == 1
+    assert "Error: vLLM served layer groups otherwise than planned" in res.output
+    assert "layers.1.down planned" in res.output
+    assert "ModelOptNvFp4W4A16LinearMethod" in (run_dir / "verify.md").read_text()
+
+
+def test_without_vllm_or_gpu_exit_3_and_a_foreign_run_exit_2(run_dir, tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "vllm", None)
+    res = runner.invoke(app, ["verify", str(run_dir)])
+    assert res.exit_code == 3 and res.output.count("Error:") == 1 and "pip install vllm==0.26.0" in res.output
+
+    monkeypatch.setitem(sys.modules, "vllm", fake_vllm())
+    monkeypatch.setattr("advisor.energy.select.gpu_here", lambda: (None, None))
+    res = runner.invoke(app, ["verify", str(run_dir)])
+    assert res.exit_code == 3 and "NVML sees none" in res.output
+
+    old = tmp_path / "old"
+    shutil.copytree(run_dir, old, ignore=shutil.ignore_patterns("engine_checkpoints"))
+    data = json.loads((old / "summary.json").read_text())
+    (old / "summary.json").write_text(json.dumps({**data, "schema_version": 2}))
+    res = runner.invoke(app, ["verify", str(old)])
+    assert res.exit_code == 2 and "schema version 2" in res.output and res.output.count("Error:") == 1

@@ -1,0 +1,137 @@
+"""--engine vllm and `advisor verify`, against a fake ``vllm`` module shaped like vLLM 0.26's offline API
+(advisor.testing_vllm): the steady load and its meter, the formats read from the loaded model, the top-k
+KL, the child process, and the verify command's exits and files."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+import torch
+
+from advisor.deploy.engines import ENGINE_TABLE, import_engine, measured_tier
+from advisor.deploy.vllm_engine import run_in_child, served_formats, topk_kl, topk_of
+from advisor.deploy.vllm_serve import ServeJob, serve
+from advisor.errors import SetupError, UnsupportedError
+from advisor.formats import Format
+from advisor.plan import Plan
+from advisor.testing_vllm import ConstantPowerCounter, fake_vllm
+
+FAST = {"warmup_s": 0.1, "min_window_s": 0.3, "min_ticks": 20, "repeats": 3, "idle_s": 0.05, "max_cv": 0.2}
+GROUPS = [f"layers.{i}.{k}" for i in range(2) for k in ("qkv", "o", "gate_up", "down")]
+LEAVES = {"qkv": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"), "o": ("self_attn.o_proj",),
+          "gate_up": ("mlp.gate_proj", "mlp.up_proj"), "down": ("mlp.down_proj",)}
+MEMBERS = {g: tuple(f"model.{g.rsplit('.', 1)[0]}.{leaf}" for leaf in LEAVES[g.rsplit(".", 1)[1]]) for g in GROUPS}
+
+
+def checkpoint(path, algo=None, exclude=()):
+    path.mkdir(parents=True)
+    (path / "config.json").write_text(json.dumps({"num_hidden_layers": 2, "vocab_size": 64}))
+    if algo:
+        (path / "hf_quant_config.json").write_text(json.dumps({"quantization": {"quant_algo": algo,
+                                                                              "exclude_modules": list(exclude)}}))
+    return path
+
+
+def test_engines_are_one_table_and_vllm_is_an_entry(monkeypatch):
+    assert set(ENGINE_TABLE) == {"builtin", "tensorrt_llm", "vllm"}
+    assert measured_tier("builtin") is None
+    assert measured_tier("vllm").__name__ == "vllm_tier"
+    assert "cannot be installed" in ENGINE_TABLE["tensorrt_llm"].note
+    monkeypatch.setitem(sys.modules, "vllm", None)  # not importable
+    with pytest.raises(SetupError, match=r"pip install vllm==0\.26\.0"):
+        import_engine("vllm")
+
+
+def test_steady_load_keeps_the_batch_full_with_fresh_prompts(tmp_path, monkeypatch):
+    vllm = fake_vllm(step_s=0.002)
+    monkeypatch.setitem(sys.modules, "vllm", vllm)
+    job = ServeJob(str(checkpoint(tmp_path / "ck")), vocab_size=64, formats=False, meter=FAST,
+                   workloads=({"name": "chat", "batch_size": 4, "input_tokens": 8, "output_tokens": 16},))
+    out = serve(job, make_counter=lambda: ConstantPowerCounter(300.0))
+    llm = vllm.instances[0]
+    assert llm.kwargs["enable_prefix_caching"] is False and llm.kwargs["max_num_seqs"] == 4
+    row = out["energy"]["chat"]
+    assert row["batch_full"] and llm.llm_engine.most_running == 4
+    prompts = llm.llm_engine.prompts
+    assert len(prompts) > 20 and len(set(prompts)) == len(prompts)  # a fresh random prompt per request
+    # 4 tokens per step of >= 2 ms: at most 2000 tokens/s; a constant 300 W gives J/token = 300 / tokens/s
+    assert 500 < row["tokens_per_s"] < 2000
+    assert row["j_per_token"] == pytest.approx(300.0 / row["tokens_per_s"], rel=0.1)
+    assert 0 < row["prefill_j_per_input_token"] < row["j_per_token"]
+
+
+def test_formats_as_served_name_every_group_served_otherwise(tmp_path, monkeypatch):
+    vllm = fake_vllm()
+    monkeypatch.setitem(sys.modules, "vllm", vllm)
+    plan = Plan({g: Format.BF16 if g.startswith("layers.0.") else Format.FP8 for g in GROUPS})
+    ck = checkpoint(tmp_path / "ck", "FP8", exclude=["model.layers.0.*"])
+    served = serve(ServeJob(str(ck), vocab_size=64))["served"]
+    formats, differ = served_formats(served, plan, MEMBERS)
+    assert differ == {} and formats == {g: f.value for g, f in plan.formats.items()}
+
+    vllm.misserve = {"model.layers.1.mlp.gate_up_proj": "UnquantizedLinearMethod",
+                     "model.layers.1.mlp.down_proj": "ModelOptNvFp4W4A16LinearMethod"}
+    served = serve(ServeJob(str(ck), vocab_size=64))["served"]
+    _, differ = served_formats(served, plan, MEMBERS)
+    assert differ == {"layers.1.gate_up": "planned fp8, served bf16",
+                      "layers.1.down": "planned fp8, served ModelOptNvFp4W4A16LinearMethod"}
+
+
+def test_topk_kl_is_the_full_kl_with_the_whole_vocabulary_and_a_lower_bound_below():
+    g = torch.Generator().manual_seed(0)
+    ref = torch.log_softmax(torch.randn(5, 32, generator=g), -1)
+    other = torch.log_softmax(torch.randn(5, 32, generator=g), -1)
+    full = float((ref.exp() * (ref - other)).sum(-1).mean())
+    nxt = [0, 1, 2, 3, 4]
+    assert topk_kl(ref, topk_of(other, 32, nxt)) == pytest.approx(full, rel=1e-5)
+    assert 0 < topk_kl(ref, topk_of(other, 4, nxt)) < full
+    assert topk_kl(ref, topk_of(ref, 4, nxt)) == pytest.approx(0.0, abs=1e-9)
+
+
+def test_served_kl_grows_with_the_quantized_share(tmp_path, monkeypatch):
+    from advisor.testing_vllm import bigram_table
+
+    monkeypatch.setitem(sys.modules, "vllm", fake_vllm(noise=1.0))
+    seqs = (tuple(range(0, 40)), tuple(range(20, 60)))
+    ref_table = torch.log_softmax(bigram_table(64), -1)
+    kls = []
+    for name, algo, exclude in (("bf16", None, ()), ("half", "FP8", ["model.layers.0.*"]), ("fp8", "FP8", ())):
+        out = serve(ServeJob(str(checkpoint(tmp_path / name, algo, exclude)), vocab_size=64, sequences=seqs, top_k=8))
+        kls.append(sum(topk_kl(ref_table[list(s[:-1])], p) for s, p in zip(seqs, out["prompt_logprobs"], strict=True)))
+    assert kls[0] == pytest.approx(0.0, abs=1e-9) and 0 < kls[1] < kls[2]
+
+
+def test_the_engine_runs_in_a_child_process(tmp_path, monkeypatch):
+    (tmp_path / "pkgs" / "vllm").mkdir(parents=True)
+    (tmp_path / "pkgs" / "vllm" / "__init__.py").write_text(
+        "import sys\nfrom advisor.testing_vllm import fake_vllm\nsys.modules[__name__] = fake_vllm()\n")
+    monkeypatch.syspath_prepend(str(tmp_path / "pkgs"))
+    out = run_in_child(ServeJob(str(checkpoint(tmp_path / "ck", "FP8")), vocab_size=64))
+    assert out["vllm_version"] == "0.0-fake"
+    assert out["served"]["model.layers.0.self_attn.qkv_proj"]["method"] == "ModelOptFp8LinearMethod"
+    with pytest.raises(UnsupportedError, match="could not serve .*FileNotFoundError"):
+        run_in_child(ServeJob(str(tmp_path / "missing"), vocab_size=64))
+
+
+def test_without_vllm_the_child_says_how_to_install_it(tmp_path):
+    pytest.importorskip("torch")
+    if "vllm" in sys.modules or any((p / "vllm").exists() for p in map(__import__("pathlib").Path, sys.path)):
+        pytest.skip("a vllm package is importable here")
+    with pytest.raises(SetupError, match=r"vllm.*pip install vllm==0\.26\.0"):
+        run_in_child(ServeJob(str(tmp_path), vocab_size=64))
+
+
+def test_measure_chooses_the_engine_and_vllm_needs_the_checkpoint(tmp_path):
+    from typer.testing import CliRunner
+
+    from advisor.cli import app
+
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"formats": {}}))
+    runner = CliRunner()
+    res = runner.invoke(app, ["measure", "--plan", str(plan), "--engine", "vllm"])
+    assert res.exit_code == 2 and "--engine vllm serves an exported checkpoint" in res.output
+    res = runner.invoke(app, ["measure", "--plan", str(plan), "--engine", "sglang"])
+    assert res.exit_code == 2 and "builtin or vllm" in res.output
