@@ -87,6 +87,7 @@ class GPUSpec:
     tdp_w: float
     idle_w: float
     tensor_tflops: dict[Format, float]
+    memory_gb: float  # HBM capacity (weights and the KV cache share it)
 
     def supports(self, fmt: Format) -> bool:
         return fmt in self.tensor_tflops
@@ -99,15 +100,15 @@ class GPUSpec:
 GPU_SPECS: dict[GPU, GPUSpec] = {
     GPU.H100: GPUSpec(
         GPU.H100, "NVIDIA H100 SXM", (9, 0), 3.35, 700.0, 70.0,
-        {Format.BF16: 989.0, Format.FP8: 1979.0},
+        {Format.BF16: 989.0, Format.FP8: 1979.0}, 80.0,
     ),
     GPU.H200: GPUSpec(
         GPU.H200, "NVIDIA H200 SXM", (9, 0), 4.8, 700.0, 75.0,
-        {Format.BF16: 989.0, Format.FP8: 1979.0},
+        {Format.BF16: 989.0, Format.FP8: 1979.0}, 141.0,
     ),
     GPU.B200: GPUSpec(
         GPU.B200, "NVIDIA B200 SXM", (10, 0), 8.0, 1000.0, 120.0,
-        {Format.BF16: 2250.0, Format.FP8: 4500.0, Format.NVFP4: 9000.0},
+        {Format.BF16: 2250.0, Format.FP8: 4500.0, Format.NVFP4: 9000.0}, 180.0,
     ),
 }
 

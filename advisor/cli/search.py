@@ -56,7 +56,8 @@ def search(
     input_tokens: Annotated[int | None, typer.Option(help="Prompt tokens of the first workload.")] = None,
     output_tokens: Annotated[int | None, typer.Option(help="Generated tokens of the first workload.")] = None,
     workload: Annotated[list[str] | None, typer.Option(
-        help="Edit or add a workload: NAME:batch=B,input=L,output=L (repeatable); the others are kept.")] = None,
+        help="Edit or add a workload: NAME:batch=B,input=L,output=L (repeatable); the others are kept. A latency "
+             "objective: NAME:tpot=MS,ttft=MS,p=p50|p90,max_concurrency=N.")] = None,
     calibration: Annotated[str | None, typer.Option(help="'self' or a .txt/.jsonl file for calibration.")] = None,
     tasks: Annotated[str | None, typer.Option(help="Comma-separated lm-eval tasks scored on the front.")] = None,
     limit: Annotated[int | None, typer.Option(help="lm-eval items per task (seeded sample).")] = None,
@@ -147,6 +148,7 @@ def _resume_command() -> str:
 
 def _print_summary(summary: dict) -> None:
     from advisor.report.markdown import energy_tier, near_ties_line
+    from advisor.report.operating_md import operating_lines
 
     workloads = [w["name"] for w in summary["workloads"]]
     energy_label = "; ".join(summary["labels"]["energy"])
@@ -166,5 +168,7 @@ def _print_summary(summary: dict) -> None:
         ties = near_ties_line(summary)
         if ties:
             out.print(f"note: {ties}", highlight=False, markup=False)
+    for line in operating_lines(summary):
+        out.print(line, highlight=False, markup=False)
 
 

@@ -8,12 +8,13 @@ from advisor.recipe.schema import (
     ModelSpec,
     Recipe,
     SearchSpec,
+    SiteSpec,
     Workload,
     load_recipe,
     validate_recipe,
 )
 
 __all__ = [
-    "DEMO_MODEL", "AccuracySpec", "BenchmarkSpec", "CalibrationSpec", "ModelSpec", "Recipe", "SearchSpec",
+    "DEMO_MODEL", "AccuracySpec", "BenchmarkSpec", "CalibrationSpec", "ModelSpec", "Recipe", "SearchSpec", "SiteSpec",
     "Workload", "load_recipe", "validate_recipe",
 ]

@@ -57,8 +57,8 @@ def _default(field: Any) -> str:
     if isinstance(value, BaseModel):
         return ""
     if isinstance(value, list):
-        value = [v.value if isinstance(v, enum.Enum) else v.model_dump() if isinstance(v, BaseModel) else v
-                 for v in value]
+        value = [v.value if isinstance(v, enum.Enum)
+                 else v.model_dump(exclude_none=True) if isinstance(v, BaseModel) else v for v in value]
     elif isinstance(value, enum.Enum):
         value = value.value
     return "null" if value is None else f"`{value}`"

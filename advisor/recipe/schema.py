@@ -21,6 +21,7 @@ from advisor.formats import GPU, GPU_SPECS, KV_CACHE_FORMATS, Format
 DEMO_MODEL = "demo:smollm2-135m"
 
 
+MAX_CONCURRENCY = 1024  # requests in flight when a workload with an objective names no max_concurrency
 SEED_MAX = 2**32 - 1  # numpy's and Optuna's samplers take seeds in [0, 2**32)
 
 
@@ -51,6 +52,36 @@ class Workload(_Strict):
     batch_size: int = Field(16, ge=1, le=4096, description="concurrent sequences in decode")
     input_tokens: int = Field(512, ge=1, le=1_000_000, description="prompt tokens per request")
     output_tokens: int = Field(256, ge=1, le=1_000_000, description="generated tokens per request")
+    tpot_ms: float | None = Field(None, gt=0, le=60_000, description="latency objective: time per output token "
+                                  "(ms) at `percentile`; the report finds each plan's largest batch that meets it")
+    ttft_ms: float | None = Field(None, gt=0, le=3_600_000, description="latency objective: time to first token "
+                                  "(ms) at `percentile`")
+    percentile: Literal["p50", "p90"] | None = Field(None, description="the percentile the objective holds at "
+                                                     "(null: p50)")
+    max_concurrency: int | None = Field(None, ge=1, le=65_536, description="the most requests the service keeps "
+                                        f"in flight (an objective's batch never exceeds it; null: {MAX_CONCURRENCY})")
+
+    @model_validator(mode="after")
+    def _objective(self) -> Workload:
+        if self.tpot_ms is None and self.ttft_ms is None and (self.percentile or self.max_concurrency):
+            raise ValueError(f"workload {self.name!r} sets percentile or max_concurrency but states no objective; "
+                             "add tpot_ms and/or ttft_ms")
+        if self.tpot_ms is not None and self.ttft_ms is not None and self.ttft_ms < self.tpot_ms:
+            raise ValueError(f"workload {self.name!r}: ttft_ms {self.ttft_ms:g} is below tpot_ms {self.tpot_ms:g}, "
+                             "which no server can meet (the first token takes at least one step); raise ttft_ms")
+        return self
+
+    @property
+    def has_objective(self) -> bool:
+        return self.tpot_ms is not None or self.ttft_ms is not None
+
+    @property
+    def quantile(self) -> Literal["p50", "p90"]:
+        return self.percentile or "p50"
+
+    @property
+    def concurrency_limit(self) -> int:
+        return self.max_concurrency or MAX_CONCURRENCY
 
 
 class CalibrationSpec(_Strict):
@@ -118,6 +149,15 @@ class SearchSpec(_Strict):
                              "silent for 3 heartbeats is failed and retried")
 
 
+class SiteSpec(_Strict):
+    """The serving site: a power budget per GPU and the request rate the payback is priced at."""
+
+    power_cap_w: float | None = Field(None, gt=0, le=5000, description="power budget per GPU (W): operating points "
+                                      "are also predicted within it (the advisor never sets a GPU's power limit)")
+    requests_per_s: float = Field(10.0, gt=0, le=1e7, description="requests per second of the primary workload "
+                                  "the search's energy is paid back at")
+
+
 class Recipe(_Strict):
     """Everything a search needs. See recipes/quickstart.yaml for a documented example."""
 
@@ -132,6 +172,7 @@ class Recipe(_Strict):
     accuracy: AccuracySpec = AccuracySpec()
     benchmark: BenchmarkSpec = BenchmarkSpec()
     search: SearchSpec = SearchSpec()
+    site: SiteSpec = SiteSpec()
     storage: str | None = Field(None, description="Optuna storage URL; default: sqlite file in the output dir")
     out: Path = Field(Path("runs"), description="folder the run folder `OUT/NAME/` is made in")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="where accuracy is scored (auto: cuda if "
@@ -198,6 +239,9 @@ class Recipe(_Strict):
         if self.engine != "builtin" and self.energy == "predicted":
             raise ValueError(f"engine {self.engine} measures energy, but energy: predicted never measures; "
                              "use energy: measured or auto")
+        if self.site.power_cap_w is not None and self.site.power_cap_w <= gpu.idle_w:
+            raise ValueError(f"site.power_cap_w {self.site.power_cap_w:g} W is at or below the idle power of a "
+                             f"{gpu.marketing_name} ({gpu.idle_w:g} W): no step can run within it; raise it")
         if no_kv := [f.value for f in self.kv_cache if not gpu.supports_kv_cache(f)]:
             raise ValueError(f"kv_cache {no_kv} is not served on target {self.target.value}; drop it")
         return self

@@ -1,7 +1,8 @@
 """Workload flags: edit a named workload or add one, never silently drop the recipe's others.
 
 ``--workload NAME:batch=64,input=1024,output=256`` edits the workload called NAME (or adds
-it, the rest from the defaults); ``--batch-size``, ``--input-tokens`` and
+it, the rest from the defaults); ``--workload NAME:tpot=20,ttft=500,p=p90,max_concurrency=256`` states its
+latency objective; ``--batch-size``, ``--input-tokens`` and
 ``--output-tokens`` edit the first (primary) workload.
 """
 
@@ -15,24 +16,31 @@ from advisor.recipe.schema import Workload
 
 KEYS = {"batch": "batch_size", "batch_size": "batch_size", "input": "input_tokens", "in": "input_tokens",
         "input_tokens": "input_tokens", "output": "output_tokens", "out": "output_tokens",
-        "output_tokens": "output_tokens"}
+        "output_tokens": "output_tokens", "tpot": "tpot_ms", "tpot_ms": "tpot_ms", "ttft": "ttft_ms",
+        "ttft_ms": "ttft_ms", "p": "percentile", "percentile": "percentile", "max_concurrency": "max_concurrency",
+        "concurrency": "max_concurrency"}
+PARSE = {"tpot_ms": float, "ttft_ms": float, "percentile": str}  # the others are whole numbers
+ALLOWED = "batch, input, output, tpot, ttft, p (p50 or p90), max_concurrency"
 
 
-def parse_workload_flag(text: str) -> tuple[str, dict[str, int]]:
+def parse_workload_flag(text: str) -> tuple[str, dict[str, int | float | str]]:
     """``NAME:key=value,...`` -> (NAME, {field: value})."""
     name, sep, body = text.partition(":")
     if not sep or not name.strip() or not body.strip():
-        raise InputError(f"--workload {text!r}: write NAME:batch=B,input=L,output=L (any of the three)")
-    fields: dict[str, int] = {}
+        raise InputError(f"--workload {text!r}: write NAME:batch=B,input=L,output=L (any of them; also tpot=MS, "
+                         "ttft=MS, p=p50|p90, max_concurrency=N)")
+    fields: dict[str, int | float | str] = {}
     for item in body.split(","):
         key, eq, value = item.partition("=")
         field = KEYS.get(key.strip().lower())
         if not eq or field is None:
-            raise InputError(f"--workload {text!r}: unknown setting {key.strip()!r}; allowed: batch, input, output")
+            raise InputError(f"--workload {text!r}: unknown setting {key.strip()!r}; allowed: {ALLOWED}")
+        parse = PARSE.get(field, int)
         try:
-            fields[field] = int(value)
+            fields[field] = parse(value.strip())
         except ValueError:
-            raise InputError(f"--workload {text!r}: {key.strip()} must be a whole number, got {value!r}") from None
+            kind = "a number of milliseconds" if parse is float else "a whole number"
+            raise InputError(f"--workload {text!r}: {key.strip()} must be {kind}, got {value!r}") from None
     return name.strip(), fields
 
 
@@ -54,5 +62,13 @@ def edit_workloads(workloads: Sequence[dict[str, Any]], primary: dict[str, int |
 
 
 def describe(workloads: Sequence[Workload]) -> str:
-    return "; ".join(f"{w.name}: batch {w.batch_size}, {w.input_tokens} in / {w.output_tokens} out"
+    return "; ".join(f"{w.name}: batch {w.batch_size}, {w.input_tokens} in / {w.output_tokens} out" + _objective(w)
                      for w in workloads)
+
+
+def _objective(w: Workload) -> str:
+    if not w.has_objective:
+        return ""
+    parts = [f"TPOT <= {w.tpot_ms:g} ms" if w.tpot_ms is not None else "",
+             f"TTFT <= {w.ttft_ms:g} ms" if w.ttft_ms is not None else ""]
+    return f", {' and '.join(p for p in parts if p)} ({w.quantile}, at most {w.concurrency_limit} in flight)"

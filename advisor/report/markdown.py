@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from advisor.estimate import DriftCheck
+from advisor.report.operating_md import operating_section, payback_lines
 from advisor.search.energy_tiers import largest_drift_pct
 
 
@@ -191,6 +192,7 @@ def render_markdown(summary: dict[str, Any]) -> str:
         ]
     else:
         out += ["No trial finished; nothing to recommend.", ""]
+    out += operating_section(summary) if summary.get("operating_points") else payback_lines(summary)
     out += _serving_engines(summary)
     tiers = {energy_tier(by_trial[t]) for t in summary["front_trials"]}
     mixed_note = ["The front holds plans of both energy tiers ('energy' column): a predicted J/token is the cost "

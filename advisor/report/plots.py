@@ -1,4 +1,5 @@
-"""The report's two PNG plots (matplotlib, Agg backend): the accuracy/energy front and the format map."""
+"""The report's PNG plots (matplotlib, Agg backend): the accuracy/energy front, the format map and the
+time-energy frontier of the operating points."""
 
 from __future__ import annotations
 
@@ -91,3 +92,47 @@ def plot_format_map(summary: dict[str, Any], path: Path) -> None:
         plt.close(fig)
 
 
+
+
+def plot_operating_points(summary: dict[str, Any], path: Path, most_plans: int = 6) -> None:
+    """The time-energy frontier: J/token against TPOT over the batches, one curve per plan (the baselines,
+    the recommendation and the cheapest others), each workload's objective drawn in, the operating points
+    (the largest batch under the objective) marked."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    points = summary["operating_points"]
+    names = list(dict.fromkeys(p["workload"] for p in points))
+    objectives = {w["name"]: w for w in summary["workloads"]}
+    rec = (summary["recommendation"] or {}).get("plan_id")
+    baselines = {r["plan_id"] for r in summary["trials"] if r["trial"] in summary["baselines"].values()}
+    fig, axes = plt.subplots(1, len(names), figsize=(6.5 * len(names), 4.5), squeeze=False)
+    for ax, name in zip(axes[0], names, strict=True):
+        here = sorted((p for p in points if p["workload"] == name), key=lambda p: (not p["meets"], p["j_per_token"]))
+        shown = [p for p in here if p["plan_id"] in baselines or p["plan_id"] == rec]
+        shown += [p for p in here if p not in shown][:max(0, most_plans - len(shown))]
+        for p in shown:
+            xs, ys = [c[1] for c in p["curve"]], [c[2] for c in p["curve"]]
+            chosen = p["plan_id"] == rec
+            (line,) = ax.plot(xs, ys, "-", lw=2.2 if chosen else 1.1, label=f"{p['plan']} ({p['plan_id'][:6]})")
+            ax.scatter([p["tpot_ms"]], [p["j_per_token"]], marker="*" if chosen else "o", s=200 if chosen else 40,
+                       c=line.get_color(), edgecolors="k", zorder=5)
+            ax.annotate(f"b{p['batch']}", (p["tpot_ms"], p["j_per_token"]), textcoords="offset points",
+                        xytext=(4, 4), fontsize=7)
+        objective = objectives.get(name, {})
+        if objective.get("tpot_ms") is not None:
+            ax.axvline(objective["tpot_ms"], ls="--", c="gray", lw=1,
+                       label=f"TPOT objective {objective['tpot_ms']:g} ms ({objective.get('percentile') or 'p50'})")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel(f"TPOT, ms ({objective.get('percentile') or 'p50'}; predicted)")
+        ax.set_ylabel("J per output token (predicted)")
+        ax.set_title(f"'{name}': time-energy frontier (star: recommended)", fontsize=9)
+        ax.legend(fontsize=6, loc="upper right")
+    fig.tight_layout()
+    try:
+        replace_atomically(path, lambda tmp: fig.savefig(tmp, dpi=120, format="png"))
+    finally:
+        plt.close(fig)

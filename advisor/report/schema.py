@@ -132,6 +132,39 @@ class RecommendationRecord(TrialRecord):
     accuracy_metric: str
 
 
+class OperatingPointRecord(_Record):
+    """A plan's largest batch under a workload's latency objective (:mod:`advisor.search.operating`); predicted
+    from the step times of the predicted tier, labelled in ``source``."""
+
+    plan_id: str
+    plan: str
+    workload: str
+    meets: bool  # False: not even batch 1 meets the objective (the numbers are batch 1's)
+    bound: str  # what stopped the batch: objective, memory or max_concurrency
+    batch: int
+    tpot_ms: float
+    ttft_ms: float
+    j_per_token: float
+    tokens_per_s: float
+    power_w: float
+    source: str
+    power_cap_w: float | None = None
+    curve: list[tuple[int, float, float]] = Field(default_factory=list)  # (batch, TPOT ms, J/token)
+
+
+class PaybackRecord(_Record):
+    """The search's joules against the recommendation's saving per day (:mod:`advisor.search.payback`)."""
+
+    search_j: float
+    search_source: str
+    workload: str
+    requests_per_s: float
+    tokens_per_day: float
+    saved_j_per_token: float
+    saved_j_per_day: float
+    days: float | None
+
+
 class Labels(_Record):
     accuracy: str
     energy: list[str]
@@ -165,6 +198,9 @@ class Summary(_Record):
     measured_drift: list[DriftCheck] = Field(default_factory=list)
     near_ties: list[int] = Field(default_factory=list)
     proxy_calibration: list[ProxyCalibrationRecord]
+    # absent in summaries written before latency objectives: read as none
+    operating_points: list[OperatingPointRecord] = Field(default_factory=list)
+    payback: PaybackRecord | None = None
     benchmark_status: str | None
     sensitivity: dict[str, Any] | None
     shape: dict[str, Any]

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import optuna
+from pydantic import ValidationError
 
 from advisor.errors import InputError
 from advisor.estimate import EnergyEstimate
@@ -15,15 +16,32 @@ from advisor.files import write_text_atomically
 from advisor.formats import Format
 from advisor.models.shape import ModelShape
 from advisor.plan import LayerGroup
+from advisor.recipe.schema import SiteSpec
 from advisor.report.markdown import render_markdown
-from advisor.report.plots import plot_format_map, plot_front
-from advisor.report.schema import SCHEMA_VERSION, RecommendationRecord, Summary, TrialRecord
+from advisor.report.plots import plot_format_map, plot_front, plot_operating_points
+from advisor.report.schema import (
+    SCHEMA_VERSION,
+    OperatingPointRecord,
+    PaybackRecord,
+    RecommendationRecord,
+    Summary,
+    TrialRecord,
+)
 from advisor.search.acceptance import as_record
 from advisor.search.energy_tiers import largest_drift_pct, near_ties, prediction_errors
-from advisor.search.frontier import Candidate, Recommendation, pareto_front, recommend
+from advisor.search.frontier import Candidate, Recommendation, one_tier, pareto_front, recommend
+from advisor.search.payback import SearchEnergy, payback
 from advisor.search.stats import proxy_calibration
 from advisor.search.study import benchmark_budget, candidates
-from advisor.search.trial_record import TaskScores, benchmark_scores, measured_drifts, measured_energy, scores_of
+from advisor.search.trial_record import (
+    TaskScores,
+    benchmark_scores,
+    measured_drifts,
+    measured_energy,
+    operating_points,
+    scores_of,
+    search_energy,
+)
 
 
 def _trial_record(
@@ -66,8 +84,10 @@ def build_summary(study: optuna.Study) -> Summary:
     trials = {t.number: t for t in study.get_trials(deepcopy=False)}
     front = pareto_front(cands, workloads[0])
     max_drop, confidence = benchmark_budget(study)
+    points = _operating_points(study)
     rec = recommend(cands, workloads, benchmark_rule=f"upper bound of the {confidence:.0%} paired interval "
-                    f"of the drop within {max_drop:g} on every task")
+                    f"of the drop within {max_drop:g} on every task",
+                    operating={(p.plan_id, p.workload): p for p in points})
     bench = benchmark_scores(study)
     measured = measured_energy(study)
     records = [_trial_record(c, trials[c.trial], shape.groups, bench, measured) for c in cands]
@@ -107,6 +127,8 @@ def build_summary(study: optuna.Study) -> Summary:
         "measured_drift": drifts,
         "near_ties": ties,
         "proxy_calibration": _proxy_calibration(cands, confidence),
+        "operating_points": points,
+        "payback": _payback(rec, cands, points, meta["recipe"], search_energy(study)),
         "benchmark_status": meta.get("benchmark_status"),
         "sensitivity": meta.get("sensitivity"),
         "shape": meta["shape"],
@@ -135,6 +157,37 @@ def _proxy_calibration(cands: list[Candidate], confidence: float) -> list[dict[s
     return out
 
 
+def _operating_points(study: optuna.Study) -> list[OperatingPointRecord]:
+    try:
+        return [OperatingPointRecord.model_validate(p) for p in operating_points(study)]
+    except ValidationError as exc:
+        raise InputError(f"the study's operating points are not what `advisor search` stores ({exc.errors()[0]['msg']}"
+                         "); rerun `advisor search --resume` to recompute them") from None
+
+
+def _payback(rec: Recommendation | None, cands: list[Candidate], points: list[OperatingPointRecord],
+             recipe: dict[str, Any], spent: dict[str, Any] | None) -> PaybackRecord | None:
+    """The search's joules against the recommendation's saving on the primary workload (at the operating
+    points where it states an objective) at the site's request rate."""
+    if rec is None or spent is None:
+        return None
+    workload = recipe["workloads"][0]
+    name = workload["name"]
+    at = {p.plan_id: p for p in points if p.workload == name}
+    bf16 = next((c for c in one_tier(cands) if c.plan.uniform_format() == Format.BF16), None)
+    if bf16 is None:
+        return None
+    if at:
+        if bf16.plan.id not in at or rec.candidate.plan.id not in at or not at[bf16.plan.id].meets:
+            return None
+        bf16_j, rec_j = at[bf16.plan.id].j_per_token, at[rec.candidate.plan.id].j_per_token
+    else:
+        bf16_j, rec_j = bf16.energy(name), rec.candidate.energy(name)
+    rate = recipe.get("site", {}).get("requests_per_s", SiteSpec().requests_per_s)
+    found = payback(SearchEnergy(**spent), name, rate, workload["output_tokens"], bf16_j, rec_j)
+    return PaybackRecord(**found.to_dict())
+
+
 def _recommendation_record(rec: Recommendation | None, records: list[TrialRecord]) -> RecommendationRecord | None:
     if rec is None:
         return None
@@ -153,6 +206,8 @@ def write_report(study: optuna.Study, out_dir: Path) -> Path:
         plot_front(data, out_dir / "front.png")
     if summary.recommendation:
         plot_format_map(data, out_dir / "format_map.png")
+    if summary.operating_points:
+        plot_operating_points(data, out_dir / "operating_points.png")
     write_text_atomically(out_dir / "summary.json", summary.to_json())
     write_text_atomically(out_dir / "report.md", render_markdown(data))
     return out_dir / "report.md"

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Protocol
 
 from advisor.formats import Format
 from advisor.plan import Plan
@@ -94,17 +95,33 @@ class Recommendation:
     accuracy_metric: str
 
 
+class PointLike(Protocol):
+    """An operating point as the rule reads it (:class:`advisor.search.operating.OperatingPoint`)."""
+
+    meets: bool
+
+    @property
+    def j_per_token(self) -> float: ...
+
+
 def recommend(
     cands: Sequence[Candidate], workloads: Sequence[str], bf16_plan_id: str | None = None,
     benchmark_rule: str = "upper confidence bound of the paired drop within max_drop on every task",
+    operating: Mapping[tuple[str, str], PointLike] | None = None,
 ) -> Recommendation | None:
     """Lowest J/token on the primary workload among feasible plans that cost no more than
     all-BF16 on any workload. Once lm-eval has judged plans, only plans that pass on every
     task are eligible (BF16, the reference, always is); measured energy, where present,
-    replaces the predicted (only measured plans then compete)."""
+    replaces the predicted (only measured plans then compete).
+
+    ``operating`` ((plan id, workload) -> operating point) holds the workloads that state a latency
+    objective: there a plan is priced at its own largest batch under the objective, must meet it, and
+    must cost no more than BF16 at BF16's own largest batch (where BF16 meets it at all)."""
     if not cands:
         return None
     primary = workloads[0]
+    operating = operating or {}
+    objective_ws = {w for _, w in operating}
     cands = one_tier(cands)
     bf16 = next((c for c in cands if c.plan.uniform_format() == Format.BF16), None)
     if bf16_plan_id is not None:
@@ -112,28 +129,39 @@ def recommend(
     judged = any(c.acceptance is not None for c in cands)
     metric = f"lm-eval vs BF16: {benchmark_rule}" if judged else "proxy KL vs BF16"
 
+    def met(c: Candidate, w: str) -> bool:
+        return w not in objective_ws or ((p := operating.get((c.plan.id, w))) is not None and p.meets)
+
+    def cost(c: Candidate, w: str) -> float:
+        return operating[(c.plan.id, w)].j_per_token if w in objective_ws else c.energy(w)
+
     def ok(c: Candidate) -> bool:
-        if not c.feasible:
+        if not c.feasible or not all(met(c, w) for w in workloads):
             return False
         is_reference = bf16 is not None and c.plan.id == bf16.plan.id
         if judged and not is_reference and c.verdict is not Verdict.PASSES:
             return False
-        return bf16 is None or all(c.energy(w) <= bf16.energy(w) for w in workloads)
+        return bf16 is None or all(cost(c, w) <= cost(bf16, w) for w in workloads if met(bf16, w))
 
     pool = [c for c in cands if ok(c)]
     if not pool:
         if bf16 is None:
             return None
+        unmet = [w for w in workloads if not any(met(c, w) for c in cands if c.feasible)]
+        if unmet:
+            return Recommendation(bf16, f"no plan meets the latency objective of {', '.join(map(repr, unmet))}; "
+                                  "keep BF16 (relax the objective or raise max_concurrency)", metric)
         return Recommendation(bf16, "no plan met the accuracy budget without costing more energy; keep BF16", metric)
-    best = min(pool, key=lambda c: (c.energy(primary), c.kl))
+    best = min(pool, key=lambda c: (cost(c, primary), c.kl))
     undecided = {c.plan.id for c in cands if c.verdict is Verdict.UNDECIDED and c.proxy_feasible
-                 and c.energy(primary) < best.energy(primary)}
+                 and met(c, primary) and cost(c, primary) < cost(best, primary)}
     if bf16 is not None and best.plan.id == bf16.plan.id and undecided:
         return Recommendation(best, f"keep BF16: {len(undecided)} cheaper plan(s) judged by lm-eval stayed undecided "
                               "on the items allowed (raise benchmark.limit to decide them)", metric)
     saving = ""
-    if bf16 is not None and bf16.energy(primary) > 0:
-        saving = f", {100 * (1 - best.energy(primary) / bf16.energy(primary)):.1f}% less energy than all-BF16"
+    if bf16 is not None and met(bf16, primary) and cost(bf16, primary) > 0:
+        saving = f", {100 * (1 - cost(best, primary) / cost(bf16, primary)):.1f}% less energy than all-BF16"
+    where = " at its largest batch under the objective" if primary in objective_ws else ""
     return Recommendation(
-        best, f"lowest J/token on '{primary}' within the accuracy budget ({metric}){saving}", metric
+        best, f"lowest J/token on '{primary}'{where} within the accuracy budget ({metric}){saving}", metric
     )

@@ -22,6 +22,7 @@ COMPARABLE = ("model", "target", "formats", "workloads", "calibration", "accurac
               "energy_profile", "device")
 # benchmark.max_candidates only says how many plans get lm-eval; it changes no number.
 POLICY_ONLY = {("benchmark", "max_candidates")}
+OBJECTIVE_FIELDS = ("tpot_ms", "ttft_ms", "percentile", "max_concurrency")
 VERSIONED = ("torch", "transformers", "nvidia-modelopt", "lm_eval")
 
 
@@ -46,6 +47,9 @@ def study_key(recipe: Recipe, versions: dict[str, str], energy_tier: str | None 
         key["energy"] = energy_tier
     for section, name in POLICY_ONLY:
         key[section].pop(name, None)
+    for workload in key["workloads"]:  # an objective prices no trial: the report's operating points follow it
+        for name in OBJECTIVE_FIELDS:
+            workload.pop(name, None)
     if data["kv_cache"] != [Format.BF16.value]:  # only then: studies made before it keep their key
         key["kv_cache"] = data["kv_cache"]
     if data["engine"] != "builtin":  # measured numbers of two engines are not comparable

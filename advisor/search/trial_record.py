@@ -32,6 +32,8 @@ MEASURED_PREFIX = "measured_energy:"
 DRIFT_PREFIX = "measured_drift:"
 BENCHMARK_ATTR = "benchmark"
 ACCEPTANCE_ATTR = "acceptance"
+OPERATING_ATTR = "operating_points"
+SEARCH_ENERGY_ATTR = "search_energy"
 
 Trial = optuna.Trial | optuna.trial.FrozenTrial
 TaskScores = dict[str, dict[str, Any]]  # task -> lm-eval score (TaskScore.to_dict without items)
@@ -141,6 +143,25 @@ def acceptance_by_plan(study: optuna.Study, max_drop: float) -> dict[str, PlanAc
     judged = {plan_id: from_stored(tasks, max_drop)
               for plan_id, tasks in study.user_attrs.get(ACCEPTANCE_ATTR, {}).items()}
     return {plan_id: acc for plan_id, acc in judged.items() if acc is not None}
+
+
+def record_operating_points(study: optuna.Study, points: Sequence[Mapping[str, Any]]) -> None:
+    """Each plan's operating point per workload with an objective (OperatingPoint.to_dict()), written by the
+    coordinator after the search; the report reads them back with their types checked."""
+    study.set_user_attr(OPERATING_ATTR, [dict(p) for p in points])
+
+
+def operating_points(study: optuna.Study) -> list[dict[str, Any]]:
+    return list(study.user_attrs.get(OPERATING_ATTR, []))
+
+
+def record_search_energy(study: optuna.Study, energy: Mapping[str, Any]) -> None:
+    """The joules the search spent, all its runs together (SearchEnergy.to_dict())."""
+    study.set_user_attr(SEARCH_ENERGY_ATTR, dict(energy))
+
+
+def search_energy(study: optuna.Study) -> dict[str, Any] | None:
+    return study.user_attrs.get(SEARCH_ENERGY_ATTR)
 
 
 def _score(task: str, score: Mapping[str, Any]) -> dict[str, Any]:

@@ -33,6 +33,7 @@ from advisor.search.study_key import check_same_model, check_same_scoring, study
 from advisor.search.trial_record import label_of, measured_energy, record_benchmark, record_drift, record_measured
 from advisor.versions import package_versions
 from advisor.workflows.context import RunContext, tokens_key
+from advisor.workflows.operating import SearchEnergyMeter, operating_stage, record_run_energy
 from advisor.workflows.progress import ProgressReporter
 from advisor.workflows.run_lock import run_folder_lock
 from advisor.workflows.run_settings import energy_tier, resolved
@@ -72,6 +73,7 @@ def _run_owned(study: optuna.Study, recipe: Recipe, resume: bool, progress: Prog
     if not resume:
         write_run_file(recipe)
     t0 = time.perf_counter()
+    meter = SearchEnergyMeter()
     children: list = []
     with interrupts_as_errors(study, recipe, resume_command), stopped_on_exit(children):
         ctx = prepare_model_side(recipe, progress)
@@ -90,6 +92,8 @@ def _run_owned(study: optuna.Study, recipe: Recipe, resume: bool, progress: Prog
         energy_stage(study, ctx, recipe, progress)
         t_bench = time.perf_counter()
         bench_status = benchmark_stage(study, ctx, recipe, progress)
+        operating_stage(study, ctx, recipe, progress)
+    record_run_energy(study, meter)
     save_run_meta(study, {"timings": timings(ctx, recipe, t0, t_bench), "benchmark_status": bench_status})
     with progress.stage("report"):
         write_report(study, recipe.run_dir)

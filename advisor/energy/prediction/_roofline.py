@@ -112,6 +112,18 @@ class RooflineEnergyModel:
                     "no energy can be predicted for it there"
                 )
 
+    def decode_step(self, plan: Plan, batch: int, context: float) -> tuple[float, float]:
+        """(ms, J) of one decode step of ``batch`` sequences at ``context``, as the profile tiers give it."""
+        self._check(plan)
+        step = decode_step_cost(self.shape, plan, batch, context)
+        return step.time_s(self.gpu) * 1e3, step.energy_j(self.gpu)
+
+    def prefill(self, plan: Plan, length: int) -> tuple[float, float]:
+        """(ms, J) of the prefill of one request of ``length`` tokens."""
+        self._check(plan)
+        cost = prefill_cost(self.shape, plan, length)
+        return cost.time_s(self.gpu) * 1e3, cost.energy_j(self.gpu)
+
     def estimate(self, plan: Plan, workload: Workload) -> EnergyEstimate:
         self._check(plan)
         b, lin, lout = workload.batch_size, workload.input_tokens, workload.output_tokens

@@ -85,6 +85,28 @@ class WithFallback:
             est = self.fallback.estimate(plan, workload)
             return replace(est, source=f"{est.source} [not in {self.primary.label}: {exc}]")
 
+    def decode_step(self, plan: Plan, batch: int, context: float) -> tuple[float, float]:
+        """(ms, J) of one decode step, from the model that prices ``plan`` (see :meth:`estimate`)."""
+        try:
+            return self.primary.decode_step(plan, batch, context)
+        except UnsupportedError:
+            return self.fallback.decode_step(plan, batch, context)
+
+    def prefill(self, plan: Plan, length: int) -> tuple[float, float]:
+        """(ms, J) of one request's prefill, from the model that prices ``plan``."""
+        try:
+            return self.primary.prefill(plan, length)
+        except UnsupportedError:
+            return self.fallback.prefill(plan, length)
+
+    def step_source(self, plan: Plan) -> str:
+        """The label of the model whose step times price ``plan``."""
+        try:
+            self.primary.prefill(plan, 1)
+        except UnsupportedError as exc:
+            return f"{self.fallback.label} [not in {self.primary.label}: {exc}]"
+        return self.primary.label
+
 
 def dims_or_none(shape: ModelShape, model_config: Any):
     """The runtime's decoder of this model (its own layers from the config, else a Llama stand-in), or

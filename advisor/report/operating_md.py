@@ -1,0 +1,82 @@
+"""The report's operating-point section: each plan at its largest batch under each latency objective, and
+what the search cost back (:mod:`advisor.search.operating`, :mod:`advisor.search.payback`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from advisor.recipe.schema import MAX_CONCURRENCY
+from advisor.search.payback import describe_days
+
+
+def _objective(w: dict[str, Any]) -> str:
+    parts = [f"TPOT <= {w['tpot_ms']:g} ms" if w.get("tpot_ms") is not None else "",
+             f"TTFT <= {w['ttft_ms']:g} ms" if w.get("ttft_ms") is not None else ""]
+    return " and ".join(p for p in parts if p) + f" ({w.get('percentile') or 'p50'}), at most " \
+        f"{w.get('max_concurrency') or MAX_CONCURRENCY} in flight"
+
+
+def _table(rows: list[list[str]], header: list[str]) -> list[str]:
+    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header), *("| " + " | ".join(r) + " |" for r in rows)]
+
+
+def operating_section(summary: dict[str, Any]) -> list[str]:
+    points = summary.get("operating_points") or []
+    if not points:
+        return []
+    rec = (summary.get("recommendation") or {}).get("plan_id")
+    workloads = {w["name"]: w for w in summary["workloads"]}
+    out = ["## Operating points under the latency objectives", "",
+           "Each plan at the largest batch that meets the objective in a served steady state (requests in flight, "
+           "each step carrying its share of new prefills; docs/architecture.md), bounded by the KV cache in the "
+           "GPU's memory and the service's concurrency. The recommendation is chosen on these points.", ""]
+    for name in dict.fromkeys(p["workload"] for p in points):
+        here = sorted((p for p in points if p["workload"] == name), key=lambda p: (not p["meets"], p["j_per_token"]))
+        w = workloads.get(name, {})
+        cap = here[0].get("power_cap_w")
+        out += [f"### '{name}': {_objective(w)}, {w.get('input_tokens')} in / {w.get('output_tokens')} out"
+                + (f", within a {cap:g} W power cap per GPU" if cap is not None else ""), ""]
+        if not any(p["meets"] for p in here):
+            out += ["**No plan meets this objective, not even at batch 1; BF16 is kept.** Relax the objective.", ""]
+        rows = [[("**" if p["plan_id"] == rec else "") + f"{p['plan']} (`{p['plan_id'][:8]}`)"
+                 + ("**" if p["plan_id"] == rec else ""),
+                 str(p["batch"]) if p["meets"] else f"none (b1: {p['batch']})", p["bound"] if p["meets"] else "-",
+                 f"{p['tpot_ms']:.3g}", f"{p['ttft_ms']:.3g}", f"{p['j_per_token']:.4g}", f"{p['tokens_per_s']:.0f}",
+                 f"{p['power_w']:.0f}"] for p in here[:12]]
+        out += [*_table(rows, ["plan", "largest batch", "bound", "TPOT ms", "TTFT ms", "J/token", "tokens/s",
+                               "W"]), ""]
+        if len(here) > 12:
+            out += [f"({len(here) - 12} more plans in summary.json)", ""]
+        out += [f"All predicted: {here[0]['source']}.", ""]
+    out += ["![time-energy frontier](operating_points.png)", ""]
+    return out + payback_lines(summary)
+
+
+def payback_lines(summary: dict[str, Any]) -> list[str]:
+    pay = summary.get("payback")
+    if not pay:
+        return []
+    return ["## What the search cost back", "",
+            f"The search spent {pay['search_j'] / 3.6e6:.3g} kWh ({pay['search_j']:.4g} J; {pay['search_source']}). "
+            f"At {pay['requests_per_s']:g} requests/s of '{pay['workload']}' ({pay['tokens_per_day']:.3g} tokens a "
+            f"day; recipe `site.requests_per_s`) the recommendation saves {pay['saved_j_per_token']:.4g} J/token "
+            f"against BF16, {pay['saved_j_per_day'] / 3.6e6:.3g} kWh a day (predicted): it pays the search back in "
+            f"**{describe_days(pay['days'])}**.", ""]
+
+
+def operating_lines(summary: dict[str, Any]) -> list[str]:
+    """The console's short form: the recommended plan's and BF16's points per objective, and the payback."""
+    rec = (summary.get("recommendation") or {}).get("plan_id")
+    bf16 = {r["plan_id"] for r in summary["trials"] if set(r["formats"].values()) == {"bf16"}}
+    out = []
+    for name in dict.fromkeys(p["workload"] for p in summary.get("operating_points") or []):
+        here = {p["plan_id"]: p for p in summary["operating_points"] if p["workload"] == name}
+        shown = [here[i] for i in dict.fromkeys([rec, *sorted(bf16)]) if i in here]
+        out.append(f"operating points on '{name}' (predicted): " + "; ".join(
+            f"{p['plan']} batch {p['batch']} at {p['j_per_token']:.4g} J/token, TPOT {p['tpot_ms']:.3g} ms"
+            if p["meets"] else f"{p['plan']} meets no batch" for p in shown))
+    pay = summary.get("payback")
+    if pay:
+        out.append(f"the search spent {pay['search_j']:.4g} J ({pay['search_source']}); paid back in "
+                   f"{describe_days(pay['days'])} at {pay['requests_per_s']:g} requests/s")
+    return out

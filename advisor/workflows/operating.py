@@ -1,0 +1,95 @@
+"""After the search: each plan's operating point under the workloads' latency objectives, and the search's own
+energy, stored in the study for the report (:mod:`advisor.search.operating`, :mod:`advisor.search.payback`).
+
+On a GPU the search's joules are NVML's energy counter of GPU 0 over the whole run (every process on that
+GPU counts). Without one they are estimated, and labelled so: the CPU seconds of the run and its worker
+children times :data:`CPU_WATTS_PER_CORE`, a stated draw of one busy server core.
+"""
+
+from __future__ import annotations
+
+import resource
+import time
+from typing import Any
+
+import optuna
+
+from advisor.errors import InputError, SetupError, UnsupportedError
+from advisor.formats import GPU_SPECS
+from advisor.plan import Plan
+from advisor.recipe.schema import Recipe
+from advisor.search.operating import operating_points
+from advisor.search.payback import SearchEnergy
+from advisor.search.study import candidates
+from advisor.search.trial_record import record_operating_points, record_search_energy, search_energy
+from advisor.workflows.context import RunContext
+from advisor.workflows.progress import ProgressReporter
+
+CPU_WATTS_PER_CORE = 10.0  # a busy core of a current server CPU, package power shared over its cores
+
+
+def _cpu_seconds() -> float:
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+class SearchEnergyMeter:
+    """Started before the search, read after it: NVML where a GPU is, else the CPU estimate."""
+
+    def __init__(self) -> None:
+        self._t0, self._cpu0 = time.perf_counter(), _cpu_seconds()
+        try:
+            from advisor.energy.meter import NvmlDevice
+
+            self._gpu: Any = NvmlDevice(0)
+            self._mj0 = self._gpu.energy_mj()
+        except SetupError:
+            self._gpu = None
+
+    def read(self) -> SearchEnergy:
+        seconds = time.perf_counter() - self._t0
+        if self._gpu is not None:
+            joules = (self._gpu.energy_mj() - self._mj0) / 1e3
+            return SearchEnergy(joules, seconds, f"measured (NVML, {self._gpu.name}, whole run)", True)
+        cpu = _cpu_seconds() - self._cpu0
+        return SearchEnergy(cpu * CPU_WATTS_PER_CORE, seconds,
+                            f"estimated ({cpu:.0f} CPU seconds x {CPU_WATTS_PER_CORE:g} W per busy core; no GPU)",
+                            False)
+
+
+def operating_stage(study: optuna.Study, ctx: RunContext, recipe: Recipe, progress: ProgressReporter) -> None:
+    """Every distinct plan that is feasible or a baseline, at its largest batch under each objective, from the
+    predicted tier's step times (predicted, and labelled so, even where the stated batches were measured)."""
+    if not any(w.has_objective for w in recipe.workloads):
+        return
+    model = ctx.energy_model
+    if not (hasattr(model, "decode_step") and hasattr(model, "prefill")):
+        progress.print(f"  operating points: {model.label} gives no step times; none computed")
+        return
+    plans: dict[str, Plan] = {}
+    for c in candidates(study):
+        if c.feasible or c.plan.uniform_weights() is not None:
+            plans.setdefault(c.plan.id, c.plan)
+    cap = recipe.site.power_cap_w
+    capped = f"; within a {cap:g} W cap per GPU, steps stretched to energy / cap)" if cap is not None else ")"
+    step_source = getattr(model, "step_source", lambda _plan: model.label)
+
+    def source_of(plan: Plan) -> str:
+        return step_source(plan).removesuffix(")") + "; steady state, step times" + capped
+
+    with progress.stage("operating points"):
+        try:
+            points = operating_points(model, ctx.loaded.shape, GPU_SPECS[recipe.target], list(plans.values()),
+                                      recipe.workloads, source_of, cap)
+        except (InputError, UnsupportedError) as exc:  # the trials stand; the report says there are no points
+            progress.print(f"  operating points: none ({exc})")
+            return
+    record_operating_points(study, [p.to_dict() for p in points])
+
+
+def record_run_energy(study: optuna.Study, meter: SearchEnergyMeter) -> SearchEnergy:
+    """This run's energy added to what earlier runs of the study stored (a resumed search)."""
+    earlier = search_energy(study)
+    total = meter.read().plus(SearchEnergy(**earlier) if earlier else None)
+    record_search_energy(study, total.to_dict())
+    return total
