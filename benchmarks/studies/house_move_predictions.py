@@ -1,8 +1,9 @@
 """Predicted J/token of every predicted tier over the shipped shapes (before/after the energy move).
 
 Run in a checkout: PYTHONPATH=$PWD python benchmarks/studies/house_move_predictions.py > out.txt
-(written for issue 37: it finds each name in the new wings or the old flat modules, so it runs on both sides of the move)
+(issue 37: it finds each name in the new wings or the old flat modules, so it runs on both sides of the move)
 """
+# ruff: noqa: E402  (settings before the imports they affect; old and new module names tried in turn)
 import importlib
 import os
 import sys
@@ -12,6 +13,7 @@ import warnings
 warnings.filterwarnings("ignore")
 os.environ["ADVISOR_PROFILE_DIR"] = tempfile.mkdtemp()  # no user profile
 import logging
+
 logging.disable(logging.CRITICAL)
 
 
@@ -80,6 +82,7 @@ for path in sorted(shipped_model_profiles().glob("*/*/*.json")):
     else:
         import torch
         import transformers
+
         from advisor.models.adapters.geometry import model_shape
         sys.path.insert(0, "tests")
         from test_model_profile_moe import QWEN3_30B_A3B
@@ -108,6 +111,7 @@ for gpu in (GPU.H100, GPU.H200, GPU.B200):
 # 3. real family configs through the adapters (selection chain with model_config)
 import torch
 import transformers
+
 from advisor.models.adapters.geometry import model_shape
 
 CONFIGS = {
