@@ -111,6 +111,9 @@ def search(
         _dry_run(rec, dry_run, gpus, gpu_memory, json_out)
         return
     err.print(f"workloads: {describe(rec.workloads)}", highlight=False, markup=False)
+    err.print(f"target: {rec.target.value} (--target h100|h200|b200); energy: {rec.energy} "
+              "(--energy auto measures on a GPU of the target kind, else predicts; the source is named below)",
+              highlight=False, markup=False)
     from advisor.workflows.preflight import preflight
 
     preflight(rec)  # judge what can be judged before the study is created
@@ -147,6 +150,7 @@ def _resume_command() -> str:
 
 
 def _print_summary(summary: dict) -> None:
+    from advisor.report.decision import decision_lines
     from advisor.report.markdown import energy_tier, near_ties_line
     from advisor.report.operating_md import operating_lines
 
@@ -165,6 +169,7 @@ def _print_summary(summary: dict) -> None:
     rec = summary["recommendation"]
     if rec:
         out.print(f"recommended: plan {rec['plan_id']} ({rec['label']}): {rec['reason']}", highlight=False)
+        out.print(decision_lines(summary)[0].replace("**", ""), highlight=False, markup=False)
         ties = near_ties_line(summary)
         if ties:
             out.print(f"note: {ties}", highlight=False, markup=False)

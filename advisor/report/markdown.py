@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from advisor.estimate import DriftCheck
+from advisor.report.decision import decision_lines
 from advisor.report.operating_md import operating_section, payback_lines
 from advisor.search.energy_tiers import largest_drift_pct
 
@@ -152,13 +153,13 @@ def _architecture_lines(shape: dict[str, Any]) -> list[str]:
     return [line]
 
 
-def render_markdown(summary: dict[str, Any]) -> str:
+def render_markdown(summary: dict[str, Any], run_dir: str = "RUN_DIR") -> str:
     workloads = [w["name"] for w in summary["workloads"]]
     by_trial = {r["trial"]: r for r in summary["trials"]}
     energy_label = "; ".join(summary["labels"]["energy"])
     header = ["trial", "plan id", "plan", "eff. bits", "KL", "perplexity (vs BF16)",
               *[f"J/token '{w}'" for w in workloads], "energy", "within budget"]
-    out = [f"# precision-advisor report: {summary['run']}", ""]
+    out = [f"# precision-advisor report: {summary['run']}", "", *decision_lines(summary, run_dir)]
     wl = ", ".join(f"`{w['name']}` (batch {w['batch_size']}, {w['input_tokens']} in / {w['output_tokens']} out)"
                    for w in summary["workloads"])
     out += [

@@ -209,5 +209,5 @@ def write_report(study: optuna.Study, out_dir: Path) -> Path:
     if summary.operating_points:
         plot_operating_points(data, out_dir / "operating_points.png")
     write_text_atomically(out_dir / "summary.json", summary.to_json())
-    write_text_atomically(out_dir / "report.md", render_markdown(data))
+    write_text_atomically(out_dir / "report.md", render_markdown(data, str(out_dir)))
     return out_dir / "report.md"

@@ -222,5 +222,6 @@ def prepare(
         energy_model, measured_model = make_energy_tiers(recipe.energy, loaded.shape, recipe.target, profile, engine,
                                                          model_config=loaded.model.config,
                                                          workloads=recipe.workloads)
+        status(f"energy source: {energy_model.label}" + (" (the front measured with NVML)" if measured_model else ""))
     return RunContext(recipe, loaded, tokens, bank, proxy, energy_model, device, fingerprint, timings,
                       measured_model=measured_model, arithmetic=arithmetic)

@@ -1,0 +1,54 @@
+"""The report's first screen: the decision in one sentence, the saving with its label, the accuracy
+verdict with its interval, and what to run next. The tables follow it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def _j_per_token(record: dict[str, Any], workload: str) -> float | None:
+    return next((e["j_per_token"] for e in record["energy"] if e["workload"] == workload), None)
+
+
+def _tier(record: dict[str, Any], workload: str) -> str:
+    energy = next((e for e in record["energy"] if e["workload"] == workload), None)
+    return energy["source"] if energy else "no number"  # the source names its tier: measured ... / predicted ...
+
+
+def _verdict_line(record: dict[str, Any], max_drop: float | None) -> str:
+    acceptance = record.get("acceptance")
+    if not acceptance:
+        return "Accuracy: judged by the proxy only (KL {:.4f}); no lm-eval task judged it.".format(record["kl"])
+    parts = []
+    for task in acceptance["tasks"]:
+        if task["n_items"] == 0:
+            parts.append(f"{task['task']}: {task['verdict']}")
+            continue
+        parts.append(f"{task['task']} drop {100 * task['drop']:+.1f} points "
+                     f"[{100 * task['ci_low']:+.1f}, {100 * task['ci_high']:+.1f}] "
+                     f"({task['confidence']:.1%} interval, {task['n_items']} items paired with BF16)")
+    budget = f" against a budget of {100 * max_drop:.0f} points" if max_drop is not None else ""
+    return f"Accuracy: **{acceptance['verdict']}**{budget}: " + "; ".join(parts) + "."
+
+
+def decision_lines(summary: dict[str, Any], run_dir: str = "RUN_DIR") -> list[str]:
+    """The first lines of report.md (Markdown)."""
+    rec = summary.get("recommendation")
+    if not rec:
+        return ["**Decision: none.** No trial finished; nothing to recommend.", ""]
+    workload = summary["workloads"][0]["name"]
+    bf16 = next((t for t in summary["trials"] if t["label"] == "all-bf16"), None)
+    max_drop = (summary.get("benchmark") or {}).get("max_drop")
+    if rec["label"] == "all-bf16":
+        lines = [f"**Decision: keep BF16.** {rec['reason'][0].upper()}{rec['reason'][1:]}.", ""]
+    else:
+        mine, base = _j_per_token(rec, workload), _j_per_token(bf16, workload) if bf16 else None
+        saving = (f"{1 - mine / base:.0%} less energy per token than all-BF16 on '{workload}' "
+                  f"({mine:.4g} against {base:.4g} J/token)" if mine and base else "energy against BF16 unknown")
+        lines = [f"**Decision: serve plan `{rec['plan_id']}` ({rec['label']})**: {saving}.", "",
+                 f"Energy: {_tier(rec, workload)}.", "",
+                 _verdict_line(rec, max_drop), ""]
+    lines += ["Next: `advisor export " + run_dir + " --out CHECKPOINT_DIR` writes the checkpoint TensorRT-LLM, vLLM "
+              "and SGLang load; on a GPU with vLLM, `advisor verify " + run_dir + " --engine vllm` serves it and "
+              "sets vLLM's formats, KL and J/token beside these.", ""]
+    return lines
