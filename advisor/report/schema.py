@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from advisor.errors import InputError
 from advisor.estimate import DriftCheck, EnergyEstimate
+from advisor.search.payback import Payback
 
 FIT_STATISTICS = ("spearman", "spearman_ci", "slope", "slope_ci", "intercept")  # as advisor.search.stats
 NON_FINITE = ("NaN", "Infinity", "-Infinity")  # how summary.json writes a float that is not finite
@@ -152,19 +153,6 @@ class OperatingPointRecord(_Record):
     curve: list[tuple[int, float, float]] = Field(default_factory=list)  # (batch, TPOT ms, J/token)
 
 
-class PaybackRecord(_Record):
-    """The search's joules against the recommendation's saving per day (:mod:`advisor.search.payback`)."""
-
-    search_j: float
-    search_source: str
-    workload: str
-    requests_per_s: float
-    tokens_per_day: float
-    saved_j_per_token: float
-    saved_j_per_day: float
-    days: float | None
-
-
 class Labels(_Record):
     accuracy: str
     energy: list[str]
@@ -200,7 +188,7 @@ class Summary(_Record):
     proxy_calibration: list[ProxyCalibrationRecord]
     # absent in summaries written before latency objectives: read as none
     operating_points: list[OperatingPointRecord] = Field(default_factory=list)
-    payback: PaybackRecord | None = None
+    payback: Payback | None = None
     benchmark_status: str | None
     sensitivity: dict[str, Any] | None
     shape: dict[str, Any]

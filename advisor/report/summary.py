@@ -22,7 +22,6 @@ from advisor.report.plots import plot_format_map, plot_front, plot_operating_poi
 from advisor.report.schema import (
     SCHEMA_VERSION,
     OperatingPointRecord,
-    PaybackRecord,
     RecommendationRecord,
     Summary,
     TrialRecord,
@@ -30,7 +29,7 @@ from advisor.report.schema import (
 from advisor.search.acceptance import as_record
 from advisor.search.energy_tiers import largest_drift_pct, near_ties, prediction_errors
 from advisor.search.frontier import Candidate, Recommendation, one_tier, pareto_front, recommend
-from advisor.search.payback import SearchEnergy, payback
+from advisor.search.payback import Payback, SearchEnergy, payback
 from advisor.search.stats import proxy_calibration
 from advisor.search.study import benchmark_budget, candidates
 from advisor.search.trial_record import (
@@ -166,7 +165,7 @@ def _operating_points(study: optuna.Study) -> list[OperatingPointRecord]:
 
 
 def _payback(rec: Recommendation | None, cands: list[Candidate], points: list[OperatingPointRecord],
-             recipe: dict[str, Any], spent: dict[str, Any] | None) -> PaybackRecord | None:
+             recipe: dict[str, Any], spent: dict[str, Any] | None) -> Payback | None:
     """The search's joules against the recommendation's saving on the primary workload (at the operating
     points where it states an objective) at the site's request rate."""
     if rec is None or spent is None:
@@ -185,7 +184,7 @@ def _payback(rec: Recommendation | None, cands: list[Candidate], points: list[Op
         bf16_j, rec_j = bf16.energy(name), rec.candidate.energy(name)
     rate = recipe.get("site", {}).get("requests_per_s", SiteSpec().requests_per_s)
     found = payback(SearchEnergy(**spent), name, rate, workload["output_tokens"], bf16_j, rec_j)
-    return PaybackRecord(**found.to_dict())
+    return found
 
 
 def _recommendation_record(rec: Recommendation | None, records: list[TrialRecord]) -> RecommendationRecord | None:
