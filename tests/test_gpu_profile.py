@@ -52,8 +52,8 @@ def anchor_profile(geo: Geometry, tab: GemmTable, dims: dict, features=energy_fe
     return {"model": dims, "decode": d, "prefill": p}
 
 
-@pytest.fixture(scope="module")
-def profile() -> dict:
+def simulated_gpu_profile() -> dict:
+    """A GPU profile of the simulated H100: GEMM tables and the anchors' profiles."""
     prof = {"schema": SCHEMA, "version": VERSION, "gpu": "NVIDIA H100 80GB HBM3", "gpu_kind": "h100",
             "driver": "580", "date": "2026-11-22", "power_limit_w": LIMIT_W, "formats": ["bf16", "fp8"],
             "m_buckets": M, "gemm_ms": table(), "verified": True, "anchors": {}}
@@ -62,6 +62,11 @@ def profile() -> dict:
         dims = REFERENCE_SHAPES[name].dims(layers).to_dict()
         prof["anchors"][name] = anchor_profile(Geometry.from_dims(dims), tab, dims)
     return prof
+
+
+@pytest.fixture(scope="module")
+def profile() -> dict:
+    return simulated_gpu_profile()
 
 
 def test_the_fit_recovers_the_anchor_physics_and_prices_an_unseen_model(profile):

@@ -10,16 +10,11 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from test_gpu_profile import ANCHORS, LIMIT_W, TEST, M, anchor_profile, table
+from test_gpu_profile import TEST, simulated_gpu_profile
 from test_model_profiles import SHAPE, STATE, simulated_profile
 
 from advisor.energy.prediction import PREDICTED_TIERS, TierRequest, make_predicted_model
 from advisor.energy.profiling import (
-    GPU_SCHEMA,
-    GPU_VERSION,
-    REFERENCE_SHAPES,
-    GemmTable,
-    Geometry,
     ProfileStore,
     shipped_profile,
 )
@@ -30,22 +25,10 @@ from advisor.models.shape import ModelShape
 from advisor.plan import Plan
 from advisor.recipe.schema import Workload
 
-
-def _simulated_gpu_profile() -> dict[str, Any]:
-    prof = {"schema": GPU_SCHEMA, "version": GPU_VERSION, "gpu": "NVIDIA H100 80GB HBM3", "gpu_kind": "h100",
-            "driver": "580", "date": "2026-11-22", "power_limit_w": LIMIT_W, "formats": ["bf16", "fp8"],
-            "m_buckets": M, "gemm_ms": table(), "verified": True, "anchors": {}}
-    tab = GemmTable(prof)
-    for name, layers in ANCHORS.items():
-        dims = REFERENCE_SHAPES[name].dims(layers).to_dict()
-        prof["anchors"][name] = anchor_profile(Geometry.from_dims(dims), tab, dims)
-    return prof
-
-
 #: tier name -> (its profile of the simulated GPU, the model it prices); an H100 in every case
 SIMULATED: dict[str, Callable[[], tuple[dict[str, Any], ModelShape]]] = {
     "per-model": lambda: (simulated_profile(STATE), SHAPE),
-    "gpu": lambda: (_simulated_gpu_profile(), TEST.shape(4)),
+    "gpu": lambda: (simulated_gpu_profile(), TEST.shape(4)),
     "layer": lambda: (shipped_profile(GPU.H100), SHAPE),  # no simulated layer profile: the shipped one
     "roofline": lambda: ({}, SHAPE),  # the datasheet
 }
