@@ -60,6 +60,10 @@ def test_steady_load_keeps_the_batch_full_with_fresh_prompts(tmp_path, monkeypat
     assert 500 < row["tokens_per_s"] < 2000
     assert row["j_per_token"] == pytest.approx(300.0 / row["tokens_per_s"], rel=0.1)
     assert 0 < row["prefill_j_per_input_token"] < row["j_per_token"]
+    # every request of the steady load gets one token per step of >= 2 ms: TPOT ~ one step, TTFT a step or two
+    assert row["latency_requests"] > 5
+    assert 2.0 <= row["tpot_ms_p50"] <= row["tpot_ms_p90"] < 20.0
+    assert 0.0 < row["ttft_ms_p50"] <= row["ttft_ms_p90"] < 40.0
 
 
 def test_formats_as_served_name_every_group_served_otherwise(tmp_path, monkeypatch):

@@ -14,13 +14,16 @@ the job's largest workload) and does what the job asks, returning plain data:
 * ``items``: for each (context, target) item, whether every target token was vLLM's top-1
   next token (greedy, as LAMBADA's accuracy is defined), from the same prompt log-probabilities;
 * ``energy``: per workload, J per output token (prefill included) in steady state
-  (:class:`SteadyLoad` under the advisor's own NVML meter) and J per input token of prefill.
+  (:class:`SteadyLoad` under the advisor's own NVML meter), the time per output token and to the first
+  token of the requests that ran wholly inside that steady load (p50 and p90), and J per input token of
+  prefill.
 """
 
 from __future__ import annotations
 
 import os
 import random
+import statistics
 import threading
 import time
 from collections.abc import Callable
@@ -86,6 +89,9 @@ class SteadyLoad:
         self.inflight: set[str] = set()
         self.first_round: set[str] = set()
         self.fewest_inflight = batch
+        self.latencies: list[tuple[float, float]] = []  # (TTFT s, TPOT s) of requests added after the first round
+        self._added: dict[str, float] = {}
+        self._first_token: dict[str, float] = {}
         self._issued = 0
         self._next_id = 0
         self._stop = threading.Event()
@@ -102,7 +108,20 @@ class SteadyLoad:
         prompt = [self._rng.randrange(self.vocab_size) for _ in range(self.input_tokens)]
         self.engine.add_request(rid, {"prompt_token_ids": prompt}, self._params(max_tokens))
         self.inflight.add(rid)
+        self._added[rid] = time.perf_counter()
         return rid
+
+    def _timed(self, out: Any, produced: int) -> None:
+        """Note when a request's first token came and, when it finishes, its TTFT and TPOT."""
+        now, rid = time.perf_counter(), out.request_id
+        if produced and rid not in self._first_token:
+            self._first_token[rid] = now
+        if not out.finished:
+            return
+        added, first = self._added.pop(rid, None), self._first_token.pop(rid, None)
+        if rid in self.first_round or added is None or first is None or self.output_tokens < 2:
+            return
+        self.latencies.append((first - added, (now - first) / (self.output_tokens - 1)))
 
     def start(self) -> SteadyLoad:
         for i in range(self.batch):
@@ -114,7 +133,9 @@ class SteadyLoad:
         try:
             while not self._stop.is_set():
                 for out in self.engine.step():
-                    self.tokens += len(out.outputs[0].token_ids) if out.outputs else 0
+                    produced = len(out.outputs[0].token_ids) if out.outputs else 0
+                    self.tokens += produced
+                    self._timed(out, produced)
                     if out.finished:
                         self.inflight.discard(out.request_id)
                         self.first_round.discard(out.request_id)
@@ -139,6 +160,16 @@ class SteadyLoad:
         self._issued += 1
         return t
 
+    def latency_ms(self) -> dict[str, float | None]:
+        """p50 and p90 of TTFT and TPOT (ms) over the finished requests that were not in the first round."""
+        out: dict[str, float | None] = {}
+        for i, name in ((0, "ttft"), (1, "tpot")):
+            values = sorted(v[i] * 1e3 for v in self.latencies)
+            for q in (50, 90):
+                out[f"{name}_ms_p{q}"] = _percentile(values, q) if values else None
+        out["latency_requests"] = len(self.latencies)
+        return out
+
     def stop(self) -> None:
         self._stop.set()
         self._thread.join()
@@ -149,10 +180,18 @@ class SteadyLoad:
         self.inflight.clear()
 
 
+def _percentile(sorted_values: list[float], q: int) -> float:
+    if len(sorted_values) == 1:
+        return sorted_values[0]
+    return statistics.quantiles(sorted_values, n=100, method="inclusive")[q - 1]
+
+
 def measure_load(vllm: Any, llm: Any, counter: EnergyCounter, config: MeterConfig, batch: int, input_tokens: int,
-                 output_tokens: int, vocab_size: int, label: str, seed: int = 0) -> tuple[Measurement, int]:
-    """J per output token of a steady load (the meter's step is one token), and the fewest requests
-    that were in flight after it settled (the batch was full when that equals ``batch``)."""
+                 output_tokens: int, vocab_size: int, label: str,
+                 seed: int = 0) -> tuple[Measurement, int, dict[str, float | None]]:
+    """J per output token of a steady load (the meter's step is one token), the fewest requests
+    that were in flight after it settled (the batch was full when that equals ``batch``), and the
+    load's request latencies (:meth:`SteadyLoad.latency_ms`)."""
     load = SteadyLoad(vllm, llm.llm_engine, batch, input_tokens, output_tokens, vocab_size, seed).start()
     try:
         load.settle()
@@ -160,7 +199,7 @@ def measure_load(vllm: Any, llm: Any, counter: EnergyCounter, config: MeterConfi
         m = EnergyMeter(counter, cfg).measure(load.ticket, label, 1.0)
     finally:
         load.stop()
-    return m, load.fewest_inflight
+    return m, load.fewest_inflight, load.latency_ms()
 
 
 # ----------------------------------------------------------------------------------- what vLLM built
@@ -248,12 +287,12 @@ def serve(job: ServeJob, make_counter: Callable[[], EnergyCounter] = _open_count
         energy = {}
         for w in job.workloads:
             b, lin, lout = w["batch_size"], w["input_tokens"], w["output_tokens"]
-            full, fewest = measure_load(vllm, llm, counter, config, b, lin, lout, job.vocab_size,
-                                        f"vllm {w['name']}", job.seed)
+            full, fewest, latency = measure_load(vllm, llm, counter, config, b, lin, lout, job.vocab_size,
+                                                 f"vllm {w['name']}", job.seed)
             row = {"j_per_token": full.j_per_token, "tokens_per_s": full.tokens_per_s, "fewest_inflight": fewest,
-                   "batch_full": fewest >= b, "measurement": full.to_dict()}
+                   "batch_full": fewest >= b, "measurement": full.to_dict(), **latency}
             if job.prefill:
-                pre, _ = measure_load(vllm, llm, counter, config, 1, lin, 1, job.vocab_size,
+                pre, _, _ = measure_load(vllm, llm, counter, config, 1, lin, 1, job.vocab_size,
                                       f"vllm {w['name']} prefill", job.seed + 1)
                 row["prefill_j_per_input_token"] = pre.j_per_token / lin
             energy[w["name"]] = row
