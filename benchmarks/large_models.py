@@ -96,7 +96,8 @@ class GpuMemoryPeak:
 
 
 def run_search(args: argparse.Namespace, folder: Path) -> dict:
-    base = ["advisor", "search", "--model", str(folder), "--target", "b200", "--formats", FORMATS,
+    advisor = [sys.executable, "-c", "from advisor.cli import main; main()"]  # no console script on the device
+    base = [*advisor, "search", "--model", str(folder), "--target", "b200", "--formats", FORMATS,
             "--device", args.device]
     dry = subprocess.run([*base, "--dry-run", "--json"], capture_output=True, text=True)
     plan = json.loads(dry.stdout) if dry.returncode in (0, 3) and dry.stdout.strip() else None
