@@ -43,10 +43,12 @@ def pick_device(requested: str) -> str:
     return requested
 
 
-def model_fingerprint(loaded: LoadedModel) -> str:
-    from advisor.models.loading import model_fingerprint as fingerprint
+def model_fingerprint(loaded: LoadedModel, stored: str | None = None) -> str:
+    """The loaded model's fingerprint, or the run's ``stored`` one where that is the same model's fingerprint of
+    an older advisor (:func:`advisor.models.fingerprint.run_fingerprint`)."""
+    from advisor.models.fingerprint import run_fingerprint, tensor_fingerprint
 
-    return fingerprint(loaded.model)
+    return run_fingerprint(loaded.fingerprint or tensor_fingerprint(loaded.model), stored, loaded.model)
 
 
 def tokens_key(recipe: Recipe, fingerprint: str) -> dict[str, Any]:
@@ -154,8 +156,11 @@ def prepare(
     recipe: Recipe,
     status: Status = lambda _msg: None,
     energy_model: EnergyModel | None = None,
+    stored_fingerprint: str | None = None,
 ) -> RunContext:
-    """Load, sample tokens, calibrate each format once, and compute the BF16 reference."""
+    """Load, sample tokens, calibrate each format once, and compute the BF16 reference. ``stored_fingerprint``:
+    the model fingerprint of the run being continued or re-checked (an older advisor's is kept when it is this
+    model's)."""
     from advisor.accuracy.proxy import ProxyEvaluator
     from advisor.formats import Format
     from advisor.quantize.bank import FormatBank
@@ -172,11 +177,13 @@ def prepare(
     from advisor.workflows.memory import load_device_map
 
     loaded = load_model(recipe.model, device, device_map=load_device_map(recipe, device))
-    fingerprint = model_fingerprint(loaded)  # of the BF16 weights, before any float32 copy
+    timings["load_s"] = time.perf_counter() - t
+    t = time.perf_counter()
+    fingerprint = model_fingerprint(loaded, stored_fingerprint)  # of the BF16 weights, before any float32 copy
+    timings["fingerprint_s"] = time.perf_counter() - t  # beyond the hashing done while the shards were read
     arithmetic, why = to_scoring_arithmetic(loaded.model, device)
     if arithmetic != BF16:
         status(f"scoring in {arithmetic}: {why}")
-    timings["load_s"] = time.perf_counter() - t
 
     t = time.perf_counter()
     status("building calibration and held-out tokens")

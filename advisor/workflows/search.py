@@ -76,7 +76,7 @@ def _run_owned(study: optuna.Study, recipe: Recipe, resume: bool, progress: Prog
     meter = SearchEnergyMeter()
     children: list = []
     with interrupts_as_errors(study, recipe, resume_command), stopped_on_exit(children):
-        ctx = prepare_model_side(recipe, progress)
+        ctx = prepare_model_side(recipe, progress, study.user_attrs.get("model", {}).get("fingerprint"))
         check_same_model(study.user_attrs.get("model", {}).get("fingerprint"), ctx.fingerprint, recipe.name)
         check_same_scoring(study.user_attrs.get("device"), ctx.scoring_place, recipe.name, "--resume")
         save_run_meta(study, run_meta(recipe, ctx))
@@ -164,7 +164,7 @@ def write_run_file(recipe: Recipe) -> None:
     write_text_atomically(recipe.run_dir / "recipe.json", json.dumps(data, indent=2))
 
 
-def prepare_model_side(recipe: Recipe, progress: ProgressReporter) -> RunContext:
+def prepare_model_side(recipe: Recipe, progress: ProgressReporter, stored_fingerprint: str | None = None) -> RunContext:
     from advisor.workflows.context import prepare
 
     with progress.stage("prepare") as stage:
@@ -172,7 +172,7 @@ def prepare_model_side(recipe: Recipe, progress: ProgressReporter) -> RunContext
             stage.advance(note=msg)
             progress.step(f"  {msg}")
 
-        return prepare(recipe, status=status)
+        return prepare(recipe, status=status, stored_fingerprint=stored_fingerprint)
 
 
 def run_meta(recipe: Recipe, ctx: RunContext) -> dict[str, Any]:
