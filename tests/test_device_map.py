@@ -88,3 +88,49 @@ def test_load_with_a_device_map_reads_the_same_weights(tiny_model_dir):
     mapped = load_model(ModelSpec(source=str(tiny_model_dir)), device_map=mapping)
     assert model_fingerprint(mapped.model) == model_fingerprint(plain.model)
     assert mapped.shape.groups == plain.shape.groups
+
+
+def _stream_layer_1(model):
+    """accelerate's dispatch with layer 1 on "cpu" and the rest on the execution device (the CPU here, named as a
+    torch.device so that accelerate streams the "cpu" layer as it does on a GPU machine)."""
+    from accelerate import dispatch_model
+
+    here = torch.device("cpu")
+    return dispatch_model(model, {"model.embed_tokens": here, "model.layers.0": here, "model.layers.1": "cpu",
+                                  "model.norm": here, "model.rotary_emb": here, "lm_head": here})
+
+
+def test_streamed_layers_give_the_same_kl_as_in_memory(tiny_model_dir, one_torch_thread):
+    from advisor.quantize.streamed import offload_hook
+
+    prepare_device("cpu")
+    tokens = torch.randint(3, 2000, (6, 32), generator=torch.Generator().manual_seed(1))
+    one = load_model(ModelSpec(source=str(tiny_model_dir)))
+    streamed = load_model(ModelSpec(source=str(tiny_model_dir)))
+    model = _stream_layer_1(streamed.model)
+    q = model.model.layers[1].self_attn.q_proj
+    assert offload_hook(q) is not None and q.weight.device.type == "meta"
+    for (a, la), (b, lb) in zip(_scores(one.model, one.shape.groups, tokens),
+                                _scores(model, streamed.shape.groups, tokens), strict=True):
+        assert a == b
+        assert torch.equal(la, lb)
+
+
+def test_streamed_bank_entries_are_packed_and_held_in_cpu_memory(tiny_model_dir, one_torch_thread):
+    prepare_device("cpu")
+    tokens = torch.randint(3, 2000, (4, 32), generator=torch.Generator().manual_seed(2))
+    plain = load_model(ModelSpec(source=str(tiny_model_dir)))
+    streamed = load_model(ModelSpec(source=str(tiny_model_dir)))
+    model = _stream_layer_1(streamed.model)
+    banks = [FormatBank(m, plain.shape.groups, FORMATS, forward_loop(tokens)) for m in (plain.model, model)]
+    assert banks[0].pack_stats.packed == banks[1].pack_stats.packed > 0
+    assert banks[0].pack_stats.kept_bf16 == banks[1].pack_stats.kept_bf16
+    fp8 = banks[1].module_for("model.layers.1.self_attn.q_proj", Format.FP8)
+    codes = fp8.packed_weights["weight"].codes
+    assert codes.device.type == "meta"  # between forwards: in the offload hook's CPU map, not on the device
+    assert fp8._hf_hook.hooks[0].weights_map["packed_weights.weight.codes"].dtype == torch.float8_e4m3fn
+    bf16 = banks[1].module_for("model.layers.1.self_attn.q_proj", Format.BF16)
+    nvfp4 = banks[1].module_for("model.layers.1.mlp.up_proj", Format.NVFP4)
+    assert nvfp4.packed_weights["weight"].nibbles.device.type == "meta"
+    # folding wrote into the format's own entry, never into the BF16 weights the copies share
+    assert torch.equal(bf16._hf_hook.weights_map["weight"], plain.model.model.layers[1].self_attn.q_proj.weight)

@@ -36,11 +36,14 @@ from advisor.quantize.modelopt_config import (
     quantize_plan,
 )
 from advisor.quantize.packed import PackStats, bank_bytes, fold_and_pack
+from advisor.quantize.streamed import fold_and_pack_streamed, offload_hook, shared_offload_maps
 
 
 def _share_weights_copy(model: torch.nn.Module) -> torch.nn.Module:
-    """A deep copy whose parameters are the original tensors (no extra weight memory)."""
+    """A deep copy whose parameters are the original tensors, and whose streamed layers read the same CPU
+    weights (no extra weight memory)."""
     memo: dict[int, Any] = {id(p): p for p in model.parameters()}
+    memo.update(shared_offload_maps(model))
     return copy.deepcopy(model, memo)
 
 
@@ -92,7 +95,11 @@ class FormatBank:
                 modelopt_quantization().fold_weight(calibrated)
             elif fold_weights:
                 for m in swapped:
-                    fold_and_pack(calibrated.get_submodule(m), fmt, m, self.pack_stats)
+                    module = calibrated.get_submodule(m)
+                    if offload_hook(module) is not None:  # a layer that streams from CPU memory
+                        fold_and_pack_streamed(module, fmt, m, self.pack_stats, calibrated)
+                    else:
+                        fold_and_pack(module, fmt, m, self.pack_stats)
             self.calibrations += 1
             self._modules[fmt] = {m: calibrated.get_submodule(m) for m in swapped}
         self.model = _share_weights_copy(model)
