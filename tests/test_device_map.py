@@ -90,14 +90,27 @@ def test_load_with_a_device_map_reads_the_same_weights(tiny_model_dir):
     assert mapped.shape.groups == plain.shape.groups
 
 
-def _stream_layer_1(model):
-    """accelerate's dispatch with layer 1 on "cpu" and the rest on the execution device (the CPU here, named as a
-    torch.device so that accelerate streams the "cpu" layer as it does on a GPU machine)."""
-    from accelerate import dispatch_model
+def test_a_streaming_plan_maps_its_streamed_layers_to_the_cpu(tiny_model_dir):
+    from transformers import AutoConfig
 
+    config = AutoConfig.from_pretrained(tiny_model_dir)
+    whole = plan_memory(config, SIZES, [Device("cuda:0", 4 * GIB)])
+    # a byte short of holding it all: the room for a streamed layer costs what streaming a layer saves
+    plan = plan_memory(config, SIZES, [Device("cuda:0", whole.placements[0].used_bytes - 1)], stream=True)
+    assert plan.streaming and plan.overflow
+    mapping = plan_device_map(config, plan)
+    assert [mapping[f"model.layers.{i}"] for i in range(2)] == [
+        "cpu" if f"layer {i}" in plan.overflow else 0 for i in range(2)]
+    assert mapping["model.embed_tokens"] == 0 and mapping["lm_head"] == 0
+
+
+def _load_streaming(tiny_model_dir):
+    """Layer 1 streamed as a search on a GPU loads it (transformers' device_map: accelerate's dispatch), with the
+    CPU as the execution device: named as a torch.device, so that accelerate streams the "cpu" layer."""
     here = torch.device("cpu")
-    return dispatch_model(model, {"model.embed_tokens": here, "model.layers.0": here, "model.layers.1": "cpu",
-                                  "model.norm": here, "model.rotary_emb": here, "lm_head": here})
+    return load_model(ModelSpec(source=str(tiny_model_dir)), device_map={
+        "model.embed_tokens": here, "model.layers.0": here, "model.layers.1": "cpu", "model.norm": here,
+        "model.rotary_emb": here, "lm_head": here})
 
 
 def test_streamed_layers_give_the_same_kl_as_in_memory(tiny_model_dir, one_torch_thread):
@@ -106,8 +119,8 @@ def test_streamed_layers_give_the_same_kl_as_in_memory(tiny_model_dir, one_torch
     prepare_device("cpu")
     tokens = torch.randint(3, 2000, (6, 32), generator=torch.Generator().manual_seed(1))
     one = load_model(ModelSpec(source=str(tiny_model_dir)))
-    streamed = load_model(ModelSpec(source=str(tiny_model_dir)))
-    model = _stream_layer_1(streamed.model)
+    streamed = _load_streaming(tiny_model_dir)
+    model = streamed.model
     q = model.model.layers[1].self_attn.q_proj
     assert offload_hook(q) is not None and q.weight.device.type == "meta"
     for (a, la), (b, lb) in zip(_scores(one.model, one.shape.groups, tokens),
@@ -120,8 +133,7 @@ def test_streamed_bank_entries_are_packed_and_held_in_cpu_memory(tiny_model_dir,
     prepare_device("cpu")
     tokens = torch.randint(3, 2000, (4, 32), generator=torch.Generator().manual_seed(2))
     plain = load_model(ModelSpec(source=str(tiny_model_dir)))
-    streamed = load_model(ModelSpec(source=str(tiny_model_dir)))
-    model = _stream_layer_1(streamed.model)
+    model = _load_streaming(tiny_model_dir).model
     banks = [FormatBank(m, plain.shape.groups, FORMATS, forward_loop(tokens)) for m in (plain.model, model)]
     assert banks[0].pack_stats.packed == banks[1].pack_stats.packed > 0
     assert banks[0].pack_stats.kept_bf16 == banks[1].pack_stats.kept_bf16

@@ -184,6 +184,8 @@ class Recipe(_Strict):
         "target's GPU profile, else the datasheet roofline; auto: measured when possible"
     )
     energy_profile: str | None = Field(None, description="a profile JSON from `advisor profile` to predict with")
+    gpu_memory_gib: float | None = Field(None, gt=0, le=4096, description="cap on each GPU's memory the search uses "
+                                         "(GiB): layers beyond it stream from CPU memory (slower; same numbers)")
     engine: Literal["builtin", "tensorrt_llm", "vllm"] = Field(
         "builtin", description="what runs the plans the measured tier measures: builtin (the advisor's runtime, "
         "random weights of the model's shape), tensorrt_llm (the exported checkpoint through TensorRT-LLM's "

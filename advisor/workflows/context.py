@@ -174,8 +174,10 @@ def prepare(
 
     t = time.perf_counter()
     status(f"loading model {recipe.model.source} on {device}")
-    from advisor.workflows.memory import load_device_map
+    from advisor.workflows.memory import cap_gpu_memory, load_device_map
 
+    if device == "cuda":
+        cap_gpu_memory(recipe.gpu_memory_gib)
     loaded = load_model(recipe.model, device, device_map=load_device_map(recipe, device))
     timings["load_s"] = time.perf_counter() - t
     t = time.perf_counter()
