@@ -18,6 +18,7 @@ switches them on or off. Their ranges are BF16 keys and values for the same reas
 from __future__ import annotations
 
 import copy
+import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -77,6 +78,7 @@ class FormatBank:
         self.kv_cache = tuple(kv_cache)
         self.calibrations = 0
         self.pack_stats = PackStats()
+        self.seconds = {"calibration": 0.0}  # ModelOpt's calibration passes (the rest: copies, folding, packing)
         self._modules: dict[Format, dict[str, torch.nn.Module]] = {}
         infos = plan_group_table(model, Plan.uniform(self.groups, Format.BF16), self.groups)
         self._units = {gi.name: gi.modules for gi in infos}  # what is swapped per group
@@ -89,7 +91,9 @@ class FormatBank:
                 on_format(fmt)
             own = fold_weights and not packed  # a whole copy of the weights, else module by module
             copy_ = copy.deepcopy(model) if own else _share_weights_copy(model)
+            t = time.perf_counter()
             calibrated = quantize_plan(copy_, Plan.uniform(self.groups, fmt), self.groups, forward_loop)
+            self.seconds["calibration"] += time.perf_counter() - t
             if own:  # round FP8 weights as the export will, then fold
                 round_fp8_weights_as_exported(calibrated)
                 modelopt_quantization().fold_weight(calibrated)
@@ -108,7 +112,9 @@ class FormatBank:
             if on_format:
                 on_format(Format.FP8)
             kv_plan = Plan.uniform(self.groups, Format.BF16, kv_cache=Format.FP8)
+            t = time.perf_counter()
             self.model = quantize_plan(self.model, kv_plan, self.groups, forward_loop)
+            self.seconds["calibration"] += time.perf_counter() - t
             self.calibrations += 1
             for m in swapped:  # the BF16 modules themselves, as in a bank without a KV cache
                 self.model.set_submodule(m, self._modules[Format.BF16][m])

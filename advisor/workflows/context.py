@@ -178,7 +178,11 @@ def prepare(
 
     if device == "cuda":
         cap_gpu_memory(recipe.gpu_memory_gib)
-    loaded = load_model(recipe.model, device, device_map=load_device_map(recipe, device))
+    device_map = load_device_map(recipe, device)
+    if device_map and (streamed := [k for k, v in device_map.items() if v == "cpu"]):
+        status(f"{len(streamed)} modules stream from CPU memory as they run (the GPU memory is short"
+               f"{f' of the {recipe.gpu_memory_gib:g} GiB cap' if recipe.gpu_memory_gib else ''}): {streamed[0]} ...")
+    loaded = load_model(recipe.model, device, device_map=device_map)
     timings["load_s"] = time.perf_counter() - t
     t = time.perf_counter()
     fingerprint = model_fingerprint(loaded, stored_fingerprint)  # of the BF16 weights, before any float32 copy
@@ -196,14 +200,17 @@ def prepare(
         from advisor.energy.profiling import with_measured_routing
 
         status("measuring the MoE routing on the calibration tokens")
+        t = time.perf_counter()
         loaded.shape = with_measured_routing(loaded.model, loaded.shape, tokens.calibration)
+        timings["routing_s"] = time.perf_counter() - t
 
     t = time.perf_counter()
     bank = FormatBank(
         loaded.model, loaded.shape.groups, recipe.formats, forward_loop(tokens.calibration),
         on_format=lambda f: status(f"calibrating {f.value} (once for every trial)"), kv_cache=recipe.kv_cache,
     )
-    timings["calibration_s"] = time.perf_counter() - t
+    timings["calibration_s"] = bank.seconds["calibration"]  # ModelOpt's calibration, every format
+    timings["bank_s"] = time.perf_counter() - t - bank.seconds["calibration"]  # folding, packing, copies
     if bank.pack_stats.kept_bf16:  # exact either way; only the bank's memory is larger than planned
         log.warning("%d folded weights would not decode bit for bit from their codes and stay BF16 (e.g. %s)",
                     len(bank.pack_stats.kept_bf16), bank.pack_stats.kept_bf16[0])

@@ -54,6 +54,16 @@ def cap_gpu_memory(cap_gib: float | None) -> None:
         torch.cuda.set_per_process_memory_fraction(min(1.0, cap_gib * GIB / total), i)
 
 
+def lift_gpu_memory_cap(cap_gib: float | None) -> None:
+    """Undo :func:`cap_gpu_memory` (the measured energy tier builds its own model of the shape: not the search's
+    placement, not its cap)."""
+    import torch
+
+    if cap_gib and torch.cuda.is_available():
+        for i in range(torch.cuda.device_count()):
+            torch.cuda.set_per_process_memory_fraction(1.0, i)
+
+
 def named_node(count: int, memory_gib: float | None) -> list[Device]:
     """``--gpus N --gpu-memory GB``: N devices of that memory."""
     if memory_gib is None:

@@ -86,15 +86,21 @@ def _run_owned(study: optuna.Study, recipe: Recipe, resume: bool, progress: Prog
             children += spawn_workers(workers - 1, recipe.storage_url, recipe.name, recipe.run_dir)
             progress.print(f"workers: {workers - 1} more on this host (logs in {recipe.run_dir / 'workers'})")
         proposer = sensitivity_stage(study, ctx, recipe, progress) if recipe.search.sampler == "guided" else None
-        trials_stage(study, ctx, recipe, progress, proposer)
-        check_workers(study, recipe, children, wait_workers(children), progress)
+        with timed(ctx, "trials_s"):
+            trials_stage(study, ctx, recipe, progress, proposer)
+            check_workers(study, recipe, children, wait_workers(children), progress)
         check_some_trial_finished(study, recipe)
-        energy_stage(study, ctx, recipe, progress)
-        t_bench = time.perf_counter()
-        bench_status = benchmark_stage(study, ctx, recipe, progress)
-        operating_stage(study, ctx, recipe, progress)
+        from advisor.workflows.memory import lift_gpu_memory_cap
+
+        lift_gpu_memory_cap(recipe.gpu_memory_gib)
+        with timed(ctx, "measured_s"):
+            energy_stage(study, ctx, recipe, progress)
+        with timed(ctx, "benchmark_s"):
+            bench_status = benchmark_stage(study, ctx, recipe, progress)
+        with timed(ctx, "operating_s"):
+            operating_stage(study, ctx, recipe, progress)
     record_run_energy(study, meter)
-    save_run_meta(study, {"timings": timings(ctx, recipe, t0, t_bench), "benchmark_status": bench_status})
+    save_run_meta(study, {"timings": timings(ctx, recipe, t0), "benchmark_status": bench_status})
     with progress.stage("report"):
         write_report(study, recipe.run_dir)
     return build_summary_from(recipe.run_dir)
@@ -311,10 +317,20 @@ def benchmark_stage(study: optuna.Study, ctx: RunContext, recipe: Recipe, progre
             f"{scorer.items_used} items used, BF16's included) on {ctx.scoring_place}; {outcome}")
 
 
-def timings(ctx: RunContext, recipe: Recipe, t0: float, t_bench: float) -> dict[str, float]:
+@contextmanager
+def timed(ctx: RunContext, key: str) -> Iterator[None]:
+    """The seconds of one stage into the run's timings (summary.json's ``timings_s``)."""
+    t = time.perf_counter()
+    try:
+        yield
+    finally:
+        ctx.timings_s[key] = time.perf_counter() - t
+
+
+def timings(ctx: RunContext, recipe: Recipe, t0: float) -> dict[str, float]:
     out = dict(ctx.timings_s)
-    if recipe.benchmark.tasks:
-        out["benchmark_s"] = time.perf_counter() - t_bench
+    if not recipe.benchmark.tasks:
+        out.pop("benchmark_s", None)
     if ctx.trial_times_s:
         out["trials_run"] = len(ctx.trial_times_s)
         out["mean_trial_s"] = sum(ctx.trial_times_s) / len(ctx.trial_times_s)
