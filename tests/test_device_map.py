@@ -146,3 +146,25 @@ def test_streamed_bank_entries_are_packed_and_held_in_cpu_memory(tiny_model_dir,
     assert nvfp4.packed_weights["weight"].nibbles.device.type == "meta"
     # folding wrote into the format's own entry, never into the BF16 weights the copies share
     assert torch.equal(bf16._hf_hook.weights_map["weight"], plain.model.model.layers[1].self_attn.q_proj.weight)
+
+
+def test_streamed_sensitivity_replay_and_fp8_kv_cache_score_as_in_memory(tiny_model_dir, one_torch_thread):
+    """The sensitivity pass (reference outputs replayed for the BF16 layers before a group) and an FP8 KV cache
+    calibrated on the working model, with layer 1 streamed."""
+    from advisor.models.groups import decoder_layers_path
+    from advisor.search.sensitivity import first_changed_layer
+
+    prepare_device("cpu")
+    tokens = torch.randint(3, 2000, (6, 32), generator=torch.Generator().manual_seed(3))
+    scores = []
+    for loaded in (load_model(ModelSpec(source=str(tiny_model_dir))), _load_streaming(tiny_model_dir)):
+        groups = loaded.shape.groups
+        bank = FormatBank(loaded.model, groups, FORMATS[:2], forward_loop(tokens[:4]),
+                          kv_cache=(Format.BF16, Format.FP8))
+        proxy = ProxyEvaluator(bank.assemble(Plan.uniform(groups, Format.BF16)), tokens[4:],
+                               layers=decoder_layers_path(loaded.model))
+        one_group = [Plan({h.name: Format.FP8 if h.name == g.name else Format.BF16 for h in groups}) for g in groups]
+        scores.append([proxy.score(bank.assemble(p), reuse_layers=first_changed_layer(p)).kl for p in one_group]
+                      + [proxy.score(bank.assemble(Plan.uniform(groups, Format.FP8, kv_cache=Format.FP8))).kl])
+    assert scores[0] == scores[1]
+    assert all(kl > 0 for kl in scores[0])
