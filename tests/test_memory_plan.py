@@ -231,3 +231,25 @@ def test_streaming_plan_keeps_the_head_and_streams_the_layers_that_do_not_fit():
     assert plan_memory(config, SIZES, gpus(plan.smallest_gpus, 24 * GIB)).fits
     # too little for the embeddings, lm_head, logits and one streamed layer: no plan runs
     assert not plan_memory(config, SIZES, gpus(1, 8 * GIB), stream=True).runs
+
+
+def test_a_streaming_plan_needs_its_cpu_side_here(monkeypatch):
+    import psutil
+
+    from advisor.errors import SetupError
+    from advisor.workflows.memory import check_cpu_memory
+
+    plan = plan_memory(_config(QWEN25_14B), SIZES, gpus(1, 24 * GIB), stream=True)
+    need = sum(plan.cpu_bytes.values())
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: SimpleNamespace(available=need - 1))
+    with pytest.raises(SetupError, match="streams layers .* from CPU memory"):
+        check_cpu_memory(plan)
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: SimpleNamespace(available=need))
+    check_cpu_memory(plan)
+
+
+def test_gpu_memory_cap_with_device_cpu_is_one_error(config_only):
+    res = runner.invoke(app, ["search", "--model", str(config_only), "--target", "b200", "--device", "cpu",
+                              "--gpu-memory", "24"])
+    assert res.exit_code == 2
+    assert res.stderr.count("Error:") == 1 and "gpu_memory_gib" in res.stderr
