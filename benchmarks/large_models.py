@@ -8,8 +8,16 @@ exit code, the per-stage seconds of its summary, the peak GPU memory (NVML, samp
 (torch.equal on the logits, equal proxy scores) and records each bank's peak GPU memory.
 Each run appends a record to OUT/large_models.json and rewrites OUT/large_models.md.
 
+The search scores BF16, FP8 and NVFP4 accuracy (NVFP4 by ModelOpt's fake quantization, which also runs on
+Hopper) and prices every trial for ``--target`` (b200: where NVFP4 runs natively; a search for an H100 target
+refuses NVFP4). ``--measure-here`` then measures, with `advisor measure` on the GPU here (NVML, the serving
+runtime), the J/token of the baselines and front plans that GPU can run natively (no NVFP4 group on Hopper),
+and lists the NVFP4 plans with the search's predicted J/token, labelled so. ``--gpu-memory GB`` caps the GPU
+memory the search may use: layers beyond it stream from CPU memory (the run is named SHAPE-capGB).
+
 Usage (from the repository root; a tokenizer folder, by default ../shared/models/tinystories-656k):
-    python benchmarks/large_models.py search --shape qwen2.5-14b --trials 12
+    python benchmarks/large_models.py search --shape qwen2.5-14b --trials 12 --measure-here
+    python benchmarks/large_models.py search --shape qwen2.5-14b --trials 12 --gpu-memory 24
     python benchmarks/large_models.py identical --shape llama-3.1-8b
 """
 
@@ -45,6 +53,7 @@ SHAPES = {
                       "tie_word_embeddings": False},
 }
 FORMATS = "bf16,fp8,nvfp4"
+ADVISOR = [sys.executable, "-c", "from advisor.cli import main; main()"]  # the GPU machines have no console script
 
 
 def make_checkpoint(shape: str, folder: Path, tokenizer: Path, device: str) -> Path:
@@ -96,24 +105,68 @@ class GpuMemoryPeak:
 
 
 def run_search(args: argparse.Namespace, folder: Path) -> dict:
-    advisor = [sys.executable, "-c", "from advisor.cli import main; main()"]  # no console script on the device
-    base = [*advisor, "search", "--model", str(folder), "--target", "b200", "--formats", FORMATS,
+    base = [*ADVISOR, "search", "--model", str(folder), "--target", args.target, "--formats", args.formats,
             "--device", args.device]
-    dry = subprocess.run([*base, "--dry-run", "--json"], capture_output=True, text=True)
+    cap = ["--gpu-memory", str(args.gpu_memory)] if args.gpu_memory else []
+    dry = subprocess.run([*base, *cap, "--dry-run", "--json"], capture_output=True, text=True)
     plan = json.loads(dry.stdout) if dry.returncode in (0, 3) and dry.stdout.strip() else None
-    command = [*base, "--trials", str(args.trials), "--energy", args.energy, "--out", str(args.work / "runs"),
-               "--name", args.shape]
+    name = f"{args.shape}-cap{args.gpu_memory:g}" if args.gpu_memory else args.shape
+    command = [*base, *cap, "--trials", str(args.trials), "--energy", args.energy, "--out", str(args.work / "runs"),
+               "--name", name]
     t = time.perf_counter()
     with GpuMemoryPeak() as gpu:
         rc = subprocess.run(command).returncode
-    summary_path = args.work / "runs" / args.shape / "summary.json"
+    wall = round(time.perf_counter() - t, 1)
+    summary_path = args.work / "runs" / name / "summary.json"
     summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
-    return {"model": args.shape, "command": " ".join(command), "wall_s": round(time.perf_counter() - t, 1),
-            "rc": rc, "stages_s": summary.get("timings_s", {}),
-            "peak_gpu_gib": gpu.peak_bytes / 2**30 if gpu.peak_bytes else None,
-            "peak_cpu_gib": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 2**20,
-            "plan_used_gib": [d["used_bytes"] / 2**30 for d in plan["devices"]] if plan else None,
-            "plan_fits": plan["fits"] if plan else None}
+    record = {"model": name, "command": " ".join(command), "wall_s": wall,
+              "rc": rc, "stages_s": summary.get("timings_s", {}),
+              "peak_gpu_gib": gpu.peak_bytes / 2**30 if gpu.peak_bytes else None,
+              "peak_cpu_gib": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 2**20,
+              "gpu_memory_cap_gib": args.gpu_memory,
+              "plan_used_gib": [d["used_bytes"] / 2**30 for d in plan["devices"]] if plan else None,
+              "plan_fits": plan["fits"] if plan else None,
+              "plan_streams_from_cpu": plan.get("streams_from_cpu") if plan else None}
+    if args.measure_here and summary:
+        record["energy_here"] = measure_here(summary, folder)
+    return record
+
+
+def measure_here(summary: dict, folder: Path) -> list[dict]:
+    """The baselines' and the front's J/token on the primary workload: measured on the GPU here (`advisor measure`)
+    for the plans it runs natively, the search's predicted number (labelled so) for the others."""
+    from advisor.energy.prediction import gpu_here
+    from advisor.formats import GPU_SPECS, Format
+
+    here, name = gpu_here()
+    workload = summary["workloads"][0]
+    trials = {t["trial"]: t for t in summary["trials"]}
+    chosen = dict.fromkeys([*summary.get("baselines", {}).values(), *summary.get("front_trials", [])])
+    out = []
+    for number in chosen:
+        trial = trials[number]
+        primary = next(e for e in trial["energy"] if e["workload"] == workload["name"])
+        formats = {Format(f) for f in trial["formats"].values()}
+        row = {"plan_id": trial["plan_id"], "label": trial["label"], "kl": trial["kl"],
+               "predicted_j_per_token": primary["j_per_token"], "predicted_source": primary["source"]}
+        if here is None or not all(GPU_SPECS[here].supports(f) for f in formats):
+            row["measured_j_per_token"] = None
+            row["why_not_measured"] = ("no NVIDIA GPU here: predicted only" if here is None else
+                                       f"{', '.join(sorted(f.value for f in formats))} does not run natively on "
+                                       f"{name}: predicted only")
+            out.append(row)
+            continue
+        plan_file = folder.parent / f"plan-{trial['plan_id']}.json"
+        plan_file.write_text(json.dumps({"formats": trial["formats"], "kv_cache": trial.get("kv_cache", "bf16")}))
+        done = subprocess.run([*ADVISOR, "measure", "--plan", str(plan_file), "--model", str(folder), "--target",
+                               here.value, "--batch", str(workload["batch_size"]), "--input-tokens",
+                               str(workload["input_tokens"]), "--output-tokens", str(workload["output_tokens"])],
+                              capture_output=True, text=True)
+        measured = json.loads(done.stdout) if done.returncode == 0 and done.stdout.strip() else {}
+        row["measured_j_per_token"] = measured.get("j_per_token")
+        row["measured_source"] = measured.get("source") or (done.stderr.strip().splitlines() or ["failed"])[-1]
+        out.append(row)
+    return out
 
 
 def run_identical(args: argparse.Namespace, folder: Path) -> dict:
@@ -179,6 +232,11 @@ def main() -> None:
     ap.add_argument("--shape", choices=sorted(SHAPES), required=True)
     ap.add_argument("--trials", type=int, default=12)
     ap.add_argument("--energy", default="predicted")
+    ap.add_argument("--target", default="b200", help="the GPU the search prices for (b200: NVFP4 native)")
+    ap.add_argument("--formats", default=FORMATS)
+    ap.add_argument("--gpu-memory", type=float, default=None, help="GiB cap per GPU: layers beyond it stream from CPU")
+    ap.add_argument("--measure-here", action="store_true",
+                    help="after the search, measure the plans the GPU here runs natively (advisor measure)")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--tokenizer", type=Path, default=Path("../shared/models/tinystories-656k"))
     ap.add_argument("--work", type=Path, default=Path("/tmp/large_models"))

@@ -88,3 +88,83 @@ def test_load_with_a_device_map_reads_the_same_weights(tiny_model_dir):
     mapped = load_model(ModelSpec(source=str(tiny_model_dir)), device_map=mapping)
     assert model_fingerprint(mapped.model) == model_fingerprint(plain.model)
     assert mapped.shape.groups == plain.shape.groups
+
+
+def test_a_streaming_plan_maps_its_streamed_layers_to_the_cpu(tiny_model_dir):
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(tiny_model_dir)
+    whole = plan_memory(config, SIZES, [Device("cuda:0", 4 * GIB)])
+    # a byte short of holding it all: the room for a streamed layer costs what streaming a layer saves
+    plan = plan_memory(config, SIZES, [Device("cuda:0", whole.placements[0].used_bytes - 1)], stream=True)
+    assert plan.streaming and plan.overflow
+    mapping = plan_device_map(config, plan)
+    assert [mapping[f"model.layers.{i}"] for i in range(2)] == [
+        "cpu" if f"layer {i}" in plan.overflow else 0 for i in range(2)]
+    assert mapping["model.embed_tokens"] == 0 and mapping["lm_head"] == 0
+
+
+def _load_streaming(tiny_model_dir):
+    """Layer 1 streamed as a search on a GPU loads it (transformers' device_map: accelerate's dispatch), with the
+    CPU as the execution device: named as a torch.device, so that accelerate streams the "cpu" layer."""
+    here = torch.device("cpu")
+    return load_model(ModelSpec(source=str(tiny_model_dir)), device_map={
+        "model.embed_tokens": here, "model.layers.0": here, "model.layers.1": "cpu", "model.norm": here,
+        "model.rotary_emb": here, "lm_head": here})
+
+
+def test_streamed_layers_give_the_same_kl_as_in_memory(tiny_model_dir, one_torch_thread):
+    from advisor.quantize.streamed import offload_hook
+
+    prepare_device("cpu")
+    tokens = torch.randint(3, 2000, (6, 32), generator=torch.Generator().manual_seed(1))
+    one = load_model(ModelSpec(source=str(tiny_model_dir)))
+    streamed = _load_streaming(tiny_model_dir)
+    model = streamed.model
+    q = model.model.layers[1].self_attn.q_proj
+    assert offload_hook(q) is not None and q.weight.device.type == "meta"
+    for (a, la), (b, lb) in zip(_scores(one.model, one.shape.groups, tokens),
+                                _scores(model, streamed.shape.groups, tokens), strict=True):
+        assert a == b
+        assert torch.equal(la, lb)
+
+
+def test_streamed_bank_entries_are_packed_and_held_in_cpu_memory(tiny_model_dir, one_torch_thread):
+    prepare_device("cpu")
+    tokens = torch.randint(3, 2000, (4, 32), generator=torch.Generator().manual_seed(2))
+    plain = load_model(ModelSpec(source=str(tiny_model_dir)))
+    model = _load_streaming(tiny_model_dir).model
+    banks = [FormatBank(m, plain.shape.groups, FORMATS, forward_loop(tokens)) for m in (plain.model, model)]
+    assert banks[0].pack_stats.packed == banks[1].pack_stats.packed > 0
+    assert banks[0].pack_stats.kept_bf16 == banks[1].pack_stats.kept_bf16
+    fp8 = banks[1].module_for("model.layers.1.self_attn.q_proj", Format.FP8)
+    codes = fp8.packed_weights["weight"].codes
+    assert codes.device.type == "meta"  # between forwards: in the offload hook's CPU map, not on the device
+    assert fp8._hf_hook.hooks[0].weights_map["packed_weights.weight.codes"].dtype == torch.float8_e4m3fn
+    bf16 = banks[1].module_for("model.layers.1.self_attn.q_proj", Format.BF16)
+    nvfp4 = banks[1].module_for("model.layers.1.mlp.up_proj", Format.NVFP4)
+    assert nvfp4.packed_weights["weight"].nibbles.device.type == "meta"
+    # folding wrote into the format's own entry, never into the BF16 weights the copies share
+    assert torch.equal(bf16._hf_hook.weights_map["weight"], plain.model.model.layers[1].self_attn.q_proj.weight)
+
+
+def test_streamed_sensitivity_replay_and_fp8_kv_cache_score_as_in_memory(tiny_model_dir, one_torch_thread):
+    """The sensitivity pass (reference outputs replayed for the BF16 layers before a group) and an FP8 KV cache
+    calibrated on the working model, with layer 1 streamed."""
+    from advisor.models.groups import decoder_layers_path
+    from advisor.search.sensitivity import first_changed_layer
+
+    prepare_device("cpu")
+    tokens = torch.randint(3, 2000, (6, 32), generator=torch.Generator().manual_seed(3))
+    scores = []
+    for loaded in (load_model(ModelSpec(source=str(tiny_model_dir))), _load_streaming(tiny_model_dir)):
+        groups = loaded.shape.groups
+        bank = FormatBank(loaded.model, groups, FORMATS[:2], forward_loop(tokens[:4]),
+                          kv_cache=(Format.BF16, Format.FP8))
+        proxy = ProxyEvaluator(bank.assemble(Plan.uniform(groups, Format.BF16)), tokens[4:],
+                               layers=decoder_layers_path(loaded.model))
+        one_group = [Plan({h.name: Format.FP8 if h.name == g.name else Format.BF16 for h in groups}) for g in groups]
+        scores.append([proxy.score(bank.assemble(p), reuse_layers=first_changed_layer(p)).kl for p in one_group]
+                      + [proxy.score(bank.assemble(Plan.uniform(groups, Format.FP8, kv_cache=Format.FP8))).kl])
+    assert scores[0] == scores[1]
+    assert all(kl > 0 for kl in scores[0])

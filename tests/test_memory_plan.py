@@ -163,19 +163,25 @@ def config_only(tmp_path):
     return folder
 
 
-@pytest.mark.parametrize(("count", "code"), [(1, 3), (2, 3), (4, 0)])
-def test_dry_run_on_h100s(config_only, tmp_path, count, code):
+@pytest.mark.parametrize(("count", "memory", "code", "verdict"), [
+    (1, 80, 0, "streamed from CPU memory"), (2, 80, 0, "streamed from CPU memory"), (4, 80, 0, "fits"),
+    # 8 GiB: the reserve, the embeddings and the bank build's workspace alone are more
+    (1, 8, 3, "does not fit"),
+])
+def test_dry_run_on_h100s(config_only, tmp_path, count, memory, code, verdict):
     res = runner.invoke(app, ["search", "--model", str(config_only), "--target", "b200", "--formats",
                               "bf16,fp8,nvfp4", "--out", str(tmp_path / "runs"), "--dry-run", "--gpus", str(count),
-                              "--gpu-memory", "80"])
+                              "--gpu-memory", str(memory)])
     assert res.exit_code == code, res.output
     assert "weights (BF16)" in res.stdout and "131.42" in res.stdout
+    assert verdict in res.stdout
     if code:
         errors = [line for line in res.stderr.splitlines() if line.startswith("Error:")]
-        assert len(errors) == 1 and "at least 4 such GPUs" in errors[0]
-        assert "does not fit" in res.stdout
+        assert len(errors) == 1 and "not even with layers streamed" in errors[0]
     else:
-        assert "fits" in res.stdout and "Error" not in res.stderr
+        assert "Error" not in res.stderr
+    if memory == 80 and count < 4:
+        assert "the fewest such GPUs that hold it: 4" in res.stdout
     assert not (tmp_path / "runs").exists()  # a dry run creates nothing
 
 
@@ -193,3 +199,57 @@ def test_dry_run_flags_misused(config_only, args):
     res = runner.invoke(app, ["search", "--model", str(config_only), "--target", "b200", *args])
     assert res.exit_code == 2
     assert res.stderr.count("Error:") == 1
+
+
+# ---- streaming from CPU memory: Qwen2.5-14B (published config values) on one GPU capped at 24 GiB
+QWEN25_14B = {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 5120,
+              "intermediate_size": 13824, "num_hidden_layers": 48, "num_attention_heads": 40, "num_key_value_heads": 8,
+              "vocab_size": 152064, "max_position_embeddings": 131072, "rope_theta": 1000000.0,
+              "tie_word_embeddings": False}
+
+
+def test_streaming_plan_keeps_the_head_and_streams_the_layers_that_do_not_fit():
+    config = _config(QWEN25_14B)
+    on_80 = plan_memory(config, SIZES, gpus(1, H100), stream=True)
+    assert on_80.fits and not on_80.streaming  # packed, the 14B search holds on one H100
+    plan = plan_memory(config, SIZES, gpus(1, 24 * GIB), stream=True)
+    assert not plan.fits and plan.streaming and plan.runs
+    (gpu,) = plan.placements
+    assert gpu.items[0] == "embeddings" and gpu.items[-1] == "final norm + lm_head"
+    resident = [int(n.split()[1]) for n in gpu.items if n.startswith("layer ")]
+    streamed = [int(n.split()[1]) for n in plan.overflow]
+    assert resident + streamed == list(range(48)) and streamed  # the first layers stay, the others stream
+    assert gpu.used_bytes <= 24 * GIB
+    # by hand: q 5120x5120 (+bias 5120), k, v 5120x1024 (+bias 1024 each), o 5120x5120, gate, up, down 5120x13824
+    linears = 2 * 5120 * 5120 + 2 * 5120 * 1024 + 3 * 5120 * 13824
+    layer_bf16 = 2 * (linears + 2 * 5120 + 5120 + 2 * 1024)
+    layer_bank = bank_entry_bytes("fp8", linears, 7) + bank_entry_bytes("nvfp4", linears, 7)
+    assert gpu.stream_buffer_bytes == layer_bf16 + layer_bank
+    assert plan.overflow_bytes == len(streamed) * (layer_bf16 + layer_bank)
+    assert plan.cpu_bytes["streamed layers (BF16 weights and bank entries)"] == plan.overflow_bytes
+    assert plan.to_dict()["streaming"] and plan.smallest_gpus > 1  # the fewest 24 GiB GPUs that hold it all
+    assert plan_memory(config, SIZES, gpus(plan.smallest_gpus, 24 * GIB)).fits
+    # too little for the embeddings, lm_head, logits and one streamed layer: no plan runs
+    assert not plan_memory(config, SIZES, gpus(1, 8 * GIB), stream=True).runs
+
+
+def test_a_streaming_plan_needs_its_cpu_side_here(monkeypatch):
+    import psutil
+
+    from advisor.errors import SetupError
+    from advisor.workflows.memory import check_cpu_memory
+
+    plan = plan_memory(_config(QWEN25_14B), SIZES, gpus(1, 24 * GIB), stream=True)
+    need = sum(plan.cpu_bytes.values())
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: SimpleNamespace(available=need - 1))
+    with pytest.raises(SetupError, match="streams layers .* from CPU memory"):
+        check_cpu_memory(plan)
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: SimpleNamespace(available=need))
+    check_cpu_memory(plan)
+
+
+def test_gpu_memory_cap_with_device_cpu_is_one_error(config_only):
+    res = runner.invoke(app, ["search", "--model", str(config_only), "--target", "b200", "--device", "cpu",
+                              "--gpu-memory", "24"])
+    assert res.exit_code == 2
+    assert res.stderr.count("Error:") == 1 and "gpu_memory_gib" in res.stderr

@@ -49,6 +49,37 @@ def test_search_report_show_on_the_trained_tiny_model(tmp_path, tiny_recipe):
     resumed = runner.invoke(app, ["search", "-r", str(path), "--trials", "8", "--resume"])
     assert resumed.exit_code == 0, resumed.output
     assert len(json.loads((run_dir / "summary.json").read_text())["trials"]) == 8
+    timings = json.loads((run_dir / "summary.json").read_text())["timings_s"]
+    for stage in ("load_s", "fingerprint_s", "tokens_s", "calibration_s", "bank_s", "reference_s", "sensitivity_s",
+                  "trials_s", "measured_s", "operating_s", "total_s"):
+        assert timings[stage] >= 0, stage
+    assert timings["trials_s"] <= timings["total_s"]
+
+
+def test_a_run_stored_with_the_old_fingerprint_resumes_and_keeps_it(tmp_path, tiny_recipe):
+    import optuna
+
+    from advisor.models.fingerprint import PREFIX, legacy_fingerprint
+    from advisor.models.loading import load_model
+    from advisor.recipe.schema import ModelSpec
+
+    path = tmp_path / "r.yaml"
+    path.write_text(yaml.safe_dump(tiny_recipe))
+    assert runner.invoke(app, ["search", "-r", str(path), "--trials", "3"]).exit_code == 0
+    run_dir = tmp_path / "runs" / "t"
+    assert json.loads((run_dir / "summary.json").read_text())["model"]["fingerprint"].startswith(PREFIX)
+    # as an older advisor stored it: the old hash in the study and in the token sets' key
+    old = legacy_fingerprint(load_model(ModelSpec(source=tiny_recipe["model"]["source"])).model)
+    study = optuna.load_study(study_name="t", storage=f"sqlite:///{run_dir / 'study.db'}")
+    study.set_user_attr("model", {**study.user_attrs["model"], "fingerprint": old})
+    key = json.loads((run_dir / "tokens.key.json").read_text())
+    (run_dir / "tokens.key.json").write_text(json.dumps({**key, "model": old}))
+    tokens_before = (run_dir / "tokens.pt").stat().st_mtime_ns
+    resumed = runner.invoke(app, ["search", "-r", str(path), "--trials", "4", "--resume"])
+    assert resumed.exit_code == 0, resumed.output
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["model"]["fingerprint"] == old and len(summary["trials"]) == 4
+    assert (run_dir / "tokens.pt").stat().st_mtime_ns == tokens_before  # the same token sets, not new ones
 
 
 def test_report_and_show_refuse_a_folder_that_is_no_run(tmp_path):

@@ -29,16 +29,23 @@ def print_plan(plan: MemoryPlan, as_json: bool = False) -> None:
     for name, n in plan.cpu_bytes.items():
         totals.add_row(f"CPU: {name}", _gib(n))
     out.print(totals)
-    devices = Table("device", "memory", "holds", "weights", "bank", "records", "workspace", "logits", "reserved",
-                    "used", title="per device", **plain)
+    devices = Table("device", "memory", "holds", "weights", "bank", "records", "workspace", "logits", "streaming",
+                    "reserved", "used", title="per device", **plain)
     for p in plan.placements:
         devices.add_row(p.device.name, _gib(p.device.memory_bytes), ", ".join(compact(p.items)) or "-",
                         _gib(p.weights_bytes), _gib(p.bank_bytes), _gib(p.records_bytes), _gib(p.workspace_bytes),
-                        _gib(p.logits_bytes), _gib(RESERVED_PER_DEVICE), _gib(p.used_bytes))
+                        _gib(p.logits_bytes), _gib(p.stream_buffer_bytes), _gib(RESERVED_PER_DEVICE),
+                        _gib(p.used_bytes))
     if plan.overflow:
-        devices.add_row("streams from CPU", "-", ", ".join(compact(plan.overflow)), "", "", "", "", "", "",
-                        _gib(plan.overflow_bytes))
+        devices.add_row("streams from CPU" if plan.streaming else "would not fit", "-",
+                        ", ".join(compact(plan.overflow)), "", "", "", "", "", "", "", _gib(plan.overflow_bytes))
     out.print(devices)
-    verdict = "fits" if plan.fits else "does not fit"
+    if plan.fits:
+        verdict = "fits"
+    elif plan.streaming:
+        verdict = (f"does not fit the GPUs: runs with {', '.join(compact(plan.overflow))} streamed from CPU memory "
+                   f"({sum(plan.cpu_bytes.values()) / GIB:.1f} GiB of it; slower, the same numbers)")
+    else:
+        verdict = "does not fit"
     fewest = f"; the fewest such GPUs that hold it: {plan.smallest_gpus}" if plan.smallest_gpus else ""
     out.print(f"{verdict}{fewest}", highlight=False, markup=False)

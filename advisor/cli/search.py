@@ -87,8 +87,9 @@ def search(
                                           "weights read) and stop; exit 3 when it does not fit.")] = False,
     gpus: Annotated[int | None, typer.Option(min=1, help="With --dry-run: plan for a node of this many GPUs...")]
         = None,
-    gpu_memory: Annotated[float | None, typer.Option(min=1, help="...of this much memory each, GiB (H100: 80).")]
-        = None,
+    gpu_memory: Annotated[float | None, typer.Option(min=1, help="...of this much memory each, GiB (H100: 80). "
+                                                     "Without --gpus: cap each GPU here at this much; layers beyond "
+                                                     "it stream from CPU memory.")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="With --dry-run: the plan as JSON.")] = False,
 ) -> None:
     """Search per-layer formats; write the report, summary.json and the study to OUT/NAME."""
@@ -101,13 +102,13 @@ def search(
         "accuracy.max_kl": max_kl, "calibration.source": calibration, "benchmark.tasks": _split(tasks),
         "benchmark.limit": limit, "storage": storage, "out": str(out_dir) if out_dir else None,
         "name": name, "device": device, "energy": energy, "energy_profile": energy_profile,
-        "engine": engine,
+        "engine": engine, "gpu_memory_gib": gpu_memory,
         "workloads": _workload_overrides(batch_size, input_tokens, output_tokens, workload, recipe),
     }
     rec = load_recipe(recipe, overrides)
     from advisor.recipe.workload_flags import describe
 
-    if dry_run or gpus is not None or gpu_memory is not None or json_out:
+    if dry_run or gpus is not None or json_out:
         _dry_run(rec, dry_run, gpus, gpu_memory, json_out)
         return
     err.print(f"workloads: {describe(rec.workloads)}", highlight=False, markup=False)
@@ -130,13 +131,13 @@ def _dry_run(rec: Recipe, dry_run: bool, gpus: int | None, gpu_memory: float | N
     from advisor.workflows.memory import devices_here, named_node, not_fitting_message, recipe_plan
 
     if not dry_run:
-        raise InputError("--gpus, --gpu-memory and --json belong to --dry-run; add --dry-run or drop them")
-    devices = named_node(gpus, gpu_memory) or devices_here()
+        raise InputError("--gpus and --json belong to --dry-run; add --dry-run or drop them")
+    devices = named_node(gpus, gpu_memory) if gpus is not None else devices_here(gpu_memory)
     if not devices:
         raise SetupError("torch sees no GPU here to plan for; name the node: --gpus N --gpu-memory GB")
     plan = recipe_plan(rec, devices)
     print_plan(plan, json_out)
-    if not plan.fits:
+    if not plan.runs:
         raise SetupError(not_fitting_message(plan))
 
 

@@ -3,7 +3,9 @@
 The searched stack's layers go to their plan devices; every other module goes with the embeddings (first
 device) when it comes before the stack in its parent, else with lm_head (the last device): rotary tables,
 final norms, a multimodal wrapper's towers. accelerate's hooks move each layer's inputs to its device, so
-the proxy, calibration and the bank run on the spread model unchanged.
+the proxy, calibration and the bank run on the spread model unchanged. A streaming plan's streamed layers go to
+``"cpu"``: accelerate's dispatch keeps their weights in CPU memory and streams them to the first GPU as they run
+(:mod:`advisor.quantize.streamed`).
 """
 
 from __future__ import annotations
@@ -30,17 +32,18 @@ def device_map_for(model: Any, layers_path: str, layer_devices: list[Any], first
     return out
 
 
-def plan_device_map(config: Any, plan: Any) -> dict[str, int]:
-    """The device map of a memory plan that fits (:class:`advisor.models.memory_plan.MemoryPlan`), built on a
-    meta-device model of ``config`` (no memory, no weights)."""
+def plan_device_map(config: Any, plan: Any) -> dict[str, int | str]:
+    """The device map of a memory plan that runs (:class:`advisor.models.memory_plan.MemoryPlan`: its streamed
+    layers on ``"cpu"``), built on a meta-device model of ``config`` (no memory, no weights)."""
     from accelerate import init_empty_weights
     from transformers import AutoModelForCausalLM
 
     from advisor.models.adapters import adapter_for
 
-    where = plan.device_of()
-    layers = sorted((int(n.split()[1]), k) for n, k in where.items() if n.startswith("layer "))
+    where: dict[str, int | str] = {**plan.device_of(), **dict.fromkeys(plan.overflow, "cpu")}
     with init_empty_weights():
         meta = AutoModelForCausalLM.from_config(config)
     path = adapter_for(config).stack_for(config.model_type).layers
-    return device_map_for(meta, path, [k for _, k in layers], where["embeddings"], where["final norm + lm_head"])
+    count = len(meta.get_submodule(path))
+    return device_map_for(meta, path, [where[f"layer {i}"] for i in range(count)], where["embeddings"],
+                          where["final norm + lm_head"])

@@ -1,14 +1,17 @@
-"""Load a causal LM and tokenizer (hub id, local dir, GGUF, demo) and fingerprint its weights."""
+"""Load a causal LM and tokenizer (hub id, local dir, GGUF, demo) and fingerprint its weights
+(:mod:`advisor.models.fingerprint`)."""
 
 from __future__ import annotations
 
 import importlib.util
 import logging
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from advisor.errors import InputError, SetupError
+from advisor.models.fingerprint import files_fingerprint, tensor_fingerprint
 from advisor.models.gguf_cache import gguf_parsed_once
 from advisor.models.gguf_header import check_gguf_complete
 from advisor.models.groups import model_shape, use_eager_experts
@@ -25,6 +28,7 @@ class LoadedModel:
     tokenizer: Any
     name: str
     shape: ModelShape
+    fingerprint: str = ""  # advisor.models.fingerprint, taken while the shards were read
 
 
 def _demo_location() -> tuple[str, str]:
@@ -124,11 +128,14 @@ def load_model(spec: ModelSpec, device: str = "cpu", device_map: dict[str, Any] 
     if not gguf_file and Path(where).is_dir():
         check_weight_files(Path(where), spec.source)  # a cut file: refused before the load starts
     try:
-        with gguf_parsed_once():
+        with gguf_parsed_once(), ThreadPoolExecutor(1) as hashing:
             check_supported(where, AutoConfig, kwargs)
+            # a local folder's files are hashed while transformers reads the same shards
+            files = hashing.submit(files_fingerprint, Path(where)) if not gguf_file and Path(where).is_dir() else None
             tokenizer = AutoTokenizer.from_pretrained(where, **kwargs)
             placement = {"device_map": device_map} if device_map else {}
             model = AutoModelForCausalLM.from_pretrained(where, dtype=torch.bfloat16, **placement, **kwargs)
+            fingerprint = files.result() if files else None
     except (OSError, ValueError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise InputError(f"cannot load model {spec.source!r}: {with_hub_note(first, where)}") from None
@@ -144,24 +151,23 @@ def load_model(spec: ModelSpec, device: str = "cpu", device_map: dict[str, Any] 
     name = spec.source
     if gguf_file and not spec.source.endswith(".gguf"):
         name = f"{spec.source}/{gguf_file}"
-    return LoadedModel(model, tokenizer, name, model_shape(model))
+    if fingerprint is None and not gguf_file and (folder := _hub_folder(where, spec.revision)):
+        fingerprint = files_fingerprint(folder)  # a hub id: its files are in the local cache now
+    return LoadedModel(model, tokenizer, name, model_shape(model), fingerprint or tensor_fingerprint(model))
+
+
+def _hub_folder(repo: str, revision: str | None) -> Path | None:
+    """The local snapshot folder of a hub model transformers has just loaded (nothing is downloaded)."""
+    from transformers.utils import cached_file
+
+    try:
+        config = cached_file(repo, "config.json", revision=revision, local_files_only=True)
+    except (OSError, ValueError):
+        return None
+    return Path(config).parent if config else None
 
 
 def model_fingerprint(model: Any) -> str:
-    """A content hash of a model's config and tensors (names, shapes, dtypes, bytes).
-
-    Keys every cache that must not outlive a change of weights (token sets, lm-eval scores)
-    and tells `recheck`/`export` whether a model is the one a run used.
-    """
-    import hashlib
-
-    import torch
-
-    h = hashlib.sha256(model.config.to_json_string(use_diff=False).encode())
-    for name, t in sorted(model.state_dict().items()):
-        if not isinstance(t, torch.Tensor):
-            continue
-        h.update(f"{name}|{tuple(t.shape)}|{t.dtype}|".encode())
-        flat = t.detach().contiguous().cpu().reshape(-1)
-        h.update(flat.view(torch.uint8).numpy().tobytes() if flat.numel() else b"")
-    return h.hexdigest()[:16]
+    """A loaded model's fingerprint from its tensors (:func:`advisor.models.fingerprint.tensor_fingerprint`): for
+    a model changed after loading (converted to float32, quantized); a loaded one has ``LoadedModel.fingerprint``."""
+    return tensor_fingerprint(model)

@@ -7,8 +7,11 @@ scale per 16 weights and a float32 global scale per view), and the activations o
 calibration batches, the proxy's logits (BF16, their float32 copy and log-softmax: often the
 largest item), the sensitivity pass's recorded layer outputs and lm-eval's batches. Layers go to
 the devices in order (embeddings first, the final norm, lm_head and the logits on the last),
-each device filled before the next, as accelerate's sequential device map does; what is left
-over would have to stream from CPU memory. The CPU side holds the proxy's reference log-probs
+each device filled before the next, as accelerate's sequential device map does. When they do not
+all fit, a streaming plan (:func:`plan_memory` with ``stream=True``) keeps the embeddings, lm_head
+and logits and as many layers as fit on the GPUs, with room on the first for one streamed layer at a
+time, and the other layers stream from CPU memory (accelerate's offload hooks,
+:mod:`advisor.quantize.streamed`). The CPU side holds the proxy's reference log-probs
 and, while loading a GGUF file, the whole BF16 model (safetensors are read shard by shard onto the
 devices).
 
@@ -92,11 +95,19 @@ class Placement:
     records_bytes: int = 0
     workspace_bytes: int = 0  # the largest layer's working memory or a bank build's
     logits_bytes: int = 0  # the stage with the largest logits, on the device of lm_head
+    stream_buffer_bytes: int = 0  # a streamed layer while it runs (the execution device of a streaming plan)
 
     @property
     def used_bytes(self) -> int:
         return (self.weights_bytes + self.bank_bytes + self.records_bytes + self.workspace_bytes
-                + self.logits_bytes + RESERVED_PER_DEVICE)
+                + self.logits_bytes + self.stream_buffer_bytes + RESERVED_PER_DEVICE)
+
+    def put(self, item: Item, logits: int = 0) -> None:
+        self.items.append(item.name)
+        self.weights_bytes += item.weights_bytes
+        self.bank_bytes += sum(item.bank_bytes.values())
+        self.records_bytes += item.records_bytes
+        self.logits_bytes += logits
 
 
 @dataclass
@@ -109,10 +120,17 @@ class MemoryPlan:
     overflow_bytes: int
     cpu_bytes: dict[str, int]
     smallest_gpus: int | None  # of the same memory, the fewest that hold everything (None: none up to MAX_GPUS)
+    streaming: bool = False  # the overflow layers stream from CPU memory (the rest is placed)
 
     @property
     def fits(self) -> bool:
+        """Everything on the GPUs."""
         return not self.overflow
+
+    @property
+    def runs(self) -> bool:
+        """On the GPUs, or with the overflow layers streamed from CPU memory."""
+        return self.fits or self.streaming
 
     def device_of(self) -> dict[str, int]:
         """Index of the device holding each item (``embeddings``, ``layer N``, ``final norm + lm_head``)."""
@@ -124,8 +142,9 @@ class MemoryPlan:
             "devices": [{"device": p.device.name, "memory_bytes": p.device.memory_bytes, "items": compact(p.items),
                          "weights_bytes": p.weights_bytes, "bank_bytes": p.bank_bytes,
                          "records_bytes": p.records_bytes, "workspace_bytes": p.workspace_bytes,
-                         "logits_bytes": p.logits_bytes, "reserved_bytes": RESERVED_PER_DEVICE,
-                         "used_bytes": p.used_bytes} for p in self.placements],
+                         "logits_bytes": p.logits_bytes, "stream_buffer_bytes": p.stream_buffer_bytes,
+                         "reserved_bytes": RESERVED_PER_DEVICE, "used_bytes": p.used_bytes} for p in self.placements],
+            "streaming": self.streaming, "runs": self.runs,
             "streams_from_cpu": compact(self.overflow), "streams_from_cpu_bytes": self.overflow_bytes,
             "cpu_bytes": self.cpu_bytes, "smallest_gpus": self.smallest_gpus,
         }
@@ -196,13 +215,18 @@ def stage_bytes(config: Any, sizes: RunSizes) -> dict[str, int]:
     return stages
 
 
-def plan_memory(config: Any, sizes: RunSizes, devices: list[Device], model: str = "") -> MemoryPlan:
-    """The plan of ``config``'s search with ``sizes`` on ``devices`` (in order), and the fewest such GPUs."""
+def plan_memory(config: Any, sizes: RunSizes, devices: list[Device], model: str = "",
+                stream: bool = False) -> MemoryPlan:
+    """The plan of ``config``'s search with ``sizes`` on ``devices`` (in order), and the fewest such GPUs; with
+    ``stream``, when it does not fit, the plan that streams the layers the GPUs cannot hold (if the rest fits)."""
     plan = _place(config, sizes, devices, model)
     if devices and devices[0].name != "cpu":
         memory = min(d.memory_bytes for d in devices)
         plan.smallest_gpus = next((n for n in range(1, MAX_GPUS + 1)
                                    if _place(config, sizes, gpus(n, memory), model).fits), None)
+        if stream and not plan.fits and (streaming := _place_streaming(config, sizes, devices, model)):
+            streaming.smallest_gpus = plan.smallest_gpus
+            return streaming
     return plan
 
 
@@ -210,7 +234,8 @@ def gpus(count: int, memory_bytes: int) -> list[Device]:
     return [Device(f"cuda:{i}", memory_bytes) for i in range(count)]
 
 
-def _place(config: Any, sizes: RunSizes, devices: list[Device], model: str) -> MemoryPlan:
+def _parts(config: Any, sizes: RunSizes) -> tuple[list[Item], int, int, dict[str, int], dict[str, int]]:
+    """The items in order, the per-device workspace, the largest logits, the totals and the CPU side."""
     geo = text_geometry(config)
     layers, largest_member, largest_view = _layer_items(config, sizes)
     embed = geo.vocab * geo.hidden * BF16_BYTES
@@ -224,13 +249,6 @@ def _place(config: Any, sizes: RunSizes, devices: list[Device], model: str) -> M
     workspace = max(_workspace_bytes(config, tokens), build)
     items = [Item("embeddings", embed, {}), *layers,
              Item("final norm + lm_head", head + geo.hidden * BF16_BYTES, {})]
-    # Balanced first (an even share of the items per device, as accelerate's "balanced" map), else each
-    # device filled to its memory in turn.
-    share = -(-sum(i.total_bytes for i in items) // max(len(devices), 1))
-    for limit in (share, None):
-        placements, queue = _fill(items, devices, workspace, logits, limit)
-        if not queue:
-            break
     totals = {"weights (BF16)": sum(i.weights_bytes for i in items)}
     for fmt in sizes.formats:
         if fmt != "bf16":
@@ -242,8 +260,50 @@ def _place(config: Any, sizes: RunSizes, devices: list[Device], model: str) -> M
            * sizes.heldout_seq * geo.vocab * 4}
     if sizes.whole_cpu_copy:
         cpu["loading (whole BF16 model, read then moved)"] = totals["weights (BF16)"]
+    return items, workspace, logits, totals, cpu
+
+
+def _place(config: Any, sizes: RunSizes, devices: list[Device], model: str) -> MemoryPlan:
+    items, workspace, logits, totals, cpu = _parts(config, sizes)
+    # Balanced first (an even share of the items per device, as accelerate's "balanced" map), else each
+    # device filled to its memory in turn.
+    share = -(-sum(i.total_bytes for i in items) // max(len(devices), 1))
+    for limit in (share, None):
+        placements, queue = _fill(items, devices, workspace, logits, limit)
+        if not queue:
+            break
     return MemoryPlan(model, sizes, totals, placements, [i.name for i in queue], sum(i.total_bytes for i in queue),
                       cpu, None)
+
+
+def _place_streaming(config: Any, sizes: RunSizes, devices: list[Device], model: str) -> MemoryPlan | None:
+    """Embeddings on the first device with room for the largest layer as it streams through, lm_head and the
+    logits on the last, the layers in order on the devices while they fit, the rest streamed; None when the
+    GPUs cannot hold even that (a streamed layer, its bank entries and its sensitivity records included)."""
+    items, workspace, logits, totals, cpu = _parts(config, sizes)
+    embed, *layers, head = items
+    placements = [Placement(d, workspace_bytes=workspace) for d in devices]
+    placements[0].put(embed)
+    placements[0].stream_buffer_bytes = max(i.weights_bytes + sum(i.bank_bytes.values()) for i in layers)
+    placements[-1].put(head, logits)
+    # every layer's recorded outputs stay where they were computed: on the first device for streamed layers
+    placements[0].records_bytes = sum(i.records_bytes for i in layers)
+    if any(p.used_bytes > p.device.memory_bytes for p in placements):
+        return None
+    streamed: list[Item] = []
+    k = 0
+    for item in (Item(i.name, i.weights_bytes, i.bank_bytes) for i in layers):
+        while k < len(placements) and placements[k].used_bytes + item.total_bytes > placements[k].device.memory_bytes:
+            k += 1
+        if k == len(placements):
+            streamed.append(item)
+        else:
+            placements[k].put(item)
+    for p in placements:  # the items of each device in model order (lm_head was put first on the last one)
+        p.items.sort(key=[i.name for i in items].index)
+    cpu["streamed layers (BF16 weights and bank entries)"] = sum(i.total_bytes for i in streamed)
+    return MemoryPlan(model, sizes, totals, placements, [i.name for i in streamed],
+                      sum(i.total_bytes for i in streamed), cpu, None, streaming=True)
 
 
 def _fill(items: list[Item], devices: list[Device], workspace: int, logits: int,
@@ -262,11 +322,7 @@ def _fill(items: list[Item], devices: list[Device], workspace: int, logits: int,
                 break  # this device has its share; the last one takes what is left
             queue.pop(0)
             placed += item.total_bytes
-            p.items.append(item.name)
-            p.weights_bytes += item.weights_bytes
-            p.bank_bytes += sum(item.bank_bytes.values())
-            p.records_bytes += item.records_bytes
-            p.logits_bytes += logits_here
+            p.put(item, logits_here)
     return placements, queue
 
 

@@ -18,6 +18,7 @@ switches them on or off. Their ranges are BF16 keys and values for the same reas
 from __future__ import annotations
 
 import copy
+import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -36,11 +37,14 @@ from advisor.quantize.modelopt_config import (
     quantize_plan,
 )
 from advisor.quantize.packed import PackStats, bank_bytes, fold_and_pack
+from advisor.quantize.streamed import fold_and_pack_streamed, offload_hook, shared_offload_maps
 
 
 def _share_weights_copy(model: torch.nn.Module) -> torch.nn.Module:
-    """A deep copy whose parameters are the original tensors (no extra weight memory)."""
+    """A deep copy whose parameters are the original tensors, and whose streamed layers read the same CPU
+    weights (no extra weight memory)."""
     memo: dict[int, Any] = {id(p): p for p in model.parameters()}
+    memo.update(shared_offload_maps(model))
     return copy.deepcopy(model, memo)
 
 
@@ -74,6 +78,7 @@ class FormatBank:
         self.kv_cache = tuple(kv_cache)
         self.calibrations = 0
         self.pack_stats = PackStats()
+        self.seconds = {"calibration": 0.0}  # ModelOpt's calibration passes (the rest: copies, folding, packing)
         self._modules: dict[Format, dict[str, torch.nn.Module]] = {}
         infos = plan_group_table(model, Plan.uniform(self.groups, Format.BF16), self.groups)
         self._units = {gi.name: gi.modules for gi in infos}  # what is swapped per group
@@ -86,13 +91,19 @@ class FormatBank:
                 on_format(fmt)
             own = fold_weights and not packed  # a whole copy of the weights, else module by module
             copy_ = copy.deepcopy(model) if own else _share_weights_copy(model)
+            t = time.perf_counter()
             calibrated = quantize_plan(copy_, Plan.uniform(self.groups, fmt), self.groups, forward_loop)
+            self.seconds["calibration"] += time.perf_counter() - t
             if own:  # round FP8 weights as the export will, then fold
                 round_fp8_weights_as_exported(calibrated)
                 modelopt_quantization().fold_weight(calibrated)
             elif fold_weights:
                 for m in swapped:
-                    fold_and_pack(calibrated.get_submodule(m), fmt, m, self.pack_stats)
+                    module = calibrated.get_submodule(m)
+                    if offload_hook(module) is not None:  # a layer that streams from CPU memory
+                        fold_and_pack_streamed(module, fmt, m, self.pack_stats, calibrated)
+                    else:
+                        fold_and_pack(module, fmt, m, self.pack_stats)
             self.calibrations += 1
             self._modules[fmt] = {m: calibrated.get_submodule(m) for m in swapped}
         self.model = _share_weights_copy(model)
@@ -101,7 +112,9 @@ class FormatBank:
             if on_format:
                 on_format(Format.FP8)
             kv_plan = Plan.uniform(self.groups, Format.BF16, kv_cache=Format.FP8)
+            t = time.perf_counter()
             self.model = quantize_plan(self.model, kv_plan, self.groups, forward_loop)
+            self.seconds["calibration"] += time.perf_counter() - t
             self.calibrations += 1
             for m in swapped:  # the BF16 modules themselves, as in a bank without a KV cache
                 self.model.set_submodule(m, self._modules[Format.BF16][m])

@@ -140,18 +140,26 @@ def _placeholder(like: torch.Tensor) -> torch.nn.Parameter:
 
 def _materialize(module: torch.nn.Module, _args: Any) -> None:
     for name, packed in module.packed_weights.items():
-        module._parameters[name] = torch.nn.Parameter(packed.decode(), requires_grad=False)
+        if name in module._buffers:  # a streamed module's (advisor.quantize.streamed)
+            module._buffers[name] = packed.decode()
+        else:
+            module._parameters[name] = torch.nn.Parameter(packed.decode(), requires_grad=False)
 
 
 def _release(module: torch.nn.Module, _args: Any, _output: Any) -> None:
     for name in module.packed_weights:
-        module._parameters[name] = _placeholder(module._parameters[name])
+        if name in module._buffers:
+            module._buffers[name] = _placeholder(module._buffers[name]).detach()
+        else:
+            module._parameters[name] = _placeholder(module._parameters[name])
 
 
 @torch.no_grad()
-def fold_and_pack(module: torch.nn.Module, fmt: Format, name: str, stats: PackStats) -> None:
+def fold_and_pack(module: torch.nn.Module, fmt: Format, name: str, stats: PackStats,
+                  decode_hooks: bool = True) -> None:
     """Give ``module`` (calibrated for ``fmt``, its weights shared with the BF16 model) its own folded weights,
-    rounded as the export will, and hold them as ``fmt``'s codes where they decode exactly."""
+    rounded as the export will, and hold them as ``fmt``'s codes where they decode exactly. ``decode_hooks``:
+    register the forward hooks that decode them (else the caller does, :mod:`advisor.quantize.streamed`)."""
     from advisor.quantize.export_rounding import round_fp8_weights_as_exported
     from advisor.quantize.modelopt_config import modelopt_quantization
 
@@ -181,8 +189,9 @@ def fold_and_pack(module: torch.nn.Module, fmt: Format, name: str, stats: PackSt
         stats.packed += 1
     if len(packed):
         module.packed_weights = packed
-        module.register_forward_pre_hook(_materialize)
-        module.register_forward_hook(_release)
+        if decode_hooks:
+            module.register_forward_pre_hook(_materialize)
+            module.register_forward_hook(_release)
 
 
 def bank_bytes(modules: dict[str, torch.nn.Module]) -> int:

@@ -184,6 +184,8 @@ class Recipe(_Strict):
         "target's GPU profile, else the datasheet roofline; auto: measured when possible"
     )
     energy_profile: str | None = Field(None, description="a profile JSON from `advisor profile` to predict with")
+    gpu_memory_gib: float | None = Field(None, gt=0, le=4096, description="cap on each GPU's memory the search uses "
+                                         "(GiB): layers beyond it stream from CPU memory (slower; same numbers)")
     engine: Literal["builtin", "tensorrt_llm", "vllm"] = Field(
         "builtin", description="what runs the plans the measured tier measures: builtin (the advisor's runtime, "
         "random weights of the model's shape), tensorrt_llm (the exported checkpoint through TensorRT-LLM's "
@@ -242,6 +244,8 @@ class Recipe(_Strict):
         if self.site.power_cap_w is not None and self.site.power_cap_w <= gpu.idle_w:
             raise ValueError(f"site.power_cap_w {self.site.power_cap_w:g} W is at or below the idle power of a "
                              f"{gpu.marketing_name} ({gpu.idle_w:g} W): no step can run within it; raise it")
+        if self.gpu_memory_gib is not None and self.device == "cpu":
+            raise ValueError("gpu_memory_gib caps the GPU memory a search uses, but device is cpu; drop one of them")
         if no_kv := [f.value for f in self.kv_cache if not gpu.supports_kv_cache(f)]:
             raise ValueError(f"kv_cache {no_kv} is not served on target {self.target.value}; drop it")
         return self

@@ -43,10 +43,12 @@ def pick_device(requested: str) -> str:
     return requested
 
 
-def model_fingerprint(loaded: LoadedModel) -> str:
-    from advisor.models.loading import model_fingerprint as fingerprint
+def model_fingerprint(loaded: LoadedModel, stored: str | None = None) -> str:
+    """The loaded model's fingerprint, or the run's ``stored`` one where that is the same model's fingerprint of
+    an older advisor (:func:`advisor.models.fingerprint.run_fingerprint`)."""
+    from advisor.models.fingerprint import run_fingerprint, tensor_fingerprint
 
-    return fingerprint(loaded.model)
+    return run_fingerprint(loaded.fingerprint or tensor_fingerprint(loaded.model), stored, loaded.model)
 
 
 def tokens_key(recipe: Recipe, fingerprint: str) -> dict[str, Any]:
@@ -154,8 +156,11 @@ def prepare(
     recipe: Recipe,
     status: Status = lambda _msg: None,
     energy_model: EnergyModel | None = None,
+    stored_fingerprint: str | None = None,
 ) -> RunContext:
-    """Load, sample tokens, calibrate each format once, and compute the BF16 reference."""
+    """Load, sample tokens, calibrate each format once, and compute the BF16 reference. ``stored_fingerprint``:
+    the model fingerprint of the run being continued or re-checked (an older advisor's is kept when it is this
+    model's)."""
     from advisor.accuracy.proxy import ProxyEvaluator
     from advisor.formats import Format
     from advisor.quantize.bank import FormatBank
@@ -169,14 +174,22 @@ def prepare(
 
     t = time.perf_counter()
     status(f"loading model {recipe.model.source} on {device}")
-    from advisor.workflows.memory import load_device_map
+    from advisor.workflows.memory import cap_gpu_memory, load_device_map
 
-    loaded = load_model(recipe.model, device, device_map=load_device_map(recipe, device))
-    fingerprint = model_fingerprint(loaded)  # of the BF16 weights, before any float32 copy
+    if device == "cuda":
+        cap_gpu_memory(recipe.gpu_memory_gib)
+    device_map = load_device_map(recipe, device)
+    if device_map and (streamed := [k for k, v in device_map.items() if v == "cpu"]):
+        status(f"{len(streamed)} modules stream from CPU memory as they run (the GPU memory is short"
+               f"{f' of the {recipe.gpu_memory_gib:g} GiB cap' if recipe.gpu_memory_gib else ''}): {streamed[0]} ...")
+    loaded = load_model(recipe.model, device, device_map=device_map)
+    timings["load_s"] = time.perf_counter() - t
+    t = time.perf_counter()
+    fingerprint = model_fingerprint(loaded, stored_fingerprint)  # of the BF16 weights, before any float32 copy
+    timings["fingerprint_s"] = time.perf_counter() - t  # beyond the hashing done while the shards were read
     arithmetic, why = to_scoring_arithmetic(loaded.model, device)
     if arithmetic != BF16:
         status(f"scoring in {arithmetic}: {why}")
-    timings["load_s"] = time.perf_counter() - t
 
     t = time.perf_counter()
     status("building calibration and held-out tokens")
@@ -187,14 +200,17 @@ def prepare(
         from advisor.energy.profiling import with_measured_routing
 
         status("measuring the MoE routing on the calibration tokens")
+        t = time.perf_counter()
         loaded.shape = with_measured_routing(loaded.model, loaded.shape, tokens.calibration)
+        timings["routing_s"] = time.perf_counter() - t
 
     t = time.perf_counter()
     bank = FormatBank(
         loaded.model, loaded.shape.groups, recipe.formats, forward_loop(tokens.calibration),
         on_format=lambda f: status(f"calibrating {f.value} (once for every trial)"), kv_cache=recipe.kv_cache,
     )
-    timings["calibration_s"] = time.perf_counter() - t
+    timings["calibration_s"] = bank.seconds["calibration"]  # ModelOpt's calibration, every format
+    timings["bank_s"] = time.perf_counter() - t - bank.seconds["calibration"]  # folding, packing, copies
     if bank.pack_stats.kept_bf16:  # exact either way; only the bank's memory is larger than planned
         log.warning("%d folded weights would not decode bit for bit from their codes and stay BF16 (e.g. %s)",
                     len(bank.pack_stats.kept_bf16), bank.pack_stats.kept_bf16[0])

@@ -43,10 +43,10 @@ def export_run(
     check_model(recipe, workloads=False)
     status(f"loading model {recipe.model.source}")
     loaded = load_model(recipe.model, "cpu")
-    fingerprint = model_fingerprint(loaded)
+    stored_fp = (summary.get("model") or {}).get("fingerprint")
+    fingerprint = model_fingerprint(loaded, stored_fp)
     to_scoring_arithmetic(loaded.model, "cpu")  # quantized and scored as a search on this machine does
     tokens = run_tokens(run_dir, recipe, loaded, fingerprint)
-    stored_fp = (summary.get("model") or {}).get("fingerprint")
     notes = []
     if stored_fp and stored_fp != fingerprint:
         notes.append(f"the model's weights (fingerprint {fingerprint}) differ from the run's ({stored_fp}); "

@@ -1,5 +1,7 @@
 """A recipe's memory plan (:mod:`advisor.models.memory_plan`) on the GPUs here or on a named node, from the
-model's config alone: `advisor search --dry-run` prints it, pre-flight refuses a search that would not fit."""
+model's config alone: `advisor search --dry-run` prints it, pre-flight refuses a search that would not run (not
+even with layers streamed from CPU memory), and the load places the model as it says. ``gpu_memory_gib`` (the
+recipe's, `--gpu-memory`) caps each GPU: the plan sees no more, and torch's allocator is held to it."""
 
 from __future__ import annotations
 
@@ -30,27 +32,50 @@ def read_config(spec: ModelSpec) -> Any:
                          ) from None
 
 
-def devices_here() -> list[Device]:
-    """The free memory of each GPU torch sees; [] without one."""
+def devices_here(cap_gib: float | None = None) -> list[Device]:
+    """The free memory of each GPU torch sees, at most ``cap_gib``; [] without one."""
     import torch
 
     if not torch.cuda.is_available():
         return []
-    return [Device(f"cuda:{i}", int(torch.cuda.mem_get_info(i)[0])) for i in range(torch.cuda.device_count())]
+    cap = int(cap_gib * GIB) if cap_gib else None
+    return [Device(f"cuda:{i}", min(int(torch.cuda.mem_get_info(i)[0]), cap or 2**62))
+            for i in range(torch.cuda.device_count())]
 
 
-def named_node(count: int | None, memory_gib: float | None) -> list[Device] | None:
-    """``--gpus N --gpu-memory GB``: N devices of that memory; None when neither is given."""
-    if count is None and memory_gib is None:
-        return None
-    if count is None or memory_gib is None:
-        raise InputError("--gpus and --gpu-memory go together: give both (e.g. --gpus 4 --gpu-memory 80 for four "
-                         "H100 80GB), or neither to plan for the GPUs here")
+def cap_gpu_memory(cap_gib: float | None) -> None:
+    """Hold torch's allocator on every GPU to ``cap_gib`` (a run past it fails with CUDA out of memory)."""
+    import torch
+
+    if not cap_gib or not torch.cuda.is_available():
+        return
+    for i in range(torch.cuda.device_count()):
+        total = torch.cuda.get_device_properties(i).total_memory
+        torch.cuda.set_per_process_memory_fraction(min(1.0, cap_gib * GIB / total), i)
+
+
+def lift_gpu_memory_cap(cap_gib: float | None) -> None:
+    """Undo :func:`cap_gpu_memory` (the measured energy tier builds its own model of the shape: not the search's
+    placement, not its cap)."""
+    import torch
+
+    if cap_gib and torch.cuda.is_available():
+        for i in range(torch.cuda.device_count()):
+            torch.cuda.set_per_process_memory_fraction(1.0, i)
+
+
+def named_node(count: int, memory_gib: float | None) -> list[Device]:
+    """``--gpus N --gpu-memory GB``: N devices of that memory."""
+    if memory_gib is None:
+        raise InputError("--gpus needs --gpu-memory: give both (e.g. --gpus 4 --gpu-memory 80 for four H100 80GB), "
+                         "or neither to plan for the GPUs here")
     return gpus(count, int(memory_gib * GIB))
 
 
 def recipe_plan(recipe: Recipe, devices: list[Device]) -> MemoryPlan:
-    return plan_memory(read_config(recipe.model), RunSizes.from_recipe(recipe), devices, recipe.model.source)
+    """The plan on ``devices``: on the GPUs, else with the layers they cannot hold streamed from CPU memory."""
+    return plan_memory(read_config(recipe.model), RunSizes.from_recipe(recipe), devices, recipe.model.source,
+                       stream=not RunSizes.from_recipe(recipe).whole_cpu_copy)
 
 
 def not_fitting_message(plan: MemoryPlan) -> str:
@@ -61,40 +86,55 @@ def not_fitting_message(plan: MemoryPlan) -> str:
     left = ", ".join(compact(plan.overflow))
     fix = (f"it needs at least {plan.smallest_gpus} such GPUs (give a node that has them, or fewer formats)"
            if plan.smallest_gpus else "no node of up to 64 such GPUs holds it; search fewer formats or a smaller model")
-    return (f"the search of {plan.model} does not fit {where}: {left} ({plan.overflow_bytes / GIB:.1f} GiB) would have "
-            f"to stream from CPU memory; {fix}; `advisor search --dry-run` prints the plan")
+    why = (f"{left} ({plan.overflow_bytes / GIB:.1f} GiB) would have to stream from CPU memory, which a GGUF "
+           "model (read whole) cannot" if plan.sizes.whole_cpu_copy else
+           f"not even with layers streamed from CPU memory (the embeddings, lm_head, logits and one streamed layer "
+           f"must fit; {left} do not)")
+    return f"the search of {plan.model} does not fit {where}: {why}; {fix}; `advisor search --dry-run` prints the plan"
+
+
+def check_cpu_memory(plan: MemoryPlan) -> None:
+    """A streaming plan's CPU side must fit the memory available here (exit 3 otherwise)."""
+    import psutil
+
+    need = sum(plan.cpu_bytes.values())
+    have = psutil.virtual_memory().available
+    if plan.streaming and need > have:
+        raise SetupError(f"the search of {plan.model} streams {', '.join(compact(plan.overflow))} from CPU memory "
+                         f"and needs {need / GIB:.1f} GiB of it; {have / GIB:.1f} GiB are available here: run on a "
+                         "machine with more memory or more GPUs (`advisor search --dry-run` prints the plan)")
 
 
 def load_device_map(recipe: Recipe, device: str) -> dict[str, Any] | None:
-    """Where a CUDA search loads its model: over the GPUs here when one cannot hold its search (the memory
-    plan's placement), else onto the current GPU; either way read shard by shard, with no whole CPU copy.
-    None (load on the CPU, then move) for the CPU and for GGUF files, which transformers reads whole."""
+    """Where a CUDA search loads its model: onto the current GPU when it holds the search, else as the memory
+    plan places it (over the GPUs here, the layers they cannot hold on "cpu": streamed from CPU memory); either
+    way read shard by shard, with no whole CPU copy. None (load on the CPU, then move) for the CPU and for GGUF
+    files, which transformers reads whole."""
     sizes = RunSizes.from_recipe(recipe)
     if device != "cuda" or sizes.whole_cpu_copy:
         return None
     import torch
 
-    devices = devices_here()
+    devices = devices_here(recipe.gpu_memory_gib)
     whole = {"": torch.cuda.current_device()}
-    if len(devices) < 2:
-        return whole
     from advisor.models.device_map import plan_device_map
 
     config = read_config(recipe.model)
     if plan_memory(config, sizes, devices[:1]).fits:
         return whole
-    plan = plan_memory(config, sizes, devices, recipe.model.source)
-    return plan_device_map(config, plan) if plan.fits else whole
+    plan = plan_memory(config, sizes, devices, recipe.model.source, stream=True)
+    return plan_device_map(config, plan) if plan.runs else whole
 
 
 def check_memory(recipe: Recipe) -> None:
-    """Pre-flight: refuse (exit 3) a search whose model, bank and batches do not fit the GPUs here (spread over
-    them when one is short: :func:`spread_device_map`)."""
+    """Pre-flight: refuse (exit 3) a search whose model, bank and batches do not run on the GPUs here (spread over
+    them when one is short, layers streamed from CPU memory when they all are: :func:`load_device_map`)."""
     if recipe.device == "cpu":
         return
-    devices = devices_here()
+    devices = devices_here(recipe.gpu_memory_gib)
     if not devices:
         return  # device auto on a CPU machine; device cuda without a GPU is check_devices' error
     plan = recipe_plan(recipe, devices)
-    if not plan.fits:
+    if not plan.runs:
         raise SetupError(not_fitting_message(plan))
+    check_cpu_memory(plan)

@@ -91,7 +91,7 @@ def run_recheck(
     formats = list(base.formats) if research else [f for f in base.formats if f in used]
     recipe = base.model_copy(update={"out": out_dir, "name": "recheck", "storage": None, "formats": formats,
                                      **({"device": device} if device else {})})
-    ctx = prepare(recipe, status=status)
+    ctx = prepare(recipe, status=status, stored_fingerprint=(summary.get("model") or {}).get("fingerprint"))
     groups = ctx.loaded.shape.groups
     try:
         plan.check_against(groups)

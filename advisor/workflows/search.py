@@ -76,7 +76,7 @@ def _run_owned(study: optuna.Study, recipe: Recipe, resume: bool, progress: Prog
     meter = SearchEnergyMeter()
     children: list = []
     with interrupts_as_errors(study, recipe, resume_command), stopped_on_exit(children):
-        ctx = prepare_model_side(recipe, progress)
+        ctx = prepare_model_side(recipe, progress, study.user_attrs.get("model", {}).get("fingerprint"))
         check_same_model(study.user_attrs.get("model", {}).get("fingerprint"), ctx.fingerprint, recipe.name)
         check_same_scoring(study.user_attrs.get("device"), ctx.scoring_place, recipe.name, "--resume")
         save_run_meta(study, run_meta(recipe, ctx))
@@ -86,15 +86,21 @@ def _run_owned(study: optuna.Study, recipe: Recipe, resume: bool, progress: Prog
             children += spawn_workers(workers - 1, recipe.storage_url, recipe.name, recipe.run_dir)
             progress.print(f"workers: {workers - 1} more on this host (logs in {recipe.run_dir / 'workers'})")
         proposer = sensitivity_stage(study, ctx, recipe, progress) if recipe.search.sampler == "guided" else None
-        trials_stage(study, ctx, recipe, progress, proposer)
-        check_workers(study, recipe, children, wait_workers(children), progress)
+        with timed(ctx, "trials_s"):
+            trials_stage(study, ctx, recipe, progress, proposer)
+            check_workers(study, recipe, children, wait_workers(children), progress)
         check_some_trial_finished(study, recipe)
-        energy_stage(study, ctx, recipe, progress)
-        t_bench = time.perf_counter()
-        bench_status = benchmark_stage(study, ctx, recipe, progress)
-        operating_stage(study, ctx, recipe, progress)
+        from advisor.workflows.memory import lift_gpu_memory_cap
+
+        lift_gpu_memory_cap(recipe.gpu_memory_gib)
+        with timed(ctx, "measured_s"):
+            energy_stage(study, ctx, recipe, progress)
+        with timed(ctx, "benchmark_s"):
+            bench_status = benchmark_stage(study, ctx, recipe, progress)
+        with timed(ctx, "operating_s"):
+            operating_stage(study, ctx, recipe, progress)
     record_run_energy(study, meter)
-    save_run_meta(study, {"timings": timings(ctx, recipe, t0, t_bench), "benchmark_status": bench_status})
+    save_run_meta(study, {"timings": timings(ctx, recipe, t0), "benchmark_status": bench_status})
     with progress.stage("report"):
         write_report(study, recipe.run_dir)
     return build_summary_from(recipe.run_dir)
@@ -164,7 +170,7 @@ def write_run_file(recipe: Recipe) -> None:
     write_text_atomically(recipe.run_dir / "recipe.json", json.dumps(data, indent=2))
 
 
-def prepare_model_side(recipe: Recipe, progress: ProgressReporter) -> RunContext:
+def prepare_model_side(recipe: Recipe, progress: ProgressReporter, stored_fingerprint: str | None = None) -> RunContext:
     from advisor.workflows.context import prepare
 
     with progress.stage("prepare") as stage:
@@ -172,7 +178,7 @@ def prepare_model_side(recipe: Recipe, progress: ProgressReporter) -> RunContext
             stage.advance(note=msg)
             progress.step(f"  {msg}")
 
-        return prepare(recipe, status=status)
+        return prepare(recipe, status=status, stored_fingerprint=stored_fingerprint)
 
 
 def run_meta(recipe: Recipe, ctx: RunContext) -> dict[str, Any]:
@@ -311,10 +317,20 @@ def benchmark_stage(study: optuna.Study, ctx: RunContext, recipe: Recipe, progre
             f"{scorer.items_used} items used, BF16's included) on {ctx.scoring_place}; {outcome}")
 
 
-def timings(ctx: RunContext, recipe: Recipe, t0: float, t_bench: float) -> dict[str, float]:
+@contextmanager
+def timed(ctx: RunContext, key: str) -> Iterator[None]:
+    """The seconds of one stage into the run's timings (summary.json's ``timings_s``)."""
+    t = time.perf_counter()
+    try:
+        yield
+    finally:
+        ctx.timings_s[key] = time.perf_counter() - t
+
+
+def timings(ctx: RunContext, recipe: Recipe, t0: float) -> dict[str, float]:
     out = dict(ctx.timings_s)
-    if recipe.benchmark.tasks:
-        out["benchmark_s"] = time.perf_counter() - t_bench
+    if not recipe.benchmark.tasks:
+        out.pop("benchmark_s", None)
     if ctx.trial_times_s:
         out["trials_run"] = len(ctx.trial_times_s)
         out["mean_trial_s"] = sum(ctx.trial_times_s) / len(ctx.trial_times_s)

@@ -159,7 +159,7 @@ def verify_run(run_dir: Path, engine: str = "vllm", plan_ids: Sequence[str] = ()
     recipe = recipe.model_copy(update={"out": run_dir.parent, "name": run_dir.name})
     status(f"loading model {recipe.model.source}")
     loaded = load_model(recipe.model, "cpu")
-    fingerprint = model_fingerprint(loaded)
+    fingerprint = model_fingerprint(loaded, (summary.get("model") or {}).get("fingerprint"))
     to_scoring_arithmetic(loaded.model, "cpu")
     tokens = run_tokens(run_dir, recipe, loaded, fingerprint)
     roles: dict[str, Plan] = {}  # one serving per plan: a role that names a plan already there joins its name

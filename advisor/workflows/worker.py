@@ -55,7 +55,8 @@ def run_worker(url: str, study_name: str, work_dir: Path | None = None, artifact
     from advisor.workflows.context import prepare
 
     with progress.stage("prepare") as stage:
-        ctx = prepare(recipe, status=lambda msg: (stage.advance(note=msg), progress.step(f"  {msg}")))
+        ctx = prepare(recipe, status=lambda msg: (stage.advance(note=msg), progress.step(f"  {msg}")),
+                      stored_fingerprint=study.user_attrs.get("model", {}).get("fingerprint"))
     check_same_model(study.user_attrs.get("model", {}).get("fingerprint"), ctx.fingerprint, study_name)
     check_same_scoring(study.user_attrs.get("device"), ctx.scoring_place, study_name, "advisor worker")
     with progress.stage("trials", total=recipe.search.trials) as stage:
