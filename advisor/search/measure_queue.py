@@ -39,6 +39,7 @@ from advisor.plan import Plan
 from advisor.recipe.schema import Workload
 from advisor.search.budget import reap
 from advisor.search.energy_tiers import drift_record
+from advisor.search.processes import holder_is_running
 from advisor.search.recovery import WORKER_ATTR
 from advisor.search.trial_record import (
     measured_energy,
@@ -51,6 +52,7 @@ from advisor.search.trial_record import (
 QUEUE_SUFFIX = ":measure"
 ROUND_ATTR = "measure_round"  # in the main study: what the workers wait for (:func:`set_round`)
 PLAN, DRIFT, IDLE = "plan", "drift", "idle"  # what a queue trial is
+OWED_GRACE_S = 60.0  # a worker that finished a plan this long ago and made no drift check is taken for gone
 
 
 @dataclass(frozen=True)
@@ -169,19 +171,38 @@ class Measurer:
         self.owes_drift_check = False
         return again[0].j_per_token
 
-    def serve(self, stay: bool, poll_s: float = 0.5) -> int:
-        """Take plans until none waits, then make this unit's drift check; ``stay``: then wait until no queue
-        trial runs anywhere (taking any a dead worker left, re-enqueued), as the coordinator does. Returns how
-        many plans this process measured."""
+    def serve(self, stay_since: datetime | None = None, poll_s: float = 0.5) -> int:
+        """Take plans until none waits, then make this unit's drift check. With ``stay_since`` (the coordinator):
+        then wait until no queue trial runs anywhere (taking any a dead worker left, re-enqueued) and no live
+        worker still owes the drift check of what it measured since then. Returns how many plans this process
+        measured."""
         while True:
             reap(self.queue)
             if self.queue.get_trials(deepcopy=False, states=(TrialState.WAITING,)) or self.owes_drift_check:
                 self.queue.optimize(self.objective, n_trials=1, gc_after_trial=False)
                 self.on_trial()
                 continue
-            if not stay or not self.queue.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+            if stay_since is None or not (self.queue.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+                                          or self._others_owe_drift_checks(stay_since)):
                 return self.measured
             time.sleep(poll_s)
+
+    def _others_owe_drift_checks(self, since: datetime) -> bool:
+        """Another unit measured a plan since its last drift check, and its worker is alive and has only just
+        finished (between its last plan and its drift check, no trial of it runs)."""
+        last: dict[str, optuna.trial.FrozenTrial | None] = {}
+        finished = [t for t in self.queue.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+                    if t.datetime_complete is not None and t.datetime_complete >= since]
+        for t in sorted(finished, key=lambda t: t.datetime_complete):
+            key = Unit(**t.user_attrs["unit"]).key if "unit" in t.user_attrs else None
+            if t.user_attrs.get("kind") == DRIFT:
+                last[key] = None
+            elif t.user_attrs.get("plan_id") != self.reference.id:
+                last[key] = t
+        return any(t is not None and key != self.unit.key
+                   and (datetime.now() - t.datetime_complete).total_seconds() < OWED_GRACE_S
+                   and holder_is_running(t.user_attrs.get(WORKER_ATTR) or {}) is not False
+                   for key, t in last.items())
 
 
 @dataclass
@@ -205,15 +226,15 @@ def merge(main: optuna.Study, queue: optuna.Study, merged: Merged, say: Callable
         ua = t.user_attrs
         fresh = t.number not in merged.seen and t.datetime_complete is not None and t.datetime_complete >= merged.since
         unit = Unit(**ua["unit"]) if "unit" in ua else None
+        if unit is not None and "unit_reference" in ua and unit.key not in units:
+            units[unit.key] = MeasuredUnit(unit.gpu_uuid, unit.gpu,
+                                           [EnergyEstimate.from_dict(e) for e in ua["unit_reference"]], [])
+            changed.add(unit.key)
         if t.state == TrialState.PRUNED:
             if fresh and "stays_predicted" in ua:
                 say(f"  {Plan.from_params(ua['plan']).label()}: stays predicted ({ua['stays_predicted']})")
             merged.seen.add(t.number)
             continue
-        if unit is not None and "unit_reference" in ua and unit.key not in units:
-            units[unit.key] = MeasuredUnit(unit.gpu_uuid, unit.gpu,
-                                           [EnergyEstimate.from_dict(e) for e in ua["unit_reference"]], [])
-            changed.add(unit.key)
         if ua.get("kind") == PLAN and ua["plan_id"] not in done:
             record_measured(main, ua["plan_id"], [EnergyEstimate.from_dict(e) for e in ua["energy"]])
             done.add(ua["plan_id"])

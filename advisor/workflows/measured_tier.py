@@ -44,6 +44,9 @@ def energy_stage(study: optuna.Study, ctx: Any, recipe: Recipe, progress: Progre
 
 
 def _coordinate(study: optuna.Study, model: EnergyModel, recipe: Recipe, progress: ProgressReporter) -> None:
+    queue = open_queue(study, open_storage(recipe.storage_url, heartbeat_s=recipe.search.heartbeat_s))
+    merged = Merged(since=datetime.now())  # Optuna's trial times are local and naive too
+    merge(study, queue, Merged(since=merged.since), progress.print)  # what an interrupted run measured is kept
     done = measured_energy(study)
     targets = measurement_targets(study, [w.name for w in recipe.workloads], recipe.search.measured_candidates)
     if targets is None:
@@ -51,8 +54,6 @@ def _coordinate(study: optuna.Study, model: EnergyModel, recipe: Recipe, progres
     plans = [p for p in (targets.reference, *targets.baselines, *targets.candidates) if p.id not in done]
     if not plans:
         return
-    queue = open_queue(study, open_storage(recipe.storage_url, heartbeat_s=recipe.search.heartbeat_s))
-    merged = Merged(since=datetime.now())  # Optuna's trial times are local and naive too
     enqueue(queue, plans, set(done))
     unit = unit_of(model)
     set_round(study, "open", unit, targets.reference)
@@ -64,7 +65,7 @@ def _coordinate(study: optuna.Study, model: EnergyModel, recipe: Recipe, progres
         measurer = Measurer(study, queue, model, recipe.workloads, targets.reference, this_worker(unit.gpu_uuid),
                             on_trial)
         try:
-            measurer.serve(stay=True)
+            measurer.serve(stay_since=merged.since)
         finally:
             merge(study, queue, merged, progress.print)
         for check in merged.drift_checks:
@@ -94,4 +95,4 @@ def worker_stage(study: optuna.Study, storage: optuna.storages.BaseStorage, mode
     queue = open_queue(study, storage)
     reference = Plan.from_params(current["reference"])
     with progress.stage(f"measured energy ({model.label})"):
-        return Measurer(study, queue, model, recipe.workloads, reference, this_worker(unit.gpu_uuid)).serve(stay=False)
+        return Measurer(study, queue, model, recipe.workloads, reference, this_worker(unit.gpu_uuid)).serve()
