@@ -46,8 +46,11 @@ def build_model(tokenizer_dir: Path, dest: Path) -> Path:
 
 
 def gpus() -> list[dict[str, str]]:
-    out = subprocess.run(["nvidia-smi", "--query-gpu=index,name,uuid,driver_version,power.limit",
-                          "--format=csv,noheader"], capture_output=True, text=True, check=False).stdout
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=index,name,uuid,driver_version,power.limit",
+                              "--format=csv,noheader"], capture_output=True, text=True, check=False).stdout
+    except FileNotFoundError:  # no NVIDIA driver here
+        return []
     keys = ("index", "name", "uuid", "driver", "power_limit")
     return [dict(zip(keys, (v.strip() for v in line.split(",")), strict=False)) for line in out.splitlines() if line]
 
