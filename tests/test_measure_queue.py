@@ -217,3 +217,31 @@ def _unit(uuid: str):
     from advisor.search.measure_queue import Unit
 
     return Unit(uuid, "Fake GPU")
+
+
+def test_a_plan_retried_from_a_dead_worker_is_labelled_with_the_unit_that_measured_it(searched):
+    """Optuna's retry copies the dead trial's attributes, the dead unit's all-BF16 among them: the unit that takes
+    the plan records its own."""
+    from datetime import datetime
+
+    from advisor.search.measure_queue import Measurer, Merged, enqueue, merge, open_queue
+    from advisor.search.recovery import this_worker
+
+    study, recipe = searched
+    reference, fp8 = Plan.uniform(GROUPS, Format.BF16), Plan.uniform(GROUPS, Format.FP8)
+    chat = recipe.workloads[0]
+    queue = open_queue(study, open_storage(recipe.storage_url))
+    enqueue(queue, [reference], set())
+    dead = FakeMeasuredGPU("GPU-b", scale=2.0).estimate(reference, chat)
+    queue.enqueue_trial({}, user_attrs={"kind": "plan", "plan_id": fp8.id, "plan": fp8.params(),
+                                        "unit": {"gpu_uuid": "GPU-b", "gpu": "Fake GPU"},
+                                        "unit_reference": [dead.to_dict()]})
+    Measurer(study, queue, FakeMeasuredGPU("GPU-a"), recipe.workloads, reference, this_worker("GPU-a")).serve()
+    merge(study, queue, Merged(since=datetime.min), lambda _line: None)
+    units = measured_units(study)
+    assert set(units) == {"GPU-a"} and units["GPU-a"].plans == [reference.id, fp8.id]
+    (taken,) = [t for t in queue.get_trials() if t.user_attrs.get("plan_id") == fp8.id]
+    assert taken.user_attrs["unit"]["gpu_uuid"] == "GPU-a" and not taken.user_attrs["unit_reference"]
+    own = FakeMeasuredGPU().estimate(reference, chat)
+    assert units["GPU-a"].reference[0].j_per_token == pytest.approx(own.j_per_token)
+    assert measured_energy(study)[fp8.id][0].source.endswith("on GPU-a")

@@ -147,6 +147,8 @@ class Measurer:
         if kind == DRIFT:
             return self._drift_check(trial)
         plan = Plan.from_params(trial.user_attrs["plan"])
+        if trial.user_attrs.get("unit_reference"):  # copied by the retry from the dead worker's trial: not ours
+            trial.set_user_attr("unit_reference", None)
         try:
             if self.first is None:  # this unit's all-BF16 comes before its first plan
                 self.first = self._measure(self.reference)
@@ -226,7 +228,7 @@ def merge(main: optuna.Study, queue: optuna.Study, merged: Merged, say: Callable
         ua = t.user_attrs
         fresh = t.number not in merged.seen and t.datetime_complete is not None and t.datetime_complete >= merged.since
         unit = Unit(**ua["unit"]) if "unit" in ua else None
-        if unit is not None and "unit_reference" in ua and unit.key not in units:
+        if unit is not None and ua.get("unit_reference") and unit.key not in units:
             units[unit.key] = MeasuredUnit(unit.gpu_uuid, unit.gpu,
                                            [EnergyEstimate.from_dict(e) for e in ua["unit_reference"]], [])
             changed.add(unit.key)
