@@ -62,10 +62,14 @@ class Ctx:
 
 
 @pytest.fixture
-def searched(tmp_path):
-    """A finished search (fake evaluator) in a journal file, owned by this process as `advisor search` owns it."""
+def searched(request, tmp_path):
+    """A finished search (fake evaluator) in a journal file (or PostgreSQL: ``indirect`` parameter), owned by this
+    process as `advisor search` owns it."""
+    url = f"journal:{tmp_path / 'study.journal'}"
+    if getattr(request, "param", "journal") == "postgresql":
+        url = request.getfixturevalue("postgres_server").create_database(f"q{abs(hash(str(tmp_path))) % 10**8}")
     recipe = validate_recipe({"name": "m", "target": "b200", "out": str(tmp_path), "accuracy": {"max_kl": 0.1},
-                              "storage": f"journal:{tmp_path / 'study.journal'}",
+                              "storage": url,
                               "search": {"trials": 12, "seed": 1, "sampler": "random", "measured_candidates": 3}})
     recipe.run_dir.mkdir(parents=True)
     owned = open_owned_study(recipe, False, {"test": 1}, lambda _msg: None)
@@ -128,6 +132,7 @@ def test_one_process_measures_what_and_in_the_order_the_stage_always_did(searche
     assert "drift check: all-bf16 measured again drew +0.0% on 'chat'" in log
 
 
+@pytest.mark.parametrize("searched", ["journal", "postgresql"], indirect=True)
 def test_two_workers_measure_disjoint_plans_each_on_its_gpu_and_the_coordinator_merges(searched, tmp_path):
     study, recipe = searched
     set_round(study, "pending")

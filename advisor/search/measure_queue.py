@@ -24,6 +24,7 @@ Two processes must never meter one GPU at once: a worker on the coordinator's GP
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -181,7 +182,9 @@ class Measurer:
         while True:
             reap(self.queue)
             if self.queue.get_trials(deepcopy=False, states=(TrialState.WAITING,)) or self.owes_drift_check:
-                self.queue.optimize(self.objective, n_trials=1, gc_after_trial=False)
+                # failed as stale while alive (a starved heartbeat): its retry waits in the queue, as in budget.work
+                with contextlib.suppress(optuna.exceptions.UpdateFinishedTrialError):
+                    self.queue.optimize(self.objective, n_trials=1, gc_after_trial=False)
                 self.on_trial()
                 continue
             if stay_since is None or not (self.queue.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
