@@ -112,7 +112,7 @@ def collect(args: argparse.Namespace) -> None:
     out = Path(args.out)
     (out / "distributed_gpu.json").write_text(json.dumps(data, indent=2) + "\n")
     stage_cols = [s for s in STAGES if any(s in r["stages_s"] for r in runs)]
-    lines = [f"# `advisor search --energy measured` on {len(runs[0]['gpus']) if runs else 0} x {data['gpu']}", "",
+    lines = [f"# `advisor search --energy measured` on {max(len(r['gpus']) for r in runs)} x {data['gpu']}", "",
              f"Driver {data['driver']}; {data['model']}; recipe `{data['recipe']}`. Each row is one run of the "
              "command below (its own study); `warmup` runs first so that per-model profiles, Triton and the "
              "page cache are warm for the rows compared. Speed-up: the warm 1-worker run's wall time over the "
