@@ -250,3 +250,30 @@ def test_a_plan_retried_from_a_dead_worker_is_labelled_with_the_unit_that_measur
     own = FakeMeasuredGPU().estimate(reference, chat)
     assert units["GPU-a"].reference[0].j_per_token == pytest.approx(own.j_per_token)
     assert measured_energy(study)[fp8.id][0].source.endswith("on GPU-a")
+
+
+def test_a_plan_whose_measurement_raised_in_a_worker_is_named_and_not_retried(searched):
+    """An error (not a death) fails the plan's queue trial as a trial's error fails it: no retry, one line."""
+    from datetime import datetime
+
+    from advisor.search.measure_queue import Measurer, enqueue, failed_plans, open_queue
+    from advisor.search.recovery import this_worker
+
+    study, recipe = searched
+    since = datetime.now()
+    fp8 = Plan.uniform(GROUPS, Format.FP8)
+
+    class OutOfMemory(FakeMeasuredGPU):
+        def estimate(self, plan, workload):
+            if plan.id == fp8.id:
+                raise RuntimeError("CUDA out of memory")
+            return super().estimate(plan, workload)
+
+    queue = open_queue(study, open_storage(recipe.storage_url))
+    enqueue(queue, [fp8], set())
+    with pytest.raises(RuntimeError, match="out of memory"):
+        Measurer(study, queue, OutOfMemory("GPU-b"), recipe.workloads, Plan.uniform(GROUPS, Format.BF16),
+                 this_worker("GPU-b")).serve()
+    (line,) = failed_plans(study, queue, since)
+    assert "all-fp8: measuring it failed" in line and "on GPU-b" in line and line.endswith("it stays predicted")
+    assert not queue.get_trials(states=(TrialState.WAITING,))

@@ -254,3 +254,20 @@ def merge(main: optuna.Study, queue: optuna.Study, merged: Merged, say: Callable
         merged.seen.add(t.number)
     for key in changed:
         record_unit(main, units[key])
+
+
+def failed_plans(main: optuna.Study, queue: optuna.Study, since: datetime) -> list[str]:
+    """One line per plan whose measurement raised in a worker since ``since`` and was not retried (a killed
+    worker's plan is; an error is not, as a trial's is not): it stays predicted."""
+    trials = queue.get_trials(deepcopy=False)
+    retried = {t.system_attrs.get("failed_trial") for t in trials}
+    done = set(measured_energy(main))
+    out = []
+    for t in trials:
+        ua = t.user_attrs
+        if t.state == TrialState.FAIL and ua.get("kind") == PLAN and t.number not in retried \
+                and ua["plan_id"] not in done and t.datetime_complete is not None and t.datetime_complete >= since:
+            worker = ua.get(WORKER_ATTR) or {}
+            out.append(f"  {Plan.from_params(ua['plan']).label()}: measuring it failed in process {worker.get('pid')} "
+                       f"on {(ua.get('unit') or {}).get('gpu_uuid')} (see that worker's log); it stays predicted")
+    return out

@@ -16,6 +16,7 @@ from advisor.search.measure_queue import (
     Measurer,
     Merged,
     enqueue,
+    failed_plans,
     joins,
     merge,
     open_queue,
@@ -68,6 +69,8 @@ def _coordinate(study: optuna.Study, model: EnergyModel, recipe: Recipe, progres
             measurer.serve(stay_since=merged.since)
         finally:
             merge(study, queue, merged, progress.print)
+        for line in failed_plans(study, queue, merged.since):
+            progress.print(f"warning: {line.strip()}")
         for check in merged.drift_checks:
             progress.print(f"  drift check: {check.plan} measured again drew "
                            + ", ".join(f"{v:+.1f}% on '{w}'" for w, v in check.drift_pct.items())

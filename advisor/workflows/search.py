@@ -127,11 +127,12 @@ def check_workers(study: optuna.Study, recipe: Recipe, children: list, codes: li
 
 def check_workers_after_measuring(recipe: Recipe, children: list, before: list[int | None],
                                   after: list[int | None], progress: ProgressReporter) -> None:
-    """One warning line per worker that died during the measured tier: its plan was measured by another."""
+    """One warning line per worker that died during the measured tier (a killed worker's plan was measured by
+    another; one whose measurement raised is named by the measured tier)."""
     for i, (p, was, code) in enumerate(zip(children, before, after, strict=True)):
         if was is None and code not in (0, None):
             progress.print(f"warning: worker-{i + 1} (pid {p.pid}) {describe_exit(code)} during the measured tier "
-                           f"(log: {recipe.run_dir / 'workers'}/worker-{i + 1}.log); its plan was measured again")
+                           f"(log: {recipe.run_dir / 'workers'}/worker-{i + 1}.log)")
 
 
 def check_some_trial_finished(study: optuna.Study, recipe: Recipe) -> None:
