@@ -5,6 +5,8 @@ measures what and in the order the stage always did."""
 from __future__ import annotations
 
 import io
+import json
+import os
 import signal
 import subprocess
 import sys
@@ -277,3 +279,45 @@ def test_a_plan_whose_measurement_raised_in_a_worker_is_named_and_not_retried(se
     (line,) = failed_plans(study, queue, since)
     assert "all-fp8: measuring it failed" in line and "on GPU-b" in line and line.endswith("it stays predicted")
     assert not queue.get_trials(states=(TrialState.WAITING,))
+
+
+HOOK = textwrap.dedent("""
+    # Every process of the run (the coordinator and its `advisor worker` children) meters on a fake GPU of its own.
+    import os, sys
+    import advisor.energy.prediction as prediction
+    from advisor.testing import FakeMeasuredGPU
+
+    real = prediction.make_energy_tiers
+    delay = 6.0 if "search" in sys.argv else 0.3  # the coordinator is slow: the worker joins before the queue empties
+
+    def fake(mode, shape, target, *args, **kwargs):
+        predicted, _ = real("predicted", shape, target, *args, **kwargs)
+        return predicted, FakeMeasuredGPU(f"GPU-fake-{os.getpid()}", delay_s=delay)
+
+    prediction.make_energy_tiers = fake
+""")
+
+
+def test_advisor_search_with_two_workers_meters_the_front_on_both_gpus(tmp_path):
+    """The product path: `advisor search --workers 2`, each process with its own (fake) measured GPU: the worker
+    child waits for the queue after its trials, meters plans, and the report names both GPUs."""
+    import yaml
+    from conftest import tiny_recipe_dict
+
+    (tmp_path / "hook").mkdir()
+    (tmp_path / "hook" / "sitecustomize.py").write_text(HOOK)
+    recipe = tiny_recipe_dict(tmp_path / "runs", trials=4, sampler="random", measured_candidates=3)
+    (tmp_path / "r.yaml").write_text(yaml.safe_dump({**recipe, "name": "e", "formats": ["bf16", "fp8"]}))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path / "hook"), str(ROOT)])}
+    done = subprocess.run([sys.executable, "-c", "from advisor.cli import main; main()", "search", "-r",
+                           str(tmp_path / "r.yaml"), "--workers", "2", "--energy", "auto"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads((tmp_path / "runs" / "e" / "summary.json").read_text())
+    units = {u["gpu_uuid"]: u["plans"] for u in summary["measured_units"]}
+    assert len(units) == 2 and all(units.values()), units  # both processes metered plans
+    assert sorted(p for plans in units.values() for p in plans) == sorted(
+        r["plan_id"] for r in {r["plan_id"]: r for r in summary["trials"] if r["energy_measured"]}.values())
+    assert summary["unit_agreement"]["agree"] is True and len(summary["measured_drift"]) == 2
+    assert "Measured on 2 GPUs" in (tmp_path / "runs" / "e" / "report.md").read_text()
+    assert "measured_energy_s" in summary["timings_s"]
