@@ -85,8 +85,32 @@ class DriftCheck:
         return _DRIFT.validate_python(data)
 
 
+@dataclass(frozen=True)
+class MeasuredUnit:
+    """One GPU of the measured tier (:mod:`advisor.search.measure_queue`): its UUID (None: a meter that names
+    none) and name, its first all-BF16 measurement (what its drift checks and the other units compare with), and
+    the plans measured on it."""
+
+    gpu_uuid: str | None
+    gpu: str
+    reference: list[EnergyEstimate]
+    plans: list[str]
+
+    @property
+    def key(self) -> str:
+        return self.gpu_uuid or self.gpu
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> MeasuredUnit:
+        return _UNIT.validate_python(data)
+
+
 _ESTIMATE = TypeAdapter(EnergyEstimate)
 _DRIFT = TypeAdapter(DriftCheck)
+_UNIT = TypeAdapter(MeasuredUnit)
 
 
 @runtime_checkable

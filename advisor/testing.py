@@ -206,6 +206,30 @@ class AdditiveEvaluator:
         return Evaluation(kl=kl, ppl=10 * math.exp(kl), ppl_bf16=10.0, energy=[est])
 
 
+class FakeMeasuredGPU:
+    """A measured tier on one named fake GPU (a worker's unit): ``scale`` times :class:`AdditiveEvaluator`'s
+    J/token (units may draw differently), ``delay_s`` per estimate, NVFP4 refused as on Hopper."""
+
+    measured = True
+
+    def __init__(self, gpu_uuid: str | None = "GPU-fake-0", scale: float = 1.0, delay_s: float = 0.0) -> None:
+        self.gpu_uuid, self.gpu_name, self.scale, self.delay_s = gpu_uuid, "Fake GPU", scale, delay_s
+        self.label = "measured (Fake GPU, driver 0, 2026-11-22)"
+        self.calls: list[str] = []
+
+    def estimate(self, plan: Plan, workload: Any) -> EnergyEstimate:
+        import time
+
+        from advisor.errors import UnsupportedError
+
+        if Format.NVFP4 in plan.formats.values():
+            raise UnsupportedError("NVFP4 cannot be measured on this GPU")
+        time.sleep(self.delay_s)
+        self.calls.append(plan.id)
+        j = AdditiveEvaluator().evaluate(plan).energy[0].j_per_token * self.scale
+        return EnergyEstimate(workload.name, j, j, j / 10, 1 / j, self.label, True)
+
+
 def tiny_llama_config(**overrides: Any) -> Any:
     """A 2-layer Llama config small enough for CPU tests (transformers, no download)."""
     from transformers import LlamaConfig

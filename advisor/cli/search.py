@@ -67,8 +67,8 @@ def search(
              "(hosts; password from PGPASSWORD/~/.pgpass or in this variable). Default: RUN_DIR/study.db, "
              "or RUN_DIR/study.journal with --workers.")] = None,
     workers: Annotated[int, typer.Option(
-        min=1, help="Worker processes on this host sharing the study (one GPU each when there are enough); "
-                    "more can join from other hosts with `advisor worker`.")] = 1,
+        min=1, help="Worker processes on this host sharing the study's trials and measured plans (one GPU each "
+                    "when there are enough); more can join from other hosts with `advisor worker`.")] = 1,
     out_dir: OutOpt = None,
     name: NameOpt = None,
     device: Annotated[str | None, typer.Option(

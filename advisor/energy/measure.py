@@ -178,6 +178,7 @@ class MeasuredEnergyModel:
                 f"measured energy for {target.value} asked, but the GPU here is {state.name}; "
                 "use --energy predicted or run on the target GPU"
             )
+        self.gpu_uuid, self.gpu_name = state.uuid or None, state.name  # the unit each measurement names
         self._bench: Bench | None = None
         self._soaked = False
         self.label = (

@@ -60,7 +60,27 @@ def _measured_vs_predicted(summary: dict[str, Any], workloads: list[str]) -> lis
             "measured J/token is what the front and the recommendation use (only measured plans compete once any "
             "is measured). In brackets: the prediction's error against the measurement.", "",
             _table(rows, ["plan id", "plan", *[f"J/token {w}" for w in workloads]]), "",
-            *_drift_lines(summary)]
+            *_drift_lines(summary), *_unit_lines(summary)]
+
+
+def _unit_lines(summary: dict[str, Any]) -> list[str]:
+    """With plans measured on two or more GPUs: whether the units' all-BF16 agree within the drift."""
+    units, check = summary.get("measured_units") or [], summary.get("unit_agreement")
+    if len(units) < 2 or not check:
+        return []
+    named = "; ".join(f"{u['gpu']} {u['gpu_uuid'] or ''} ({len(u['plans'])} plans, all-BF16 "
+                      f"{_fmt_j(check['reference_j_per_token'].get(u['gpu_uuid'] or u['gpu'], float('nan')))} J/token)"
+                      for u in units)
+    spread = f"their all-BF16 differ by {check['spread_pct']:.1f}% on '{check['workload']}'"
+    if check["agree"] is None:
+        verdict = f"{spread}; no drift check gives a tolerance, so the units were not compared"
+    elif check["agree"]:
+        verdict = f"{spread}, within the largest drift a unit showed against itself ({check['tolerance_pct']:.1f}%)"
+    else:
+        verdict = (f"the units disagree: {spread}, more than the largest drift a unit showed against itself "
+                   f"({check['tolerance_pct']:.1f}%); plans measured on different units are not comparable to "
+                   "that precision (each measured number names its unit in its source)")
+    return [f"Measured on {len(units)} GPUs: {named}; {verdict}.", ""]
 
 
 def _drift_lines(summary: dict[str, Any]) -> list[str]:

@@ -14,7 +14,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from advisor.errors import InputError
-from advisor.estimate import DriftCheck, EnergyEstimate
+from advisor.estimate import DriftCheck, EnergyEstimate, MeasuredUnit
 from advisor.search.payback import Payback
 
 FIT_STATISTICS = ("spearman", "spearman_ci", "slope", "slope_ci", "intercept")  # as advisor.search.stats
@@ -185,6 +185,9 @@ class Summary(_Record):
     # each measured stage's drift check; the measured plans within the largest drift of the recommendation
     measured_drift: list[DriftCheck] = Field(default_factory=list)
     near_ties: list[int] = Field(default_factory=list)
+    # the GPUs that measured; with two or more, whether their all-BF16 agree within the drift (energy_tiers)
+    measured_units: list[MeasuredUnit] = Field(default_factory=list)
+    unit_agreement: dict[str, Any] | None = None
     proxy_calibration: list[ProxyCalibrationRecord]
     # absent in summaries written before latency objectives: read as none
     operating_points: list[OperatingPointRecord] = Field(default_factory=list)

@@ -27,7 +27,7 @@ from advisor.report.schema import (
     TrialRecord,
 )
 from advisor.search.acceptance import as_record
-from advisor.search.energy_tiers import largest_drift_pct, near_ties, prediction_errors
+from advisor.search.energy_tiers import largest_drift_pct, near_ties, prediction_errors, unit_agreement
 from advisor.search.frontier import Candidate, Recommendation, one_tier, pareto_front, recommend
 from advisor.search.payback import Payback, SearchEnergy, payback
 from advisor.search.stats import proxy_calibration
@@ -37,6 +37,7 @@ from advisor.search.trial_record import (
     benchmark_scores,
     measured_drifts,
     measured_energy,
+    measured_units,
     operating_points,
     scores_of,
     search_energy,
@@ -98,6 +99,7 @@ def build_summary(study: optuna.Study) -> Summary:
     drifts = measured_drifts(study)
     recommended = _recommendation_record(rec, records)
     drift = largest_drift_pct(drifts, workloads[0])
+    units = list(measured_units(study).values())
     ties = [] if rec is None or drift is None or not rec.candidate.energy_measured else \
         [c.trial for c in near_ties(rec.candidate, cands, workloads[0], drift)]
     return Summary.model_validate({
@@ -125,6 +127,8 @@ def build_summary(study: optuna.Study) -> Summary:
         "recommendation": recommended,
         "measured_drift": drifts,
         "near_ties": ties,
+        "measured_units": units,
+        "unit_agreement": unit_agreement(units, drifts, workloads[0]),
         "proxy_calibration": _proxy_calibration(cands, confidence),
         "operating_points": points,
         "payback": _payback(rec, cands, points, meta["recipe"], search_energy(study)),

@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import datetime, timezone
 
-from advisor.estimate import DriftCheck, EnergyEstimate, j_per_token_by_workload
+from advisor.estimate import DriftCheck, EnergyEstimate, MeasuredUnit, j_per_token_by_workload
 from advisor.search.frontier import Candidate
 
 
@@ -55,3 +55,17 @@ def near_ties(best: Candidate, cands: Sequence[Candidate], workload: str, drift_
            if c.energy_measured and c.feasible and c.plan.id != best.plan.id
            and abs(c.energy(workload) / ref - 1) * 100 <= drift_pct}
     return sorted(out.values(), key=lambda c: c.energy(workload))
+
+
+def unit_agreement(units: Sequence[MeasuredUnit], drifts: Sequence[DriftCheck], workload: str) -> dict | None:
+    """Whether plans measured on different GPUs may be compared on ``workload``: the spread of the units' first
+    all-BF16 (largest over smallest, in percent) against the largest drift any unit showed against itself. None
+    with fewer than two units; ``agree`` None when no drift check gives the tolerance."""
+    refs = {u.key: j_per_token_by_workload(u.reference)[workload] for u in units
+            if workload in j_per_token_by_workload(u.reference)}
+    if len(refs) < 2:
+        return None
+    spread = 100.0 * (max(refs.values()) / min(refs.values()) - 1)
+    tolerance = largest_drift_pct(drifts, workload)
+    return {"workload": workload, "reference_j_per_token": refs, "spread_pct": spread, "tolerance_pct": tolerance,
+            "agree": None if tolerance is None else spread <= tolerance}

@@ -4,7 +4,8 @@ Per trial (the trial's user attributes): its plan's id and label, the proxy scor
 values and the predicted energy, one :class:`~advisor.estimate.EnergyEstimate` per workload
 (:class:`TrialScores`). Per plan (study attributes): the measured energy, one attribute per plan
 (``measured_energy:<plan id>``) so that no two writers ever read-modify-write one attribute; each
-measured stage's drift check (``measured_drift:<time>``); lm-eval scores and acceptance
+measured stage's drift check (``measured_drift:<time>``); each GPU that measured
+(``measured_unit:<uuid>``); lm-eval scores and acceptance
 (``benchmark`` and ``acceptance``, keyed by plan id, written by the coordinator alone).
 
 Records are stored as their ``to_dict()`` form and read back with their types checked; the keys and
@@ -24,12 +25,13 @@ import optuna
 from pydantic import ValidationError
 
 from advisor.errors import InputError
-from advisor.estimate import DriftCheck, EnergyEstimate
+from advisor.estimate import DriftCheck, EnergyEstimate, MeasuredUnit
 from advisor.search.acceptance import PlanAcceptance, from_stored
 
 ENERGY_ATTR = "energy"
 MEASURED_PREFIX = "measured_energy:"
 DRIFT_PREFIX = "measured_drift:"
+UNIT_PREFIX = "measured_unit:"
 BENCHMARK_ATTR = "benchmark"
 ACCEPTANCE_ATTR = "acceptance"
 OPERATING_ATTR = "operating_points"
@@ -114,6 +116,22 @@ def measured_drifts(study: optuna.Study) -> list[DriftCheck]:
         if k.startswith(DRIFT_PREFIX):
             try:
                 out.append(DriftCheck.from_dict(v))
+            except ValidationError as exc:
+                raise _not_ours(f"the study attribute {k!r}", exc) from None
+    return out
+
+
+def record_unit(study: optuna.Study, unit: MeasuredUnit) -> None:
+    study.set_user_attr(UNIT_PREFIX + unit.key, unit.to_dict())  # one attribute per unit
+
+
+def measured_units(study: optuna.Study) -> dict[str, MeasuredUnit]:
+    """unit key (GPU UUID) -> the unit's first all-BF16 and the plans measured on it."""
+    out = {}
+    for k, v in study.user_attrs.items():
+        if k.startswith(UNIT_PREFIX):
+            try:
+                out[k.removeprefix(UNIT_PREFIX)] = MeasuredUnit.from_dict(v)
             except ValidationError as exc:
                 raise _not_ours(f"the study attribute {k!r}", exc) from None
     return out

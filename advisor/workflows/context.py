@@ -221,6 +221,7 @@ def prepare(
     timings["reference_s"] = time.perf_counter() - t
 
     measured_model = None
+    t = time.perf_counter()
     if energy_model is None:
         from advisor.energy.prediction import make_energy_tiers
 
@@ -239,5 +240,6 @@ def prepare(
                                                          model_config=loaded.model.config,
                                                          workloads=recipe.workloads)
         status(f"energy source: {energy_model.label}" + (" (the front measured with NVML)" if measured_model else ""))
+        timings["energy_models_s"] = time.perf_counter() - t  # a per-model profile built here takes minutes
     return RunContext(recipe, loaded, tokens, bank, proxy, energy_model, device, fingerprint, timings,
                       measured_model=measured_model, arithmetic=arithmetic)

@@ -19,20 +19,21 @@ from rich.console import Console
 
 from advisor import __version__
 from advisor.deploy.model_identity import tokenizer_fingerprint
-from advisor.errors import AdvisorError, InputError, Interrupted, UnsupportedError
+from advisor.errors import AdvisorError, InputError, Interrupted
 from advisor.files import write_text_atomically
 from advisor.recipe.schema import Recipe
 from advisor.report.schema import Summary
 from advisor.report.summary import write_report
 from advisor.search.artifacts import share_tokens
-from advisor.search.energy_tiers import drift_record
-from advisor.search.policy import benchmark_targets, best_feasible_line, measurement_targets
+from advisor.search.measure_queue import set_round
+from advisor.search.policy import benchmark_targets, best_feasible_line
 from advisor.search.storage import default_url, portable_url, redact_url, url_without_password
 from advisor.search.study import Proposer, finished_trials, open_owned_study, run_search, save_run_meta
 from advisor.search.study_key import check_same_model, check_same_scoring, study_key
-from advisor.search.trial_record import label_of, measured_energy, record_benchmark, record_drift, record_measured
+from advisor.search.trial_record import label_of, record_benchmark
 from advisor.versions import package_versions
 from advisor.workflows.context import RunContext, tokens_key
+from advisor.workflows.measured_tier import energy_stage
 from advisor.workflows.operating import SearchEnergyMeter, operating_stage, record_run_energy
 from advisor.workflows.progress import ProgressReporter
 from advisor.workflows.run_lock import run_folder_lock
@@ -82,19 +83,25 @@ def _run_owned(study: optuna.Study, recipe: Recipe, resume: bool, progress: Prog
         save_run_meta(study, run_meta(recipe, ctx))
         share_tokens(study, recipe.run_dir / "tokens.pt", tokens_key(recipe, ctx.fingerprint),
                      recipe.run_dir / "artifacts")
+        measuring = ctx.measured_model is not None
+        if measuring:
+            set_round(study, "pending")  # workers that finish their trials wait for the measurement queue
         if workers > 1:
             children += spawn_workers(workers - 1, recipe.storage_url, recipe.name, recipe.run_dir)
             progress.print(f"workers: {workers - 1} more on this host (logs in {recipe.run_dir / 'workers'})")
         proposer = sensitivity_stage(study, ctx, recipe, progress) if recipe.search.sampler == "guided" else None
         with timed(ctx, "trials_s"):
             trials_stage(study, ctx, recipe, progress, proposer)
-            check_workers(study, recipe, children, wait_workers(children), progress)
+        codes = [p.poll() for p in children] if measuring else wait_workers(children)  # None: still running
+        check_workers(study, recipe, children, codes, progress)
         check_some_trial_finished(study, recipe)
         from advisor.workflows.memory import lift_gpu_memory_cap
 
         lift_gpu_memory_cap(recipe.gpu_memory_gib)
         with timed(ctx, "measured_s"):
             energy_stage(study, ctx, recipe, progress)
+            if measuring:
+                check_workers_after_measuring(recipe, children, codes, wait_workers(children), progress)
         with timed(ctx, "benchmark_s"):
             bench_status = benchmark_stage(study, ctx, recipe, progress)
         with timed(ctx, "operating_s"):
@@ -118,6 +125,16 @@ def check_workers(study: optuna.Study, recipe: Recipe, children: list, codes: li
     if dead and finished_trials(study) < recipe.search.trials and recipe.search.timeout_s is None:
         raise AdvisorError(f"{finished_trials(study)} of {recipe.search.trials} trials finished: "
                            + "; ".join(dead) + f"; continue with `advisor search ... --name {recipe.name} --resume`")
+
+
+def check_workers_after_measuring(recipe: Recipe, children: list, before: list[int | None],
+                                  after: list[int | None], progress: ProgressReporter) -> None:
+    """One warning line per worker that died during the measured tier (a killed worker's plan was measured by
+    another; one whose measurement raised is named by the measured tier)."""
+    for i, (p, was, code) in enumerate(zip(children, before, after, strict=True)):
+        if was is None and code not in (0, None):
+            progress.print(f"warning: worker-{i + 1} (pid {p.pid}) {describe_exit(code)} during the measured tier "
+                           f"(log: {recipe.run_dir / 'workers'}/worker-{i + 1}.log)")
 
 
 def check_some_trial_finished(study: optuna.Study, recipe: Recipe) -> None:
@@ -230,41 +247,6 @@ def trials_stage(study: optuna.Study, ctx: RunContext, recipe: Recipe, progress:
 
         run_search(study, ctx, recipe, ctx.loaded.shape.groups, callbacks=[on_trial], proposer=proposer,
                    worker=ctx.worker())
-
-
-def energy_stage(study: optuna.Study, ctx: RunContext, recipe: Recipe, progress: ProgressReporter) -> None:
-    """The measured tier: baselines and the front's candidates measured on this GPU (NVML)."""
-    measured_model = ctx.measured_model
-    if measured_model is None:
-        return
-    done = measured_energy(study)
-    queue = measurement_targets(study, [w.name for w in recipe.workloads], recipe.search.measured_candidates)
-    if queue is None:
-        return
-    plans = [p for p in (queue.reference, *queue.baselines, *queue.candidates) if p.id not in done]
-    if not plans:
-        return
-    with progress.stage(f"measured energy ({measured_model.label})", total=len(plans) + 1) as stage:
-        measured_now = []
-        for i, plan in enumerate(plans):
-            stage.advance(i, note=plan.label())
-            try:
-                estimates = [measured_model.estimate(plan, w) for w in recipe.workloads]
-            except UnsupportedError as exc:  # e.g. NVFP4 on Hopper: it stays predicted, and says so
-                progress.print(f"  {plan.label()}: stays predicted ({exc})")
-                continue
-            record_measured(study, plan.id, estimates)
-            measured_now.append(plan.id)
-        first = measured_energy(study).get(queue.reference.id)
-        if first is not None and measured_now and measured_now != [queue.reference.id]:
-            stage.advance(len(plans), note=f"{queue.reference.label()} again (drift check)")
-            again = [measured_model.estimate(queue.reference, w) for w in recipe.workloads]
-            check = drift_record(queue.reference.id, queue.reference.label(), first, again)
-            record_drift(study, check)
-            progress.print(f"  drift check: {queue.reference.label()} measured again drew "
-                           + ", ".join(f"{v:+.1f}% on '{w}'" for w, v in check.drift_pct.items())
-                           + " against its first measurement")
-        stage.advance(len(plans) + 1)
 
 
 def benchmark_stage(study: optuna.Study, ctx: RunContext, recipe: Recipe, progress: ProgressReporter) -> str | None:

@@ -1,9 +1,10 @@
 """`advisor worker`, top to bottom: join a study from any host, check that this worker's numbers
 would be comparable, fetch the shared token sets, prepare the model side, run trials from
-the study's shared budget until it is used, then leave.
+the study's shared budget until it is used, meter plans from the measurement queue on this GPU
+(``--energy measured``), then leave.
 
 The coordinator (`advisor search`) enqueues baselines and proposals, runs the lm-eval and
-report stages and owns the run folder; a worker only evaluates trials.
+report stages and owns the run folder; a worker only evaluates trials and meters plans.
 """
 
 from __future__ import annotations
@@ -66,8 +67,13 @@ def run_worker(url: str, study_name: str, work_dir: Path | None = None, artifact
                 progress.print(f"trial {t.number}: {label_of(t)} KL {t.values[0]:.4f}, "
                                f"{t.values[1]:.4g} J/token")
 
-        return run_search(study, ctx, recipe, ctx.loaded.shape.groups, callbacks=[on_trial], coordinator=False,
-                          worker=ctx.worker())
+        finished = run_search(study, ctx, recipe, ctx.loaded.shape.groups, callbacks=[on_trial],
+                              coordinator=False, worker=ctx.worker())
+    if ctx.measured_model is not None:
+        from advisor.workflows.measured_tier import worker_stage
+
+        worker_stage(study, storage, ctx.measured_model, recipe, progress)
+    return finished
 
 
 def _study_attrs(url: str, study_name: str) -> dict:

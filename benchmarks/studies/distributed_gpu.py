@@ -1,4 +1,6 @@
-"""Distributed search on one host with one worker per GPU, measured energy in every trial.
+"""Distributed search on one host with one worker per GPU, measured energy in every trial (a study: the
+product meters only the front, through the measurement queue; benchmarks/device/distributed_gpu.py times that
+path). Its report: reports/benchmarks/distributed_gpu_every_trial.{json,md}.
 
 Checks two things on a machine with >= 2 GPUs (run where they are; writes JSON + Markdown):
 
