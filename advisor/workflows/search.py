@@ -33,7 +33,12 @@ from advisor.search.study_key import check_same_model, check_same_scoring, study
 from advisor.search.trial_record import label_of, measured_energy, record_benchmark, record_drift, record_measured
 from advisor.versions import package_versions
 from advisor.workflows.context import RunContext, tokens_key
-from advisor.workflows.operating import SearchEnergyMeter, operating_stage, record_run_energy
+from advisor.workflows.operating import (
+    SearchEnergyMeter,
+    measured_operating_stage,
+    operating_stage,
+    record_run_energy,
+)
 from advisor.workflows.progress import ProgressReporter
 from advisor.workflows.run_lock import run_folder_lock
 from advisor.workflows.run_settings import energy_tier, resolved
@@ -93,6 +98,7 @@ def _run_owned(study: optuna.Study, recipe: Recipe, resume: bool, progress: Prog
         t_bench = time.perf_counter()
         bench_status = benchmark_stage(study, ctx, recipe, progress)
         operating_stage(study, ctx, recipe, progress)
+        measured_operating_stage(study, ctx, recipe, progress)
     record_run_energy(study, meter)
     save_run_meta(study, {"timings": timings(ctx, recipe, t0, t_bench), "benchmark_status": bench_status})
     with progress.stage("report"):
