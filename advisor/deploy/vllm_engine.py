@@ -166,10 +166,10 @@ class VllmEnergyModel:
     measured = True
 
     def __init__(self, checkpoint_for: Callable[[Plan], Path], workloads: Sequence[Workload], vocab_size: int,
-                 meter: MeterConfig | None = None, runner: Callable[[ServeJob], dict[str, Any]] = run_in_child,
+                 meter: MeterConfig | None = None, runner: Callable[[ServeJob], dict[str, Any]] | None = None,
                  gpu_label: str = "", vllm_version: str | None = None) -> None:
         self.checkpoint_for, self.workloads, self.vocab_size = checkpoint_for, list(workloads), vocab_size
-        self.meter, self.runner = meter or MeterConfig(), runner
+        self.meter, self.runner = meter or MeterConfig(), runner or run_in_child
         self._served: dict[str, dict[str, Any]] = {}
         version = vllm_version or getattr(import_vllm(), "__version__", "unknown")
         self.label = f"measured (vLLM {version}{', ' + gpu_label if gpu_label else ''}, {time.strftime('%Y-%m-%d')})"
