@@ -165,6 +165,10 @@ def test_each_measured_plan_is_metered_at_its_own_operating_batch(study_and_reci
     assert "J/token (measured)" in text and "TPOT ms (predicted)" in text and "| **no** |" in text
     assert "Measured at the predicted batch: measured (Fake GPU" in text
     assert any("(measured " in line for line in operating_lines(summary.model_dump(mode="json")))
+    as_fp8 = {**summary.model_dump(mode="json"), "recommendation": {"plan_id": FP8.id}}
+    assert f"**As measured, the recommendation misses this objective at batch {fp8.batch}**" in "\n".join(
+        operating_section(as_fp8))
+    assert "As measured" not in "\n".join(operating_section({**as_fp8, "recommendation": {"plan_id": "other"}}))
     # again: nothing is metered twice at the same batch
     fake.batches.clear()
     measured_operating_stage(study, Ctx(fake), recipe, ProgressReporter(Console(file=io.StringIO()), heartbeat=False))
@@ -231,3 +235,32 @@ def test_vllm_meters_a_plans_operating_points_in_one_engine(tmp_path, monkeypatc
         row = rows[f"chat at batch {p.batch}"]
         assert (p.tpot_ms, p.ttft_ms) == (row.get("tpot_ms_p50"), row.get("ttft_ms_p50"))
     assert vllm.instances[0].llm_engine.most_running == 6
+
+
+def test_the_builtin_runtime_composes_its_measured_steps_and_refuses_a_batch_that_does_not_fit(monkeypatch):
+    import torch
+
+    from advisor.energy.measure import MeasuredEnergyModel
+    from advisor.errors import UnsupportedError
+
+    runtime = MeasuredEnergyModel.__new__(MeasuredEnergyModel)  # its GPU parts stubbed: the steps are given
+    runtime.shape, runtime.label = SHAPE, "measured (Fake GPU, driver 0, 2026-11-27; llama)"
+    steps = Steps()
+
+    def measure_steps(plan, workload):
+        ms, j = steps.decode_step(plan, workload.batch_size, 0)
+        decode = {"ms_per_step": ms, "j_per_step": j, "tokens_per_s": workload.batch_size / ms * 1e3}
+        return {"ms_per_step": 2.0, "j_per_step": 0.8}, decode
+
+    runtime.measure_steps = measure_steps
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: (80 * 2**30, 80 * 2**30))
+    (point,) = runtime.measure_points(FP8, [at_batch(CHAT, 100)])
+    predicted = steady_state(steps, FP8, CHAT, 100)
+    assert (point.batch, point.tpot_ms, point.j_per_token) == (100, pytest.approx(predicted.tpot_ms),
+                                                               pytest.approx(predicted.j_per_token))
+    assert point.decode_step_ms == pytest.approx(1.5) and point.source.startswith("measured (Fake GPU")
+    est = runtime.estimate(FP8, CHAT)  # the stated batch, from the same measured steps
+    assert est.measured and est.j_per_token == pytest.approx((0.8 + 32 * steps.decode_step(FP8, 4, 0)[1] / 4) / 32)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: (2**30, 80 * 2**30))
+    with pytest.raises(UnsupportedError, match="batch 4096 of 'chat at batch 4096' needs about"):
+        runtime.measure_points(FP8, [at_batch(CHAT, 4096)])

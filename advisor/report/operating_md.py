@@ -51,6 +51,13 @@ def operating_section(summary: dict[str, Any]) -> list[str]:
             out += [f"({len(here) - 12} more plans in summary.json)", ""]
         out += [f"{'Predicted' if measured else 'All predicted'}: {here[0]['source']}.", ""]
         out += _measured_sources(here)
+        missed = next((p for p in here if p["plan_id"] == rec and (p.get("measured") or {}).get("meets") is False),
+                      None)
+        if missed is not None:
+            m = missed["measured"]
+            out += [f"**As measured, the recommendation misses this objective at batch {missed['batch']}** (TPOT "
+                    f"{_opt(m['tpot_ms'], '.3g')} ms, TTFT {_opt(m['ttft_ms'], '.3g')} ms): its operating batch is "
+                    "smaller than predicted; serve it at a lower concurrency.", ""]
     out += ["![time-energy frontier](operating_points.png)", ""]
     return out + payback_lines(summary)
 
