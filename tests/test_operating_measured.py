@@ -264,3 +264,12 @@ def test_the_builtin_runtime_composes_its_measured_steps_and_refuses_a_batch_tha
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: (2**30, 80 * 2**30))
     with pytest.raises(UnsupportedError, match="batch 4096 of 'chat at batch 4096' needs about"):
         runtime.measure_points(FP8, [at_batch(CHAT, 4096)])
+
+
+def test_the_frontier_plot_marks_the_measured_points(study_and_recipe, tmp_path):
+    from advisor.report.plots import plot_operating_points
+
+    study, recipe = study_and_recipe
+    _stages(study, recipe, FakeTimed())
+    plot_operating_points(build_summary(study).model_dump(mode="json"), tmp_path / "op.png")
+    assert (tmp_path / "op.png").read_bytes()[:4] == b"\x89PNG"
