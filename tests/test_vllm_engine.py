@@ -166,6 +166,6 @@ def test_measure_with_an_objective_meters_the_plans_operating_point(tmp_path, mo
     assert op["predicted"]["source"].startswith("predicted")
     m = op["measured"]
     assert m["batch"] == 6 and m["workload"] == "cli" and m["source"].startswith("measured (vLLM 0.0-fake")
-    assert [llm.kwargs["max_num_seqs"] for llm in vllm.instances] == [2, 6]
+    assert [llm.kwargs["max_num_seqs"] for llm in vllm.instances] == [6]  # both batches served by one engine
     res = CliRunner().invoke(app, [*args, "--tpot-ms", "10", "--ttft-ms", "5"])
     assert res.exit_code == 2 and res.output.count("Error:") == 1 and "ttft_ms 5 is below tpot_ms 10" in res.output

@@ -236,10 +236,12 @@ def measure(
     if engine == "vllm":
         from advisor.deploy.engines import import_engine
         from advisor.deploy.vllm_engine import VllmEnergyModel
+        from advisor.search.operating_measured import at_batch
 
         import_engine("vllm")
         vocab = json.loads((checkpoint / "config.json").read_text()).get("vocab_size", 32000)
-        meter: Any = VllmEnergyModel(lambda _plan: checkpoint, [workload], vocab, gpu_label=gpu_here()[1] or "")
+        both = [workload] if point is None else [workload, at_batch(workload, point.state.batch)]  # one engine
+        meter: Any = VllmEnergyModel(lambda _plan: checkpoint, both, vocab, gpu_label=gpu_here()[1] or "")
     else:
         meter = MeasuredEnergyModel(shape, tgt, model_config=config)
         meter.check_fits([workload])

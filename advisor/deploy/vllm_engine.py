@@ -183,14 +183,17 @@ class VllmEnergyModel:
         return self._served[plan.id]
 
     def measure_points(self, plan: Plan, workloads: Sequence[Workload]) -> list[MeasuredPoint]:
-        """``plan`` served at each of ``workloads`` (operating batches), all in one engine process: J/token,
-        tokens/s, and TPOT/TTFT at each workload's percentile where the serving rows time them."""
+        """``plan`` served at each of ``workloads`` (operating batches), all in one engine process (none when the
+        plan's first serving already covered them): J/token, tokens/s, and TPOT/TTFT at each workload's
+        percentile where the serving rows time them."""
         from advisor.search.operating_measured import from_timed
 
-        job = ServeJob(checkpoint=str(self.checkpoint_for(plan)), vocab_size=self.vocab_size,
-                       workloads=tuple(w.model_dump() for w in workloads), formats=False, prefill=False,
-                       meter=asdict(self.meter))
-        rows = self.runner(job)["energy"]
+        rows = self._served.get(plan.id, {}).get("energy", {})
+        if not all(w.name in rows for w in workloads):
+            job = ServeJob(checkpoint=str(self.checkpoint_for(plan)), vocab_size=self.vocab_size,
+                           workloads=tuple(w.model_dump() for w in workloads), formats=False, prefill=False,
+                           meter=asdict(self.meter))
+            rows = self.runner(job)["energy"]
         return [from_timed(plan, w, rows[w.name], self.label + _steadiness(rows[w.name], w)) for w in workloads]
 
     def estimate(self, plan: Plan, workload: Workload) -> EnergyEstimate:

@@ -100,7 +100,8 @@ def measured_operating_stage(study: optuna.Study, ctx: RunContext, recipe: Recip
     """Every plan the measured tier metered, metered again at its own operating batch of each objective (the
     predicted point's batch), stored beside the predicted point; points already metered at that batch are kept."""
     model = ctx.measured_model
-    points = [p for p in stored_operating_points(study) if p["plan_id"] in measured_energy(study)]
+    metered = measured_energy(study)
+    points = [p for p in stored_operating_points(study) if p["plan_id"] in metered]
     if model is None or not points:
         return
     done = measured_points(study)
