@@ -273,7 +273,13 @@ CASES: list[Case] = [
          "--device: got 'tpu'", "allowed: auto, cpu, cuda"),
     case("recheck --research-trials 0", "recheck --recommendation {run} --model {tiny_model} "
          "--research-trials 0", 2, "Invalid value for '--research-trials'", "see `advisor recheck --help`"),
+    case("recheck --engine unknown", "recheck --recommendation {run} --model {tiny_model} --engine sglang", 2,
+         "--engine: got 'sglang'", "allowed: builtin", added="issue 38"),
+    case("recheck --engine without a GPU", "recheck --recommendation {run} --model {tiny_model} --engine builtin",
+         3, "NVML sees none", "leave --engine out", cpu_only=True, added="issue 38"),
     # ---------------------------------------------------------------- profile and measure
+    case("measure --ttft-ms below --tpot-ms", "measure --plan {tiny_plan} --tpot-ms 10 --ttft-ms 5", 2,
+         "ttft_ms 5 is below tpot_ms 10", "raise ttft_ms", added="issue 39"),
     case("profile without a GPU", "profile --out {ws}/profile.json", 3,
          "no NVIDIA GPU visible", "measures the GPU it runs on", cpu_only=True),
     case("profile --out under a file", "profile --out {a_file}/p.json", 2,

@@ -142,3 +142,72 @@ def test_neighbours_flip_one_group():
     found = neighbours(plan, [Format.BF16, Format.FP8, Format.NVFP4])
     assert len(found) == 4
     assert all(sum(plan.formats[g] != n.formats[g] for g in plan.formats) == 1 for n in found)
+
+
+@pytest.fixture
+def fake_vllm_gpu(monkeypatch):
+    """The fake vllm importable, a GPU "here" for NVML, and the engine served in-process on a constant-power
+    counter with short meter windows."""
+    import sys
+    import types
+
+    import advisor.deploy.vllm_engine as vllm_engine
+    import advisor.energy.meter as meter_module
+    from advisor.deploy.vllm_serve import serve
+    from advisor.energy.meter import MeterConfig
+    from advisor.testing_vllm import ConstantPowerCounter, fake_vllm
+
+    vllm = fake_vllm(step_s=0.001)
+    monkeypatch.setitem(sys.modules, "vllm", vllm)
+    monkeypatch.setattr("advisor.energy.prediction.gpu_here", lambda: ("h100", "Fake GPU"))
+    state = types.SimpleNamespace(name="Fake GPU", driver="0")
+    monkeypatch.setattr(meter_module, "NvmlDevice", lambda index: types.SimpleNamespace(state=lambda: state))
+    monkeypatch.setattr(vllm_engine, "run_in_child", lambda job: serve(job, make_counter=ConstantPowerCounter))
+    monkeypatch.setattr(vllm_engine, "MeterConfig", lambda: MeterConfig(
+        warmup_s=0.05, min_window_s=0.2, min_ticks=10, repeats=3, idle_s=0.02, max_cv=0.5))
+    return vllm
+
+
+def test_recheck_meters_the_plan_and_bf16_through_vllm(run_dir, fake_vllm_gpu, tmp_path):
+    out = tmp_path / "rc"
+    res = _invoke("--recommendation", str(run_dir / "summary.json"), "--model", str(TINY_MODEL),
+                  "--out", str(out), "--engine", "vllm")
+    assert res.exit_code in (0, 1), res.output
+    data = json.loads((out / "recheck.json").read_text())
+    stored = json.loads((run_dir / "summary.json").read_text())["recommendation"]
+    served = [str(llm.model.name) for llm in fake_vllm_gpu.instances]
+    bf16_id = Plan.uniform(list(stored["formats"]), Format.BF16).id
+    assert served == [bf16_id, stored["plan_id"]]  # each exported checkpoint served once
+    for key in ("energy", "bf16_energy"):
+        (e,) = data["new"][key]
+        assert e["measured"] and e["source"].startswith("measured (vLLM 0.0-fake, Fake GPU, driver 0")
+        (p,) = data["new"]["predicted"][key]
+        assert not p["measured"] and p["j_per_token"] != e["j_per_token"]
+    check = next(c for c in data["checks"] if c["name"].startswith("J/token"))
+    assert check["value"] == data["new"]["energy"][0]["j_per_token"]
+    assert check["threshold"] == data["new"]["bf16_energy"][0]["j_per_token"]
+    assert "Metered through `--engine vllm`" in (out / "recheck.md").read_text()
+
+
+def test_recheck_engine_without_vllm_or_gpu_exits_3_in_one_line(run_dir, tmp_path, monkeypatch):
+    import sys
+
+    args = ("--recommendation", str(run_dir / "summary.json"), "--model", str(TINY_MODEL), "--out", str(tmp_path))
+    monkeypatch.setitem(sys.modules, "vllm", None)
+    res = _invoke(*args, "--engine", "vllm")
+    assert res.exit_code == 3 and res.output.count("Error:") == 1 and "pip install vllm==0.26.0" in res.output
+
+    from advisor.testing_vllm import fake_vllm
+
+    monkeypatch.setitem(sys.modules, "vllm", fake_vllm())
+    monkeypatch.setattr("advisor.energy.prediction.gpu_here", lambda: (None, None))
+    for engine in ("vllm", "builtin"):
+        res = _invoke(*args, "--engine", engine)
+        assert res.exit_code == 3 and res.output.count("Error:") == 1 and "NVML sees none" in res.output
+
+    monkeypatch.setitem(sys.modules, "tensorrt_llm", None)
+    res = _invoke(*args, "--engine", "tensorrt_llm")
+    assert res.exit_code == 3 and "cannot be installed on the GPU machines" in res.output
+    assert "tensorrt_llm is not importable" in res.output
+    res = _invoke(*args, "--engine", "sglang")
+    assert res.exit_code == 2 and "--engine: got 'sglang'" in res.output

@@ -26,7 +26,8 @@ def run_dir(tmp_path_factory):
 
     recipe = validate_recipe({
         "name": "tiny", "model": {"source": str(need(TINY_MODEL))}, "target": "h100",
-        "workloads": [{"name": "chat", "batch_size": 4, "input_tokens": 16, "output_tokens": 8}],
+        "workloads": [{"name": "chat", "batch_size": 4, "input_tokens": 16, "output_tokens": 8, "tpot_ms": 1000.0,
+                       "max_concurrency": 6}],
         "calibration": {"num_samples": 4, "seq_len": 32, "heldout_samples": 2, "heldout_seq_len": 32},
         "search": {"trials": 3, "seed": 0}, "out": str(tmp_path_factory.mktemp("runs")), "device": "cpu",
         "energy": "predicted",
@@ -75,6 +76,16 @@ def test_verify_serves_the_recommendation_and_bf16(run_dir, engine, tmp_path):
     assert e["workload"] == "chat" and e["vllm_j_per_token"] > 0 and e["batch_full"]
     assert e["predicted_j_per_token"] is not None and "predicted" in e["predicted_source"]
     assert engine.instances[0].kwargs["enable_prefix_caching"] is False
+    # the objective's operating point: each plan served at its own largest batch under it (here the service's 6)
+    points = {p["plan_id"]: p for p in summary["operating_points"]}
+    for r in data["plans"]:
+        (op,) = r["operating"]
+        assert op["workload"] == "chat" and op["batch"] == points[r["plan_id"]]["batch"] == 6
+        assert op["predicted"]["j_per_token"] == points[r["plan_id"]]["j_per_token"]
+        assert op["vllm"]["batch"] == 6 and op["vllm"]["j_per_token"] > 0 and op["batch_full"]
+        assert op["vllm"]["source"].startswith("measured (vLLM 0.0-fake, Fake GPU")
+    assert {llm.kwargs["max_num_seqs"] for llm in engine.instances} == {6}
+    assert "### Operating points as served" in (run_dir / "verify.md").read_text()
     report = (run_dir / "report.md").read_text()
     assert report.count("## Verified in vLLM 0.0-fake") == 1 and "Energy as served" in report
     # again: the report's section is replaced, not repeated; the exports are reused

@@ -139,3 +139,37 @@ def test_measure_chooses_the_engine_and_vllm_needs_the_checkpoint(tmp_path):
     assert res.exit_code == 2 and "--engine vllm serves an exported checkpoint" in res.output
     res = runner.invoke(app, ["measure", "--plan", str(plan), "--engine", "sglang"])
     assert res.exit_code == 2 and "builtin or vllm" in res.output
+
+
+def test_measure_with_an_objective_meters_the_plans_operating_point(tmp_path, monkeypatch):
+    from conftest import TINY_MODEL, need
+    from typer.testing import CliRunner
+
+    import advisor.deploy.vllm_engine as vllm_engine
+    from advisor.cli import app
+    from advisor.cli.energy import shape_from_model
+    from advisor.energy.meter import MeterConfig
+
+    vllm = fake_vllm(step_s=0.001)
+    monkeypatch.setitem(sys.modules, "vllm", vllm)
+    monkeypatch.setattr("advisor.cli.energy.gpu_here", lambda: (None, "Fake GPU"))
+    monkeypatch.setattr(vllm_engine, "run_in_child", lambda job: serve(job, make_counter=ConstantPowerCounter))
+    monkeypatch.setattr(vllm_engine, "MeterConfig", lambda: MeterConfig(**FAST))
+    model = need(TINY_MODEL)
+    plan = tmp_path / "plan.json"
+    plan.write_text(Plan.uniform(shape_from_model(str(model)).groups, Format.FP8).to_json())
+    ck = checkpoint(tmp_path / "ck", "FP8")
+    args = ["measure", "--plan", str(plan), "--model", str(model), "--engine", "vllm", "--checkpoint", str(ck),
+            "--batch", "2", "--input-tokens", "8", "--output-tokens", "8", "--target", "h100"]
+    res = CliRunner().invoke(app, [*args, "--tpot-ms", "1000", "--max-concurrency", "6"])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.output[res.output.index("{"):])
+    assert out["workload"] == "cli" and out["measured"]  # the stated batch, as before
+    op = out["operating_point"]
+    assert op["predicted"]["batch"] == 6 and op["predicted"]["bound"] == "max_concurrency"
+    assert op["predicted"]["source"].startswith("predicted")
+    m = op["measured"]
+    assert m["batch"] == 6 and m["workload"] == "cli" and m["source"].startswith("measured (vLLM 0.0-fake")
+    assert [llm.kwargs["max_num_seqs"] for llm in vllm.instances] == [6]  # both batches served by one engine
+    res = CliRunner().invoke(app, [*args, "--tpot-ms", "10", "--ttft-ms", "5"])
+    assert res.exit_code == 2 and res.output.count("Error:") == 1 and "ttft_ms 5 is below tpot_ms 10" in res.output

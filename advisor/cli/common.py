@@ -34,13 +34,15 @@ def print_error(message: str) -> None:
     err.print(f"[bold red]Error:[/] {escape(message)}", markup=True, highlight=False)
 
 
-def handle_errors(fn: F | None = None, *, error_exit: int | None = None, catch_all: bool = True) -> Any:
+def handle_errors(fn: F | None = None, *, error_exit: int | None = None, catch_all: bool = True,
+                  keep_setup_exit: bool = False) -> Any:
     """Turn errors into one `Error:` line and an exit code (tracebacks only with --debug).
 
     Known errors (:class:`AdvisorError`) exit with their own code; anything else is a bug
     and exits 1 with the hint to rerun with --debug. ``error_exit`` forces one exit code for
     every error (a CI gate such as `recheck`, where an error must never read as a pass or a
-    regression); ``catch_all=False`` lets unexpected exceptions raise.
+    regression); ``keep_setup_exit`` exempts :class:`SetupError` (no GPU, a package missing: exit 3) from it;
+    ``catch_all=False`` lets unexpected exceptions raise.
     """
 
     def deco(f: F) -> F:
@@ -53,7 +55,8 @@ def handle_errors(fn: F | None = None, *, error_exit: int | None = None, catch_a
             except AdvisorError as exc:
                 _traceback_if_debug()
                 print_error(str(exc))
-                raise typer.Exit(error_exit if error_exit is not None else exc.exit_code) from None
+                forced = error_exit is not None and not (keep_setup_exit and isinstance(exc, SetupError))
+                raise typer.Exit(error_exit if forced else exc.exit_code) from None
             except Exception as exc:
                 full = disk_full_message(exc)
                 if full is not None:

@@ -3,7 +3,8 @@
 Thin commands: check flags, call :mod:`advisor.deploy.export` / :mod:`advisor.deploy.recheck`, print
 results to stdout. ``export`` maps errors like every other command (exit 2 bad input,
 3 setup, 1 other). ``recheck`` is a CI gate with its own contract: 0 pass,
-1 regression, 2 any error (an error must never read as a regression or a pass).
+1 regression, 3 the machine lacks a GPU or a package, 2 any other error (an error must never
+read as a regression or a pass).
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ def export(
         err.print(f"[yellow]warning:[/] {w}", markup=True, highlight=False)
 
 
-@handle_errors(error_exit=RECHECK_ERROR_EXIT, catch_all=True)
+@handle_errors(error_exit=RECHECK_ERROR_EXIT, catch_all=True, keep_setup_exit=True)
 def recheck(
     recommendation: Annotated[Path, typer.Option("--recommendation", help="summary.json of the run (or its folder).")],
     model: Annotated[str, typer.Option(help="The new model version: hub id, local dir or .gguf file.")],
@@ -56,17 +57,28 @@ def recheck(
     research: Annotated[bool, typer.Option("--research", help="Also run a short search around the old plan.")] = False,
     research_trials: Annotated[int, typer.Option(min=1, help="Trials of --research.")] = 12,
     device: Annotated[str | None, typer.Option(help="auto, cpu or cuda (default: the recipe's).")] = None,
+    engine: Annotated[str | None, typer.Option(help="Meter the plan and BF16 on the GPU here through this engine "
+                                               "(builtin or vllm) instead of pricing them from the predicted tier."
+                                               )] = None,
 ) -> None:
-    """Re-score the stored recommendation and BF16 on a new model; exit 0 pass, 1 regression, 2 error."""
+    """Re-score the stored recommendation and BF16 on a new model; exit 0 pass, 1 regression, 2 error, 3 no GPU
+    or package."""
     from advisor.workflows.recheck import run_recheck
 
     if device is not None and device not in ("auto", "cpu", "cuda"):
         from advisor.errors import InputError
 
         raise InputError(f"--device: got {device!r}; allowed: auto, cpu, cuda")
+    if engine is not None:
+        from advisor.deploy.engines import engine as engine_entry
+
+        chosen = engine_entry(engine)
+        if chosen.package is not None:
+            err.print(f"engine: {chosen.title}: {chosen.note}", highlight=False, markup=False)
     with err.status("re-checking") as status:
         result = run_recheck(recommendation, model, out_dir, recipe_path=recipe, research=research,
-                             research_trials=research_trials, device=device, status=lambda m: status.update(m))
+                             research_trials=research_trials, device=device, engine=engine,
+                             status=lambda m: status.update(m))
     for c in result.checks:
         out.print(f"{'ok  ' if c.ok else 'FAIL'} {c.name}: {c.value:.4g} (threshold {c.threshold:.4g})",
                   highlight=False)

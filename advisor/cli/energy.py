@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -182,12 +182,22 @@ def measure(
                                         "vllm (--checkpoint served by vLLM).")] = "builtin",
     checkpoint: Annotated[Path | None, typer.Option(help="The plan's exported checkpoint (`advisor export`), "
                                                     "for --engine vllm.")] = None,
+    tpot_ms: Annotated[float | None, typer.Option(help="Latency objective: time per output token (ms); also "
+                                                  "meter the plan at its largest batch that meets it.")] = None,
+    ttft_ms: Annotated[float | None, typer.Option(help="Latency objective: time to first token (ms).")] = None,
+    percentile: Annotated[str | None, typer.Option(help="p50 or p90: where the objective holds.")] = None,
+    max_concurrency: Annotated[int | None, typer.Option(help="The most requests the service keeps in flight.")]
+        = None,
 ) -> None:
-    """Measure one plan's J/token on the GPU here (serving runtime or engine, NVML meter)."""
+    """Measure one plan's J/token on the GPU here (serving runtime or engine, NVML meter); with an objective,
+    also at the plan's operating point (its largest batch under it, predicted), predicted and measured."""
     from advisor.energy.measure import MeasuredEnergyModel
+    from advisor.workflows.measure_point import workload_of
 
     if batch < 1 or input_tokens < 1 or output_tokens < 1:
         raise InputError("--batch, --input-tokens and --output-tokens must be >= 1")
+    workload = workload_of(batch_size=batch, input_tokens=input_tokens, output_tokens=output_tokens,
+                           tpot_ms=tpot_ms, ttft_ms=ttft_ms, percentile=percentile, max_concurrency=max_concurrency)
     if engine not in ("builtin", "vllm"):
         raise InputError(f"--engine: got {engine!r}; `advisor measure` runs builtin or vllm (tensorrt_llm measures "
                          "inside `advisor search --engine tensorrt_llm`)")
@@ -208,23 +218,37 @@ def measure(
 
         raise SetupError("no NVIDIA GPU visible through NVML: `advisor measure` measures on the GPU it runs on "
                          "(without one, `advisor search --energy predicted` predicts)")
-    workload = Workload(name="cli", batch_size=batch, input_tokens=input_tokens, output_tokens=output_tokens)
-    if engine == "vllm":
-        from advisor.deploy.engines import import_engine
-        from advisor.deploy.vllm_engine import VllmEnergyModel
-
-        import_engine("vllm")
-        vocab = json.loads((checkpoint / "config.json").read_text()).get("vocab_size", 32000)
-        est = VllmEnergyModel(lambda _plan: checkpoint, [workload], vocab, gpu_label=gpu_here()[1] or "").estimate(
-            p, workload)
-        typer.echo(json.dumps({"plan": p.id, "label": p.label(), "engine": "vllm", **est.to_dict()}, indent=2))
-        return
     config = None
     if model is not None:
         from transformers import AutoConfig
 
         config = AutoConfig.from_pretrained(model)  # readable: shape_from_model read it above
-    measured = MeasuredEnergyModel(shape, tgt, model_config=config)
-    measured.check_fits([workload])
-    est = measured.estimate(p, workload)
-    typer.echo(json.dumps({"plan": p.id, "label": p.label(), **est.to_dict()}, indent=2))
+    point = None
+    if workload.has_objective:
+        from advisor.workflows.measure_point import predicted_point
+
+        kind = tgt or gpu_here()[0]
+        if kind is None:
+            raise InputError(f"an objective needs the GPU kind its step times are predicted for: the GPU here "
+                             f"({gpu_here()[1]}) is not one the advisor knows; give --target "
+                             f"{'|'.join(g.value for g in GPU)}")
+        point = predicted_point(p, shape, kind, workload, config)
+    if engine == "vllm":
+        from advisor.deploy.engines import import_engine
+        from advisor.deploy.vllm_engine import VllmEnergyModel
+        from advisor.search.operating_measured import at_batch
+
+        import_engine("vllm")
+        vocab = json.loads((checkpoint / "config.json").read_text()).get("vocab_size", 32000)
+        both = [workload] if point is None else [workload, at_batch(workload, point.state.batch)]  # one engine
+        meter: Any = VllmEnergyModel(lambda _plan: checkpoint, both, vocab, gpu_label=gpu_here()[1] or "")
+    else:
+        meter = MeasuredEnergyModel(shape, tgt, model_config=config)
+        meter.check_fits([workload])
+    est = meter.estimate(p, workload)
+    result = {"plan": p.id, "label": p.label(), **({"engine": "vllm"} if engine == "vllm" else {}), **est.to_dict()}
+    if point is not None:
+        from advisor.workflows.measure_point import measured_operating_point
+
+        result["operating_point"] = measured_operating_point(meter, p, point, workload)
+    typer.echo(json.dumps(result, indent=2))

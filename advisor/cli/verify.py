@@ -40,6 +40,12 @@ def verify(
         for e in r["energy"]:
             out.print(f"  {e['workload']}: vLLM {e['vllm_j_per_token']:.4g} J/token, built-in "
                       f"{e['runtime_j_per_token']}, predicted {e['predicted_j_per_token']}", highlight=False)
+        for o in r.get("operating") or []:
+            v, tpot = o["vllm"], o["vllm"]["tpot_ms"]
+            meets = {True: "meets the objective", False: "misses the objective", None: "TPOT/TTFT not timed"}
+            out.print(f"  {o['workload']} at its operating batch {o['batch']}: vLLM {v['j_per_token']:.4g} J/token"
+                      + (f", TPOT {tpot:.3g} ms" if tpot is not None else "") + f" ({meets[v['meets']]}), "
+                      f"predicted {o['predicted']['j_per_token']:.4g}", highlight=False)
     out.print(f"written: {Path(run_dir) / 'verify.md'}, verify.json, and a section of report.md", highlight=False)
     if not result["verified"]:
         bad = "; ".join(f"{r['plan_id']}: " + ", ".join(f"{g} {why}" for g, why in r["formats_match"].items())

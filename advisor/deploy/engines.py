@@ -65,6 +65,17 @@ def import_engine(name: str) -> ModuleType | None:
                          "or use --engine builtin") from None
 
 
+def require_engine_here(name: str, command: str) -> None:
+    """Before any model is read: ``name``'s package importable and a GPU visible to NVML, else a SetupError
+    (exit 3) saying what to install or where to run ``command``."""
+    import_engine(name)
+    from advisor.energy.prediction import gpu_here
+
+    if gpu_here()[1] is None:
+        raise SetupError(f"{command} --engine {name} meters on the GPU here and NVML sees none; run it on an NVIDIA "
+                         "GPU machine, or leave --engine out to price energy from the predicted tier")
+
+
 def measured_tier(name: str) -> Callable[[Any, Any, Any], Any] | None:
     """The function building ``name``'s measured tier from (recipe, loaded model, tokens); None for builtin."""
     e = engine(name)
@@ -74,4 +85,4 @@ def measured_tier(name: str) -> Callable[[Any, Any, Any], Any] | None:
     return getattr(importlib.import_module(module), function)
 
 
-__all__ = ["ENGINES", "ENGINE_TABLE", "Engine", "engine", "import_engine", "measured_tier"]
+__all__ = ["ENGINES", "ENGINE_TABLE", "Engine", "engine", "import_engine", "measured_tier", "require_engine_here"]

@@ -13,7 +13,11 @@ harness is importable), and checks them against the stored thresholds:
 * the plan's J/token <= BF16's on every workload (never recommend a plan that costs
   more energy than BF16).
 
-Verdict: ``pass`` or ``regression`` (the CLI exits 0 or 1; any error exits 2).
+With ``--engine`` the two plans' energy is metered on the GPU here through that engine (the search's
+measured tier), the predicted numbers kept beside.
+
+Verdict: ``pass`` or ``regression`` (the CLI exits 0 or 1; a missing GPU or package exits 3, any other
+error 2).
 ``research=True`` adds a short search seeded with the old plan and its one-group
 neighbours, and reports the best plan found on the new model.
 """
@@ -235,6 +239,11 @@ def render_markdown(r: RecheckResult) -> str:
         f"- Accuracy: {r.labels['accuracy']}. Benchmark: {r.benchmark.get('status')}.",
         f"- Energy: {'; '.join(r.labels['energy'])}.",
     ]
+    if "predicted" in r.new:
+        pred = r.new["predicted"]
+        lines.append(f"- Metered through `--engine {r.new['engine']}`; the predicted tier said: " + "; ".join(
+            f"'{p['workload']}' plan {_num(p['j_per_token'])}, BF16 {_num(b['j_per_token'])} J/token"
+            for p, b in zip(pred["energy"], pred["bf16_energy"], strict=False)) + ".")
     if r.research is not None:
         rs = r.research
         if "plan_id" in rs:

@@ -59,7 +59,32 @@ def render_verify(result: dict[str, Any]) -> str:
                          f"{_num(e['runtime_j_per_token'])} | {_pct(e['runtime_j_per_token'], e['vllm_j_per_token'])} "
                          f"| {_num(e['predicted_j_per_token'])} | "
                          f"{_pct(e['predicted_j_per_token'], e['vllm_j_per_token'])} | {steady} |")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + _operating_lines(result)) + "\n"
+
+
+def _meets(m: Any) -> str:
+    return {True: "yes", False: "**no**", None: "not timed"}[m]
+
+
+def _operating_lines(result: dict[str, Any]) -> list[str]:
+    """Each plan at its own operating batch under each objective: predicted, built-in runtime (where the search
+    measured it) and vLLM, with the objective met as each says."""
+    rows = [(r, o) for r in result["plans"] for o in r.get("operating") or []]
+    if not rows:
+        return []
+    lines = ["", "### Operating points as served", "",
+             "Each plan at its largest batch under the workload's latency objective (predicted by the search), "
+             "served there by vLLM; TPOT/TTFT at the objective's percentile.", "",
+             "| plan | workload | batch | J/token predicted | J/token built-in | J/token vLLM | TPOT ms predicted | "
+             "TPOT ms vLLM | TTFT ms vLLM | tokens/s vLLM | meets: predicted | meets: vLLM |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r, o in rows:
+        p, v, rt = o["predicted"], o["vllm"], o.get("runtime") or {}
+        lines.append(f"| `{r['plan_id']}` | {o['workload']} | {o['batch']} | {_num(p['j_per_token'])} | "
+                     f"{_num(rt.get('j_per_token'))} | {_num(v['j_per_token'])} | {_num(p['tpot_ms'], '.3g')} | "
+                     f"{_num(v['tpot_ms'], '.3g')} | {_num(v['ttft_ms'], '.3g')} | {_num(v['tokens_per_s'], '.0f')} "
+                     f"| {'yes' if p['meets'] else '**no**'} | {_meets(v['meets'])} |")
+    return lines
 
 
 def write_report_section(report: Path, section: str) -> None:

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from advisor.deploy.vllm_serve import ServeJob, serve
 from advisor.energy.meter import MeterConfig
@@ -27,6 +27,9 @@ from advisor.estimate import EnergyEstimate
 from advisor.formats import Format
 from advisor.plan import Plan
 from advisor.recipe.schema import Workload
+
+if TYPE_CHECKING:
+    from advisor.search.operating_measured import MeasuredPoint
 
 VLLM_INSTALL = ("pip install vllm==0.26.0 (its wheel pins torch 2.11; on the lent GPU machines, pack it with "
                 "../shared/tools/device-vllm.sh)")
@@ -163,10 +166,10 @@ class VllmEnergyModel:
     measured = True
 
     def __init__(self, checkpoint_for: Callable[[Plan], Path], workloads: Sequence[Workload], vocab_size: int,
-                 meter: MeterConfig | None = None, runner: Callable[[ServeJob], dict[str, Any]] = run_in_child,
+                 meter: MeterConfig | None = None, runner: Callable[[ServeJob], dict[str, Any]] | None = None,
                  gpu_label: str = "", vllm_version: str | None = None) -> None:
         self.checkpoint_for, self.workloads, self.vocab_size = checkpoint_for, list(workloads), vocab_size
-        self.meter, self.runner = meter or MeterConfig(), runner
+        self.meter, self.runner = meter or MeterConfig(), runner or run_in_child
         self._served: dict[str, dict[str, Any]] = {}
         version = vllm_version or getattr(import_vllm(), "__version__", "unknown")
         self.label = f"measured (vLLM {version}{', ' + gpu_label if gpu_label else ''}, {time.strftime('%Y-%m-%d')})"
@@ -179,6 +182,20 @@ class VllmEnergyModel:
             self._served[plan.id] = self.runner(job)
         return self._served[plan.id]
 
+    def measure_points(self, plan: Plan, workloads: Sequence[Workload]) -> list[MeasuredPoint]:
+        """``plan`` served at each of ``workloads`` (operating batches), all in one engine process (none when the
+        plan's first serving already covered them): J/token, tokens/s, and TPOT/TTFT at each workload's
+        percentile where the serving rows time them."""
+        from advisor.search.operating_measured import from_timed
+
+        rows = self._served.get(plan.id, {}).get("energy", {})
+        if not all(w.name in rows for w in workloads):
+            job = ServeJob(checkpoint=str(self.checkpoint_for(plan)), vocab_size=self.vocab_size,
+                           workloads=tuple(w.model_dump() for w in workloads), formats=False, prefill=False,
+                           meter=asdict(self.meter))
+            rows = self.runner(job)["energy"]
+        return [from_timed(plan, w, rows[w.name], self.label + _steadiness(rows[w.name], w)) for w in workloads]
+
     def estimate(self, plan: Plan, workload: Workload) -> EnergyEstimate:
         if workload.name not in {w.name for w in self.workloads}:
             self.workloads.append(workload)
@@ -190,12 +207,17 @@ class VllmEnergyModel:
         lin, lout = workload.input_tokens, workload.output_tokens
         pre = row.get("prefill_j_per_input_token", float("nan"))
         decode = row["j_per_token"] - pre * lin / lout if not math.isnan(pre) else row["j_per_token"]
-        unstable = " (unstable)" if row["measurement"].get("unstable") else ""
-        full = "" if row["batch_full"] else f"; batch not full: {row['fewest_inflight']} of {workload.batch_size}"
         return EnergyEstimate(workload=workload.name, j_per_token=row["j_per_token"],
                               decode_j_per_token=max(decode, 0.0), prefill_j_per_input_token=pre,
-                              decode_tokens_per_s=row["tokens_per_s"], source=self.label + unstable + full,
+                              decode_tokens_per_s=row["tokens_per_s"], source=self.label + _steadiness(row, workload),
                               measured=True)
+
+
+def _steadiness(row: Mapping[str, Any], workload: Workload) -> str:
+    """What the label adds for a window that was unstable or a batch that was not kept full."""
+    unstable = " (unstable)" if row["measurement"].get("unstable") else ""
+    return unstable + ("" if row["batch_full"] else f"; batch not full: {row['fewest_inflight']} of "
+                       f"{workload.batch_size}")
 
 
 def vllm_tier(recipe: Any, loaded: Any, tokens: Any) -> VllmEnergyModel:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from advisor.energy.meter import EnergyMeter, MeterConfig, open_meter
 from advisor.errors import SetupError, UnsupportedError
@@ -23,6 +23,9 @@ from advisor.formats import GPU, Format, gpu_from_device_name
 from advisor.models.shape import ModelShape
 from advisor.plan import Plan
 from advisor.recipe.schema import Workload
+
+if TYPE_CHECKING:
+    from advisor.search.operating_measured import MeasuredPoint
 
 
 @dataclass
@@ -200,6 +203,32 @@ class MeasuredEnergyModel:
             check_fits(self.shape, workloads, *torch.cuda.mem_get_info())
 
     def estimate(self, plan: Plan, workload: Workload) -> EnergyEstimate:
+        pre, dec = self.measure_steps(plan, workload)
+        return EnergyEstimate.of_request(workload, pre["j_per_step"], dec["j_per_step"], dec["tokens_per_s"],
+                                         self.label, measured=True)
+
+    def measure_points(self, plan: Plan, workloads: Sequence[Workload]) -> list[MeasuredPoint]:
+        """``plan`` at each workload's batch (an operating batch): its measured decode step and prefill,
+        composed into the served steady state (:func:`advisor.search.operating_measured.from_steps`)."""
+        import torch
+
+        from advisor.search.operating_measured import from_steps
+
+        out = []
+        for w in workloads:
+            need = w.batch_size * self.shape.kv_bytes(w.input_tokens + w.output_tokens + 1) + WORKSPACE_BYTES
+            free, total = torch.cuda.mem_get_info()
+            if need > free:
+                raise UnsupportedError(f"batch {w.batch_size} of '{w.name}' needs about {need / 2**30:.1f} GiB of KV "
+                                       f"cache and workspace; {free / 2**30:.1f} of {total / 2**30:.1f} GiB are free")
+            pre, dec = self.measure_steps(plan, w)
+            out.append(from_steps(plan, w, dec["ms_per_step"], dec["j_per_step"], pre["ms_per_step"],
+                                  pre["j_per_step"], self.label))
+        return out
+
+    def measure_steps(self, plan: Plan, workload: Workload) -> tuple[dict[str, Any], dict[str, Any]]:
+        """(prefill, decode) rows of :func:`measure_step`: one request's prefill of the workload's input, and
+        one decode step of its batch at the mean context."""
         from advisor.energy.runtime import release_cuda_memory
 
         lin, lout, b = workload.input_tokens, workload.output_tokens, workload.batch_size
@@ -227,5 +256,4 @@ class MeasuredEnergyModel:
             # Each graph capture runs on its own stream, and cuBLAS(Lt) keeps a workspace per
             # stream (32 MiB on Hopper) until told otherwise: two per estimate, never reused.
             release_cuda_memory()
-        pre_j, step_j = pre["j_per_step"], dec["j_per_step"]
-        return EnergyEstimate.of_request(workload, pre_j, step_j, dec["tokens_per_s"], self.label, measured=True)
+        return pre, dec

@@ -38,18 +38,63 @@ def operating_section(summary: dict[str, Any]) -> list[str]:
                 + (f", within a {cap:g} W power cap per GPU" if cap is not None else ""), ""]
         if not any(p["meets"] for p in here):
             out += ["**No plan meets this objective, not even at batch 1; BF16 is kept.** Relax the objective.", ""]
+        measured = any(p.get("measured") for p in here)
         rows = [[("**" if p["plan_id"] == rec else "") + f"{p['plan']} (`{p['plan_id'][:8]}`)"
                  + ("**" if p["plan_id"] == rec else ""),
                  str(p["batch"]) if p["meets"] else f"none (b1: {p['batch']})", p["bound"] if p["meets"] else "-",
                  f"{p['tpot_ms']:.3g}", f"{p['ttft_ms']:.3g}", f"{p['j_per_token']:.4g}", f"{p['tokens_per_s']:.0f}",
-                 f"{p['power_w']:.0f}"] for p in here[:12]]
-        out += [*_table(rows, ["plan", "largest batch", "bound", "TPOT ms", "TTFT ms", "J/token", "tokens/s",
-                               "W"]), ""]
+                 f"{p['power_w']:.0f}", *(_measured_cells(p.get("measured")) if measured else [])] for p in here[:12]]
+        head = ["plan", "largest batch", "bound", "TPOT ms", "TTFT ms", "J/token", "tokens/s", "W"]
+        out += [*_table(rows, [*head[:3], *(f"{h} (predicted)" for h in head[3:]), *MEASURED_HEAD] if measured
+                        else head), ""]
         if len(here) > 12:
             out += [f"({len(here) - 12} more plans in summary.json)", ""]
-        out += [f"All predicted: {here[0]['source']}.", ""]
+        out += [f"{'Predicted' if measured else 'All predicted'}: {here[0]['source']}.", ""]
+        out += _measured_sources(here)
+        missed = next((p for p in here if p["plan_id"] == rec and (p.get("measured") or {}).get("meets") is False),
+                      None)
+        if missed is not None:
+            m = missed["measured"]
+            out += [f"**As measured, the recommendation misses this objective at batch {missed['batch']}** (TPOT "
+                    f"{_opt(m['tpot_ms'], '.3g')} ms, TTFT {_opt(m['ttft_ms'], '.3g')} ms): its operating batch is "
+                    "smaller than predicted; serve it at a lower concurrency.", ""]
     out += ["![time-energy frontier](operating_points.png)", ""]
     return out + payback_lines(summary)
+
+
+MEASURED_HEAD = ["J/token (measured)", "TPOT ms (measured)", "TTFT ms (measured)", "tokens/s (measured)",
+                 "meets (measured)"]
+
+
+def _opt(x: Any, fmt: str) -> str:
+    return "n/a" if x is None else format(x, fmt)
+
+
+def _measured_cells(m: dict[str, Any] | None) -> list[str]:
+    """The point as measured at the same batch: numbers, and the objective met as measured."""
+    if not m:
+        return ["-"] * len(MEASURED_HEAD)
+    if m.get("not_measured"):
+        return ["not measured", "-", "-", "-", "-"]
+    meets = {True: "yes", False: "**no**", None: "not timed"}[m.get("meets")]
+    return [_opt(m.get("j_per_token"), ".4g"), _opt(m.get("tpot_ms"), ".3g"), _opt(m.get("ttft_ms"), ".3g"),
+            _opt(m.get("tokens_per_s"), ".0f"), meets]
+
+
+def _measured_words(m: dict[str, Any] | None) -> str:
+    if not m or m.get("not_measured"):
+        return ""
+    tpot = f", TPOT {m['tpot_ms']:.3g} ms" if m.get("tpot_ms") is not None else ""
+    return f" (measured {m['j_per_token']:.4g} J/token{tpot})"
+
+
+def _measured_sources(here: list[dict[str, Any]]) -> list[str]:
+    found = [p["measured"] for p in here if p.get("measured")]
+    sources = sorted({f"{m['source']}, at {m['measured_at']}" for m in found if not m.get("not_measured")})
+    why = sorted({m["not_measured"] for m in found if m.get("not_measured")})
+    out = [f"Measured at the predicted batch: {'; '.join(sources)}." if sources else ""]
+    out += [f"Not measured: {w}." for w in why]
+    return [*(line for line in out if line), ""] if found else []
 
 
 def payback_lines(summary: dict[str, Any]) -> list[str]:
@@ -74,7 +119,7 @@ def operating_lines(summary: dict[str, Any]) -> list[str]:
         shown = [here[i] for i in dict.fromkeys([rec, *sorted(bf16)]) if i in here]
         out.append(f"operating points on '{name}' (predicted): " + "; ".join(
             f"{p['plan']} batch {p['batch']} at {p['j_per_token']:.4g} J/token, TPOT {p['tpot_ms']:.3g} ms"
-            if p["meets"] else f"{p['plan']} meets no batch" for p in shown))
+            + _measured_words(p.get("measured")) if p["meets"] else f"{p['plan']} meets no batch" for p in shown))
     pay = summary.get("payback")
     if pay:
         out.append(f"the search spent {pay['search_j']:.4g} J ({pay['search_source']}); paid back in "

@@ -133,6 +133,22 @@ class RecommendationRecord(TrialRecord):
     accuracy_metric: str
 
 
+class MeasuredPointRecord(_Record):
+    """An operating point as the measured tier metered it at the predicted point's batch
+    (:mod:`advisor.search.operating_measured`); ``not_measured`` says why a point has no numbers."""
+
+    batch: int
+    j_per_token: float | None = None
+    tokens_per_s: float | None = None
+    tpot_ms: float | None = None  # at the objective's percentile; None: the engine does not time it
+    ttft_ms: float | None = None
+    meets: bool | None = None  # the objective as measured; None: not known
+    source: str = ""
+    measured_at: str | None = None
+    decode_step_ms: float | None = None
+    not_measured: str | None = None
+
+
 class OperatingPointRecord(_Record):
     """A plan's largest batch under a workload's latency objective (:mod:`advisor.search.operating`); predicted
     from the step times of the predicted tier, labelled in ``source``."""
@@ -151,6 +167,7 @@ class OperatingPointRecord(_Record):
     source: str
     power_cap_w: float | None = None
     curve: list[tuple[int, float, float]] = Field(default_factory=list)  # (batch, TPOT ms, J/token)
+    measured: MeasuredPointRecord | None = None  # the same plan metered at this batch (measured tier)
 
 
 class Labels(_Record):

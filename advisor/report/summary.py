@@ -37,6 +37,7 @@ from advisor.search.trial_record import (
     benchmark_scores,
     measured_drifts,
     measured_energy,
+    measured_points,
     measured_units,
     operating_points,
     scores_of,
@@ -161,8 +162,16 @@ def _proxy_calibration(cands: list[Candidate], confidence: float) -> list[dict[s
 
 
 def _operating_points(study: optuna.Study) -> list[OperatingPointRecord]:
+    """The predicted points, each with its measured twin where the measured tier metered it at that batch (a
+    resumed search under another objective moves the batch: the older measurement no longer belongs to it)."""
+    measured = measured_points(study)
+
+    def twin(p: dict[str, Any]) -> dict[str, Any] | None:
+        m = measured.get((p.get("plan_id"), p.get("workload")))
+        return m if m is not None and m.get("batch") == p.get("batch") else None
+
     try:
-        return [OperatingPointRecord.model_validate(p) for p in operating_points(study)]
+        return [OperatingPointRecord.model_validate({**p, "measured": twin(p)}) for p in operating_points(study)]
     except ValidationError as exc:
         raise InputError(f"the study's operating points are not what `advisor search` stores ({exc.errors()[0]['msg']}"
                          "); rerun `advisor search --resume` to recompute them") from None

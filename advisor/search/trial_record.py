@@ -36,6 +36,7 @@ BENCHMARK_ATTR = "benchmark"
 ACCEPTANCE_ATTR = "acceptance"
 OPERATING_ATTR = "operating_points"
 SEARCH_ENERGY_ATTR = "search_energy"
+MEASURED_POINTS_PREFIX = "measured_operating:"
 
 Trial = optuna.Trial | optuna.trial.FrozenTrial
 TaskScores = dict[str, dict[str, Any]]  # task -> lm-eval score (TaskScore.to_dict without items)
@@ -171,6 +172,18 @@ def record_operating_points(study: optuna.Study, points: Sequence[Mapping[str, A
 
 def operating_points(study: optuna.Study) -> list[dict[str, Any]]:
     return list(study.user_attrs.get(OPERATING_ATTR, []))
+
+
+def record_measured_points(study: optuna.Study, plan_id: str, points: Sequence[Mapping[str, Any]]) -> None:
+    """A plan's operating points as measured (MeasuredPoint.to_dict() or, where it could not be metered,
+    {"workload", "batch", "not_measured"}), one attribute per plan."""
+    study.set_user_attr(MEASURED_POINTS_PREFIX + plan_id, [dict(p) for p in points])
+
+
+def measured_points(study: optuna.Study) -> dict[tuple[str, str], dict[str, Any]]:
+    """(plan id, workload) -> its operating point as measured."""
+    return {(k.removeprefix(MEASURED_POINTS_PREFIX), p["workload"]): dict(p)
+            for k, v in study.user_attrs.items() if k.startswith(MEASURED_POINTS_PREFIX) for p in v}
 
 
 def record_search_energy(study: optuna.Study, energy: Mapping[str, Any]) -> None:

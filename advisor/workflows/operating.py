@@ -17,11 +17,20 @@ import optuna
 from advisor.errors import InputError, SetupError, UnsupportedError
 from advisor.formats import GPU_SPECS
 from advisor.plan import Plan
-from advisor.recipe.schema import Recipe
+from advisor.recipe.schema import Recipe, Workload
 from advisor.search.operating import operating_points
+from advisor.search.operating_measured import at_batch, meter_points, objective_name
 from advisor.search.payback import SearchEnergy
 from advisor.search.study import candidates
-from advisor.search.trial_record import record_operating_points, record_search_energy, search_energy
+from advisor.search.trial_record import (
+    measured_energy,
+    measured_points,
+    record_measured_points,
+    record_operating_points,
+    record_search_energy,
+    search_energy,
+)
+from advisor.search.trial_record import operating_points as stored_operating_points
 from advisor.workflows.context import RunContext
 from advisor.workflows.progress import ProgressReporter
 
@@ -85,6 +94,40 @@ def operating_stage(study: optuna.Study, ctx: RunContext, recipe: Recipe, progre
             progress.print(f"  operating points: none ({exc})")
             return
     record_operating_points(study, [p.to_dict() for p in points])
+
+
+def measured_operating_stage(study: optuna.Study, ctx: RunContext, recipe: Recipe, progress: ProgressReporter) -> None:
+    """Every plan the measured tier metered, metered again at its own operating batch of each objective (the
+    predicted point's batch), stored beside the predicted point; points already metered at that batch are kept."""
+    model = ctx.measured_model
+    metered = measured_energy(study)
+    points = [p for p in stored_operating_points(study) if p["plan_id"] in metered]
+    if model is None or not points:
+        return
+    done = measured_points(study)
+    workloads = {w.name: w for w in recipe.workloads}
+    plans = {c.plan.id: c.plan for c in candidates(study)}
+    todo: dict[str, list[Workload]] = {}
+    for p in points:
+        old = done.get((p["plan_id"], p["workload"]))
+        if (old is None or old.get("batch") != p["batch"]) and p["plan_id"] in plans and p["workload"] in workloads:
+            todo.setdefault(p["plan_id"], []).append(at_batch(workloads[p["workload"]], p["batch"]))
+    if not todo:
+        return
+    with progress.stage(f"operating points measured ({model.label})", total=len(todo)) as stage:
+        for i, (plan_id, at) in enumerate(todo.items()):
+            plan = plans[plan_id]
+            stage.advance(i, note=f"{plan.label()} at batch " + ", ".join(str(w.batch_size) for w in at))
+            kept = [v for (pid, _), v in done.items() if pid == plan_id
+                    and all(objective_name(w) != v["workload"] for w in at)]
+            try:
+                got = [m.to_dict() for m in meter_points(model, plan, at)]
+            except UnsupportedError as exc:  # the predicted point stands, and says why it has no twin
+                progress.print(f"  {plan.label()}: operating points not measured ({exc})")
+                got = [{"plan_id": plan_id, "workload": objective_name(w), "batch": w.batch_size,
+                        "not_measured": str(exc)} for w in at]
+            record_measured_points(study, plan_id, kept + got)
+        stage.advance(len(todo))
 
 
 def record_run_energy(study: optuna.Study, meter: SearchEnergyMeter) -> SearchEnergy:

@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from advisor.deploy.engines import require_engine_here
 from advisor.deploy.model_identity import check_new_version
 from advisor.deploy.recheck import (
     RecheckResult,
@@ -73,12 +75,17 @@ def run_recheck(
     research: bool = False,
     research_trials: int = 12,
     device: str | None = None,
+    engine: str | None = None,
     status: Any = lambda _msg: None,
 ) -> RecheckResult:
-    """Score the stored recommendation and BF16 on ``model``; write recheck.json and recheck.md."""
+    """Score the stored recommendation and BF16 on ``model``; write recheck.json and recheck.md. With ``engine``
+    (builtin, vllm, tensorrt_llm) their energy is metered on the GPU here through it, as the search's measured
+    tier does, and the predicted numbers are kept beside."""
     from advisor.workflows.context import prepare
 
     t0 = time.perf_counter()
+    if engine is not None:
+        require_engine_here(engine, "advisor recheck")  # before any model is read
     summary = read_summary(summary_path)
     plan, record = stored_plan(summary, None, summary_path)
     base = summary_recipe(summary, model=model, recipe_path=recipe_path)
@@ -89,8 +96,9 @@ def run_recheck(
     out_dir.mkdir(parents=True, exist_ok=True)
     used = {Format.BF16, *plan.formats.values()}
     formats = list(base.formats) if research else [f for f in base.formats if f in used]
+    metered = {"energy": "measured", "engine": engine} if engine is not None else {}
     recipe = base.model_copy(update={"out": out_dir, "name": "recheck", "storage": None, "formats": formats,
-                                     **({"device": device} if device else {})})
+                                     **({"device": device} if device else {}), **metered})
     ctx = prepare(recipe, status=status, stored_fingerprint=(summary.get("model") or {}).get("fingerprint"))
     groups = ctx.loaded.shape.groups
     try:
@@ -102,6 +110,11 @@ def run_recheck(
     status("scoring the stored plan and BF16 on the new model")
     ev_bf16 = ctx.evaluate(bf16)
     ev = ctx.evaluate(plan)
+    predicted = {"energy": [e.to_dict() for e in ev.energy], "bf16_energy": [e.to_dict() for e in ev_bf16.energy]}
+    if engine is not None and ctx.measured_model is not None:
+        status(f"metering the stored plan and BF16 ({ctx.measured_model.label})")
+        ev_bf16, ev = (replace(e, energy=[ctx.measured_model.estimate(p, w) for w in recipe.workloads])
+                       for e, p in ((ev_bf16, bf16), (ev, plan)))
     status("lm-eval tasks")
     bench = score_benchmark(ctx, plan, bf16, out_dir)
     checks = recheck_checks(recipe, ev, ev_bf16, bench)
@@ -121,7 +134,8 @@ def run_recheck(
                "same_weights_as_stored": stored_fp == ctx.fingerprint},
         stored=stored_numbers(summary, record),
         new={"kl": ev.kl, "ppl": ev.ppl, "ppl_bf16": ev.ppl_bf16,
-             "energy": [e.to_dict() for e in ev.energy], "bf16_energy": [e.to_dict() for e in ev_bf16.energy]},
+             "energy": [e.to_dict() for e in ev.energy], "bf16_energy": [e.to_dict() for e in ev_bf16.energy],
+             **({"predicted": predicted, "engine": engine} if engine is not None else {})},
         labels={"accuracy": label, "energy": sorted({e.source for e in ev.energy})},
         benchmark=bench,
         research=research_out,

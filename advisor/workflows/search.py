@@ -34,7 +34,12 @@ from advisor.search.trial_record import label_of, record_benchmark
 from advisor.versions import package_versions
 from advisor.workflows.context import RunContext, tokens_key
 from advisor.workflows.measured_tier import energy_stage
-from advisor.workflows.operating import SearchEnergyMeter, operating_stage, record_run_energy
+from advisor.workflows.operating import (
+    SearchEnergyMeter,
+    measured_operating_stage,
+    operating_stage,
+    record_run_energy,
+)
 from advisor.workflows.progress import ProgressReporter
 from advisor.workflows.run_lock import run_folder_lock
 from advisor.workflows.run_settings import energy_tier, resolved
@@ -106,6 +111,8 @@ def _run_owned(study: optuna.Study, recipe: Recipe, resume: bool, progress: Prog
             bench_status = benchmark_stage(study, ctx, recipe, progress)
         with timed(ctx, "operating_s"):
             operating_stage(study, ctx, recipe, progress)
+        with timed(ctx, "measured_operating_s"):
+            measured_operating_stage(study, ctx, recipe, progress)
     record_run_energy(study, meter)
     save_run_meta(study, {"timings": timings(ctx, recipe, t0), "benchmark_status": bench_status})
     with progress.stage("report"):

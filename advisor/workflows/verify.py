@@ -8,7 +8,9 @@ compared with the search's own numbers:
    (the exported checkpoint, de-quantized) and the proxy KL the search scored; LAMBADA-style items
    (context, last word) scored greedily from vLLM's log-probabilities beside the advisor's model on
    the same items;
-3. energy as served: vLLM J/token per workload beside the run's built-in measurement and prediction.
+3. energy as served: vLLM J/token per workload beside the run's built-in measurement and prediction, and,
+   for a workload with a latency objective, each plan served at its own operating batch (J/token, tokens/s,
+   TPOT/TTFT where the serving rows time them) beside the predicted point and whether the objective is met.
 
 Written as ``verify.json`` / ``verify.md`` in the run folder and a section of ``report.md``.
 """
@@ -28,6 +30,8 @@ from advisor.energy.meter import MeterConfig
 from advisor.errors import InputError, SetupError
 from advisor.formats import Format
 from advisor.plan import Plan
+from advisor.recipe.schema import Workload
+from advisor.search.operating_measured import at_batch, from_timed, objective_name
 
 TOP_K = 20
 
@@ -102,14 +106,44 @@ def accuracy_as_served(reference: Any, advisor_model: Any, served: dict[str, Any
     return out
 
 
+def operating_workloads(summary: dict[str, Any], plan: Plan) -> list[Workload]:
+    """The plan's operating points of the run (largest batch under each objective) as workloads to serve."""
+    stated = {w["name"]: Workload(**w) for w in summary["workloads"]}
+    return [at_batch(stated[p["workload"]], p["batch"]) for p in summary.get("operating_points") or []
+            if p["plan_id"] == plan.id and p["workload"] in stated]
+
+
+def operating_as_served(summary: dict[str, Any], plan: Plan, served: dict[str, Any], label: str
+                        ) -> list[dict[str, Any]]:
+    """Per operating point of ``plan``: the run's predicted point (and the built-in runtime's, where the search
+    measured it) beside vLLM's at the same batch, with the objective met as served."""
+    points = {(p["workload"], p["batch"]): p for p in summary.get("operating_points") or []
+              if p["plan_id"] == plan.id}
+    rows = []
+    for w in operating_workloads(summary, plan):
+        row = served.get("energy", {}).get(w.name)
+        if row is None:
+            continue
+        p = points[(objective_name(w), w.batch_size)]
+        predicted = {k: p[k] for k in ("batch", "meets", "bound", "tpot_ms", "ttft_ms", "j_per_token",
+                                       "tokens_per_s", "source")}
+        rows.append({"workload": objective_name(w), "batch": w.batch_size, "predicted": predicted,
+                     "runtime": p.get("measured"), "vllm": from_timed(plan, w, row, label).to_dict(),
+                     "vllm_unstable": row["measurement"]["unstable"], "batch_full": row["batch_full"]})
+    return rows
+
+
 def energy_as_served(record: dict[str, Any] | None, served: dict[str, Any]) -> list[dict[str, Any]]:
-    """Per workload: vLLM's J/token beside the run's measured (built-in) and predicted numbers, each labelled."""
+    """Per stated workload: vLLM's J/token beside the run's measured (built-in) and predicted numbers, each
+    labelled (the operating points' rows are :func:`operating_as_served`'s)."""
     record = record or {}
     measured = {e["workload"]: e for e in record.get("energy", []) if e.get("measured")}
     predicted = {e["workload"]: e for e in record.get("predicted_energy", []) or record.get("energy", [])
                  if not e.get("measured")}
     rows = []
     for name, row in served.get("energy", {}).items():
+        if " at batch " in name:
+            continue
         m, p = measured.get(name), predicted.get(name)
         rows.append({
             "workload": name, "vllm_j_per_token": row["j_per_token"], "vllm_unstable": row["measurement"]["unstable"],
@@ -180,9 +214,9 @@ def verify_run(run_dir: Path, engine: str = "vllm", plan_ids: Sequence[str] = ()
         status(f"exporting plan {plan.id} ({role}) if not exported")
         paths[role] = checkpoint_for(plan)
         status(f"serving plan {plan.id} ({role}) in vLLM")
+        workloads = [*summary["workloads"], *(w.model_dump() for w in operating_workloads(summary, plan))]
         job = ServeJob(checkpoint=str(paths[role]), vocab_size=vocab, sequences=tuple(heldout), items=tuple(items),
-                       top_k=TOP_K, workloads=tuple(summary["workloads"]) if energy else (),
-                       meter=asdict(meter or MeterConfig()))
+                       top_k=TOP_K, workloads=tuple(workloads) if energy else (), meter=asdict(meter or MeterConfig()))
         served[role] = (runner or run_in_child)(job)
 
     status("scoring the advisor's own models on the same tokens")
@@ -190,6 +224,8 @@ def verify_run(run_dir: Path, engine: str = "vllm", plan_ids: Sequence[str] = ()
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     reference = loaded.model.to(device).eval()
+    version = getattr(vllm, "__version__", "unknown")
+    served_label = f"measured (vLLM {version}, {here}, {time.strftime('%Y-%m-%d')})"
     rows = []
     for role, plan in plans.items():
         mine = load_exported(paths[role], device=device, dtype=next(reference.parameters()).dtype).eval()
@@ -202,6 +238,7 @@ def verify_run(run_dir: Path, engine: str = "vllm", plan_ids: Sequence[str] = ()
             "acceptance": record.get("acceptance") if record else None,
             "accuracy": accuracy_as_served(reference, mine, served[role], heldout, items),
             "energy": energy_as_served(record, served[role]),
+            "operating": operating_as_served(summary, plan, served[role], served_label),
             "vllm_load_s": served[role].get("load_s"),
         })
         del mine

@@ -1,0 +1,122 @@
+"""Operating points as measured: a plan metered at its own operating batch (the largest batch under a
+workload's latency objective, :mod:`advisor.search.operating`), beside the predicted point.
+
+A measured tier meters ``workload`` at the point's batch (:func:`at_batch`). What it gives back depends on
+the engine: an engine that times requests (vLLM) gives TPOT and TTFT at the objective's percentile; the
+built-in runtime gives its measured decode step and one request's prefill, which :func:`from_steps`
+composes into the steady state with the same formulas as the prediction (so the two compare like for like);
+an engine that gives only J/token and tokens/s leaves TPOT and TTFT unknown, and "meets as measured" then
+says so (None) rather than guess.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from datetime import datetime, timezone
+from typing import Any, Protocol
+
+from advisor.estimate import EnergyEstimate, EnergyModel
+from advisor.plan import Plan
+from advisor.recipe.schema import Workload
+from advisor.search.operating import steady_state
+
+
+@dataclass(frozen=True)
+class MeasuredPoint:
+    """One plan metered on one workload at ``batch`` in flight. ``tpot_ms`` / ``ttft_ms`` at the workload's
+    percentile (None: the engine does not time them); ``meets``: the objective as measured (None: unknown)."""
+
+    plan_id: str
+    workload: str
+    batch: int
+    j_per_token: float
+    tokens_per_s: float
+    tpot_ms: float | None
+    ttft_ms: float | None
+    meets: bool | None
+    source: str
+    measured_at: str  # ISO 8601, UTC
+    decode_step_ms: float | None = None  # the built-in runtime's measured decode step at this batch
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class PointMeter(Protocol):
+    """A measured tier that meters operating points itself (TPOT/TTFT included): built-in runtime, vLLM."""
+
+    def measure_points(self, plan: Plan, workloads: Sequence[Workload]) -> list[MeasuredPoint]: ...
+
+
+def at_batch(workload: Workload, batch: int) -> Workload:
+    """``workload`` served at ``batch`` in flight, named so that it never mixes with the stated batch."""
+    return workload.model_copy(update={"name": f"{workload.name} at batch {batch}", "batch_size": batch})
+
+
+def objective_name(workload: Workload) -> str:
+    """The objective's workload name back from :func:`at_batch`'s name."""
+    return workload.name.rsplit(" at batch ", 1)[0]
+
+
+def meets_as_measured(workload: Workload, tpot_ms: float | None, ttft_ms: float | None) -> bool | None:
+    """False where a measured term misses its objective; True where every stated term was measured and met;
+    None where a stated term was not measured (and none missed)."""
+    terms = [(workload.tpot_ms, tpot_ms), (workload.ttft_ms, ttft_ms)]
+    stated = [(limit, got) for limit, got in terms if limit is not None]
+    if any(got is not None and got > limit for limit, got in stated):
+        return False
+    return True if all(got is not None for _, got in stated) else None
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+class _MeasuredSteps:
+    """A step model of one batch's measured steps (the ``StepModel`` of :func:`steady_state`)."""
+
+    def __init__(self, decode_ms: float, decode_j: float, prefill_ms: float, prefill_j: float) -> None:
+        self.decode, self.pre = (decode_ms, decode_j), (prefill_ms, prefill_j)
+
+    def decode_step(self, plan: Plan, batch: int, context: float) -> tuple[float, float]:
+        return self.decode
+
+    def prefill(self, plan: Plan, length: int) -> tuple[float, float]:
+        return self.pre
+
+
+def from_steps(plan: Plan, workload: Workload, decode_ms: float, decode_j: float, prefill_ms: float,
+               prefill_j: float, source: str) -> MeasuredPoint:
+    """The point of measured step times at ``workload.batch_size``, composed into the steady state."""
+    steps = _MeasuredSteps(decode_ms, decode_j, prefill_ms, prefill_j)
+    state = steady_state(steps, plan, workload, workload.batch_size)
+    return MeasuredPoint(plan.id, objective_name(workload), workload.batch_size, state.j_per_token,
+                         state.tokens_per_s, state.tpot_ms, state.ttft_ms,
+                         meets_as_measured(workload, state.tpot_ms, state.ttft_ms),
+                         source + "; TPOT/TTFT: measured step times composed into the steady state", _now(),
+                         decode_step_ms=decode_ms)
+
+
+def from_timed(plan: Plan, workload: Workload, row: Mapping[str, Any], source: str) -> MeasuredPoint:
+    """The point of an engine's row that times requests (``tpot_ms_p50``, ``ttft_ms_p90``, ...; any may be
+    absent or None) at the workload's percentile."""
+    q = workload.quantile
+    tpot, ttft = row.get(f"tpot_ms_{q}"), row.get(f"ttft_ms_{q}")
+    return MeasuredPoint(plan.id, objective_name(workload), workload.batch_size, row["j_per_token"],
+                         row["tokens_per_s"], tpot, ttft, meets_as_measured(workload, tpot, ttft), source, _now())
+
+
+def from_estimate(plan: Plan, workload: Workload, est: EnergyEstimate) -> MeasuredPoint:
+    """The point of an engine that gives J/token and tokens/s only: TPOT and TTFT unknown."""
+    return MeasuredPoint(plan.id, objective_name(workload), workload.batch_size, est.j_per_token,
+                         est.decode_tokens_per_s, None, None, meets_as_measured(workload, None, None),
+                         est.source + "; TPOT/TTFT not timed by this engine", _now())
+
+
+def meter_points(model: EnergyModel | PointMeter, plan: Plan, workloads: Sequence[Workload]) -> list[MeasuredPoint]:
+    """``plan`` metered by ``model`` at each of ``workloads`` (already at their operating batch)."""
+    measure: Callable[..., list[MeasuredPoint]] | None = getattr(model, "measure_points", None)
+    if measure is not None:
+        return measure(plan, list(workloads))
+    return [from_estimate(plan, w, model.estimate(plan, w)) for w in workloads]  # type: ignore[union-attr]

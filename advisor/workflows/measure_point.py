@@ -1,0 +1,45 @@
+"""`advisor measure` with a latency objective: the plan's operating point (its largest batch under the
+objective, from the predicted tier's step times, as the search computes it) metered on the GPU here, the
+predicted and the measured point side by side, each labelled."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import ValidationError
+
+from advisor.errors import InputError
+from advisor.formats import GPU, GPU_SPECS
+from advisor.models.shape import ModelShape
+from advisor.plan import Plan
+from advisor.recipe.schema import Workload
+from advisor.search.operating import OperatingPoint, operating_point
+from advisor.search.operating_measured import at_batch, meter_points
+
+
+def workload_of(**fields: Any) -> Workload:
+    """A workload from command-line values; an impossible objective is one InputError naming it."""
+    try:
+        return Workload(name="cli", **{k: v for k, v in fields.items() if v is not None})
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise InputError(f"{'--' + where.replace('_', '-') + ': ' if where else ''}{first['msg']}") from None
+
+
+def predicted_point(plan: Plan, shape: ModelShape, target: GPU, workload: Workload, model_config: Any = None
+                    ) -> OperatingPoint:
+    """``plan``'s largest batch under ``workload``'s objective, from the predicted tier for ``target``."""
+    from advisor.energy.prediction import make_predicted_model
+
+    model = make_predicted_model(shape, target, model_config=model_config)
+    source = getattr(model, "step_source", lambda _plan: model.label)(plan)
+    return operating_point(model, shape, GPU_SPECS[target], plan, workload, source + "; steady state, step times")
+
+
+def measured_operating_point(meter: Any, plan: Plan, point: OperatingPoint, workload: Workload) -> dict[str, Any]:
+    """The predicted point (its curve left out) and ``meter``'s measurement at the same batch."""
+    measured = meter_points(meter, plan, [at_batch(workload, point.state.batch)])[0]
+    predicted = {k: v for k, v in point.to_dict().items() if k != "curve"}
+    return {"workload": workload.model_dump(exclude_none=True), "predicted": predicted,
+            "measured": measured.to_dict()}

@@ -1,0 +1,275 @@
+"""Operating points as measured (advisor.search.operating_measured): each measured plan metered at its own
+operating batch, recorded beside the predicted point, and shown in the report; with synthetic step times, a
+fake measured tier and the fake vllm module."""
+
+from __future__ import annotations
+
+import io
+import sys
+from dataclasses import dataclass, field
+
+import pytest
+from rich.console import Console
+
+from advisor.estimate import EnergyEstimate
+from advisor.formats import GPU, GPU_SPECS, Format
+from advisor.models.shape import ModelShape
+from advisor.plan import LayerGroup, Plan
+from advisor.recipe import validate_recipe
+from advisor.recipe.schema import Workload
+from advisor.report.operating_md import operating_lines, operating_section
+from advisor.report.summary import build_summary
+from advisor.search.operating import operating_points, steady_state
+from advisor.search.operating_measured import (
+    MeasuredPoint,
+    at_batch,
+    from_steps,
+    from_timed,
+    meets_as_measured,
+    meter_points,
+    objective_name,
+)
+from advisor.search.study import open_study, run_search, save_run_meta
+from advisor.search.trial_record import measured_points, record_operating_points
+from advisor.testing import AdditiveEvaluator
+from advisor.workflows.operating import measured_operating_stage
+from advisor.workflows.progress import ProgressReporter
+from advisor.workflows.search import energy_stage
+
+GROUPS = tuple(LayerGroup(f"layers.{i}.{r}", (f"m{i}{r}",), ((64, 64),)) for i in range(3) for r in ("qkv", "down"))
+SHAPE = ModelShape(GROUPS, 3, 64, 4, 4, 16, 100, 6400)
+BF16 = Plan.uniform(GROUPS, Format.BF16)
+FP8 = Plan.uniform(GROUPS, Format.FP8)
+CHAT = Workload(name="chat", batch_size=4, input_tokens=64, output_tokens=32, tpot_ms=3.0, max_concurrency=512)
+
+
+class Steps:
+    """Predicted step times: decode 1 + 0.02 b ms (FP8: 0.5 + 0.01 b) at 400 W, a 2 ms prefill."""
+
+    def decode_step(self, plan, batch, context):
+        fp8 = Format.FP8 in plan.formats.values()
+        ms = (0.5 + 0.01 * batch) if fp8 else (1.0 + 0.02 * batch)
+        return ms, 0.4 * ms
+
+    def prefill(self, plan, length):
+        return 2.0, 0.8
+
+
+def test_meets_as_measured_judges_only_what_was_timed():
+    both = Workload(name="w", tpot_ms=10.0, ttft_ms=100.0)
+    assert meets_as_measured(both, 9.0, 90.0) is True
+    assert meets_as_measured(both, 11.0, None) is False  # one missed term is enough
+    assert meets_as_measured(both, 9.0, None) is None  # TTFT not timed: not known
+    assert meets_as_measured(Workload(name="w", tpot_ms=10.0), 9.0, None) is True  # TTFT not asked
+
+
+def test_measured_steps_compose_into_the_steady_state_as_the_prediction_does():
+    w = at_batch(CHAT, 64)
+    assert (w.name, w.batch_size, objective_name(w)) == ("chat at batch 64", 64, "chat")
+    dec_ms, dec_j = Steps().decode_step(BF16, 64, 0)
+    point = from_steps(BF16, w, dec_ms, dec_j, 2.0, 0.8, "measured (Fake GPU)")
+    predicted = steady_state(Steps(), BF16, CHAT, 64)
+    assert (point.tpot_ms, point.ttft_ms, point.j_per_token) == pytest.approx(
+        (predicted.tpot_ms, predicted.ttft_ms, predicted.j_per_token))
+    assert point.decode_step_ms == dec_ms < point.tpot_ms  # the prefills' share rides on every token
+    assert point.workload == "chat" and point.meets is (predicted.tpot_ms <= 3.0)
+    assert point.source.startswith("measured (Fake GPU); TPOT/TTFT: measured step times")
+
+
+def test_an_engine_row_gives_the_objectives_percentile_or_leaves_it_unknown():
+    w = at_batch(CHAT.model_copy(update={"percentile": "p90"}), 32)
+    timed = {"j_per_token": 0.2, "tokens_per_s": 900.0, "tpot_ms_p50": 2.0, "tpot_ms_p90": 3.5,
+             "ttft_ms_p50": 20.0, "ttft_ms_p90": None}
+    point = from_timed(BF16, w, timed, "measured (vLLM)")
+    assert (point.tpot_ms, point.ttft_ms, point.meets, point.batch) == (3.5, None, False, 32)
+    untimed = from_timed(BF16, w, {"j_per_token": 0.2, "tokens_per_s": 900.0}, "measured (vLLM)")
+    assert (untimed.tpot_ms, untimed.meets) == (None, None)
+
+
+@dataclass
+class FakeMeasured:
+    """A measured tier that gives J/token only (as TensorRT-LLM's does): 10% above the prediction's J/token."""
+
+    label: str = "measured (Fake GPU, driver 0, 2026-11-27)"
+    measured: bool = True
+    batches: list[tuple[str, int]] = field(default_factory=list)
+
+    def estimate(self, plan: Plan, workload: Workload) -> EnergyEstimate:
+        self.batches.append((plan.id, workload.batch_size))
+        j = steady_state(Steps(), plan, workload, workload.batch_size).j_per_token * 1.1
+        return EnergyEstimate(workload.name, j, j, j / 10, 1e3, self.label, True)
+
+
+class FakeTimed(FakeMeasured):
+    """A measured tier that times requests: TPOT 40% above the predicted step time."""
+
+    def measure_points(self, plan: Plan, workloads):
+        out = []
+        for w in workloads:
+            self.batches.append((plan.id, w.batch_size))
+            s = steady_state(Steps(), plan, w, w.batch_size)
+            out.append(from_timed(plan, w, {"j_per_token": s.j_per_token, "tokens_per_s": s.tokens_per_s,
+                                            "tpot_ms_p50": 1.4 * s.tpot_ms, "ttft_ms_p50": s.ttft_ms}, self.label))
+        return out
+
+
+@dataclass
+class Ctx:
+    measured_model: FakeMeasured
+
+
+@pytest.fixture
+def study_and_recipe(tmp_path):
+    recipe = validate_recipe({"name": "s", "target": "h100", "out": str(tmp_path), "accuracy": {"max_kl": 0.1},
+                              "workloads": [CHAT.model_dump()],
+                              "search": {"trials": 8, "seed": 1, "sampler": "random", "measured_candidates": 1}})
+    recipe.run_dir.mkdir(parents=True)
+    study = open_study(recipe, resume=False)
+    save_run_meta(study, {"version": "test", "recipe": recipe.model_dump(mode="json"), "shape": SHAPE.to_dict(),
+                          "model": {"name": "fake", "fingerprint": "0"}})
+    run_search(study, AdditiveEvaluator(), recipe, GROUPS)
+    return study, recipe
+
+
+def _stages(study, recipe, fake) -> str:
+    from advisor.search.study import candidates
+
+    buf = io.StringIO()
+    progress = ProgressReporter(Console(file=buf, width=200), heartbeat=False)
+    energy_stage(study, Ctx(fake), recipe, progress)
+    plans = list({c.plan.id: c.plan for c in candidates(study)}.values())
+    points = operating_points(Steps(), SHAPE, GPU_SPECS[GPU.H100], plans, recipe.workloads, lambda p: "predicted")
+    record_operating_points(study, [p.to_dict() for p in points])
+    fake.batches.clear()
+    measured_operating_stage(study, Ctx(fake), recipe, progress)
+    return buf.getvalue()
+
+
+def test_each_measured_plan_is_metered_at_its_own_operating_batch(study_and_recipe):
+    study, recipe = study_and_recipe
+    fake = FakeTimed()
+    _stages(study, recipe, fake)
+    summary = build_summary(study)
+    points = {p.plan_id: p for p in summary.operating_points}
+    bf16, fp8 = points[BF16.id], points[FP8.id]
+    assert bf16.batch < fp8.batch  # the faster plan serves a larger batch under the same objective
+    assert (BF16.id, bf16.batch) in fake.batches and (FP8.id, fp8.batch) in fake.batches
+    assert all(b != recipe.workloads[0].batch_size for _, b in fake.batches)  # not the stated batch
+    m = fp8.measured
+    assert m is not None and m.batch == fp8.batch and m.j_per_token == pytest.approx(fp8.j_per_token)
+    assert m.tpot_ms == pytest.approx(1.4 * fp8.tpot_ms) and m.meets is False  # predicted to meet, measured not
+    assert m.source.startswith("measured (Fake GPU") and m.measured_at
+    unmeasured = [p for p in summary.operating_points if p.plan_id not in {BF16.id, FP8.id} and p.measured is None]
+    assert all(p.plan_id not in {k for k, _ in measured_points(study)} for p in unmeasured)
+    text = "\n".join(operating_section(summary.model_dump(mode="json")))
+    assert "J/token (measured)" in text and "TPOT ms (predicted)" in text and "| **no** |" in text
+    assert "Measured at the predicted batch: measured (Fake GPU" in text
+    assert any("(measured " in line for line in operating_lines(summary.model_dump(mode="json")))
+    as_fp8 = {**summary.model_dump(mode="json"), "recommendation": {"plan_id": FP8.id}}
+    assert f"**As measured, the recommendation misses this objective at batch {fp8.batch}**" in "\n".join(
+        operating_section(as_fp8))
+    assert "As measured" not in "\n".join(operating_section({**as_fp8, "recommendation": {"plan_id": "other"}}))
+    # again: nothing is metered twice at the same batch
+    fake.batches.clear()
+    measured_operating_stage(study, Ctx(fake), recipe, ProgressReporter(Console(file=io.StringIO()), heartbeat=False))
+    assert fake.batches == []
+
+
+def test_an_engine_without_timings_leaves_the_objective_unknown_as_measured(study_and_recipe):
+    study, recipe = study_and_recipe
+    _stages(study, recipe, FakeMeasured())
+    summary = build_summary(study)
+    m = next(p.measured for p in summary.operating_points if p.plan_id == FP8.id)
+    assert m.tpot_ms is None and m.meets is None and "TPOT/TTFT not timed" in m.source
+    assert "| not timed |" in "\n".join(operating_section(summary.model_dump(mode="json")))
+
+
+def test_a_point_the_tier_cannot_meter_says_why(study_and_recipe):
+    from advisor.errors import UnsupportedError
+
+    class TooBig(FakeTimed):
+        def measure_points(self, plan, workloads):
+            raise UnsupportedError("batch 400 needs 90 GiB")
+
+    study, recipe = study_and_recipe
+    log = _stages(study, recipe, TooBig())
+    assert "operating points not measured (batch 400 needs 90 GiB)" in log
+    summary = build_summary(study)
+    m = next(p.measured for p in summary.operating_points if p.plan_id == FP8.id)
+    assert m.not_measured == "batch 400 needs 90 GiB" and m.j_per_token is None
+    assert "Not measured: batch 400 needs 90 GiB." in "\n".join(operating_section(summary.model_dump(mode="json")))
+
+
+def test_vllm_meters_a_plans_operating_points_in_one_engine(tmp_path, monkeypatch):
+    import json
+
+    from advisor.deploy.vllm_engine import VllmEnergyModel
+    from advisor.deploy.vllm_serve import serve
+    from advisor.energy.meter import MeterConfig
+    from advisor.testing_vllm import ConstantPowerCounter, fake_vllm
+
+    vllm = fake_vllm(step_s=0.001)
+    monkeypatch.setitem(sys.modules, "vllm", vllm)
+    ck = tmp_path / "ck"
+    ck.mkdir()
+    (ck / "config.json").write_text(json.dumps({"num_hidden_layers": 1, "vocab_size": 64}))
+    jobs, rows = [], {}
+
+    def runner(job):
+        jobs.append(job)
+        out = serve(job, make_counter=ConstantPowerCounter)
+        rows.update(out["energy"])
+        return out
+
+    fast = MeterConfig(warmup_s=0.05, min_window_s=0.2, min_ticks=10, repeats=3, idle_s=0.02, max_cv=0.5)
+    model = VllmEnergyModel(lambda plan: ck, [CHAT], 64, meter=fast, runner=runner)
+    small = CHAT.model_copy(update={"input_tokens": 8, "output_tokens": 8})
+    points = meter_points(model, BF16, [at_batch(small, 2), at_batch(small, 6)])
+    assert len(jobs) == 1 and [w["batch_size"] for w in jobs[0].workloads] == [2, 6]
+    assert not jobs[0].prefill and not jobs[0].formats
+    assert [p.batch for p in points] == [2, 6] and all(isinstance(p, MeasuredPoint) for p in points)
+    assert all(p.workload == "chat" and p.j_per_token > 0 and p.tokens_per_s > 0 for p in points)
+    assert points[1].tokens_per_s > points[0].tokens_per_s  # three times the requests per step
+    # the serving rows' latency keys are read where they exist (p50 here); absent ones leave TPOT unknown
+    for p in points:
+        row = rows[f"chat at batch {p.batch}"]
+        assert (p.tpot_ms, p.ttft_ms) == (row.get("tpot_ms_p50"), row.get("ttft_ms_p50"))
+    assert vllm.instances[0].llm_engine.most_running == 6
+
+
+def test_the_builtin_runtime_composes_its_measured_steps_and_refuses_a_batch_that_does_not_fit(monkeypatch):
+    import torch
+
+    from advisor.energy.measure import MeasuredEnergyModel
+    from advisor.errors import UnsupportedError
+
+    runtime = MeasuredEnergyModel.__new__(MeasuredEnergyModel)  # its GPU parts stubbed: the steps are given
+    runtime.shape, runtime.label = SHAPE, "measured (Fake GPU, driver 0, 2026-11-27; llama)"
+    steps = Steps()
+
+    def measure_steps(plan, workload):
+        ms, j = steps.decode_step(plan, workload.batch_size, 0)
+        decode = {"ms_per_step": ms, "j_per_step": j, "tokens_per_s": workload.batch_size / ms * 1e3}
+        return {"ms_per_step": 2.0, "j_per_step": 0.8}, decode
+
+    runtime.measure_steps = measure_steps
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: (80 * 2**30, 80 * 2**30))
+    (point,) = runtime.measure_points(FP8, [at_batch(CHAT, 100)])
+    predicted = steady_state(steps, FP8, CHAT, 100)
+    assert (point.batch, point.tpot_ms, point.j_per_token) == (100, pytest.approx(predicted.tpot_ms),
+                                                               pytest.approx(predicted.j_per_token))
+    assert point.decode_step_ms == pytest.approx(1.5) and point.source.startswith("measured (Fake GPU")
+    est = runtime.estimate(FP8, CHAT)  # the stated batch, from the same measured steps
+    assert est.measured and est.j_per_token == pytest.approx((0.8 + 32 * steps.decode_step(FP8, 4, 0)[1] / 4) / 32)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: (2**30, 80 * 2**30))
+    with pytest.raises(UnsupportedError, match="batch 4096 of 'chat at batch 4096' needs about"):
+        runtime.measure_points(FP8, [at_batch(CHAT, 4096)])
+
+
+def test_the_frontier_plot_marks_the_measured_points(study_and_recipe, tmp_path):
+    from advisor.report.plots import plot_operating_points
+
+    study, recipe = study_and_recipe
+    _stages(study, recipe, FakeTimed())
+    plot_operating_points(build_summary(study).model_dump(mode="json"), tmp_path / "op.png")
+    assert (tmp_path / "op.png").read_bytes()[:4] == b"\x89PNG"
