@@ -85,6 +85,7 @@ VLLM_PR_49376 = "https://github.com/vllm-project/vllm/pull/49376"
 VLLM_ISSUE_37854 = "https://github.com/vllm-project/vllm/issues/37854"
 VLLM_PR_56050 = "https://github.com/vllm-project/vllm/pull/56050"
 VLLM_MEASURED = "reports/benchmarks/vllm_verify.md"
+VLLM_OPERATING = "reports/benchmarks/operating_points_8b.md"
 SGLANG_KV_DOCS = "https://docs.sglang.io/advanced_features/quantized_kv_cache.html"
 SGLANG_PR_28099 = "https://github.com/sgl-project/sglang/pull/28099"
 SGLANG_PR_32740 = "https://github.com/sgl-project/sglang/pull/32740"
@@ -114,9 +115,15 @@ FACTS: tuple[Fact, ...] = (
          "group in the planned format (ModelOptFp8LinearMethod / UnquantizedLinearMethod, read from the loaded model); "
          "measured on an H200, 2026-11-27", VLLM_MEASURED, lambda t: Format.FP8 in t.formats),
     Fact("vLLM", "caveat", "in steady continuous batching at batch 64 (512 in / 256 out, a prefill joining the decode "
-         "batch every few steps) vLLM 0.26.0's FP8 saved 22% J/token against BF16 where the advisor predicts 33%: "
-         "FP8 and mixed plans cost 13-18% more there than predicted (within 8% at batch 1 and 16); H200, 2026-11-27",
-         VLLM_MEASURED, lambda t: Format.FP8 in t.formats),
+         "batch every few steps) vLLM 0.26.0's FP8 saved 22-23% J/token against BF16 where the advisor predicts "
+         "33-34%: FP8 and mixed plans cost 10-18% more there than the built-in runtime measured and the advisor "
+         "predicts (within 8% at batch 1 and 16), and their time per output token is longer than predicted, so an "
+         "operating batch predicted under a TPOT objective can miss it in vLLM: check it with `advisor verify`; "
+         "H200 and H100, 2026-11-27", VLLM_MEASURED, lambda t: Format.FP8 in t.formats),
+    Fact("vLLM", "ok", "serve it with the export's `vllm_config.yaml`: vLLM captures CUDA graphs only up to 2 x "
+         "max_num_seqs tokens (at most 512) by default, so a step where a prefill joins the decode batch runs "
+         "eagerly; with `max_cudagraph_capture_size` 1024 batch 64's time per output token fell 19% (BF16) and 18% "
+         "(FP8) and J/token 7% and 5% (H100, vLLM 0.26.0, 2026-11-27)", VLLM_OPERATING, lambda t: bool(t.formats)),
     Fact("vLLM", "caveat", "with the Flash Attention 3 backend and an FP8 KV cache, queries are quantized to FP8 too; "
          "the search scored FP8 keys and values with BF16 queries", VLLM_KV_DOCS, lambda t: t.kv_fp8),
     Fact("vLLM", "problem", "NGC's vLLM 26.02 container (vLLM 0.15.1) rejects `quant_algo: MIXED_PRECISION` "

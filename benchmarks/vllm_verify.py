@@ -248,6 +248,7 @@ def operating(args: argparse.Namespace) -> dict[str, Any]:
     objectives = [Workload(name=f"tpot{ms:g}", input_tokens=512, output_tokens=256, tpot_ms=ms, percentile="p50",
                            max_concurrency=args.max_concurrency) for ms in (args.objectives or OBJECTIVES_MS)]
     points, fixed, stages = [], [], {}
+    partial = args.out.with_suffix(".partial.json")  # rewritten after every plan: a cut-off run keeps what it measured
     for pname, plan in plans.items():
         predicted = {w.name: operating_point(model, shape, gpu, plan, w, model.label) for w in objectives}
         batches = sorted({p.state.batch for p in predicted.values()} | set(FIXED_BATCHES))
@@ -291,6 +292,7 @@ def operating(args: argparse.Namespace) -> dict[str, Any]:
                           "measured_ttft_ms": v.get("ttft_ms_p50"), "tokens_per_s": v.get("tokens_per_s"),
                           "predicted_j_per_token": s.j_per_token, "predicted_tpot_ms": s.tpot_ms,
                           "error": served.get("error")})
+        partial.write_text(json.dumps({"points": points, "fixed_batch": fixed, "stages_s": stages}, indent=1))
     return {"gpu": gpu_name, "vllm_version": next((s for s in [served.get("vllm_version")] if s), None),
             "objective": "TPOT p50 (ms), 512 tokens in / 256 out, steady load", "points": points,
             "fixed_batch": fixed, "stages_s": stages, "meter": asdict(VLLM_METER),

@@ -94,6 +94,11 @@ def test_mixed_plan_exports_mixed_precision_per_layer(tiny, tmp_path):
     assert "dtype" not in opts["kv_cache_config"] and q.get("kv_cache_quant_algo") is None  # BF16 KV
     readme = (out / "README.md").read_text()
     assert "trtllm-serve" in readme and "--extra_llm_api_options llm_api_options.yaml" in readme
+    served = yaml.safe_load((out / "vllm_config.yaml").read_text())
+    assert served["max-num-seqs"] == 16 and served["max-model-len"] == 384 and "kv-cache-dtype" not in served
+    # a step where one 256-token prefill joins 16 decodes is captured (vLLM's default bound would be 32)
+    assert served["compilation-config"]["max_cudagraph_capture_size"] == 272
+    assert "vllm serve <this folder> --config vllm_config.yaml" in readme
     try:
         import tensorrt_llm  # noqa: F401
     except ImportError:
@@ -151,6 +156,7 @@ def test_fp8_kv_cache_exports_kv_cache_quant_algo_scales_and_the_trtllm_dtype(ti
                 assert 0 < scale < 1  # amax / 448 of the calibrated keys or values
     opts = yaml.safe_load((out / "llm_api_options.yaml").read_text())
     assert opts["kv_cache_config"]["dtype"] == "fp8"
+    assert yaml.safe_load((out / "vllm_config.yaml").read_text())["kv-cache-dtype"] == "fp8"
     assert "kv_cache_config.dtype: fp8" in (out / "README.md").read_text()
     assert res.roundtrip["passed"]  # the reader inserts the k/v quantizers from k_scale / v_scale
     kv_only = export_plan(loaded, Plan.uniform(groups, Format.BF16, Format.FP8), tokens, tmp_path / "kv",

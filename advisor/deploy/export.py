@@ -12,6 +12,7 @@ What :func:`advisor.workflows.export.export_run` writes into the output folder:
   ``exclude_modules``. An all-BF16 plan is a plain BF16 checkpoint.
 * the tokenizer;
 * ``llm_api_options.yaml``: TensorRT-LLM LLM-API options sized from the run's workloads;
+* ``vllm_config.yaml``: the same for ``vllm serve --config``;
 * ``README.md`` with the ``trtllm-serve`` command, the round-trip numbers, which engines can serve
   the plan (``advisor.serving``: TensorRT-LLM, vLLM, SGLang, with sources) and a warning per known problem;
 * ``export.json``: the same facts for programs.
@@ -42,6 +43,7 @@ from advisor.deploy.checkpoint import load_exported, scaled_modules
 from advisor.deploy.quant_config import check_kv_cache, check_quant_config
 from advisor.deploy.readme import ExportResult, render_readme
 from advisor.deploy.trtllm import deployment_warnings, llm_api_options, options_yaml, smoke_test_trtllm
+from advisor.deploy.vllm_config import vllm_options, vllm_options_yaml
 from advisor.errors import InputError, SetupError
 from advisor.models.adapters import GroupInfo
 from advisor.plan import Plan
@@ -236,6 +238,7 @@ def export_plan(
 
     options = llm_api_options(workloads, plan.kv_cache)
     (out_dir / "llm_api_options.yaml").write_text(options_yaml(options, workloads))
+    (out_dir / "vllm_config.yaml").write_text(vllm_options_yaml(vllm_options(workloads, plan.kv_cache), workloads))
     t = time.perf_counter()
     smoke_result = smoke_test_trtllm(out_dir) if smoke else "not run: disabled"
     timings["smoke_test_s"] = time.perf_counter() - t

@@ -59,6 +59,13 @@ def render_readme(result: ExportResult, plan: Plan, options: dict[str, Any],
         "",
         f"TensorRT-LLM smoke test: {result.smoke_test}.",
         "",
+        "vLLM loads it too (`vllm_config.yaml`: the same sizes, and CUDA graphs for the steps where a prefill "
+        "joins the decode batch):",
+        "",
+        "```bash",
+        "vllm serve <this folder> --config vllm_config.yaml",
+        "```",
+        "",
     ]
     if verdicts:
         lines += ["## Serving engines", "", f"Which engines can serve this plan ({NOT_RUN}):", "",

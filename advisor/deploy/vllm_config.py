@@ -1,0 +1,43 @@
+"""vLLM serving options (``vllm serve <checkpoint> --config vllm_config.yaml``) sized from the run's workloads.
+
+vLLM captures CUDA graphs only for steps of at most ``max_cudagraph_capture_size`` tokens, by default twice
+``max_num_seqs`` (at most 512). In continuous batching a step where a new request's prefill joins the decode
+batch holds ``batch + prompt`` tokens, above that bound, and runs without CUDA graphs; the options here raise
+the bound to cover it (measured in ``reports/benchmarks/operating_points_8b.md``).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from advisor.formats import Format
+
+
+def vllm_options(workloads: list[dict[str, Any]], kv_cache: Format = Format.BF16) -> dict[str, Any]:
+    """Keys are ``vllm serve`` flags without their dashes, as vLLM's ``--config`` YAML takes them."""
+    batch = max(int(w["batch_size"]) for w in workloads)
+    seq = max(int(w["input_tokens"]) + int(w["output_tokens"]) for w in workloads)
+    prompt = max(int(w["input_tokens"]) for w in workloads)
+    mixed_step = 16 * math.ceil((batch + prompt) / 16)  # vLLM captures multiples of 16 above 256 tokens
+    num_tokens = max(2048, 256 * math.ceil((prompt + batch) / 256))
+    return {
+        "max-num-seqs": batch,
+        "max-model-len": seq,
+        "max-num-batched-tokens": num_tokens,
+        **({"kv-cache-dtype": "fp8"} if kv_cache == Format.FP8 else {}),
+        "compilation-config": {"max_cudagraph_capture_size": min(mixed_step, num_tokens)},
+    }
+
+
+def vllm_options_yaml(options: dict[str, Any], workloads: list[dict[str, Any]]) -> str:
+    import yaml
+
+    wl = "; ".join(f"{w['name']}: batch {w['batch_size']}, {w['input_tokens']} in / {w['output_tokens']} out"
+                   for w in workloads)
+    head = ("# vLLM serving options written by precision-advisor export.\n"
+            f"# Sized for the run's workloads ({wl}).\n"
+            "# compilation-config captures CUDA graphs for steps where a prefill joins the decode batch\n"
+            "# (vLLM's default bound leaves them eager).\n"
+            "# Use: vllm serve <this folder> --config vllm_config.yaml\n")
+    return head + yaml.safe_dump(options, sort_keys=False)
