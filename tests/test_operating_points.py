@@ -244,6 +244,9 @@ def test_the_report_section_says_when_no_plan_meets_and_draws_the_frontier(tmp_p
     assert operating_lines(summary) == ["operating points on 'w' (predicted): all-bf16 meets no batch"]
     all_meet = served(tpot_ms=5.0)
     summary = _summary_with([point(BF16_PLAN, all_meet), point(FP8_PLAN, all_meet)], all_meet)
-    assert "| **all-bf16" in "\n".join(operating_section(summary))
+    text = "\n".join(operating_section(summary))
+    assert "| **all-bf16" in text
+    # predicted-only points say where such batches have missed as served, and how to meter them
+    assert "advisor verify RUN_DIR --engine vllm" in text and "operating_points_8b.md" in text
     plot_operating_points(summary, tmp_path / "operating_points.png")
     assert (tmp_path / "operating_points.png").read_bytes()[:4] == b"\x89PNG"

@@ -50,6 +50,12 @@ def operating_section(summary: dict[str, Any]) -> list[str]:
         if len(here) > 12:
             out += [f"({len(here) - 12} more plans in summary.json)", ""]
         out += [f"{'Predicted' if measured else 'All predicted'}: {here[0]['source']}.", ""]
+        if not measured:
+            out += ["These batches come from the built-in runtime's step times, prefill and decode apart. An engine "
+                    "that runs a prefill and the decodes as one step can be slower there: in vLLM the measured TPOT "
+                    "at such predicted batches was above the objective (reports/benchmarks/operating_points_8b.md in "
+                    "the advisor's repository). Meter them before serving at this concurrency: `advisor verify "
+                    "RUN_DIR --engine vllm` on the GPU.", ""]
         out += _measured_sources(here)
         missed = next((p for p in here if p["plan_id"] == rec and (p.get("measured") or {}).get("meets") is False),
                       None)
