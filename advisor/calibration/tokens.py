@@ -5,7 +5,8 @@ needed. Or a user's .txt file (chunked), a .jsonl file (a ``text`` field per row
 the first string field), or chat conversations: ``chat:PATH.jsonl``, or any .jsonl whose
 rows have a ``messages`` field (``[{"role": ..., "content": ...}, ...]``), each rendered
 with the model's own chat template (``tokenizer.apply_chat_template``), which is what an
-instruct model serves. Held-out windows never share tokens with calibration windows: for
+instruct model serves. Or a named dataset, ``set:NAME`` (:mod:`advisor.calibration.hub_dataset`), whose text
+is cut into windows as a file's is. Held-out windows never share tokens with calibration windows: for
 files they are later, non-overlapping windows; for self-sampled text they are separate
 sequences.
 """
@@ -22,6 +23,7 @@ import torch
 
 from advisor.errors import InputError
 from advisor.files import check_regular_file, replace_atomically
+from advisor.recipe.calibration_sets import is_set_source
 from advisor.recipe.schema import CalibrationSpec
 
 log = logging.getLogger(__name__)
@@ -140,15 +142,12 @@ def read_calibration_text(path: Path) -> str:
     return _read_text(path)
 
 
-def from_file(path: Path, tokenizer: Any, spec: CalibrationSpec, chat: bool = False) -> TokenSets:
-    if chat:
-        ids, label = chat_token_ids(path, tokenizer), f"chat:{path} (rendered with the model's chat template)"
-    else:
-        ids, label = tokenizer(_read_text(path), return_tensors="pt").input_ids[0], f"file:{path}"
+def windows(ids: torch.Tensor, spec: CalibrationSpec, label: str, where: str) -> TokenSets:
+    """``ids`` cut into calibration windows, then later, non-overlapping held-out windows."""
     need = spec.num_samples * spec.seq_len + spec.heldout_samples * spec.heldout_seq_len
     if ids.numel() < need:
         raise InputError(
-            f"calibration.source: {path} has {ids.numel()} tokens; "
+            f"calibration.source: {where} has {ids.numel()} tokens; "
             f"{need} are needed ({spec.num_samples}x{spec.seq_len} calibration + "
             f"{spec.heldout_samples}x{spec.heldout_seq_len} held-out)"
         )
@@ -156,6 +155,23 @@ def from_file(path: Path, tokenizer: Any, spec: CalibrationSpec, chat: bool = Fa
     calib = ids[:cut].reshape(spec.num_samples, spec.seq_len)
     held = ids[cut : cut + spec.heldout_samples * spec.heldout_seq_len]
     return TokenSets(calib, held.reshape(spec.heldout_samples, spec.heldout_seq_len), label)
+
+
+def from_file(path: Path, tokenizer: Any, spec: CalibrationSpec, chat: bool = False) -> TokenSets:
+    if chat:
+        ids, label = chat_token_ids(path, tokenizer), f"chat:{path} (rendered with the model's chat template)"
+    else:
+        ids, label = tokenizer(_read_text(path), return_tensors="pt").input_ids[0], f"file:{path}"
+    return windows(ids, spec, label, str(path))
+
+
+def from_set(source: str, tokenizer: Any, spec: CalibrationSpec) -> TokenSets:
+    """``set:NAME`` / ``set:PATH.yaml``: a dataset's first rows, tokenized and cut as a .jsonl file's text is."""
+    from advisor.calibration.hub_dataset import set_text
+
+    need = spec.num_samples * spec.seq_len + spec.heldout_samples * spec.heldout_seq_len
+    text, label = set_text(source, tokenizer, need)
+    return windows(tokenizer(text, return_tensors="pt").input_ids[0], spec, label, source)
 
 
 @torch.no_grad()
@@ -179,6 +195,8 @@ def sample_from_model(model: Any, tokenizer: Any, n: int, length: int, seed: int
 
 
 def build_token_sets(model: Any, tokenizer: Any, spec: CalibrationSpec) -> TokenSets:
+    if is_set_source(spec.source):
+        return from_set(spec.source, tokenizer, spec)
     if spec.source != "self":
         return from_file(Path(spec.source.removeprefix("chat:")), tokenizer, spec, chat=is_chat_source(spec.source))
     # Two sampling passes (one batch of both would save ~5 s on the quickstart, but changes every

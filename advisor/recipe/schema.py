@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from advisor.errors import InputError
 from advisor.files import check_regular_file
 from advisor.formats import GPU, GPU_SPECS, KV_CACHE_FORMATS, Format
+from advisor.recipe.calibration_sets import is_set_source, set_spec_path
 
 DEMO_MODEL = "demo:smollm2-135m"
 
@@ -88,8 +89,10 @@ class CalibrationSpec(_Strict):
     """Calibration and held-out token sets (never overlapping)."""
 
     source: str = Field(
-        "self", description="'self' (text sampled from the BF16 model), a .txt/.jsonl path, or chat:PATH.jsonl "
-        "(chat messages rendered with the model's chat template; a .jsonl with a 'messages' field is detected)")
+        "self", description="'self' (text sampled from the BF16 model), a .txt/.jsonl path, chat:PATH.jsonl "
+        "(chat messages rendered with the model's chat template; a .jsonl with a 'messages' field is detected), "
+        "or set:NAME / set:PATH.yaml (a dataset read with `datasets`: a set under calibration/, e.g. "
+        "set:cnn_dailymail, or your own spec; calibration/README.md)")
     num_samples: int = Field(16, ge=1, le=100_000, description="calibration sequences (quantizer ranges)")
     seq_len: int = Field(128, ge=8, le=32_768, description="tokens per calibration sequence")
     heldout_samples: int = Field(8, ge=1, le=100_000, description="held-out sequences the proxy KL is measured on")
@@ -99,9 +102,15 @@ class CalibrationSpec(_Strict):
     @field_validator("source")
     @classmethod
     def _source(cls, v: str) -> str:
+        if is_set_source(v):
+            try:
+                set_spec_path(v)  # a name must be a shipped set; a spec file is read in pre-flight
+            except InputError as exc:
+                raise ValueError(str(exc).removeprefix("calibration.source: ")) from None
+            return v
         path = v.removeprefix("chat:")
         if v != "self" and not path.endswith((".txt", ".jsonl", ".json")):
-            raise ValueError("must be 'self', a path to a .txt or .jsonl file, or chat:PATH.jsonl")
+            raise ValueError("must be 'self', a path to a .txt or .jsonl file, chat:PATH.jsonl, or set:NAME")
         if v.startswith("chat:") and not path.endswith((".jsonl", ".json")):
             raise ValueError("chat: needs a .jsonl file of {\"messages\": [{\"role\", \"content\"}, ...]} rows")
         return v

@@ -32,8 +32,10 @@ PATH_FIELDS = ("model.source", "calibration.source", "energy_profile")
 
 def absolute_local_path(value: str) -> str:
     """``value`` as an absolute path when it names a file or folder here (a hub id, ``self`` or ``demo:...``
-    stays as it is); a ``chat:`` prefix is kept."""
-    prefix = "chat:" if value.startswith("chat:") else ""
+    stays as it is); a ``chat:`` or ``set:`` prefix is kept (``set:NAME`` names a shipped set, not a file)."""
+    prefix = next((p for p in ("chat:", "set:") if value.startswith(p)), "")
+    if prefix == "set:" and not value.endswith((".yaml", ".yml")):
+        return value
     path = os.path.expanduser(value.removeprefix(prefix))
     return prefix + os.path.abspath(path) if os.path.exists(path) else value
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from advisor.errors import InputError, SetupError, UnsupportedError
+from advisor.recipe.calibration_sets import is_set_source, read_set
 from advisor.recipe.schema import BenchmarkSpec, Recipe
 from advisor.workflows.outputs import check_output_dir
 
@@ -36,7 +37,9 @@ def preflight(recipe: Recipe) -> None:
 
 def check_input_files(recipe: Recipe) -> None:
     source = recipe.calibration.source
-    if source != "self":
+    if is_set_source(source):
+        read_set(source)  # the spec's fields; the dataset itself is read when the tokens are built
+    elif source != "self":
         from advisor.calibration.tokens import read_calibration_text
 
         read_calibration_text(Path(source).expanduser())
