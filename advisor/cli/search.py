@@ -58,7 +58,7 @@ def search(
     workload: Annotated[list[str] | None, typer.Option(
         help="Edit or add a workload: NAME:batch=B,input=L,output=L (repeatable); the others are kept. A latency "
              "objective: NAME:tpot=MS,ttft=MS,p=p50|p90,max_concurrency=N.")] = None,
-    calibration: Annotated[str | None, typer.Option(help="'self' or a .txt/.jsonl file for calibration.")] = None,
+    calibration: Annotated[str | None, typer.Option(help="'self', a .txt/.jsonl file or set:NAME.")] = None,
     tasks: Annotated[str | None, typer.Option(help="Comma-separated lm-eval tasks scored on the front.")] = None,
     limit: Annotated[int | None, typer.Option(help="lm-eval items per task (seeded sample).")] = None,
     storage: Annotated[str | None, typer.Option(

@@ -62,9 +62,13 @@ def read_set(source: str) -> CalibrationSet:
         raise InputError(f"calibration.source: set spec {path} does not exist; {fix}")
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (yaml.YAMLError, UnicodeDecodeError) as exc:
-        raise InputError(f"calibration.source: set spec {path} is not UTF-8 YAML ({type(exc).__name__}); "
-                         f"{fix}") from None
+    except UnicodeDecodeError as exc:
+        raise InputError(f"calibration.source: set spec {path} is not UTF-8 text (byte {exc.start}); {fix}") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        raise InputError(f"calibration.source: set spec {path} is not valid YAML "
+                         f"({getattr(exc, 'problem', None) or type(exc).__name__}{where}); {fix}") from None
     if not isinstance(data, dict):
         raise InputError(f"calibration.source: set spec {path} must be a mapping of fields; {fix}")
     try:
