@@ -71,7 +71,16 @@ def _disk_full(monkeypatch) -> None:
     monkeypatch.setattr(advisor.report.plots, "replace_atomically", no_space)
 
 
-FAULTS = {"disk full": _disk_full}
+def _hub_offline(monkeypatch) -> None:
+    """The Hugging Face libraries in offline mode, as the CLI sets them where the hub does not resolve."""
+    import datasets
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+
+
+FAULTS = {"disk full": _disk_full, "hub offline": _hub_offline}
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
