@@ -105,3 +105,13 @@ def test_a_hub_dataset_offline_is_an_environment_error_naming_it(monkeypatch, to
     message = str(err.value)
     assert "cannot read dataset 'abisee/cnn_dailymail'" in message and "give a local .txt/.jsonl file" in message
     assert "\n" not in message
+
+
+def test_a_run_keeps_a_spec_path_absolute_and_a_set_name_as_it_is(tmp_path, monkeypatch):
+    from advisor.search.study_key import absolute_local_path
+
+    (tmp_path / "mine.yaml").write_text("why: x\n")
+    monkeypatch.chdir(tmp_path)
+    assert absolute_local_path("set:mine.yaml") == f"set:{tmp_path / 'mine.yaml'}"
+    (tmp_path / "cnn_dailymail").mkdir()  # a folder of the set's name does not turn the name into a path
+    assert absolute_local_path("set:cnn_dailymail") == "set:cnn_dailymail"
