@@ -87,9 +87,13 @@ def test_a_bad_spec_names_its_field(tmp_path, tokenizer, change, problem):
         build_token_sets(None, tokenizer, CalibrationSpec(source=source, **SPEC))
 
 
-def test_a_text_field_the_rows_lack_names_their_fields(tmp_path, tokenizer):
-    source = local_set(tmp_path, [{"story": t} for t in stories(50)], text_field="text")
-    with pytest.raises(InputError, match=r"text_field: 'text' is not a field of json \(its fields: story\)"):
+def test_a_text_field_the_rows_lack_or_that_is_no_text_is_named(tmp_path, tokenizer):
+    rows = [{"story": t, "turns": [{"role": "user", "content": t}]} for t in stories(50)]
+    source = local_set(tmp_path, rows, text_field="text")
+    with pytest.raises(InputError, match=r"text_field: 'text' is not a field of json \(its fields: story, turns\)"):
+        build_token_sets(None, tokenizer, CalibrationSpec(source=source, **SPEC))
+    source = local_set(tmp_path, rows, text_field="turns")
+    with pytest.raises(InputError, match=r"text_field: 'turns' of json holds a list, not text"):
         build_token_sets(None, tokenizer, CalibrationSpec(source=source, **SPEC))
 
 

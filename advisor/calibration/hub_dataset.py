@@ -64,7 +64,10 @@ def set_text(source: str, tokenizer: Any, need_tokens: int) -> tuple[str, str]:
                 raise InputError(f"calibration.source: {source}: text_field: {spec.text_field!r} is not a field "
                                  f"of {spec.dataset} (its fields: {', '.join(row)}); name one of them")
             text = row[spec.text_field]
-            if not isinstance(text, str) or not text.strip():
+            if text is not None and not isinstance(text, str):  # else a whole split would stream by unread
+                raise InputError(f"calibration.source: {source}: text_field: {spec.text_field!r} of "
+                                 f"{spec.dataset} holds a {type(text).__name__}, not text; name a text field")
+            if not text or not text.strip():
                 continue
             texts.append(text)
             counted += len(tokenizer(text).input_ids)
