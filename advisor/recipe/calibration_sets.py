@@ -1,5 +1,5 @@
 """Named calibration sets: ``calibration.source: set:NAME`` (a YAML spec under the top-level ``calibration/``
-folder, shipped inside the package as ``advisor/recipe/calibration_sets``) or ``set:PATH.yaml`` (a user's
+folder, shipped inside the package as ``advisor/recipe/shipped_sets``) or ``set:PATH.yaml`` (a user's
 own spec). A spec names a dataset that ``datasets.load_dataset`` reads and the field that holds its text;
 the data itself is fetched at run time, never kept in the repository.
 """
@@ -16,7 +16,7 @@ from advisor.files import check_regular_file
 
 SET_PREFIX = "set:"
 #: the top-level calibration/ folder of a checkout; in a wheel, the copy setuptools made of it
-SETS_DIR = Path(__file__).resolve().parent / "calibration_sets"
+SETS_DIR = Path(__file__).resolve().parent / "shipped_sets"
 
 
 class CalibrationSet(BaseModel):
