@@ -67,6 +67,12 @@ def test_a_fused_groups_input_is_quantized_once_and_only_while_unchanged(monkeyp
     assert changed is not again and len(calls) == 5 and torch.equal(changed, real(x, amax))
 
 
-def test_with_autograd_every_call_gets_its_own_result():
+def test_with_autograd_or_in_inference_mode_every_call_gets_its_own_result():
     x, amax = torch.randn(8, 64), torch.tensor(2.0)
     assert fp8_cpu.fp8_fake_quant_reusing(x, amax) is not fp8_cpu.fp8_fake_quant_reusing(x, amax)
+    with torch.inference_mode():
+        y = torch.randn(8, 64)
+        first = fp8_cpu.fp8_fake_quant_reusing(y, amax)
+        y.mul_(4)
+        assert torch.equal(fp8_cpu.fp8_fake_quant_reusing(y, amax), fp8_cpu.fp8_fake_quant(y, amax))
+        assert not torch.equal(first, fp8_cpu.fp8_fake_quant(y, amax))

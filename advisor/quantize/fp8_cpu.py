@@ -60,8 +60,9 @@ _last = _LastCall()
 
 def fp8_fake_quant_reusing(inputs: torch.Tensor, amax: torch.Tensor) -> torch.Tensor:
     """:func:`fp8_fake_quant`, or its last result when called again on the same unchanged input and amax
-    without autograd (a result that autograd records must be a new tensor)."""
-    if torch.is_grad_enabled():
+    without autograd (a result that autograd records must be a new tensor); an inference-mode tensor
+    has no version counter to tell a change, so it is always quantized anew."""
+    if torch.is_grad_enabled() or inputs.is_inference():
         return fp8_fake_quant(inputs, amax)
     if (_last.inputs is inputs and _last.version == inputs._version and _last.amax is not None
             and _last.amax.shape == amax.shape and torch.equal(_last.amax, amax)):
