@@ -3,7 +3,7 @@
 Scoring on a CPU allocates and frees the same large tensors at every forward (logits of a batch are
 ~100 MB for a 49k vocabulary). glibc serves blocks above its mmap threshold (32 MB at most, by default)
 with a fresh ``mmap`` and trims the heap's free top, so every such forward faults its pages in again
-and the kernel zeroes them (measured: `reports/quickstart/time.md`). Raising the threshold and the
+and the kernel zeroes them (measured: `reports/quickstart/profile_2026-11-27.md`). Raising the threshold and the
 trim limit lets the heap reuse those blocks; peak memory is unchanged, the heap just keeps up to
 ``TRIM_LIMIT`` free. Elsewhere (macOS, musl) nothing changes.
 """
