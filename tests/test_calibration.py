@@ -107,3 +107,19 @@ def test_self_sampled_sets_are_seeded_and_distinct(heldout_len):
     assert (first.calibration[:, 0] == 1).all() and (first.heldout[:, 0] == 1).all()
     rows = {tuple(r.tolist()) for r in first.calibration}
     assert not any(tuple(r.tolist()) in rows for r in first.heldout)  # sampled rows, not copies
+
+
+def test_sets_sampled_in_one_batch_are_each_sampled_alone():
+    """The calibration and held-out sets decode together; each keeps its own seeded draws (and length)."""
+    from transformers import AutoTokenizer
+
+    from advisor.calibration.tokens import sample_from_model, sample_sets_from_model
+    from advisor.testing import random_model, tiny_llama_config
+
+    model = random_model(tiny_llama_config()).float()
+    tok = AutoTokenizer.from_pretrained(str(need(TINY_MODEL)))
+    tok.bos_token_id = 1
+    together = sample_sets_from_model(model, tok, [(3, 16, 0), (2, 11, 7)])
+    alone = [sample_from_model(model, tok, 3, 16, 0), sample_from_model(model, tok, 2, 11, 7)]
+    assert [t.shape for t in together] == [(3, 16), (2, 11)]
+    assert all(torch.equal(a, b) for a, b in zip(together, alone, strict=True))

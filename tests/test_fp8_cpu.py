@@ -46,3 +46,33 @@ def test_modelopt_fp8_on_cpu_goes_through_the_kernel(monkeypatch):
     assert calls == [x.shape] and y.dtype == x.dtype
     per_channel = scaled_e4m3(x, torch.full((3, 1), 2.0), None, 4, 3)  # not per-tensor: ModelOpt's own path
     assert calls == [x.shape] and per_channel.shape == x.shape
+
+
+@torch.no_grad()
+def test_a_fused_groups_input_is_quantized_once_and_only_while_unchanged(monkeypatch):
+    """q/k/v (gate/up) quantizers read the same tensor with the same amax: the second call reuses the
+    first result; a changed tensor, another amax or another tensor are quantized anew, and correctly."""
+    calls = []
+    real = fp8_cpu.fp8_fake_quant
+    monkeypatch.setattr(fp8_cpu, "fp8_fake_quant", lambda x, a: calls.append(1) or real(x, a))
+    x, amax = torch.randn(8, 64), torch.tensor(2.0)
+    first = fp8_cpu.fp8_fake_quant_reusing(x, amax)
+    assert fp8_cpu.fp8_fake_quant_reusing(x, amax.clone()) is first and len(calls) == 1
+    other_amax = fp8_cpu.fp8_fake_quant_reusing(x, torch.tensor(3.0))
+    assert len(calls) == 2 and torch.equal(other_amax, real(x, torch.tensor(3.0)))
+    assert fp8_cpu.fp8_fake_quant_reusing(x.clone(), torch.tensor(3.0)) is not other_amax and len(calls) == 3
+    again = fp8_cpu.fp8_fake_quant_reusing(x, amax)
+    x.mul_(4)  # changed in place since: quantized anew
+    changed = fp8_cpu.fp8_fake_quant_reusing(x, amax)
+    assert changed is not again and len(calls) == 5 and torch.equal(changed, real(x, amax))
+
+
+def test_with_autograd_or_in_inference_mode_every_call_gets_its_own_result():
+    x, amax = torch.randn(8, 64), torch.tensor(2.0)
+    assert fp8_cpu.fp8_fake_quant_reusing(x, amax) is not fp8_cpu.fp8_fake_quant_reusing(x, amax)
+    with torch.inference_mode():
+        y = torch.randn(8, 64)
+        first = fp8_cpu.fp8_fake_quant_reusing(y, amax)
+        y.mul_(4)
+        assert torch.equal(fp8_cpu.fp8_fake_quant_reusing(y, amax), fp8_cpu.fp8_fake_quant(y, amax))
+        assert not torch.equal(first, fp8_cpu.fp8_fake_quant(y, amax))

@@ -316,3 +316,30 @@ def test_the_preflight_accepts_every_local_task_and_refuses_a_metric_that_is_not
     path.write_text(yaml.safe_dump(cfg))
     with pytest.raises(InputError, match="not a mean of per-item values"):
         check_tasks([str(path)], need(EVAL))
+
+
+def test_cpu_default_batch_scores_every_request_as_one_at_a_time(tmp_path):
+    """On a CPU lm-eval batches 8 requests (harness.default_batch_size); the log-likelihoods and the
+    per-item scores are those of scoring one request at a time (in float32, as a CPU without BF16
+    instructions scores: BF16's sums of log-probabilities keep 3 digits)."""
+    import torch
+    from lm_eval.api.instance import Instance
+
+    from advisor.models.loading import load_model
+    from advisor.recipe.schema import ModelSpec
+
+    torch.set_num_threads(min(2, torch.get_num_threads()))
+    lm = load_model(ModelSpec(source=str(need(TINY))))
+    lm.model.float()
+    assert harness.default_batch_size(lm.model) == 8
+    rows = [json.loads(line) for line in need(EVAL / "piqa.jsonl").read_text().splitlines()[:12]]
+    requests = [Instance("loglikelihood", row, (row["query"] + "Answer:", " " + choice), i)
+                for i, row in enumerate(rows) for choice in row["choices"]]
+    batched = harness.make_lm(lm.model, lm.tokenizer, batch_size=8).loglikelihood(requests)
+    alone = harness.make_lm(lm.model, lm.tokenizer, batch_size=1).loglikelihood(requests)
+    assert len(batched) == len(alone) == 24
+    assert [a[1] for a in batched] == [b[1] for b in alone], (batched, alone)
+    assert all(math.isclose(a[0], b[0], rel_tol=1e-5) for a, b in zip(batched, alone, strict=True)), (batched, alone)
+    default = harness.score_plan(lm.model, lm.tokenizer, "bf16", "tiny", ["piqa"], limit=20, data_dir=EVAL)
+    one = harness.score_plan(lm.model, lm.tokenizer, "bf16", "tiny", ["piqa"], limit=20, data_dir=EVAL, batch_size=1)
+    assert default["piqa"].items == one["piqa"].items and len(one["piqa"].items) == 20

@@ -34,7 +34,8 @@ DataOpt = Annotated[Path | None, typer.Option("--data-dir", help="folder of the 
 OutOpt = Annotated[Path | None, typer.Option("--out", help="write the scores as JSON here")]
 CacheOpt = Annotated[Path | None, typer.Option("--cache-dir", help="score cache folder (default: none)")]
 DeviceOpt = Annotated[str | None, typer.Option("--device", help="auto, cpu or cuda")]
-BatchOpt = Annotated[int, typer.Option("--batch-size", help="lm-eval batch size")]
+BatchOpt = Annotated[int | None, typer.Option("--batch-size",
+                                               help="lm-eval batch size [default: 16 on a GPU, 8 on a CPU]")]
 
 
 def _tasks(text: str) -> list[str]:
@@ -70,7 +71,7 @@ def eval_plan(
     out: OutOpt = None,
     cache_dir: CacheOpt = None,
     device: DeviceOpt = None,
-    batch_size: BatchOpt = 16,
+    batch_size: BatchOpt = None,
 ) -> None:
     """Score one plan on lm-eval tasks (in memory: the quantized model is never written to disk)."""
     task_list = _tasks(tasks)
@@ -78,7 +79,7 @@ def eval_plan(
         raise InputError(f"--seed: got {seed}; give a whole number from 0 to {SEED_MAX}")
     if limit is not None and limit < 1:
         raise InputError(f"--limit: must be at least 1, got {limit}")
-    if batch_size < 1:
+    if batch_size is not None and batch_size < 1:
         raise InputError(f"--batch-size: must be at least 1, got {batch_size}")
     if device is not None and device not in ("auto", "cpu", "cuda"):
         raise InputError(f"--device: got {device!r}; allowed: auto, cpu, cuda")

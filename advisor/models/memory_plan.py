@@ -207,8 +207,8 @@ def stage_bytes(config: Any, sizes: RunSizes) -> dict[str, int]:
         "calibration logits (BF16)": cal_tokens * vocab * BF16_BYTES,
         # BF16 logits, their float32 copy and the float32 log-softmax
         "proxy logits (BF16 + 2x float32)": proxy_tokens * vocab * (BF16_BYTES + 4 + 4),
-        "sampling KV cache": int(geo.kv_bytes(max(sizes.calibration_seq, sizes.heldout_seq)))
-        * max(sizes.calibration_samples, sizes.heldout_samples),
+        "sampling KV cache": int(geo.kv_bytes(max(sizes.calibration_seq, sizes.heldout_seq)))  # both sets, one batch
+        * (sizes.calibration_samples + sizes.heldout_samples),
     }
     if sizes.lm_eval:  # lm-eval's logits and their log-softmax, both BF16
         stages["lm-eval logits (BF16 x2)"] = LM_EVAL_BATCH * LM_EVAL_TOKENS * vocab * BF16_BYTES * 2

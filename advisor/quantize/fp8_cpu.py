@@ -6,7 +6,8 @@ input dtype. PyTorch's CPU decode of FP8 to float32 is an unvectorized per-eleme
 conversion that costs more than the GEMM it precedes
 (`reports/quickstart/profile_2026-11-22.md`). There are only 256 FP8 codes, so this kernel decodes each once
 per call (times 1/scale, cast to the input dtype: the same two roundings) and looks the
-codes up in that table. Other cases (per-channel amax, no amax, integer formats) go to
+codes up in that table; a fused group's quantizers, which read one input with one amax, quantize it
+once (:func:`fp8_fake_quant_reusing`). Other cases (per-channel amax, no amax, integer formats) go to
 ModelOpt unchanged.
 """
 
@@ -43,6 +44,34 @@ def fp8_fake_quant(x: torch.Tensor, amax: torch.Tensor) -> torch.Tensor:
     return table.index_select(0, index).reshape(x.shape)
 
 
+class _LastCall(threading.local):
+    """The last input this thread fake-quantized and its result: engines' fused groups (q/k/v, gate/up)
+    read one input with one scale, so the group's second and third quantizers get the same tensor
+    (same object, unchanged since) and the same amax, and need not quantize it again."""
+
+    inputs: torch.Tensor | None = None
+    version: int = -1
+    amax: torch.Tensor | None = None
+    result: torch.Tensor | None = None
+
+
+_last = _LastCall()
+
+
+def fp8_fake_quant_reusing(inputs: torch.Tensor, amax: torch.Tensor) -> torch.Tensor:
+    """:func:`fp8_fake_quant`, or its last result when called again on the same unchanged input and amax
+    without autograd (a result that autograd records must be a new tensor); an inference-mode tensor
+    has no version counter to tell a change, so it is always quantized anew."""
+    if torch.is_grad_enabled() or inputs.is_inference():
+        return fp8_fake_quant(inputs, amax)
+    if (_last.inputs is inputs and _last.version == inputs._version and _last.amax is not None
+            and _last.amax.shape == amax.shape and torch.equal(_last.amax, amax)):
+        return _last.result
+    result = fp8_fake_quant(inputs, amax)
+    _last.inputs, _last.version, _last.amax, _last.result = inputs, inputs._version, amax.detach().clone(), result
+    return result
+
+
 def register_cpu_kernel() -> None:
     """Route ModelOpt's per-tensor FP8 ``tensorrt::quantize_op`` on CPU through :func:`fp8_fake_quant`."""
     global _registered
@@ -57,7 +86,7 @@ def register_cpu_kernel() -> None:
 
         def cpu_impl(inputs, amax, num_bits=8, exponent_bits=0, unsigned=False, narrow_range=True):
             if (num_bits, exponent_bits) == (8, 4) and amax is not None and amax.numel() == 1:
-                return fp8_fake_quant(inputs, amax)
+                return fp8_fake_quant_reusing(inputs, amax)
             return original(inputs, amax, num_bits, exponent_bits, unsigned, narrow_range)
 
         override_cpu_kernel("quantize_op", cpu_impl)

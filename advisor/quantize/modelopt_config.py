@@ -35,10 +35,13 @@ def modelopt_quantization() -> Any:
 
 
 def prepare_device(device: torch.device | str) -> None:
-    """On CPU, give ModelOpt the NVFP4 kernel it lacks there and a faster FP8 one (nvfp4_cpu, fp8_cpu)."""
+    """On CPU, give ModelOpt the NVFP4 kernel it lacks there and a faster FP8 one (nvfp4_cpu, fp8_cpu),
+    and keep freed memory for the next forward (models.cpu_heap)."""
     if torch.device(device).type == "cpu":
+        from advisor.models.cpu_heap import keep_freed_memory
         from advisor.quantize import fp8_cpu, nvfp4_cpu
 
+        keep_freed_memory()
         nvfp4_cpu.register_cpu_kernel()
         fp8_cpu.register_cpu_kernel()
 

@@ -31,7 +31,7 @@ class PairedScorer:
         seed: int,
         data_dir: str | Path | None,
         cache_dir: Path,
-        batch_size: int = 16,
+        batch_size: int | None = None,  # None: harness.default_batch_size
     ) -> None:
         from advisor.accuracy.harness import task_key
 
