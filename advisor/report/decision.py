@@ -50,5 +50,5 @@ def decision_lines(summary: dict[str, Any], run_dir: str = "RUN_DIR") -> list[st
                  _verdict_line(rec, max_drop), ""]
     lines += ["Next: `advisor export " + run_dir + " --out CHECKPOINT_DIR` writes the checkpoint TensorRT-LLM, vLLM "
               "and SGLang load; on a GPU with vLLM, `advisor verify " + run_dir + " --engine vllm` serves it and "
-              "sets vLLM's formats, KL and J/token beside these.", ""]
+              "puts vLLM's formats, KL and J/token beside these.", ""]
     return lines
