@@ -159,7 +159,8 @@ def eightb(args: argparse.Namespace) -> dict[str, Any]:
         t = time.perf_counter()
         job = ServeJob(checkpoint=str(paths[pname]), vocab_size=config.vocab_size, prefill=False,
                        workloads=tuple(w.model_dump() for w in workloads), meter=asdict(VLLM_METER),
-                       gpu_memory_utilization=args.gpu_memory_utilization, llm_options=llm_options)
+                       gpu_memory_utilization=args.gpu_memory_utilization, llm_options=llm_options,
+                       capture_mixed_steps=not args.vllm_defaults)
         try:
             if args.dry_run:
                 from advisor.testing_vllm import ConstantPowerCounter
@@ -256,7 +257,8 @@ def operating(args: argparse.Namespace) -> dict[str, Any]:
         job = ServeJob(checkpoint=str(paths[pname]), vocab_size=config.vocab_size, prefill=False, formats=False,
                        workloads=tuple(w.model_dump() for w in workloads), meter=asdict(VLLM_METER),
                        gpu_memory_utilization=args.gpu_memory_utilization,
-                       llm_options={"skip_tokenizer_init": True, **json.loads(args.llm_options or "{}")})
+                       llm_options={"skip_tokenizer_init": True, **json.loads(args.llm_options or "{}")},
+                       capture_mixed_steps=not args.vllm_defaults)
         t = time.perf_counter()
         try:
             if args.dry_run:
@@ -408,6 +410,8 @@ def main(argv: list[str] | None = None) -> int:
     a.add_argument("--plans", nargs="*", help="a subset of all-bf16, all-fp8, mixed")
     a.add_argument("--batches", nargs="*", type=int)
     a.add_argument("--llm-options", help="JSON of extra vllm.LLM keyword arguments, e.g. a compilation_config")
+    a.add_argument("--vllm-defaults", action="store_true",
+                   help="vLLM's own CUDA-graph capture bound (the advisor raises it to cover mixed steps)")
     a.add_argument("--dry-run", action="store_true", help="a tiny config on CPU with the fake vllm module")
     b = sub.add_parser("smollm2")
     b.add_argument("--run", required=True)
@@ -421,6 +425,7 @@ def main(argv: list[str] | None = None) -> int:
     o.add_argument("--max-concurrency", type=int, default=1024)
     o.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     o.add_argument("--llm-options")
+    o.add_argument("--vllm-defaults", action="store_true")
     o.add_argument("--meta", help="JSON with gpu, driver, date, command, notes")
     o.add_argument("--dry-run", action="store_true")
     m = sub.add_parser("merge")

@@ -52,6 +52,9 @@ def test_steady_load_keeps_the_batch_full_with_fresh_prompts(tmp_path, monkeypat
     out = serve(job, make_counter=lambda: ConstantPowerCounter(300.0))
     llm = vllm.instances[0]
     assert llm.kwargs["enable_prefix_caching"] is False and llm.kwargs["max_num_seqs"] == 4
+    # the steps where an 8-token prefill joins 4 decodes are captured, as the export's vllm_config.yaml asks
+    assert llm.kwargs["compilation_config"] == {"max_cudagraph_capture_size": 16} == out["llm_options"][
+        "compilation_config"]
     row = out["energy"]["chat"]
     assert row["batch_full"] and llm.llm_engine.most_running == 4
     prompts = llm.llm_engine.prompts
@@ -173,3 +176,19 @@ def test_measure_with_an_objective_meters_the_plans_operating_point(tmp_path, mo
     assert [llm.kwargs["max_num_seqs"] for llm in vllm.instances] == [6]  # both batches served by one engine
     res = CliRunner().invoke(app, [*args, "--tpot-ms", "10", "--ttft-ms", "5"])
     assert res.exit_code == 2 and res.output.count("Error:") == 1 and "ttft_ms 5 is below tpot_ms 10" in res.output
+
+
+def test_the_capture_bound_follows_the_job_and_an_explicit_compilation_config_wins(tmp_path, monkeypatch):
+    vllm = fake_vllm(step_s=0.0)
+    monkeypatch.setitem(sys.modules, "vllm", vllm)
+    ck = str(checkpoint(tmp_path / "ck"))
+    explicit = {"compilation_config": {"max_cudagraph_capture_size": 128}}
+    for job in (ServeJob(ck, vocab_size=64, formats=False, prefill=False),  # no workload: batch 16, no prompt
+                ServeJob(ck, vocab_size=64, formats=False, prefill=False, capture_mixed_steps=False),
+                ServeJob(ck, vocab_size=64, formats=False, prefill=False, llm_options=explicit)):
+        serve(job, make_counter=lambda: ConstantPowerCounter(300.0))
+    default, off, given = (llm.kwargs.get("compilation_config") for llm in vllm.instances)
+    assert default == {"max_cudagraph_capture_size": 16} and off is None and given == explicit["compilation_config"]
+    from advisor.deploy.vllm_config import capture_bound
+
+    assert capture_bound(64, 512) == 576 and capture_bound(64, 500) == 576 and capture_bound(1, 1) == 16

@@ -19,15 +19,20 @@ def vllm_options(workloads: list[dict[str, Any]], kv_cache: Format = Format.BF16
     batch = max(int(w["batch_size"]) for w in workloads)
     seq = max(int(w["input_tokens"]) + int(w["output_tokens"]) for w in workloads)
     prompt = max(int(w["input_tokens"]) for w in workloads)
-    mixed_step = 16 * math.ceil((batch + prompt) / 16)  # vLLM captures multiples of 16 above 256 tokens
     num_tokens = max(2048, 256 * math.ceil((prompt + batch) / 256))
     return {
         "max-num-seqs": batch,
         "max-model-len": seq,
         "max-num-batched-tokens": num_tokens,
         **({"kv-cache-dtype": "fp8"} if kv_cache == Format.FP8 else {}),
-        "compilation-config": {"max_cudagraph_capture_size": min(mixed_step, num_tokens)},
+        "compilation-config": {"max_cudagraph_capture_size": min(capture_bound(batch, prompt), num_tokens)},
     }
+
+
+def capture_bound(batch: int, prompt: int) -> int:
+    """The CUDA-graph capture bound that covers a step of ``batch`` decodes and one ``prompt``-token prefill
+    (vLLM captures multiples of 16 above 256 tokens, and lowers the bound to its max_num_batched_tokens)."""
+    return 16 * math.ceil((batch + prompt) / 16)
 
 
 def vllm_options_yaml(options: dict[str, Any], workloads: list[dict[str, Any]]) -> str:

@@ -30,6 +30,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from advisor.deploy.vllm_config import capture_bound
 from advisor.energy.meter import EnergyCounter, EnergyMeter, Measurement, MeterConfig
 
 # Tickets the meter keeps issued: far more than the tokens one meter poll can see arrive.
@@ -52,6 +53,9 @@ class ServeJob:
     gpu_memory_utilization: float = 0.85
     seed: int = 0
     llm_options: dict[str, Any] = field(default_factory=dict)  # extra LLM(...) keyword arguments
+    # CUDA graphs for the steps where a prefill joins the decode batch, as the export's vllm_config.yaml asks
+    # (vLLM's default bound leaves them eager); a compilation_config in llm_options wins
+    capture_mixed_steps: bool = True
 
 
 # ----------------------------------------------------------------------------------- steady load
@@ -268,13 +272,17 @@ def serve(job: ServeJob, make_counter: Callable[[], EnergyCounter] = _open_count
 
     longest = max([w["input_tokens"] + w["output_tokens"] for w in job.workloads]
                   + [len(s) for s in job.sequences] + [len(c) + len(t) for c, t in job.items] + [16])
+    batch = max([w["batch_size"] for w in job.workloads] or [16])
+    options = dict(job.llm_options)
+    if job.capture_mixed_steps and "compilation_config" not in options:
+        prompt = max([w["input_tokens"] for w in job.workloads] or [0])
+        options["compilation_config"] = {"max_cudagraph_capture_size": capture_bound(batch, prompt)}
     t0 = time.perf_counter()
-    llm = vllm.LLM(model=job.checkpoint, enable_prefix_caching=False, seed=job.seed,
-                   max_num_seqs=max([w["batch_size"] for w in job.workloads] or [16]),
+    llm = vllm.LLM(model=job.checkpoint, enable_prefix_caching=False, seed=job.seed, max_num_seqs=batch,
                    max_model_len=longest, max_logprobs=max(job.top_k, 1),
-                   gpu_memory_utilization=job.gpu_memory_utilization, **job.llm_options)
+                   gpu_memory_utilization=job.gpu_memory_utilization, **options)
     out: dict[str, Any] = {"vllm_version": getattr(vllm, "__version__", "unknown"),
-                           "load_s": time.perf_counter() - t0}
+                           "load_s": time.perf_counter() - t0, "llm_options": options}
     if job.formats:
         out["served"] = served_methods(llm)
     if job.sequences:
