@@ -181,12 +181,17 @@ def test_payback_arithmetic():
 
 
 def test_without_a_gpu_the_search_energy_is_an_estimate_labelled_so(monkeypatch):
+    import advisor.energy.meter as meter_module
     import advisor.workflows.operating as payback_module
+    from advisor.errors import SetupError
 
+    def no_gpu(index: int) -> None:
+        raise SetupError("no NVIDIA GPU here")
+
+    monkeypatch.setattr(meter_module, "NvmlDevice", no_gpu)  # the CPU path, on a GPU machine too
     monkeypatch.setattr(payback_module, "_cpu_seconds", iter([10.0, 13.0]).__next__)
     meter = SearchEnergyMeter()
-    if meter._gpu is not None:
-        pytest.skip("a GPU is here: the meter reads NVML")
+    assert meter._gpu is None
     spent = meter.read()
     assert spent.joules == 3.0 * payback_module.CPU_WATTS_PER_CORE and not spent.measured
     assert spent.source.startswith("estimated (3 CPU seconds")

@@ -69,10 +69,11 @@ def test_a_tier_prices_a_plan_as_predicted_with_one_consistent_request(tier):
         assert est.j_per_token == pytest.approx(request_j / w.output_tokens, rel=1e-9)
 
 
-def test_a_tier_is_deterministic_and_batching_amortizes_a_step(tier):
-    _, model, shape, _ = tier
+def test_a_tier_is_deterministic_and_batching_amortizes_a_step(tier, tmp_path):
+    name, model, shape, profile = tier
     plan = _plans(shape)["bf16"]
-    assert model.estimate(plan, WORKLOADS[1]) == model.estimate(plan, WORKLOADS[1])
+    again = PREDICTED_TIERS[name].price(profile, TierRequest(shape, GPU.H100, None, ProfileStore(tmp_path)))
+    assert again.estimate(plan, WORKLOADS[1]) == model.estimate(plan, WORKLOADS[1])  # priced anew, the same
     b1, b64 = (model.estimate(plan, w).decode_j_per_token for w in WORKLOADS)
     assert b64 < b1
 
