@@ -4,10 +4,10 @@ that loads the checkpoint with ``tensorrt_llm.LLM`` where it is installed."""
 from __future__ import annotations
 
 import contextlib
-import math
 from pathlib import Path
 from typing import Any
 
+from advisor.deploy.sizes import ServingSizes
 from advisor.formats import Format
 from advisor.plan import Plan
 
@@ -15,18 +15,14 @@ from advisor.plan import Plan
 def llm_api_options(workloads: list[dict[str, Any]], kv_cache: Format = Format.BF16) -> dict[str, Any]:
     """TensorRT-LLM LLM-API options (``--extra_llm_api_options``) sized for the workloads; an FP8 KV
     cache is asked for explicitly (``kv_cache_config.dtype: fp8``), not left to the checkpoint."""
-    batch = max(int(w["batch_size"]) for w in workloads)
-    seq = max(int(w["input_tokens"]) + int(w["output_tokens"]) for w in workloads)
-    prompt = max(int(w["input_tokens"]) for w in workloads)
-    # One iteration holds at most one full prompt plus one decode token per other sequence.
-    num_tokens = max(2048, 256 * math.ceil((prompt + batch) / 256))
+    size = ServingSizes.of(workloads)
     return {
-        "max_batch_size": batch,
-        "max_num_tokens": num_tokens,
-        "max_seq_len": seq,
+        "max_batch_size": size.batch,
+        "max_num_tokens": size.num_tokens,
+        "max_seq_len": size.seq,
         "kv_cache_config": {"free_gpu_memory_fraction": 0.9, "enable_block_reuse": True,
                             **({"dtype": "fp8"} if kv_cache == Format.FP8 else {})},
-        "cuda_graph_config": {"enable_padding": True, "max_batch_size": batch},
+        "cuda_graph_config": {"enable_padding": True, "max_batch_size": size.batch},
     }
 
 

@@ -11,21 +11,20 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from advisor.deploy.sizes import ServingSizes
 from advisor.formats import Format
 
 
 def vllm_options(workloads: list[dict[str, Any]], kv_cache: Format = Format.BF16) -> dict[str, Any]:
     """Keys are ``vllm serve`` flags without their dashes, as vLLM's ``--config`` YAML takes them."""
-    batch = max(int(w["batch_size"]) for w in workloads)
-    seq = max(int(w["input_tokens"]) + int(w["output_tokens"]) for w in workloads)
-    prompt = max(int(w["input_tokens"]) for w in workloads)
-    num_tokens = max(2048, 256 * math.ceil((prompt + batch) / 256))
+    size = ServingSizes.of(workloads)
     return {
-        "max-num-seqs": batch,
-        "max-model-len": seq,
-        "max-num-batched-tokens": num_tokens,
+        "max-num-seqs": size.batch,
+        "max-model-len": size.seq,
+        "max-num-batched-tokens": size.num_tokens,
         **({"kv-cache-dtype": "fp8"} if kv_cache == Format.FP8 else {}),
-        "compilation-config": {"max_cudagraph_capture_size": min(capture_bound(batch, prompt), num_tokens)},
+        "compilation-config": {"max_cudagraph_capture_size": min(capture_bound(size.batch, size.prompt),
+                                                                 size.num_tokens)},
     }
 
 
