@@ -295,7 +295,7 @@ def operating(args: argparse.Namespace) -> dict[str, Any]:
                           "predicted_j_per_token": s.j_per_token, "predicted_tpot_ms": s.tpot_ms,
                           "error": served.get("error")})
         partial.write_text(json.dumps({"points": points, "fixed_batch": fixed, "stages_s": stages}, indent=1))
-    return {"gpu": gpu_name, "vllm_version": next((s for s in [served.get("vllm_version")] if s), None),
+    return {"gpu": gpu_name, "vllm_version": served.get("vllm_version"),
             "objective": "TPOT p50 (ms), 512 tokens in / 256 out, steady load", "points": points,
             "fixed_batch": fixed, "stages_s": stages, "meter": asdict(VLLM_METER),
             "predicted_label": model.label}
