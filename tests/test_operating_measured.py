@@ -221,7 +221,7 @@ def test_vllm_meters_a_plans_operating_points_in_one_engine(tmp_path, monkeypatc
         rows.update(out["energy"])
         return out
 
-    fast = MeterConfig(warmup_s=0.05, min_window_s=0.2, min_ticks=10, repeats=3, idle_s=0.02, max_cv=0.5)
+    fast = MeterConfig(warmup_s=0.5, min_window_s=0.2, min_ticks=10, repeats=3, idle_s=0.02, max_cv=0.5)
     model = VllmEnergyModel(lambda plan: ck, [CHAT], 64, meter=fast, runner=runner)
     small = CHAT.model_copy(update={"input_tokens": 8, "output_tokens": 8})
     points = meter_points(model, BF16, [at_batch(small, 2), at_batch(small, 6)])

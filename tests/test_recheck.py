@@ -164,7 +164,7 @@ def fake_vllm_gpu(monkeypatch):
     monkeypatch.setattr(meter_module, "NvmlDevice", lambda index: types.SimpleNamespace(state=lambda: state))
     monkeypatch.setattr(vllm_engine, "run_in_child", lambda job: serve(job, make_counter=ConstantPowerCounter))
     monkeypatch.setattr(vllm_engine, "MeterConfig", lambda: MeterConfig(
-        warmup_s=0.05, min_window_s=0.2, min_ticks=10, repeats=3, idle_s=0.02, max_cv=0.5))
+        warmup_s=0.5, min_window_s=0.2, min_ticks=10, repeats=3, idle_s=0.02, max_cv=0.5))
     return vllm
 
 
