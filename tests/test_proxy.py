@@ -75,3 +75,12 @@ def test_first_changed_layer():
     assert first_changed_layer(Plan({"layers.3.o": Format.FP8}, Format.FP8)) == 0  # KV cache: every layer
     assert first_changed_layer(Plan({"layers.3.o": Format.BF16})) == 0
     assert first_changed_layer(Plan({"lm_head": Format.FP8, "layers.3.o": Format.FP8})) == 0
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3_moe"])
+def test_the_reference_score_is_what_scoring_the_reference_model_gives(family):
+    bank, groups, heldout = _bank(family)
+    proxy = ProxyEvaluator(bank.assemble(Plan.uniform(groups, Format.BF16)), heldout, batch_size=2)
+    again = proxy.score(bank.assemble(Plan.uniform(groups, Format.BF16)))
+    assert proxy.reference_score() == again and again.kl == 0.0
+    assert proxy.score(bank.assemble(Plan.uniform(groups, Format.FP8))).kl > 0  # another plan is scored

@@ -124,6 +124,10 @@ class ProxyEvaluator:
             count += target.numel()
         return total / count
 
+    def reference_score(self) -> ProxyScore:
+        """What :meth:`score` returns for the reference model itself, without running it again."""
+        return ProxyScore(kl=0.0, ppl=self.ppl_bf16, ppl_bf16=self.ppl_bf16, tokens=int(self.heldout.numel()))
+
     @torch.no_grad()
     def score(self, model: torch.nn.Module, reuse_layers: int = 0) -> ProxyScore:
         """Score ``model``; ``reuse_layers=L`` takes layers ``[0, L)``'s outputs from the reference

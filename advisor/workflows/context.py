@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from advisor.calibration.tokens import TokenSets, build_token_sets, forward_loop
 from advisor.estimate import EnergyModel
 from advisor.files import write_text_atomically
+from advisor.formats import Format
 from advisor.models.arithmetic import BF16, scoring_place, to_scoring_arithmetic
 from advisor.models.loading import LoadedModel, load_model
 from advisor.plan import Plan
@@ -115,7 +116,6 @@ class RunContext:
     def sensitivity(self, on_step: Callable[[int, int], None] | None = None) -> Sensitivity:
         """Per-group damage and energy tables (cached in the run dir)."""
         from advisor.accuracy.proxy import ProxyEvaluator
-        from advisor.formats import Format
         from advisor.models.groups import decoder_layers_path
         from advisor.search.sensitivity import first_changed_layer, load_or_measure, measure
 
@@ -146,7 +146,10 @@ class RunContext:
 
     def evaluate(self, plan: Plan) -> Evaluation:
         t0 = time.perf_counter()
-        score = self.proxy.score(self.bank.assemble(plan))
+        if plan == Plan.uniform(self.loaded.shape.groups, Format.BF16):  # the proxy's own reference
+            score = self.proxy.reference_score()
+        else:
+            score = self.proxy.score(self.bank.assemble(plan))
         energy = [self.energy_model.estimate(plan, w) for w in self.recipe.workloads]
         self.trial_times_s.append(time.perf_counter() - t0)
         return Evaluation(kl=score.kl, ppl=score.ppl, ppl_bf16=score.ppl_bf16, energy=energy)
@@ -162,7 +165,6 @@ def prepare(
     the model fingerprint of the run being continued or re-checked (an older advisor's is kept when it is this
     model's)."""
     from advisor.accuracy.proxy import ProxyEvaluator
-    from advisor.formats import Format
     from advisor.quantize.bank import FormatBank
     from advisor.quantize.modelopt_config import prepare_device
 
