@@ -27,7 +27,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _report import dump_json  # noqa: E402
 
 COMMAND = ["advisor", "search", "-r", "recipes/quickstart.yaml"]
-STAGES = ("load_s", "tokens_s", "calibration_s", "reference_s", "sensitivity_s", "benchmark_s")
 
 
 def main() -> None:
@@ -50,18 +49,20 @@ def main() -> None:
         sys.exit(f"Error: the quickstart exited {proc.returncode}; see {args.out / 'stderr.log'}")
     summary = json.loads((run_dir / "summary.json").read_text())
     timings = summary["timings_s"]
-    stages = {k: round(timings[k], 1) for k in STAGES if k in timings}
-    stages["trials_s"] = round(timings.get("mean_trial_s", 0.0) * timings.get("trials_run", 0), 1)
+    stages = {k: round(v, 1) for k, v in timings.items()
+              if k.endswith("_s") and k not in ("total_s", "mean_trial_s") and v >= 0.05}
     record = {
         "command": " ".join(COMMAND), "date": started, "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",
         "wall_s": round(wall, 1), "cpu_s": round(usage.ru_utime + usage.ru_stime, 1),
         "load_average_before": [round(x, 2) for x in load_before],
         "load_average_after": [round(x, 2) for x in load_after],
         "stages_s": stages, "trials": timings.get("trials_run"), "run_total_s": round(timings["total_s"], 1),
+        "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                                 text=True).stdout.strip(),
         "recommendation": summary["recommendation"]["label"], "benchmark": summary.get("benchmark_status"),
     }
     dump_json(args.out / "time.json", record, indent=2, newline=True)
-    for name in ("report.md", "summary.json", "front.png", "format_map.png"):
+    for name in ("report.md", "summary.json", "front.png", "format_map.png", "operating_points.png"):
         if (run_dir / name).exists():
             shutil.copy(run_dir / name, args.out / name)
     (args.out / "stdout.txt").write_text(proc.stdout)
