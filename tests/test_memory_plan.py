@@ -253,3 +253,50 @@ def test_gpu_memory_cap_with_device_cpu_is_one_error(config_only):
                               "--gpu-memory", "24"])
     assert res.exit_code == 2
     assert res.stderr.count("Error:") == 1 and "gpu_memory_gib" in res.stderr
+
+
+def test_a_cpu_search_that_cannot_fit_here_is_refused_before_anything_is_made(config_only, tmp_path, monkeypatch):
+    import psutil
+    import torch
+    from safetensors.torch import save_file
+
+    save_file({"lm_head.weight": torch.zeros(1)}, str(config_only / "model.safetensors"))  # the files are present
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: SimpleNamespace(available=64 * GIB))
+    res = runner.invoke(app, ["search", "--model", str(config_only), "--target", "b200", "--formats", "bf16,fp8",
+                              "--device", "cpu", "--out", str(tmp_path / "runs")])
+    assert res.exit_code == 3, res.output
+    errors = [line for line in res.stderr.splitlines() if line.startswith("Error:")]
+    assert len(errors) == 1 and "on this CPU" in errors[0] and "64.0 GiB are available" in errors[0]
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize(("bf16_matmul", "scale"), [(True, 1), (False, 2)])
+def test_the_cpu_checks_count_the_weights_in_the_arithmetic_the_cpu_scores_in(tmp_path, monkeypatch, bf16_matmul,
+                                                                              scale):
+    import psutil
+
+    import advisor.models.arithmetic as arithmetic
+    from advisor.errors import SetupError
+    from advisor.recipe.schema import ModelSpec, Recipe
+    from advisor.workflows.memory import check_cpu_export, check_cpu_search
+
+    folder = tmp_path / "small"  # a 1.1B-parameter Llama: float32 fits a 1 TiB machine's 40% share
+    folder.mkdir()
+    small = {**LLAMA_70B, "hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 16,
+             "num_attention_heads": 32, "vocab_size": 32000}
+    (folder / "config.json").write_text(json.dumps(small))
+    monkeypatch.setattr(arithmetic, "cpu_has_bf16_matmul", lambda: bf16_matmul)
+    monkeypatch.setattr(arithmetic, "physical_memory_bytes", lambda: 1024 * GIB)
+    recipe = Recipe(model=ModelSpec(source=str(folder)), device="cpu")
+    weights = plan_memory(_config(small), RunSizes.from_recipe(recipe), gpus(1, 2**62)).totals["weights (BF16)"]
+    export_need = 2 * weights * scale  # the model and its quantized copy
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: SimpleNamespace(available=export_need))
+    check_cpu_export(recipe)
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: SimpleNamespace(available=export_need - 1))
+    with pytest.raises(SetupError, match="exporting .* needs about"):
+        check_cpu_export(recipe)
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: SimpleNamespace(available=weights * scale))
+    with pytest.raises(SetupError, match="the search of .* on this CPU"):  # the weights alone are not enough
+        check_cpu_search(recipe)
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: SimpleNamespace(available=4 * weights * scale))
+    check_cpu_search(recipe)

@@ -8,6 +8,7 @@ from typing import Any
 
 from advisor.deploy.export import ExportResult, export_plan
 from advisor.errors import InputError
+from advisor.workflows.memory import check_cpu_export
 from advisor.workflows.outputs import check_output_dir
 from advisor.workflows.preflight import check_model
 
@@ -41,6 +42,7 @@ def export_run(
     recipe = summary_recipe(summary, model=model)
     check_output_dir(out_dir, "--out", must_be_empty=True)
     check_model(recipe, workloads=False)
+    check_cpu_export(recipe)
     status(f"loading model {recipe.model.source}")
     loaded = load_model(recipe.model, "cpu")
     stored_fp = (summary.get("model") or {}).get("fingerprint")

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from advisor.errors import InputError, SetupError
-from advisor.models.memory_plan import GIB, Device, MemoryPlan, RunSizes, compact, gpus, plan_memory
+from advisor.models.memory_plan import BF16_BYTES, GIB, Device, MemoryPlan, RunSizes, compact, gpus, plan_memory
 from advisor.recipe.schema import ModelSpec, Recipe
 
 
@@ -128,13 +128,53 @@ def load_device_map(recipe: Recipe, device: str) -> dict[str, Any] | None:
 
 def check_memory(recipe: Recipe) -> None:
     """Pre-flight: refuse (exit 3) a search whose model, bank and batches do not run on the GPUs here (spread over
-    them when one is short, layers streamed from CPU memory when they all are: :func:`load_device_map`)."""
-    if recipe.device == "cpu":
+    them when one is short, layers streamed from CPU memory when they all are: :func:`load_device_map`), or, on a
+    CPU, in this machine's memory."""
+    devices = [] if recipe.device == "cpu" else devices_here(recipe.gpu_memory_gib)
+    if not devices:  # device cuda without a GPU is check_devices' error
+        if recipe.device != "cuda":
+            check_cpu_search(recipe)
         return
-    devices = devices_here(recipe.gpu_memory_gib)
-    if not devices:
-        return  # device auto on a CPU machine; device cuda without a GPU is check_devices' error
     plan = recipe_plan(recipe, devices)
     if not plan.runs:
         raise SetupError(not_fitting_message(plan))
     check_cpu_memory(plan)
+
+
+def _cpu_weights(recipe: Recipe) -> tuple[MemoryPlan, int]:
+    """The search's plan on this CPU, and how many times its BF16 weights' bytes the scored weights take (2 where
+    the CPU scores in float32: :mod:`advisor.models.arithmetic`)."""
+    from advisor.models.arithmetic import FLOAT32, choose_arithmetic, cpu_has_bf16_matmul, physical_memory_bytes
+
+    plan = plan_memory(read_config(recipe.model), RunSizes.from_recipe(recipe), [Device("cpu", 2**62)],
+                       recipe.model.source)
+    n_params = plan.totals["weights (BF16)"] // BF16_BYTES
+    arithmetic, _ = choose_arithmetic("cpu", n_params, cpu_has_bf16_matmul(), physical_memory_bytes())
+    return plan, 2 if arithmetic == FLOAT32 else 1
+
+
+def _refuse_over(need: int, what: str) -> None:
+    import psutil
+
+    have = psutil.virtual_memory().available
+    if need > have:
+        raise SetupError(f"{what} needs about {need / GIB:.1f} GiB of memory; {have / GIB:.1f} GiB are available "
+                         "here: run it on a machine with more memory, or search on a GPU machine "
+                         "(`advisor search --dry-run --gpus N --gpu-memory GB` plans one)")
+
+
+def check_cpu_search(recipe: Recipe) -> None:
+    """A search on the CPU holds the model (float32 where scored so), its bank entries, the sensitivity records,
+    the largest batch and the proxy's reference in this machine's memory (exit 3 when they cannot fit)."""
+    plan, scale = _cpu_weights(recipe)
+    p = plan.placements[0]
+    need = (p.weights_bytes + p.workspace_bytes + p.logits_bytes) * scale + p.bank_bytes + p.records_bytes
+    need += sum(plan.cpu_bytes.values()) - (plan.totals["weights (BF16)"] if plan.sizes.whole_cpu_copy else 0)
+    _refuse_over(need, f"the search of {recipe.model.source} on this CPU (weights, bank entries and batches)")
+
+
+def check_cpu_export(recipe: Recipe) -> None:
+    """An export holds the model and its quantized copy on the CPU at once (exit 3 when even that cannot fit)."""
+    plan, scale = _cpu_weights(recipe)
+    _refuse_over(2 * plan.totals["weights (BF16)"] * scale,
+                 f"exporting {recipe.model.source} (the model and its quantized copy, on the CPU)")
