@@ -98,3 +98,108 @@ def test_one_gpu_serves_as_before(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "vllm", vllm)
     serve(ServeJob(str(checkpoint(tmp_path / "ck")), vocab_size=64, formats=False, prefill=False))
     assert vllm.instances[0].kwargs["tensor_parallel_size"] == 1
+
+
+# ---------------------------------------------------------------------------------- how many GPUs serve
+GIB = 2**30
+
+
+def test_the_fewest_gpus_that_hold_a_70b_divide_its_heads():
+    from advisor.deploy.serving_gpus import fewest_gpus
+
+    weights, kv = 141 * 10**9, 20 * GIB  # a 70B in BF16; batch 64 of 768 tokens is ~15 GiB of KV
+    # per GPU 0.85 x 80 GiB less 4 GiB: 64 GiB; two hold 75 GiB each (no), three do not divide 64 heads, four do
+    assert fewest_gpus(weights, kv, 80 * GIB, heads=64, most=8) == 4
+    assert fewest_gpus(weights, kv, 141 * GIB, heads=64, most=8) == 2  # an H200 pair
+    assert fewest_gpus(weights, kv, 80 * GIB, heads=64, most=2) is None
+    assert fewest_gpus(2 * GIB, 0, 80 * GIB, heads=9, most=8) == 1
+
+
+def test_a_gpu_count_vllm_refuses_is_exit_2_and_more_than_visible_exit_3(monkeypatch):
+    from advisor.deploy import serving_gpus as sg
+    from advisor.errors import InputError, SetupError
+
+    monkeypatch.setattr(sg, "visible_gpus", lambda: (2, 80 * GIB))
+    assert sg.serving_gpus(2, 64, 10 * GIB, 0) == 2
+    with pytest.raises(SetupError, match=r"--gpus 4: torch sees 2 GPU\(s\) here.*give --gpus 2 or fewer"):
+        sg.serving_gpus(4, 64, 10 * GIB, 0)
+    with pytest.raises(InputError, match="--gpus 3: vLLM splits the model's 64 attention heads evenly.*1, 2, 4, 8"):
+        sg.serving_gpus(3, 64, 10 * GIB, 0)
+    # unset: the fewest that hold it, here one; both needed for a model of 100 GiB; none for 200 GiB
+    assert sg.serving_gpus(None, 64, 10 * GIB, 0) == 1
+    assert sg.serving_gpus(None, 64, 100 * GIB, 0) == 2
+    with pytest.raises(SetupError, match="fits no count of the 2 GPUs of 80 GiB"):
+        sg.serving_gpus(None, 64, 200 * GIB, 0)
+    monkeypatch.setattr(sg, "visible_gpus", lambda: (1, 80 * GIB))
+    assert sg.serving_gpus(None, 64, 200 * GIB, 0) == 1  # one GPU: vLLM says whether it fits
+
+
+def test_the_measured_tier_serves_over_the_recipes_gpus_and_labels_them(tmp_path, monkeypatch):
+    from advisor.deploy.vllm_engine import VllmEnergyModel
+    from advisor.formats import Format
+    from advisor.plan import LayerGroup, Plan
+    from advisor.recipe.schema import Workload
+
+    jobs = []
+
+    def runner(job):
+        jobs.append(job)
+        m = {"unstable": False}
+        return {"energy": {"chat": {"j_per_token": 0.5, "tokens_per_s": 100.0, "measurement": m, "batch_full": True,
+                                    "fewest_inflight": 16}}}
+
+    model = VllmEnergyModel(lambda _p: tmp_path, [Workload(name="chat")], 64, runner=runner, vllm_version="0.26.0",
+                            gpu_label="4x NVIDIA H100 80GB HBM3, driver 570.1", gpus=4)
+    plan = Plan.uniform([LayerGroup("layers.0.o", ("o",), ((8, 8),))], Format.BF16)
+    est = model.estimate(plan, Workload(name="chat"))
+    assert jobs[0].tensor_parallel_size == 4
+    assert est.source.startswith("measured (vLLM 0.26.0, 4x NVIDIA H100 80GB HBM3, driver 570.1, tp=4, ")
+
+
+def test_gpus_belong_to_serving_and_the_dry_run(tmp_path):
+    from typer.testing import CliRunner
+
+    from advisor.cli import app
+    from advisor.recipe.schema import load_recipe
+
+    runner = CliRunner()
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"formats": {}}))
+    res = runner.invoke(app, ["measure", "--plan", str(plan), "--gpus", "2"])
+    assert res.exit_code == 2 and res.output.count("Error:") == 1 and "only --engine vllm" in res.output
+    res = runner.invoke(app, ["recheck", "--recommendation", str(tmp_path), "--model", "x", "--gpus", "2"])
+    assert res.exit_code == 2 and res.output.count("Error:") == 1 and "only --engine vllm" in res.output
+    res = runner.invoke(app, ["search", "--model", "demo:smollm2-135m", "--gpus", "2", "--out", str(tmp_path)])
+    assert res.exit_code == 2 and res.output.count("Error:") == 1 and "only engine vllm" in res.output
+    assert load_recipe(None, {"engine": "vllm", "gpus": 4}).gpus == 4
+    assert load_recipe(None, {"engine": "builtin", "gpus": 1}).gpus == 1
+
+
+def test_a_run_served_over_several_gpus_keeps_them_in_its_study_key():
+    from advisor.recipe.schema import load_recipe
+    from advisor.search.study_key import study_key
+
+    assert study_key(load_recipe(None, {"engine": "vllm", "gpus": 4}), {})["gpus"] == 4
+    assert "gpus" not in study_key(load_recipe(None, {"engine": "vllm"}), {})  # studies made before keep their key
+
+
+def test_measure_over_more_gpus_than_visible_is_one_error_exit_3(tmp_path, monkeypatch):
+    from conftest import TINY_MODEL, need
+    from typer.testing import CliRunner
+
+    from advisor.cli import app
+    from advisor.cli.energy import shape_from_model
+    from advisor.formats import Format
+    from advisor.plan import Plan
+
+    monkeypatch.setitem(sys.modules, "vllm", fake_vllm())
+    monkeypatch.setattr("advisor.cli.energy.gpu_here", lambda: (None, "Fake GPU"))
+    monkeypatch.setattr("advisor.deploy.serving_gpus.visible_gpus", lambda: (2, 80 * GIB))
+    model = need(TINY_MODEL)
+    plan = tmp_path / "plan.json"
+    plan.write_text(Plan.uniform(shape_from_model(str(model)).groups, Format.FP8).to_json())
+    ck = checkpoint(tmp_path / "ck")
+    res = CliRunner().invoke(app, ["measure", "--plan", str(plan), "--model", str(model), "--engine", "vllm",
+                                   "--checkpoint", str(ck), "--gpus", "8"])
+    assert res.exit_code == 3 and res.output.count("Error:") == 1, res.output  # 8 divides its 8 heads: 2 are here
+    assert "--gpus 8: torch sees 2 GPU(s) here" in res.output

@@ -225,12 +225,13 @@ def _steadiness(row: Mapping[str, Any], workload: Workload) -> str:
 
 def vllm_tier(recipe: Any, loaded: Any, tokens: Any) -> VllmEnergyModel:
     """The measured tier of a search run through vLLM: each measured plan is exported once
-    (``RUN_DIR/engine_checkpoints/<plan id>``), then served at every workload of the recipe."""
+    (``RUN_DIR/engine_checkpoints/<plan id>``), then served at every workload of the recipe, over the recipe's
+    ``gpus`` (:mod:`advisor.deploy.serving_gpus`)."""
     from advisor.deploy.engine_checkpoint import checkpoint_exporter
-    from advisor.energy.meter import NvmlDevice
+    from advisor.deploy.serving_gpus import gpus_label, serving_gpus_for
 
     import_vllm()
-    state = NvmlDevice(0).state()
+    gpus = serving_gpus_for(recipe.gpus, loaded.shape, recipe.workloads, flag="gpus")
     vocab = int(loaded.model.config.get_text_config().vocab_size)
     return VllmEnergyModel(checkpoint_exporter(recipe, loaded, tokens), recipe.workloads, vocab,
-                           gpu_label=f"{state.name}, driver {state.driver}")
+                           gpu_label=gpus_label(gpus), gpus=gpus)

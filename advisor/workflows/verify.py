@@ -24,6 +24,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from advisor.deploy.serving_gpus import serving_gpus_for
 from advisor.deploy.vllm_engine import run_in_child, served_formats, topk_kl, topk_of
 from advisor.deploy.vllm_serve import ServeJob
 from advisor.energy.meter import MeterConfig
@@ -157,9 +158,10 @@ def energy_as_served(record: dict[str, Any] | None, served: dict[str, Any]) -> l
 def verify_run(run_dir: Path, engine: str = "vllm", plan_ids: Sequence[str] = (), lambada: Path | None = None,
                lambada_count: int = 200, energy: bool = True, meter: MeterConfig | None = None,
                runner: Callable[[ServeJob], dict[str, Any]] | None = None,
-               status: Callable[[str], None] = lambda _m: None) -> dict[str, Any]:
+               status: Callable[[str], None] = lambda _m: None, gpus: int | None = None) -> dict[str, Any]:
     """Serve the run's plans through ``engine`` (each in a process of its own unless ``runner`` says otherwise)
-    and write verify.json / verify.md / report.md's section."""
+    over ``gpus`` GPUs (:mod:`advisor.deploy.serving_gpus`; the run's recipe's when None) and write verify.json /
+    verify.md / report.md's section."""
     from advisor.deploy.checkpoint import load_exported
     from advisor.deploy.engine_checkpoint import checkpoint_exporter
     from advisor.deploy.engines import engine as engine_entry
@@ -207,6 +209,7 @@ def verify_run(run_dir: Path, engine: str = "vllm", plan_ids: Sequence[str] = ()
     checkpoint_for = checkpoint_exporter(recipe, loaded, tokens)
     vocab = int(loaded.model.config.get_text_config().vocab_size)
     records = {r["plan_id"]: r for r in summary["trials"]}
+    n_gpus = serving_gpus_for(gpus if gpus is not None else recipe.gpus, loaded.shape, recipe.workloads)
 
     served: dict[str, dict[str, Any]] = {}
     paths: dict[str, Path] = {}
@@ -216,7 +219,8 @@ def verify_run(run_dir: Path, engine: str = "vllm", plan_ids: Sequence[str] = ()
         status(f"serving plan {plan.id} ({role}) in vLLM")
         workloads = [*summary["workloads"], *(w.model_dump() for w in operating_workloads(summary, plan))]
         job = ServeJob(checkpoint=str(paths[role]), vocab_size=vocab, sequences=tuple(heldout), items=tuple(items),
-                       top_k=TOP_K, workloads=tuple(workloads) if energy else (), meter=asdict(meter or MeterConfig()))
+                       top_k=TOP_K, workloads=tuple(workloads) if energy else (), meter=asdict(meter or MeterConfig()),
+                       tensor_parallel_size=n_gpus)
         served[role] = (runner or run_in_child)(job)
 
     status("scoring the advisor's own models on the same tokens")
@@ -225,7 +229,8 @@ def verify_run(run_dir: Path, engine: str = "vllm", plan_ids: Sequence[str] = ()
     device = "cuda" if torch.cuda.is_available() else "cpu"
     reference = loaded.model.to(device).eval()
     version = getattr(vllm, "__version__", "unknown")
-    served_label = f"measured (vLLM {version}, {here}, {time.strftime('%Y-%m-%d')})"
+    where = f"{n_gpus}x {here}, tp={n_gpus}" if n_gpus > 1 else here
+    served_label = f"measured (vLLM {version}, {where}, {time.strftime('%Y-%m-%d')})"
     rows = []
     for role, plan in plans.items():
         mine = load_exported(paths[role], device=device, dtype=next(reference.parameters()).dtype).eval()
@@ -244,7 +249,7 @@ def verify_run(run_dir: Path, engine: str = "vllm", plan_ids: Sequence[str] = ()
         del mine
     result = {
         "run": summary["run"], "engine": "vllm", "vllm_version": getattr(vllm, "__version__", "unknown"),
-        "gpu": here, "date": time.strftime("%Y-%m-%d"), "plans": rows,
+        "gpu": here, "gpus": n_gpus, "date": time.strftime("%Y-%m-%d"), "plans": rows,
         "lambada": {"file": str(lambada), "items": len(items)} if lambada else None,
         "verified": all(r["formats_match"] is True for r in rows),
     }
