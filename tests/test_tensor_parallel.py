@@ -203,3 +203,81 @@ def test_measure_over_more_gpus_than_visible_is_one_error_exit_3(tmp_path, monke
                                    "--checkpoint", str(ck), "--gpus", "8"])
     assert res.exit_code == 3 and res.output.count("Error:") == 1, res.output  # 8 divides its 8 heads: 2 are here
     assert "--gpus 8: torch sees 2 GPU(s) here" in res.output
+
+
+# ---------------------------------------------------------------------------------- the prediction for N GPUs
+def _llama_70b():
+    from advisor.models.shape import llama_shape
+
+    return llama_shape("model.layers", 80, 8192, 28672, 64, 8, 128256)
+
+
+def test_a_shard_holds_a_quarter_of_every_gemm_the_heads_and_the_kv_cache():
+    from advisor.energy.prediction import shard_shape
+
+    full = _llama_70b()
+    part = shard_shape(full, 4)
+    by_name = {g.name: g.shapes for g in part.groups}
+    assert by_name["layers.0.qkv"] == ((8192, 2048), (8192, 256), (8192, 256))  # column parallel: outputs / 4
+    assert by_name["layers.0.gate_up"] == ((8192, 7168), (8192, 7168))
+    assert by_name["layers.0.o"] == ((2048, 8192),) and by_name["layers.0.down"] == ((7168, 8192),)  # inputs / 4
+    assert part.quantizable_weights * 4 == full.quantizable_weights
+    assert part.kv_bytes(768) * 4 == full.kv_bytes(768) and part.layers[0].heads == 16
+    assert part.lm_head_weights * 4 == full.lm_head_weights
+    assert shard_shape(full, 1) is full
+    # 16 GPUs, 8 KV heads: each GPU keeps one KV head (vLLM replicates them)
+    assert {g.name: g.shapes for g in shard_shape(full, 16).groups}["layers.0.qkv"][1] == (8192, 128)
+
+
+def test_a_model_that_does_not_split_is_refused():
+    from advisor.energy.prediction import shard_shape
+    from advisor.errors import InputError
+
+    with pytest.raises(InputError, match="does not split evenly over 3 GPUs"):
+        shard_shape(_llama_70b(), 3)
+
+
+def test_one_gpu_is_todays_prediction_exactly():
+    from advisor.energy.prediction import TensorParallelEnergyModel, make_predicted_model, predicted_for_gpus
+    from advisor.formats import GPU, Format
+    from advisor.plan import Plan
+    from advisor.recipe.schema import Workload
+
+    shape = _llama_70b()
+    today = make_predicted_model(shape, GPU.H100)
+    w = Workload(name="chat", batch_size=16, input_tokens=512, output_tokens=256)
+    for fmt in (Format.BF16, Format.FP8):
+        plan = Plan.uniform(shape.groups, fmt)
+        assert predicted_for_gpus(shape, GPU.H100, 1).estimate(plan, w) == today.estimate(plan, w)
+        assert TensorParallelEnergyModel(today, 1, 8192, 80).estimate(plan, w) == today.estimate(plan, w)
+
+
+def test_four_gpus_price_the_sharded_gemms_times_four_plus_the_allreduces():
+    from advisor.energy.prediction import ALLREDUCE, make_predicted_model, predicted_for_gpus, shard_shape
+    from advisor.formats import GPU, Format
+    from advisor.plan import Plan
+    from advisor.recipe.schema import Workload
+
+    shape = _llama_70b()
+    tp = predicted_for_gpus(shape, GPU.H100, 4)
+    one_gpu = make_predicted_model(shard_shape(shape, 4), GPU.H100, per_model=False)
+    gemm_model = tp.per_gpu.primary  # the GPU profile's GEMM tables
+    assert ("layers.0.qkv", "qkv", 2560, 8192) in gemm_model.geo.groups  # the shard's (N, K), not the model's
+    assert ("layers.0.down", "down", 8192, 7168) in gemm_model.geo.groups
+    plan = Plan.uniform(shape.groups, Format.FP8)
+    for batch in (16, 64):
+        ms, j = tp.decode_step(plan, batch, 640)
+        ms1, j1 = one_gpu.decode_step(plan, batch, 640)
+        calls, nbytes = 2 * 80, batch * 8192 * 2
+        assert ms == pytest.approx(ms1 + calls * ALLREDUCE.time_s(nbytes, 4) * 1e3, rel=1e-12)
+        assert j == pytest.approx(4 * j1 + calls * ALLREDUCE.energy_j(nbytes, 4), rel=1e-12)
+    # a shard's step is shorter than the whole model's on one GPU (a quarter of the weights to read)
+    whole = make_predicted_model(shape, GPU.H100, per_model=False)
+    assert one_gpu.decode_step(plan, 64, 640)[0] < 0.5 * whole.decode_step(plan, 64, 640)[0]
+    w = Workload(name="chat", batch_size=64, input_tokens=512, output_tokens=256)
+    est = tp.estimate(plan, w)
+    assert not est.measured and est.source.startswith("predicted for 4 GPUs (tensor parallel, tp=4")
+    assert "assumed, not measured" in est.source and "GEMM shapes outside the table scaled" in est.source
+    step_ms, step_j = tp.decode_step(plan, 64, 512 + 128)
+    assert est.decode_j_per_token == pytest.approx(step_j / 64) and est.decode_tokens_per_s == pytest.approx(
+        64 / (step_ms / 1e3))
