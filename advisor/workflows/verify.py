@@ -28,7 +28,9 @@ from advisor.deploy.serving_gpus import serving_gpus_for
 from advisor.deploy.vllm_engine import run_in_child, served_formats, topk_kl, topk_of
 from advisor.deploy.vllm_serve import ServeJob
 from advisor.energy.meter import MeterConfig
+from advisor.energy.prediction import predicted_for_gpus
 from advisor.errors import InputError, SetupError
+from advisor.estimate import EnergyEstimate
 from advisor.formats import Format
 from advisor.plan import Plan
 from advisor.recipe.schema import Workload
@@ -134,9 +136,11 @@ def operating_as_served(summary: dict[str, Any], plan: Plan, served: dict[str, A
     return rows
 
 
-def energy_as_served(record: dict[str, Any] | None, served: dict[str, Any]) -> list[dict[str, Any]]:
+def energy_as_served(record: dict[str, Any] | None, served: dict[str, Any],
+                     over_gpus: Callable[[str], EnergyEstimate] | None = None) -> list[dict[str, Any]]:
     """Per stated workload: vLLM's J/token beside the run's measured (built-in) and predicted numbers, each
-    labelled (the operating points' rows are :func:`operating_as_served`'s)."""
+    labelled (the operating points' rows are :func:`operating_as_served`'s). Served over several GPUs,
+    ``over_gpus(workload name)`` is the prediction for that many (the run's one-GPU prediction kept beside)."""
     record = record or {}
     measured = {e["workload"]: e for e in record.get("energy", []) if e.get("measured")}
     predicted = {e["workload"]: e for e in record.get("predicted_energy", []) or record.get("energy", [])
@@ -152,6 +156,10 @@ def energy_as_served(record: dict[str, Any] | None, served: dict[str, Any]) -> l
             "runtime_j_per_token": m["j_per_token"] if m else None, "runtime_source": m["source"] if m else None,
             "predicted_j_per_token": p["j_per_token"] if p else None, "predicted_source": p["source"] if p else None,
         })
+        if over_gpus is not None:
+            tp = over_gpus(name)
+            rows[-1].update(predicted_j_per_token=tp.j_per_token, predicted_source=tp.source,
+                            predicted_one_gpu_j_per_token=p["j_per_token"] if p else None)
     return rows
 
 
@@ -230,6 +238,12 @@ def verify_run(run_dir: Path, engine: str = "vllm", plan_ids: Sequence[str] = ()
     reference = loaded.model.to(device).eval()
     version = getattr(vllm, "__version__", "unknown")
     where = f"{n_gpus}x {here}, tp={n_gpus}" if n_gpus > 1 else here
+    tp_model = predicted_for_gpus(loaded.shape, recipe.target, n_gpus) if n_gpus > 1 else None
+    stated = {w.name: w for w in recipe.workloads}
+
+    def over_gpus(plan: Plan) -> Callable[[str], EnergyEstimate] | None:
+        return None if tp_model is None else (lambda name: tp_model.estimate(plan, stated[name]))
+
     served_label = f"measured (vLLM {version}, {where}, {time.strftime('%Y-%m-%d')})"
     rows = []
     for role, plan in plans.items():
@@ -242,7 +256,7 @@ def verify_run(run_dir: Path, engine: str = "vllm", plan_ids: Sequence[str] = ()
             "proxy_kl": record.get("kl") if record else None,
             "acceptance": record.get("acceptance") if record else None,
             "accuracy": accuracy_as_served(reference, mine, served[role], heldout, items),
-            "energy": energy_as_served(record, served[role]),
+            "energy": energy_as_served(record, served[role], over_gpus(plan)),
             "operating": operating_as_served(summary, plan, served[role], served_label),
             "vllm_load_s": served[role].get("load_s"),
         })
