@@ -281,3 +281,43 @@ def test_four_gpus_price_the_sharded_gemms_times_four_plus_the_allreduces():
     step_ms, step_j = tp.decode_step(plan, 64, 512 + 128)
     assert est.decode_j_per_token == pytest.approx(step_j / 64) and est.decode_tokens_per_s == pytest.approx(
         64 / (step_ms / 1e3))
+
+
+# ---------------------------------------------------------------------------------- the device script, dry
+def _collector():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "device" / "large_models_multi_gpu.py"
+    spec = importlib.util.spec_from_file_location("large_models_multi_gpu", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_device_scripts_python_parts_run_dry_on_a_tiny_shape(tmp_path, monkeypatch):
+    mg = _collector()
+    monkeypatch.setitem(sys.modules, "vllm", None)  # restored afterwards; the dry run installs the fake
+    with pytest.raises(SystemExit):
+        mg.main(["serve", "--gpus", "four"])  # argparse: one line, exit 2
+    out = tmp_path / "out"
+    assert mg.main(["all", "--dry-run", "--gpus", "2", "--trials", "3", "--work", str(tmp_path / "w"),
+                    "--out", str(out)]) == 0
+    data = json.loads((out / "large_models_multi_gpu.json").read_text())
+    assert {"gpu", "gpu_count", "driver", "date", "command"} <= set(data)
+    assert data["plan"]["rc"] == 0 and data["plan"]["fits"] and len(data["plan"]["used_gib_per_gpu"]) == 2
+    assert data["search"]["rc"] == 0 and data["search"]["stages_s"]["trials_s"] > 0 and data["search"]["trials"] == 3
+    assert data["export"]["all-fp8"]["rc"] == 0
+    rows = data["serve"]
+    assert [(r["plan"], r["batch"]) for r in rows] == [("all-bf16", 16), ("all-bf16", 64), ("all-fp8", 16),
+                                                        ("all-fp8", 64)]
+    for r in rows:
+        assert r["gpus"] == 2 and r["batch_full"] and r["vllm_j_per_token"] > 0
+        assert r["predicted_source"].startswith("predicted for 2 GPUs") and "assumed, not measured" in r[
+            "predicted_source"]
+        # the J/token miss is the power miss over the tokens/s miss
+        assert 1 + r["j_miss_pct"] / 100 == pytest.approx((1 + r["power_miss_pct"] / 100)
+                                                          / (1 + r["tokens_per_s_miss_pct"] / 100))
+    assert {m for r in rows if r["plan"] == "all-fp8" for m in r["served_methods"]} >= {"ModelOptFp8LinearMethod"}
+    md = (out / "large_models_multi_gpu.md").read_text()
+    assert "## Served by vLLM with tensor parallelism" in md and "| all-fp8 | 64 | 2 |" in md
