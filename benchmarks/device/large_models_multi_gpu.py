@@ -138,8 +138,8 @@ def step_search(args: argparse.Namespace) -> dict[str, Any]:
     summary_path = args.work / "runs" / args.shape / "summary.json"
     summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
     return {"command": "advisor " + " ".join(cmd), "rc": rc, "wall_s": seconds,
-            "stages_s": summary.get("timings_s", {}),
-            "peak_gib_per_gpu": [round(b / 2**30, 2) for b in peaks.peak_bytes], "trials": len(summary.get("trials", []))}
+            "stages_s": summary.get("timings_s", {}), "trials": len(summary.get("trials", [])),
+            "peak_gib_per_gpu": [round(b / 2**30, 2) for b in peaks.peak_bytes]}
 
 
 def _baseline(summary: dict[str, Any], fmt: str) -> dict[str, Any]:
