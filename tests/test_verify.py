@@ -16,7 +16,7 @@ from advisor.deploy.vllm_serve import serve
 from advisor.testing_vllm import ConstantPowerCounter, fake_vllm
 
 runner = CliRunner()
-FAST = {"warmup_s": 0.1, "min_window_s": 0.3, "min_ticks": 20, "repeats": 3, "idle_s": 0.05, "max_cv": 0.5}
+FAST = {"warmup_s": 0.5, "min_window_s": 0.3, "min_ticks": 20, "repeats": 3, "idle_s": 0.05, "max_cv": 0.5}
 
 
 @pytest.fixture(scope="module")

@@ -249,7 +249,8 @@ def measure(
         vocab = json.loads((checkpoint / "config.json").read_text()).get("vocab_size", 32000)
         both = [workload] if point is None else [workload, at_batch(workload, point.state.batch)]  # one engine
         n = serving_gpus_for(gpus, shape, both, checkpoint_bytes(checkpoint))
-        meter: Any = VllmEnergyModel(lambda _plan: checkpoint, both, vocab, gpu_label=gpus_label(n), gpus=n)
+        label = gpus_label(n) if n > 1 else gpu_here()[1] or ""
+        meter: Any = VllmEnergyModel(lambda _plan: checkpoint, both, vocab, gpu_label=label, gpus=n)
     else:
         meter = MeasuredEnergyModel(shape, tgt, model_config=config)
         meter.check_fits([workload])

@@ -97,7 +97,7 @@ def serving_gpus_for(requested: int | None, shape: ModelShape, workloads: Sequen
 def gpus_label(gpus: int) -> str:
     """The GPUs of a measurement, for its label: the name of every one (``4x NVIDIA H100 80GB HBM3``) and the
     driver; their states read through NVML."""
-    from advisor.energy.meter import open_gpus_counter
+    from advisor.energy import meter
 
-    state = open_gpus_counter(gpus).state()
+    state = meter.NvmlDevice(0).state() if gpus == 1 else meter.open_gpus_counter(gpus).state()
     return f"{state.name}, driver {state.driver}"
