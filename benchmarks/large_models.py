@@ -46,6 +46,8 @@ SHAPES = {
                     "intermediate_size": 13824, "num_hidden_layers": 48, "num_attention_heads": 40,
                     "num_key_value_heads": 8, "vocab_size": 152064, "max_position_embeddings": 131072,
                     "rope_theta": 1000000.0, "tie_word_embeddings": False},
+    "llama-3.1-70b": {**LLAMA_8B, "hidden_size": 8192, "intermediate_size": 28672, "num_hidden_layers": 80,
+                      "num_attention_heads": 64, "num_key_value_heads": 8},
     "qwen3-30b-a3b": {"model_type": "qwen3_moe", "architectures": ["Qwen3MoeForCausalLM"], "hidden_size": 2048,
                       "intermediate_size": 6144, "moe_intermediate_size": 768, "num_hidden_layers": 48,
                       "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128, "num_experts": 128,

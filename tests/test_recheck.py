@@ -211,3 +211,21 @@ def test_recheck_engine_without_vllm_or_gpu_exits_3_in_one_line(run_dir, tmp_pat
     assert "tensorrt_llm is not importable" in res.output
     res = _invoke(*args, "--engine", "sglang")
     assert res.exit_code == 2 and "--engine: got 'sglang'" in res.output
+
+
+def test_recheck_over_two_gpus_serves_with_tp_2_and_predicts_for_two(run_dir, fake_vllm_gpu, tmp_path, monkeypatch):
+    import types
+
+    state = types.SimpleNamespace(name="2x Fake GPU", driver="0")
+    monkeypatch.setattr("advisor.deploy.serving_gpus.visible_gpus", lambda: (2, 80 * 2**30))
+    monkeypatch.setattr("advisor.energy.meter.open_gpus_counter", lambda n: types.SimpleNamespace(state=lambda: state))
+    out = tmp_path / "rc2"
+    res = _invoke("--recommendation", str(run_dir / "summary.json"), "--model", str(TINY_MODEL),
+                  "--out", str(out), "--engine", "vllm", "--gpus", "2")
+    assert res.exit_code in (0, 1), res.output
+    assert {llm.kwargs["tensor_parallel_size"] for llm in fake_vllm_gpu.instances} == {2}
+    data = json.loads((out / "recheck.json").read_text())
+    (e,) = data["new"]["energy"]
+    assert e["source"].startswith("measured (vLLM 0.0-fake, 2x Fake GPU, driver 0, tp=2")
+    (p,) = data["new"]["predicted"]["energy"]
+    assert p["source"].startswith("predicted for 2 GPUs (tensor parallel, tp=2") and not p["measured"]

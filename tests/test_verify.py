@@ -16,7 +16,7 @@ from advisor.deploy.vllm_serve import serve
 from advisor.testing_vllm import ConstantPowerCounter, fake_vllm
 
 runner = CliRunner()
-FAST = {"warmup_s": 0.1, "min_window_s": 0.3, "min_ticks": 20, "repeats": 3, "idle_s": 0.05, "max_cv": 0.5}
+FAST = {"warmup_s": 0.5, "min_window_s": 0.3, "min_ticks": 20, "repeats": 3, "idle_s": 0.05, "max_cv": 0.5}
 
 
 @pytest.fixture(scope="module")
@@ -120,3 +120,20 @@ def test_without_vllm_or_gpu_exit_3_and_a_foreign_run_exit_2(run_dir, tmp_path, 
     (old / "summary.json").write_text(json.dumps({**data, "schema_version": 2}))
     res = runner.invoke(app, ["verify", str(old)])
     assert res.exit_code == 2 and "schema version 2" in res.output and res.output.count("Error:") == 1
+
+
+def test_verify_over_two_gpus_serves_with_tensor_parallelism_beside_the_prediction_for_two(run_dir, engine,
+                                                                                            monkeypatch):
+    monkeypatch.setattr("advisor.deploy.serving_gpus.visible_gpus", lambda: (2, 80 * 2**30))
+    res = runner.invoke(app, ["verify", str(run_dir), "--gpus", "2"])
+    assert res.exit_code == 0, res.output
+    assert {llm.kwargs["tensor_parallel_size"] for llm in engine.instances} == {2}
+    data = json.loads((run_dir / "verify.json").read_text())
+    assert data["gpus"] == 2
+    for r in data["plans"]:
+        (e,) = r["energy"]
+        assert e["predicted_source"].startswith("predicted for 2 GPUs (tensor parallel, tp=2")
+        assert "assumed, not measured" in e["predicted_source"] and e["predicted_one_gpu_j_per_token"] > 0
+        assert r["operating"][0]["vllm"]["source"].startswith("measured (vLLM 0.0-fake, 2x Fake GPU, tp=2")
+    res = runner.invoke(app, ["verify", str(run_dir), "--gpus", "4", "--no-energy"])
+    assert res.exit_code == 3 and res.output.count("Error:") == 1 and "--gpus 4: torch sees 2 GPU(s)" in res.output

@@ -18,7 +18,7 @@ from advisor.formats import Format
 from advisor.plan import Plan
 from advisor.testing_vllm import ConstantPowerCounter, fake_vllm
 
-FAST = {"warmup_s": 0.1, "min_window_s": 0.3, "min_ticks": 20, "repeats": 3, "idle_s": 0.05, "max_cv": 0.2}
+FAST = {"warmup_s": 0.5, "min_window_s": 0.3, "min_ticks": 20, "repeats": 3, "idle_s": 0.05, "max_cv": 0.2}
 GROUPS = [f"layers.{i}.{k}" for i in range(2) for k in ("qkv", "o", "gate_up", "down")]
 LEAVES = {"qkv": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"), "o": ("self_attn.o_proj",),
           "gate_up": ("mlp.gate_proj", "mlp.up_proj"), "down": ("mlp.down_proj",)}

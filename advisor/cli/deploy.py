@@ -60,6 +60,8 @@ def recheck(
     engine: Annotated[str | None, typer.Option(help="Meter the plan and BF16 on the GPU here through this engine "
                                                "(builtin or vllm) instead of pricing them from the predicted tier."
                                                )] = None,
+    gpus: Annotated[int | None, typer.Option(min=1, help="With --engine vllm: GPUs of this node the plans are served "
+                                             "over (tensor parallelism; default: the fewest that hold them).")] = None,
 ) -> None:
     """Re-score the stored recommendation and BF16 on a new model; exit 0 pass, 1 regression, 2 error, 3 no GPU
     or package."""
@@ -69,6 +71,11 @@ def recheck(
         from advisor.errors import InputError
 
         raise InputError(f"--device: got {device!r}; allowed: auto, cpu, cuda")
+    if gpus is not None and engine != "vllm":
+        from advisor.errors import InputError
+
+        raise InputError(f"--gpus {gpus} serves over several GPUs, which only --engine vllm does; add --engine vllm "
+                         "or drop --gpus")
     if engine is not None:
         from advisor.deploy.engines import engine as engine_entry
 
@@ -78,7 +85,7 @@ def recheck(
     with err.status("re-checking") as status:
         result = run_recheck(recommendation, model, out_dir, recipe_path=recipe, research=research,
                              research_trials=research_trials, device=device, engine=engine,
-                             status=lambda m: status.update(m))
+                             status=lambda m: status.update(m), gpus=gpus)
     for c in result.checks:
         out.print(f"{'ok  ' if c.ok else 'FAIL'} {c.name}: {c.value:.4g} (threshold {c.threshold:.4g})",
                   highlight=False)

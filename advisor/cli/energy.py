@@ -188,6 +188,9 @@ def measure(
     percentile: Annotated[str | None, typer.Option(help="p50 or p90: where the objective holds.")] = None,
     max_concurrency: Annotated[int | None, typer.Option(help="The most requests the service keeps in flight.")]
         = None,
+    gpus: Annotated[int | None, typer.Option(min=1, help="With --engine vllm: GPUs of this node the checkpoint is "
+                                             "served over (tensor parallelism, all metered; default: the fewest "
+                                             "that hold it).")] = None,
 ) -> None:
     """Measure one plan's J/token on the GPU here (serving runtime or engine, NVML meter); with an objective,
     also at the plan's operating point (its largest batch under it, predicted), predicted and measured."""
@@ -204,6 +207,9 @@ def measure(
     if engine == "vllm" and (checkpoint is None or not (checkpoint / "config.json").is_file()):
         raise InputError("--engine vllm serves an exported checkpoint: give --checkpoint DIR (a folder with "
                          "config.json, written by `advisor export`)")
+    if gpus is not None and engine != "vllm":
+        raise InputError(f"--gpus {gpus} serves over several GPUs, which only --engine vllm does; add --engine vllm "
+                         "--checkpoint DIR, or drop --gpus")
     tgt = None
     if target is not None:
         try:
@@ -235,18 +241,22 @@ def measure(
         point = predicted_point(p, shape, kind, workload, config)
     if engine == "vllm":
         from advisor.deploy.engines import import_engine
+        from advisor.deploy.serving_gpus import checkpoint_bytes, gpus_label, serving_gpus_for
         from advisor.deploy.vllm_engine import VllmEnergyModel
         from advisor.search.operating_measured import at_batch
 
         import_engine("vllm")
         vocab = json.loads((checkpoint / "config.json").read_text()).get("vocab_size", 32000)
         both = [workload] if point is None else [workload, at_batch(workload, point.state.batch)]  # one engine
-        meter: Any = VllmEnergyModel(lambda _plan: checkpoint, both, vocab, gpu_label=gpu_here()[1] or "")
+        n = serving_gpus_for(gpus, shape, both, checkpoint_bytes(checkpoint))
+        label = gpus_label(n) if n > 1 else gpu_here()[1] or ""
+        meter: Any = VllmEnergyModel(lambda _plan: checkpoint, both, vocab, gpu_label=label, gpus=n)
     else:
         meter = MeasuredEnergyModel(shape, tgt, model_config=config)
         meter.check_fits([workload])
     est = meter.estimate(p, workload)
-    result = {"plan": p.id, "label": p.label(), **({"engine": "vllm"} if engine == "vllm" else {}), **est.to_dict()}
+    served = {"engine": "vllm", "gpus": meter.gpus} if engine == "vllm" else {}
+    result = {"plan": p.id, "label": p.label(), **served, **est.to_dict()}
     if point is not None:
         from advisor.workflows.measure_point import measured_operating_point
 

@@ -85,8 +85,10 @@ def search(
     resume: Annotated[bool, typer.Option("--resume", help="Continue the study of the same name.")] = False,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the memory plan (from the model's config, no "
                                           "weights read) and stop; exit 3 when it does not fit.")] = False,
-    gpus: Annotated[int | None, typer.Option(min=1, help="With --dry-run: plan for a node of this many GPUs...")]
-        = None,
+    gpus: Annotated[int | None, typer.Option(min=1, help="GPUs of one node the model spreads over. With --dry-run: "
+                                             "plan for a node of this many GPUs...; with --engine vllm: serve each "
+                                             "measured plan over this many GPUs here (tensor parallelism; default: "
+                                             "the fewest that hold it).")] = None,
     gpu_memory: Annotated[float | None, typer.Option(min=1, help="...of this much memory each, GiB (H100: 80). "
                                                      "Without --gpus: cap each GPU here at this much; layers beyond "
                                                      "it stream from CPU memory.")] = None,
@@ -102,13 +104,13 @@ def search(
         "accuracy.max_kl": max_kl, "calibration.source": calibration, "benchmark.tasks": _split(tasks),
         "benchmark.limit": limit, "storage": storage, "out": str(out_dir) if out_dir else None,
         "name": name, "device": device, "energy": energy, "energy_profile": energy_profile,
-        "engine": engine, "gpu_memory_gib": gpu_memory,
+        "engine": engine, "gpu_memory_gib": gpu_memory, "gpus": None if dry_run else gpus,
         "workloads": _workload_overrides(batch_size, input_tokens, output_tokens, workload, recipe),
     }
     rec = load_recipe(recipe, overrides)
     from advisor.recipe.workload_flags import describe
 
-    if dry_run or gpus is not None or json_out:
+    if dry_run or json_out:
         _dry_run(rec, dry_run, gpus, gpu_memory, json_out)
         return
     err.print(f"workloads: {describe(rec.workloads)}", highlight=False, markup=False)
@@ -131,7 +133,7 @@ def _dry_run(rec: Recipe, dry_run: bool, gpus: int | None, gpu_memory: float | N
     from advisor.workflows.memory import devices_here, named_node, not_fitting_message, recipe_plan
 
     if not dry_run:
-        raise InputError("--gpus and --json belong to --dry-run; add --dry-run or drop them")
+        raise InputError("--json belongs to --dry-run; add --dry-run or drop it")
     devices = named_node(gpus, gpu_memory) if gpus is not None else devices_here(gpu_memory)
     if not devices:
         raise SetupError("torch sees no GPU here to plan for; name the node: --gpus N --gpu-memory GB")

@@ -25,13 +25,16 @@ def verify(
         help="LAMBADA JSONL ({\"text\": ...}) whose first items are scored through vLLM and the advisor.")] = None,
     lambada_items: Annotated[int, typer.Option(min=1, help="How many LAMBADA items.")] = 200,
     energy: Annotated[bool, typer.Option(help="Also meter J/token per workload in vLLM.")] = True,
+    gpus: Annotated[int | None, typer.Option(min=1, help="GPUs of this node each plan is served over (tensor "
+                                             "parallelism, all metered; default: the run's, else the fewest that "
+                                             "hold it).")] = None,
 ) -> None:
     """Serve the run's recommendation and BF16 in vLLM (GPU): formats, KL, items and J/token as served."""
     from advisor.workflows.verify import verify_run
 
     with err.status("verifying") as status:
         result = verify_run(run_dir, engine=engine, plan_ids=plan or (), lambada=lambada, lambada_count=lambada_items,
-                            energy=energy, status=lambda m: status.update(m))
+                            energy=energy, status=lambda m: status.update(m), gpus=gpus)
     for r in result["plans"]:
         a = r["accuracy"]
         served = "served as planned" if r["formats_match"] is True else f"{len(r['formats_match'])} groups differ"

@@ -167,18 +167,21 @@ class VllmEnergyModel:
 
     def __init__(self, checkpoint_for: Callable[[Plan], Path], workloads: Sequence[Workload], vocab_size: int,
                  meter: MeterConfig | None = None, runner: Callable[[ServeJob], dict[str, Any]] | None = None,
-                 gpu_label: str = "", vllm_version: str | None = None) -> None:
+                 gpu_label: str = "", vllm_version: str | None = None, gpus: int = 1) -> None:
         self.checkpoint_for, self.workloads, self.vocab_size = checkpoint_for, list(workloads), vocab_size
         self.meter, self.runner = meter or MeterConfig(), runner or run_in_child
+        self.gpus = gpus
         self._served: dict[str, dict[str, Any]] = {}
         version = vllm_version or getattr(import_vllm(), "__version__", "unknown")
-        self.label = f"measured (vLLM {version}{', ' + gpu_label if gpu_label else ''}, {time.strftime('%Y-%m-%d')})"
+        where = f", {gpu_label}" if gpu_label else ""
+        tp = f", tp={gpus}" if gpus > 1 else ""
+        self.label = f"measured (vLLM {version}{where}{tp}, {time.strftime('%Y-%m-%d')})"
 
     def serve_plan(self, plan: Plan) -> dict[str, Any]:
         if plan.id not in self._served:
             job = ServeJob(checkpoint=str(self.checkpoint_for(plan)), vocab_size=self.vocab_size,
                            workloads=tuple(w.model_dump() for w in self.workloads), formats=False,
-                           meter=asdict(self.meter))
+                           meter=asdict(self.meter), tensor_parallel_size=self.gpus)
             self._served[plan.id] = self.runner(job)
         return self._served[plan.id]
 
@@ -192,7 +195,7 @@ class VllmEnergyModel:
         if not all(w.name in rows for w in workloads):
             job = ServeJob(checkpoint=str(self.checkpoint_for(plan)), vocab_size=self.vocab_size,
                            workloads=tuple(w.model_dump() for w in workloads), formats=False, prefill=False,
-                           meter=asdict(self.meter))
+                           meter=asdict(self.meter), tensor_parallel_size=self.gpus)
             rows = self.runner(job)["energy"]
         return [from_timed(plan, w, rows[w.name], self.label + _steadiness(rows[w.name], w)) for w in workloads]
 
@@ -222,12 +225,13 @@ def _steadiness(row: Mapping[str, Any], workload: Workload) -> str:
 
 def vllm_tier(recipe: Any, loaded: Any, tokens: Any) -> VllmEnergyModel:
     """The measured tier of a search run through vLLM: each measured plan is exported once
-    (``RUN_DIR/engine_checkpoints/<plan id>``), then served at every workload of the recipe."""
+    (``RUN_DIR/engine_checkpoints/<plan id>``), then served at every workload of the recipe, over the recipe's
+    ``gpus`` (:mod:`advisor.deploy.serving_gpus`)."""
     from advisor.deploy.engine_checkpoint import checkpoint_exporter
-    from advisor.energy.meter import NvmlDevice
+    from advisor.deploy.serving_gpus import gpus_label, serving_gpus_for
 
     import_vllm()
-    state = NvmlDevice(0).state()
+    gpus = serving_gpus_for(recipe.gpus, loaded.shape, recipe.workloads, flag="gpus")
     vocab = int(loaded.model.config.get_text_config().vocab_size)
     return VllmEnergyModel(checkpoint_exporter(recipe, loaded, tokens), recipe.workloads, vocab,
-                           gpu_label=f"{state.name}, driver {state.driver}")
+                           gpu_label=gpus_label(gpus), gpus=gpus)

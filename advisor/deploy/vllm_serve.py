@@ -13,7 +13,8 @@ the job's largest workload) and does what the job asks, returning plain data:
   followed;
 * ``items``: for each (context, target) item, whether every target token was vLLM's top-1
   next token (greedy, as LAMBADA's accuracy is defined), from the same prompt log-probabilities;
-* ``energy``: per workload, J per output token (prefill included) in steady state
+* ``energy``: per workload, J per output token (prefill included, summed over every GPU the engine uses:
+  ``tensor_parallel_size`` > 1 spreads the model over torch's ``cuda:0..N-1``) in steady state
   (:class:`SteadyLoad` under the advisor's own NVML meter), the time per output token and to the first
   token of the requests that ran wholly inside that steady load (p50 and p90), and J per input token of
   prefill.
@@ -56,6 +57,8 @@ class ServeJob:
     # CUDA graphs for the steps where a prefill joins the decode batch, as the export's vllm_config.yaml asks
     # (vLLM's default bound leaves them eager); a compilation_config in llm_options wins
     capture_mixed_steps: bool = True
+    # GPUs the engine spreads the model over (vLLM's tensor parallelism): torch's cuda:0..N-1, all metered
+    tensor_parallel_size: int = 1
 
 
 # ----------------------------------------------------------------------------------- steady load
@@ -259,15 +262,16 @@ def greedy_hits(vllm: Any, llm: Any, items: Any) -> list[bool]:
 
 
 # ----------------------------------------------------------------------------------- the job
-def _open_counter() -> EnergyCounter:
-    from advisor.energy.meter import open_meter
+def serve(job: ServeJob, make_counter: Callable[[], EnergyCounter] | None = None) -> dict[str, Any]:
+    """Load ``job.checkpoint`` in vLLM and return what the job asks for (module docstring). The energy is that of
+    every GPU the engine uses (``make_counter``; default: the first ``tensor_parallel_size`` GPUs' NVML counters,
+    summed)."""
+    from advisor.energy.meter import open_gpus_counter, summed_config
 
-    return open_meter(0).counter
-
-
-def serve(job: ServeJob, make_counter: Callable[[], EnergyCounter] = _open_counter) -> dict[str, Any]:
-    """Load ``job.checkpoint`` in vLLM and return what the job asks for (module docstring)."""
     os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # apply_model sends a function
+    tp = job.tensor_parallel_size
+    if tp > 1:
+        os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # NVLink multicast off on the lent machines (their notes)
     import vllm
 
     longest = max([w["input_tokens"] + w["output_tokens"] for w in job.workloads]
@@ -280,9 +284,9 @@ def serve(job: ServeJob, make_counter: Callable[[], EnergyCounter] = _open_count
     t0 = time.perf_counter()
     llm = vllm.LLM(model=job.checkpoint, enable_prefix_caching=False, seed=job.seed, max_num_seqs=batch,
                    max_model_len=longest, max_logprobs=max(job.top_k, 1),
-                   gpu_memory_utilization=job.gpu_memory_utilization, **options)
+                   gpu_memory_utilization=job.gpu_memory_utilization, tensor_parallel_size=tp, **options)
     out: dict[str, Any] = {"vllm_version": getattr(vllm, "__version__", "unknown"),
-                           "load_s": time.perf_counter() - t0, "llm_options": options}
+                           "load_s": time.perf_counter() - t0, "llm_options": options, "tensor_parallel_size": tp}
     if job.formats:
         out["served"] = served_methods(llm)
     if job.sequences:
@@ -290,8 +294,8 @@ def serve(job: ServeJob, make_counter: Callable[[], EnergyCounter] = _open_count
     if job.items:
         out["items"] = greedy_hits(vllm, llm, job.items)
     if job.workloads:
-        counter = make_counter()
-        config = MeterConfig(**job.meter)
+        counter = make_counter() if make_counter is not None else open_gpus_counter(tp)
+        config = summed_config(MeterConfig(**job.meter), tp)
         energy = {}
         for w in job.workloads:
             b, lin, lout = w["batch_size"], w["input_tokens"], w["output_tokens"]

@@ -200,6 +200,8 @@ class Recipe(_Strict):
         "random weights of the model's shape), tensorrt_llm (the exported checkpoint through TensorRT-LLM's "
         "LLM API; needs the package) or vllm (the exported checkpoint through vLLM's offline LLM API, one "
         "engine per process; needs the package)")
+    gpus: int | None = Field(None, ge=1, le=64, description="GPUs of this node one vLLM engine spreads a served plan "
+                             "over (tensor parallelism, engine vllm; unset: the fewest that hold it)")
 
     @field_validator("formats")
     @classmethod
@@ -250,6 +252,10 @@ class Recipe(_Strict):
         if self.engine != "builtin" and self.energy == "predicted":
             raise ValueError(f"engine {self.engine} measures energy, but energy: predicted never measures; "
                              "use energy: measured or auto")
+        if self.gpus not in (None, 1) and self.engine != "vllm":
+            raise ValueError(f"gpus {self.gpus} spreads serving over {self.gpus} GPUs (tensor parallelism), which only "
+                             "engine vllm does; use engine: vllm (`--engine vllm`), or drop gpus (`advisor search "
+                             "--dry-run --gpus N --gpu-memory GB` plans memory for a node)")
         if self.site.power_cap_w is not None and self.site.power_cap_w <= gpu.idle_w:
             raise ValueError(f"site.power_cap_w {self.site.power_cap_w:g} W is at or below the idle power of a "
                              f"{gpu.marketing_name} ({gpu.idle_w:g} W): no step can run within it; raise it")

@@ -56,6 +56,8 @@ def study_key(recipe: Recipe, versions: dict[str, str], energy_tier: str | None 
         key["kv_cache"] = data["kv_cache"]
     if data["engine"] != "builtin":  # measured numbers of two engines are not comparable
         key["engine"] = data["engine"]
+    if data.get("gpus") not in (None, 1):  # J/token over N GPUs: not comparable with one GPU's
+        key["gpus"] = data["gpus"]
     key["versions"] = {p: versions.get(p, "not installed") for p in VERSIONED}
     return json.loads(json.dumps(key))
 

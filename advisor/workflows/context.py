@@ -155,6 +155,18 @@ class RunContext:
         return Evaluation(kl=score.kl, ppl=score.ppl, ppl_bf16=score.ppl_bf16, energy=energy)
 
 
+def over_gpus(one_gpu: EnergyModel, shape: Any, target: Any, gpus: int, status: Status) -> EnergyModel:
+    """The predicted tier for ``gpus`` GPUs (tensor parallel), or ``one_gpu`` where it cannot price the model."""
+    from advisor.energy.prediction import predicted_for_gpus
+    from advisor.errors import InputError
+
+    try:
+        return predicted_for_gpus(shape, target, gpus)
+    except InputError as exc:
+        status(f"energy: no prediction for {gpus} GPUs ({exc}); trials priced for one")
+        return one_gpu
+
+
 def prepare(
     recipe: Recipe,
     status: Status = lambda _msg: None,
@@ -241,6 +253,8 @@ def prepare(
         energy_model, measured_model = make_energy_tiers(recipe.energy, loaded.shape, recipe.target, profile, engine,
                                                          model_config=loaded.model.config,
                                                          workloads=recipe.workloads)
+        if getattr(measured_model, "gpus", 1) > 1:  # served over N GPUs: every trial priced for N too
+            energy_model = over_gpus(energy_model, loaded.shape, recipe.target, measured_model.gpus, status)
         status(f"energy source: {energy_model.label}" + (" (the front measured with NVML)" if measured_model else ""))
         timings["energy_models_s"] = time.perf_counter() - t  # a per-model profile built here takes minutes
     return RunContext(recipe, loaded, tokens, bank, proxy, energy_model, device, fingerprint, timings,

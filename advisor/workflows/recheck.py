@@ -77,6 +77,7 @@ def run_recheck(
     device: str | None = None,
     engine: str | None = None,
     status: Any = lambda _msg: None,
+    gpus: int | None = None,
 ) -> RecheckResult:
     """Score the stored recommendation and BF16 on ``model``; write recheck.json and recheck.md. With ``engine``
     (builtin, vllm, tensorrt_llm) their energy is metered on the GPU here through it, as the search's measured
@@ -96,7 +97,7 @@ def run_recheck(
     out_dir.mkdir(parents=True, exist_ok=True)
     used = {Format.BF16, *plan.formats.values()}
     formats = list(base.formats) if research else [f for f in base.formats if f in used]
-    metered = {"energy": "measured", "engine": engine} if engine is not None else {}
+    metered = {"energy": "measured", "engine": engine, **({"gpus": gpus} if gpus else {})} if engine else {}
     recipe = base.model_copy(update={"out": out_dir, "name": "recheck", "storage": None, "formats": formats,
                                      **({"device": device} if device else {}), **metered})
     ctx = prepare(recipe, status=status, stored_fingerprint=(summary.get("model") or {}).get("fingerprint"))

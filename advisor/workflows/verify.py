@@ -24,10 +24,13 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from advisor.deploy.serving_gpus import serving_gpus_for
 from advisor.deploy.vllm_engine import run_in_child, served_formats, topk_kl, topk_of
 from advisor.deploy.vllm_serve import ServeJob
 from advisor.energy.meter import MeterConfig
+from advisor.energy.prediction import predicted_for_gpus
 from advisor.errors import InputError, SetupError
+from advisor.estimate import EnergyEstimate
 from advisor.formats import Format
 from advisor.plan import Plan
 from advisor.recipe.schema import Workload
@@ -133,9 +136,11 @@ def operating_as_served(summary: dict[str, Any], plan: Plan, served: dict[str, A
     return rows
 
 
-def energy_as_served(record: dict[str, Any] | None, served: dict[str, Any]) -> list[dict[str, Any]]:
+def energy_as_served(record: dict[str, Any] | None, served: dict[str, Any],
+                     over_gpus: Callable[[str], EnergyEstimate] | None = None) -> list[dict[str, Any]]:
     """Per stated workload: vLLM's J/token beside the run's measured (built-in) and predicted numbers, each
-    labelled (the operating points' rows are :func:`operating_as_served`'s)."""
+    labelled (the operating points' rows are :func:`operating_as_served`'s). Served over several GPUs,
+    ``over_gpus(workload name)`` is the prediction for that many (the run's one-GPU prediction kept beside)."""
     record = record or {}
     measured = {e["workload"]: e for e in record.get("energy", []) if e.get("measured")}
     predicted = {e["workload"]: e for e in record.get("predicted_energy", []) or record.get("energy", [])
@@ -151,15 +156,20 @@ def energy_as_served(record: dict[str, Any] | None, served: dict[str, Any]) -> l
             "runtime_j_per_token": m["j_per_token"] if m else None, "runtime_source": m["source"] if m else None,
             "predicted_j_per_token": p["j_per_token"] if p else None, "predicted_source": p["source"] if p else None,
         })
+        if over_gpus is not None:
+            tp = over_gpus(name)
+            rows[-1].update(predicted_j_per_token=tp.j_per_token, predicted_source=tp.source,
+                            predicted_one_gpu_j_per_token=p["j_per_token"] if p else None)
     return rows
 
 
 def verify_run(run_dir: Path, engine: str = "vllm", plan_ids: Sequence[str] = (), lambada: Path | None = None,
                lambada_count: int = 200, energy: bool = True, meter: MeterConfig | None = None,
                runner: Callable[[ServeJob], dict[str, Any]] | None = None,
-               status: Callable[[str], None] = lambda _m: None) -> dict[str, Any]:
+               status: Callable[[str], None] = lambda _m: None, gpus: int | None = None) -> dict[str, Any]:
     """Serve the run's plans through ``engine`` (each in a process of its own unless ``runner`` says otherwise)
-    and write verify.json / verify.md / report.md's section."""
+    over ``gpus`` GPUs (:mod:`advisor.deploy.serving_gpus`; the run's recipe's when None) and write verify.json /
+    verify.md / report.md's section."""
     from advisor.deploy.checkpoint import load_exported
     from advisor.deploy.engine_checkpoint import checkpoint_exporter
     from advisor.deploy.engines import engine as engine_entry
@@ -207,6 +217,7 @@ def verify_run(run_dir: Path, engine: str = "vllm", plan_ids: Sequence[str] = ()
     checkpoint_for = checkpoint_exporter(recipe, loaded, tokens)
     vocab = int(loaded.model.config.get_text_config().vocab_size)
     records = {r["plan_id"]: r for r in summary["trials"]}
+    n_gpus = serving_gpus_for(gpus if gpus is not None else recipe.gpus, loaded.shape, recipe.workloads)
 
     served: dict[str, dict[str, Any]] = {}
     paths: dict[str, Path] = {}
@@ -216,7 +227,8 @@ def verify_run(run_dir: Path, engine: str = "vllm", plan_ids: Sequence[str] = ()
         status(f"serving plan {plan.id} ({role}) in vLLM")
         workloads = [*summary["workloads"], *(w.model_dump() for w in operating_workloads(summary, plan))]
         job = ServeJob(checkpoint=str(paths[role]), vocab_size=vocab, sequences=tuple(heldout), items=tuple(items),
-                       top_k=TOP_K, workloads=tuple(workloads) if energy else (), meter=asdict(meter or MeterConfig()))
+                       top_k=TOP_K, workloads=tuple(workloads) if energy else (), meter=asdict(meter or MeterConfig()),
+                       tensor_parallel_size=n_gpus)
         served[role] = (runner or run_in_child)(job)
 
     status("scoring the advisor's own models on the same tokens")
@@ -225,7 +237,14 @@ def verify_run(run_dir: Path, engine: str = "vllm", plan_ids: Sequence[str] = ()
     device = "cuda" if torch.cuda.is_available() else "cpu"
     reference = loaded.model.to(device).eval()
     version = getattr(vllm, "__version__", "unknown")
-    served_label = f"measured (vLLM {version}, {here}, {time.strftime('%Y-%m-%d')})"
+    where = f"{n_gpus}x {here}, tp={n_gpus}" if n_gpus > 1 else here
+    tp_model = predicted_for_gpus(loaded.shape, recipe.target, n_gpus) if n_gpus > 1 else None
+    stated = {w.name: w for w in recipe.workloads}
+
+    def over_gpus(plan: Plan) -> Callable[[str], EnergyEstimate] | None:
+        return None if tp_model is None else (lambda name: tp_model.estimate(plan, stated[name]))
+
+    served_label = f"measured (vLLM {version}, {where}, {time.strftime('%Y-%m-%d')})"
     rows = []
     for role, plan in plans.items():
         mine = load_exported(paths[role], device=device, dtype=next(reference.parameters()).dtype).eval()
@@ -237,14 +256,14 @@ def verify_run(run_dir: Path, engine: str = "vllm", plan_ids: Sequence[str] = ()
             "proxy_kl": record.get("kl") if record else None,
             "acceptance": record.get("acceptance") if record else None,
             "accuracy": accuracy_as_served(reference, mine, served[role], heldout, items),
-            "energy": energy_as_served(record, served[role]),
+            "energy": energy_as_served(record, served[role], over_gpus(plan)),
             "operating": operating_as_served(summary, plan, served[role], served_label),
             "vllm_load_s": served[role].get("load_s"),
         })
         del mine
     result = {
         "run": summary["run"], "engine": "vllm", "vllm_version": getattr(vllm, "__version__", "unknown"),
-        "gpu": here, "date": time.strftime("%Y-%m-%d"), "plans": rows,
+        "gpu": here, "gpus": n_gpus, "date": time.strftime("%Y-%m-%d"), "plans": rows,
         "lambada": {"file": str(lambada), "items": len(items)} if lambada else None,
         "verified": all(r["formats_match"] is True for r in rows),
     }

@@ -17,6 +17,7 @@ from advisor.energy.meter._meter import (
     torch_device_uuid,
 )
 from advisor.energy.meter._nvml import GPUState, NvmlDevice, normalize_uuid
+from advisor.energy.meter._summed import SummedCounter, combined_state, open_gpus_counter, summed_config
 
 __all__ = [
     "EnergyCounter",
@@ -27,12 +28,16 @@ __all__ = [
     "NvmlDevice",
     "Step",
     "StepHandle",
+    "SummedCounter",
     "Window",
     "check_formats_supported",
     "coefficient_of_variation",
+    "combined_state",
     "normalize_uuid",
+    "open_gpus_counter",
     "open_meter",
     "queue_depth",
     "require_gpu",
+    "summed_config",
     "torch_device_uuid",
 ]

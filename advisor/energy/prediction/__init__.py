@@ -23,6 +23,13 @@ from advisor.energy.prediction._routing import (
     routing_note,
     touched_share,
 )
+from advisor.energy.prediction._tensor_parallel import (
+    ALLREDUCE,
+    AllReduceCost,
+    TensorParallelEnergyModel,
+    predicted_for_gpus,
+    shard_shape,
+)
 from advisor.energy.prediction._tiers import (
     ENERGY_MODES,
     PREDICTED_TIERS,
@@ -37,6 +44,7 @@ from advisor.energy.prediction._tiers import (
 )
 
 __all__ = [
+    "ALLREDUCE", "AllReduceCost", "TensorParallelEnergyModel", "predicted_for_gpus", "shard_shape",
     "ENERGY_MODES", "FP8_KV_NOTE", "MEASURED_ROUTING_NOTE", "PREDICTED_TIERS",
     "UNIFORM_ROUTING_NOTE", "EnergyFeatures", "GpuProfileCostModel", "ModelProfileCostModel", "PhaseCost",
     "PredictedTier", "ProfileCostModel", "RooflineEnergyModel", "TierRequest", "WithFallback", "at_power_limit",

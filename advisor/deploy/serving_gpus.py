@@ -1,0 +1,103 @@
+"""How many GPUs of this node one vLLM engine spreads a model over (``--gpus N``, the recipe's ``gpus``): vLLM's
+tensor parallelism over torch's ``cuda:0`` .. ``cuda:{N-1}``, all of them metered.
+
+``--gpus`` means one thing in every command: the GPUs of one node a model is spread over. With `advisor search
+--dry-run` it names the node the memory plan is made for; where vLLM serves (the measured tier of `advisor search
+--engine vllm`, `advisor measure`, `verify` and `recheck --engine vllm`) it is the engine's tensor-parallel size.
+Unset, serving takes the fewest GPUs that hold the served weights and the largest workload's KV cache within the
+engine's memory share, among the counts vLLM accepts (those that divide the attention heads).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+
+from advisor.deploy.vllm_serve import ServeJob
+from advisor.errors import InputError, SetupError
+from advisor.models.shape import ModelShape
+from advisor.recipe.schema import Workload
+
+GIB = 2**30
+#: the share of each GPU's memory the engine takes (vLLM's gpu_memory_utilization, as ServeJob asks it)
+SERVE_MEMORY_SHARE = ServeJob.gpu_memory_utilization
+#: CUDA context, CUDA graphs and activations kept outside weights and KV cache on every GPU (an estimate)
+SERVE_RESERVE_BYTES = 4 * GIB
+
+
+def bf16_weight_bytes(shape: ModelShape) -> int:
+    """The all-BF16 checkpoint's weights (the largest plan a run serves): searched groups, lm_head, routers and,
+    untied, the embeddings."""
+    embeddings = 0 if shape.tied_embeddings else shape.vocab_size * shape.hidden_size
+    return 2 * (shape.quantizable_weights + shape.lm_head_weights + shape.router_weights + embeddings)
+
+
+def checkpoint_bytes(folder: Path) -> int:
+    """The weights of an exported checkpoint: its safetensors files."""
+    return sum(f.stat().st_size for f in Path(folder).glob("*.safetensors"))
+
+
+def kv_budget_bytes(shape: ModelShape, workloads: Sequence[Workload]) -> int:
+    """The KV cache of the largest workload: every sequence of its batch at its full length, BF16."""
+    return int(max((w.batch_size * shape.kv_bytes(w.input_tokens + w.output_tokens) for w in workloads), default=0))
+
+
+def fewest_gpus(weight_bytes: int, kv_bytes: int, gpu_bytes: int, heads: int, most: int) -> int | None:
+    """The fewest of up to ``most`` GPUs of ``gpu_bytes`` each, dividing ``heads``, whose shares hold the weights and
+    the KV cache; None when no such count does."""
+    room = SERVE_MEMORY_SHARE * gpu_bytes - SERVE_RESERVE_BYTES
+    for n in range(1, most + 1):
+        if heads % n == 0 and room > 0 and (weight_bytes + kv_bytes) / n <= room:
+            return n
+    return None
+
+
+def visible_gpus() -> tuple[int, int]:
+    """(GPUs torch sees, the memory of ``cuda:0`` in bytes); (0, 0) without one."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return 0, 0
+    return torch.cuda.device_count(), int(torch.cuda.get_device_properties(0).total_memory)
+
+
+def serving_gpus(requested: int | None, heads: int, weight_bytes: int, kv_bytes: int, flag: str = "--gpus") -> int:
+    """The engine's GPU count: ``requested`` where given (a divisor of ``heads``, no more than are visible), else
+    the fewest that hold the model (module doc). InputError (exit 2) for a count vLLM refuses, SetupError (exit 3)
+    where this node has too few GPUs."""
+    count, memory = visible_gpus()
+    if requested is not None:
+        if requested < 1 or heads % requested:
+            divisors = ", ".join(str(n) for n in range(1, heads + 1) if heads % n == 0 and n <= 64)
+            raise InputError(f"{flag} {requested}: vLLM splits the model's {heads} attention heads evenly over the "
+                             f"GPUs; give one of {divisors}")
+        if requested > count:
+            raise SetupError(f"{flag} {requested}: torch sees {count} GPU(s) here (CUDA_VISIBLE_DEVICES limits them); "
+                             f"give {flag} {max(count, 1)} or fewer, or run on a node with {requested} GPUs")
+        return requested
+    if count <= 1:
+        return 1
+    n = fewest_gpus(weight_bytes, kv_bytes, memory, heads, count)
+    if n is None:
+        need = math.ceil((weight_bytes + kv_bytes) / GIB)
+        raise SetupError(f"the served model ({need} GiB of weights and KV cache) fits no count of the {count} GPUs "
+                         f"of {memory / GIB:.0f} GiB here that divides its {heads} attention heads; serve on a larger "
+                         f"node, or give {flag} N to try anyway")
+    return n
+
+
+def serving_gpus_for(requested: int | None, shape: ModelShape, workloads: Sequence[Workload],
+                     weight_bytes: int | None = None, flag: str = "--gpus") -> int:
+    """:func:`serving_gpus` for ``shape`` serving ``workloads`` (weights: ``weight_bytes``, else all-BF16's)."""
+    weights = bf16_weight_bytes(shape) if weight_bytes is None else weight_bytes
+    return serving_gpus(requested, shape.num_attention_heads, weights, kv_budget_bytes(shape, workloads), flag)
+
+
+def gpus_label(gpus: int) -> str:
+    """The GPUs of a measurement, for its label: the name of every one (``4x NVIDIA H100 80GB HBM3``) and the
+    driver; their states read through NVML."""
+    from advisor.energy import meter
+
+    state = meter.NvmlDevice(0).state() if gpus == 1 else meter.open_gpus_counter(gpus).state()
+    return f"{state.name}, driver {state.driver}"
