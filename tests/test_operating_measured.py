@@ -29,6 +29,7 @@ from advisor.search.operating_measured import (
     meter_points,
     objective_name,
 )
+from advisor.search.operating_search import EXTRA_METERINGS
 from advisor.search.study import open_study, run_search, save_run_meta
 from advisor.search.trial_record import measured_points, record_operating_points
 from advisor.testing import AdditiveEvaluator
@@ -156,18 +157,29 @@ def test_each_measured_plan_is_metered_at_its_own_operating_batch(study_and_reci
     assert (BF16.id, bf16.batch) in fake.batches and (FP8.id, fp8.batch) in fake.batches
     assert all(b != recipe.workloads[0].batch_size for _, b in fake.batches)  # not the stated batch
     m = fp8.measured
-    assert m is not None and m.batch == fp8.batch and m.j_per_token == pytest.approx(fp8.j_per_token)
-    assert m.tpot_ms == pytest.approx(1.4 * fp8.tpot_ms) and m.meets is False  # predicted to meet, measured not
+    # predicted to meet at its batch, measured 40% slower there: searched down to the largest batch that meets
+    assert m is not None and m.predicted_batch == fp8.batch and m.trail[0].batch == fp8.batch
+    assert m.trail[0].meets is False and m.trail[0].tpot_ms == pytest.approx(1.4 * fp8.tpot_ms)
+    assert len(m.trail) <= 1 + EXTRA_METERINGS and [t.batch for t in m.trail] == [
+        b for pid, b in fake.batches if pid == FP8.id]
+    true = max(b for b in range(1, fp8.batch) if 1.4 * steady_state(Steps(), FP8, CHAT, b).tpot_ms <= 3.0)
+    assert m.batch == true and m.meets is True and m.tpot_ms <= 3.0
+    assert m.j_per_token == pytest.approx(steady_state(Steps(), FP8, CHAT, true).j_per_token)
+    assert m.search.startswith(f"batch {true} is the largest that meets as measured")
     assert m.source.startswith("measured (Fake GPU") and m.measured_at
     unmeasured = [p for p in summary.operating_points if p.plan_id not in {BF16.id, FP8.id} and p.measured is None]
     assert all(p.plan_id not in {k for k, _ in measured_points(study)} for p in unmeasured)
+    # every plan the rule compares was measured: it compared the measured points
+    assert summary.operating_basis["chat"].measured and "measured (Fake GPU" in summary.recommendation.reason
     text = "\n".join(operating_section(summary.model_dump(mode="json")))
-    assert "J/token (measured)" in text and "TPOT ms (predicted)" in text and "| **no** |" in text
-    assert "Measured at the predicted batch: measured (Fake GPU" in text
-    assert any("(measured " in line for line in operating_lines(summary.model_dump(mode="json")))
+    assert "largest batch (measured)" in text and "TPOT ms (predicted)" in text
+    assert f"- all-fp8: metered batches {fp8.batch} (" in text and f"misses), {m.trail[1].batch} (" in text
+    assert "Measured from the predicted batch down: measured (Fake GPU" in text
+    assert "compared these plans at their operating points as measured (measured (Fake GPU" in text
+    assert any(f"(measured: batch {true} at " in line for line in operating_lines(summary.model_dump(mode="json")))
     as_fp8 = {**summary.model_dump(mode="json"), "recommendation": {"plan_id": FP8.id}}
-    assert f"**As measured, the recommendation misses this objective at batch {fp8.batch}**" in "\n".join(
-        operating_section(as_fp8))
+    assert (f"**As measured, the recommendation meets this objective at batch {true}, not the predicted "
+            f"{fp8.batch}**") in "\n".join(operating_section(as_fp8))
     assert "As measured" not in "\n".join(operating_section({**as_fp8, "recommendation": {"plan_id": "other"}}))
     # again: nothing is metered twice at the same batch
     fake.batches.clear()
