@@ -285,3 +285,62 @@ def test_the_frontier_plot_marks_the_measured_points(study_and_recipe, tmp_path)
     _stages(study, recipe, FakeTimed())
     plot_operating_points(build_summary(study).model_dump(mode="json"), tmp_path / "op.png")
     assert (tmp_path / "op.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def _fake_vllm_model(tmp_path, monkeypatch, workloads):
+    import json
+
+    from advisor.deploy.vllm_engine import VllmEnergyModel
+    from advisor.deploy.vllm_serve import serve
+    from advisor.energy.meter import MeterConfig
+    from advisor.testing_vllm import ConstantPowerCounter, fake_vllm
+
+    vllm = fake_vllm(step_s=0.001, step_s_per_seq=0.0005)  # TPOT grows with the batch: about 1 + 0.5 b ms
+    monkeypatch.setitem(sys.modules, "vllm", vllm)
+    ck = tmp_path / "ck"
+    ck.mkdir()
+    (ck / "config.json").write_text(json.dumps({"num_hidden_layers": 1, "vocab_size": 64}))
+    jobs, round_jobs = [], []
+
+    def runner(job):
+        jobs.append(job)
+        return serve(job, make_counter=ConstantPowerCounter)
+
+    def rounds_runner(job, more):
+        round_jobs.append(job)
+        return serve(job, make_counter=ConstantPowerCounter, more=more)
+
+    fast = MeterConfig(warmup_s=0.5, min_window_s=0.2, min_ticks=10, repeats=3, idle_s=0.02, max_cv=0.5)
+    model = VllmEnergyModel(lambda plan: ck, workloads, 64, meter=fast, runner=runner, rounds_runner=rounds_runner)
+    return model, vllm, jobs, round_jobs
+
+
+OBJECTIVE = Workload(name="chat", batch_size=2, input_tokens=8, output_tokens=8, tpot_ms=6.0)
+PREDICTED_CURVE = [(b, 0.25 * b, 1.0 / b) for b in (1, 2, 4, 8, 16, 32)]  # predicts batch 24 at 6 ms
+
+
+def test_vllm_searches_a_missed_operating_point_in_one_engine(tmp_path, monkeypatch):
+    from advisor.search.operating_search import BatchSearch, search_batches
+
+    model, vllm, jobs, round_jobs = _fake_vllm_model(tmp_path, monkeypatch, [OBJECTIVE])
+    (got,) = search_batches(model, BF16, [BatchSearch(OBJECTIVE, 24, PREDICTED_CURVE)])
+    assert jobs == [] and len(round_jobs) == 1 and len(vllm.instances) == 1  # every round in one engine
+    assert round_jobs[0].max_batch == 24 and vllm.instances[0].kwargs["max_num_seqs"] == 24
+    trail = got["trail"]
+    assert trail[0]["batch"] == 24 and trail[0]["meets"] is False and 2 <= len(trail) <= 1 + EXTRA_METERINGS
+    assert len({t["batch"] for t in trail}) == len(trail) and all(t["batch"] < 24 for t in trail[1:])
+    assert all(t["meets"] is (t["tpot_ms"] <= 6.0) for t in trail)  # judged on the engine's own timings
+    met = [t["batch"] for t in trail if t["meets"]]
+    assert got["meets"] is True and got["batch"] == max(met) and got["tpot_ms"] <= 6.0
+    assert got["source"].startswith("measured (vLLM 0.0-fake") and got["predicted_batch"] == 24
+
+
+def test_vllm_reads_the_first_round_back_and_starts_an_engine_only_for_more(tmp_path, monkeypatch):
+    from advisor.search.operating_search import BatchSearch, search_batches
+
+    model, vllm, jobs, round_jobs = _fake_vllm_model(tmp_path, monkeypatch, [OBJECTIVE, at_batch(OBJECTIVE, 24)])
+    model.estimate(BF16, OBJECTIVE)  # as `advisor measure` does: the stated and the predicted batch in one engine
+    (got,) = search_batches(model, BF16, [BatchSearch(OBJECTIVE, 24, PREDICTED_CURVE)])
+    assert len(jobs) == 1 and len(round_jobs) == 1 and len(vllm.instances) == 2
+    assert 24 not in [w["batch_size"] for w in round_jobs[0].workloads] and round_jobs[0].max_batch == 24
+    assert got["trail"][0]["batch"] == 24 and got["trail"][0]["meets"] is False and len(got["trail"]) >= 2

@@ -26,7 +26,7 @@ import random
 import statistics
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -56,6 +56,7 @@ class ServeJob:
     # CUDA graphs for the steps where a prefill joins the decode batch, as the export's vllm_config.yaml asks
     # (vLLM's default bound leaves them eager); a compilation_config in llm_options wins
     capture_mixed_steps: bool = True
+    max_batch: int = 0  # size the engine for at least this many in flight (later rounds of `serve(more=...)`)
 
 
 # ----------------------------------------------------------------------------------- steady load
@@ -265,14 +266,16 @@ def _open_counter() -> EnergyCounter:
     return open_meter(0).counter
 
 
-def serve(job: ServeJob, make_counter: Callable[[], EnergyCounter] = _open_counter) -> dict[str, Any]:
-    """Load ``job.checkpoint`` in vLLM and return what the job asks for (module docstring)."""
+def serve(job: ServeJob, make_counter: Callable[[], EnergyCounter] = _open_counter,
+          more: Callable[[dict[str, Any]], Sequence[dict[str, Any]]] | None = None) -> dict[str, Any]:
+    """Load ``job.checkpoint`` in vLLM and return what the job asks for (module docstring). ``more`` (the energy
+    rows so far -> the next workloads, none to stop) meters further rounds of workloads in the same engine."""
     os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # apply_model sends a function
     import vllm
 
     longest = max([w["input_tokens"] + w["output_tokens"] for w in job.workloads]
                   + [len(s) for s in job.sequences] + [len(c) + len(t) for c, t in job.items] + [16])
-    batch = max([w["batch_size"] for w in job.workloads] or [16])
+    batch = max([w["batch_size"] for w in job.workloads] + ([job.max_batch] if job.max_batch else []) or [16])
     options = dict(job.llm_options)
     if job.capture_mixed_steps and "compilation_config" not in options:
         prompt = max([w["input_tokens"] for w in job.workloads] or [0])
@@ -292,8 +295,10 @@ def serve(job: ServeJob, make_counter: Callable[[], EnergyCounter] = _open_count
     if job.workloads:
         counter = make_counter()
         config = MeterConfig(**job.meter)
-        energy = {}
-        for w in job.workloads:
+        energy: dict[str, Any] = {}
+        todo = list(job.workloads)
+        while todo:
+            w = todo.pop(0)
             b, lin, lout = w["batch_size"], w["input_tokens"], w["output_tokens"]
             full, fewest, latency = measure_load(vllm, llm, counter, config, b, lin, lout, job.vocab_size,
                                                  f"vllm {w['name']}", job.seed)
@@ -304,5 +309,7 @@ def serve(job: ServeJob, make_counter: Callable[[], EnergyCounter] = _open_count
                                       f"vllm {w['name']} prefill", job.seed + 1)
                 row["prefill_j_per_input_token"] = pre.j_per_token / lin
             energy[w["name"]] = row
+            if not todo and more is not None:
+                todo = list(more(energy))
         out["energy"] = energy
     return out
