@@ -174,6 +174,16 @@ def test_measure_with_an_objective_meters_the_plans_operating_point(tmp_path, mo
     m = op["measured"]
     assert m["batch"] == 6 and m["workload"] == "cli" and m["source"].startswith("measured (vLLM 0.0-fake")
     assert [llm.kwargs["max_num_seqs"] for llm in vllm.instances] == [6]  # both batches served by one engine
+    assert m["predicted_batch"] == 6 and m["search"] == "meets at the predicted batch 6" and len(m["trail"]) == 1
+    # steps that grow with the batch: batch 6 misses 1.5 ms as measured, smaller batches are metered in one engine
+    vllm.step_s, vllm.step_s_per_seq = 0.0002, 0.0003
+    monkeypatch.setattr(vllm_engine, "_run_rounds", lambda job, more: serve(job, make_counter=ConstantPowerCounter,
+                                                                           more=more))
+    res = CliRunner().invoke(app, [*args, "--tpot-ms", "1.5", "--max-concurrency", "6"])
+    assert res.exit_code == 0, res.output
+    m = json.loads(res.output[res.output.index("{"):])["operating_point"]["measured"]
+    assert m["predicted_batch"] == 6 and m["trail"][0]["batch"] == 6 and m["trail"][0]["meets"] is False
+    assert m["meets"] is True and m["batch"] < 6 and m["tpot_ms"] <= 1.5 and len(vllm.instances) == 3
     res = CliRunner().invoke(app, [*args, "--tpot-ms", "10", "--ttft-ms", "5"])
     assert res.exit_code == 2 and res.output.count("Error:") == 1 and "ttft_ms 5 is below tpot_ms 10" in res.output
 
