@@ -175,7 +175,7 @@ def test_each_measured_plan_is_metered_at_its_own_operating_batch(study_and_reci
     assert "largest batch (measured)" in text and "TPOT ms (predicted)" in text
     assert f"- all-fp8: metered batches {fp8.batch} (" in text and f"misses), {m.trail[1].batch} (" in text
     assert "Measured from the predicted batch down: measured (Fake GPU" in text
-    assert "compared these plans at their operating points as measured (measured (Fake GPU" in text
+    assert "compared these plans at their operating points as measured: measured (Fake GPU" in text
     assert any(f"(measured: batch {true} at " in line for line in operating_lines(summary.model_dump(mode="json")))
     as_fp8 = {**summary.model_dump(mode="json"), "recommendation": {"plan_id": FP8.id}}
     assert (f"**As measured, the recommendation meets this objective at batch {true}, not the predicted "

@@ -125,7 +125,7 @@ def _basis_lines(summary: dict[str, Any], name: str) -> list[str]:
     if not basis:
         return []
     if basis["measured"]:
-        return [f"The recommendation compared these plans at their operating points as measured ({basis['label']}).",
+        return [f"The recommendation compared these plans at their operating points as measured: {basis['label']}.",
                 ""]
     return [f"The recommendation compared the predicted points: {basis['note']}.", ""] if basis.get("note") else []
 
