@@ -120,3 +120,24 @@ def test_without_vllm_or_gpu_exit_3_and_a_foreign_run_exit_2(run_dir, tmp_path, 
     (old / "summary.json").write_text(json.dumps({**data, "schema_version": 2}))
     res = runner.invoke(app, ["verify", str(old)])
     assert res.exit_code == 2 and "schema version 2" in res.output and res.output.count("Error:") == 1
+
+
+def test_the_builtin_runtime_column_is_its_metering_at_the_same_batch():
+    from advisor.formats import Format
+    from advisor.plan import LayerGroup, Plan
+    from advisor.workflows.verify import operating_as_served
+
+    plan = Plan.uniform((LayerGroup("layers.0.qkv", ("m0",), ((8, 8),)),), Format.FP8)
+    searched = {"batch": 40, "predicted_batch": 64, "j_per_token": 0.09, "meets": True, "source": "measured (built-in)",
+                "trail": [{"batch": 64, "j_per_token": 0.07, "tpot_ms": 13.0, "meets": False},
+                          {"batch": 40, "j_per_token": 0.09, "tpot_ms": 11.0, "meets": True}]}
+    point = {"plan_id": plan.id, "workload": "chat", "batch": 64, "meets": True, "bound": "objective", "tpot_ms": 12.0,
+             "ttft_ms": 30.0, "j_per_token": 0.065, "tokens_per_s": 5e3, "source": "predicted", "measured": searched}
+    summary = {"workloads": [{"name": "chat", "batch_size": 4, "tpot_ms": 12.0}], "operating_points": [point]}
+    row = {"j_per_token": 0.075, "tokens_per_s": 5e3, "tpot_ms_p50": 12.5, "ttft_ms_p50": 30.0,
+           "measurement": {"unstable": False}, "batch_full": True}
+    (got,) = operating_as_served(summary, plan, {"energy": {"chat at batch 64": row}}, "measured (vLLM)")
+    assert got["batch"] == 64 and got["runtime"]["j_per_token"] == 0.07  # the trail's batch 64, not batch 40
+    del searched["trail"]
+    (got,) = operating_as_served(summary, plan, {"energy": {"chat at batch 64": row}}, "measured (vLLM)")
+    assert got["runtime"] is None  # not metered at this batch: no number rather than another batch's

@@ -128,9 +128,19 @@ def operating_as_served(summary: dict[str, Any], plan: Plan, served: dict[str, A
         predicted = {k: p[k] for k in ("batch", "meets", "bound", "tpot_ms", "ttft_ms", "j_per_token",
                                        "tokens_per_s", "source")}
         rows.append({"workload": objective_name(w), "batch": w.batch_size, "predicted": predicted,
-                     "runtime": p.get("measured"), "vllm": from_timed(plan, w, row, label).to_dict(),
+                     "runtime": _metered_at(p.get("measured"), w.batch_size),
+                     "vllm": from_timed(plan, w, row, label).to_dict(),
                      "vllm_unstable": row["measurement"]["unstable"], "batch_full": row["batch_full"]})
     return rows
+
+
+def _metered_at(measured: dict[str, Any] | None, batch: int) -> dict[str, Any] | None:
+    """The search's measured tier at ``batch`` (its trail holds every batch it metered), None where not metered."""
+    if not measured:
+        return None
+    if measured.get("batch") == batch:
+        return measured
+    return next((t for t in measured.get("trail") or [] if t.get("batch") == batch), None)
 
 
 def energy_as_served(record: dict[str, Any] | None, served: dict[str, Any]) -> list[dict[str, Any]]:
