@@ -246,7 +246,7 @@ class VllmEnergyModel:
 def _run_rounds(job: ServeJob, more: Any) -> dict[str, Any]:
     from advisor.deploy.vllm_rounds import run_rounds_in_child
 
-    return run_rounds_in_child(job, more)
+    return run_rounds_in_child(job, more, VLLM_INSTALL)
 
 
 def _steadiness(row: Mapping[str, Any], workload: Workload) -> str:

@@ -34,12 +34,11 @@ def _rounds_child(target: Callable[..., dict[str, Any]], job: ServeJob, conn: An
         conn.close()
 
 
-def run_rounds_in_child(job: ServeJob, more: More, target: Callable[..., dict[str, Any]] = serve,
+def run_rounds_in_child(job: ServeJob, more: More, install_hint: str, target: Callable[..., dict[str, Any]] = serve,
                         timeout_s: float = 3600.0) -> dict[str, Any]:
     """``target(job, more=...)`` in a fresh (spawned) process whose ``more`` asks ``more`` here; each round gets
-    ``timeout_s``. Errors as :func:`advisor.deploy.vllm_engine.run_in_child` raises them."""
-    from advisor.deploy.vllm_engine import VLLM_INSTALL
-
+    ``timeout_s``. Errors as :func:`advisor.deploy.vllm_engine.run_in_child` raises them (``install_hint``: how
+    to install vLLM, for an import error)."""
     ctx = multiprocessing.get_context("spawn")
     parent, child = ctx.Pipe(duplex=True)
     proc = ctx.Process(target=_rounds_child, args=(target, job, child), daemon=False)
@@ -65,5 +64,5 @@ def run_rounds_in_child(job: ServeJob, more: More, target: Callable[..., dict[st
     if reply[0] == "ok":
         return reply[1]
     if reply[2]:
-        raise SetupError(f"--engine vllm: {reply[1]}; {VLLM_INSTALL}")
+        raise SetupError(f"--engine vllm: {reply[1]}; {install_hint}")
     raise UnsupportedError(f"vLLM could not serve {job.checkpoint} ({reply[1]})")
