@@ -86,3 +86,16 @@ def test_plans_the_rule_does_not_compare_need_not_be_measured():
     chosen, bases = operating_basis(points, {BF16.id, FP8.id})
     assert bases["chat"].measured and chosen[(FP8.id, "chat")].batch == 60
     assert chosen[(MIXED.id, "chat")] is points[2]  # left as predicted: never compared
+
+
+def test_no_plan_meeting_as_measured_keeps_bf16_and_the_report_says_so():
+    points = [point(BF16, 69, 0.113, (1, 0.9, False)), point(FP8, 127, 0.063, (1, 0.5, False)),
+              point(MIXED, 110, 0.07, (1, 0.6, False))]
+    rec, bases = choose(points)
+    assert rec.candidate.plan.id == BF16.id and "no plan meets the latency objective of 'chat'" in rec.reason
+    summary = {"recommendation": {"plan_id": BF16.id}, "workloads": [{"name": "chat", "tpot_ms": 12.0}],
+               "operating_points": [p.model_dump(mode="json") for p in points], "trials": [],
+               "operating_basis": {w: b.to_dict() for w, b in bases.items()}}
+    text = "\n".join(operating_section(summary))
+    assert "**As measured, no plan meets this objective at any batch metered; BF16 is kept.**" in text
+    assert "**As measured, the recommendation meets this objective at no batch metered**" in text

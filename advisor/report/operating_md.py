@@ -39,6 +39,10 @@ def operating_section(summary: dict[str, Any]) -> list[str]:
                 + (f", within a {cap:g} W power cap per GPU" if cap is not None else ""), ""]
         if not any(p["meets"] for p in here):
             out += ["**No plan meets this objective, not even at batch 1; BF16 is kept.** Relax the objective.", ""]
+        elif ((summary.get("operating_basis") or {}).get(name) or {}).get("measured") and not any(
+                (p.get("measured") or {}).get("meets") for p in here):
+            out += ["**As measured, no plan meets this objective at any batch metered; BF16 is kept.** Relax the "
+                    "objective.", ""]
         measured = any(p.get("measured") for p in here)
         rows = [[("**" if p["plan_id"] == rec else "") + f"{p['plan']} (`{p['plan_id'][:8]}`)"
                  + ("**" if p["plan_id"] == rec else ""),
