@@ -177,6 +177,7 @@ def test_measure_with_an_objective_meters_the_plans_operating_point(tmp_path, mo
     assert m["predicted_batch"] == 6 and m["search"] == "meets at the predicted batch 6" and len(m["trail"]) == 1
     # steps that grow with the batch: batch 6 misses 1.5 ms as measured, smaller batches are metered in one engine
     vllm.step_s, vllm.step_s_per_seq = 0.0002, 0.0003
+    monkeypatch.setattr(vllm_engine, "MeterConfig", lambda: MeterConfig(**{**FAST, "warmup_s": 0.5}))  # busy CI
     monkeypatch.setattr(vllm_engine, "_run_rounds", lambda job, more: serve(job, make_counter=ConstantPowerCounter,
                                                                            more=more))
     res = CliRunner().invoke(app, [*args, "--tpot-ms", "1.5", "--max-concurrency", "6"])
