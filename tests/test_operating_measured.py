@@ -166,6 +166,8 @@ def test_each_measured_plan_is_metered_at_its_own_operating_batch(study_and_reci
     assert m.batch == true and m.meets is True and m.tpot_ms <= 3.0
     assert m.j_per_token == pytest.approx(steady_state(Steps(), FP8, CHAT, true).j_per_token)
     assert m.search.startswith(f"batch {true} is the largest that meets as measured")
+    assert m.prediction_error_pct["tpot_ms"] == pytest.approx(100 * (1 / 1.4 - 1))  # at the predicted batch
+    assert m.prediction_error_pct["j_per_token"] == pytest.approx(0.0, abs=1e-9)
     assert m.source.startswith("measured (Fake GPU") and m.measured_at
     unmeasured = [p for p in summary.operating_points if p.plan_id not in {BF16.id, FP8.id} and p.measured is None]
     assert all(p.plan_id not in {k for k, _ in measured_points(study)} for p in unmeasured)
@@ -174,6 +176,7 @@ def test_each_measured_plan_is_metered_at_its_own_operating_batch(study_and_reci
     text = "\n".join(operating_section(summary.model_dump(mode="json")))
     assert "largest batch (measured)" in text and "TPOT ms (predicted)" in text
     assert f"- all-fp8: metered batches {fp8.batch} (" in text and f"misses), {m.trail[1].batch} (" in text
+    assert f"at batch {fp8.batch} the prediction is off by J/token +0%, TPOT -29%." in text
     assert "Measured from the predicted batch down: measured (Fake GPU" in text
     assert "compared these plans at their operating points as measured: measured (Fake GPU" in text
     assert any(f"(measured: batch {true} at " in line for line in operating_lines(summary.model_dump(mode="json")))

@@ -61,8 +61,10 @@ def test_a_missed_point_is_searched_down_to_the_largest_batch_that_meets(curve, 
     predicted = round((objective - 4.0) / 0.08)  # where the predicted curve reaches the objective
     assert tpot(predicted) > objective  # the predicted batch misses as measured
     tier = FakeTier(tpot)
-    got = search(tier, objective, predicted)
+    got = search(tier, objective, predicted, predicted={"tpot_ms": objective, "j_per_token": 0.5 / predicted})
     true = largest_meeting(tpot, objective)
+    assert got["prediction_error_pct"]["tpot_ms"] == pytest.approx(100 * (objective / tpot(predicted) - 1))
+    assert got["prediction_error_pct"]["j_per_token"] == pytest.approx(-50.0)  # the fake's J/token is 1 / batch
     assert got["batch"] == true and got["meets"] is True and tpot(got["batch"]) <= objective
     assert tier.metered[0] == predicted and len(tier.metered) <= 1 + EXTRA_METERINGS
     assert got["predicted_batch"] == predicted and [t["batch"] for t in got["trail"]] == tier.metered

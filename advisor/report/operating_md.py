@@ -115,11 +115,10 @@ def _searches(here: list[dict[str, Any]]) -> list[str]:
             continue
         steps = ", ".join(f"{t['batch']} ({_opt(t.get('tpot_ms'), '.3g')} ms, "
                           f"{ {True: 'meets', False: 'misses', None: 'not timed'}[t.get('meets')]})" for t in trail)
-        first = trail[0]
-        error = ""
-        if first["batch"] == p["batch"] and first.get("j_per_token") and first.get("tpot_ms"):
-            j_err, t_err = p["j_per_token"] / first["j_per_token"] - 1, p["tpot_ms"] / first["tpot_ms"] - 1
-            error = f"; at batch {p['batch']} the prediction's J/token is {j_err:+.0%} and its TPOT {t_err:+.0%} off"
+        errors = m.get("prediction_error_pct") or {}
+        error = "; at batch {} the prediction is off by {}".format(p["batch"], ", ".join(
+            f"{name} {errors[key]:+.0f}%" for key, name in (("j_per_token", "J/token"), ("tpot_ms", "TPOT"))
+            if key in errors)) if {"j_per_token", "tpot_ms"} & set(errors) else ""
         out.append(f"- {p['plan']}: metered batches {steps}: {m.get('search')}{error}.")
     return [*out, ""] if out else []
 

@@ -154,6 +154,7 @@ class MeasuredPointRecord(_Record):
     predicted_batch: int | None = None  # None: a summary written before the search (batch is the predicted one)
     trail: list[MeteredBatch] = Field(default_factory=list)
     search: str | None = None
+    prediction_error_pct: dict[str, float] | None = None  # (predicted - measured) / measured at predicted_batch
     j_per_token: float | None = None
     tokens_per_s: float | None = None
     tpot_ms: float | None = None  # at the objective's percentile; None: the engine does not time it

@@ -71,6 +71,7 @@ class BatchSearch:
     predicted_batch: int
     curve: Sequence[Sequence[float]] = ()
     budget: int = EXTRA_METERINGS
+    predicted: dict[str, Any] = field(default_factory=dict)  # the predicted point (its j_per_token, tpot_ms, ...)
     trail: list[MeasuredPoint] = field(default_factory=list)
 
     def first(self) -> Workload:
@@ -164,7 +165,16 @@ class BatchSearch:
         return ", ".join(x for x in parts if x)
 
     def _record(self, point: MeasuredPoint, trail: list[dict[str, Any]], words: str) -> dict[str, Any]:
-        return {**point.to_dict(), "predicted_batch": self.predicted_batch, "trail": trail, "search": words}
+        return {**point.to_dict(), "predicted_batch": self.predicted_batch, "trail": trail, "search": words,
+                "prediction_error_pct": self._errors()}
+
+    def _errors(self) -> dict[str, float] | None:
+        """(predicted - measured) / measured in % at the predicted batch, per number both give."""
+        first = self.trail[0]
+        pairs = {k: (self.predicted.get(k), getattr(first, k)) for k in ("j_per_token", "tpot_ms", "ttft_ms",
+                                                                        "tokens_per_s")}
+        out = {k: 100.0 * (p - m) / m for k, (p, m) in pairs.items() if p is not None and m}
+        return out or None
 
 
 RoundFn = Callable[[list[MeasuredPoint]], list[Workload]]

@@ -42,6 +42,7 @@ def measured_operating_point(meter: Any, plan: Plan, point: OperatingPoint, work
     """The predicted point (its curve left out) and ``meter``'s: metered at the same batch and, where that misses
     the objective as measured, searched down to the largest batch that meets it
     (:mod:`advisor.search.operating_search`: the trail of batches metered, what the search concluded)."""
-    (measured,) = search_batches(meter, plan, [BatchSearch(workload, point.state.batch, point.curve)])
     predicted = {k: v for k, v in point.to_dict().items() if k != "curve"}
+    (measured,) = search_batches(meter, plan, [BatchSearch(workload, point.state.batch, point.curve,
+                                                           predicted=predicted)])
     return {"workload": workload.model_dump(exclude_none=True), "predicted": predicted, "measured": measured}

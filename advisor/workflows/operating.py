@@ -115,7 +115,7 @@ def measured_operating_stage(study: optuna.Study, ctx: RunContext, recipe: Recip
         fresh = old is None or old.get("predicted_batch", old.get("batch")) != p["batch"]
         if fresh and p["plan_id"] in plans and p["workload"] in workloads:
             todo.setdefault(p["plan_id"], []).append(BatchSearch(workloads[p["workload"]], p["batch"],
-                                                                 p.get("curve") or ()))
+                                                                 p.get("curve") or (), predicted=p))
     if not todo:
         return
     with progress.stage(f"operating points measured ({model.label})", total=len(todo)) as stage:
