@@ -52,7 +52,11 @@ def run_rounds_in_child(job: ServeJob, more: More, install_hint: str, target: Ca
             reply = parent.recv()
             if reply[0] != "rows":
                 break
-            parent.send(list(more(reply[1])))
+            try:
+                parent.send(list(more(reply[1])))
+            except BaseException:  # the child waits for an answer that will not come
+                proc.kill()
+                raise
     except EOFError:
         proc.join()
         raise UnsupportedError(f"vLLM's process serving {job.checkpoint} died (exit code {proc.exitcode}) "
