@@ -198,6 +198,10 @@ class VllmEnergyModel:
             rows = self.runner(job)["energy"]
         return [from_timed(plan, w, rows[w.name], self.label + _steadiness(rows[w.name], w)) for w in workloads]
 
+    def adopt(self, plan: Plan, served: dict[str, Any]) -> None:
+        """A serving of ``plan`` done elsewhere (``advisor verify``'s) read back as its first."""
+        self._served[plan.id] = served
+
     def measure_rounds(self, plan: Plan, first: Sequence[Workload],
                        next_round: Callable[[list[MeasuredPoint]], list[Workload]], max_batch: int
                        ) -> list[MeasuredPoint]:
