@@ -60,7 +60,8 @@ def operating_section(summary: dict[str, Any]) -> list[str]:
                     "that runs a prefill and the decodes as one step can be slower there: in vLLM the measured TPOT "
                     "at such predicted batches was above the objective (reports/benchmarks/operating_points_8b.md in "
                     "the advisor's repository). Meter them before serving at this concurrency: `advisor verify "
-                    "RUN_DIR --engine vllm` on the GPU.", ""]
+                    "RUN_DIR --engine vllm` on the GPU serves each plan there and, where one misses, finds its "
+                    "largest batch that meets in vLLM.", ""]
         out += _measured_sources(here) + _searches(here) + _basis_lines(summary, name)
         out += _recommendation_as_measured(next((p for p in here if p["plan_id"] == rec), None))
     out += ["![time-energy frontier](operating_points.png)", ""]
