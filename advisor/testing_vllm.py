@@ -8,7 +8,8 @@ The fake "model" is a bigram table: the next-token distribution after token ``t`
 the way vLLM reads it: ``hf_quant_config.json``'s ``quant_algo`` and ``exclude_modules`` decide each
 linear layer's method, and a layer served in FP8 adds noise to the logits, so served KL grows with
 the quantized share. ``module.misserve`` forces a layer's method (a group served otherwise than
-planned); ``module.instances`` keeps every LLM made. Steps take ``module.step_s`` seconds of real time.
+planned); ``module.instances`` keeps every LLM made. Steps take ``module.step_s`` seconds of real time
+(and ``module.step_s_per_seq`` more per request in the step).
 """
 
 from __future__ import annotations
@@ -108,8 +109,8 @@ class _Engine:
         return request_id
 
     def step(self) -> list[_Output]:
-        time.sleep(self.module.step_s)
         active = list(self.running)[: self.max_num_seqs]
+        time.sleep(self.module.step_s + self.module.step_s_per_seq * len(active))
         self.most_running = max(self.most_running, len(active))
         outs = []
         for rid in active:
@@ -129,13 +130,14 @@ class _Engine:
         return len(self.running)
 
 
-def fake_vllm(step_s: float = 0.002, noise: float = 0.5) -> types.ModuleType:
-    """A module shaped like ``vllm`` (module docstring); ``noise`` is the logit noise of an all-FP8 model."""
+def fake_vllm(step_s: float = 0.002, noise: float = 0.5, step_s_per_seq: float = 0.0) -> types.ModuleType:
+    """A module shaped like ``vllm`` (module docstring); ``noise`` is the logit noise of an all-FP8 model; a step
+    takes ``step_s`` plus ``step_s_per_seq`` per request in it."""
     import torch
 
     module = types.ModuleType("vllm")
     module.__version__ = "0.0-fake"
-    module.instances, module.misserve, module.step_s = [], {}, step_s
+    module.instances, module.misserve, module.step_s, module.step_s_per_seq = [], {}, step_s, step_s_per_seq
     sp = types.ModuleType("vllm.sampling_params")
     sp.RequestOutputKind, sp.SamplingParams = RequestOutputKind, SamplingParams
     module.sampling_params, module.SamplingParams = sp, SamplingParams

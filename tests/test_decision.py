@@ -43,3 +43,24 @@ def test_no_trial_no_decision():
 def test_a_plan_no_task_judged_is_said_to_rest_on_the_proxy():
     rec = {"label": "all-fp8", "plan_id": "f", "energy": _energy(0.008), "kl": 0.04, "reason": "r", "acceptance": None}
     assert any("judged by the proxy only (KL 0.0400)" in line for line in decision_lines(_summary(rec)))
+
+
+def test_under_an_objective_the_decision_names_the_batch_on_the_points_compared():
+    rec = {"label": "all-fp8", "plan_id": "f", "energy": _energy(0.0075), "kl": 0.04, "reason": "lowest energy"}
+    summary = _summary(rec)
+
+    def point(plan_id, batch, j, measured):
+        mb, mj, meets = measured
+        return {"plan_id": plan_id, "workload": "chat", "meets": True, "batch": batch, "j_per_token": j,
+                "tpot_ms": 11.9, "measured": {"batch": mb, "j_per_token": mj, "tpot_ms": 11.5, "meets": meets}}
+
+    summary["operating_points"] = [point("f", 127, 0.063, (90, 0.071, True)), point("b", 69, 0.113, (50, 0.13, True))]
+    summary["operating_basis"] = {"chat": {"measured": True, "label": "measured (vLLM 0.26.0, H100, 2026-11-27)"}}
+    text = "\n".join(decision_lines(summary))
+    assert ("Operating point under the objective on 'chat', measured (vLLM 0.26.0, H100, 2026-11-27): serve at "
+            "batch 90 at 0.071 J/token, TPOT 11.5 ms, against all-BF16's batch 50 at 0.13 J/token") in text
+    summary["operating_basis"] = {"chat": {"measured": False, "label": "predicted"}}
+    assert "'chat', predicted: serve at batch 127 at 0.063 J/token, TPOT 11.9 ms, against all-BF16's batch 69" \
+        in "\n".join(decision_lines(summary))
+    summary["operating_basis"] = {}
+    assert "Operating point" not in "\n".join(decision_lines(summary))  # no objective: no such line

@@ -29,6 +29,7 @@ from advisor.search.operating_measured import (
     meter_points,
     objective_name,
 )
+from advisor.search.operating_search import EXTRA_METERINGS
 from advisor.search.study import open_study, run_search, save_run_meta
 from advisor.search.trial_record import measured_points, record_operating_points
 from advisor.testing import AdditiveEvaluator
@@ -156,18 +157,32 @@ def test_each_measured_plan_is_metered_at_its_own_operating_batch(study_and_reci
     assert (BF16.id, bf16.batch) in fake.batches and (FP8.id, fp8.batch) in fake.batches
     assert all(b != recipe.workloads[0].batch_size for _, b in fake.batches)  # not the stated batch
     m = fp8.measured
-    assert m is not None and m.batch == fp8.batch and m.j_per_token == pytest.approx(fp8.j_per_token)
-    assert m.tpot_ms == pytest.approx(1.4 * fp8.tpot_ms) and m.meets is False  # predicted to meet, measured not
+    # predicted to meet at its batch, measured 40% slower there: searched down to the largest batch that meets
+    assert m is not None and m.predicted_batch == fp8.batch and m.trail[0].batch == fp8.batch
+    assert m.trail[0].meets is False and m.trail[0].tpot_ms == pytest.approx(1.4 * fp8.tpot_ms)
+    assert len(m.trail) <= 1 + EXTRA_METERINGS and [t.batch for t in m.trail] == [
+        b for pid, b in fake.batches if pid == FP8.id]
+    true = max(b for b in range(1, fp8.batch) if 1.4 * steady_state(Steps(), FP8, CHAT, b).tpot_ms <= 3.0)
+    assert m.batch == true and m.meets is True and m.tpot_ms <= 3.0
+    assert m.j_per_token == pytest.approx(steady_state(Steps(), FP8, CHAT, true).j_per_token)
+    assert m.search.startswith(f"batch {true} is the largest that meets as measured")
+    assert m.prediction_error_pct["tpot_ms"] == pytest.approx(100 * (1 / 1.4 - 1))  # at the predicted batch
+    assert m.prediction_error_pct["j_per_token"] == pytest.approx(0.0, abs=1e-9)
     assert m.source.startswith("measured (Fake GPU") and m.measured_at
     unmeasured = [p for p in summary.operating_points if p.plan_id not in {BF16.id, FP8.id} and p.measured is None]
     assert all(p.plan_id not in {k for k, _ in measured_points(study)} for p in unmeasured)
+    # every plan the rule compares was measured: it compared the measured points
+    assert summary.operating_basis["chat"].measured and "measured (Fake GPU" in summary.recommendation.reason
     text = "\n".join(operating_section(summary.model_dump(mode="json")))
-    assert "J/token (measured)" in text and "TPOT ms (predicted)" in text and "| **no** |" in text
-    assert "Measured at the predicted batch: measured (Fake GPU" in text
-    assert any("(measured " in line for line in operating_lines(summary.model_dump(mode="json")))
+    assert "largest batch (measured)" in text and "TPOT ms (predicted)" in text
+    assert f"- all-fp8: metered batches {fp8.batch} (" in text and f"misses), {m.trail[1].batch} (" in text
+    assert f"at batch {fp8.batch} the prediction is off by J/token +0%, TPOT -29%." in text
+    assert "Measured from the predicted batch down: measured (Fake GPU" in text
+    assert "compared these plans at their operating points as measured: measured (Fake GPU" in text
+    assert any(f"(measured: batch {true} at " in line for line in operating_lines(summary.model_dump(mode="json")))
     as_fp8 = {**summary.model_dump(mode="json"), "recommendation": {"plan_id": FP8.id}}
-    assert f"**As measured, the recommendation misses this objective at batch {fp8.batch}**" in "\n".join(
-        operating_section(as_fp8))
+    assert (f"**As measured, the recommendation meets this objective at batch {true}, not the predicted "
+            f"{fp8.batch}**") in "\n".join(operating_section(as_fp8))
     assert "As measured" not in "\n".join(operating_section({**as_fp8, "recommendation": {"plan_id": "other"}}))
     # again: nothing is metered twice at the same batch
     fake.batches.clear()
@@ -273,3 +288,62 @@ def test_the_frontier_plot_marks_the_measured_points(study_and_recipe, tmp_path)
     _stages(study, recipe, FakeTimed())
     plot_operating_points(build_summary(study).model_dump(mode="json"), tmp_path / "op.png")
     assert (tmp_path / "op.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def _fake_vllm_model(tmp_path, monkeypatch, workloads):
+    import json
+
+    from advisor.deploy.vllm_engine import VllmEnergyModel
+    from advisor.deploy.vllm_serve import serve
+    from advisor.energy.meter import MeterConfig
+    from advisor.testing_vllm import ConstantPowerCounter, fake_vllm
+
+    vllm = fake_vllm(step_s=0.001, step_s_per_seq=0.0005)  # TPOT grows with the batch: about 1 + 0.5 b ms
+    monkeypatch.setitem(sys.modules, "vllm", vllm)
+    ck = tmp_path / "ck"
+    ck.mkdir()
+    (ck / "config.json").write_text(json.dumps({"num_hidden_layers": 1, "vocab_size": 64}))
+    jobs, round_jobs = [], []
+
+    def runner(job):
+        jobs.append(job)
+        return serve(job, make_counter=ConstantPowerCounter)
+
+    def rounds_runner(job, more):
+        round_jobs.append(job)
+        return serve(job, make_counter=ConstantPowerCounter, more=more)
+
+    fast = MeterConfig(warmup_s=0.5, min_window_s=0.2, min_ticks=10, repeats=3, idle_s=0.02, max_cv=0.5)
+    model = VllmEnergyModel(lambda plan: ck, workloads, 64, meter=fast, runner=runner, rounds_runner=rounds_runner)
+    return model, vllm, jobs, round_jobs
+
+
+OBJECTIVE = Workload(name="chat", batch_size=2, input_tokens=8, output_tokens=8, tpot_ms=6.0)
+PREDICTED_CURVE = [(b, 0.25 * b, 1.0 / b) for b in (1, 2, 4, 8, 16, 32)]  # predicts batch 24 at 6 ms
+
+
+def test_vllm_searches_a_missed_operating_point_in_one_engine(tmp_path, monkeypatch):
+    from advisor.search.operating_search import BatchSearch, search_batches
+
+    model, vllm, jobs, round_jobs = _fake_vllm_model(tmp_path, monkeypatch, [OBJECTIVE])
+    (got,) = search_batches(model, BF16, [BatchSearch(OBJECTIVE, 24, PREDICTED_CURVE)])
+    assert jobs == [] and len(round_jobs) == 1 and len(vllm.instances) == 1  # every round in one engine
+    assert round_jobs[0].max_batch == 24 and vllm.instances[0].kwargs["max_num_seqs"] == 24
+    trail = got["trail"]
+    assert trail[0]["batch"] == 24 and trail[0]["meets"] is False and 2 <= len(trail) <= 1 + EXTRA_METERINGS
+    assert len({t["batch"] for t in trail}) == len(trail) and all(t["batch"] < 24 for t in trail[1:])
+    assert all(t["meets"] is (t["tpot_ms"] <= 6.0) for t in trail)  # judged on the engine's own timings
+    met = [t["batch"] for t in trail if t["meets"]]
+    assert got["meets"] is True and got["batch"] == max(met) and got["tpot_ms"] <= 6.0
+    assert got["source"].startswith("measured (vLLM 0.0-fake") and got["predicted_batch"] == 24
+
+
+def test_vllm_reads_the_first_round_back_and_starts_an_engine_only_for_more(tmp_path, monkeypatch):
+    from advisor.search.operating_search import BatchSearch, search_batches
+
+    model, vllm, jobs, round_jobs = _fake_vllm_model(tmp_path, monkeypatch, [OBJECTIVE, at_batch(OBJECTIVE, 24)])
+    model.estimate(BF16, OBJECTIVE)  # as `advisor measure` does: the stated and the predicted batch in one engine
+    (got,) = search_batches(model, BF16, [BatchSearch(OBJECTIVE, 24, PREDICTED_CURVE)])
+    assert len(jobs) == 1 and len(round_jobs) == 1 and len(vllm.instances) == 2
+    assert 24 not in [w["batch_size"] for w in round_jobs[0].workloads] and round_jobs[0].max_batch == 24
+    assert got["trail"][0]["batch"] == 24 and got["trail"][0]["meets"] is False and len(got["trail"]) >= 2

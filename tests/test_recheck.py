@@ -229,3 +229,54 @@ def test_recheck_over_two_gpus_serves_with_tp_2_and_predicts_for_two(run_dir, fa
     assert e["source"].startswith("measured (vLLM 0.0-fake, 2x Fake GPU, driver 0, tp=2")
     (p,) = data["new"]["predicted"]["energy"]
     assert p["source"].startswith("predicted for 2 GPUs (tensor parallel, tp=2") and not p["measured"]
+
+
+def _with_objective(run_dir, tmp_path, measured_batch: int | None):
+    """The run's summary.json with a TPOT objective on 'chat' and the recommendation's operating point under it
+    (predicted batch 6; as measured, ``measured_batch`` met it), as a search with a measured tier stores them."""
+    data = json.loads((run_dir / "summary.json").read_text())
+    for ws in (data["workloads"], data["recipe"]["workloads"]):
+        ws[0].update({"tpot_ms": 3.0, "input_tokens": 8, "output_tokens": 8})
+    rec = data["recommendation"]
+    measured = None if measured_batch is None else {
+        "batch": measured_batch, "predicted_batch": 6, "j_per_token": 0.1, "tpot_ms": 2.5, "meets": True,
+        "source": "measured (vLLM 0.0-fake, Fake GPU, 2026-11-27)", "search": "found",
+        "trail": [{"batch": 6, "tpot_ms": 3.5, "meets": False}, {"batch": measured_batch, "tpot_ms": 2.5,
+                                                                "meets": True}]}
+    data["operating_points"] = [{
+        "plan_id": rec["plan_id"], "plan": rec["label"], "workload": "chat", "meets": True, "bound": "objective",
+        "batch": 6, "tpot_ms": 2.9, "ttft_ms": 9.0, "j_per_token": 0.09, "tokens_per_s": 1e3, "power_w": 300.0,
+        "source": "predicted (profile)", "measured": measured}]
+    path = tmp_path / "summary.json"
+    path.write_text(json.dumps(data))
+    return path
+
+
+def test_recheck_meters_the_recommendation_at_its_measured_operating_batch(run_dir, fake_vllm_gpu, tmp_path):
+    fake_vllm_gpu.step_s, fake_vllm_gpu.step_s_per_seq = 0.0005, 0.0002  # TPOT about 0.5 + 0.2 b ms
+    out = tmp_path / "rc"
+    res = _invoke("--recommendation", str(_with_objective(run_dir, tmp_path, 4)), "--model", str(TINY_MODEL),
+                  "--out", str(out), "--engine", "vllm")
+    data = json.loads((out / "recheck.json").read_text())
+    (point,) = data["new"]["operating_points"]
+    assert point["batch"] == 4 and point["batch_from"] == "measured" and point["workload"] == "chat"
+    assert [llm.kwargs["max_num_seqs"] for llm in fake_vllm_gpu.instances][-1] == 4  # its own engine, batch 4
+    check = next(c for c in data["checks"] if c["name"].startswith("TPOT p50 'chat'"))
+    assert check["name"] == "TPOT p50 'chat' at batch 4 (measured operating batch), as measured (ms)"
+    assert check["ok"] and check["value"] == point["tpot_ms"] <= 3.0 and check["threshold"] == 3.0
+    assert check["detail"] == "stored run: 2.5 ms at this batch"
+    assert res.exit_code == (0 if all(c["ok"] for c in data["checks"]) else 1), res.output
+
+
+def test_recheck_fails_in_one_line_when_the_objective_is_missed_as_measured(run_dir, fake_vllm_gpu, tmp_path):
+    fake_vllm_gpu.step_s, fake_vllm_gpu.step_s_per_seq = 0.004, 0.0  # every step 4 ms: TPOT 3 ms is missed
+    out = tmp_path / "rc"
+    res = _invoke("--recommendation", str(_with_objective(run_dir, tmp_path, None)), "--model", str(TINY_MODEL),
+                  "--out", str(out), "--engine", "vllm")
+    assert res.exit_code == 1, res.output
+    data = json.loads((out / "recheck.json").read_text())
+    assert data["verdict"] == "regression" and data["new"]["operating_points"][0]["batch_from"] == "predicted"
+    failed = [line for line in res.output.splitlines() if line.startswith("FAIL TPOT")]
+    assert len(failed) == 1 and "(threshold 3)" in failed[0]
+    assert failed[0].startswith("FAIL TPOT p50 'chat' at batch 6 (predicted operating batch), as measured (ms): ")
+    assert "TPOT p50 'chat' at batch 6" in (out / "recheck.md").read_text().split("Failed: ")[1]

@@ -137,3 +137,55 @@ def test_verify_over_two_gpus_serves_with_tensor_parallelism_beside_the_predicti
         assert r["operating"][0]["vllm"]["source"].startswith("measured (vLLM 0.0-fake, 2x Fake GPU, tp=2")
     res = runner.invoke(app, ["verify", str(run_dir), "--gpus", "4", "--no-energy"])
     assert res.exit_code == 3 and res.output.count("Error:") == 1 and "--gpus 4: torch sees 2 GPU(s)" in res.output
+
+
+def test_the_builtin_runtime_column_is_its_metering_at_the_same_batch():
+    from advisor.formats import Format
+    from advisor.plan import LayerGroup, Plan
+    from advisor.workflows.verify import operating_as_served
+
+    plan = Plan.uniform((LayerGroup("layers.0.qkv", ("m0",), ((8, 8),)),), Format.FP8)
+    searched = {"batch": 40, "predicted_batch": 64, "j_per_token": 0.09, "meets": True, "source": "measured (built-in)",
+                "trail": [{"batch": 64, "j_per_token": 0.07, "tpot_ms": 13.0, "meets": False},
+                          {"batch": 40, "j_per_token": 0.09, "tpot_ms": 11.0, "meets": True}]}
+    point = {"plan_id": plan.id, "workload": "chat", "batch": 64, "meets": True, "bound": "objective", "tpot_ms": 12.0,
+             "ttft_ms": 30.0, "j_per_token": 0.065, "tokens_per_s": 5e3, "source": "predicted", "measured": searched}
+    summary = {"workloads": [{"name": "chat", "batch_size": 4, "tpot_ms": 12.0}], "operating_points": [point]}
+    row = {"j_per_token": 0.075, "tokens_per_s": 5e3, "tpot_ms_p50": 12.5, "ttft_ms_p50": 30.0,
+           "measurement": {"unstable": False}, "batch_full": True}
+    (got,) = operating_as_served(summary, plan, {"energy": {"chat at batch 64": row}}, "measured (vLLM)")
+    assert got["batch"] == 64 and got["runtime"]["j_per_token"] == 0.07  # the trail's batch 64, not batch 40
+    del searched["trail"]
+    (got,) = operating_as_served(summary, plan, {"energy": {"chat at batch 64": row}}, "measured (vLLM)")
+    assert got["runtime"] is None  # not metered at this batch: no number rather than another batch's
+
+
+def test_verify_searches_an_operating_point_vllm_misses_in_one_more_engine(run_dir, engine, tmp_path, monkeypatch):
+    import advisor.deploy.vllm_engine as vllm_engine
+    from advisor.energy.meter import MeterConfig
+    from advisor.workflows import verify as verify_module
+
+    copy = tmp_path / "run"
+    shutil.copytree(run_dir, copy)
+    summary = json.loads((copy / "summary.json").read_text())
+    for ws in (summary["workloads"], summary["recipe"]["workloads"]):
+        ws[0]["tpot_ms"] = 2.8  # the stored points still say batch 6 meets it
+    (copy / "summary.json").write_text(json.dumps(summary))
+    engine.step_s, engine.step_s_per_seq = 0.0005, 0.0005  # TPOT about 0.5 + 0.5 b ms: batch 6 misses 2.8
+    monkeypatch.setattr(verify_module, "MeterConfig", lambda: MeterConfig(**{**FAST, "warmup_s": 0.5}))
+    monkeypatch.setattr(vllm_engine, "_run_rounds", lambda job, more: serve(job, make_counter=ConstantPowerCounter,
+                                                                           more=more))
+    res = runner.invoke(app, ["verify", str(copy)])
+    assert res.exit_code == 0, res.output
+    data = json.loads((copy / "verify.json").read_text())
+    assert len(engine.instances) == 2 * len(data["plans"])  # each plan: its verify serving, then one search engine
+    assert [llm.kwargs["max_num_seqs"] for llm in engine.instances[len(data["plans"]):]] == [6] * len(data["plans"])
+    for r in data["plans"]:
+        (op,) = r["operating"]
+        found = op["vllm_search"]
+        assert op["vllm"]["meets"] is False and found["trail"][0]["batch"] == 6 and found["predicted_batch"] == 6
+        assert found["meets"] is True and found["batch"] < 6 and found["tpot_ms"] <= 2.8
+        assert found["source"].startswith("measured (vLLM 0.0-fake, Fake GPU")
+    text = (copy / "verify.md").read_text()
+    assert "smaller batches were served in one more engine until the largest that meets" in text
+    assert "on 'chat': batches 6 (" in text

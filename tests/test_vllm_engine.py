@@ -174,6 +174,17 @@ def test_measure_with_an_objective_meters_the_plans_operating_point(tmp_path, mo
     m = op["measured"]
     assert m["batch"] == 6 and m["workload"] == "cli" and m["source"].startswith("measured (vLLM 0.0-fake")
     assert [llm.kwargs["max_num_seqs"] for llm in vllm.instances] == [6]  # both batches served by one engine
+    assert m["predicted_batch"] == 6 and m["search"] == "meets at the predicted batch 6" and len(m["trail"]) == 1
+    # steps that grow with the batch: batch 6 misses 1.5 ms as measured, smaller batches are metered in one engine
+    vllm.step_s, vllm.step_s_per_seq = 0.0002, 0.0003
+    monkeypatch.setattr(vllm_engine, "MeterConfig", lambda: MeterConfig(**{**FAST, "warmup_s": 0.5}))  # busy CI
+    monkeypatch.setattr(vllm_engine, "_run_rounds", lambda job, more: serve(job, make_counter=ConstantPowerCounter,
+                                                                           more=more))
+    res = CliRunner().invoke(app, [*args, "--tpot-ms", "1.5", "--max-concurrency", "6"])
+    assert res.exit_code == 0, res.output
+    m = json.loads(res.output[res.output.index("{"):])["operating_point"]["measured"]
+    assert m["predicted_batch"] == 6 and m["trail"][0]["batch"] == 6 and m["trail"][0]["meets"] is False
+    assert m["meets"] is True and m["batch"] < 6 and m["tpot_ms"] <= 1.5 and len(vllm.instances) == 3
     res = CliRunner().invoke(app, [*args, "--tpot-ms", "10", "--ttft-ms", "5"])
     assert res.exit_code == 2 and res.output.count("Error:") == 1 and "ttft_ms 5 is below tpot_ms 10" in res.output
 
@@ -192,3 +203,33 @@ def test_the_capture_bound_follows_the_job_and_an_explicit_compilation_config_wi
     from advisor.deploy.vllm_config import capture_bound
 
     assert capture_bound(64, 512) == 576 and capture_bound(64, 500) == 576 and capture_bound(1, 1) == 16
+
+
+def serve_on_constant_power(job, more=None):
+    """A child process's target (module level, so that a spawned process finds it)."""
+    return serve(job, make_counter=ConstantPowerCounter, more=more)
+
+
+def test_rounds_run_in_one_child_process_that_asks_for_each(tmp_path, monkeypatch):
+    from advisor.deploy.vllm_rounds import run_rounds_in_child
+
+    (tmp_path / "pkgs" / "vllm").mkdir(parents=True)
+    (tmp_path / "pkgs" / "vllm" / "__init__.py").write_text(
+        "import sys\nfrom advisor.testing_vllm import fake_vllm\nsys.modules[__name__] = fake_vllm(step_s=0.001)\n")
+    monkeypatch.syspath_prepend(str(tmp_path / "pkgs"))
+    meter = {"warmup_s": 0.5, "min_window_s": 0.2, "min_ticks": 10, "repeats": 3, "idle_s": 0.02, "max_cv": 0.5}
+    first = {"name": "chat at batch 4", "batch_size": 4, "input_tokens": 8, "output_tokens": 8}
+    job = ServeJob(str(checkpoint(tmp_path / "ck", "FP8")), vocab_size=64, workloads=(first,), formats=False,
+                   prefill=False, meter=meter, max_batch=4)
+    asked = []
+
+    def more(rows):
+        asked.append(sorted(rows))
+        return [{**first, "name": "chat at batch 2", "batch_size": 2}] if len(asked) == 1 else []
+
+    out = run_rounds_in_child(job, more, "pip install vllm", target=serve_on_constant_power)
+    assert asked == [["chat at batch 4"], ["chat at batch 2", "chat at batch 4"]]  # each round's rows, then stop
+    assert sorted(out["energy"]) == ["chat at batch 2", "chat at batch 4"] and out["vllm_version"] == "0.0-fake"
+    missing = ServeJob(str(tmp_path / "missing"), vocab_size=64, workloads=(first,), meter=meter)
+    with pytest.raises(UnsupportedError, match="could not serve .*FileNotFoundError"):
+        run_rounds_in_child(missing, more, "pip install vllm", target=serve_on_constant_power)

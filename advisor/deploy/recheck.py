@@ -11,7 +11,10 @@ harness is importable), and checks them against the stored thresholds:
 * the largest lm-eval drop vs BF16 over the tasks <= ``benchmark.max_drop`` (when tasks are set;
   a loss on one task is not averaged away by a gain on another);
 * the plan's J/token <= BF16's on every workload (never recommend a plan that costs
-  more energy than BF16).
+  more energy than BF16);
+* with ``--engine``, on every workload that states a latency objective: the plan metered at its operating batch
+  from the run (the largest that met the objective as measured, else the predicted one) still meets it as
+  measured.
 
 With ``--engine`` the two plans' energy is metered on the GPU here through that engine (the search's
 measured tier), the predicted numbers kept beside.
@@ -175,6 +178,39 @@ def recheck_checks(recipe: Any, ev: Any, ev_bf16: Any, bench: dict[str, Any]) ->
     return out
 
 
+def operating_batches(summary: dict[str, Any], plan_id: str) -> dict[str, tuple[int, str, dict[str, Any]]]:
+    """Workload -> (the plan's operating batch under that workload's objective, where the batch comes from, the
+    stored point as measured) from the run's summary: the largest batch that met the objective as measured where
+    the run measured one, else the predicted batch (where the prediction says it meets at all)."""
+    out = {}
+    for p in summary.get("operating_points") or []:
+        if p.get("plan_id") != plan_id:
+            continue
+        m = p.get("measured") or {}
+        if m.get("meets") and not m.get("not_measured"):
+            out[p["workload"]] = (int(m["batch"]), "measured", m)
+        elif p.get("meets"):
+            out[p["workload"]] = (int(p["batch"]), "predicted", {})
+    return out
+
+
+def objective_checks(workload: Any, point: Any, origin: str, stored: dict[str, Any]) -> tuple[list[Check], list[str]]:
+    """One check per term ``workload``'s objective states, on ``point`` (the plan metered at its operating batch),
+    and a note for each term the engine does not time."""
+    checks, untimed = [], []
+    for term, limit, got in (("TPOT", workload.tpot_ms, point.tpot_ms), ("TTFT", workload.ttft_ms, point.ttft_ms)):
+        if limit is None:
+            continue
+        if got is None:
+            untimed.append(f"{term} on '{workload.name}' is not timed by this engine: its objective was not checked")
+            continue
+        before = stored.get(f"{term.lower()}_ms")
+        detail = f"stored run: {before:.3g} ms at this batch" if before is not None else ""
+        checks.append(Check(f"{term} {workload.quantile} '{workload.name}' at batch {point.batch} ({origin} operating "
+                            "batch), as measured (ms)", got, limit, got <= limit, detail))
+    return checks, untimed
+
+
 def stored_numbers(summary: dict[str, Any], record: dict[str, Any]) -> dict[str, Any]:
     bf16_trial = summary.get("baselines", {}).get("all-bf16")
     bf16 = next((r for r in summary["trials"] if r.get("trial") == bf16_trial), None)
@@ -238,6 +274,7 @@ def render_markdown(r: RecheckResult) -> str:
         f"- Perplexity: plan {r.new['ppl']:.3f}, BF16 {r.new['ppl_bf16']:.3f} (new model).",
         f"- Accuracy: {r.labels['accuracy']}. Benchmark: {r.benchmark.get('status')}.",
         f"- Energy: {'; '.join(r.labels['energy'])}.",
+        *(f"- Objective: {note}." for note in r.labels.get("objectives", [])),
     ]
     if "predicted" in r.new:
         pred = r.new["predicted"]

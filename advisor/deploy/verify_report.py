@@ -84,6 +84,14 @@ def _operating_lines(result: dict[str, Any]) -> list[str]:
                      f"{_num(rt.get('j_per_token'))} | {_num(v['j_per_token'])} | {_num(p['tpot_ms'], '.3g')} | "
                      f"{_num(v['tpot_ms'], '.3g')} | {_num(v['ttft_ms'], '.3g')} | {_num(v['tokens_per_s'], '.0f')} "
                      f"| {'yes' if p['meets'] else '**no**'} | {_meets(v['meets'])} |")
+    searched = [(r, o, s) for r, o in rows if (s := o.get("vllm_search")) and len(s.get("trail") or []) > 1]
+    if searched:
+        lines += ["", "Where vLLM missed the objective at the predicted batch, smaller batches were served in one more "
+                  "engine until the largest that meets:", ""]
+    for r, o, s in searched:
+        steps = ", ".join(f"{t['batch']} ({_num(t.get('tpot_ms'), '.3g')} ms, {_meets(t.get('meets'))})"
+                          for t in s["trail"])
+        lines.append(f"- `{r['plan_id']}` on '{o['workload']}': batches {steps}: {s['search']}.")
     return lines
 
 

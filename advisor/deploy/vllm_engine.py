@@ -167,10 +167,12 @@ class VllmEnergyModel:
 
     def __init__(self, checkpoint_for: Callable[[Plan], Path], workloads: Sequence[Workload], vocab_size: int,
                  meter: MeterConfig | None = None, runner: Callable[[ServeJob], dict[str, Any]] | None = None,
-                 gpu_label: str = "", vllm_version: str | None = None, gpus: int = 1) -> None:
+                 gpu_label: str = "", vllm_version: str | None = None, gpus: int = 1,
+                 rounds_runner: Callable[[ServeJob, Any], dict[str, Any]] | None = None) -> None:
         self.checkpoint_for, self.workloads, self.vocab_size = checkpoint_for, list(workloads), vocab_size
         self.meter, self.runner = meter or MeterConfig(), runner or run_in_child
         self.gpus = gpus
+        self.rounds_runner = rounds_runner or _run_rounds
         self._served: dict[str, dict[str, Any]] = {}
         version = vllm_version or getattr(import_vllm(), "__version__", "unknown")
         where = f", {gpu_label}" if gpu_label else ""
@@ -199,6 +201,39 @@ class VllmEnergyModel:
             rows = self.runner(job)["energy"]
         return [from_timed(plan, w, rows[w.name], self.label + _steadiness(rows[w.name], w)) for w in workloads]
 
+    def adopt(self, plan: Plan, served: dict[str, Any]) -> None:
+        """A serving of ``plan`` done elsewhere (``advisor verify``'s) read back as its first."""
+        self._served[plan.id] = served
+
+    def measure_rounds(self, plan: Plan, first: Sequence[Workload],
+                       next_round: Callable[[list[MeasuredPoint]], list[Workload]], max_batch: int
+                       ) -> list[MeasuredPoint]:
+        """``first`` metered, then each round ``next_round`` asks for, all in one engine sized for ``max_batch``
+        (the measured batch search, :mod:`advisor.search.operating_search`); ``first`` is read back where the
+        plan's first serving covered it, and no engine starts unless a further round is asked for."""
+        from advisor.search.operating_measured import from_timed
+
+        def points(rows: Mapping[str, Any], ws: Sequence[Workload]) -> list[MeasuredPoint]:
+            return [from_timed(plan, w, rows[w.name], self.label + _steadiness(rows[w.name], w)) for w in ws]
+
+        rounds, served = [list(first)], self._served.get(plan.id, {}).get("energy", {})
+        if all(w.name in served for w in first):
+            rounds.append(next_round(points(served, first)))
+            if not rounds[-1]:
+                return points(served, first)
+
+        def more(rows: dict[str, Any]) -> list[dict[str, Any]]:
+            rounds.append(next_round(points(rows, rounds[-1])))
+            return [w.model_dump() for w in rounds[-1]]
+
+        start = rounds[-1]
+        job = ServeJob(checkpoint=str(self.checkpoint_for(plan)), vocab_size=self.vocab_size,
+                       workloads=tuple(w.model_dump() for w in start), formats=False, prefill=False,
+                       meter=asdict(self.meter), max_batch=max_batch,
+                       tensor_parallel_size=self.gpus)
+        rows = {**served, **self.rounds_runner(job, more)["energy"]}
+        return [p for r in rounds for p in points(rows, r)]
+
     def estimate(self, plan: Plan, workload: Workload) -> EnergyEstimate:
         if workload.name not in {w.name for w in self.workloads}:
             self.workloads.append(workload)
@@ -214,6 +249,12 @@ class VllmEnergyModel:
                               decode_j_per_token=max(decode, 0.0), prefill_j_per_input_token=pre,
                               decode_tokens_per_s=row["tokens_per_s"], source=self.label + _steadiness(row, workload),
                               measured=True)
+
+
+def _run_rounds(job: ServeJob, more: Any) -> dict[str, Any]:
+    from advisor.deploy.vllm_rounds import run_rounds_in_child
+
+    return run_rounds_in_child(job, more, VLLM_INSTALL)
 
 
 def _steadiness(row: Mapping[str, Any], workload: Workload) -> str:

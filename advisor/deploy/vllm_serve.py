@@ -27,7 +27,7 @@ import random
 import statistics
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -59,6 +59,7 @@ class ServeJob:
     capture_mixed_steps: bool = True
     # GPUs the engine spreads the model over (vLLM's tensor parallelism): torch's cuda:0..N-1, all metered
     tensor_parallel_size: int = 1
+    max_batch: int = 0  # size the engine for at least this many in flight (later rounds of `serve(more=...)`)
 
 
 # ----------------------------------------------------------------------------------- steady load
@@ -262,10 +263,12 @@ def greedy_hits(vllm: Any, llm: Any, items: Any) -> list[bool]:
 
 
 # ----------------------------------------------------------------------------------- the job
-def serve(job: ServeJob, make_counter: Callable[[], EnergyCounter] | None = None) -> dict[str, Any]:
+def serve(job: ServeJob, make_counter: Callable[[], EnergyCounter] | None = None,
+          more: Callable[[dict[str, Any]], Sequence[dict[str, Any]]] | None = None) -> dict[str, Any]:
     """Load ``job.checkpoint`` in vLLM and return what the job asks for (module docstring). The energy is that of
     every GPU the engine uses (``make_counter``; default: the first ``tensor_parallel_size`` GPUs' NVML counters,
-    summed)."""
+    summed). ``more`` (the energy rows so far -> the next workloads, none to stop) meters further rounds of
+    workloads in the same engine."""
     from advisor.energy.meter import open_gpus_counter, summed_config
 
     os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # apply_model sends a function
@@ -276,7 +279,7 @@ def serve(job: ServeJob, make_counter: Callable[[], EnergyCounter] | None = None
 
     longest = max([w["input_tokens"] + w["output_tokens"] for w in job.workloads]
                   + [len(s) for s in job.sequences] + [len(c) + len(t) for c, t in job.items] + [16])
-    batch = max([w["batch_size"] for w in job.workloads] or [16])
+    batch = max([w["batch_size"] for w in job.workloads] + ([job.max_batch] if job.max_batch else []) or [16])
     options = dict(job.llm_options)
     if job.capture_mixed_steps and "compilation_config" not in options:
         prompt = max([w["input_tokens"] for w in job.workloads] or [0])
@@ -296,8 +299,10 @@ def serve(job: ServeJob, make_counter: Callable[[], EnergyCounter] | None = None
     if job.workloads:
         counter = make_counter() if make_counter is not None else open_gpus_counter(tp)
         config = summed_config(MeterConfig(**job.meter), tp)
-        energy = {}
-        for w in job.workloads:
+        energy: dict[str, Any] = {}
+        todo = list(job.workloads)
+        while todo:
+            w = todo.pop(0)
             b, lin, lout = w["batch_size"], w["input_tokens"], w["output_tokens"]
             full, fewest, latency = measure_load(vllm, llm, counter, config, b, lin, lout, job.vocab_size,
                                                  f"vllm {w['name']}", job.seed)
@@ -308,5 +313,7 @@ def serve(job: ServeJob, make_counter: Callable[[], EnergyCounter] | None = None
                                       f"vllm {w['name']} prefill", job.seed + 1)
                 row["prefill_j_per_input_token"] = pre.j_per_token / lin
             energy[w["name"]] = row
+            if not todo and more is not None:
+                todo = list(more(energy))
         out["energy"] = energy
     return out

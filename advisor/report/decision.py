@@ -31,6 +31,33 @@ def _verdict_line(record: dict[str, Any], max_drop: float | None) -> str:
     return f"Accuracy: **{acceptance['verdict']}**{budget}: " + "; ".join(parts) + "."
 
 
+def operating_line(summary: dict[str, Any], plan_id: str, workload: str) -> list[str]:
+    """Under the primary workload's latency objective: the batch to serve the recommendation at, on the points
+    the choice compared (measured, labelled, or predicted), beside all-BF16's."""
+    basis = (summary.get("operating_basis") or {}).get(workload)
+    here = {p["plan_id"]: p for p in summary.get("operating_points") or [] if p["workload"] == workload}
+    if basis is None or plan_id not in here:
+        return []
+    measured = bool(basis["measured"])
+
+    def compared(point: dict[str, Any]) -> dict[str, Any]:
+        return (point.get("measured") or {}) if measured else point
+
+    def at(point: dict[str, Any]) -> str:
+        p = compared(point)
+        tpot = f", TPOT {p['tpot_ms']:.3g} ms" if p.get("tpot_ms") is not None else ""
+        return f"batch {p['batch']} at {p['j_per_token']:.4g} J/token{tpot}"
+
+    if not compared(here[plan_id]).get("meets"):
+        return []
+    bf16 = next((here[r["plan_id"]] for r in summary["trials"] if r["label"] == "all-bf16" and r["plan_id"] in here
+                 and r["plan_id"] != plan_id), None)
+    against = f", against all-BF16's {at(bf16)}" if bf16 is not None and compared(bf16).get("meets") else ""
+    where = basis["label"] if measured else "predicted"
+    return [f"Operating point under the objective on '{workload}', {where}: serve at {at(here[plan_id])}{against}.",
+            ""]
+
+
 def decision_lines(summary: dict[str, Any], run_dir: str = "RUN_DIR") -> list[str]:
     """The first lines of report.md (Markdown)."""
     rec = summary.get("recommendation")
@@ -46,7 +73,7 @@ def decision_lines(summary: dict[str, Any], run_dir: str = "RUN_DIR") -> list[st
         saving = (f"{1 - mine / base:.0%} less energy per token than all-BF16 on '{workload}' "
                   f"({mine:.4g} against {base:.4g} J/token)" if mine and base else "energy against BF16 unknown")
         lines = [f"**Decision: serve plan `{rec['plan_id']}` ({rec['label']})**: {saving}.", "",
-                 f"Energy: {_tier(rec, workload)}.", "",
+                 f"Energy: {_tier(rec, workload)}.", "", *operating_line(summary, rec["plan_id"], workload),
                  _verdict_line(rec, max_drop), ""]
     lines += ["Next: `advisor export " + run_dir + " --out CHECKPOINT_DIR` writes the checkpoint TensorRT-LLM, vLLM "
               "and SGLang load; on a GPU with vLLM, `advisor verify " + run_dir + " --engine vllm` serves it and "

@@ -29,7 +29,8 @@ def operating_section(summary: dict[str, Any]) -> list[str]:
     out = ["## Operating points under the latency objectives", "",
            "Each plan at the largest batch that meets the objective in a served steady state (requests in flight, "
            "each step carrying its share of new prefills; docs/architecture.md), bounded by the KV cache in the "
-           "GPU's memory and the service's concurrency. The recommendation is chosen on these points.", ""]
+           "GPU's memory and the service's concurrency. The recommendation is chosen on these points: where "
+           "every plan compared was measured, at the largest batch that met the objective as measured.", ""]
     for name in dict.fromkeys(p["workload"] for p in points):
         here = sorted((p for p in points if p["workload"] == name), key=lambda p: (not p["meets"], p["j_per_token"]))
         w = workloads.get(name, {})
@@ -38,6 +39,10 @@ def operating_section(summary: dict[str, Any]) -> list[str]:
                 + (f", within a {cap:g} W power cap per GPU" if cap is not None else ""), ""]
         if not any(p["meets"] for p in here):
             out += ["**No plan meets this objective, not even at batch 1; BF16 is kept.** Relax the objective.", ""]
+        elif ((summary.get("operating_basis") or {}).get(name) or {}).get("measured") and not any(
+                (p.get("measured") or {}).get("meets") for p in here):
+            out += ["**As measured, no plan meets this objective at any batch metered; BF16 is kept.** Relax the "
+                    "objective.", ""]
         measured = any(p.get("measured") for p in here)
         rows = [[("**" if p["plan_id"] == rec else "") + f"{p['plan']} (`{p['plan_id'][:8]}`)"
                  + ("**" if p["plan_id"] == rec else ""),
@@ -55,21 +60,16 @@ def operating_section(summary: dict[str, Any]) -> list[str]:
                     "that runs a prefill and the decodes as one step can be slower there: in vLLM the measured TPOT "
                     "at such predicted batches was above the objective (reports/benchmarks/operating_points_8b.md in "
                     "the advisor's repository). Meter them before serving at this concurrency: `advisor verify "
-                    "RUN_DIR --engine vllm` on the GPU.", ""]
-        out += _measured_sources(here)
-        missed = next((p for p in here if p["plan_id"] == rec and (p.get("measured") or {}).get("meets") is False),
-                      None)
-        if missed is not None:
-            m = missed["measured"]
-            out += [f"**As measured, the recommendation misses this objective at batch {missed['batch']}** (TPOT "
-                    f"{_opt(m['tpot_ms'], '.3g')} ms, TTFT {_opt(m['ttft_ms'], '.3g')} ms): its operating batch is "
-                    "smaller than predicted; serve it at a lower concurrency.", ""]
+                    "RUN_DIR --engine vllm` on the GPU serves each plan there and, where one misses, finds its "
+                    "largest batch that meets in vLLM.", ""]
+        out += _measured_sources(here) + _searches(here) + _basis_lines(summary, name)
+        out += _recommendation_as_measured(next((p for p in here if p["plan_id"] == rec), None))
     out += ["![time-energy frontier](operating_points.png)", ""]
     return out + payback_lines(summary)
 
 
-MEASURED_HEAD = ["J/token (measured)", "TPOT ms (measured)", "TTFT ms (measured)", "tokens/s (measured)",
-                 "meets (measured)"]
+MEASURED_HEAD = ["largest batch (measured)", "J/token (measured)", "TPOT ms (measured)", "TTFT ms (measured)",
+                 "tokens/s (measured)", "meets (measured)"]
 
 
 def _opt(x: Any, fmt: str) -> str:
@@ -81,9 +81,10 @@ def _measured_cells(m: dict[str, Any] | None) -> list[str]:
     if not m:
         return ["-"] * len(MEASURED_HEAD)
     if m.get("not_measured"):
-        return ["not measured", "-", "-", "-", "-"]
+        return ["not measured", *["-"] * (len(MEASURED_HEAD) - 1)]
     meets = {True: "yes", False: "**no**", None: "not timed"}[m.get("meets")]
-    return [_opt(m.get("j_per_token"), ".4g"), _opt(m.get("tpot_ms"), ".3g"), _opt(m.get("ttft_ms"), ".3g"),
+    batch = str(m["batch"]) if m.get("meets") is not False else f"none (b{m['batch']})"
+    return [batch, _opt(m.get("j_per_token"), ".4g"), _opt(m.get("tpot_ms"), ".3g"), _opt(m.get("ttft_ms"), ".3g"),
             _opt(m.get("tokens_per_s"), ".0f"), meets]
 
 
@@ -91,16 +92,59 @@ def _measured_words(m: dict[str, Any] | None) -> str:
     if not m or m.get("not_measured"):
         return ""
     tpot = f", TPOT {m['tpot_ms']:.3g} ms" if m.get("tpot_ms") is not None else ""
-    return f" (measured {m['j_per_token']:.4g} J/token{tpot})"
+    where = f"batch {m['batch']}" if m.get("meets") is not False else f"no batch meets; batch {m['batch']}"
+    return f" (measured: {where} at {m['j_per_token']:.4g} J/token{tpot})"
 
 
 def _measured_sources(here: list[dict[str, Any]]) -> list[str]:
     found = [p["measured"] for p in here if p.get("measured")]
     sources = sorted({f"{m['source']}, at {m['measured_at']}" for m in found if not m.get("not_measured")})
     why = sorted({m["not_measured"] for m in found if m.get("not_measured")})
-    out = [f"Measured at the predicted batch: {'; '.join(sources)}." if sources else ""]
+    out = [f"Measured from the predicted batch down: {'; '.join(sources)}." if sources else ""]
     out += [f"Not measured: {w}." for w in why]
     return [*(line for line in out if line), ""] if found else []
+
+
+def _searches(here: list[dict[str, Any]]) -> list[str]:
+    """Per measured plan: the batches metered (the trail), what the search concluded, and the prediction's error
+    at the predicted batch."""
+    out = []
+    for p in here:
+        m = p.get("measured") or {}
+        trail = m.get("trail") or []
+        if not trail:
+            continue
+        steps = ", ".join(f"{t['batch']} ({_opt(t.get('tpot_ms'), '.3g')} ms, "
+                          f"{ {True: 'meets', False: 'misses', None: 'not timed'}[t.get('meets')]})" for t in trail)
+        errors = m.get("prediction_error_pct") or {}
+        error = "; at batch {} the prediction is off by {}".format(p["batch"], ", ".join(
+            f"{name} {errors[key]:+.0f}%" for key, name in (("j_per_token", "J/token"), ("tpot_ms", "TPOT"))
+            if key in errors)) if {"j_per_token", "tpot_ms"} & set(errors) else ""
+        out.append(f"- {p['plan']}: metered batches {steps}: {m.get('search')}{error}.")
+    return [*out, ""] if out else []
+
+
+def _basis_lines(summary: dict[str, Any], name: str) -> list[str]:
+    basis = (summary.get("operating_basis") or {}).get(name)
+    if not basis:
+        return []
+    if basis["measured"]:
+        return [f"The recommendation compared these plans at their operating points as measured: {basis['label']}.",
+                ""]
+    return [f"The recommendation compared the predicted points: {basis['note']}.", ""] if basis.get("note") else []
+
+
+def _recommendation_as_measured(point: dict[str, Any] | None) -> list[str]:
+    m = (point or {}).get("measured") or {}
+    if point is None or not m:
+        return []
+    if m.get("meets") is False:
+        return [f"**As measured, the recommendation meets this objective at no batch metered** ({m.get('search')}): "
+                "serve it at a lower concurrency than any metered, or relax the objective.", ""]
+    if m.get("meets") and m["batch"] != point["batch"]:
+        return [f"**As measured, the recommendation meets this objective at batch {m['batch']}, not the predicted "
+                f"{point['batch']}** (TPOT {_opt(m.get('tpot_ms'), '.3g')} ms): serve it at that concurrency.", ""]
+    return []
 
 
 def payback_lines(summary: dict[str, Any]) -> list[str]:

@@ -97,8 +97,9 @@ def plot_format_map(summary: dict[str, Any], path: Path) -> None:
 def plot_operating_points(summary: dict[str, Any], path: Path, most_plans: int = 6) -> None:
     """The time-energy frontier: J/token against TPOT over the batches, one curve per plan (the baselines,
     the recommendation and the cheapest others), each workload's objective drawn in, the operating points
-    (the largest batch under the objective) marked, and beside each its measurement at the same batch where the
-    measured tier timed it."""
+    (the largest batch under the objective) marked, and beside each the batches the measured tier metered from it
+    (hollow diamonds, dotted from the predicted point) and the largest that met the objective as measured
+    (filled)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -123,20 +124,28 @@ def plot_operating_points(summary: dict[str, Any], path: Path, most_plans: int =
             ax.annotate(f"b{p['batch']}", (p["tpot_ms"], p["j_per_token"]), textcoords="offset points",
                         xytext=(4, 4), fontsize=7)
             m = p.get("measured") or {}
-            if m.get("j_per_token") is not None and m.get("tpot_ms") is not None:  # the same batch, as measured
-                ax.scatter([m["tpot_ms"]], [m["j_per_token"]], marker="D", s=40, facecolors="none",
-                           edgecolors=line.get_color(), zorder=5)
-                ax.plot([p["tpot_ms"], m["tpot_ms"]], [p["j_per_token"], m["j_per_token"]], ":", lw=0.8,
-                        c=line.get_color())
+            trail = [t for t in m.get("trail") or [m] if t.get("j_per_token") is not None
+                     and t.get("tpot_ms") is not None]
+            if trail:  # as measured: every batch metered, from the predicted one down
+                ax.scatter([t["tpot_ms"] for t in trail], [t["j_per_token"] for t in trail], marker="D", s=40,
+                           facecolors="none", edgecolors=line.get_color(), zorder=5)
+                ax.plot([p["tpot_ms"], *(t["tpot_ms"] for t in trail)],
+                        [p["j_per_token"], *(t["j_per_token"] for t in trail)], ":", lw=0.8, c=line.get_color())
+            if m.get("meets") and m.get("tpot_ms") is not None:
+                ax.scatter([m["tpot_ms"]], [m["j_per_token"]], marker="D", s=50, c=line.get_color(),
+                           edgecolors="k", zorder=6)
+                ax.annotate(f"b{m['batch']} measured", (m["tpot_ms"], m["j_per_token"]), textcoords="offset points",
+                            xytext=(4, -10), fontsize=7)
         objective = objectives.get(name, {})
         if objective.get("tpot_ms") is not None:
             ax.axvline(objective["tpot_ms"], ls="--", c="gray", lw=1,
                        label=f"TPOT objective {objective['tpot_ms']:g} ms ({objective.get('percentile') or 'p50'})")
         ax.set_xscale("log")
         ax.set_yscale("log")
-        ax.set_xlabel(f"TPOT, ms ({objective.get('percentile') or 'p50'}; predicted)")
-        ax.set_ylabel("J per output token (predicted)")
-        ax.set_title(f"'{name}': time-energy frontier (star: recommended; hollow diamond: measured)", fontsize=9)
+        ax.set_xlabel(f"TPOT, ms ({objective.get('percentile') or 'p50'}; curves predicted, diamonds measured)")
+        ax.set_ylabel("J per output token")
+        ax.set_title(f"'{name}': time-energy frontier (star: recommended; diamonds: measured, filled: chosen)",
+                     fontsize=8)
         ax.legend(fontsize=6, loc="upper right")
     fig.tight_layout()
     try:

@@ -133,11 +133,28 @@ class RecommendationRecord(TrialRecord):
     accuracy_metric: str
 
 
-class MeasuredPointRecord(_Record):
-    """An operating point as the measured tier metered it at the predicted point's batch
-    (:mod:`advisor.search.operating_measured`); ``not_measured`` says why a point has no numbers."""
+class MeteredBatch(_Record):
+    """One batch the measured search metered (:mod:`advisor.search.operating_search`)."""
 
     batch: int
+    tpot_ms: float | None = None
+    ttft_ms: float | None = None
+    j_per_token: float | None = None
+    tokens_per_s: float | None = None
+    meets: bool | None = None
+
+
+class MeasuredPointRecord(_Record):
+    """An operating point as the measured tier found it (:mod:`advisor.search.operating_search`): the largest
+    batch metered that meets the objective as measured (where none met, the smallest metered), from the
+    predicted point's batch (``predicted_batch``) down; ``trail``: every batch metered; ``search``: what the
+    search concluded, in words; ``not_measured`` says why a point has no numbers."""
+
+    batch: int
+    predicted_batch: int | None = None  # None: a summary written before the search (batch is the predicted one)
+    trail: list[MeteredBatch] = Field(default_factory=list)
+    search: str | None = None
+    prediction_error_pct: dict[str, float] | None = None  # (predicted - measured) / measured at predicted_batch
     j_per_token: float | None = None
     tokens_per_s: float | None = None
     tpot_ms: float | None = None  # at the objective's percentile; None: the engine does not time it
@@ -167,7 +184,15 @@ class OperatingPointRecord(_Record):
     source: str
     power_cap_w: float | None = None
     curve: list[tuple[int, float, float]] = Field(default_factory=list)  # (batch, TPOT ms, J/token)
-    measured: MeasuredPointRecord | None = None  # the same plan metered at this batch (measured tier)
+    measured: MeasuredPointRecord | None = None  # the same plan as measured, from this batch (measured tier)
+
+
+class OperatingBasisRecord(_Record):
+    """What the recommendation compared under one objective (:mod:`advisor.search.operating_basis`)."""
+
+    measured: bool
+    label: str
+    note: str = ""
 
 
 class Labels(_Record):
@@ -208,6 +233,8 @@ class Summary(_Record):
     proxy_calibration: list[ProxyCalibrationRecord]
     # absent in summaries written before latency objectives: read as none
     operating_points: list[OperatingPointRecord] = Field(default_factory=list)
+    # workload -> measured or predicted operating points compared (absent in older summaries: predicted)
+    operating_basis: dict[str, OperatingBasisRecord] = Field(default_factory=dict)
     payback: Payback | None = None
     benchmark_status: str | None
     sensitivity: dict[str, Any] | None

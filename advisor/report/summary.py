@@ -29,6 +29,7 @@ from advisor.report.schema import (
 from advisor.search.acceptance import as_record
 from advisor.search.energy_tiers import largest_drift_pct, near_ties, prediction_errors, unit_agreement
 from advisor.search.frontier import Candidate, Recommendation, one_tier, pareto_front, recommend
+from advisor.search.operating_basis import basis_words, operating_basis
 from advisor.search.payback import Payback, SearchEnergy, payback
 from advisor.search.stats import proxy_calibration
 from advisor.search.study import benchmark_budget, candidates
@@ -86,9 +87,10 @@ def build_summary(study: optuna.Study) -> Summary:
     front = pareto_front(cands, workloads[0])
     max_drop, confidence = benchmark_budget(study)
     points = _operating_points(study)
+    operating, bases = operating_basis(points, {c.plan.id for c in one_tier(cands) if c.feasible})
     rec = recommend(cands, workloads, benchmark_rule=f"upper bound of the {confidence:.0%} paired interval "
                     f"of the drop within {max_drop:g} on every task",
-                    operating={(p.plan_id, p.workload): p for p in points})
+                    operating=operating, basis={w: basis_words(bases, w) for w in bases})
     bench = benchmark_scores(study)
     measured = measured_energy(study)
     records = [_trial_record(c, trials[c.trial], shape.groups, bench, measured) for c in cands]
@@ -132,6 +134,7 @@ def build_summary(study: optuna.Study) -> Summary:
         "unit_agreement": unit_agreement(units, drifts, workloads[0]),
         "proxy_calibration": _proxy_calibration(cands, confidence),
         "operating_points": points,
+        "operating_basis": {w: b.to_dict() for w, b in bases.items()},
         "payback": _payback(rec, cands, points, meta["recipe"], search_energy(study)),
         "benchmark_status": meta.get("benchmark_status"),
         "sensitivity": meta.get("sensitivity"),
@@ -162,13 +165,13 @@ def _proxy_calibration(cands: list[Candidate], confidence: float) -> list[dict[s
 
 
 def _operating_points(study: optuna.Study) -> list[OperatingPointRecord]:
-    """The predicted points, each with its measured twin where the measured tier metered it at that batch (a
+    """The predicted points, each with its measured twin where the measured tier searched from that batch (a
     resumed search under another objective moves the batch: the older measurement no longer belongs to it)."""
     measured = measured_points(study)
 
     def twin(p: dict[str, Any]) -> dict[str, Any] | None:
         m = measured.get((p.get("plan_id"), p.get("workload")))
-        return m if m is not None and m.get("batch") == p.get("batch") else None
+        return m if m is not None and m.get("predicted_batch", m.get("batch")) == p.get("batch") else None
 
     try:
         return [OperatingPointRecord.model_validate({**p, "measured": twin(p)}) for p in operating_points(study)]

@@ -108,6 +108,7 @@ def recommend(
     cands: Sequence[Candidate], workloads: Sequence[str], bf16_plan_id: str | None = None,
     benchmark_rule: str = "upper confidence bound of the paired drop within max_drop on every task",
     operating: Mapping[tuple[str, str], PointLike] | None = None,
+    basis: Mapping[str, str] | None = None,
 ) -> Recommendation | None:
     """Lowest J/token on the primary workload among feasible plans that cost no more than
     all-BF16 on any workload. Once lm-eval has judged plans, only plans that pass on every
@@ -116,7 +117,8 @@ def recommend(
 
     ``operating`` ((plan id, workload) -> operating point) holds the workloads that state a latency
     objective: there a plan is priced at its own largest batch under the objective, must meet it, and
-    must cost no more than BF16 at BF16's own largest batch (where BF16 meets it at all)."""
+    must cost no more than BF16 at BF16's own largest batch (where BF16 meets it at all). ``basis`` (workload ->
+    words) says whether those points are measured or predicted (:mod:`advisor.search.operating_basis`)."""
     if not cands:
         return None
     primary = workloads[0]
@@ -161,7 +163,8 @@ def recommend(
     saving = ""
     if bf16 is not None and met(bf16, primary) and cost(bf16, primary) > 0:
         saving = f", {100 * (1 - cost(best, primary) / cost(bf16, primary)):.1f}% less energy than all-BF16"
-    where = " at its largest batch under the objective" if primary in objective_ws else ""
+    where = (" at its largest batch under the objective" + (basis or {}).get(primary, "")
+             if primary in objective_ws else "")
     return Recommendation(
         best, f"lowest J/token on '{primary}'{where} within the accuracy budget ({metric}){saving}", metric
     )

@@ -1,6 +1,7 @@
 """`advisor measure` with a latency objective: the plan's operating point (its largest batch under the
-objective, from the predicted tier's step times, as the search computes it) metered on the GPU here, the
-predicted and the measured point side by side, each labelled."""
+objective, from the predicted tier's step times, as the search computes it) metered on the GPU here and, where
+it misses the objective as measured, smaller batches until the largest that meets; the predicted and the
+measured point side by side, each labelled."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from advisor.models.shape import ModelShape
 from advisor.plan import Plan
 from advisor.recipe.schema import Workload
 from advisor.search.operating import OperatingPoint, operating_point
-from advisor.search.operating_measured import at_batch, meter_points
+from advisor.search.operating_search import BatchSearch, search_batches
 
 
 def workload_of(**fields: Any) -> Workload:
@@ -38,8 +39,10 @@ def predicted_point(plan: Plan, shape: ModelShape, target: GPU, workload: Worklo
 
 
 def measured_operating_point(meter: Any, plan: Plan, point: OperatingPoint, workload: Workload) -> dict[str, Any]:
-    """The predicted point (its curve left out) and ``meter``'s measurement at the same batch."""
-    measured = meter_points(meter, plan, [at_batch(workload, point.state.batch)])[0]
+    """The predicted point (its curve left out) and ``meter``'s: metered at the same batch and, where that misses
+    the objective as measured, searched down to the largest batch that meets it
+    (:mod:`advisor.search.operating_search`: the trail of batches metered, what the search concluded)."""
     predicted = {k: v for k, v in point.to_dict().items() if k != "curve"}
-    return {"workload": workload.model_dump(exclude_none=True), "predicted": predicted,
-            "measured": measured.to_dict()}
+    (measured,) = search_batches(meter, plan, [BatchSearch(workload, point.state.batch, point.curve,
+                                                           predicted=predicted)])
+    return {"workload": workload.model_dump(exclude_none=True), "predicted": predicted, "measured": measured}

@@ -17,9 +17,9 @@ import optuna
 from advisor.errors import InputError, SetupError, UnsupportedError
 from advisor.formats import GPU_SPECS
 from advisor.plan import Plan
-from advisor.recipe.schema import Recipe, Workload
+from advisor.recipe.schema import Recipe
 from advisor.search.operating import operating_points
-from advisor.search.operating_measured import at_batch, meter_points, objective_name
+from advisor.search.operating_search import BatchSearch, search_batches
 from advisor.search.payback import SearchEnergy
 from advisor.search.study import candidates
 from advisor.search.trial_record import (
@@ -98,7 +98,9 @@ def operating_stage(study: optuna.Study, ctx: RunContext, recipe: Recipe, progre
 
 def measured_operating_stage(study: optuna.Study, ctx: RunContext, recipe: Recipe, progress: ProgressReporter) -> None:
     """Every plan the measured tier metered, metered again at its own operating batch of each objective (the
-    predicted point's batch), stored beside the predicted point; points already metered at that batch are kept."""
+    predicted point's batch) and, where that misses the objective as measured, at smaller batches until the
+    largest that meets is found (:mod:`advisor.search.operating_search`); stored beside the predicted point.
+    Points already metered from the same predicted batch are kept."""
     model = ctx.measured_model
     metered = measured_energy(study)
     points = [p for p in stored_operating_points(study) if p["plan_id"] in metered]
@@ -107,25 +109,30 @@ def measured_operating_stage(study: optuna.Study, ctx: RunContext, recipe: Recip
     done = measured_points(study)
     workloads = {w.name: w for w in recipe.workloads}
     plans = {c.plan.id: c.plan for c in candidates(study)}
-    todo: dict[str, list[Workload]] = {}
+    todo: dict[str, list[BatchSearch]] = {}
     for p in points:
         old = done.get((p["plan_id"], p["workload"]))
-        if (old is None or old.get("batch") != p["batch"]) and p["plan_id"] in plans and p["workload"] in workloads:
-            todo.setdefault(p["plan_id"], []).append(at_batch(workloads[p["workload"]], p["batch"]))
+        fresh = old is None or old.get("predicted_batch", old.get("batch")) != p["batch"]
+        if fresh and p["plan_id"] in plans and p["workload"] in workloads:
+            todo.setdefault(p["plan_id"], []).append(BatchSearch(workloads[p["workload"]], p["batch"],
+                                                                 p.get("curve") or (), predicted=p))
     if not todo:
         return
     with progress.stage(f"operating points measured ({model.label})", total=len(todo)) as stage:
-        for i, (plan_id, at) in enumerate(todo.items()):
+        for i, (plan_id, searches) in enumerate(todo.items()):
             plan = plans[plan_id]
-            stage.advance(i, note=f"{plan.label()} at batch " + ", ".join(str(w.batch_size) for w in at))
-            kept = [v for (pid, _), v in done.items() if pid == plan_id
-                    and all(objective_name(w) != v["workload"] for w in at)]
+            stage.advance(i, note=f"{plan.label()} from batch " + ", ".join(str(s.predicted_batch) for s in searches))
+            names = {s.workload.name for s in searches}
+            kept = [v for (pid, w), v in done.items() if pid == plan_id and w not in names]
             try:
-                got = [m.to_dict() for m in meter_points(model, plan, at)]
+                got = search_batches(model, plan, searches)
             except UnsupportedError as exc:  # the predicted point stands, and says why it has no twin
                 progress.print(f"  {plan.label()}: operating points not measured ({exc})")
-                got = [{"plan_id": plan_id, "workload": objective_name(w), "batch": w.batch_size,
-                        "not_measured": str(exc)} for w in at]
+                got = [{"plan_id": plan_id, "workload": s.workload.name, "batch": s.predicted_batch,
+                        "predicted_batch": s.predicted_batch, "not_measured": str(exc)} for s in searches]
+            for g in got:
+                if g.get("trail") and len(g["trail"]) > 1:
+                    progress.print(f"  {plan.label()} on '{g['workload']}': {g['search']}")
             record_measured_points(study, plan_id, kept + got)
         stage.advance(len(todo))
 

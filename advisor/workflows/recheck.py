@@ -14,8 +14,11 @@ from typing import Any
 from advisor.deploy.engines import require_engine_here
 from advisor.deploy.model_identity import check_new_version
 from advisor.deploy.recheck import (
+    Check,
     RecheckResult,
     neighbours,
+    objective_checks,
+    operating_batches,
     read_summary,
     recheck_checks,
     render_markdown,
@@ -67,6 +70,26 @@ def research_around(ctx: Any, plan: Plan, groups: tuple[LayerGroup, ...], trials
     return out
 
 
+def meter_objectives(model: Any, plan: Plan, summary: dict[str, Any], workloads: Any, status: Any
+                     ) -> tuple[list[Check], list[dict[str, Any]], list[str]]:
+    """The plan metered at its operating batch from the run under each workload's objective, checked against it
+    as measured (:func:`advisor.deploy.recheck.objective_checks`)."""
+    from advisor.search.operating_measured import at_batch, meter_points
+
+    batches = operating_batches(summary, plan.id)
+    checks, points, untimed = [], [], []
+    for w in workloads:
+        if not w.has_objective or w.name not in batches:
+            continue
+        batch, origin, stored = batches[w.name]
+        status(f"metering the stored plan at its {origin} operating batch {batch} on '{w.name}'")
+        (point,) = meter_points(model, plan, [at_batch(w, batch)])
+        found, missing = objective_checks(w, point, origin, stored)
+        checks, untimed = checks + found, untimed + missing
+        points.append({**point.to_dict(), "batch_from": origin})
+    return checks, points, untimed
+
+
 def run_recheck(
     summary_path: Path,
     model: str,
@@ -116,9 +139,12 @@ def run_recheck(
         status(f"metering the stored plan and BF16 ({ctx.measured_model.label})")
         ev_bf16, ev = (replace(e, energy=[ctx.measured_model.estimate(p, w) for w in recipe.workloads])
                        for e, p in ((ev_bf16, bf16), (ev, plan)))
+    objective, operating, untimed = [], [], []
+    if engine is not None and ctx.measured_model is not None:
+        objective, operating, untimed = meter_objectives(ctx.measured_model, plan, summary, recipe.workloads, status)
     status("lm-eval tasks")
     bench = score_benchmark(ctx, plan, bf16, out_dir)
-    checks = recheck_checks(recipe, ev, ev_bf16, bench)
+    checks = recheck_checks(recipe, ev, ev_bf16, bench) + objective
     research_out = None
     if research:
         status(f"re-searching around the old plan ({research_trials} trials)")
@@ -136,8 +162,10 @@ def run_recheck(
         stored=stored_numbers(summary, record),
         new={"kl": ev.kl, "ppl": ev.ppl, "ppl_bf16": ev.ppl_bf16,
              "energy": [e.to_dict() for e in ev.energy], "bf16_energy": [e.to_dict() for e in ev_bf16.energy],
-             **({"predicted": predicted, "engine": engine} if engine is not None else {})},
-        labels={"accuracy": label, "energy": sorted({e.source for e in ev.energy})},
+             **({"predicted": predicted, "engine": engine} if engine is not None else {}),
+             **({"operating_points": operating} if operating else {})},
+        labels={"accuracy": label, "energy": sorted({e.source for e in ev.energy}),
+                **({"objectives": untimed} if untimed else {})},
         benchmark=bench,
         research=research_out,
         timings_s={**ctx.timings_s, "total_s": time.perf_counter() - t0},

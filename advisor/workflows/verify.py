@@ -10,7 +10,9 @@ compared with the search's own numbers:
    the same items;
 3. energy as served: vLLM J/token per workload beside the run's built-in measurement and prediction, and,
    for a workload with a latency objective, each plan served at its own operating batch (J/token, tokens/s,
-   TPOT/TTFT where the serving rows time them) beside the predicted point and whether the objective is met.
+   TPOT/TTFT where the serving rows time them) beside the predicted point and whether the objective is met;
+   where it is missed in vLLM, smaller batches in one more engine until the largest that meets
+   (:mod:`advisor.search.operating_search`).
 
 Written as ``verify.json`` / ``verify.md`` in the run folder and a section of ``report.md``.
 """
@@ -25,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from advisor.deploy.serving_gpus import serving_gpus_for
-from advisor.deploy.vllm_engine import run_in_child, served_formats, topk_kl, topk_of
+from advisor.deploy.vllm_engine import VllmEnergyModel, run_in_child, served_formats, topk_kl, topk_of
 from advisor.deploy.vllm_serve import ServeJob
 from advisor.energy.meter import MeterConfig
 from advisor.energy.prediction import predicted_for_gpus
@@ -35,6 +37,7 @@ from advisor.formats import Format
 from advisor.plan import Plan
 from advisor.recipe.schema import Workload
 from advisor.search.operating_measured import at_batch, from_timed, objective_name
+from advisor.search.operating_search import BatchSearch, search_batches
 
 TOP_K = 20
 
@@ -116,6 +119,24 @@ def operating_workloads(summary: dict[str, Any], plan: Plan) -> list[Workload]:
             if p["plan_id"] == plan.id and p["workload"] in stated]
 
 
+def operating_searches(summary: dict[str, Any], plan: Plan) -> list[BatchSearch]:
+    """The plan's operating points of the run as searches that start at their predicted batch."""
+    stated = {w["name"]: Workload(**w) for w in summary["workloads"]}
+    return [BatchSearch(stated[p["workload"]], p["batch"], p.get("curve") or (), predicted=p)
+            for p in summary.get("operating_points") or [] if p["plan_id"] == plan.id and p["workload"] in stated]
+
+
+def search_as_served(plan: Plan, served: dict[str, Any], summary: dict[str, Any], model: Any) -> dict[str, Any]:
+    """Per objective (workload name): vLLM's largest batch that meets it (:mod:`advisor.search.operating_search`),
+    the plan's verify serving read back as the first round; a miss there serves the smaller batches in one more
+    engine (``model``: a :class:`~advisor.deploy.vllm_engine.VllmEnergyModel` of the plan's checkpoint)."""
+    searches = operating_searches(summary, plan)
+    if not searches:
+        return {}
+    model.adopt(plan, served)
+    return {s.workload.name: found for s, found in zip(searches, search_batches(model, plan, searches), strict=True)}
+
+
 def operating_as_served(summary: dict[str, Any], plan: Plan, served: dict[str, Any], label: str
                         ) -> list[dict[str, Any]]:
     """Per operating point of ``plan``: the run's predicted point (and the built-in runtime's, where the search
@@ -131,9 +152,20 @@ def operating_as_served(summary: dict[str, Any], plan: Plan, served: dict[str, A
         predicted = {k: p[k] for k in ("batch", "meets", "bound", "tpot_ms", "ttft_ms", "j_per_token",
                                        "tokens_per_s", "source")}
         rows.append({"workload": objective_name(w), "batch": w.batch_size, "predicted": predicted,
-                     "runtime": p.get("measured"), "vllm": from_timed(plan, w, row, label).to_dict(),
-                     "vllm_unstable": row["measurement"]["unstable"], "batch_full": row["batch_full"]})
+                     "runtime": _metered_at(p.get("measured"), w.batch_size),
+                     "vllm": from_timed(plan, w, row, label).to_dict(),
+                     "vllm_unstable": row["measurement"]["unstable"], "batch_full": row["batch_full"],
+                     "vllm_search": served.get("searches", {}).get(objective_name(w))})
     return rows
+
+
+def _metered_at(measured: dict[str, Any] | None, batch: int) -> dict[str, Any] | None:
+    """The search's measured tier at ``batch`` (its trail holds every batch it metered), None where not metered."""
+    if not measured:
+        return None
+    if measured.get("batch") == batch:
+        return measured
+    return next((t for t in measured.get("trail") or [] if t.get("batch") == batch), None)
 
 
 def energy_as_served(record: dict[str, Any] | None, served: dict[str, Any],
@@ -166,6 +198,7 @@ def energy_as_served(record: dict[str, Any] | None, served: dict[str, Any],
 def verify_run(run_dir: Path, engine: str = "vllm", plan_ids: Sequence[str] = (), lambada: Path | None = None,
                lambada_count: int = 200, energy: bool = True, meter: MeterConfig | None = None,
                runner: Callable[[ServeJob], dict[str, Any]] | None = None,
+               rounds_runner: Callable[[ServeJob, Any], dict[str, Any]] | None = None,
                status: Callable[[str], None] = lambda _m: None, gpus: int | None = None) -> dict[str, Any]:
     """Serve the run's plans through ``engine`` (each in a process of its own unless ``runner`` says otherwise)
     over ``gpus`` GPUs (:mod:`advisor.deploy.serving_gpus`; the run's recipe's when None) and write verify.json /
@@ -230,6 +263,11 @@ def verify_run(run_dir: Path, engine: str = "vllm", plan_ids: Sequence[str] = ()
                        top_k=TOP_K, workloads=tuple(workloads) if energy else (), meter=asdict(meter or MeterConfig()),
                        tensor_parallel_size=n_gpus)
         served[role] = (runner or run_in_child)(job)
+        if energy:
+            model = VllmEnergyModel(lambda _plan, path=paths[role]: path, [], vocab, meter=meter or MeterConfig(),
+                                    gpu_label=here, vllm_version=getattr(vllm, "__version__", "unknown"),
+                                    gpus=n_gpus, rounds_runner=rounds_runner)
+            served[role]["searches"] = search_as_served(plan, served[role], summary, model)
 
     status("scoring the advisor's own models on the same tokens")
     import torch

@@ -1,0 +1,211 @@
+"""The largest batch that meets a latency objective AS MEASURED: where the measured tier meters a plan at its
+predicted operating batch and that point misses the objective, smaller batches are metered until the largest
+one that meets is found, or the metering budget is spent.
+
+Every metered batch splits the batches: those known to meet and those known to miss. The search keeps the
+largest batch known to meet (``lo``, 0 when none: batch 1 is the floor) and the smallest known miss above it
+(``hi``) and meters one batch between them per round:
+
+* with no batch known to meet yet, the predicted step-time curve is scaled by how far the miss overshot (its
+  measured term over the objective's): the largest batch whose predicted TPOT is the predicted TPOT at ``hi``
+  divided by that excess (without a curve: ``hi`` divided by the excess);
+* with both ends known, the secant through their excesses (where the excess grows from ``lo`` to ``hi``; else
+  the midpoint, as bisection does).
+
+It stops when ``hi`` is ``lo + 1`` (found), when batch 1 misses (no batch meets), when an engine does not time
+the objective's terms (nothing to judge), or after :data:`EXTRA_METERINGS` meterings beyond the predicted
+batch (the budget; the best batch found is kept and the report says the search stopped). A step time that is
+not monotone in the batch can make a batch above ``lo`` meet too; the search answers with the largest batch it
+metered that meets, never one it did not meter.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from advisor.plan import Plan
+from advisor.recipe.schema import Workload
+from advisor.search.operating_measured import MeasuredPoint, at_batch, meter_points
+
+EXTRA_METERINGS = 3  # meterings per plan and objective beyond the predicted batch: each is a steady-state window
+
+
+def excess(workload: Workload, point: MeasuredPoint) -> float | None:
+    """The worst measured term over its objective (<= 1: meets); None where a stated term was not timed."""
+    terms = [(workload.tpot_ms, point.tpot_ms), (workload.ttft_ms, point.ttft_ms)]
+    stated = [(limit, got) for limit, got in terms if limit is not None]
+    if not stated or any(got is None for _, got in stated):
+        return None
+    return max(got / limit for limit, got in stated)  # type: ignore[operator]
+
+
+def curve_batch(curve: Sequence[Sequence[float]], tpot_ms: float) -> float | None:
+    """The batch at which the predicted curve ((batch, TPOT ms, J/token) over the grid) reaches ``tpot_ms``,
+    linear between grid points; None where even its first point is above it."""
+    pts = [(float(b), float(t)) for b, t, *_ in curve]
+    if not pts or pts[0][1] > tpot_ms:
+        return None
+    for (b0, t0), (b1, t1) in zip(pts, pts[1:], strict=False):
+        if t1 > tpot_ms:
+            return b0 + (b1 - b0) * (tpot_ms - t0) / (t1 - t0) if t1 > t0 else b0
+    return pts[-1][0]
+
+
+def curve_tpot(curve: Sequence[Sequence[float]], batch: int) -> float | None:
+    """The predicted TPOT at ``batch``, linear between grid points (None outside the curve)."""
+    pts = [(float(b), float(t)) for b, t, *_ in curve]
+    for (b0, t0), (b1, t1) in zip(pts, pts[1:], strict=False):
+        if b0 <= batch <= b1:
+            return t0 + (t1 - t0) * (batch - b0) / (b1 - b0) if b1 > b0 else t0
+    return pts[0][1] if len(pts) == 1 and pts[0][0] == batch else None
+
+
+@dataclass
+class BatchSearch:
+    """One plan's search on one objective (module docstring). ``trail``: every metered point, in order."""
+
+    workload: Workload  # the objective, as the recipe states it
+    predicted_batch: int
+    curve: Sequence[Sequence[float]] = ()
+    budget: int = EXTRA_METERINGS
+    predicted: dict[str, Any] = field(default_factory=dict)  # the predicted point (its j_per_token, tpot_ms, ...)
+    trail: list[MeasuredPoint] = field(default_factory=list)
+
+    def first(self) -> Workload:
+        return at_batch(self.workload, self.predicted_batch)
+
+    def add(self, point: MeasuredPoint) -> None:
+        self.trail.append(point)
+
+    def _judged(self) -> dict[int, float] | None:
+        out = {}
+        for p in self.trail:
+            e = excess(self.workload, p)
+            if e is None:
+                return None
+            out[p.batch] = e
+        return out
+
+    def _ends(self, judged: dict[int, float]) -> tuple[int, int | None]:
+        lo = max((b for b, e in judged.items() if e <= 1.0), default=0)
+        hi = min((b for b, e in judged.items() if e > 1.0 and b > lo), default=None)
+        return lo, hi
+
+    def next_batch(self) -> int | None:
+        """The next batch to meter, or None when the search is over."""
+        judged = self._judged()
+        if not judged or len(self.trail) - 1 >= self.budget:
+            return None
+        lo, hi = self._ends(judged)
+        if hi is None or hi - lo <= 1:
+            return None
+        guess = self._secant(judged)
+        if guess is None or not lo < guess < hi:  # one batch metered, or the excess not monotone there
+            guess = self._scaled(hi, judged[hi]) if lo == 0 else (lo + hi) / 2
+        return min(max(int(math.floor(guess)), lo + 1), hi - 1)
+
+    def _secant(self, judged: dict[int, float]) -> float | None:
+        """Where the line through the two batches metered last reaches the objective (None: one batch metered, or
+        the excess does not grow with the batch between them)."""
+        if len(self.trail) < 2:
+            return None
+        (b1, e1), (b2, e2) = ((p.batch, judged[p.batch]) for p in self.trail[-2:])
+        if b1 == b2 or (e2 - e1) / (b2 - b1) <= 0:
+            return None
+        return b2 + (1.0 - e2) * (b2 - b1) / (e2 - e1)
+
+    def _scaled(self, hi: int, over: float) -> float:
+        predicted = curve_tpot(self.curve, hi) if self.curve else None
+        if predicted is not None:
+            found = curve_batch(self.curve, predicted / over)
+            return 1.0 if found is None else found
+        return hi / over
+
+    def outcome(self) -> dict[str, Any]:
+        """The measured operating point (the largest batch metered that meets; where none met, the smallest
+        metered) with the predicted batch, the trail and what the search concluded, in words."""
+        judged = self._judged()
+        first = self.trail[0]
+        trail = [{"batch": p.batch, "tpot_ms": p.tpot_ms, "ttft_ms": p.ttft_ms, "j_per_token": p.j_per_token,
+                  "tokens_per_s": p.tokens_per_s, "meets": p.meets} for p in self.trail]
+        extra = len(self.trail) - 1
+        if judged is None:
+            return self._record(first, trail, "the engine does not time the objective's terms: not searched")
+        lo, hi = self._ends(judged)
+        if lo == self.predicted_batch or (lo and hi is None):
+            return self._record(self._at(lo), trail, f"meets at the predicted batch {lo}")
+        if lo == 0:
+            smallest = min(self.trail, key=lambda p: p.batch)
+            got = f"batch {smallest.batch} gives {self._terms(smallest)}"
+            if smallest.batch == 1:
+                return self._record(smallest, trail, f"no batch meets {self._objective()} as measured: {got}")
+            return self._record(smallest, trail, f"search stopped after {extra} extra meterings (the budget): no "
+                                f"metered batch meets {self._objective()}; {got}")
+        if hi is not None and hi - lo > 1:
+            return self._record(self._at(lo), trail, f"search stopped after {extra} extra meterings (the budget): "
+                                f"batch {lo} meets, {hi} misses; the largest batch that meets lies between")
+        return self._record(self._at(lo), trail, f"batch {lo} is the largest that meets as measured ({hi} misses; "
+                            f"predicted {self.predicted_batch}; {extra} extra meterings)")
+
+    def _at(self, batch: int) -> MeasuredPoint:
+        return next(p for p in reversed(self.trail) if p.batch == batch)
+
+    def _objective(self) -> str:
+        w = self.workload
+        parts = [f"TPOT {w.tpot_ms:g} ms" if w.tpot_ms is not None else "",
+                 f"TTFT {w.ttft_ms:g} ms" if w.ttft_ms is not None else ""]
+        return " and ".join(p for p in parts if p) + f" ({w.quantile})"
+
+    def _terms(self, p: MeasuredPoint) -> str:
+        parts = [f"TPOT {p.tpot_ms:.3g} ms" if self.workload.tpot_ms is not None else "",
+                 f"TTFT {p.ttft_ms:.3g} ms" if self.workload.ttft_ms is not None else ""]
+        return ", ".join(x for x in parts if x)
+
+    def _record(self, point: MeasuredPoint, trail: list[dict[str, Any]], words: str) -> dict[str, Any]:
+        return {**point.to_dict(), "predicted_batch": self.predicted_batch, "trail": trail, "search": words,
+                "prediction_error_pct": self._errors()}
+
+    def _errors(self) -> dict[str, float] | None:
+        """(predicted - measured) / measured in % at the predicted batch, per number both give."""
+        first = self.trail[0]
+        pairs = {k: (self.predicted.get(k), getattr(first, k)) for k in ("j_per_token", "tpot_ms", "ttft_ms",
+                                                                        "tokens_per_s")}
+        out = {k: 100.0 * (p - m) / m for k, (p, m) in pairs.items() if p is not None and m}
+        return out or None
+
+
+RoundFn = Callable[[list[MeasuredPoint]], list[Workload]]
+
+
+def meter_rounds(model: Any, plan: Plan, first: list[Workload], next_round: RoundFn, max_batch: int
+                 ) -> list[MeasuredPoint]:
+    """``first`` metered, then each round ``next_round`` asks for (given the points of the round before) until
+    it asks for none: in one engine where the tier can (``measure_rounds``: vLLM), else round by round."""
+    rounds = getattr(model, "measure_rounds", None)
+    if rounds is not None:
+        return rounds(plan, first, next_round, max_batch)
+    out: list[MeasuredPoint] = []
+    todo = first
+    while todo:
+        got = meter_points(model, plan, todo)
+        out += got
+        todo = next_round(got)
+    return out
+
+
+def search_batches(model: Any, plan: Plan, searches: Sequence[BatchSearch]) -> list[dict[str, Any]]:
+    """Each search run to its end for ``plan`` (all objectives' rounds together, one engine where the tier
+    allows); their :meth:`BatchSearch.outcome`, in order."""
+    by_name = {s.workload.name: s for s in searches}
+
+    def next_round(points: list[MeasuredPoint]) -> list[Workload]:
+        for p in points:
+            by_name[p.workload].add(p)
+        return [at_batch(s.workload, b) for s in searches if (b := s.next_batch()) is not None]
+
+    meter_rounds(model, plan, [s.first() for s in searches], next_round,
+                 max(s.predicted_batch for s in searches))
+    return [s.outcome() for s in searches]
