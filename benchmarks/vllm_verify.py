@@ -203,6 +203,9 @@ def eightb(args: argparse.Namespace) -> dict[str, Any]:
 
 
 OBJECTIVES_MS = (8.0, 12.0, 20.0)
+COLLECT_COMMAND = ("bash benchmarks/device/gpu_round.sh (STEPS='B C': advisor search -r benchmarks/device/op8b.yaml; "
+                   "advisor verify RUN --engine vllm --plan ALL_FP8_ID; python benchmarks/vllm_verify.py "
+                   "operating-collect RUN/verify.json RUN/summary.json --out OUT)")
 FIXED_BATCHES = (16, 64)
 
 
@@ -326,6 +329,117 @@ def render_operating(data: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _curve_j(curve: list[list[float]], batch: int) -> float | None:
+    """The predicted J/token at ``batch`` on the operating point's curve ((batch, TPOT ms, J/token) grid),
+    linear between grid points; None outside it."""
+    for (b0, _, j0), (b1, _, j1) in zip(curve, curve[1:], strict=False):
+        if b0 <= batch <= b1:
+            return j0 + (j1 - j0) * (batch - b0) / (b1 - b0) if b1 > b0 else j0
+    return next((j for b, _, j in curve if b == batch), None)
+
+
+def collect_operating(verify: dict[str, Any], summary: dict[str, Any]) -> dict[str, Any]:
+    """The operating points `advisor verify` served and searched (verify.json) beside the run's predicted points
+    (summary.json): per plan and objective the largest batch that met as measured, and the stated batches."""
+    stated = {w["name"]: w for w in summary["workloads"]}
+    predicted = {(p["plan_id"], p["workload"]): p for p in summary.get("operating_points") or []}
+    rec = summary["recommendation"]["plan_id"]
+    points, fixed = [], []
+    for r in verify["plans"]:
+        plan = {"plan": r["label"], "plan_id": r["plan_id"], "roles": r["role"].split("+"),
+                "recommendation": r["plan_id"] == rec}
+        for o in r.get("operating") or []:
+            w, p = stated[o["workload"]], predicted[(r["plan_id"], o["workload"])]
+            found = o.get("vllm_search") or {**o["vllm"], "predicted_batch": o["batch"], "trail": [o["vllm"]],
+                                              "search": "not searched", "prediction_error_pct": None}
+            points.append({**plan, "workload": o["workload"], "tpot_objective_ms": w["tpot_ms"],
+                           "ttft_objective_ms": w["ttft_ms"], "percentile": w["percentile"] or "p50",
+                           "batch": found["batch"], "meets_measured": found["meets"],
+                           "measured_j_per_token": found["j_per_token"], "measured_tpot_ms": found["tpot_ms"],
+                           "measured_ttft_ms": found["ttft_ms"], "tokens_per_s": found["tokens_per_s"],
+                           "predicted_batch": p["batch"], "predicted_bound": p["bound"], "predicted_meets": p["meets"],
+                           "predicted_j_per_token": p["j_per_token"], "predicted_tpot_ms": p["tpot_ms"],
+                           "predicted_ttft_ms": p["ttft_ms"], "predicted_tokens_per_s": p["tokens_per_s"],
+                           "predicted_j_per_token_at_batch": _curve_j(p.get("curve") or [], found["batch"]),
+                           "prediction_error_pct": found["prediction_error_pct"], "search": found["search"],
+                           "trail": found["trail"], "source": found["source"]})
+        seen = set()
+        for e in r["energy"]:
+            batch = stated[e["workload"]]["batch_size"]
+            if batch in seen:  # the same batch stated by another workload: served the same way
+                continue
+            seen.add(batch)
+            fixed.append({**plan, "batch": batch, "workload": e["workload"],
+                          "measured_j_per_token": e["vllm_j_per_token"], "tokens_per_s": e["vllm_tokens_per_s"],
+                          "predicted_j_per_token": e["predicted_j_per_token"],
+                          "error_pct": _err_pct(e["predicted_j_per_token"], e["vllm_j_per_token"])})
+    if not points:
+        raise ValueError("verify.json holds no operating point: run `advisor verify RUN --engine vllm` (energy on) "
+                         "on a run whose workloads state a tpot_ms")
+    best = {}
+    for name in dict.fromkeys(p["workload"] for p in points):
+        met = [p for p in points if p["workload"] == name and p["meets_measured"]]
+        best[name] = min(met, key=lambda p: p["measured_j_per_token"])["plan"] if met else None
+    return {"gpu": verify["gpu"], "gpus": verify.get("gpus", 1), "date": verify["date"],
+            "vllm_version": verify["vllm_version"], "run": verify["run"],
+            "recommendation": {"plan_id": rec, "label": summary["recommendation"].get("label")},
+            "lowest_measured_j_per_token_that_meets": best,
+            "predicted_label": next(iter(predicted.values()))["source"] if predicted else None,
+            "points": points, "fixed_batch": sorted(fixed, key=lambda f: (f["plan"], f["batch"]))}
+
+
+def _err_pct(predicted: float | None, measured: float | None) -> float | None:
+    return 100.0 * (predicted - measured) / measured if predicted is not None and measured else None
+
+
+def render_collected(data: dict[str, Any]) -> str:
+    rec = data["recommendation"]
+    lines = [f"# Operating points under a TPOT objective, served by vLLM ({data['gpu']}, driver {data.get('driver')}, "
+             f"{data['date']})", "", f"vLLM {data['vllm_version']}. Command: `{data.get('command')}`", "",
+             f"Each plan `advisor verify` served (all-BF16, all-FP8 and the search's recommendation `{rec['plan_id']}` "
+             f"{rec['label']}) at the largest batch that met each objective as measured: from the predicted batch, "
+             "smaller ones metered until the largest that meets. Predicted: " + str(data["predicted_label"]) + ".", "",
+             "| plan | TPOT objective ms | batch (predicted) | measured J/token | TPOT p50 ms | TTFT p50 ms | "
+             "tokens/s | meets | predicted at the predicted batch: J/token (error), TPOT ms (error) | the search |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for p in data["points"]:
+        name = p["plan"] + (" (recommendation)" if p["recommendation"] else "")
+        err = {k: None if v is None else v / 100 for k, v in (p["prediction_error_pct"] or {}).items()}
+        lines.append(f"| {name} | {p['tpot_objective_ms']:g} | {p['batch']} ({p['predicted_batch']}) | "
+                     f"{_f(p['measured_j_per_token'])} | {_f(p['measured_tpot_ms'], '.2f')} | "
+                     f"{_f(p['measured_ttft_ms'], '.1f')} | {_f(p['tokens_per_s'], '.0f')} | {p['meets_measured']} | "
+                     f"{_f(p['predicted_j_per_token'])} ({_pct(err.get('j_per_token'))}), "
+                     f"{_f(p['predicted_tpot_ms'], '.2f')} ({_pct(err.get('tpot_ms'))}) | {p['search']} |")
+    lines += ["", "Lowest measured J/token that meets each objective: " + "; ".join(
+        f"{w}: {plan or 'none'}" for w, plan in data["lowest_measured_j_per_token_that_meets"].items()) + ".",
+        "", "## Fixed batches", "", "| plan | batch | measured J/token | tokens/s | predicted J/token | error |",
+        "|---|---|---|---|---|---|"]
+    for f in data["fixed_batch"]:
+        err = f["error_pct"]
+        lines.append(f"| {f['plan']} | {f['batch']} | {_f(f['measured_j_per_token'])} | {_f(f['tokens_per_s'], '.0f')} "
+                     f"| {_f(f['predicted_j_per_token'])} | {_pct(None if err is None else err / 100)} |")
+    lines += ["", *data.get("notes", [])]
+    return "\n".join(lines) + "\n"
+
+
+def operating_collect(args: argparse.Namespace) -> int:
+    try:
+        verify, summary = (json.loads(Path(p).read_text()) for p in (args.verify, args.summary))
+        data = collect_operating(verify, summary)
+    except (OSError, ValueError, KeyError) as exc:
+        print(f"Error: cannot collect operating points from {args.verify} and {args.summary} ({exc}); give the "
+              "verify.json and summary.json of one run folder", file=sys.stderr)
+        return 2
+    if args.gpu_csv:  # nvidia-smi --query-gpu=name,driver_version,power.limit --format=csv
+        _, row = Path(args.gpu_csv).read_text().splitlines()[:2]
+        data["driver"], data["power_limit"] = (x.strip() for x in row.split(",")[1:3])
+    data["command"] = args.command
+    data.update(json.loads(Path(args.meta).read_text()) if args.meta else {})
+    args.out.with_suffix(".json").write_text(json.dumps(data, indent=1))
+    args.out.with_suffix(".md").write_text(render_collected(data))
+    return 0
+
+
 def smollm2(args: argparse.Namespace) -> dict[str, Any]:
     run = Path(args.run)
     verify = json.loads((run / "verify.json").read_text())
@@ -428,6 +542,13 @@ def main(argv: list[str] | None = None) -> int:
     o.add_argument("--vllm-defaults", action="store_true")
     o.add_argument("--meta", help="JSON with gpu, driver, date, command, notes")
     o.add_argument("--dry-run", action="store_true")
+    c = sub.add_parser("operating-collect", help="operating points from an `advisor verify` run folder")
+    c.add_argument("verify", help="RUN_DIR/verify.json (advisor verify RUN_DIR --engine vllm --plan ...)")
+    c.add_argument("summary", help="RUN_DIR/summary.json")
+    c.add_argument("--out", type=Path, required=True, help="OUT.json and OUT.md are written")
+    c.add_argument("--gpu-csv", help="nvidia-smi --query-gpu=name,driver_version,power.limit --format=csv")
+    c.add_argument("--command", default=COLLECT_COMMAND, help="the command recorded in the report")
+    c.add_argument("--meta", help="JSON merged over the result (e.g. notes)")
     m = sub.add_parser("merge")
     m.add_argument("--eightb", required=True)
     m.add_argument("--smollm2")
@@ -437,6 +558,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.what == "merge":
         merge(args)
         return 0
+    if args.what == "operating-collect":
+        return operating_collect(args)
     if getattr(args, "dry_run", False):
         from advisor.testing_vllm import fake_vllm
 
