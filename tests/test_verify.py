@@ -189,3 +189,78 @@ def test_verify_searches_an_operating_point_vllm_misses_in_one_more_engine(run_d
     text = (copy / "verify.md").read_text()
     assert "smaller batches were served in one more engine until the largest that meets" in text
     assert "on 'chat': batches 6 (" in text
+
+
+# ------------------------------------------------------------- reports/benchmarks/operating_points_8b's collector
+def _vllm_verify_script():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "vllm_verify.py"
+    spec = importlib.util.spec_from_file_location("vllm_verify", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_operating_points_report_collects_what_verify_served_and_searched(run_dir, engine, tmp_path,
+                                                                            monkeypatch, capsys):
+    import advisor.deploy.vllm_engine as vllm_engine
+    from advisor.energy.meter import MeterConfig
+    from advisor.workflows import verify as verify_module
+
+    copy = tmp_path / "run"
+    shutil.copytree(run_dir, copy)
+    summary = json.loads((copy / "summary.json").read_text())
+    for ws in (summary["workloads"], summary["recipe"]["workloads"]):
+        ws[0]["tpot_ms"] = 2.8  # batch 6 (the stored point) misses it as served: the search goes below
+    (copy / "summary.json").write_text(json.dumps(summary))
+    engine.step_s, engine.step_s_per_seq = 0.0005, 0.0005
+    jobs = []
+    monkeypatch.setattr(verify_module, "run_in_child", lambda job: jobs.append(job) or serve(
+        job, make_counter=ConstantPowerCounter))
+    monkeypatch.setattr(verify_module, "MeterConfig", lambda: MeterConfig(**{**FAST, "warmup_s": 0.5}))
+    monkeypatch.setattr(vllm_engine, "_run_rounds", lambda job, more: serve(job, make_counter=ConstantPowerCounter,
+                                                                           more=more))
+    fp8 = next(t["plan_id"] for t in summary["trials"] if t["trial"] == summary["baselines"]["all-fp8"])
+    assert runner.invoke(app, ["verify", str(copy), "--plan", fp8]).exit_code == 0
+    assert jobs and not any(j.prefill for j in jobs)  # verify reports no prefill J/token: it meters none
+    verify = json.loads((copy / "verify.json").read_text())
+    gpu_csv = tmp_path / "gpu.csv"
+    gpu_csv.write_text("name, driver_version [MiB], power.limit [W]\nFake GPU, 580.1, 700.00 W\n")
+    out = tmp_path / "op"
+    script = _vllm_verify_script()
+    assert script.main(["operating-collect", str(copy / "verify.json"), str(copy / "summary.json"), "--out", str(out),
+                        "--gpu-csv", str(gpu_csv)]) == 0
+    data = json.loads(out.with_suffix(".json").read_text())
+    assert (data["gpu"], data["driver"], data["vllm_version"]) == ("Fake GPU", "580.1", "0.0-fake")
+    assert "advisor verify RUN --engine vllm --plan" in data["command"]
+    predicted = {p["plan_id"]: p for p in summary["operating_points"]}
+    assert {p["plan_id"] for p in data["points"]} == {r["plan_id"] for r in verify["plans"]} >= {fp8}
+    for p in data["points"]:
+        first, pred = p["trail"][0], predicted[p["plan_id"]]
+        assert p["tpot_objective_ms"] == 2.8 and p["predicted_batch"] == pred["batch"] == first["batch"] == 6
+        assert p["meets_measured"] and p["batch"] < 6 and p["measured_tpot_ms"] <= 2.8 < first["tpot_ms"]
+        assert p["measured_j_per_token"] > 0 and p["measured_ttft_ms"] > 0 and p["tokens_per_s"] > 0
+        assert p["predicted_j_per_token"] == pred["j_per_token"]
+        assert p["prediction_error_pct"]["j_per_token"] == pytest.approx(
+            100 * (pred["j_per_token"] - first["j_per_token"]) / first["j_per_token"])
+        curve = {b: j for b, _, j in pred["curve"]}
+        if p["batch"] in curve:
+            assert p["predicted_j_per_token_at_batch"] == pytest.approx(curve[p["batch"]])
+        assert "is the largest that meets as measured" in p["search"]
+        assert p["recommendation"] == (p["plan_id"] == summary["recommendation"]["plan_id"])
+    served = {(r["plan_id"], e["workload"]): e for r in verify["plans"] for e in r["energy"]}
+    assert [(f["batch"], f["measured_j_per_token"]) for f in data["fixed_batch"] if f["plan_id"] == fp8] == [
+        (4, served[fp8, "chat"]["vllm_j_per_token"])]
+    md = out.with_suffix(".md").read_text()
+    assert "driver 580.1" in md and "| all-fp8 | 2.8 | " in md and "| all-fp8 | 4 | " in md
+    # a verify.json without operating points (verify --no-energy, or no objective): one Error line, exit 2
+    for r in verify["plans"]:
+        r["operating"] = []
+    (copy / "verify.json").write_text(json.dumps(verify))
+    capsys.readouterr()
+    assert script.main(["operating-collect", str(copy / "verify.json"), str(copy / "summary.json"),
+                        "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("Error: ") and err.count("\n") == 1 and "tpot_ms" in err

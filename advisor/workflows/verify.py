@@ -259,9 +259,11 @@ def verify_run(run_dir: Path, engine: str = "vllm", plan_ids: Sequence[str] = ()
         paths[role] = checkpoint_for(plan)
         status(f"serving plan {plan.id} ({role}) in vLLM")
         workloads = [*summary["workloads"], *(w.model_dump() for w in operating_workloads(summary, plan))]
+        # prefill=False: verify reports J/token, tokens/s, TPOT and TTFT per workload, never prefill J per input
+        # token, and a prefill metering would double every workload's time on the GPU
         job = ServeJob(checkpoint=str(paths[role]), vocab_size=vocab, sequences=tuple(heldout), items=tuple(items),
                        top_k=TOP_K, workloads=tuple(workloads) if energy else (), meter=asdict(meter or MeterConfig()),
-                       tensor_parallel_size=n_gpus)
+                       tensor_parallel_size=n_gpus, prefill=False)
         served[role] = (runner or run_in_child)(job)
         if energy:
             model = VllmEnergyModel(lambda _plan, path=paths[role]: path, [], vocab, meter=meter or MeterConfig(),
