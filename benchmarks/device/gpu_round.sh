@@ -4,14 +4,27 @@
 # (short calls copy it back). Steps, each logged in out/progress:
 #   A  benchmarks/vllm_verify.py eightb: 8B exports served by vLLM at batch 1/16/64 beside the built-in runtime
 #   A2 the same for all-BF16 and all-FP8 at batch 64 with vLLM capturing CUDA graphs up to 1024 tokens
-#   B  advisor search on the 8B checkpoint with TPOT objectives (op8b.yaml), its recommendation exported
-#   C  benchmarks/vllm_verify.py operating: every plan at its operating batches, served by vLLM
+#   B  advisor search on the random BF16 8B checkpoint with TPOT objectives (op8b.yaml); skipped where its
+#      summary.json is there (the BF16 checkpoint is built first where step A did not: vllm_verify.py checkpoints)
+#   C  advisor verify RUN --engine vllm --plan <all-FP8 id>: all-BF16, all-FP8 and the recommendation exported
+#      (reused where exported before) and served, each TPOT objective searched as measured; then
+#      vllm_verify.py operating-collect RUN/verify.json RUN/summary.json -> out/operating_points_8b.{json,md}
 #   D  benchmarks/large_models.py identical (8B): packed bank against folded
 #   E  benchmarks/large_models.py search (Qwen2.5-14B shape)
+# Time on one H100, from the last runs (search_8b_gpu.md, operating_points_8b.md, vllm_verify.md): BF16 build ~1 min
+# where absent; B ~3-4 min (load 40 s, tokens 40 s, FP8 calibration 70 s of which 57 s build ModelOpt's extension
+# once, 16 trials ~15 s, energy predicted); C ~12-20 min: the run's exports are advisor export's code on the CPU
+# (an 8B export there is unmeasured: SmolLM2-135M takes 7 s, so expect minutes per plan; 2-3 plans, one fewer where
+# the recommendation is all-BF16 or all-FP8), then per plan one vLLM engine (90-270 s: start, 3 stated + 3 operating
+# windows, no prefill metering) and, where an objective is missed at its predicted batch (all were last time), one
+# more engine per plan for up to 3 smaller batches per objective (~2-4 min), then the accuracy scoring (an 8B load
+# to the GPU per plan, ~1-2 min in all). B + C: ~15-25 min of a session's device time.
+# Steps B and C write to /tmp/s44/runs/op8b: a cut-off C resumes its exports; its servings start over.
+# Next session: STEPS='B C' bash benchmarks/device/gpu_round.sh (setsid, in the background), poll out/progress.
 set -u
 cd /tmp/s44/code
 export PYTHONPATH=/tmp/s44/code:/tmp/vsite:/tmp/site PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
-out=/tmp/s44/out ck=/tmp/s44/ck
+out=/tmp/s44/out ck=/tmp/s44/ck run=/tmp/s44/runs/op8b
 mkdir -p $out
 log() { echo "$1 $(date -u +%T)" >> $out/progress; }
 nvidia-smi --query-gpu=name,driver_version,power.limit --format=csv > $out/gpu.csv
@@ -24,20 +37,26 @@ for s in $steps; do
     A2) python3 benchmarks/vllm_verify.py eightb --skip-runtime --plans all-bf16 all-fp8 --batches 64 \
           --llm-options '{"compilation_config": {"max_cudagraph_capture_size": 1024}}' \
           --out $out/vllm_8b_capture1024.json --checkpoints $ck > $out/a2.log 2>&1 ;;
-    B) mkdir -p /tmp/s44/base
+    B) python3 benchmarks/vllm_verify.py checkpoints --checkpoints $ck --plans all-bf16 > $out/b_ck.log 2>&1
+       mkdir -p /tmp/s44/base
        for f in $ck/all-bf16/*; do ln -sf $f /tmp/s44/base/; done
        cp ../shared/models/tinystories-656k/tokenizer* /tmp/s44/base/ 2>/dev/null
        cp ../shared/models/tinystories-656k/special_tokens* /tmp/s44/base/ 2>/dev/null
-       advisor search -r benchmarks/device/op8b.yaml > $out/b_search.log 2>&1
+       [ -f $run/summary.json ] || advisor search -r benchmarks/device/op8b.yaml > $out/b_search.log 2>&1
        echo "search rc=$?" >> $out/progress
-       cp /tmp/s44/runs/op8b/summary.json $out/op8b_summary.json; cp /tmp/s44/runs/op8b/report.md $out/op8b_report.md
-       advisor export /tmp/s44/runs/op8b --out /tmp/s44/rec --no-smoke-test > $out/b_export.log 2>&1 ;;
-    C) python3 benchmarks/vllm_verify.py operating --checkpoints $ck --run /tmp/s44/runs/op8b \
-         --rec-checkpoint /tmp/s44/rec --out $out/operating_points_8b > $out/c.log 2>&1 ;;
+       cp $run/summary.json $out/op8b_summary.json; cp $run/report.md $out/op8b_report.md ;;
+    C) rm -rf $ck/all-fp8 $ck/mixed  # step A's; only all-BF16 (the model the run reads) stays: the disk holds 64 GiB
+       fp8=$(python3 -c 'import json, sys; s = json.load(open(sys.argv[1])); n = s["baselines"]["all-fp8"]
+print(next(t["plan_id"] for t in s["trials"] if t["trial"] == n))' $run/summary.json)
+       advisor verify $run --engine vllm --plan $fp8 > $out/c_verify.log 2>&1
+       echo "verify rc=$?" >> $out/progress
+       cp $run/verify.json $out/op8b_verify.json; cp $run/verify.md $out/op8b_verify.md
+       python3 benchmarks/vllm_verify.py operating-collect $run/verify.json $run/summary.json \
+         --gpu-csv $out/gpu.csv --out $out/operating_points_8b > $out/c.log 2>&1 ;;
     D) mkdir -p /tmp/s44/lm && ln -sfn /tmp/s44/base /tmp/s44/lm/llama-3.1-8b  # the same shape, already on disk
        python3 benchmarks/large_models.py identical --shape llama-3.1-8b --work /tmp/s44/lm --out $out/lm \
          > $out/d.log 2>&1 ;;
-    E) rm -rf $ck /tmp/s44/rec /tmp/s44/lm/llama-3.1-8b /tmp/s44/base  # the disk holds 64 GiB
+    E) rm -rf $ck $run/engine_checkpoints /tmp/s44/lm/llama-3.1-8b /tmp/s44/base  # the disk holds 64 GiB
        python3 benchmarks/large_models.py search --shape qwen2.5-14b --trials 12 --work /tmp/s44/lm --out $out/lm \
          > $out/e.log 2>&1 ;;
   esac
