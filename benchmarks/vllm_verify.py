@@ -11,7 +11,8 @@ the format vLLM built for every layer group against the plan.
 ``operating``: the same 8B exports (and a search's recommendation, exported) at each plan's largest batch
 under TPOT objectives (the advisor's predicted operating points) and at fixed batches, served by vLLM in
 steady state: measured J/token, tokens/s, TPOT and TTFT beside the predicted point. Writes
-``reports/benchmarks/operating_points_8b.{json,md}``-shaped files.
+``reports/benchmarks/operating_points_8b.{json,md}``-shaped files. The current report's method; gpu_round.sh now runs
+``advisor verify`` and ``operating-collect`` instead: drop ``operating`` once a run of theirs replaces the report.
 
 ``operating-collect``: the same table from `advisor verify` (the product path): the operating points it served
 and searched as measured (RUN_DIR/verify.json) beside the run's predicted ones (RUN_DIR/summary.json).
