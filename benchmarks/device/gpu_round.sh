@@ -19,7 +19,8 @@
 # windows, no prefill metering) and, where an objective is missed at its predicted batch (all were last time), one
 # more engine per plan for up to 3 smaller batches per objective (~2-4 min), then the accuracy scoring (an 8B load
 # to the GPU per plan, ~1-2 min in all). B + C: ~15-25 min of a session's device time.
-# Steps B and C write to /tmp/s44/runs/op8b: a cut-off C resumes its exports; its servings start over.
+# Steps B and C write to /tmp/s44/runs/op8b: a cut-off C resumes its exports; its servings start over. Disk in C:
+# the BF16 checkpoint (16 GB) and verify's exports (BF16 16 GB, FP8 ~9 GB, a mixed recommendation ~9-16 GB).
 # Next session: STEPS='B C' bash benchmarks/device/gpu_round.sh (setsid, in the background), poll out/progress.
 set -u
 cd /tmp/s44/code
