@@ -26,8 +26,9 @@ checked against the plan: every layer's format, and the set of quantized weights
 router, norm or vision weight has a scale). The reloaded model's proxy KL is compared with
 the in-memory quantized model's.
 
-Everything here runs on CPU (NVFP4 fake quantization through ``advisor.quantize.nvfp4_cpu``;
-ModelOpt's NVFP4 weight packing in export is plain torch).
+Everything here runs where the loaded model is: the CPU for `advisor export` (NVFP4 fake quantization through
+``advisor.quantize.nvfp4_cpu``; ModelOpt's NVFP4 weight packing in export is plain torch), the GPU where a search
+or `advisor verify` holds the model there.
 """
 
 from __future__ import annotations
@@ -184,7 +185,8 @@ def export_plan(
     if out_dir.exists() and any(out_dir.iterdir()):
         raise InputError(f"--out: {out_dir} exists and is not empty; give a new folder")
     timings: dict[str, float] = {}
-    prepare_device("cpu")
+    device = next(loaded.model.parameters()).device  # the CPU (advisor export), or a GPU where the model is there
+    prepare_device(device)
 
     t = time.perf_counter()
     proxy = ProxyEvaluator(loaded.model, tokens.heldout)
@@ -214,7 +216,7 @@ def export_plan(
     timings["export_s"] = time.perf_counter() - t
 
     t = time.perf_counter()
-    reloaded = load_exported(out_dir, dtype=next(loaded.model.parameters()).dtype)  # scored as the plan was
+    reloaded = load_exported(out_dir, device=str(device), dtype=next(loaded.model.parameters()).dtype)  # as scored
     rt = proxy.score(reloaded)
     weights = _compare_weights(fake_weights, reloaded, infos)
     timings["reload_and_score_s"] = time.perf_counter() - t

@@ -94,6 +94,32 @@ def serving_gpus_for(requested: int | None, shape: ModelShape, workloads: Sequen
     return serving_gpus(requested, shape.num_attention_heads, weights, kv_budget_bytes(shape, workloads), flag)
 
 
+#: left free beside an engine started next to this process's own GPU memory (its CUDA context grows with it)
+ENGINE_HEADROOM_BYTES = 2 * GIB
+#: below this share of a GPU an engine holds too little beside the weights to be worth starting
+MIN_ENGINE_SHARE = 0.1
+
+
+def engine_memory_share(gpus: int, share: float = SERVE_MEMORY_SHARE) -> float:
+    """vLLM's ``gpu_memory_utilization`` for an engine started now on ``cuda:0`` .. ``cuda:{gpus-1}``: ``share``,
+    or less where this process holds part of a GPU (a search's model and bank, an export), since vLLM refuses to
+    start when a GPU's free memory is below its share. SetupError (exit 3) when too little is left."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return share
+    torch.cuda.empty_cache()  # this process's cached blocks count as used for the engine's process
+    for i in range(min(gpus, torch.cuda.device_count())):
+        free, total = torch.cuda.mem_get_info(i)
+        room = (free - ENGINE_HEADROOM_BYTES) / total
+        if room < MIN_ENGINE_SHARE:
+            raise SetupError(f"vLLM cannot start beside this process on cuda:{i}: {free / GIB:.1f} of "
+                             f"{total / GIB:.0f} GiB are free (the rest holds the search's model and bank); serve "
+                             "the run afterwards with `advisor verify RUN_DIR --engine vllm`, or use more GPUs")
+        share = min(share, room)
+    return share
+
+
 def gpus_label(gpus: int) -> str:
     """The GPUs of a measurement, for its label: the name of every one (``4x NVIDIA H100 80GB HBM3``) and the
     driver; their states read through NVML."""

@@ -20,6 +20,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
+from advisor.deploy.serving_gpus import engine_memory_share
 from advisor.deploy.vllm_serve import ServeJob, serve
 from advisor.energy.meter import MeterConfig
 from advisor.errors import AdvisorError, SetupError, UnsupportedError
@@ -179,12 +180,18 @@ class VllmEnergyModel:
         tp = f", tp={gpus}" if gpus > 1 else ""
         self.label = f"measured (vLLM {version}{where}{tp}, {time.strftime('%Y-%m-%d')})"
 
+    def _job(self, plan: Plan, workloads: Sequence[Workload], **fields: Any) -> ServeJob:
+        """The job serving ``plan`` (exported first where it is not) at ``workloads``, with the memory share an
+        engine can have beside this process (:func:`~advisor.deploy.serving_gpus.engine_memory_share`)."""
+        checkpoint = str(self.checkpoint_for(plan))
+        return ServeJob(checkpoint=checkpoint, vocab_size=self.vocab_size,
+                        workloads=tuple(w.model_dump() for w in workloads), formats=False, meter=asdict(self.meter),
+                        tensor_parallel_size=self.gpus, gpu_memory_utilization=engine_memory_share(self.gpus),
+                        **fields)
+
     def serve_plan(self, plan: Plan) -> dict[str, Any]:
         if plan.id not in self._served:
-            job = ServeJob(checkpoint=str(self.checkpoint_for(plan)), vocab_size=self.vocab_size,
-                           workloads=tuple(w.model_dump() for w in self.workloads), formats=False,
-                           meter=asdict(self.meter), tensor_parallel_size=self.gpus)
-            self._served[plan.id] = self.runner(job)
+            self._served[plan.id] = self.runner(self._job(plan, self.workloads))
         return self._served[plan.id]
 
     def measure_points(self, plan: Plan, workloads: Sequence[Workload]) -> list[MeasuredPoint]:
@@ -195,10 +202,7 @@ class VllmEnergyModel:
 
         rows = self._served.get(plan.id, {}).get("energy", {})
         if not all(w.name in rows for w in workloads):
-            job = ServeJob(checkpoint=str(self.checkpoint_for(plan)), vocab_size=self.vocab_size,
-                           workloads=tuple(w.model_dump() for w in workloads), formats=False, prefill=False,
-                           meter=asdict(self.meter), tensor_parallel_size=self.gpus)
-            rows = self.runner(job)["energy"]
+            rows = self.runner(self._job(plan, workloads, prefill=False))["energy"]
         return [from_timed(plan, w, rows[w.name], self.label + _steadiness(rows[w.name], w)) for w in workloads]
 
     def adopt(self, plan: Plan, served: dict[str, Any]) -> None:
@@ -226,11 +230,7 @@ class VllmEnergyModel:
             rounds.append(next_round(points(rows, rounds[-1])))
             return [w.model_dump() for w in rounds[-1]]
 
-        start = rounds[-1]
-        job = ServeJob(checkpoint=str(self.checkpoint_for(plan)), vocab_size=self.vocab_size,
-                       workloads=tuple(w.model_dump() for w in start), formats=False, prefill=False,
-                       meter=asdict(self.meter), max_batch=max_batch,
-                       tensor_parallel_size=self.gpus)
+        job = self._job(plan, rounds[-1], prefill=False, max_batch=max_batch)
         rows = {**served, **self.rounds_runner(job, more)["energy"]}
         return [p for r in rounds for p in points(rows, r)]
 

@@ -26,7 +26,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from advisor.deploy.serving_gpus import serving_gpus_for
+from advisor.deploy.serving_gpus import engine_memory_share, serving_gpus_for
 from advisor.deploy.vllm_engine import VllmEnergyModel, run_in_child, served_formats, topk_kl, topk_of
 from advisor.deploy.vllm_serve import ServeJob
 from advisor.energy.meter import MeterConfig
@@ -39,6 +39,7 @@ from advisor.recipe.schema import Workload
 from advisor.search.operating_measured import at_batch, from_timed, objective_name
 from advisor.search.operating_search import BatchSearch, search_batches
 
+EXPORT_HEADROOM_BYTES = 4 * 2**30  # calibration and proxy batches, CUDA context
 TOP_K = 20
 
 
@@ -195,6 +196,18 @@ def energy_as_served(record: dict[str, Any] | None, served: dict[str, Any],
     return rows
 
 
+def exports_device(model: Any) -> str:
+    """Where verify exports the plans: the GPU where the model, its quantized copy, the fake-quantized weights and the
+    reloaded checkpoint fit at once (:func:`~advisor.deploy.export.export_plan`), else the CPU."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return "cpu"
+    bf16_bytes = 2 * sum(p.numel() for p in model.parameters())
+    free, _ = torch.cuda.mem_get_info(0)
+    return "cuda" if 4 * bf16_bytes + EXPORT_HEADROOM_BYTES <= free else "cpu"
+
+
 def verify_run(run_dir: Path, engine: str = "vllm", plan_ids: Sequence[str] = (), lambada: Path | None = None,
                lambada_count: int = 200, energy: bool = True, meter: MeterConfig | None = None,
                runner: Callable[[ServeJob], dict[str, Any]] | None = None,
@@ -237,7 +250,11 @@ def verify_run(run_dir: Path, engine: str = "vllm", plan_ids: Sequence[str] = ()
     status(f"loading model {recipe.model.source}")
     loaded = load_model(recipe.model, "cpu")
     fingerprint = model_fingerprint(loaded, (summary.get("model") or {}).get("fingerprint"))
-    to_scoring_arithmetic(loaded.model, "cpu")
+    export_device = exports_device(loaded.model)
+    if export_device == "cuda":  # in BF16, as a search on the GPU scored; minutes faster than the CPU
+        loaded.model.to("cuda")
+    else:
+        to_scoring_arithmetic(loaded.model, "cpu")
     tokens = run_tokens(run_dir, recipe, loaded, fingerprint)
     roles: dict[str, Plan] = {}  # one serving per plan: a role that names a plan already there joins its name
     for role, plan in {"bf16": Plan.uniform(loaded.shape.groups, Format.BF16), **plans}.items():
@@ -255,15 +272,19 @@ def verify_run(run_dir: Path, engine: str = "vllm", plan_ids: Sequence[str] = ()
     served: dict[str, dict[str, Any]] = {}
     paths: dict[str, Path] = {}
     for role, plan in plans.items():
-        status(f"exporting plan {plan.id} ({role}) if not exported")
+        status(f"exporting plan {plan.id} ({role}) if not exported, on the {export_device}")
         paths[role] = checkpoint_for(plan)
+    if export_device == "cuda":  # the engines' processes need the GPU's memory
+        loaded.model.to("cpu")
+    share = engine_memory_share(n_gpus)
+    for role, plan in plans.items():
         status(f"serving plan {plan.id} ({role}) in vLLM")
         workloads = [*summary["workloads"], *(w.model_dump() for w in operating_workloads(summary, plan))]
         # prefill=False: verify reports J/token, tokens/s, TPOT and TTFT per workload, never prefill J per input
         # token, and a prefill metering would double every workload's time on the GPU
         job = ServeJob(checkpoint=str(paths[role]), vocab_size=vocab, sequences=tuple(heldout), items=tuple(items),
                        top_k=TOP_K, workloads=tuple(workloads) if energy else (), meter=asdict(meter or MeterConfig()),
-                       tensor_parallel_size=n_gpus, prefill=False)
+                       tensor_parallel_size=n_gpus, prefill=False, gpu_memory_utilization=share)
         served[role] = (runner or run_in_child)(job)
         if energy:
             model = VllmEnergyModel(lambda _plan, path=paths[role]: path, [], vocab, meter=meter or MeterConfig(),
