@@ -13,9 +13,10 @@
 #   E  benchmarks/large_models.py search (Qwen2.5-14B shape)
 # Time on one H100, from the last runs (search_8b_gpu.md, operating_points_8b.md, vllm_verify.md): BF16 build ~1 min
 # where absent; B ~3-4 min (load 40 s, tokens 40 s, FP8 calibration 70 s of which 57 s build ModelOpt's extension
-# once, 16 trials ~15 s, energy predicted); C ~12-20 min: the run's exports are advisor export's code on the CPU
-# (an 8B export there is unmeasured: SmolLM2-135M takes 7 s, so expect minutes per plan; 2-3 plans, one fewer where
-# the recommendation is all-BF16 or all-FP8), then per plan one vLLM engine (90-270 s: start, 3 stated + 3 operating
+# once, 16 trials ~15 s, energy predicted); C ~10-18 min: the run's exports are advisor export's code, on the GPU
+# in BF16 where an 8B export fits there (it does on 80 GB; ~1 min a plan, as vllm_verify.py's exports took; else on
+# the CPU, minutes a plan; 2-3 plans, one fewer where the recommendation is all-BF16 or all-FP8), then per plan one
+# vLLM engine (90-270 s: start, 3 stated + 3 operating
 # windows, no prefill metering) and, where an objective is missed at its predicted batch (all were last time), one
 # more engine per plan for up to 3 smaller batches per objective (~2-4 min), then the accuracy scoring (an 8B load
 # to the GPU per plan, ~1-2 min in all). B + C: ~15-25 min of a session's device time.
