@@ -173,6 +173,11 @@ def test_gpus_belong_to_serving_and_the_dry_run(tmp_path):
     assert res.exit_code == 2 and res.output.count("Error:") == 1 and "only engine vllm" in res.output
     assert load_recipe(None, {"engine": "vllm", "gpus": 4}).gpus == 4
     assert load_recipe(None, {"engine": "builtin", "gpus": 1}).gpus == 1
+    # workers get one GPU each: an engine over two cannot be theirs
+    res = runner.invoke(app, ["search", "--model", "demo:smollm2-135m", "--engine", "vllm", "--gpus", "2",
+                              "--workers", "2", "--out", str(tmp_path / "runs")])
+    assert res.exit_code == 2 and res.output.count("Error:") == 1 and "--workers 2 with gpus 2" in res.output
+    assert not (tmp_path / "runs").exists()
 
 
 def test_a_run_served_over_several_gpus_keeps_them_in_its_study_key():

@@ -9,6 +9,7 @@ import typer
 from rich.table import Table
 
 from advisor.cli.common import err, handle_errors, out
+from advisor.errors import InputError
 from advisor.recipe.choices import choices_text
 from advisor.recipe.schema import Recipe, SearchSpec
 
@@ -117,6 +118,10 @@ def search(
     err.print(f"target: {rec.target.value} (--target h100|h200|b200); energy: {rec.energy} "
               "(--energy auto measures on a GPU of the target kind, else predicts; the source is named below)",
               highlight=False, markup=False)
+    if workers > 1 and (rec.gpus or 1) > 1:
+        raise InputError(f"--workers {workers} with gpus {rec.gpus}: each worker gets one GPU of this node, and an "
+                         f"engine spread over {rec.gpus} GPUs needs all of them; run one worker (the engine's GPUs "
+                         "are the parallelism), or --gpus 1 with --workers")
     from advisor.workflows.preflight import preflight
 
     preflight(rec)  # judge what can be judged before the study is created
@@ -129,7 +134,7 @@ def search(
 
 def _dry_run(rec: Recipe, dry_run: bool, gpus: int | None, gpu_memory: float | None, json_out: bool) -> None:
     from advisor.cli.plan_view import print_plan
-    from advisor.errors import InputError, SetupError
+    from advisor.errors import SetupError
     from advisor.workflows.memory import devices_here, named_node, not_fitting_message, recipe_plan
 
     if not dry_run:
