@@ -209,3 +209,14 @@ def test_a_soak_stops_at_its_time_limit():
     assert soak["seconds"] == pytest.approx(18.0, abs=0.1) and soak["to_c"] == 53
     short = _meter(gpu, clock).soak(gpu.launch, max_s=2.0, settle_c=1.0, every_s=5.0)
     assert short["seconds"] == pytest.approx(2.0, abs=0.1)  # never longer than asked
+
+
+def test_a_first_step_slower_than_the_warm_up_is_waited_for_a_while_then_called_stuck():
+    clock = VirtualClock()
+    gpu = SimulatedGPU(clock, step_s=1.2, busy_w=400.0)  # longer than the 0.5 s warm-up, within 4 of them
+    m = _meter(gpu, clock).measure(gpu.launch, "slow")
+    assert m.s_per_step == pytest.approx(1.2, rel=0.05)
+    clock = VirtualClock()
+    stuck = SimulatedGPU(clock, step_s=3.0)  # no step within 4 warm-ups (2 s)
+    with pytest.raises(SetupError, match="no step of stuck finished during the warm-up"):
+        _meter(stuck, clock).measure(stuck.launch, "stuck")

@@ -34,8 +34,10 @@ from typing import Any
 from advisor.deploy.vllm_config import capture_bound
 from advisor.energy.meter import EnergyCounter, EnergyMeter, Measurement, MeterConfig
 
-# Tickets the meter keeps issued: far more than the tokens one meter poll can see arrive.
-TICKETS = 4096
+# Engine steps of tickets the meter keeps issued (a step gives one token a request): far more than one meter poll
+# can see finish, and few enough that the meter's drain after its windows is short (4096 tickets at batch 1, a
+# prefill load, were 4096 steps of waiting for tokens nothing reads).
+TICKET_STEPS = 64
 
 
 @dataclass(frozen=True)
@@ -203,7 +205,7 @@ def measure_load(vllm: Any, llm: Any, counter: EnergyCounter, config: MeterConfi
     load = SteadyLoad(vllm, llm.llm_engine, batch, input_tokens, output_tokens, vocab_size, seed).start()
     try:
         load.settle()
-        cfg = MeterConfig(**{**asdict(config), "depth": TICKETS, "queued_s": 0.0})
+        cfg = MeterConfig(**{**asdict(config), "depth": TICKET_STEPS * batch, "queued_s": 0.0})
         m = EnergyMeter(counter, cfg).measure(load.ticket, label, 1.0)
     finally:
         load.stop()

@@ -55,6 +55,8 @@ class StepHandle(Protocol):
 
 
 Step = Callable[[], StepHandle]
+#: how many warm-ups the meter waits for a first finished step before it calls the workload stuck
+WARMUP_PATIENCE = 4
 
 
 @dataclass(frozen=True)
@@ -282,9 +284,13 @@ class EnergyMeter:
 
         t_start = self._clock()
         t_end = t_start + cfg.warmup_s
-        while self._clock() < t_end:
+        # A pause of this process (a garbage collection, the CPU taken away) can outlast the warm-up before a
+        # finished step was ever looked at: keep looking a while longer before calling the workload stuck.
+        t_give_up = t_start + WARMUP_PATIENCE * cfg.warmup_s
+        while self._clock() < t_end or (done == 0 and self._clock() < t_give_up):
             pump()
             self._sleep(cfg.poll_s)
+        pump()
         if done == 0:
             raise SetupError(f"no step of {label or 'the workload'} finished during the warm-up")
         depth = queue_depth(cfg, (self._clock() - t_start) / done)
