@@ -290,7 +290,6 @@ class EnergyMeter:
         while self._clock() < t_end or (done == 0 and self._clock() < t_give_up):
             pump()
             self._sleep(cfg.poll_s)
-        pump()
         if done == 0:
             raise SetupError(f"no step of {label or 'the workload'} finished during the warm-up")
         depth = queue_depth(cfg, (self._clock() - t_start) / done)
