@@ -77,12 +77,17 @@ def make_checkpoint(shape: str, folder: Path, tokenizer: Path, device: str) -> P
 
 
 class GpuMemoryPeak:
-    """The most memory NVML saw in use on any GPU, sampled every 0.2 s while the run lasts (None without NVML)."""
+    """The most memory NVML saw in use on each GPU (``per_gpu_bytes``; [] without NVML) and on any
+    (``peak_bytes``; None without NVML), sampled every 0.2 s while the run lasts."""
 
     def __init__(self) -> None:
-        self.peak_bytes: int | None = None
+        self.per_gpu_bytes: list[int] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    @property
+    def peak_bytes(self) -> int | None:
+        return max(self.per_gpu_bytes) if self.per_gpu_bytes else None
 
     def _sample(self) -> None:
         try:
@@ -90,11 +95,12 @@ class GpuMemoryPeak:
 
             pynvml.nvmlInit()
             handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
-        except Exception:  # no NVML here: nothing to sample
+        except Exception:  # noqa: BLE001 (no NVML here: nothing to sample)
             return
+        self.per_gpu_bytes = [0] * len(handles)
         while not self._stop.is_set():
-            used = max(pynvml.nvmlDeviceGetMemoryInfo(h).used for h in handles)
-            self.peak_bytes = max(self.peak_bytes or 0, used)
+            for i, h in enumerate(handles):
+                self.per_gpu_bytes[i] = max(self.per_gpu_bytes[i], pynvml.nvmlDeviceGetMemoryInfo(h).used)
             time.sleep(0.2)
 
     def __enter__(self) -> GpuMemoryPeak:

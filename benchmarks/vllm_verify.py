@@ -73,6 +73,22 @@ class _NoTokenizer:
         """vLLM serves these checkpoints from token ids (skip_tokenizer_init)."""
 
 
+def serve_or_record(job: Any, dry_run: bool) -> dict[str, Any]:
+    """``job`` served by vLLM in a child process (a dry run: the fake engine here); a plan vLLM cannot serve is a
+    finding, recorded as ``{"error": ...}``."""
+    from advisor.deploy.vllm_engine import run_in_child
+    from advisor.deploy.vllm_serve import serve
+
+    try:
+        if dry_run:
+            from advisor.testing_vllm import ConstantPowerCounter
+
+            return serve(job, make_counter=ConstantPowerCounter)
+        return run_in_child(job)
+    except Exception as exc:  # noqa: BLE001
+        return {"error": f"{type(exc).__name__}: {exc}"}
+
+
 def build_checkpoints(config: Any, plans: dict[str, Plan], root: Path, device: str) -> dict[str, Path]:
     import torch
     from transformers import LlamaForCausalLM
@@ -137,8 +153,8 @@ def eightb(args: argparse.Namespace) -> dict[str, Any]:
     import torch
     from transformers import LlamaForCausalLM
 
-    from advisor.deploy.vllm_engine import run_in_child, served_formats
-    from advisor.deploy.vllm_serve import ServeJob, serve
+    from advisor.deploy.vllm_engine import served_formats
+    from advisor.deploy.vllm_serve import ServeJob
     from advisor.energy.prediction import gpu_here, make_predicted_model
     from advisor.models.groups import model_shape
 
@@ -184,15 +200,7 @@ def eightb(args: argparse.Namespace) -> dict[str, Any]:
                        workloads=tuple(w.model_dump() for w in workloads), meter=asdict(VLLM_METER),
                        gpu_memory_utilization=args.gpu_memory_utilization, llm_options=llm_options,
                        capture_mixed_steps=not args.vllm_defaults)
-        try:
-            if args.dry_run:
-                from advisor.testing_vllm import ConstantPowerCounter
-
-                served = serve(job, make_counter=ConstantPowerCounter)
-            else:
-                served = run_in_child(job)
-        except Exception as exc:  # a plan vLLM cannot serve is a finding: record it, go on
-            served = {"error": f"{type(exc).__name__}: {exc}"}
+        served = serve_or_record(job, args.dry_run)
         stages[f"vllm_{pname}_s"] = time.perf_counter() - t
         served_all[pname] = {k: v for k, v in served.items() if k != "served"}
         formats, differ = served_formats(served.get("served", {}), plan, members)
@@ -245,8 +253,7 @@ def operating(args: argparse.Namespace) -> dict[str, Any]:
     import torch
     from transformers import LlamaForCausalLM
 
-    from advisor.deploy.vllm_engine import run_in_child
-    from advisor.deploy.vllm_serve import ServeJob, serve
+    from advisor.deploy.vllm_serve import ServeJob
     from advisor.energy.prediction import gpu_here, make_predicted_model
     from advisor.energy.profiling import ProfileStore
     from advisor.formats import GPU_SPECS
@@ -286,15 +293,7 @@ def operating(args: argparse.Namespace) -> dict[str, Any]:
                        llm_options={"skip_tokenizer_init": True, **json.loads(args.llm_options or "{}")},
                        capture_mixed_steps=not args.vllm_defaults)
         t = time.perf_counter()
-        try:
-            if args.dry_run:
-                from advisor.testing_vllm import ConstantPowerCounter
-
-                served = serve(job, make_counter=ConstantPowerCounter)
-            else:
-                served = run_in_child(job)
-        except Exception as exc:  # a plan vLLM cannot serve is a finding: record it, go on
-            served = {"error": f"{type(exc).__name__}: {exc}"}
+        served = serve_or_record(job, args.dry_run)
         stages[f"vllm_{pname}_s"] = round(time.perf_counter() - t, 1)
         energy = served.get("energy", {})
         for w in objectives:

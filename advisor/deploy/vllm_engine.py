@@ -21,6 +21,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from advisor.deploy.serving_gpus import engine_memory_share
+from advisor.deploy.vllm_rounds import child_answer
 from advisor.deploy.vllm_serve import ServeJob, serve
 from advisor.energy.meter import MeterConfig
 from advisor.errors import AdvisorError, SetupError, UnsupportedError
@@ -86,11 +87,7 @@ def run_in_child(job: ServeJob, target: Callable[[ServeJob], dict[str, Any]] = s
         proc.join(timeout=60)
         if proc.is_alive():
             proc.kill()
-    if reply[0] == "ok":
-        return reply[1]
-    if reply[2]:
-        raise SetupError(f"--engine vllm: {reply[1]}; {VLLM_INSTALL}")
-    raise UnsupportedError(f"vLLM could not serve {job.checkpoint} ({reply[1]})")
+    return child_answer(reply, job.checkpoint, VLLM_INSTALL)
 
 
 # ----------------------------------------------------------------------------------- formats as served

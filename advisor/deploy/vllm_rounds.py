@@ -65,8 +65,13 @@ def run_rounds_in_child(job: ServeJob, more: More, install_hint: str, target: Ca
         proc.join(timeout=60)
         if proc.is_alive():
             proc.kill()
+    return child_answer(reply, job.checkpoint, install_hint)
+
+
+def child_answer(reply: tuple[Any, ...], checkpoint: str, install_hint: str) -> dict[str, Any]:
+    """A child's last message: its result, or the error it names (an import error: ``install_hint``)."""
     if reply[0] == "ok":
         return reply[1]
     if reply[2]:
         raise SetupError(f"--engine vllm: {reply[1]}; {install_hint}")
-    raise UnsupportedError(f"vLLM could not serve {job.checkpoint} ({reply[1]})")
+    raise UnsupportedError(f"vLLM could not serve {checkpoint} ({reply[1]})")

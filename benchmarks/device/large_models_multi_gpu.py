@@ -23,7 +23,6 @@ import argparse
 import json
 import subprocess
 import sys
-import threading
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -33,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
 
 from _report import md_table  # noqa: E402
-from large_models import SHAPES, make_checkpoint  # noqa: E402
+from large_models import SHAPES, GpuMemoryPeak, make_checkpoint  # noqa: E402
 
 from advisor.energy.meter import MeterConfig  # noqa: E402
 
@@ -42,37 +41,6 @@ STEPS = ("checkpoint", "plan", "search", "export", "serve")
 METER = MeterConfig(warmup_s=3.0, min_window_s=5.0, repeats=3, max_cv=0.02, attempts=2)
 DRY_METER = MeterConfig(warmup_s=0.5, min_window_s=0.3, min_ticks=20, repeats=3, idle_s=0.05, max_cv=0.5)
 REPORT = "large_models_multi_gpu"
-
-
-class GpuPeaks:
-    """The most memory NVML saw in use on each GPU, sampled every 0.2 s while the block runs ([] without NVML)."""
-
-    def __init__(self) -> None:
-        self.peak_bytes: list[int] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._sample, daemon=True)
-
-    def _sample(self) -> None:
-        try:
-            import pynvml
-
-            pynvml.nvmlInit()
-            handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
-        except Exception:  # noqa: BLE001 (no NVML here: nothing to sample)
-            return
-        self.peak_bytes = [0] * len(handles)
-        while not self._stop.is_set():
-            for i, h in enumerate(handles):
-                self.peak_bytes[i] = max(self.peak_bytes[i], pynvml.nvmlDeviceGetMemoryInfo(h).used)
-            time.sleep(0.2)
-
-    def __enter__(self) -> GpuPeaks:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *_exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
 
 
 def machine() -> dict[str, Any]:
@@ -133,13 +101,13 @@ def step_search(args: argparse.Namespace) -> dict[str, Any]:
     # energy predicted: the search's bank holds the GPUs vLLM would need for a measured tier (the served numbers
     # come from the serve step, on the same GPUs once the search has ended)
     cmd = [*search_args(args), "--device", args.device, "--trials", str(args.trials), "--energy", "predicted"]
-    with GpuPeaks() as peaks:
+    with GpuMemoryPeak() as peaks:
         rc, seconds, _ = _advisor(cmd, args.work / "search.log")
     summary_path = args.work / "runs" / args.shape / "summary.json"
     summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
     return {"command": "advisor " + " ".join(cmd), "rc": rc, "wall_s": seconds,
             "stages_s": summary.get("timings_s", {}), "trials": len(summary.get("trials", [])),
-            "peak_gib_per_gpu": [round(b / 2**30, 2) for b in peaks.peak_bytes]}
+            "peak_gib_per_gpu": [round(b / 2**30, 2) for b in peaks.per_gpu_bytes]}
 
 
 def _baseline(summary: dict[str, Any], fmt: str) -> dict[str, Any]:
