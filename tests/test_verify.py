@@ -37,15 +37,21 @@ def run_dir(tmp_path_factory):
 
 
 @pytest.fixture
-def engine(monkeypatch):
-    """The fake vllm importable, a GPU "here", and the engine served in-process on a constant-power counter."""
+def engine(monkeypatch, run_dir):
+    """The fake vllm importable, a GPU "here", and the engine served in-process on a constant-power counter (with
+    the batch search's rounds); the servings an earlier test kept in the shared run folder forgotten."""
+    import advisor.deploy.vllm_engine as vllm_engine
+    from advisor.deploy.served_store import FOLDER
     from advisor.energy.meter import MeterConfig
     from advisor.workflows import verify as verify_module
 
+    shutil.rmtree(run_dir / FOLDER, ignore_errors=True)
     vllm = fake_vllm(step_s=0.002)
     monkeypatch.setitem(sys.modules, "vllm", vllm)
     monkeypatch.setattr("advisor.energy.prediction.gpu_here", lambda: ("h100", "Fake GPU"))
     monkeypatch.setattr(verify_module, "run_in_child", lambda job: serve(job, make_counter=ConstantPowerCounter))
+    monkeypatch.setattr(vllm_engine, "_run_rounds", lambda job, more: serve(job, make_counter=ConstantPowerCounter,
+                                                                           more=more))
     monkeypatch.setattr(verify_module, "MeterConfig", lambda: MeterConfig(**FAST))
     return vllm
 
@@ -160,8 +166,7 @@ def test_the_builtin_runtime_column_is_its_metering_at_the_same_batch():
     assert got["runtime"] is None  # not metered at this batch: no number rather than another batch's
 
 
-def test_verify_searches_an_operating_point_vllm_misses_in_one_more_engine(run_dir, engine, tmp_path, monkeypatch):
-    import advisor.deploy.vllm_engine as vllm_engine
+def test_verify_searches_an_operating_point_vllm_misses_in_the_same_engine(run_dir, engine, tmp_path, monkeypatch):
     from advisor.energy.meter import MeterConfig
     from advisor.workflows import verify as verify_module
 
@@ -173,13 +178,11 @@ def test_verify_searches_an_operating_point_vllm_misses_in_one_more_engine(run_d
     (copy / "summary.json").write_text(json.dumps(summary))
     engine.step_s, engine.step_s_per_seq = 0.0005, 0.0005  # TPOT about 0.5 + 0.5 b ms: batch 6 misses 2.8
     monkeypatch.setattr(verify_module, "MeterConfig", lambda: MeterConfig(**{**FAST, "warmup_s": 0.5}))
-    monkeypatch.setattr(vllm_engine, "_run_rounds", lambda job, more: serve(job, make_counter=ConstantPowerCounter,
-                                                                           more=more))
     res = runner.invoke(app, ["verify", str(copy)])
     assert res.exit_code == 0, res.output
     data = json.loads((copy / "verify.json").read_text())
-    assert len(engine.instances) == 2 * len(data["plans"])  # each plan: its verify serving, then one search engine
-    assert [llm.kwargs["max_num_seqs"] for llm in engine.instances[len(data["plans"]):]] == [6] * len(data["plans"])
+    # each plan in one engine: its verify serving, then the search's smaller batches
+    assert [llm.kwargs["max_num_seqs"] for llm in engine.instances] == [6] * len(data["plans"])
     for r in data["plans"]:
         (op,) = r["operating"]
         found = op["vllm_search"]
@@ -187,8 +190,50 @@ def test_verify_searches_an_operating_point_vllm_misses_in_one_more_engine(run_d
         assert found["meets"] is True and found["batch"] < 6 and found["tpot_ms"] <= 2.8
         assert found["source"].startswith("measured (vLLM 0.0-fake, Fake GPU")
     text = (copy / "verify.md").read_text()
-    assert "smaller batches were served in one more engine until the largest that meets" in text
+    assert "smaller batches were served in the same engine until the largest that meets" in text
     assert "on 'chat': batches 6 (" in text
+
+
+def test_a_verify_cut_off_serves_only_the_plans_it_had_not_served(run_dir, engine, tmp_path, monkeypatch):
+    import advisor.deploy.vllm_engine as vllm_engine
+    from advisor.deploy.served_store import FOLDER
+
+    copy = tmp_path / "run"
+    shutil.copytree(run_dir, copy)
+    (copy / "verify.json").unlink(missing_ok=True)  # an earlier test's
+    served_plans = []
+    real_rounds = vllm_engine._run_rounds
+
+    def cut_after_one(job, more):
+        if served_plans:
+            raise KeyboardInterrupt  # the lent GPU's time ran out during the second plan
+        served_plans.append(job.checkpoint)
+        return real_rounds(job, more)
+
+    monkeypatch.setattr(vllm_engine, "_run_rounds", cut_after_one)
+    fp8 = next(t["plan_id"] for t in json.loads((copy / "summary.json").read_text())["trials"]
+               if set(t["formats"].values()) == {"fp8"})
+    res = runner.invoke(app, ["verify", str(copy), "--plan", fp8])
+    assert res.exit_code != 0 and not (copy / "verify.json").exists()
+    (kept,) = (copy / FOLDER).glob("*.json")
+    assert served_plans == [str(copy / "engine_checkpoints" / kept.stem)]
+    monkeypatch.setattr(vllm_engine, "_run_rounds", real_rounds)
+    before = len(engine.instances)
+    res = runner.invoke(app, ["verify", str(copy), "--plan", fp8])
+    assert res.exit_code == 0, res.output
+    assert f"read back from {kept}" in res.output
+    data = json.loads((copy / "verify.json").read_text())
+    assert len(engine.instances) - before == len(data["plans"]) - 1  # the kept plan started no engine
+    by_plan = {r["plan_id"]: r for r in data["plans"]}
+    assert by_plan[kept.stem]["read_back_from"] == str(kept)
+    stored = json.loads(kept.read_text())["served"]
+    assert by_plan[kept.stem]["energy"][0]["vllm_j_per_token"] == stored["energy"]["chat"]["j_per_token"]
+    assert all(r["read_back_from"] is None for r in data["plans"] if r["plan_id"] != kept.stem)
+    # another job (no energy) does not read a kept serving back; nor does a torn file
+    kept.write_text(kept.read_text()[:100])
+    before = len(engine.instances)
+    assert runner.invoke(app, ["verify", str(copy), "--plan", fp8, "--no-energy"]).exit_code == 0
+    assert len(engine.instances) - before == len(data["plans"])
 
 
 # ------------------------------------------------------------- reports/benchmarks/operating_points_8b's collector
@@ -220,8 +265,8 @@ def test_the_operating_points_report_collects_what_verify_served_and_searched(ru
     monkeypatch.setattr(verify_module, "run_in_child", lambda job: jobs.append(job) or serve(
         job, make_counter=ConstantPowerCounter))
     monkeypatch.setattr(verify_module, "MeterConfig", lambda: MeterConfig(**{**FAST, "warmup_s": 0.5}))
-    monkeypatch.setattr(vllm_engine, "_run_rounds", lambda job, more: serve(job, make_counter=ConstantPowerCounter,
-                                                                           more=more))
+    monkeypatch.setattr(vllm_engine, "_run_rounds", lambda job, more: jobs.append(job) or serve(
+        job, make_counter=ConstantPowerCounter, more=more))
     fp8 = next(t["plan_id"] for t in summary["trials"] if t["trial"] == summary["baselines"]["all-fp8"])
     assert runner.invoke(app, ["verify", str(copy), "--plan", fp8]).exit_code == 0
     assert jobs and not any(j.prefill for j in jobs)  # verify reports no prefill J/token: it meters none

@@ -33,8 +33,12 @@ def verify(
     from advisor.workflows.verify import verify_run
 
     with err.status("verifying") as status:
+        def step(message: str) -> None:  # a line each too: a log of a long run on a GPU machine keeps them
+            status.update(message)
+            err.print(message, highlight=False, markup=False, soft_wrap=True)
+
         result = verify_run(run_dir, engine=engine, plan_ids=plan or (), lambada=lambada, lambada_count=lambada_items,
-                            energy=energy, status=lambda m: status.update(m), gpus=gpus)
+                            energy=energy, status=step, gpus=gpus)
     for r in result["plans"]:
         a = r["accuracy"]
         served = "served as planned" if r["formats_match"] is True else f"{len(r['formats_match'])} groups differ"

@@ -86,7 +86,7 @@ def _operating_lines(result: dict[str, Any]) -> list[str]:
                      f"| {'yes' if p['meets'] else '**no**'} | {_meets(v['meets'])} |")
     searched = [(r, o, s) for r, o in rows if (s := o.get("vllm_search")) and len(s.get("trail") or []) > 1]
     if searched:
-        lines += ["", "Where vLLM missed the objective at the predicted batch, smaller batches were served in one more "
+        lines += ["", "Where vLLM missed the objective at the predicted batch, smaller batches were served in the same "
                   "engine until the largest that meets:", ""]
     for r, o, s in searched:
         steps = ", ".join(f"{t['batch']} ({_num(t.get('tpot_ms'), '.3g')} ms, {_meets(t.get('meets'))})"

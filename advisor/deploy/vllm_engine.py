@@ -172,6 +172,7 @@ class VllmEnergyModel:
         self.gpus = gpus
         self.rounds_runner = rounds_runner or _run_rounds
         self._served: dict[str, dict[str, Any]] = {}
+        self._opening: dict[str, ServeJob] = {}
         version = vllm_version or getattr(import_vllm(), "__version__", "unknown")
         where = f", {gpu_label}" if gpu_label else ""
         tp = f", tp={gpus}" if gpus > 1 else ""
@@ -202,30 +203,43 @@ class VllmEnergyModel:
             rows = self.runner(self._job(plan, workloads, prefill=False))["energy"]
         return [from_timed(plan, w, rows[w.name], self.label + _steadiness(rows[w.name], w)) for w in workloads]
 
-    def adopt(self, plan: Plan, served: dict[str, Any]) -> None:
-        """A serving of ``plan`` done elsewhere (``advisor verify``'s) read back as its first."""
-        self._served[plan.id] = served
+    def open_with(self, plan: Plan, job: ServeJob) -> None:
+        """``job`` (``advisor verify``'s whole serving of ``plan``: formats, log-probabilities, every workload, the
+        first round's among them) opens the engine that :meth:`measure_rounds` then keeps for its further rounds,
+        so a plan costs one engine start, not two; :meth:`served` gives the job's answer afterwards."""
+        self._opening[plan.id] = job
+
+    def served(self, plan: Plan) -> dict[str, Any]:
+        """What ``plan``'s serving (its opening job's, where it had one) answered."""
+        return self._served[plan.id]
 
     def measure_rounds(self, plan: Plan, first: Sequence[Workload],
                        next_round: Callable[[list[MeasuredPoint]], list[Workload]], max_batch: int
                        ) -> list[MeasuredPoint]:
         """``first`` metered, then each round ``next_round`` asks for, all in one engine sized for ``max_batch``
         (the measured batch search, :mod:`advisor.search.operating_search`); ``first`` is read back where the
-        plan's first serving covered it, and no engine starts unless a further round is asked for."""
+        plan's first serving covered it, and no engine starts unless a further round is asked for; a plan opened
+        with :meth:`open_with` meters every round in its opening job's engine."""
         from advisor.search.operating_measured import from_timed
 
         def points(rows: Mapping[str, Any], ws: Sequence[Workload]) -> list[MeasuredPoint]:
             return [from_timed(plan, w, rows[w.name], self.label + _steadiness(rows[w.name], w)) for w in ws]
 
         rounds, served = [list(first)], self._served.get(plan.id, {}).get("energy", {})
-        if all(w.name in served for w in first):
-            rounds.append(next_round(points(served, first)))
-            if not rounds[-1]:
-                return points(served, first)
 
         def more(rows: dict[str, Any]) -> list[dict[str, Any]]:
             rounds.append(next_round(points(rows, rounds[-1])))
             return [w.model_dump() for w in rounds[-1]]
+
+        opening = self._opening.pop(plan.id, None)
+        if opening is not None:  # its workloads hold ``first``: its rows answer the first round
+            self._served[plan.id] = self.rounds_runner(opening, more)
+            rows = self._served[plan.id]["energy"]
+            return [p for r in rounds for p in points(rows, r)]
+        if all(w.name in served for w in first):
+            rounds.append(next_round(points(served, first)))
+            if not rounds[-1]:
+                return points(served, first)
 
         job = self._job(plan, rounds[-1], prefill=False, max_batch=max_batch)
         rows = {**served, **self.rounds_runner(job, more)["energy"]}

@@ -11,10 +11,11 @@ compared with the search's own numbers:
 3. energy as served: vLLM J/token per workload beside the run's built-in measurement and prediction, and,
    for a workload with a latency objective, each plan served at its own operating batch (J/token, tokens/s,
    TPOT/TTFT where the serving rows time them) beside the predicted point and whether the objective is met;
-   where it is missed in vLLM, smaller batches in one more engine until the largest that meets
+   where it is missed in vLLM, smaller batches in the same engine until the largest that meets
    (:mod:`advisor.search.operating_search`).
 
-Written as ``verify.json`` / ``verify.md`` in the run folder and a section of ``report.md``.
+Written as ``verify.json`` / ``verify.md`` in the run folder and a section of ``report.md``; each plan's
+serving is kept as it finishes (:mod:`advisor.deploy.served_store`), so a verify cut off resumes.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from advisor.deploy.served_store import read_serving, serving_key, write_serving
 from advisor.deploy.serving_gpus import engine_memory_share, serving_gpus_for
 from advisor.deploy.vllm_engine import VllmEnergyModel, run_in_child, served_formats, topk_kl, topk_of
 from advisor.deploy.vllm_serve import ServeJob
@@ -127,15 +129,15 @@ def operating_searches(summary: dict[str, Any], plan: Plan) -> list[BatchSearch]
             for p in summary.get("operating_points") or [] if p["plan_id"] == plan.id and p["workload"] in stated]
 
 
-def search_as_served(plan: Plan, served: dict[str, Any], summary: dict[str, Any], model: Any) -> dict[str, Any]:
-    """Per objective (workload name): vLLM's largest batch that meets it (:mod:`advisor.search.operating_search`),
-    the plan's verify serving read back as the first round; a miss there serves the smaller batches in one more
-    engine (``model``: a :class:`~advisor.deploy.vllm_engine.VllmEnergyModel` of the plan's checkpoint)."""
+def serve_and_search(plan: Plan, job: ServeJob, summary: dict[str, Any], model: Any) -> dict[str, Any]:
+    """``job`` served, and per objective (workload name, under ``searches``) vLLM's largest batch that meets it
+    (:mod:`advisor.search.operating_search`): the job's rows at the predicted batches are the first round, and a
+    miss there serves the smaller batches in the same engine (``model``: a
+    :class:`~advisor.deploy.vllm_engine.VllmEnergyModel` of the plan's checkpoint)."""
     searches = operating_searches(summary, plan)
-    if not searches:
-        return {}
-    model.adopt(plan, served)
-    return {s.workload.name: found for s, found in zip(searches, search_batches(model, plan, searches), strict=True)}
+    model.open_with(plan, job)
+    found = search_batches(model, plan, searches)
+    return {**model.served(plan), "searches": {s.workload.name: f for s, f in zip(searches, found, strict=True)}}
 
 
 def operating_as_served(summary: dict[str, Any], plan: Plan, served: dict[str, Any], label: str
@@ -208,6 +210,18 @@ def exports_device(model: Any) -> str:
     return "cuda" if 4 * bf16_bytes + EXPORT_HEADROOM_BYTES <= free else "cpu"
 
 
+def release_gpu_memory() -> None:
+    """The GPU memory this process no longer uses handed back to the driver: torch's caching allocator keeps the
+    blocks of a model moved off the GPU, and an engine in another process sizes its cache from what is free."""
+    import gc
+
+    import torch
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
 def verify_run(run_dir: Path, engine: str = "vllm", plan_ids: Sequence[str] = (), lambada: Path | None = None,
                lambada_count: int = 200, energy: bool = True, meter: MeterConfig | None = None,
                runner: Callable[[ServeJob], dict[str, Any]] | None = None,
@@ -274,30 +288,40 @@ def verify_run(run_dir: Path, engine: str = "vllm", plan_ids: Sequence[str] = ()
     for role, plan in plans.items():
         status(f"exporting plan {plan.id} ({role}) if not exported, on the {export_device}")
         paths[role] = checkpoint_for(plan)
-    if export_device == "cuda":  # the engines' processes need the GPU's memory
+    if export_device == "cuda":  # the engines' processes need the GPU's memory, the cached blocks too
         loaded.model.to("cpu")
+        release_gpu_memory()
     share = engine_memory_share(n_gpus)
+    version = getattr(vllm, "__version__", "unknown")
     for role, plan in plans.items():
-        status(f"serving plan {plan.id} ({role}) in vLLM")
         workloads = [*summary["workloads"], *(w.model_dump() for w in operating_workloads(summary, plan))]
         # prefill=False: verify reports J/token, tokens/s, TPOT and TTFT per workload, never prefill J per input
         # token, and a prefill metering would double every workload's time on the GPU
         job = ServeJob(checkpoint=str(paths[role]), vocab_size=vocab, sequences=tuple(heldout), items=tuple(items),
                        top_k=TOP_K, workloads=tuple(workloads) if energy else (), meter=asdict(meter or MeterConfig()),
                        tensor_parallel_size=n_gpus, prefill=False, gpu_memory_utilization=share)
-        served[role] = (runner or run_in_child)(job)
-        if energy:
+        searched = energy and bool(operating_searches(summary, plan))
+        key = serving_key(job, version, here, searched)
+        kept = read_serving(run_dir, plan.id, key)
+        if kept is not None:
+            status(f"plan {plan.id} ({role}): served by vLLM at {kept['served_at']}, read back from "
+                   f"{kept['read_back_from']} (delete it to serve again)")
+            served[role] = kept
+            continue
+        status(f"serving plan {plan.id} ({role}) in vLLM")
+        if searched:  # one engine for the serving and the batch search's further rounds
             model = VllmEnergyModel(lambda _plan, path=paths[role]: path, [], vocab, meter=meter or MeterConfig(),
-                                    gpu_label=here, vllm_version=getattr(vllm, "__version__", "unknown"),
-                                    gpus=n_gpus, rounds_runner=rounds_runner)
-            served[role]["searches"] = search_as_served(plan, served[role], summary, model)
+                                    gpu_label=here, vllm_version=version, gpus=n_gpus, rounds_runner=rounds_runner)
+            served[role] = serve_and_search(plan, job, summary, model)
+        else:
+            served[role] = (runner or run_in_child)(job)
+        write_serving(run_dir, plan.id, key, served[role])
 
     status("scoring the advisor's own models on the same tokens")
     import torch
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     reference = loaded.model.to(device).eval()
-    version = getattr(vllm, "__version__", "unknown")
     where = f"{n_gpus}x {here}, tp={n_gpus}" if n_gpus > 1 else here
     tp_model = predicted_for_gpus(loaded.shape, recipe.target, n_gpus) if n_gpus > 1 else None
     stated = {w.name: w for w in recipe.workloads}
@@ -305,9 +329,10 @@ def verify_run(run_dir: Path, engine: str = "vllm", plan_ids: Sequence[str] = ()
     def over_gpus(plan: Plan) -> Callable[[str], EnergyEstimate] | None:
         return None if tp_model is None else (lambda name: tp_model.estimate(plan, stated[name]))
 
-    served_label = f"measured (vLLM {version}, {where}, {time.strftime('%Y-%m-%d')})"
     rows = []
     for role, plan in plans.items():
+        when = (served[role].get("served_at") or time.strftime("%Y-%m-%d"))[:10]  # a read-back serving: its day
+        served_label = f"measured (vLLM {version}, {where}, {when})"
         mine = load_exported(paths[role], device=device, dtype=next(reference.parameters()).dtype).eval()
         formats, differ = served_formats(served[role].get("served", {}), plan, members)
         record = records.get(plan.id)
@@ -319,7 +344,7 @@ def verify_run(run_dir: Path, engine: str = "vllm", plan_ids: Sequence[str] = ()
             "accuracy": accuracy_as_served(reference, mine, served[role], heldout, items),
             "energy": energy_as_served(record, served[role], over_gpus(plan)),
             "operating": operating_as_served(summary, plan, served[role], served_label),
-            "vllm_load_s": served[role].get("load_s"),
+            "vllm_load_s": served[role].get("load_s"), "read_back_from": served[role].get("read_back_from"),
         })
         del mine
     result = {
