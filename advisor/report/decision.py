@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from advisor.search.frontier import percent_less
+
 
 def _j_per_token(record: dict[str, Any], workload: str) -> float | None:
     return next((e["j_per_token"] for e in record["energy"] if e["workload"] == workload), None)
@@ -31,31 +33,63 @@ def _verdict_line(record: dict[str, Any], max_drop: float | None) -> str:
     return f"Accuracy: **{acceptance['verdict']}**{budget}: " + "; ".join(parts) + "."
 
 
-def operating_line(summary: dict[str, Any], plan_id: str, workload: str) -> list[str]:
-    """Under the primary workload's latency objective: the batch to serve the recommendation at, on the points
-    the choice compared (measured, labelled, or predicted), beside all-BF16's."""
+def _compared_points(summary: dict[str, Any], plan_id: str, workload: str
+                     ) -> tuple[dict[str, Any], dict[str, Any] | None, str] | None:
+    """Under ``workload``'s latency objective, the points the rule compared (the measured twins where the basis is
+    measured, else the predicted points): the plan's, all-BF16's (None where BF16 meets no batch) and the basis's
+    words. None where the workload states no objective or the plan meets it at no batch on that basis."""
     basis = (summary.get("operating_basis") or {}).get(workload)
     here = {p["plan_id"]: p for p in summary.get("operating_points") or [] if p["workload"] == workload}
     if basis is None or plan_id not in here:
-        return []
+        return None
     measured = bool(basis["measured"])
 
     def compared(point: dict[str, Any]) -> dict[str, Any]:
         return (point.get("measured") or {}) if measured else point
 
-    def at(point: dict[str, Any]) -> str:
-        p = compared(point)
+    mine = compared(here[plan_id])
+    if not mine.get("meets"):
+        return None
+    bf16 = next((compared(here[r["plan_id"]]) for r in summary["trials"] if r["label"] == "all-bf16"
+                 and r["plan_id"] in here and r["plan_id"] != plan_id), None)
+    return mine, (bf16 if bf16 is not None and bf16.get("meets") else None), basis["label"] if measured else "predicted"
+
+
+def operating_line(summary: dict[str, Any], plan_id: str, workload: str) -> list[str]:
+    """Under the primary workload's latency objective: the batch to serve the recommendation at, on the points
+    the choice compared (measured, labelled, or predicted), beside all-BF16's."""
+    points = _compared_points(summary, plan_id, workload)
+    if points is None:
+        return []
+    mine, bf16, where = points
+
+    def at(p: dict[str, Any]) -> str:
         tpot = f", TPOT {p['tpot_ms']:.3g} ms" if p.get("tpot_ms") is not None else ""
         return f"batch {p['batch']} at {p['j_per_token']:.4g} J/token{tpot}"
 
-    if not compared(here[plan_id]).get("meets"):
-        return []
-    bf16 = next((here[r["plan_id"]] for r in summary["trials"] if r["label"] == "all-bf16" and r["plan_id"] in here
-                 and r["plan_id"] != plan_id), None)
-    against = f", against all-BF16's {at(bf16)}" if bf16 is not None and compared(bf16).get("meets") else ""
-    where = basis["label"] if measured else "predicted"
-    return [f"Operating point under the objective on '{workload}', {where}: serve at {at(here[plan_id])}{against}.",
-            ""]
+    against = f", against all-BF16's {at(bf16)}" if bf16 is not None else ""
+    return [f"Operating point under the objective on '{workload}', {where}: serve at {at(mine)}{against}.", ""]
+
+
+def _objective_saving(summary: dict[str, Any], plan_id: str, workload: str) -> str | None:
+    """The saving the rule chose on: the plan at its largest batch under the objective against all-BF16 at its own
+    (None where the workload states no objective, or either meets it at no batch)."""
+    points = _compared_points(summary, plan_id, workload)
+    if points is None or points[1] is None or not points[1]["j_per_token"]:
+        return None
+    mine, bf16, where = points
+    return (f"{percent_less(mine['j_per_token'], bf16['j_per_token'])} less energy per token than all-BF16 under "
+            f"the objective on '{workload}' (batch {mine['batch']} at {mine['j_per_token']:.4g} against batch "
+            f"{bf16['batch']} at {bf16['j_per_token']:.4g} J/token, {where})")
+
+
+def _fixed_saving(rec: dict[str, Any], bf16: dict[str, Any] | None, workload: str, scope: str) -> str | None:
+    """The saving at the workload's stated batch (None where either J/token is unknown)."""
+    mine, base = _j_per_token(rec, workload), _j_per_token(bf16, workload) if bf16 else None
+    if not mine or not base:
+        return None
+    return (f"{percent_less(mine, base)} less energy per token than all-BF16{scope} "
+            f"({mine:.4g} against {base:.4g} J/token)")
 
 
 def decision_lines(summary: dict[str, Any], run_dir: str = "RUN_DIR") -> list[str]:
@@ -69,12 +103,16 @@ def decision_lines(summary: dict[str, Any], run_dir: str = "RUN_DIR") -> list[st
     if rec["label"] == "all-bf16":
         lines = [f"**Decision: keep BF16.** {rec['reason'][0].upper()}{rec['reason'][1:]}.", ""]
     else:
-        mine, base = _j_per_token(rec, workload), _j_per_token(bf16, workload) if bf16 else None
-        saving = (f"{1 - mine / base:.0%} less energy per token than all-BF16 on '{workload}' "
-                  f"({mine:.4g} against {base:.4g} J/token)" if mine and base else "energy against BF16 unknown")
+        saving = _objective_saving(summary, rec["plan_id"], workload)
+        at_batch: list[str] = []
+        if saving is None:
+            saving = _fixed_saving(rec, bf16, workload, f" on '{workload}'") or "energy against BF16 unknown"
+        elif (fixed := _fixed_saving(rec, bf16, workload, "")) is not None:
+            batch = summary["workloads"][0].get("batch_size")
+            at_batch = [f"At the fixed batch{f' {batch}' if batch else ''} that '{workload}' states: {fixed}.", ""]
         lines = [f"**Decision: serve plan `{rec['plan_id']}` ({rec['label']})**: {saving}.", "",
                  f"Energy: {_tier(rec, workload)}.", "", *operating_line(summary, rec["plan_id"], workload),
-                 _verdict_line(rec, max_drop), ""]
+                 *at_batch, _verdict_line(rec, max_drop), ""]
     lines += ["Next: `advisor export " + run_dir + " --out CHECKPOINT_DIR` writes the checkpoint TensorRT-LLM, vLLM "
               "and SGLang load; on a GPU with vLLM, `advisor verify " + run_dir + " --engine vllm` serves it and "
               "puts vLLM's formats, KL and J/token beside these.", ""]

@@ -88,6 +88,12 @@ def hypervolume(points: Sequence[tuple[float, float]], reference: tuple[float, f
     return hv
 
 
+def percent_less(cost: float, base: float) -> str:
+    """How much less ``cost`` is than ``base``, as the recommendation's reason and the report's decision both say
+    it (one rounding, so the two never quote different savings for one comparison)."""
+    return f"{100 * (1 - cost / base):.1f}%"
+
+
 @dataclass(frozen=True)
 class Recommendation:
     candidate: Candidate
@@ -162,7 +168,7 @@ def recommend(
                               "on the items allowed (raise benchmark.limit to decide them)", metric)
     saving = ""
     if bf16 is not None and met(bf16, primary) and cost(bf16, primary) > 0:
-        saving = f", {100 * (1 - cost(best, primary) / cost(bf16, primary)):.1f}% less energy than all-BF16"
+        saving = f", {percent_less(cost(best, primary), cost(bf16, primary))} less energy than all-BF16"
     where = (" at its largest batch under the objective" + (basis or {}).get(primary, "")
              if primary in objective_ws else "")
     return Recommendation(
