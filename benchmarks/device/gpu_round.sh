@@ -11,16 +11,15 @@
 #      vllm_verify.py operating-collect RUN/verify.json RUN/summary.json -> out/operating_points_8b.{json,md}
 #   D  benchmarks/large_models.py identical (8B): packed bank against folded
 #   E  benchmarks/large_models.py search (Qwen2.5-14B shape)
-# Time on one H100, from the last runs (search_8b_gpu.md, operating_points_8b.md, vllm_verify.md): BF16 build ~1 min
-# where absent; B ~3-4 min (load 40 s, tokens 40 s, FP8 calibration 70 s of which 57 s build ModelOpt's extension
-# once, 16 trials ~15 s, energy predicted); C ~10-18 min: the run's exports are advisor export's code, on the GPU
-# in BF16 where an 8B export fits there (it does on 80 GB; ~1 min a plan, as vllm_verify.py's exports took; else on
-# the CPU, minutes a plan; 2-3 plans, one fewer where the recommendation is all-BF16 or all-FP8), then per plan one
-# vLLM engine (90-270 s: start, 3 stated + 3 operating
-# windows, no prefill metering) and, where an objective is missed at its predicted batch (all were last time), one
-# more engine per plan for up to 3 smaller batches per objective (~2-4 min), then the accuracy scoring (an 8B load
-# to the GPU per plan, ~1-2 min in all). B + C: ~15-25 min of a session's device time.
-# Steps B and C write to /tmp/s44/runs/op8b: a cut-off C resumes its exports; its servings start over. Disk in C:
+# Time on one H100, measured 2026-11-27 (the code at 88373c2; reports/benchmarks/operating_points_8b.md): setup
+# (wheels, ../shared, four vLLM parts) ~1.5 min; B 4 min (BF16 checkpoint 1 min, search 168 s); C at that code:
+# exports of 3 plans on the GPU 194 s, then per plan a serving engine (243-328 s, the first with torch.compile
+# cold) and a search engine (140-287 s): C did not finish in the ~21 min left. Since then one engine a plan (the
+# search in it) and each plan's serving kept in RUN/verify_served as it finishes: a C cut off resumes at the next
+# plan when run again on the same machine. Budget C at ~5 min a plan + 3 min of exports, ~18-20 min for 3 plans:
+# setup + B + C ~26 of a session's 30 device minutes, so run nothing else in that session, and let every poll
+# copy /tmp/s44/runs/op8b/verify_served/*.json to $OUT (the plans served so far survive a cut-off that way).
+# Steps B and C write to /tmp/s44/runs/op8b: a cut-off C resumes its exports and its finished servings. Disk in C:
 # the BF16 checkpoint (16 GB) and verify's exports (BF16 16 GB, FP8 ~9 GB, a mixed recommendation ~9-16 GB).
 # Next session: STEPS='B C' bash benchmarks/device/gpu_round.sh (setsid, in the background), poll out/progress.
 set -u
