@@ -18,7 +18,9 @@
 # search in it) and each plan's serving kept in RUN/verify_served as it finishes: a C cut off resumes at the next
 # plan when run again on the same machine. Budget C at ~5 min a plan + 3 min of exports, ~18-20 min for 3 plans:
 # setup + B + C ~26 of a session's 30 device minutes, so run nothing else in that session, and let every poll
-# copy /tmp/s44/runs/op8b/verify_served/*.json to $OUT (the plans served so far survive a cut-off that way).
+# copy /tmp/s44/runs/op8b/verify_served/*.json to $OUT (the plans served so far survive a cut-off that way). A
+# later session carries them in (into /tmp/s44/served_in before C): verify reads back those whose job is the same
+# (same plan, checkpoint path, tokens, operating batches, meter, vLLM and GPU), and serves the rest.
 # Steps B and C write to /tmp/s44/runs/op8b: a cut-off C resumes its exports and its finished servings. Disk in C:
 # the BF16 checkpoint (16 GB) and verify's exports (BF16 16 GB, FP8 ~9 GB, a mixed recommendation ~9-16 GB).
 # Next session: STEPS='B C' bash benchmarks/device/gpu_round.sh (setsid, in the background), poll out/progress.
@@ -49,6 +51,8 @@ for s in $steps; do
     C) rm -rf $ck/all-fp8 $ck/mixed  # step A's; only all-BF16 (the model the run reads) stays: the disk holds 64 GiB
        fp8=$(python3 -c 'import json, sys; s = json.load(open(sys.argv[1])); n = s["baselines"]["all-fp8"]
 print(next(t["plan_id"] for t in s["trials"] if t["trial"] == n))' $run/summary.json)
+       mkdir -p $run/verify_served  # servings an earlier session kept (its polls copied them back; carried in)
+       cp /tmp/s44/served_in/*.json $run/verify_served/ 2>/dev/null
        advisor verify $run --engine vllm --plan $fp8 > $out/c_verify.log 2>&1
        echo "verify rc=$?" >> $out/progress
        cp $run/verify.json $out/op8b_verify.json; cp $run/verify.md $out/op8b_verify.md
