@@ -192,6 +192,11 @@ def test_verify_searches_an_operating_point_vllm_misses_in_the_same_engine(run_d
     text = (copy / "verify.md").read_text()
     assert "smaller batches were served in the same engine until the largest that meets" in text
     assert "on 'chat': batches 6 (" in text
+    # the recommendation (all-BF16 on this run) at the batch the search found, in verify.md and on the screen
+    rec = next(r for r in data["plans"] if "recommendation" in r["role"].split("+"))
+    found = rec["operating"][0]["vllm_search"]
+    assert f"vLLM serves it at batch {found['batch']} at {found['j_per_token']:.4g} J/token" in text
+    assert f"as served, 'chat': the recommendation is all-BF16; vLLM serves it at batch {found['batch']}" in res.output
 
 
 def test_a_verify_cut_off_serves_only_the_plans_it_had_not_served(run_dir, engine, tmp_path, monkeypatch):
@@ -309,3 +314,44 @@ def test_the_operating_points_report_collects_what_verify_served_and_searched(ru
                         "--out", str(out)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("Error: ") and err.count("\n") == 1 and "tpot_ms" in err
+
+
+# ------------------------------------------------------------- the decision as served (verify.md's first lines)
+def _served_plan(role, plan_id, point, searched=None):
+    operating = {"workload": "chat", "batch": point["batch"], "vllm": point}
+    if searched is not None:
+        operating["vllm_search"] = searched
+    return {"role": role, "plan_id": plan_id, "operating": [operating]}
+
+
+def _at(batch, j, meets, tpot=5.0):
+    return {"batch": batch, "j_per_token": j, "meets": meets, "tpot_ms": tpot}
+
+
+def test_the_decision_as_served_compares_each_plan_at_its_largest_batch_that_met_in_vllm():
+    from advisor.deploy.verify_report import served_decision
+    from advisor.search.frontier import percent_less
+
+    # all-BF16 missed at its predicted batch 40 and met at 30 after the search; the recommendation met at 90
+    rec, bf16 = _at(90, 0.07, True), _at(30, 0.12, True)
+    result = {"plans": [_served_plan("bf16", "b", _at(40, 0.11, False), searched=bf16),
+                        _served_plan("recommendation", "r", rec)]}
+    (line,) = [x for x in served_decision(result) if x.startswith("- ")]
+    assert "batch 90 at 0.07 J/token" in line and "batch 30 at 0.12 J/token" in line and "batch 40" not in line
+    assert f"{percent_less(0.07, 0.12)} less energy per token" in line
+
+    # the recommendation costs more than BF16 as served: said, and no saving
+    result["plans"][1]["operating"][0]["vllm"] = _at(90, 0.13, True)
+    (line,) = [x for x in served_decision(result) if x.startswith("- ")]
+    assert "costs more than all-BF16 as served" in line and "less energy" not in line
+
+    # one of them met the objective at no batch served: no saving stated
+    result["plans"][1]["operating"][0]["vllm"] = _at(1, 0.5, False, tpot=9.0)
+    (line,) = [x for x in served_decision(result) if x.startswith("- ")]
+    assert line.startswith("- 'chat': the recommendation met the objective at no batch") and "less energy" not in line
+
+    # the recommendation is all-BF16: its point, no comparison
+    one = {"plans": [_served_plan("bf16+recommendation", "b", bf16)]}
+    (line,) = [x for x in served_decision(one) if x.startswith("- ")]
+    assert "the recommendation is all-BF16" in line and "batch 30" in line
+    assert served_decision({"plans": [{"role": "bf16+recommendation", "plan_id": "b", "operating": []}]}) == []

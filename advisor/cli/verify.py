@@ -30,6 +30,7 @@ def verify(
                                              "hold it).")] = None,
 ) -> None:
     """Serve the run's recommendation and BF16 in vLLM (GPU): formats, KL, items and J/token as served."""
+    from advisor.deploy.verify_report import served_decision
     from advisor.workflows.verify import verify_run
 
     with err.status("verifying") as status:
@@ -53,6 +54,9 @@ def verify(
             out.print(f"  {o['workload']} at its operating batch {o['batch']}: vLLM {v['j_per_token']:.4g} J/token"
                       + (f", TPOT {tpot:.3g} ms" if tpot is not None else "") + f" ({meets[v['meets']]}), "
                       f"predicted {o['predicted']['j_per_token']:.4g}", highlight=False)
+    for line in served_decision(result):
+        if line.startswith("- "):
+            out.print("as served, " + line[2:].replace("**", ""), highlight=False, markup=False)
     out.print(f"written: {Path(run_dir) / 'verify.md'}, verify.json, and a section of report.md", highlight=False)
     if not result["verified"]:
         bad = "; ".join(f"{r['plan_id']}: " + ", ".join(f"{g} {why}" for g, why in r["formats_match"].items())

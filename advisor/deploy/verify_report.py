@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from advisor.search.frontier import percent_less
+
 BEGIN, END = "<!-- advisor verify: begin -->", "<!-- advisor verify: end -->"
 
 
@@ -23,6 +25,7 @@ def render_verify(result: dict[str, Any]) -> str:
                  "**Served otherwise than planned:** " + "; ".join(
                      f"plan {r['plan_id']} ({r['role']}): " + ", ".join(f"{g}: {why}" for g, why in
                                                                        r["formats_match"].items()) for r in bad))
+    lines += served_decision(result)
     lines += ["", "### Formats as served", "", "| plan | role | served as planned | formats vLLM built |",
               "|---|---|---|---|"]
     for r in result["plans"]:
@@ -60,6 +63,50 @@ def render_verify(result: dict[str, Any]) -> str:
                          f"| {_num(e['predicted_j_per_token'])} | "
                          f"{_pct(e['predicted_j_per_token'], e['vllm_j_per_token'])} | {steady} |")
     return "\n".join(lines + _operating_lines(result)) + "\n"
+
+
+def _as_served(operating: dict[str, Any]) -> dict[str, Any]:
+    """A plan's operating point as vLLM served it: the batch search's outcome where it ran, else the serving at the
+    predicted batch."""
+    return operating.get("vllm_search") or operating["vllm"]
+
+
+def _point(p: dict[str, Any]) -> str:
+    tpot = f", TPOT {p['tpot_ms']:.3g} ms" if p.get("tpot_ms") is not None else ""
+    return f"batch {p['batch']} at {p['j_per_token']:.4g} J/token{tpot}"
+
+
+def served_decision(result: dict[str, Any]) -> list[str]:
+    """Per latency objective: the recommendation against all-BF16, each at the largest batch that met the objective
+    in vLLM, and the saving as served; where either met it at no batch served, or the recommendation costs more
+    than BF16 as served, that is said instead of a saving."""
+    roles = {part: r for r in result["plans"] for part in r["role"].split("+")}
+    rec, bf16 = roles.get("recommendation"), roles.get("bf16")
+    if rec is None or bf16 is None or not rec.get("operating"):
+        return []
+    theirs_by = {o["workload"]: _as_served(o) for o in bf16.get("operating") or []}
+    lines = ["", "### The decision as served", ""]
+    for o in rec["operating"]:
+        w, mine, theirs = o["workload"], _as_served(o), theirs_by.get(o["workload"])
+        if rec is bf16:
+            met = "meets" if mine.get("meets") else "does not meet"
+            lines.append(f"- '{w}': the recommendation is all-BF16; vLLM serves it at {_point(mine)} ({met} the "
+                         "objective).")
+        elif theirs is None:
+            lines.append(f"- '{w}': the recommendation at {_point(mine)}; all-BF16 was not served under it.")
+        elif not (mine.get("meets") and theirs.get("meets")):
+            missed = " and ".join(name for name, q in (("the recommendation", mine), ("all-BF16", theirs))
+                                  if not q.get("meets"))
+            lines.append(f"- '{w}': {missed} met the objective at no batch vLLM served (the recommendation at "
+                         f"{_point(mine)}, all-BF16 at {_point(theirs)}); no saving is stated as served.")
+        elif mine["j_per_token"] > theirs["j_per_token"]:
+            lines.append(f"- '{w}': **the recommendation costs more than all-BF16 as served**: {_point(mine)} "
+                         f"against {_point(theirs)}; serve BF16 under this objective.")
+        else:
+            lines.append(f"- '{w}': the recommendation `{rec['plan_id']}` at {_point(mine)} against all-BF16 at "
+                         f"{_point(theirs)}: **{percent_less(mine['j_per_token'], theirs['j_per_token'])} less "
+                         "energy per token**, each at its largest batch that met the objective in vLLM.")
+    return lines
 
 
 def _meets(m: Any) -> str:
