@@ -315,7 +315,10 @@ def verify_run(run_dir: Path, engine: str = "vllm", plan_ids: Sequence[str] = ()
             served[role] = serve_and_search(plan, job, summary, model)
         else:
             served[role] = (runner or run_in_child)(job)
-        write_serving(run_dir, plan.id, key, served[role])
+        try:
+            write_serving(run_dir, plan.id, key, served[role])
+        except (OSError, TypeError, ValueError) as exc:  # keeping it only saves a re-serving; the run goes on
+            status(f"plan {plan.id}: its serving was not kept for a resumed verify ({type(exc).__name__}: {exc})")
 
     status("scoring the advisor's own models on the same tokens")
     import torch
