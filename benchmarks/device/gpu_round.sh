@@ -23,7 +23,10 @@
 # (same plan, checkpoint path, tokens, operating batches, meter, vLLM and GPU), and serves the rest.
 # Steps B and C write to /tmp/s44/runs/op8b: a cut-off C resumes its exports and its finished servings. Disk in C:
 # the BF16 checkpoint (16 GB) and verify's exports (BF16 16 GB, FP8 ~9 GB, a mixed recommendation ~9-16 GB).
-# Next session: STEPS='B C' bash benchmarks/device/gpu_round.sh (setsid, in the background), poll out/progress.
+# Next session: STEPS='B C' bash benchmarks/device/gpu_round.sh (setsid, in the background), poll out/progress
+# with back-to-back calls that each return within 600 s (the machine goes back 30 s after a call ends), e.g.
+#   for i in $(seq 1 104); do sleep 5; grep -q DONE /tmp/s44/out/progress && break; done; cat /tmp/s44/out/progress
+#   cp /tmp/s44/out/*.json /tmp/s44/out/*.md /tmp/s44/runs/op8b/verify_served/*.json $OUT/ 2>/dev/null
 set -u
 cd /tmp/s44/code
 export PYTHONPATH=/tmp/s44/code:/tmp/vsite:/tmp/site PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
