@@ -26,7 +26,7 @@
 # Next session: STEPS='B C' bash benchmarks/device/gpu_round.sh (setsid, in the background), poll out/progress
 # with back-to-back calls that each return within 600 s (the machine goes back 30 s after a call ends), e.g.
 #   for i in $(seq 1 104); do sleep 5; grep -q DONE /tmp/s44/out/progress && break; done; cat /tmp/s44/out/progress
-#   cp /tmp/s44/out/*.json /tmp/s44/out/*.md /tmp/s44/runs/op8b/verify_served/*.json $OUT/ 2>/dev/null
+#   tar czf $OUT/round.tgz -C /tmp/s44 out runs/op8b/verify_served 2>/dev/null  # one file: $OUT returns 8 at most
 set -u
 cd /tmp/s44/code
 export PYTHONPATH=/tmp/s44/code:/tmp/vsite:/tmp/site PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
