@@ -175,10 +175,11 @@ def _architecture_lines(shape: dict[str, Any]) -> list[str]:
 
 def render_markdown(summary: dict[str, Any], run_dir: str = "RUN_DIR") -> str:
     workloads = [w["name"] for w in summary["workloads"]]
+    batch = {w["name"]: w["batch_size"] for w in summary["workloads"]}  # the stated batch: the trials' J/token
     by_trial = {r["trial"]: r for r in summary["trials"]}
     energy_label = "; ".join(summary["labels"]["energy"])
     header = ["trial", "plan id", "plan", "eff. bits", "KL", "perplexity (vs BF16)",
-              *[f"J/token '{w}'" for w in workloads], "energy", "within budget"]
+              *[f"J/token '{w}' (batch {batch[w]})" for w in workloads], "energy", "within budget"]
     out = [f"# precision-advisor report: {summary['run']}", "", *decision_lines(summary, run_dir)]
     wl = ", ".join(f"`{w['name']}` (batch {w['batch_size']}, {w['input_tokens']} in / {w['output_tokens']} out)"
                    for w in summary["workloads"])
@@ -199,7 +200,9 @@ def render_markdown(summary: dict[str, Any], run_dir: str = "RUN_DIR") -> str:
     ]
     rec = summary["recommendation"]
     if rec:
-        energies = ", ".join(f"{_fmt_j(e['j_per_token'])} J/token on '{e['workload']}'" for e in rec["energy"])
+        energies = ", ".join(f"{_fmt_j(e['j_per_token'])} J/token on '{e['workload']}'"
+                             + (f" at batch {batch[e['workload']]}" if e["workload"] in batch else "")
+                             for e in rec["energy"])
         ties = near_ties_line(summary)
         out += [
             f"**Plan `{rec['plan_id']}`: {rec['label']}** (trial {rec['trial']}, "
