@@ -227,9 +227,10 @@ def verify_run(run_dir: Path, engine: str = "vllm", plan_ids: Sequence[str] = ()
                runner: Callable[[ServeJob], dict[str, Any]] | None = None,
                rounds_runner: Callable[[ServeJob, Any], dict[str, Any]] | None = None,
                status: Callable[[str], None] = lambda _m: None, gpus: int | None = None) -> dict[str, Any]:
-    """Serve the run's plans through ``engine`` (each in a process of its own unless ``runner`` says otherwise)
-    over ``gpus`` GPUs (:mod:`advisor.deploy.serving_gpus`; the run's recipe's when None) and write verify.json /
-    verify.md / report.md's section."""
+    """Serve the run's plans through ``engine`` (each in a process of its own unless ``runner``, or for a plan whose
+    objectives are searched ``rounds_runner``, says otherwise) over ``gpus`` GPUs
+    (:mod:`advisor.deploy.serving_gpus`; the run's recipe's when None) and write verify.json / verify.md /
+    report.md's section."""
     from advisor.deploy.checkpoint import load_exported
     from advisor.deploy.engine_checkpoint import checkpoint_exporter
     from advisor.deploy.engines import engine as engine_entry
