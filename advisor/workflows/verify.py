@@ -210,16 +210,21 @@ def exports_device(model: Any) -> str:
     return "cuda" if 4 * bf16_bytes + EXPORT_HEADROOM_BYTES <= free else "cpu"
 
 
-def release_gpu_memory() -> None:
-    """The GPU memory this process no longer uses handed back to the driver: torch's caching allocator keeps the
-    blocks of a model moved off the GPU, and an engine in another process sizes its cache from what is free."""
+def release_gpu_memory() -> str:
+    """The GPU memory this process no longer uses handed back to the driver (an engine in another process sizes its
+    cache from what is free): the exports' quantized copies, collected (they hold reference cycles), then torch's
+    cached blocks. Says what is free on ``cuda:0`` afterwards."""
     import gc
 
     import torch
 
     gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
+    if not torch.cuda.is_available():
+        return "no GPU"
+    torch.cuda.empty_cache()
+    free, total = torch.cuda.mem_get_info(0)
+    held = torch.cuda.memory_allocated(0)
+    return f"{free / 2**30:.1f} of {total / 2**30:.1f} GiB free on cuda:0, {held / 2**30:.1f} GiB held by this process"
 
 
 def verify_run(run_dir: Path, engine: str = "vllm", plan_ids: Sequence[str] = (), lambada: Path | None = None,
@@ -291,7 +296,7 @@ def verify_run(run_dir: Path, engine: str = "vllm", plan_ids: Sequence[str] = ()
         paths[role] = checkpoint_for(plan)
     if export_device == "cuda":  # the engines' processes need the GPU's memory, the cached blocks too
         loaded.model.to("cpu")
-        release_gpu_memory()
+        status(f"GPU memory for the engines: {release_gpu_memory()}")
     share = engine_memory_share(n_gpus)
     version = getattr(vllm, "__version__", "unknown")
     for role, plan in plans.items():
