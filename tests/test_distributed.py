@@ -281,3 +281,24 @@ def _journal(tmp_path: Path) -> optuna.storages.BaseStorage:
     from advisor.search.storage import open_storage
 
     return open_storage(f"journal:{tmp_path / 'j.journal'}")
+
+
+def test_spawned_workers_get_a_gpu_each_by_uuid(tmp_path, monkeypatch):
+    """An index in CUDA_VISIBLE_DEVICES names a physical GPU, not the coordinator's cuda:i where it was itself
+    started with a mapping (CUDA_VISIBLE_DEVICES=4,5,6): each worker is given its GPU's UUID."""
+    from advisor.workflows import spawn
+
+    monkeypatch.setattr(spawn, "visible_gpus", lambda: 3)
+    monkeypatch.setattr("advisor.deploy.engine_slots.device_id", lambda i: f"GPU-uuid-of-cuda{i}")
+    envs = []
+
+    class Started:
+        def __init__(self, cmd, env, stdout, stderr):
+            envs.append(env)
+
+        def wait(self):
+            return 0
+
+    monkeypatch.setattr(spawn.subprocess, "Popen", Started)
+    spawn.spawn_workers(2, "sqlite:///x.db", "study", tmp_path)
+    assert [e["CUDA_VISIBLE_DEVICES"] for e in envs] == ["GPU-uuid-of-cuda1", "GPU-uuid-of-cuda2"]

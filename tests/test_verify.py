@@ -355,3 +355,80 @@ def test_the_decision_as_served_compares_each_plan_at_its_largest_batch_that_met
     (line,) = [x for x in served_decision(one) if x.startswith("- ")]
     assert "the recommendation is all-BF16" in line and "batch 30" in line
     assert served_decision({"plans": [{"role": "bf16+recommendation", "plan_id": "b", "operating": []}]}) == []
+
+
+# ------------------------------------------------------------- several plans at once, each engine on GPUs of its own
+def test_verify_with_workers_serves_plans_at_once_each_on_its_own_gpu(run_dir, engine, monkeypatch):
+    import threading
+
+    from advisor.workflows import verify as verify_module
+
+    monkeypatch.setattr("advisor.deploy.serving_gpus.visible_gpus", lambda: (2, 80 * 2**30))
+    monkeypatch.setattr("advisor.deploy.engine_slots.device_id", lambda i: f"GPU-fake-{i}")
+    both_started, threads = threading.Barrier(2, timeout=30), set()
+
+    def served_at_once(job):  # returns only once the other plan's engine has started too
+        threads.add(threading.get_ident())
+        both_started.wait()
+        return serve(job, make_counter=ConstantPowerCounter)
+
+    monkeypatch.setattr(verify_module, "run_in_child", served_at_once)
+    fp8 = next(t["plan_id"] for t in json.loads((run_dir / "summary.json").read_text())["trials"]
+               if set(t["formats"].values()) == {"fp8"})
+    res = runner.invoke(app, ["verify", str(run_dir), "--plan", fp8, "--no-energy", "--workers", "2"])
+    assert res.exit_code == 0, res.output
+    data = json.loads((run_dir / "verify.json").read_text())
+    assert len(data["plans"]) == 2 and len(threads) == 2
+    assert sorted(d for r in data["plans"] for d in r["devices"]) == ["GPU-fake-0", "GPU-fake-1"]
+    assert all(r["formats_match"] is True for r in data["plans"])
+    # more engines than the GPUs hold: one Error line, exit 3, before anything is exported or served
+    before = len(engine.instances)
+    res = runner.invoke(app, ["verify", str(run_dir), "--plan", fp8, "--workers", "3"])
+    assert res.exit_code == 3 and res.output.count("Error:") == 1 and "--workers 3" in res.output
+    assert len(engine.instances) == before
+
+
+def test_slots_run_every_task_once_at_most_one_per_slot_and_report_the_first_failure():
+    import threading
+    import time
+
+    from advisor.deploy.engine_slots import Slot, run_on_slots
+
+    slots = [Slot(0, ("GPU-a",)), Slot(1, ("GPU-b",))]
+    held, lock, overlap = set(), threading.Lock(), []
+
+    def work(task, slot):
+        with lock:
+            overlap.append(slot.devices in held)
+            held.add(slot.devices)
+        time.sleep(0.01)
+        with lock:
+            held.discard(slot.devices)
+        return task * 10
+
+    assert run_on_slots(list(range(7)), slots, work) == [t * 10 for t in range(7)]
+    assert len(overlap) == 7 and not any(overlap)  # no slot was held by two tasks at once
+    done = []
+
+    def fails_on_two(task, slot):
+        if task == 2:
+            raise ValueError("task 2")
+        done.append(task)
+        return task
+
+    with pytest.raises(ValueError, match="task 2"):
+        run_on_slots([1, 2, 3, 4], slots, fails_on_two)
+    assert sorted(done) == [1, 3, 4]  # the others ran to their end
+
+
+def test_an_engines_process_sees_only_its_jobs_gpus(monkeypatch):
+    import os
+
+    from advisor.deploy.vllm_rounds import pin_devices
+    from advisor.deploy.vllm_serve import ServeJob
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3")
+    pin_devices(ServeJob(checkpoint="ck", vocab_size=8))
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "0,1,2,3"  # no devices named: this process's
+    pin_devices(ServeJob(checkpoint="ck", vocab_size=8, devices=("GPU-b", "GPU-d")))
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "GPU-b,GPU-d"

@@ -28,6 +28,8 @@ def verify(
     gpus: Annotated[int | None, typer.Option(min=1, help="GPUs of this node each plan is served over (tensor "
                                              "parallelism, all metered; default: the run's, else the fewest that "
                                              "hold it).")] = None,
+    workers: Annotated[int, typer.Option(min=1, help="Plans served at once, each engine on GPUs of its own "
+                                         "(workers x --gpus GPUs of this node).")] = 1,
 ) -> None:
     """Serve the run's recommendation and BF16 in vLLM (GPU): formats, KL, items and J/token as served."""
     from advisor.deploy.verify_report import served_decision
@@ -39,7 +41,7 @@ def verify(
             err.print(message, highlight=False, markup=False, soft_wrap=True)
 
         result = verify_run(run_dir, engine=engine, plan_ids=plan or (), lambada=lambada, lambada_count=lambada_items,
-                            energy=energy, status=step, gpus=gpus)
+                            energy=energy, status=step, gpus=gpus, workers=workers)
     for r in result["plans"]:
         a = r["accuracy"]
         served = "served as planned" if r["formats_match"] is True else f"{len(r['formats_match'])} groups differ"

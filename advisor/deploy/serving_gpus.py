@@ -100,16 +100,16 @@ ENGINE_HEADROOM_BYTES = 2 * GIB
 MIN_ENGINE_SHARE = 0.1
 
 
-def engine_memory_share(gpus: int, share: float = SERVE_MEMORY_SHARE) -> float:
-    """vLLM's ``gpu_memory_utilization`` for an engine started now on ``cuda:0`` .. ``cuda:{gpus-1}``: ``share``,
-    or less where this process holds part of a GPU (a search's model and bank, an export), since vLLM refuses to
-    start when a GPU's free memory is below its share. SetupError (exit 3) when too little is left."""
+def engine_memory_share(gpus: int, share: float = SERVE_MEMORY_SHARE, first: int = 0) -> float:
+    """vLLM's ``gpu_memory_utilization`` for an engine started now on ``cuda:{first}`` .. ``cuda:{first+gpus-1}``:
+    ``share``, or less where this process holds part of a GPU (a search's model and bank, an export), since vLLM
+    refuses to start when a GPU's free memory is below its share. SetupError (exit 3) when too little is left."""
     import torch
 
     if not torch.cuda.is_available():
         return share
     torch.cuda.empty_cache()  # this process's cached blocks count as used for the engine's process
-    for i in range(min(gpus, torch.cuda.device_count())):
+    for i in range(first, min(first + gpus, torch.cuda.device_count())):
         free, total = torch.cuda.mem_get_info(i)
         room = (free - ENGINE_HEADROOM_BYTES) / total
         if room < MIN_ENGINE_SHARE:

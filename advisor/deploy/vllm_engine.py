@@ -21,7 +21,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from advisor.deploy.serving_gpus import engine_memory_share
-from advisor.deploy.vllm_rounds import child_answer
+from advisor.deploy.vllm_rounds import child_answer, pin_devices
 from advisor.deploy.vllm_serve import ServeJob, serve
 from advisor.energy.meter import MeterConfig
 from advisor.errors import AdvisorError, SetupError, UnsupportedError
@@ -56,6 +56,7 @@ def import_vllm() -> ModuleType:
 
 # ----------------------------------------------------------------------------------- one engine per process
 def _child(target: Callable[[ServeJob], dict[str, Any]], job: ServeJob, conn: Any) -> None:
+    pin_devices(job)
     try:
         conn.send(("ok", target(job)))
     except BaseException as exc:  # noqa: BLE001 (sent to the parent, which decides)

@@ -11,6 +11,7 @@ far (``("rows", rows)``) and waits for the next round's workloads (an empty list
 from __future__ import annotations
 
 import multiprocessing
+import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -20,7 +21,15 @@ from advisor.errors import SetupError, UnsupportedError
 More = Callable[[dict[str, Any]], Sequence[dict[str, Any]]]
 
 
+def pin_devices(job: ServeJob) -> None:
+    """In an engine's own (spawned) process, before CUDA starts: see only the job's GPUs, where it names them."""
+    if job.devices:
+        os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(job.devices)
+
+
 def _rounds_child(target: Callable[..., dict[str, Any]], job: ServeJob, conn: Any) -> None:
+    pin_devices(job)
+
     def more(rows: dict[str, Any]) -> list[dict[str, Any]]:
         conn.send(("rows", rows))
         return list(conn.recv())

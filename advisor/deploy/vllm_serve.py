@@ -62,6 +62,8 @@ class ServeJob:
     # GPUs the engine spreads the model over (vLLM's tensor parallelism): torch's cuda:0..N-1, all metered
     tensor_parallel_size: int = 1
     max_batch: int = 0  # size the engine for at least this many in flight (later rounds of `serve(more=...)`)
+    # the GPUs the engine's process sees (CUDA_VISIBLE_DEVICES entries, GPU-<uuid>); empty: this process's
+    devices: tuple[str, ...] = ()
 
 
 # ----------------------------------------------------------------------------------- steady load

@@ -16,6 +16,8 @@ import sys
 import threading
 from pathlib import Path
 
+from advisor.deploy import engine_slots
+
 STORAGE_ENV = "ADVISOR_STORAGE"
 
 
@@ -35,8 +37,8 @@ def spawn_workers(n: int, url: str, study: str, run_dir: Path) -> list[subproces
     procs = []
     for i in range(n):
         env = {**os.environ, STORAGE_ENV: url}
-        if gpus > n:
-            env["CUDA_VISIBLE_DEVICES"] = str(i + 1)
+        if gpus > n:  # by UUID: an index would name another GPU where this process was started with a mapping
+            env["CUDA_VISIBLE_DEVICES"] = engine_slots.device_id(i + 1)
         cmd = [sys.executable, "-c", "from advisor.cli import main; main()", "worker", "--study", study,
                "--work-dir", str(logs / f"worker-{i + 1}")]
         with open(logs / f"worker-{i + 1}.log", "w") as log:

@@ -27,9 +27,10 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from advisor.deploy.served_store import read_serving, serving_key, write_serving
-from advisor.deploy.serving_gpus import engine_memory_share, serving_gpus_for
-from advisor.deploy.vllm_engine import VllmEnergyModel, run_in_child, served_formats, topk_kl, topk_of
+from advisor.deploy import serving_gpus
+from advisor.deploy.engine_slots import engine_slots
+from advisor.deploy.serving_gpus import serving_gpus_for
+from advisor.deploy.vllm_engine import run_in_child, served_formats, topk_kl, topk_of
 from advisor.deploy.vllm_serve import ServeJob
 from advisor.energy.meter import MeterConfig
 from advisor.energy.prediction import predicted_for_gpus
@@ -37,9 +38,8 @@ from advisor.errors import InputError, SetupError
 from advisor.estimate import EnergyEstimate
 from advisor.formats import Format
 from advisor.plan import Plan
-from advisor.recipe.schema import Workload
-from advisor.search.operating_measured import at_batch, from_timed, objective_name
-from advisor.search.operating_search import BatchSearch, search_batches
+from advisor.search.operating_measured import from_timed, objective_name
+from advisor.workflows.verify_serving import Serving, operating_workloads, serve_plans
 
 EXPORT_HEADROOM_BYTES = 4 * 2**30  # calibration and proxy batches, CUDA context
 TOP_K = 20
@@ -113,31 +113,6 @@ def accuracy_as_served(reference: Any, advisor_model: Any, served: dict[str, Any
                         "advisor_accuracy": sum(mine) / len(items),
                         "disagree": sum(a != b for a, b in zip(vllm_hits, mine, strict=False))}
     return out
-
-
-def operating_workloads(summary: dict[str, Any], plan: Plan) -> list[Workload]:
-    """The plan's operating points of the run (largest batch under each objective) as workloads to serve."""
-    stated = {w["name"]: Workload(**w) for w in summary["workloads"]}
-    return [at_batch(stated[p["workload"]], p["batch"]) for p in summary.get("operating_points") or []
-            if p["plan_id"] == plan.id and p["workload"] in stated]
-
-
-def operating_searches(summary: dict[str, Any], plan: Plan) -> list[BatchSearch]:
-    """The plan's operating points of the run as searches that start at their predicted batch."""
-    stated = {w["name"]: Workload(**w) for w in summary["workloads"]}
-    return [BatchSearch(stated[p["workload"]], p["batch"], p.get("curve") or (), predicted=p)
-            for p in summary.get("operating_points") or [] if p["plan_id"] == plan.id and p["workload"] in stated]
-
-
-def serve_and_search(plan: Plan, job: ServeJob, summary: dict[str, Any], model: Any) -> dict[str, Any]:
-    """``job`` served, and per objective (workload name, under ``searches``) vLLM's largest batch that meets it
-    (:mod:`advisor.search.operating_search`): the job's rows at the predicted batches are the first round, and a
-    miss there serves the smaller batches in the same engine (``model``: a
-    :class:`~advisor.deploy.vllm_engine.VllmEnergyModel` of the plan's checkpoint)."""
-    searches = operating_searches(summary, plan)
-    model.open_with(plan, job)
-    found = search_batches(model, plan, searches)
-    return {**model.served(plan), "searches": {s.workload.name: f for s, f in zip(searches, found, strict=True)}}
 
 
 def operating_as_served(summary: dict[str, Any], plan: Plan, served: dict[str, Any], label: str
@@ -231,11 +206,12 @@ def verify_run(run_dir: Path, engine: str = "vllm", plan_ids: Sequence[str] = ()
                lambada_count: int = 200, energy: bool = True, meter: MeterConfig | None = None,
                runner: Callable[[ServeJob], dict[str, Any]] | None = None,
                rounds_runner: Callable[[ServeJob, Any], dict[str, Any]] | None = None,
-               status: Callable[[str], None] = lambda _m: None, gpus: int | None = None) -> dict[str, Any]:
+               status: Callable[[str], None] = lambda _m: None, gpus: int | None = None, workers: int = 1
+               ) -> dict[str, Any]:
     """Serve the run's plans through ``engine`` (each in a process of its own unless ``runner``, or for a plan whose
     objectives are searched ``rounds_runner``, says otherwise) over ``gpus`` GPUs
-    (:mod:`advisor.deploy.serving_gpus`; the run's recipe's when None) and write verify.json / verify.md /
-    report.md's section."""
+    (:mod:`advisor.deploy.serving_gpus`; the run's recipe's when None), ``workers`` plans at once on GPUs of their
+    own (:mod:`advisor.workflows.verify_serving`), and write verify.json / verify.md / report.md's section."""
     from advisor.deploy.checkpoint import load_exported
     from advisor.deploy.engine_checkpoint import checkpoint_exporter
     from advisor.deploy.engines import engine as engine_entry
@@ -288,8 +264,9 @@ def verify_run(run_dir: Path, engine: str = "vllm", plan_ids: Sequence[str] = ()
     vocab = int(loaded.model.config.get_text_config().vocab_size)
     records = {r["plan_id"]: r for r in summary["trials"]}
     n_gpus = serving_gpus_for(gpus if gpus is not None else recipe.gpus, loaded.shape, recipe.workloads)
+    if workers > 1:  # before any export: each engine needs GPUs of its own
+        engine_slots(workers, n_gpus, serving_gpus.visible_gpus()[0])
 
-    served: dict[str, dict[str, Any]] = {}
     paths: dict[str, Path] = {}
     for role, plan in plans.items():
         status(f"exporting plan {plan.id} ({role}) if not exported, on the {export_device}")
@@ -297,34 +274,14 @@ def verify_run(run_dir: Path, engine: str = "vllm", plan_ids: Sequence[str] = ()
     if export_device == "cuda":  # the engines' processes need the GPU's memory, the cached blocks too
         loaded.model.to("cpu")
         status(f"GPU memory for the engines: {release_gpu_memory()}")
-    share = engine_memory_share(n_gpus)
     version = getattr(vllm, "__version__", "unknown")
-    for role, plan in plans.items():
-        workloads = [*summary["workloads"], *(w.model_dump() for w in operating_workloads(summary, plan))]
-        # prefill=False: verify reports J/token, tokens/s, TPOT and TTFT per workload, never prefill J per input
-        # token, and a prefill metering would double every workload's time on the GPU
-        job = ServeJob(checkpoint=str(paths[role]), vocab_size=vocab, sequences=tuple(heldout), items=tuple(items),
-                       top_k=TOP_K, workloads=tuple(workloads) if energy else (), meter=asdict(meter or MeterConfig()),
-                       tensor_parallel_size=n_gpus, prefill=False, gpu_memory_utilization=share)
-        searched = energy and bool(operating_searches(summary, plan))
-        key = serving_key(job, version, here, searched)
-        kept = read_serving(run_dir, plan.id, key)
-        if kept is not None:
-            status(f"plan {plan.id} ({role}): served by vLLM at {kept['served_at']}, read back from "
-                   f"{kept['read_back_from']} (delete it to serve again)")
-            served[role] = kept
-            continue
-        status(f"serving plan {plan.id} ({role}) in vLLM")
-        if searched:  # one engine for the serving and the batch search's further rounds
-            model = VllmEnergyModel(lambda _plan, path=paths[role]: path, [], vocab, meter=meter or MeterConfig(),
-                                    gpu_label=here, vllm_version=version, gpus=n_gpus, rounds_runner=rounds_runner)
-            served[role] = serve_and_search(plan, job, summary, model)
-        else:
-            served[role] = (runner or run_in_child)(job)
-        try:
-            write_serving(run_dir, plan.id, key, served[role])
-        except (OSError, TypeError, ValueError) as exc:  # keeping it only saves a re-serving; the run goes on
-            status(f"plan {plan.id}: its serving was not kept for a resumed verify ({type(exc).__name__}: {exc})")
+    # prefill=False: verify reports J/token, tokens/s, TPOT and TTFT per workload, never prefill J per input token,
+    # and a prefill metering would double every workload's time on the GPU
+    base = ServeJob(checkpoint="", vocab_size=vocab, sequences=tuple(heldout), items=tuple(items), top_k=TOP_K,
+                    meter=asdict(meter or MeterConfig()), tensor_parallel_size=n_gpus, prefill=False)
+    serving = Serving(run_dir, summary, base, energy, version, here, meter or MeterConfig(), runner or run_in_child,
+                      rounds_runner, status)
+    served = serve_plans(plans, paths, serving, workers)
 
     status("scoring the advisor's own models on the same tokens")
     import torch
@@ -354,6 +311,7 @@ def verify_run(run_dir: Path, engine: str = "vllm", plan_ids: Sequence[str] = ()
             "energy": energy_as_served(record, served[role], over_gpus(plan)),
             "operating": operating_as_served(summary, plan, served[role], served_label),
             "vllm_load_s": served[role].get("load_s"), "read_back_from": served[role].get("read_back_from"),
+            "devices": served[role].get("devices") or [],
         })
         del mine
     result = {

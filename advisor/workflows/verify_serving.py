@@ -1,0 +1,111 @@
+"""`advisor verify`'s servings: each plan's export served once by vLLM in a process of its own (formats,
+log-probabilities, every stated workload and each objective's operating batch, the batch search's further rounds
+in the same engine), kept as it finishes (:mod:`advisor.deploy.served_store`) and read back by a verify of the same
+job; with ``workers`` over 1, that many plans at once, each engine on GPUs of its own
+(:mod:`advisor.deploy.engine_slots`)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from advisor.deploy import serving_gpus
+from advisor.deploy.engine_slots import Slot, engine_slots, run_on_slots
+from advisor.deploy.served_store import read_serving, serving_key, write_serving
+from advisor.deploy.serving_gpus import engine_memory_share
+from advisor.deploy.vllm_engine import VllmEnergyModel, run_in_child
+from advisor.deploy.vllm_serve import ServeJob
+from advisor.energy.meter import MeterConfig
+from advisor.plan import Plan
+from advisor.recipe.schema import Workload
+from advisor.search.operating_measured import at_batch
+from advisor.search.operating_search import BatchSearch, search_batches
+
+
+def operating_workloads(summary: dict[str, Any], plan: Plan) -> list[Workload]:
+    """The plan's operating points of the run (largest batch under each objective) as workloads to serve."""
+    stated = {w["name"]: Workload(**w) for w in summary["workloads"]}
+    return [at_batch(stated[p["workload"]], p["batch"]) for p in summary.get("operating_points") or []
+            if p["plan_id"] == plan.id and p["workload"] in stated]
+
+
+def operating_searches(summary: dict[str, Any], plan: Plan) -> list[BatchSearch]:
+    """The plan's operating points of the run as searches that start at their predicted batch."""
+    stated = {w["name"]: Workload(**w) for w in summary["workloads"]}
+    return [BatchSearch(stated[p["workload"]], p["batch"], p.get("curve") or (), predicted=p)
+            for p in summary.get("operating_points") or [] if p["plan_id"] == plan.id and p["workload"] in stated]
+
+
+def serve_and_search(plan: Plan, job: ServeJob, summary: dict[str, Any], model: Any) -> dict[str, Any]:
+    """``job`` served, and per objective (workload name, under ``searches``) vLLM's largest batch that meets it
+    (:mod:`advisor.search.operating_search`): the job's rows at the predicted batches are the first round, and a
+    miss there serves the smaller batches in the same engine (``model``: a
+    :class:`~advisor.deploy.vllm_engine.VllmEnergyModel` of the plan's checkpoint)."""
+    searches = operating_searches(summary, plan)
+    model.open_with(plan, job)
+    found = search_batches(model, plan, searches)
+    return {**model.served(plan), "searches": {s.workload.name: f for s, f in zip(searches, found, strict=True)}}
+
+
+@dataclass(frozen=True)
+class Serving:
+    """What serving any plan of a run takes, beside the plan and its checkpoint."""
+
+    run_dir: Path
+    summary: dict[str, Any]
+    base: ServeJob  # the job every plan's is made from: tokens, items, meter, GPUs an engine spreads over
+    energy: bool
+    vllm_version: str
+    gpu: str  # the GPU's name, for the measurements' labels and the kept servings' key
+    meter: MeterConfig
+    runner: Callable[[ServeJob], dict[str, Any]] | None = None
+    rounds_runner: Callable[[ServeJob, Any], dict[str, Any]] | None = None
+    status: Callable[[str], None] = lambda _m: None
+
+
+def serve_plans(plans: Mapping[str, Plan], paths: Mapping[str, Path], s: Serving, workers: int = 1
+                ) -> dict[str, dict[str, Any]]:
+    """Role -> what vLLM answered serving that role's plan (read back where a serving of the same job was kept)."""
+    jobs, keys, served = {}, {}, {}
+    for role, plan in plans.items():
+        workloads = [*s.summary["workloads"], *(w.model_dump() for w in operating_workloads(s.summary, plan))]
+        jobs[role] = replace(s.base, checkpoint=str(paths[role]), workloads=tuple(workloads) if s.energy else ())
+        keys[role] = serving_key(jobs[role], s.vllm_version, s.gpu, searched=_searched(s, plan))
+        kept = read_serving(s.run_dir, plan.id, keys[role])
+        if kept is not None:
+            s.status(f"plan {plan.id} ({role}): served by vLLM at {kept['served_at']}, read back from "
+                     f"{kept['read_back_from']} (delete it to serve again)")
+            served[role] = kept
+    todo = [role for role in plans if role not in served]
+
+    def serve_one(role: str, slot: Slot | None) -> dict[str, Any]:
+        plan, gpus = plans[role], s.base.tensor_parallel_size
+        job = jobs[role] if slot is None else replace(jobs[role], devices=slot.devices)
+        job = replace(job, gpu_memory_utilization=engine_memory_share(gpus, first=slot.first if slot else 0))
+        s.status(f"serving plan {plan.id} ({role}) in vLLM" + (f" on {', '.join(slot.devices)}" if slot else ""))
+        if _searched(s, plan):  # one engine for the serving and the batch search's further rounds
+            model = VllmEnergyModel(lambda _plan, path=paths[role]: path, [], s.base.vocab_size, meter=s.meter,
+                                    gpu_label=s.gpu, vllm_version=s.vllm_version, gpus=gpus,
+                                    rounds_runner=s.rounds_runner)
+            answer = serve_and_search(plan, job, s.summary, model)
+        else:
+            answer = (s.runner or run_in_child)(job)
+        answer["devices"] = list(job.devices)
+        try:
+            write_serving(s.run_dir, plan.id, keys[role], answer)
+        except (OSError, TypeError, ValueError) as exc:  # keeping it only saves a re-serving; the run goes on
+            s.status(f"plan {plan.id}: its serving was not kept for a resumed verify ({type(exc).__name__}: {exc})")
+        return answer
+
+    if workers <= 1 or len(todo) <= 1:
+        served.update({role: serve_one(role, None) for role in todo})
+    else:
+        slots = engine_slots(min(workers, len(todo)), s.base.tensor_parallel_size, serving_gpus.visible_gpus()[0])
+        served.update(zip(todo, run_on_slots(todo, slots, serve_one), strict=True))
+    return {role: served[role] for role in plans}
+
+
+def _searched(s: Serving, plan: Plan) -> bool:
+    return s.energy and bool(operating_searches(s.summary, plan))
