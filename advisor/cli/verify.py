@@ -31,7 +31,8 @@ def verify(
     workers: Annotated[int, typer.Option(min=1, help="Plans served at once, each engine on GPUs of its own "
                                          "(workers x --gpus GPUs of this node).")] = 1,
 ) -> None:
-    """Serve the run's recommendation and BF16 in vLLM (GPU): formats, KL, items and J/token as served."""
+    """Serve the run's recommendation and BF16 in vLLM (GPU): the decision, formats, KL, items and J/token as
+    served. Run again after a cut-off, it serves only the plans not yet served (RUN_DIR/verify_served keeps each)."""
     from advisor.deploy.verify_report import served_decision
     from advisor.workflows.verify import verify_run
 
