@@ -18,7 +18,8 @@
 # search in it) and each plan's serving kept in RUN/verify_served as it finishes: a C cut off resumes at the next
 # plan when run again on the same machine. Budget C at ~5 min a plan + 3 min of exports, ~18-20 min for 3 plans:
 # setup + B + C ~26 of a session's 30 device minutes, so run nothing else in that session, and let every poll
-# copy /tmp/s44/runs/op8b/verify_served/*.json to $OUT (the plans served so far survive a cut-off that way). A
+# copy /tmp/s44/runs/op8b/verify_served/*.json to $OUT (the plans served so far survive a cut-off that way). On a
+# 2-GPU machine (nvidia-h100-x2), VERIFY_WORKERS=2 serves two plans at once, one engine a GPU: C ~12-14 min. A
 # later session carries them in (into /tmp/s44/served_in before C): verify reads back those whose job is the same
 # (same plan, checkpoint path, tokens, operating batches, meter, vLLM and GPU), and serves the rest.
 # Steps B and C write to /tmp/s44/runs/op8b: a cut-off C resumes its exports and its finished servings. Disk in C:
@@ -56,7 +57,7 @@ for s in $steps; do
 print(next(t["plan_id"] for t in s["trials"] if t["trial"] == n))' $run/summary.json)
        mkdir -p $run/verify_served  # servings an earlier session kept (its polls copied them back; carried in)
        cp /tmp/s44/served_in/*.json $run/verify_served/ 2>/dev/null
-       advisor verify $run --engine vllm --plan $fp8 > $out/c_verify.log 2>&1
+       advisor verify $run --engine vllm --plan $fp8 --workers ${VERIFY_WORKERS:-1} > $out/c_verify.log 2>&1
        echo "verify rc=$?" >> $out/progress
        cp $run/verify.json $out/op8b_verify.json; cp $run/verify.md $out/op8b_verify.md
        python3 benchmarks/vllm_verify.py operating-collect $run/verify.json $run/summary.json \
