@@ -139,7 +139,7 @@ def test_verify_over_two_gpus_serves_with_tensor_parallelism_beside_the_predicti
     for r in data["plans"]:
         (e,) = r["energy"]
         assert e["predicted_source"].startswith("predicted for 2 GPUs (tensor parallel, tp=2")
-        assert "assumed, not measured" in e["predicted_source"] and e["predicted_one_gpu_j_per_token"] > 0
+        assert "assumed, not measured" in e["predicted_source"] and e["predicted_run_j_per_token"] > 0
         assert r["operating"][0]["vllm"]["source"].startswith("measured (vLLM 0.0-fake, 2x Fake GPU, tp=2")
     res = runner.invoke(app, ["verify", str(run_dir), "--gpus", "4", "--no-energy"])
     assert res.exit_code == 3 and res.output.count("Error:") == 1 and "--gpus 4: torch sees 2 GPU(s)" in res.output
@@ -239,6 +239,22 @@ def test_a_verify_cut_off_serves_only_the_plans_it_had_not_served(run_dir, engin
     before = len(engine.instances)
     assert runner.invoke(app, ["verify", str(copy), "--plan", fp8, "--no-energy"]).exit_code == 0
     assert len(engine.instances) - before == len(data["plans"])
+
+
+def test_served_on_another_gpu_kind_the_prediction_is_repriced_for_it_and_said(run_dir, engine, monkeypatch):
+    monkeypatch.setattr("advisor.energy.prediction.gpu_here", lambda: ("h200", "Fake H200"))
+    res = runner.invoke(app, ["verify", str(run_dir)])
+    assert res.exit_code == 0, res.output
+    data = json.loads((run_dir / "verify.json").read_text())
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert (data["target"], data["gpu_kind"]) == ("h100", "h200")
+    run_prediction = {t["plan_id"]: t["energy"][0]["j_per_token"] for t in summary["trials"]}
+    for r in data["plans"]:
+        (e,) = r["energy"]
+        assert e["predicted_run_j_per_token"] == run_prediction[r["plan_id"]]  # the run's, for its H100
+        assert e["predicted_j_per_token"] != e["predicted_run_j_per_token"]  # re-priced for the H200 that served
+        assert "h200" in e["predicted_source"].lower() and "h100" not in e["predicted_source"].lower()
+    assert "Served on another GPU kind than the run's target" in (run_dir / "verify.md").read_text()
 
 
 # ------------------------------------------------------------- reports/benchmarks/operating_points_8b's collector

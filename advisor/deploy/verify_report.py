@@ -25,6 +25,12 @@ def render_verify(result: dict[str, Any]) -> str:
                  "**Served otherwise than planned:** " + "; ".join(
                      f"plan {r['plan_id']} ({r['role']}): " + ", ".join(f"{g}: {why}" for g, why in
                                                                        r["formats_match"].items()) for r in bad))
+    kind, target = result.get("gpu_kind"), result.get("target")
+    if kind and target and kind != target:
+        lines += ["", f"**Served on another GPU kind than the run's target:** the run priced its plans for {target}, "
+                  f"vLLM served them on {result['gpu']} ({kind}). The energy table's predicted column is re-priced "
+                  f"for {kind} (verify.json keeps the run's own beside it); the operating points' predicted columns "
+                  f"are the run's, for {target}, and compare with this GPU's numbers only loosely."]
     lines += served_decision(result)
     lines += ["", "### Formats as served", "", "| plan | role | served as planned | formats vLLM built |",
               "|---|---|---|---|"]

@@ -36,7 +36,7 @@ from advisor.energy.meter import MeterConfig
 from advisor.energy.prediction import predicted_for_gpus
 from advisor.errors import InputError, SetupError
 from advisor.estimate import EnergyEstimate
-from advisor.formats import Format
+from advisor.formats import GPU, Format
 from advisor.plan import Plan
 from advisor.search.operating_measured import from_timed, objective_name
 from advisor.workflows.verify_serving import Serving, operating_workloads, serve_plans
@@ -149,8 +149,9 @@ def _metered_at(measured: dict[str, Any] | None, batch: int) -> dict[str, Any] |
 def energy_as_served(record: dict[str, Any] | None, served: dict[str, Any],
                      over_gpus: Callable[[str], EnergyEstimate] | None = None) -> list[dict[str, Any]]:
     """Per stated workload: vLLM's J/token beside the run's measured (built-in) and predicted numbers, each
-    labelled (the operating points' rows are :func:`operating_as_served`'s). Served over several GPUs,
-    ``over_gpus(workload name)`` is the prediction for that many (the run's one-GPU prediction kept beside)."""
+    labelled (the operating points' rows are :func:`operating_as_served`'s). Served over several GPUs or on another
+    kind than the run's target, ``over_gpus(workload name)`` is the prediction for what served (the run's own kept
+    beside)."""
     record = record or {}
     measured = {e["workload"]: e for e in record.get("energy", []) if e.get("measured")}
     predicted = {e["workload"]: e for e in record.get("predicted_energy", []) or record.get("energy", [])
@@ -169,7 +170,7 @@ def energy_as_served(record: dict[str, Any] | None, served: dict[str, Any],
         if over_gpus is not None:
             tp = over_gpus(name)
             rows[-1].update(predicted_j_per_token=tp.j_per_token, predicted_source=tp.source,
-                            predicted_one_gpu_j_per_token=p["j_per_token"] if p else None)
+                            predicted_run_j_per_token=p["j_per_token"] if p else None)
     return rows
 
 
@@ -231,7 +232,8 @@ def verify_run(run_dir: Path, engine: str = "vllm", plan_ids: Sequence[str] = ()
     if engine_entry(engine).name != "vllm":
         raise InputError(f"--engine {engine}: `advisor verify` serves through vllm only (--engine vllm)")
     vllm = import_vllm()
-    here = gpu_here()[1]
+    kind, here = gpu_here()
+    kind = GPU(kind) if kind is not None else None
     if here is None:
         raise SetupError("`advisor verify` serves the plans on the GPU here and NVML sees none; run it on an "
                          "NVIDIA GPU machine with vLLM installed")
@@ -289,7 +291,11 @@ def verify_run(run_dir: Path, engine: str = "vllm", plan_ids: Sequence[str] = ()
     device = "cuda" if torch.cuda.is_available() else "cpu"
     reference = loaded.model.to(device).eval()
     where = f"{n_gpus}x {here}, tp={n_gpus}" if n_gpus > 1 else here
-    tp_model = predicted_for_gpus(loaded.shape, recipe.target, n_gpus) if n_gpus > 1 else None
+    # the run priced its plans for its target on one GPU; served on another kind or over several, the energy rows'
+    # prediction is re-priced for what served them (the run's own kept beside)
+    other_kind = kind is not None and kind != recipe.target
+    tp_model = predicted_for_gpus(loaded.shape, kind if other_kind else recipe.target, n_gpus) \
+        if n_gpus > 1 or other_kind else None
     stated = {w.name: w for w in recipe.workloads}
 
     def over_gpus(plan: Plan) -> Callable[[str], EnergyEstimate] | None:
@@ -317,6 +323,7 @@ def verify_run(run_dir: Path, engine: str = "vllm", plan_ids: Sequence[str] = ()
     result = {
         "run": summary["run"], "engine": "vllm", "vllm_version": getattr(vllm, "__version__", "unknown"),
         "gpu": here, "gpus": n_gpus, "date": time.strftime("%Y-%m-%d"), "plans": rows,
+        "target": recipe.target.value, "gpu_kind": kind.value if kind is not None else None,
         "lambada": {"file": str(lambada), "items": len(items)} if lambada else None,
         "verified": all(r["formats_match"] is True for r in rows),
     }
