@@ -49,7 +49,7 @@ def test_every_plan_measured_the_rule_compares_the_measured_points():
     rec, bases = choose(points)
     assert bases["chat"].measured and bases["chat"].label == ENGINE
     assert rec.candidate.plan.id == MIXED.id
-    assert "at its largest batch under the objective, measured (vLLM 0.26.0" in rec.reason
+    assert "at its largest batch under the objective (measured (vLLM 0.26.0" in rec.reason
     assert "42.3% less energy than all-BF16" in rec.reason  # 0.075 against BF16's measured 0.13
     predicted_only = recommend(CANDS, ["chat"], operating={(p.plan_id, p.workload): p for p in points})
     assert predicted_only.candidate.plan.id == FP8.id  # what the predicted points alone would have chosen
@@ -67,7 +67,8 @@ def test_a_mixed_set_is_chosen_on_predicted_points_and_says_what_the_measured_fo
               point(MIXED, 110, 0.07)]
     rec, bases = choose(points)
     assert not bases["chat"].measured and rec.candidate.plan.id == FP8.id  # predicted numbers against each other
-    assert rec.reason.startswith("lowest J/token on 'chat' at its largest batch under the objective, predicted")
+    assert rec.reason.startswith(
+        "lowest J/token on 'chat' at its largest batch under the objective (predicted), within the accuracy budget")
     note = bases["chat"].note
     assert note.startswith("only 2 of the 3 plans compared were measured")
     assert "all-fp8 meets at batch 60 (predicted 127)" in note and "all-bf16 meets at batch 50 (predicted 69)" in note

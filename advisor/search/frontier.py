@@ -169,7 +169,7 @@ def recommend(
     saving = ""
     if bf16 is not None and met(bf16, primary) and cost(bf16, primary) > 0:
         saving = f", {percent_less(cost(best, primary), cost(bf16, primary))} less energy than all-BF16"
-    where = (" at its largest batch under the objective" + (basis or {}).get(primary, "")
+    where = (" at its largest batch under the objective" + (basis or {}).get(primary, "") + ","
              if primary in objective_ws else "")
     return Recommendation(
         best, f"lowest J/token on '{primary}'{where} within the accuracy budget ({metric}){saving}", metric

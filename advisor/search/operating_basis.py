@@ -78,4 +78,4 @@ def basis_words(bases: Mapping[str, Basis], workload: str) -> str:
     b = bases.get(workload)
     if b is None:
         return ""
-    return f", {b.label}" if b.measured else ", predicted"
+    return f" ({b.label})" if b.measured else " (predicted)"
