@@ -448,3 +448,26 @@ def test_an_engines_process_sees_only_its_jobs_gpus(monkeypatch):
     assert os.environ["CUDA_VISIBLE_DEVICES"] == "0,1,2,3"  # no devices named: this process's
     pin_devices(ServeJob(checkpoint="ck", vocab_size=8, devices=("GPU-b", "GPU-d")))
     assert os.environ["CUDA_VISIBLE_DEVICES"] == "GPU-b,GPU-d"
+
+
+def test_slots_interrupted_start_no_further_task(monkeypatch):
+    import threading
+
+    from advisor.deploy import engine_slots
+    from advisor.deploy.engine_slots import Slot, run_on_slots
+
+    started, release = [], threading.Event()
+
+    def work(task, slot):
+        started.append(task)
+        release.wait(5)
+        return task
+
+    def interrupted(futures):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(engine_slots, "wait", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        run_on_slots(list(range(6)), [Slot(0, ("GPU-a",))], work)
+    release.set()
+    assert len(started) <= 1  # the one serving ends as it would; the five waiting never start

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import queue
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -43,7 +43,7 @@ def engine_slots(workers: int, gpus: int, visible: int) -> list[Slot]:
 def run_on_slots(tasks: Sequence[T], slots: Sequence[Slot], work: Callable[[T, Slot], R]) -> list[R]:
     """``work(task, slot)`` for every task, as many at once as there are slots, each on a slot no other task holds
     meanwhile; results in the tasks' order. A task that fails does not stop the others; the first failure is
-    raised once all have ended."""
+    raised once all have ended. Interrupted, no further task starts and the interruption is raised at once."""
     free: queue.Queue[Slot] = queue.Queue()
     for s in slots:
         free.put(s)
@@ -55,8 +55,14 @@ def run_on_slots(tasks: Sequence[T], slots: Sequence[Slot], work: Callable[[T, S
         finally:
             free.put(slot)
 
-    with ThreadPoolExecutor(max_workers=max(len(slots), 1), thread_name_prefix="engine-slot") as pool:
-        futures = [pool.submit(on_a_slot, t) for t in tasks]
+    pool = ThreadPoolExecutor(max_workers=max(len(slots), 1), thread_name_prefix="engine-slot")
+    futures = [pool.submit(on_a_slot, t) for t in tasks]
+    try:
+        wait(futures)
+    except BaseException:  # Ctrl-C: no further task starts; those serving end as they would, and are kept
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    pool.shutdown()
     errors = [f.exception() for f in futures if f.exception() is not None]
     if errors:
         raise errors[0]

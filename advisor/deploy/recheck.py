@@ -38,6 +38,7 @@ from advisor.errors import InputError
 from advisor.formats import Format
 from advisor.plan import Plan
 from advisor.report.schema import load_summary
+from advisor.search.frontier import percent_less
 
 log = logging.getLogger(__name__)
 
@@ -174,7 +175,7 @@ def recheck_checks(recipe: Any, ev: Any, ev_bf16: Any, bench: dict[str, Any]) ->
     plan_e, bf16_e = _energy_by_workload(ev), _energy_by_workload(ev_bf16)
     for w, e in plan_e.items():
         out.append(Check(f"J/token '{w}' (must not exceed BF16)", e, bf16_e[w], e <= bf16_e[w],
-                         f"{100 * (1 - e / bf16_e[w]):.1f}% less than BF16" if bf16_e[w] > 0 else ""))
+                         f"{percent_less(e, bf16_e[w])} less than BF16" if bf16_e[w] > 0 else ""))
     return out
 
 
