@@ -471,3 +471,42 @@ def test_slots_interrupted_start_no_further_task(monkeypatch):
         run_on_slots(list(range(6)), [Slot(0, ("GPU-a",))], work)
     release.set()
     assert len(started) <= 1  # the one serving ends as it would; the five waiting never start
+
+
+def test_with_workers_all_bf16_and_the_recommendation_share_a_gpu(tmp_path, monkeypatch):
+    import threading
+
+    from advisor.deploy.vllm_serve import ServeJob
+    from advisor.energy.meter import MeterConfig
+    from advisor.formats import Format
+    from advisor.plan import Plan
+    from advisor.workflows.verify_serving import Serving, serve_plans
+
+    monkeypatch.setattr("advisor.deploy.serving_gpus.visible_gpus", lambda: (2, 80 * 2**30))
+    monkeypatch.setattr("advisor.deploy.engine_slots.device_id", lambda i: f"GPU-fake-{i}")
+    plans = {"bf16": Plan.uniform(["a", "b"], Format.BF16), "recommendation": Plan({"a": Format.FP8, "b": Format.BF16}),
+             "fp8": Plan.uniform(["a", "b"], Format.FP8)}
+    order, lock = [], threading.Lock()
+
+    def runner(job):
+        with lock:
+            order.append(job.checkpoint)
+        return {"served": {}}
+
+    summary = {"workloads": [], "operating_points": []}
+    serving = Serving(tmp_path, summary, ServeJob(checkpoint="", vocab_size=8), False, "0.0-fake", "Fake GPU",
+                      MeterConfig(), runner)
+    served = serve_plans(plans, {r: tmp_path / r for r in plans}, serving, workers=2)
+    assert served["bf16"]["devices"] == served["recommendation"]["devices"] != served["fp8"]["devices"]
+    assert order.index(str(tmp_path / "bf16")) < order.index(str(tmp_path / "recommendation"))
+    assert {p.stem for p in (tmp_path / "verify_served").glob("*.json")} == {p.id for p in plans.values()}
+
+
+def test_the_decision_as_served_says_when_its_two_plans_ran_on_different_gpus():
+    from advisor.deploy.verify_report import served_decision
+
+    rec, bf16 = _served_plan("recommendation", "r", _at(90, 0.07, True)), _served_plan("bf16", "b", _at(30, 0.12, True))
+    rec["devices"], bf16["devices"] = ["GPU-x"], ["GPU-y"]
+    assert any("different GPUs of this node (GPU-x; GPU-y)" in line for line in served_decision({"plans": [bf16, rec]}))
+    rec["devices"] = ["GPU-y"]
+    assert not any("different GPUs" in line for line in served_decision({"plans": [bf16, rec]}))

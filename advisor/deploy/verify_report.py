@@ -112,6 +112,9 @@ def served_decision(result: dict[str, Any]) -> list[str]:
             lines.append(f"- '{w}': the recommendation `{rec['plan_id']}` at {_point(mine)} against all-BF16 at "
                          f"{_point(theirs)}: **{percent_less(mine['j_per_token'], theirs['j_per_token'])} less "
                          "energy per token**, each at its largest batch that met the objective in vLLM.")
+    if rec is not bf16 and rec.get("devices") and bf16.get("devices") and rec["devices"] != bf16["devices"]:
+        lines.append(f"- The two were served on different GPUs of this node ({', '.join(rec['devices'])}; "
+                     f"{', '.join(bf16['devices'])}): units of one kind differ by a few percent, not checked here.")
     return lines
 
 

@@ -2,7 +2,7 @@
 log-probabilities, every stated workload and each objective's operating batch, the batch search's further rounds
 in the same engine), kept as it finishes (:mod:`advisor.deploy.served_store`) and read back by a verify of the same
 job; with ``workers`` over 1, that many plans at once, each engine on GPUs of its own
-(:mod:`advisor.deploy.engine_slots`)."""
+(:mod:`advisor.deploy.engine_slots`), all-BF16 and the recommendation on the same ones."""
 
 from __future__ import annotations
 
@@ -99,11 +99,16 @@ def serve_plans(plans: Mapping[str, Plan], paths: Mapping[str, Path], s: Serving
             s.status(f"plan {plan.id}: its serving was not kept for a resumed verify ({type(exc).__name__}: {exc})")
         return answer
 
-    if workers <= 1 or len(todo) <= 1:
+    # all-BF16 and the recommendation on one unit, one after the other: the decision compares the two, and units of
+    # one kind differ by a few percent; every other plan on a slot of its own
+    pair = [r for r in todo if {"bf16", "recommendation"} & set(r.split("+"))]
+    groups = ([pair] if pair else []) + [[r] for r in todo if r not in pair]
+    if workers <= 1 or len(groups) <= 1:
         served.update({role: serve_one(role, None) for role in todo})
     else:
-        slots = engine_slots(min(workers, len(todo)), s.base.tensor_parallel_size, serving_gpus.visible_gpus()[0])
-        served.update(zip(todo, run_on_slots(todo, slots, serve_one), strict=True))
+        slots = engine_slots(min(workers, len(groups)), s.base.tensor_parallel_size, serving_gpus.visible_gpus()[0])
+        answers = run_on_slots(groups, slots, lambda group, slot: [serve_one(role, slot) for role in group])
+        served.update(zip([r for g in groups for r in g], [a for ans in answers for a in ans], strict=True))
     return {role: served[role] for role in plans}
 
 
