@@ -233,3 +233,47 @@ def test_rounds_run_in_one_child_process_that_asks_for_each(tmp_path, monkeypatc
     missing = ServeJob(str(tmp_path / "missing"), vocab_size=64, workloads=(first,), meter=meter)
     with pytest.raises(UnsupportedError, match="could not serve .*FileNotFoundError"):
         run_rounds_in_child(missing, more, "pip install vllm", target=serve_on_constant_power)
+
+
+def serve_and_say_which_gpus(job, more=None):
+    """A child's target: the serving, and the GPUs the child was shown."""
+    import os
+
+    return {**serve(job, make_counter=ConstantPowerCounter, more=more),
+            "visible": os.environ.get("CUDA_VISIBLE_DEVICES")}
+
+
+def test_verify_s_whole_serving_opens_the_engine_the_rounds_keep_in_a_child_shown_its_gpus(tmp_path, monkeypatch):
+    from advisor.deploy.vllm_engine import VllmEnergyModel
+    from advisor.deploy.vllm_rounds import run_rounds_in_child
+    from advisor.energy.meter import MeterConfig
+    from advisor.recipe.schema import Workload
+
+    (tmp_path / "pkgs" / "vllm").mkdir(parents=True)
+    (tmp_path / "pkgs" / "vllm" / "__init__.py").write_text(
+        "import sys\nfrom advisor.testing_vllm import fake_vllm\nsys.modules[__name__] = fake_vllm(step_s=0.001)\n")
+    monkeypatch.syspath_prepend(str(tmp_path / "pkgs"))
+    meter = {"warmup_s": 0.5, "min_window_s": 0.2, "min_ticks": 10, "repeats": 3, "idle_s": 0.02, "max_cv": 0.5}
+    ck = checkpoint(tmp_path / "ck")
+    stated = Workload(name="chat", batch_size=2, input_tokens=8, output_tokens=8, tpot_ms=5.0)
+    operating = stated.model_copy(update={"name": "chat at batch 4", "batch_size": 4})
+    job = ServeJob(str(ck), vocab_size=64, workloads=(stated.model_dump(), operating.model_dump()),
+                   sequences=((1, 2, 3, 4, 5),), items=(((1, 2, 3), (4,)),), prefill=False, meter=meter,
+                   devices=("GPU-fake-1",))
+    model = VllmEnergyModel(lambda _plan: ck, [], 64, meter=MeterConfig(**meter), vllm_version="0.0-fake",
+                            rounds_runner=lambda j, more: run_rounds_in_child(j, more, "pip install vllm",
+                                                                              target=serve_and_say_which_gpus))
+    plan = Plan({"model.layers.0": Format.BF16})
+    model.open_with(plan, job)
+    rounds = []
+
+    def next_round(points):
+        rounds.append(sorted(p.batch for p in points))
+        return [operating.model_copy(update={"name": "chat at batch 3", "batch_size": 3})] if len(rounds) == 1 else []
+
+    points = model.measure_rounds(plan, [operating], next_round, 4)
+    out = model.served(plan)
+    assert rounds == [[4], [3]] and [p.batch for p in points] == [4, 3]  # the search's round in the same engine
+    assert sorted(out["energy"]) == ["chat", "chat at batch 3", "chat at batch 4"]
+    assert len(out["prompt_logprobs"]) == 1 and out["items"] and out["served"]  # the whole serving came back
+    assert out["visible"] == "GPU-fake-1"  # the engine's process saw only the job's GPU
