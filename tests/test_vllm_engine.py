@@ -210,14 +210,19 @@ def serve_on_constant_power(job, more=None):
     return serve(job, make_counter=ConstantPowerCounter, more=more)
 
 
-def test_rounds_run_in_one_child_process_that_asks_for_each(tmp_path, monkeypatch):
-    from advisor.deploy.vllm_rounds import run_rounds_in_child
-
+def fake_vllm_package(tmp_path, monkeypatch) -> dict:
+    """The fake vllm importable in a spawned child (a package on the path); a fast meter's settings."""
     (tmp_path / "pkgs" / "vllm").mkdir(parents=True)
     (tmp_path / "pkgs" / "vllm" / "__init__.py").write_text(
         "import sys\nfrom advisor.testing_vllm import fake_vllm\nsys.modules[__name__] = fake_vllm(step_s=0.001)\n")
     monkeypatch.syspath_prepend(str(tmp_path / "pkgs"))
-    meter = {"warmup_s": 0.5, "min_window_s": 0.2, "min_ticks": 10, "repeats": 3, "idle_s": 0.02, "max_cv": 0.5}
+    return {"warmup_s": 0.5, "min_window_s": 0.2, "min_ticks": 10, "repeats": 3, "idle_s": 0.02, "max_cv": 0.5}
+
+
+def test_rounds_run_in_one_child_process_that_asks_for_each(tmp_path, monkeypatch):
+    from advisor.deploy.vllm_rounds import run_rounds_in_child
+
+    meter = fake_vllm_package(tmp_path, monkeypatch)
     first = {"name": "chat at batch 4", "batch_size": 4, "input_tokens": 8, "output_tokens": 8}
     job = ServeJob(str(checkpoint(tmp_path / "ck", "FP8")), vocab_size=64, workloads=(first,), formats=False,
                    prefill=False, meter=meter, max_batch=4)
@@ -249,11 +254,7 @@ def test_verify_s_whole_serving_opens_the_engine_the_rounds_keep_in_a_child_show
     from advisor.energy.meter import MeterConfig
     from advisor.recipe.schema import Workload
 
-    (tmp_path / "pkgs" / "vllm").mkdir(parents=True)
-    (tmp_path / "pkgs" / "vllm" / "__init__.py").write_text(
-        "import sys\nfrom advisor.testing_vllm import fake_vllm\nsys.modules[__name__] = fake_vllm(step_s=0.001)\n")
-    monkeypatch.syspath_prepend(str(tmp_path / "pkgs"))
-    meter = {"warmup_s": 0.5, "min_window_s": 0.2, "min_ticks": 10, "repeats": 3, "idle_s": 0.02, "max_cv": 0.5}
+    meter = fake_vllm_package(tmp_path, monkeypatch)
     ck = checkpoint(tmp_path / "ck")
     stated = Workload(name="chat", batch_size=2, input_tokens=8, output_tokens=8, tpot_ms=5.0)
     operating = stated.model_copy(update={"name": "chat at batch 4", "batch_size": 4})
