@@ -477,7 +477,6 @@ def test_with_workers_all_bf16_and_the_recommendation_share_a_gpu(tmp_path, monk
     import threading
 
     from advisor.deploy.vllm_serve import ServeJob
-    from advisor.energy.meter import MeterConfig
     from advisor.formats import Format
     from advisor.plan import Plan
     from advisor.workflows.verify_serving import Serving, serve_plans
@@ -494,8 +493,7 @@ def test_with_workers_all_bf16_and_the_recommendation_share_a_gpu(tmp_path, monk
         return {"served": {}}
 
     summary = {"workloads": [], "operating_points": []}
-    serving = Serving(tmp_path, summary, ServeJob(checkpoint="", vocab_size=8), False, "0.0-fake", "Fake GPU",
-                      MeterConfig(), runner)
+    serving = Serving(tmp_path, summary, ServeJob(checkpoint="", vocab_size=8), False, "0.0-fake", "Fake GPU", runner)
     served = serve_plans(plans, {r: tmp_path / r for r in plans}, serving, workers=2)
     assert served["bf16"]["devices"] == served["recommendation"]["devices"] != served["fp8"]["devices"]
     assert order.index(str(tmp_path / "bf16")) < order.index(str(tmp_path / "recommendation"))

@@ -26,9 +26,9 @@ class Slot:
 
 def device_id(index: int) -> str:
     """``CUDA_VISIBLE_DEVICES``' name of torch's ``cuda:{index}`` here: its UUID (``GPU-...``)."""
-    import torch
+    from advisor.energy.meter import torch_device_uuid
 
-    uuid = str(torch.cuda.get_device_properties(index).uuid)
+    uuid = str(torch_device_uuid(index))
     return uuid if uuid.startswith(("GPU-", "MIG-")) else f"GPU-{uuid}"
 
 

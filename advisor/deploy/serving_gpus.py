@@ -100,6 +100,19 @@ ENGINE_HEADROOM_BYTES = 2 * GIB
 MIN_ENGINE_SHARE = 0.1
 
 
+def release_gpu_memory() -> None:
+    """What this process no longer uses on its GPUs handed back to the driver, for an engine in another process
+    that sizes its cache from what is free: garbage first (quantized copies hold reference cycles), then torch's
+    cached blocks."""
+    import gc
+
+    import torch
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
 def engine_memory_share(gpus: int, share: float = SERVE_MEMORY_SHARE, first: int = 0) -> float:
     """vLLM's ``gpu_memory_utilization`` for an engine started now on ``cuda:{first}`` .. ``cuda:{first+gpus-1}``:
     ``share``, or less where this process holds part of a GPU (a search's model and bank, an export), since vLLM
@@ -108,7 +121,7 @@ def engine_memory_share(gpus: int, share: float = SERVE_MEMORY_SHARE, first: int
 
     if not torch.cuda.is_available():
         return share
-    torch.cuda.empty_cache()  # this process's cached blocks count as used for the engine's process
+    release_gpu_memory()  # what this process holds, cached blocks too, counts as used for the engine's process
     for i in range(first, min(first + gpus, torch.cuda.device_count())):
         free, total = torch.cuda.mem_get_info(i)
         room = (free - ENGINE_HEADROOM_BYTES) / total

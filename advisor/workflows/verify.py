@@ -186,18 +186,13 @@ def exports_device(model: Any) -> str:
     return "cuda" if 4 * bf16_bytes + EXPORT_HEADROOM_BYTES <= free else "cpu"
 
 
-def release_gpu_memory() -> str:
-    """The GPU memory this process no longer uses handed back to the driver (an engine in another process sizes its
-    cache from what is free): the exports' quantized copies, collected (they hold reference cycles), then torch's
-    cached blocks. Says what is free on ``cuda:0`` afterwards."""
-    import gc
-
+def free_gpu_memory() -> str:
+    """What is free on ``cuda:0`` once this process has handed back what it no longer uses, and what it holds."""
     import torch
 
-    gc.collect()
+    serving_gpus.release_gpu_memory()
     if not torch.cuda.is_available():
         return "no GPU"
-    torch.cuda.empty_cache()
     free, total = torch.cuda.mem_get_info(0)
     held = torch.cuda.memory_allocated(0)
     return f"{free / 2**30:.1f} of {total / 2**30:.1f} GiB free on cuda:0, {held / 2**30:.1f} GiB held by this process"
@@ -275,13 +270,13 @@ def verify_run(run_dir: Path, engine: str = "vllm", plan_ids: Sequence[str] = ()
         paths[role] = checkpoint_for(plan)
     if export_device == "cuda":  # the engines' processes need the GPU's memory, the cached blocks too
         loaded.model.to("cpu")
-        status(f"GPU memory for the engines: {release_gpu_memory()}")
+        status(f"GPU memory for the engines: {free_gpu_memory()}")
     version = getattr(vllm, "__version__", "unknown")
     # prefill=False: verify reports J/token, tokens/s, TPOT and TTFT per workload, never prefill J per input token,
     # and a prefill metering would double every workload's time on the GPU
     base = ServeJob(checkpoint="", vocab_size=vocab, sequences=tuple(heldout), items=tuple(items), top_k=TOP_K,
                     meter=asdict(meter or MeterConfig()), tensor_parallel_size=n_gpus, prefill=False)
-    serving = Serving(run_dir, summary, base, energy, version, here, meter or MeterConfig(), runner or run_in_child,
+    serving = Serving(run_dir, summary, base, energy, version, here, runner or run_in_child,
                       rounds_runner, status)
     served = serve_plans(plans, paths, serving, workers)
 

@@ -59,7 +59,6 @@ class Serving:
     energy: bool
     vllm_version: str
     gpu: str  # the GPU's name, for the measurements' labels and the kept servings' key
-    meter: MeterConfig
     runner: Callable[[ServeJob], dict[str, Any]] | None = None
     rounds_runner: Callable[[ServeJob, Any], dict[str, Any]] | None = None
     status: Callable[[str], None] = lambda _m: None
@@ -86,9 +85,9 @@ def serve_plans(plans: Mapping[str, Plan], paths: Mapping[str, Path], s: Serving
         job = replace(job, gpu_memory_utilization=engine_memory_share(gpus, first=slot.first if slot else 0))
         s.status(f"serving plan {plan.id} ({role}) in vLLM" + (f" on {', '.join(slot.devices)}" if slot else ""))
         if _searched(s, plan):  # one engine for the serving and the batch search's further rounds
-            model = VllmEnergyModel(lambda _plan, path=paths[role]: path, [], s.base.vocab_size, meter=s.meter,
-                                    gpu_label=s.gpu, vllm_version=s.vllm_version, gpus=gpus,
-                                    rounds_runner=s.rounds_runner)
+            model = VllmEnergyModel(lambda _plan, path=paths[role]: path, [], s.base.vocab_size,
+                                    meter=MeterConfig(**s.base.meter), gpu_label=s.gpu, vllm_version=s.vllm_version,
+                                    gpus=gpus, rounds_runner=s.rounds_runner)
             answer = serve_and_search(plan, job, s.summary, model)
         else:
             answer = (s.runner or run_in_child)(job)
