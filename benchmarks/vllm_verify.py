@@ -366,10 +366,12 @@ def collect_operating(verify: dict[str, Any], summary: dict[str, Any]) -> dict[s
     stated = {w["name"]: w for w in summary["workloads"]}
     predicted = {(p["plan_id"], p["workload"]): p for p in summary.get("operating_points") or []}
     rec = summary["recommendation"]["plan_id"]
+    max_kl = (summary.get("accuracy_budget") or {}).get("max_kl")
     points, fixed = [], []
     for r in verify["plans"]:
         plan = {"plan": r["label"], "plan_id": r["plan_id"], "roles": r["role"].split("+"),
-                "recommendation": r["plan_id"] == rec}
+                "recommendation": r["plan_id"] == rec, "proxy_kl": r.get("proxy_kl"),
+                "within_budget": None if max_kl is None or r.get("proxy_kl") is None else r["proxy_kl"] <= max_kl}
         for o in r.get("operating") or []:
             w, p = stated[o["workload"]], predicted[(r["plan_id"], o["workload"])]
             found = o.get("vllm_search") or {**o["vllm"], "predicted_batch": o["batch"], "trail": [o["vllm"]],
@@ -400,12 +402,12 @@ def collect_operating(verify: dict[str, Any], summary: dict[str, Any]) -> dict[s
                          "on a run whose workloads state a tpot_ms")
     best = {}
     for name in dict.fromkeys(p["workload"] for p in points):
-        met = [p for p in points if p["workload"] == name and p["meets_measured"]]
+        met = [p for p in points if p["workload"] == name and p["meets_measured"] and p["within_budget"] is not False]
         best[name] = min(met, key=lambda p: p["measured_j_per_token"])["plan"] if met else None
     return {"gpu": verify["gpu"], "gpus": verify.get("gpus", 1), "date": verify["date"],
             "vllm_version": verify["vllm_version"], "run": verify["run"],
             "recommendation": {"plan_id": rec, "label": summary["recommendation"].get("label")},
-            "lowest_measured_j_per_token_that_meets": best,
+            "max_kl": max_kl, "lowest_measured_j_per_token_that_meets": best,
             "predicted_label": next(iter(predicted.values()))["source"] if predicted else None,
             "points": points, "fixed_batch": sorted(fixed, key=lambda f: (f["plan"], f["batch"]))}
 
@@ -432,8 +434,11 @@ def render_collected(data: dict[str, Any]) -> str:
                      f"{_f(p['measured_ttft_ms'], '.1f')} | {_f(p['tokens_per_s'], '.0f')} | {p['meets_measured']} | "
                      f"{_f(p['predicted_j_per_token'])} ({_pct(err.get('j_per_token'))}), "
                      f"{_f(p['predicted_tpot_ms'], '.2f')} ({_pct(err.get('tpot_ms'))}) | {p['search']} |")
-    lines += ["", "Lowest measured J/token that meets each objective: " + "; ".join(
-        f"{w}: {plan or 'none'}" for w, plan in data["lowest_measured_j_per_token_that_meets"].items()) + ".",
+    outside = sorted({p["plan"] for p in data["points"] if p.get("within_budget") is False})
+    best = data["lowest_measured_j_per_token_that_meets"]
+    lines += ["", "Lowest measured J/token that meets each objective, within the accuracy budget"
+              + (f" (proxy KL <= {data['max_kl']:g}; outside it: {', '.join(outside)})" if outside else "") + ": "
+              + "; ".join(f"{w}: {plan or 'none'}" for w, plan in best.items()) + ".",
         "", "## Fixed batches", "", "| plan | batch | measured J/token | tokens/s | predicted J/token | error |",
         "|---|---|---|---|---|---|"]
     for f in data["fixed_batch"]:
