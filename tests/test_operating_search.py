@@ -12,7 +12,7 @@ from advisor.formats import Format
 from advisor.plan import LayerGroup, Plan
 from advisor.recipe.schema import Workload
 from advisor.search.operating_measured import from_timed
-from advisor.search.operating_search import EXTRA_METERINGS, BatchSearch, curve_batch, search_batches
+from advisor.search.operating_search import EXTRA_METERINGS, RESOLUTION, BatchSearch, curve_batch, search_batches
 
 GROUPS = (LayerGroup("layers.0.qkv", ("m0",), ((8, 8),)),)
 PLAN = Plan.uniform(GROUPS, Format.BF16)
@@ -65,12 +65,31 @@ def test_a_missed_point_is_searched_down_to_the_largest_batch_that_meets(curve, 
     true = largest_meeting(tpot, objective)
     assert got["prediction_error_pct"]["tpot_ms"] == pytest.approx(100 * (objective / tpot(predicted) - 1))
     assert got["prediction_error_pct"]["j_per_token"] == pytest.approx(-50.0)  # the fake's J/token is 1 / batch
-    assert got["batch"] == true and got["meets"] is True and tpot(got["batch"]) <= objective
+    batch = got["batch"]
+    assert got["meets"] is True and tpot(batch) <= objective and true * (1 - 2 * RESOLUTION) - 1 <= batch <= true
     assert tier.metered[0] == predicted and len(tier.metered) <= 1 + EXTRA_METERINGS
     assert got["predicted_batch"] == predicted and [t["batch"] for t in got["trail"]] == tier.metered
     assert got["trail"][0]["meets"] is False and got["trail"][0]["tpot_ms"] == pytest.approx(tpot(predicted))
-    assert got["tpot_ms"] == pytest.approx(tpot(true)) and got["j_per_token"] == pytest.approx(1 / true)
-    assert got["search"].startswith(f"batch {true} is the largest that meets as measured ({true + 1} misses")
+    assert got["tpot_ms"] == pytest.approx(tpot(batch)) and got["j_per_token"] == pytest.approx(1 / batch)
+    if batch == true and true + 1 in tier.metered:
+        assert got["search"].startswith(f"batch {true} is the largest that meets as measured ({true + 1} misses")
+    else:
+        assert f"batch {batch} meets" in got["search"]
+
+
+def test_a_noisy_step_time_at_the_objective_still_gives_a_batch_that_meets():
+    """Measured TPOT repeats only within ~0.5-1%: near the objective, aiming at it exactly is a coin toss (the
+    8B recommendation's 20 ms search metered 228, 227 and 225, all missing by 0.2-0.5%); the first step down
+    aims a margin under it."""
+    def noisy(b: int) -> float:  # 21.3 ms at 247 as measured; +-0.1 ms of spread that depends on the batch
+        return 6.1 + 0.0615 * b + 0.1 * ((b * 7919) % 3 - 1)
+
+    curve = [(b, 12.0 + 8.0 * (b - 125) / 122, 1.0 / b) for b in (1, 64, 125, 192, 247, 320)]
+    tier = FakeTier(noisy)
+    got = search_batches(tier, PLAN, [BatchSearch(Workload(name="tpot20", tpot_ms=20.0), 247, curve)])[0]
+    noiseless = (20.0 - 6.1) / 0.0615  # 226
+    assert got["meets"] is True and noisy(got["batch"]) <= 20.0
+    assert noiseless * (1 - 2 * RESOLUTION) <= got["batch"] <= noiseless + 2
 
 
 def test_a_point_that_meets_is_metered_once():
@@ -106,9 +125,10 @@ def test_the_budget_spent_keeps_the_best_batch_found_and_says_the_search_stopped
     assert len(tier.metered) == 3 and got["meets"] is True
     assert got["batch"] == max(t["batch"] for t in got["trail"] if t["meets"]) < largest_meeting(tier.tpot, 12.0)
     assert got["search"].startswith("search stopped after 2 extra meterings (the budget)")
-    nothing = FakeTier(lambda b: 6 + 0.1 * b)
+    nothing = FakeTier(lambda b: 8 + 0.1 * b)
     got = search(nothing, 12.0, 100, budget=1)
-    assert got["meets"] is False and "no metered batch meets TPOT 12 ms (p50); batch 62 gives" in got["search"]
+    assert got["meets"] is False and "no metered batch meets TPOT 12 ms (p50); batch 48 gives TPOT 12.8 ms" in got[
+        "search"]
 
 
 def test_ttft_and_several_objectives_are_searched_together_per_plan():
@@ -116,7 +136,8 @@ def test_ttft_and_several_objectives_are_searched_together_per_plan():
     chat = BatchSearch(Workload(name="chat", tpot_ms=12.0), 100, CURVE)
     first = BatchSearch(Workload(name="first", tpot_ms=20.0, ttft_ms=30.0), 100, CURVE)  # TTFT = 3 TPOT binds
     got = search_batches(tier, PLAN, [chat, first])
-    assert [g["batch"] for g in got] == [60, 40] and [g["workload"] for g in got] == ["chat", "first"]
+    assert [g["workload"] for g in got] == ["chat", "first"] and got[0]["batch"] == 60
+    assert 39 <= got[1]["batch"] <= 40 and got[1]["meets"] is True  # TTFT <= 30 ms: batch 40 at most
 
 
 def test_an_engine_that_does_not_time_the_objective_is_not_searched():
@@ -133,3 +154,34 @@ def test_an_engine_that_does_not_time_the_objective_is_not_searched():
 def test_curve_batch_reads_the_predicted_curve():
     assert curve_batch(CURVE, predicted_tpot(40)) == pytest.approx(40)
     assert curve_batch(CURVE, 1.0) is None and curve_batch(CURVE, 1e9) == 256
+
+
+def test_on_an_engine_that_pads_to_graph_sizes_only_graph_sizes_are_metered():
+    """vLLM runs a decode batch padded to its next CUDA-graph size: TPOT is a staircase, and the answer is the
+    top of a stair (232 serves more than 225 at the same step time)."""
+    from advisor.deploy.vllm_config import decode_graph_sizes
+
+    grid = decode_graph_sizes(1024)
+
+    def padded(b: int) -> float:
+        return 6.1 + 0.0615 * min(g for g in grid if g >= b)
+
+    class PaddingTier(FakeTier):
+        batch_grid = grid
+
+    tier = PaddingTier(padded)
+    curve = [(b, 12.0 + 8.0 * (b - 125) / 122, 1.0 / b) for b in (1, 64, 125, 192, 247, 320)]
+    got = search_batches(tier, PLAN, [BatchSearch(Workload(name="tpot20", tpot_ms=20.0), 247, curve)])[0]
+    assert tier.metered[0] == 247 and all(b in grid for b in tier.metered[1:])
+    best = max(g for g in grid if padded(g) <= 20.0)  # 224: 232 gives 20.37 ms
+    assert got["batch"] == best and got["meets"] is True
+    assert got["search"].startswith(f"batch {best} meets as measured and 232 misses, no batch between them") or \
+        got["search"].startswith(f"batch {best} is the largest that meets")
+
+
+def test_decode_graph_sizes_follow_vllms_default_list():
+    from advisor.deploy.vllm_config import decode_graph_sizes
+
+    sizes = decode_graph_sizes(1024)
+    assert sizes[:5] == (1, 2, 4, 8, 16) and 248 in sizes and 252 not in sizes and 256 in sizes
+    assert 264 not in sizes and 272 in sizes and sizes[-1] == 1024 and decode_graph_sizes(100)[-1] == 96

@@ -78,7 +78,7 @@ def _as_served(operating: dict[str, Any]) -> dict[str, Any]:
 
 
 def _point(p: dict[str, Any]) -> str:
-    tpot = f", TPOT {p['tpot_ms']:.3g} ms" if p.get("tpot_ms") is not None else ""
+    tpot = f", TPOT {p['tpot_ms']:.4g} ms" if p.get("tpot_ms") is not None else ""
     return f"batch {p['batch']} at {p['j_per_token']:.4g} J/token{tpot}"
 
 

@@ -34,6 +34,14 @@ def capture_bound(batch: int, prompt: int) -> int:
     return 16 * math.ceil((batch + prompt) / 16)
 
 
+def decode_graph_sizes(bound: int) -> tuple[int, ...]:
+    """The batch sizes vLLM 0.26 captures CUDA graphs for under a capture bound (``vllm/config/vllm.py``'s
+    default list: 1, 2, 4, every 8 to 248, every 16 from 256). A decode step of ``b`` requests runs padded to
+    the smallest of them at or above ``b``: batches 225-232 cost one step time, and 232 serves the most."""
+    sizes = [1, 2, 4] + list(range(8, min(bound + 1, 256), 8)) + list(range(256, bound + 1, 16))
+    return tuple(b for b in sizes if b <= bound)
+
+
 def vllm_options_yaml(options: dict[str, Any], workloads: list[dict[str, Any]]) -> str:
     import yaml
 

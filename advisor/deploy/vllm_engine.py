@@ -21,6 +21,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from advisor.deploy.serving_gpus import engine_memory_share
+from advisor.deploy.vllm_config import decode_graph_sizes
 from advisor.deploy.vllm_rounds import child_answer, pin_devices
 from advisor.deploy.vllm_serve import ServeJob, serve
 from advisor.energy.meter import MeterConfig
@@ -178,6 +179,13 @@ class VllmEnergyModel:
         where = f", {gpu_label}" if gpu_label else ""
         tp = f", tp={gpus}" if gpus > 1 else ""
         self.label = f"measured (vLLM {version}{where}{tp}, {time.strftime('%Y-%m-%d')})"
+
+    @property
+    def batch_grid(self) -> tuple[int, ...]:
+        """The batches the measured batch search meters (:mod:`advisor.search.operating_search`): the engine runs
+        a decode batch padded to its next CUDA-graph size, so only those sizes differ (every serving raises the
+        capture bound over the largest batch it is sized for: :func:`~advisor.deploy.vllm_config.capture_bound`)."""
+        return decode_graph_sizes(8192)
 
     def _job(self, plan: Plan, workloads: Sequence[Workload], **fields: Any) -> ServeJob:
         """The job serving ``plan`` (exported first where it is not) at ``workloads``, with the memory share an

@@ -91,7 +91,7 @@ def _measured_cells(m: dict[str, Any] | None) -> list[str]:
 def _measured_words(m: dict[str, Any] | None) -> str:
     if not m or m.get("not_measured"):
         return ""
-    tpot = f", TPOT {m['tpot_ms']:.3g} ms" if m.get("tpot_ms") is not None else ""
+    tpot = f", TPOT {m['tpot_ms']:.4g} ms" if m.get("tpot_ms") is not None else ""
     where = f"batch {m['batch']}" if m.get("meets") is not False else f"no batch meets; batch {m['batch']}"
     return f" (measured: {where} at {m['j_per_token']:.4g} J/token{tpot})"
 

@@ -6,17 +6,23 @@ Every metered batch splits the batches: those known to meet and those known to m
 largest batch known to meet (``lo``, 0 when none: batch 1 is the floor) and the smallest known miss above it
 (``hi``) and meters one batch between them per round:
 
-* with no batch known to meet yet, the predicted step-time curve is scaled by how far the miss overshot (its
-  measured term over the objective's): the largest batch whose predicted TPOT is the predicted TPOT at ``hi``
-  divided by that excess (without a curve: ``hi`` divided by the excess);
-* with both ends known, the secant through their excesses (where the excess grows from ``lo`` to ``hi``; else
-  the midpoint, as bisection does).
+* with no batch known to meet yet, it aims :data:`MARGIN` under the objective, so that the meter's own spread
+  does not turn the step down into another miss: the secant through the two misses metered last where there
+  are two, else the predicted step-time curve scaled by how far the miss overshot (its measured term over the
+  objective's): the largest batch whose predicted TPOT is the predicted TPOT at ``hi`` over that excess (without
+  a curve: ``hi`` over the excess);
+* with both ends known, the secant through the two batches metered last, aimed at the objective itself (where
+  the excess grows with the batch between them; else the midpoint, as bisection does), kept between the ends.
 
-It stops when ``hi`` is ``lo + 1`` (found), when batch 1 misses (no batch meets), when an engine does not time
-the objective's terms (nothing to judge), or after :data:`EXTRA_METERINGS` meterings beyond the predicted
-batch (the budget; the best batch found is kept and the report says the search stopped). A step time that is
-not monotone in the batch can make a batch above ``lo`` meet too; the search answers with the largest batch it
-metered that meets, never one it did not meter.
+Where the engine runs only some batches differently (``grid``: vLLM pads a decode batch to its next CUDA-graph
+size, so batches 225-232 cost one step and 232 serves the most), every batch metered after the predicted one
+is the largest of the grid at or below the guess. It stops when no grid batch lies between ``lo`` and ``hi``
+(without a grid: when ``hi`` is within :data:`RESOLUTION` of ``lo``; closer than that, the meter's spread and
+not the batch decides), when batch 1 misses (no batch meets), when an engine does not time the objective's
+terms (nothing to judge), or after :data:`EXTRA_METERINGS` meterings beyond the predicted batch (the budget;
+the best batch found is kept and the report says the search stopped). A step time that is not monotone in the
+batch can make a batch above ``lo`` meet too; the search answers with the largest batch it metered that meets,
+never one it did not meter.
 """
 
 from __future__ import annotations
@@ -31,6 +37,11 @@ from advisor.recipe.schema import Workload
 from advisor.search.operating_measured import MeasuredPoint, at_batch, meter_points
 
 EXTRA_METERINGS = 3  # meterings per plan and objective beyond the predicted batch: each is a steady-state window
+# vLLM's TPOT p50 at one batch repeats within about 1-2% between steady windows, and batches 225-228 of one plan
+# measured 20.04-20.1 ms against a 20 ms objective (reports/benchmarks/operating_points_8b.md): aiming at the
+# objective itself turns the step down into a coin toss, and bracketing closer than this buys nothing.
+MARGIN = 0.02
+RESOLUTION = 0.02
 
 
 def excess(workload: Workload, point: MeasuredPoint) -> float | None:
@@ -73,6 +84,7 @@ class BatchSearch:
     budget: int = EXTRA_METERINGS
     predicted: dict[str, Any] = field(default_factory=dict)  # the predicted point (its j_per_token, tpot_ms, ...)
     trail: list[MeasuredPoint] = field(default_factory=list)
+    grid: Sequence[int] = ()  # the batches the engine runs differently (module docstring); () for every batch
 
     def first(self) -> Workload:
         return at_batch(self.workload, self.predicted_batch)
@@ -100,22 +112,30 @@ class BatchSearch:
         if not judged or len(self.trail) - 1 >= self.budget:
             return None
         lo, hi = self._ends(judged)
-        if hi is None or hi - lo <= 1:
+        if hi is None or self._bracketed(lo, hi):
             return None
-        guess = self._secant(judged)
-        if guess is None or not lo < guess < hi:  # one batch metered, or the excess not monotone there
-            guess = self._scaled(hi, judged[hi]) if lo == 0 else (lo + hi) / 2
-        return min(max(int(math.floor(guess)), lo + 1), hi - 1)
+        aim = 1.0 if lo else 1.0 - MARGIN
+        guess = self._secant(judged, aim)
+        if guess is None:  # one batch metered, or the excess not monotone there
+            guess = self._scaled(hi, judged[hi] / aim) if lo == 0 else (lo + hi) / 2
+        batch = min(max(int(math.floor(guess)), lo + 1), hi - 1)
+        between = [b for b in self.grid if lo < b < hi]
+        return max((b for b in between if b <= batch), default=min(between)) if between else batch
 
-    def _secant(self, judged: dict[int, float]) -> float | None:
-        """Where the line through the two batches metered last reaches the objective (None: one batch metered, or
-        the excess does not grow with the batch between them)."""
+    def _bracketed(self, lo: int, hi: int) -> bool:
+        if self.grid:
+            return not any(lo < b < hi for b in self.grid)
+        return hi - lo <= max(1, math.floor(RESOLUTION * hi))
+
+    def _secant(self, judged: dict[int, float], aim: float) -> float | None:
+        """Where the line through the two batches metered last reaches ``aim`` (None: one batch metered, or the
+        excess does not grow with the batch between them)."""
         if len(self.trail) < 2:
             return None
         (b1, e1), (b2, e2) = ((p.batch, judged[p.batch]) for p in self.trail[-2:])
         if b1 == b2 or (e2 - e1) / (b2 - b1) <= 0:
             return None
-        return b2 + (1.0 - e2) * (b2 - b1) / (e2 - e1)
+        return b2 + (aim - e2) * (b2 - b1) / (e2 - e1)
 
     def _scaled(self, hi: int, over: float) -> float:
         predicted = curve_tpot(self.curve, hi) if self.curve else None
@@ -144,9 +164,14 @@ class BatchSearch:
                 return self._record(smallest, trail, f"no batch meets {self._objective()} as measured: {got}")
             return self._record(smallest, trail, f"search stopped after {extra} extra meterings (the budget): no "
                                 f"metered batch meets {self._objective()}; {got}")
-        if hi is not None and hi - lo > 1:
+        if hi is not None and not self._bracketed(lo, hi):
             return self._record(self._at(lo), trail, f"search stopped after {extra} extra meterings (the budget): "
                                 f"batch {lo} meets, {hi} misses; the largest batch that meets lies between")
+        if hi is not None and hi - lo > 1:
+            apart = ("no batch between them runs differently (the engine pads a batch to its next CUDA-graph "
+                     "size)" if self.grid else f"within {RESOLUTION:.0%} of each other")
+            return self._record(self._at(lo), trail, f"batch {lo} meets as measured and {hi} misses, {apart} "
+                                f"(predicted {self.predicted_batch}; {extra} extra meterings)")
         return self._record(self._at(lo), trail, f"batch {lo} is the largest that meets as measured ({hi} misses; "
                             f"predicted {self.predicted_batch}; {extra} extra meterings)")
 
@@ -160,8 +185,8 @@ class BatchSearch:
         return " and ".join(p for p in parts if p) + f" ({w.quantile})"
 
     def _terms(self, p: MeasuredPoint) -> str:
-        parts = [f"TPOT {p.tpot_ms:.3g} ms" if self.workload.tpot_ms is not None else "",
-                 f"TTFT {p.ttft_ms:.3g} ms" if self.workload.ttft_ms is not None else ""]
+        parts = [f"TPOT {p.tpot_ms:.4g} ms" if self.workload.tpot_ms is not None else "",
+                 f"TTFT {p.ttft_ms:.4g} ms" if self.workload.ttft_ms is not None else ""]
         return ", ".join(x for x in parts if x)
 
     def _record(self, point: MeasuredPoint, trail: list[dict[str, Any]], words: str) -> dict[str, Any]:
@@ -200,6 +225,9 @@ def search_batches(model: Any, plan: Plan, searches: Sequence[BatchSearch]) -> l
     """Each search run to its end for ``plan`` (all objectives' rounds together, one engine where the tier
     allows); their :meth:`BatchSearch.outcome`, in order."""
     by_name = {s.workload.name: s for s in searches}
+    grid = tuple(getattr(model, "batch_grid", ()))
+    for s in searches:
+        s.grid = s.grid or grid
 
     def next_round(points: list[MeasuredPoint]) -> list[Workload]:
         for p in points:
