@@ -211,3 +211,31 @@ def test_cli_export_unknown_plan_and_missing_run(run_dir, tmp_path):
     assert res.exit_code == 2 and "no plan 'nope'" in res.output
     res = runner.invoke(_app(), ["export", str(tmp_path / "missing"), "--out", str(tmp_path / "b")])
     assert res.exit_code == 2 and "not a directory" in res.output
+
+
+def test_the_quantized_copy_holds_no_weights_once_written(tiny, tmp_path, monkeypatch):
+    """On a GPU something in ModelOpt's quantize keeps the copy referenced after the export (an H100, 2026-11-27):
+    its tensors are emptied once the checkpoint is written, so what keeps it holds no GPU memory."""
+    import copy
+
+    import torch
+
+    import advisor.deploy.export as export_module
+
+    loaded, tokens = tiny
+    copies = []
+    deepcopy = copy.deepcopy
+
+    def keep(obj, *args, **kwargs):  # what the leak does: the copy stays referenced
+        out = deepcopy(obj, *args, **kwargs)
+        if isinstance(out, torch.nn.Module):
+            copies.append(out)
+        return out
+
+    monkeypatch.setattr(export_module.copy, "deepcopy", keep)
+    plan = Plan.uniform(loaded.shape.groups, Format.FP8)
+    res = export_plan(loaded, plan, tokens, tmp_path / "ckpt", WORKLOADS, target="h100")
+    assert res.roundtrip["passed"] and len(copies) == 1
+    tensors = [*copies[0].parameters(), *copies[0].buffers()]
+    assert tensors and all(t.numel() == 0 and t.device.type == "cpu" for t in tensors)
+    assert all(p.numel() > 0 for p in loaded.model.parameters())  # the model itself is untouched

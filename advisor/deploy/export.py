@@ -152,6 +152,18 @@ def write_checkpoint(qmodel: Any, tokenizer: Any, out_dir: Path) -> dict[str, An
     return json.loads(path.read_text()) if path.is_file() else None
 
 
+def empty_tensors(module: Any) -> None:
+    """Every parameter and buffer of ``module`` replaced by an empty tensor on the CPU. On a GPU the quantized copy
+    outlives ``export_plan``: ModelOpt's ``mtq.quantize`` leaves ``quantize_plan``'s frame referenced after it
+    returns (seen on an H100, 2026-11-27: the copy of a plan's model alive, held by that frame), and in ``advisor
+    verify`` its weights held 15 GiB of the GPU the vLLM engines then started on."""
+    import torch
+
+    with torch.no_grad():
+        for t in [*module.parameters(), *module.buffers()]:
+            t.data = torch.empty(0, dtype=t.dtype)
+
+
 def export_plan(
     loaded: Any,
     plan: Plan,
@@ -208,6 +220,7 @@ def export_plan(
 
     t = time.perf_counter()
     qcfg = write_checkpoint(qmodel, loaded.tokenizer, out_dir)
+    empty_tensors(qmodel)
     del qmodel
     names = _tensor_names(out_dir)
     check_quant_config(qcfg, plan, infos, scaled_modules(names))
