@@ -11,21 +11,19 @@
 #      vllm_verify.py operating-collect RUN/verify.json RUN/summary.json -> out/operating_points_8b.{json,md}
 #   D  benchmarks/large_models.py identical (8B): packed bank against folded
 #   E  benchmarks/large_models.py search (Qwen2.5-14B shape)
-# Time on one H100, measured 2026-11-27 (the code at 88373c2; reports/benchmarks/operating_points_8b.md): setup
-# (wheels, ../shared, four vLLM parts) ~1.5 min; B 4 min (BF16 checkpoint 1 min, search 168 s); C at that code:
-# exports of 3 plans on the GPU 194 s, then per plan a serving engine (243-328 s, the first with torch.compile
-# cold) and a search engine (140-287 s): C did not finish in the ~21 min left. Since then one engine a plan (the
-# search in it) and each plan's serving kept in RUN/verify_served as it finishes: a C cut off resumes at the next
-# plan when run again on the same machine. Budget C at ~5 min a plan + 3 min of exports, ~18-20 min for 3 plans:
-# setup + B + C ~26 of a session's 30 device minutes, so run nothing else in that session, and let every poll
-# copy /tmp/s44/runs/op8b/verify_served/*.json to $OUT (the plans served so far survive a cut-off that way). On a
-# 2-GPU machine (nvidia-h100-x2), VERIFY_WORKERS=2 serves two plans at once, one engine a GPU: C ~12-14 min. A
-# later session carries them in (into /tmp/s44/served_in before C): verify reads back those whose job is the same
-# (same plan, checkpoint path, tokens, operating batches, meter, vLLM and GPU), and serves the rest.
+# Time, measured 2026-11-27 (reports/benchmarks/operating_points_8b.md): setup (wheels, ../shared, four vLLM parts)
+# ~1.5 min; B 3.3 min (BF16 checkpoint 1 min, search 143 s); C with VERIFY_WORKERS=2 on an nvidia-h100-x2 machine
+# 17.9 min (exports of 3 plans ~2.5 min; all-BF16 then the recommendation on GPU 0, all-FP8 on GPU 1, one engine a
+# plan, 7-7.5 min a plan with its batch searches; scoring 0.5 min). On one GPU C takes ~25 min: setup + B + C do
+# not fit a session's 30 device minutes there, so take the 2-GPU kind (status lists it) or carry kept servings
+# over: each plan's serving is kept in RUN/verify_served as it finishes, and every poll should copy
+# /tmp/s44/runs/op8b/verify_served/*.json to $OUT; a later session carries them in (into /tmp/s44/served_in
+# before C): verify reads back those whose job is the same (same plan, checkpoint path, tokens, operating
+# batches, meter, vLLM and GPU), and serves the rest.
 # Steps B and C write to /tmp/s44/runs/op8b: a cut-off C resumes its exports and its finished servings. Disk in C:
 # the BF16 checkpoint (16 GB) and verify's exports (BF16 16 GB, FP8 ~9 GB, a mixed recommendation ~9-16 GB).
-# Next session: STEPS='B C' bash benchmarks/device/gpu_round.sh (setsid, in the background), poll out/progress
-# with back-to-back calls that each return within 600 s (the machine goes back 30 s after a call ends), e.g.
+# Run: STEPS='B C' VERIFY_WORKERS=2 bash benchmarks/device/gpu_round.sh (B and C ran so on 2026-11-27; D and E
+# have not run yet) with setsid in the background, and poll out/progress with back-to-back calls that each return within 600 s (the machine goes back 30 s after a call ends), e.g.
 #   for i in $(seq 1 104); do sleep 5; grep -q DONE /tmp/s44/out/progress && break; done; cat /tmp/s44/out/progress
 #   tar czf $OUT/round.tgz -C /tmp/s44 out runs/op8b/verify_served 2>/dev/null  # one file: $OUT returns 8 at most
 set -u
