@@ -94,6 +94,16 @@ def test_verify_serves_the_recommendation_and_bf16(run_dir, engine, tmp_path):
     assert "### Operating points as served" in (run_dir / "verify.md").read_text()
     report = (run_dir / "report.md").read_text()
     assert report.count("## Verified in vLLM 0.0-fake") == 1 and "Energy as served" in report
+    # the frontier as served: the served plans' predicted curves with vLLM's points, drawn and linked
+    assert data["operating_plot"] == "verify_operating_points.png" and (run_dir / data["operating_plot"]).stat().st_size
+    assert "![the time-energy frontier as served](verify_operating_points.png)" in report
+    from advisor.deploy.verify_report import served_operating_summary
+
+    drawn = served_operating_summary(summary, data)
+    assert {p["plan_id"] for p in drawn["operating_points"]} == {r["plan_id"] for r in data["plans"]}
+    for p in drawn["operating_points"]:
+        (op,) = next(r for r in data["plans"] if r["plan_id"] == p["plan_id"])["operating"]
+        assert p["measured"]["j_per_token"] == (op.get("vllm_search") or op["vllm"])["j_per_token"]
     # again: the report's section is replaced, not repeated; the exports are reused
     stamp = (run_dir / "engine_checkpoints" / bf16["plan_id"] / "export.json").stat().st_mtime
     assert runner.invoke(app, ["verify", str(run_dir), "--no-energy"]).exit_code == 0

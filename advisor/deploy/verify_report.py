@@ -18,13 +18,18 @@ def _pct(a: Any, b: Any) -> str:
     return "n/a" if a is None or b is None or not b else f"{100.0 * (a / b - 1.0):+.1f}%"
 
 
+def shown_role(role: str, plan_id: str) -> str:
+    """A plan's role as printed: one asked for with ``--plan`` (its role is its id) reads ``--plan``."""
+    return "+".join("--plan" if part == plan_id else part for part in role.split("+"))
+
+
 def render_verify(result: dict[str, Any]) -> str:
     lines = [f"## Verified in vLLM {result['vllm_version']} ({result['gpu']}, {result['date']})", ""]
     bad = [r for r in result["plans"] if r["formats_match"] is not True]
     lines.append("Every layer group was served in the format the plan gives it." if not bad else
                  "**Served otherwise than planned:** " + "; ".join(
-                     f"plan {r['plan_id']} ({r['role']}): " + ", ".join(f"{g}: {why}" for g, why in
-                                                                       r["formats_match"].items()) for r in bad))
+                     f"plan {r['plan_id']} ({shown_role(r['role'], r['plan_id'])}): "
+                     + ", ".join(f"{g}: {why}" for g, why in r["formats_match"].items()) for r in bad))
     kind, target = result.get("gpu_kind"), result.get("target")
     if kind and target and kind != target:
         lines += ["", f"**Served on another GPU kind than the run's target:** the run priced its plans for {target}, "
@@ -40,7 +45,7 @@ def render_verify(result: dict[str, Any]) -> str:
             counts[f] = counts.get(f, 0) + 1
         built = ", ".join(f"{n} x {f}" for f, n in sorted(counts.items()))
         ok = "yes" if r["formats_match"] is True else f"**no** ({len(r['formats_match'])} groups)"
-        lines.append(f"| `{r['plan_id']}` {r['label']} | {r['role']} | {ok} | {built} |")
+        lines.append(f"| `{r['plan_id']}` {r['label']} | {shown_role(r['role'], r['plan_id'])} | {ok} | {built} |")
     lines += ["", "### Accuracy as served", "",
               f"KL(advisor BF16 reference || model) per token on the run's held-out tokens, over each position's "
               f"top-{result['plans'][0]['accuracy']['top_k'] if result['plans'] else 20} tokens from vLLM and the "
@@ -51,7 +56,8 @@ def render_verify(result: dict[str, Any]) -> str:
     for r in result["plans"]:
         a = r["accuracy"]
         it = a.get("items") or {}
-        lines.append(f"| `{r['plan_id']}` | {r['role']} | {_num(a['served_kl_topk'])} | {_num(a['advisor_kl_topk'])} "
+        role = shown_role(r["role"], r["plan_id"])
+        lines.append(f"| `{r['plan_id']}` | {role} | {_num(a['served_kl_topk'])} | {_num(a['advisor_kl_topk'])} "
                      f"| {_num(r['proxy_kl'])} | {_num(it.get('vllm_accuracy'), '.3f')} "
                      f"| {_num(it.get('advisor_accuracy'), '.3f')} |")
     if result.get("lambada"):
@@ -145,10 +151,30 @@ def _operating_lines(result: dict[str, Any]) -> list[str]:
         lines += ["", "Where vLLM missed the objective at the predicted batch, smaller batches were served in the same "
                   "engine until the largest that meets:", ""]
     for r, o, s in searched:
-        steps = ", ".join(f"{t['batch']} ({_num(t.get('tpot_ms'), '.3g')} ms, {_meets(t.get('meets'))})"
+        steps = ", ".join(f"{t['batch']} ({_num(t.get('tpot_ms'), '.4g')} ms, {_meets(t.get('meets'))})"
                           for t in s["trail"])
         lines.append(f"- `{r['plan_id']}` on '{o['workload']}': batches {steps}: {s['search']}.")
+    if result.get("operating_plot"):
+        lines += ["", f"![the time-energy frontier as served]({result['operating_plot']})", "",
+                  "Curves and stars: the search's predicted points; diamonds: the batches vLLM served, filled where "
+                  "the largest that met the objective as served."]
     return lines
+
+
+def served_operating_summary(summary: dict[str, Any], result: dict[str, Any]) -> dict[str, Any] | None:
+    """The run's summary with only the served plans' operating points, each carrying what vLLM served from it as
+    its ``measured`` (the batch search's outcome and trail): what
+    :func:`~advisor.report.plots.plot_operating_points` draws. None where verify served no operating point."""
+    served = {}
+    for r in result["plans"]:
+        for o in r.get("operating") or []:
+            v = o["vllm"]
+            served[(r["plan_id"], o["workload"])] = o.get("vllm_search") or {**v, "trail": [v]}
+    if not served:
+        return None
+    points = [{**p, "measured": served[(p["plan_id"], p["workload"])]}
+              for p in summary.get("operating_points") or [] if (p["plan_id"], p["workload"]) in served]
+    return {**summary, "operating_points": points}
 
 
 def write_report_section(report: Path, section: str) -> None:

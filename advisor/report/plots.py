@@ -94,12 +94,13 @@ def plot_format_map(summary: dict[str, Any], path: Path) -> None:
 
 
 
-def plot_operating_points(summary: dict[str, Any], path: Path, most_plans: int = 6) -> None:
+def plot_operating_points(summary: dict[str, Any], path: Path, most_plans: int = 6, near_objective: bool = False
+                          ) -> None:
     """The time-energy frontier: J/token against TPOT over the batches, one curve per plan (the baselines,
     the recommendation and the cheapest others), each workload's objective drawn in, the operating points
     (the largest batch under the objective) marked, and beside each the batches the measured tier metered from it
     (hollow diamonds, dotted from the predicted point) and the largest that met the objective as measured
-    (filled)."""
+    (filled). ``near_objective``: linear axes around each TPOT objective (0.6-1.4 times it), where the points are."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -120,7 +121,7 @@ def plot_operating_points(summary: dict[str, Any], path: Path, most_plans: int =
             chosen = p["plan_id"] == rec
             (line,) = ax.plot(xs, ys, "-", lw=2.2 if chosen else 1.1, label=f"{p['plan']} ({p['plan_id'][:6]})")
             ax.scatter([p["tpot_ms"]], [p["j_per_token"]], marker="*" if chosen else "o", s=200 if chosen else 40,
-                       c=line.get_color(), edgecolors="k", zorder=5)
+                       color=line.get_color(), edgecolors="k", zorder=5)
             ax.annotate(f"b{p['batch']}", (p["tpot_ms"], p["j_per_token"]), textcoords="offset points",
                         xytext=(4, 4), fontsize=7)
             m = p.get("measured") or {}
@@ -132,7 +133,7 @@ def plot_operating_points(summary: dict[str, Any], path: Path, most_plans: int =
                 ax.plot([p["tpot_ms"], *(t["tpot_ms"] for t in trail)],
                         [p["j_per_token"], *(t["j_per_token"] for t in trail)], ":", lw=0.8, c=line.get_color())
             if m.get("meets") and m.get("tpot_ms") is not None:
-                ax.scatter([m["tpot_ms"]], [m["j_per_token"]], marker="D", s=50, c=line.get_color(),
+                ax.scatter([m["tpot_ms"]], [m["j_per_token"]], marker="D", s=50, color=line.get_color(),
                            edgecolors="k", zorder=6)
                 ax.annotate(f"b{m['batch']} measured", (m["tpot_ms"], m["j_per_token"]), textcoords="offset points",
                             xytext=(4, -10), fontsize=7)
@@ -140,8 +141,16 @@ def plot_operating_points(summary: dict[str, Any], path: Path, most_plans: int =
         if objective.get("tpot_ms") is not None:
             ax.axvline(objective["tpot_ms"], ls="--", c="gray", lw=1,
                        label=f"TPOT objective {objective['tpot_ms']:g} ms ({objective.get('percentile') or 'p50'})")
-        ax.set_xscale("log")
-        ax.set_yscale("log")
+        if near_objective and objective.get("tpot_ms") is not None:
+            lo, hi = 0.6 * objective["tpot_ms"], 1.4 * objective["tpot_ms"]
+            ys = [p["j_per_token"] for p in shown]  # the marked points, predicted and measured
+            ys += [t["j_per_token"] for p in shown for t in (p.get("measured") or {}).get("trail") or []
+                   if t.get("j_per_token") is not None]
+            ax.set_xlim(lo, hi)
+            ax.set_ylim(0.8 * min(ys), 1.25 * max(ys))
+        else:
+            ax.set_xscale("log")
+            ax.set_yscale("log")
         ax.set_xlabel(f"TPOT, ms ({objective.get('percentile') or 'p50'}; curves predicted, diamonds measured)")
         ax.set_ylabel("J per output token")
         ax.set_title(f"'{name}': time-energy frontier (star: recommended; diamonds: measured, filled: chosen)",

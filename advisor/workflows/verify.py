@@ -30,6 +30,7 @@ from typing import Any
 from advisor.deploy import serving_gpus
 from advisor.deploy.engine_slots import engine_slots
 from advisor.deploy.serving_gpus import serving_gpus_for
+from advisor.deploy.verify_report import shown_role
 from advisor.deploy.vllm_engine import run_in_child, served_formats, topk_kl, topk_of
 from advisor.deploy.vllm_serve import ServeJob
 from advisor.energy.meter import MeterConfig
@@ -212,11 +213,12 @@ def verify_run(run_dir: Path, engine: str = "vllm", plan_ids: Sequence[str] = ()
     from advisor.deploy.engine_checkpoint import checkpoint_exporter
     from advisor.deploy.engines import engine as engine_entry
     from advisor.deploy.recheck import read_summary, stored_plan, summary_recipe
-    from advisor.deploy.verify_report import render_verify, write_report_section
+    from advisor.deploy.verify_report import render_verify, served_operating_summary, write_report_section
     from advisor.deploy.vllm_engine import import_vllm
     from advisor.energy.prediction import gpu_here
     from advisor.models.arithmetic import to_scoring_arithmetic
     from advisor.models.loading import load_model
+    from advisor.report.plots import plot_operating_points
     from advisor.workflows.context import model_fingerprint
     from advisor.workflows.export import run_tokens
 
@@ -266,7 +268,7 @@ def verify_run(run_dir: Path, engine: str = "vllm", plan_ids: Sequence[str] = ()
 
     paths: dict[str, Path] = {}
     for role, plan in plans.items():
-        status(f"exporting plan {plan.id} ({role}) if not exported, on the {export_device}")
+        status(f"exporting plan {plan.id} ({shown_role(role, plan.id)}) if not exported, on the {export_device}")
         paths[role] = checkpoint_for(plan)
     if export_device == "cuda":  # the engines' processes need the GPU's memory, the cached blocks too
         loaded.model.to("cpu")
@@ -322,6 +324,10 @@ def verify_run(run_dir: Path, engine: str = "vllm", plan_ids: Sequence[str] = ()
         "lambada": {"file": str(lambada), "items": len(items)} if lambada else None,
         "verified": all(r["formats_match"] is True for r in rows),
     }
+    drawn = served_operating_summary(summary, result)
+    if drawn is not None:
+        plot_operating_points(drawn, run_dir / "verify_operating_points.png", near_objective=True)
+        result["operating_plot"] = "verify_operating_points.png"
     (run_dir / "verify.json").write_text(json.dumps(result, indent=2))
     text = render_verify(result)
     (run_dir / "verify.md").write_text(text)

@@ -15,6 +15,7 @@ from advisor.deploy import serving_gpus
 from advisor.deploy.engine_slots import Slot, engine_slots, run_on_slots
 from advisor.deploy.served_store import read_serving, serving_key, write_serving
 from advisor.deploy.serving_gpus import engine_memory_share
+from advisor.deploy.verify_report import shown_role
 from advisor.deploy.vllm_engine import VllmEnergyModel, run_in_child
 from advisor.deploy.vllm_serve import ServeJob
 from advisor.energy.meter import MeterConfig
@@ -74,8 +75,8 @@ def serve_plans(plans: Mapping[str, Plan], paths: Mapping[str, Path], s: Serving
         keys[role] = serving_key(jobs[role], s.vllm_version, s.gpu, searched=_searched(s, plan))
         kept = read_serving(s.run_dir, plan.id, keys[role])
         if kept is not None:
-            s.status(f"plan {plan.id} ({role}): served by vLLM at {kept['served_at']}, read back from "
-                     f"{kept['read_back_from']} (delete it to serve again)")
+            s.status(f"plan {plan.id} ({shown_role(role, plan.id)}): served by vLLM at {kept['served_at']}, read back "
+                     f"from {kept['read_back_from']} (delete it to serve again)")
             served[role] = kept
     todo = [role for role in plans if role not in served]
 
@@ -83,7 +84,8 @@ def serve_plans(plans: Mapping[str, Plan], paths: Mapping[str, Path], s: Serving
         plan, gpus = plans[role], s.base.tensor_parallel_size
         job = jobs[role] if slot is None else replace(jobs[role], devices=slot.devices)
         job = replace(job, gpu_memory_utilization=engine_memory_share(gpus, first=slot.first if slot else 0))
-        s.status(f"serving plan {plan.id} ({role}) in vLLM" + (f" on {', '.join(slot.devices)}" if slot else ""))
+        s.status(f"serving plan {plan.id} ({shown_role(role, plan.id)}) in vLLM"
+                 + (f" on {', '.join(slot.devices)}" if slot else ""))
         if _searched(s, plan):  # one engine for the serving and the batch search's further rounds
             model = VllmEnergyModel(lambda _plan, path=paths[role]: path, [], s.base.vocab_size,
                                     meter=MeterConfig(**s.base.meter), gpu_label=s.gpu, vllm_version=s.vllm_version,
