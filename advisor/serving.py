@@ -118,8 +118,10 @@ FACTS: tuple[Fact, ...] = (
          "batch every few steps) vLLM 0.26.0's FP8 saved 22-23% J/token against BF16 where the advisor predicts "
          "33-34%: FP8 and mixed plans cost 10-18% more there than the built-in runtime measured and the advisor "
          "predicts (within 8% at batch 1 and 16), and their time per output token is longer than predicted, so an "
-         "operating batch predicted under a TPOT objective can miss it in vLLM: check it with `advisor verify`; "
-         "H200 and H100, 2026-11-27", VLLM_MEASURED, lambda t: Format.FP8 in t.formats),
+         "operating batch predicted under a TPOT objective can miss it in vLLM (for 8 and 12 ms FP8 plans met it at "
+         "batches 19-25% smaller, still 29-53% below all-BF16's J/token at its own batch: "
+         "reports/benchmarks/operating_points_8b.md): check it with `advisor verify`; H200 and H100, 2026-11-27",
+         VLLM_MEASURED, lambda t: Format.FP8 in t.formats),
     Fact("vLLM", "ok", "serve it with the export's `vllm_config.yaml`: vLLM captures CUDA graphs only up to 2 x "
          "max_num_seqs tokens (at most 512) by default, so a step where a prefill joins the decode batch runs "
          "eagerly; with `max_cudagraph_capture_size` 1024 batch 64's time per output token fell 19% (BF16) and 18% "
