@@ -347,3 +347,36 @@ def test_vllm_reads_the_first_round_back_and_starts_an_engine_only_for_more(tmp_
     assert len(jobs) == 1 and len(round_jobs) == 1 and len(vllm.instances) == 2
     assert 24 not in [w["batch_size"] for w in round_jobs[0].workloads] and round_jobs[0].max_batch == 24
     assert got["trail"][0]["batch"] == 24 and got["trail"][0]["meets"] is False and len(got["trail"]) >= 2
+
+
+def test_vllm_searches_each_plans_operating_points_in_the_engine_that_meters_it(study_and_recipe, tmp_path,
+                                                                                 monkeypatch):
+    """The measured tier through vLLM: a plan's stated workloads and its operating-point searches in one engine
+    (an engine start is 1-2 minutes on a GPU); the later measured operating-points stage starts none."""
+    from advisor.search.study import candidates
+    from advisor.search.trial_record import measured_energy
+
+    study, recipe = study_and_recipe
+    model, vllm, jobs, round_jobs = _fake_vllm_model(tmp_path, monkeypatch, list(recipe.workloads))
+    plans = list({c.plan.id: c.plan for c in candidates(study)}.values())
+    predicted = operating_points(Steps(), SHAPE, GPU_SPECS[GPU.H100], plans, recipe.workloads, lambda p: "predicted")
+    record_operating_points(study, [p.to_dict() for p in predicted])
+    progress = ProgressReporter(Console(file=io.StringIO(), width=200), heartbeat=False)
+    energy_stage(study, Ctx(model), recipe, progress)
+    metered = set(measured_energy(study))
+    assert {BF16.id, FP8.id} <= metered and jobs == []  # no engine of its own for the stated workloads
+    assert len(vllm.instances) == len(round_jobs) == len(metered)  # one engine a plan
+    for job in round_jobs:
+        names = [w["name"] for w in job.workloads]
+        assert names[0] == "chat" and job.no_prefill == tuple(names[1:]) and len(names) == 2
+    searched = measured_points(study)
+    assert {pid for pid, _ in searched} == metered
+    batches = {d["plan_id"]: d["batch"] for d in (p.to_dict() for p in predicted)}
+    for (pid, workload), m in searched.items():
+        assert workload == "chat" and m["predicted_batch"] == batches[pid] == m["trail"][0]["batch"]
+        assert m["source"].startswith("measured (vLLM 0.0-fake") and len(m["trail"]) <= 1 + EXTRA_METERINGS
+    estimates = measured_energy(study)[FP8.id]
+    assert estimates[0].workload == "chat" and estimates[0].prefill_j_per_input_token > 0  # the stated row
+    engines = len(vllm.instances)
+    measured_operating_stage(study, Ctx(model), recipe, progress)
+    assert len(vllm.instances) == engines  # nothing left to search

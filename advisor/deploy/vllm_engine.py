@@ -218,6 +218,14 @@ class VllmEnergyModel:
         so a plan costs one engine start, not two; :meth:`served` gives the job's answer afterwards."""
         self._opening[plan.id] = job
 
+    def open_for(self, plan: Plan, operating: Sequence[Workload]) -> None:
+        """The measured tier's serving of ``plan`` (its stated workloads, prefill included) opened with the first
+        round of its operating searches (``operating``: their predicted batches, no prefill) beside them: the
+        batch search then runs in the engine that served the stated workloads (:meth:`measure_rounds`), and
+        :meth:`estimate` reads the stated rows from it."""
+        self.open_with(plan, self._job(plan, [*self.workloads, *operating],
+                                       no_prefill=tuple(w.name for w in operating)))
+
     def served(self, plan: Plan) -> dict[str, Any]:
         """What ``plan``'s serving (its opening job's, where it had one) answered."""
         return self._served[plan.id]

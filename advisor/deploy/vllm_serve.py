@@ -52,6 +52,7 @@ class ServeJob:
     top_k: int = 20
     formats: bool = True
     prefill: bool = True  # also measure prefill J per input token (requests of one output token)
+    no_prefill: tuple[str, ...] = ()  # workloads whose prefill is not measured (operating batches beside stated ones)
     meter: dict[str, Any] = field(default_factory=dict)  # MeterConfig fields
     gpu_memory_utilization: float = 0.85
     seed: int = 0
@@ -312,7 +313,7 @@ def serve(job: ServeJob, make_counter: Callable[[], EnergyCounter] | None = None
                                                  f"vllm {w['name']}", job.seed)
             row = {"j_per_token": full.j_per_token, "tokens_per_s": full.tokens_per_s, "fewest_inflight": fewest,
                    "batch_full": fewest >= b, "measurement": full.to_dict(), **latency}
-            if job.prefill:
+            if job.prefill and w["name"] not in job.no_prefill:
                 pre, _, _ = measure_load(vllm, llm, counter, config, 1, lin, 1, job.vocab_size,
                                       f"vllm {w['name']} prefill", job.seed + 1)
                 row["prefill_j_per_input_token"] = pre.j_per_token / lin

@@ -18,6 +18,12 @@ units' all-BF16 agree within the drift a unit shows against itself
 belong to that unit, so they are not queue items any unit could take: each worker makes them in the
 queue trial of its first plan, and in a queue trial of its own at the end.
 
+A tier that can run a plan's operating-point search in the engine that serves its stated workloads (vLLM:
+``open_for``) does so as it meters the plan: each stored predicted operating point of the plan is searched
+as measured in that engine (:func:`~advisor.search.operating_search.search_batches`), and the outcomes
+travel in the queue trial to the main study (``record_measured_points``), so the later measured
+operating-points stage has nothing left to start an engine for.
+
 Two processes must never meter one GPU at once: a worker on the coordinator's GPU stays out
 (:func:`joins`); spawned workers get a GPU each when there are enough (``workflows.spawn``).
 """
@@ -40,13 +46,17 @@ from advisor.plan import Plan
 from advisor.recipe.schema import Workload
 from advisor.search.budget import reap
 from advisor.search.energy_tiers import drift_record
+from advisor.search.operating_search import search_batches, searches_from_points
 from advisor.search.processes import holder_is_running
 from advisor.search.recovery import WORKER_ATTR
 from advisor.search.trial_record import (
     measured_energy,
+    measured_points,
     measured_units,
+    operating_points,
     record_drift,
     record_measured,
+    record_measured_points,
     record_unit,
 )
 
@@ -124,15 +134,25 @@ class Measurer:
 
     def __init__(self, main: optuna.Study, queue: optuna.Study, model: EnergyModel, workloads: Sequence[Workload],
                  reference: Plan, worker: dict[str, Any], on_trial: Callable[[], None] = lambda: None) -> None:
-        self.queue, self.model, self.workloads, self.reference = queue, model, list(workloads), reference
-        self.worker, self.on_trial = worker, on_trial
+        self.main, self.queue, self.model, self.workloads = main, queue, model, list(workloads)
+        self.reference, self.worker, self.on_trial = reference, worker, on_trial
         self.unit = unit_of(model)
         stored = measured_units(main).get(self.unit.key)
         self.first: list[EnergyEstimate] | None = stored.reference if stored else None
         self.owes_drift_check = False
         self.measured = 0
 
-    def _measure(self, plan: Plan) -> list[EnergyEstimate]:
+    def _measure(self, plan: Plan, operating: dict[str, list[dict[str, Any]]] | None = None
+                 ) -> list[EnergyEstimate]:
+        """``plan``'s estimates; with ``operating``, its operating points searched as measured in the same
+        engine first, where the tier can (module docstring), put there under the plan's id."""
+        open_for = getattr(self.model, "open_for", None)
+        points = [p for p in operating_points(self.main) if p["plan_id"] == plan.id]
+        if operating is not None and open_for is not None and points:
+            searches = searches_from_points(points, {w.name: w for w in self.workloads})
+            if searches:
+                open_for(plan, [s.first() for s in searches])
+                operating[plan.id] = search_batches(self.model, plan, searches)
         return self.unit.labelled([self.model.estimate(plan, w) for w in self.workloads])
 
     def objective(self, trial: optuna.Trial) -> float:
@@ -150,14 +170,17 @@ class Measurer:
         plan = Plan.from_params(trial.user_attrs["plan"])
         if trial.user_attrs.get("unit_reference"):  # copied by the retry from the dead worker's trial: not ours
             trial.set_user_attr("unit_reference", None)
+        operating: dict[str, list[dict[str, Any]]] = {}
         try:
             if self.first is None:  # this unit's all-BF16 comes before its first plan
-                self.first = self._measure(self.reference)
+                self.first = self._measure(self.reference, operating)
                 trial.set_user_attr("unit_reference", [e.to_dict() for e in self.first])
-            estimates = self.first if plan.id == self.reference.id else self._measure(plan)
+            estimates = self.first if plan.id == self.reference.id else self._measure(plan, operating)
         except UnsupportedError as exc:  # e.g. NVFP4 on Hopper: it stays predicted, and says so
             trial.set_user_attr("stays_predicted", str(exc))
             raise optuna.TrialPruned(str(exc)) from None
+        if operating:
+            trial.set_user_attr("operating", operating)
         trial.set_user_attr("energy", [e.to_dict() for e in estimates])
         if plan.id != self.reference.id:
             self.owes_drift_check = True
@@ -225,6 +248,7 @@ def merge(main: optuna.Study, queue: optuna.Study, merged: Merged, say: Callable
     measurement of a plan counts, as before), each unit's first all-BF16 and the plans it measured, this
     stage's drift checks; one line for each plan that stays predicted. Only the coordinator writes them."""
     done = set(measured_energy(main))
+    searched = {plan_id for plan_id, _ in measured_points(main)}
     units = measured_units(main)
     changed: set[str] = set()
     for t in queue.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)):
@@ -240,6 +264,10 @@ def merge(main: optuna.Study, queue: optuna.Study, merged: Merged, say: Callable
                 say(f"  {Plan.from_params(ua['plan']).label()}: stays predicted ({ua['stays_predicted']})")
             merged.seen.add(t.number)
             continue
+        for plan_id, points in (ua.get("operating") or {}).items():  # the first search of a plan counts
+            if plan_id not in searched:
+                record_measured_points(main, plan_id, points)
+                searched.add(plan_id)
         if ua.get("kind") == PLAN and ua["plan_id"] not in done:
             record_measured(main, ua["plan_id"], [EnergyEstimate.from_dict(e) for e in ua["energy"]])
             done.add(ua["plan_id"])

@@ -28,7 +28,7 @@ never one it did not meter.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -200,6 +200,14 @@ class BatchSearch:
                                                                         "tokens_per_s")}
         out = {k: 100.0 * (p - m) / m for k, (p, m) in pairs.items() if p is not None and m}
         return out or None
+
+
+def searches_from_points(points: Sequence[Mapping[str, Any]], workloads: Mapping[str, Workload]
+                         ) -> list[BatchSearch]:
+    """One search per stored predicted operating point (``operating_points`` of the study) whose workload is
+    stated, from its predicted batch over its predicted curve."""
+    return [BatchSearch(workloads[p["workload"]], p["batch"], p.get("curve") or (), predicted=dict(p))
+            for p in points if p["workload"] in workloads]
 
 
 RoundFn = Callable[[list[MeasuredPoint]], list[Workload]]

@@ -19,7 +19,7 @@ from advisor.formats import GPU_SPECS
 from advisor.plan import Plan
 from advisor.recipe.schema import Recipe
 from advisor.search.operating import operating_points
-from advisor.search.operating_search import BatchSearch, search_batches
+from advisor.search.operating_search import BatchSearch, search_batches, searches_from_points
 from advisor.search.payback import SearchEnergy
 from advisor.search.study import candidates
 from advisor.search.trial_record import (
@@ -113,9 +113,9 @@ def measured_operating_stage(study: optuna.Study, ctx: RunContext, recipe: Recip
     for p in points:
         old = done.get((p["plan_id"], p["workload"]))
         fresh = old is None or old.get("predicted_batch", old.get("batch")) != p["batch"]
-        if fresh and p["plan_id"] in plans and p["workload"] in workloads:
-            todo.setdefault(p["plan_id"], []).append(BatchSearch(workloads[p["workload"]], p["batch"],
-                                                                 p.get("curve") or (), predicted=p))
+        if fresh and p["plan_id"] in plans:
+            todo.setdefault(p["plan_id"], []).extend(searches_from_points([p], workloads))
+    todo = {plan_id: searches for plan_id, searches in todo.items() if searches}
     if not todo:
         return
     with progress.stage(f"operating points measured ({model.label})", total=len(todo)) as stage:

@@ -103,14 +103,14 @@ def _run_owned(study: optuna.Study, recipe: Recipe, resume: bool, progress: Prog
         from advisor.workflows.memory import lift_gpu_memory_cap
 
         lift_gpu_memory_cap(recipe.gpu_memory_gib)
+        with timed(ctx, "operating_s"):  # predicted only; first, so the measured tier can search them as it meters
+            operating_stage(study, ctx, recipe, progress)
         with timed(ctx, "measured_s"):
             energy_stage(study, ctx, recipe, progress)
             if measuring:
                 check_workers_after_measuring(recipe, children, codes, wait_workers(children), progress)
         with timed(ctx, "benchmark_s"):
             bench_status = benchmark_stage(study, ctx, recipe, progress)
-        with timed(ctx, "operating_s"):
-            operating_stage(study, ctx, recipe, progress)
         with timed(ctx, "measured_operating_s"):
             measured_operating_stage(study, ctx, recipe, progress)
     record_run_energy(study, meter)
