@@ -364,8 +364,10 @@ def test_vllm_searches_each_plans_operating_points_in_the_engine_that_meters_it(
     progress = ProgressReporter(Console(file=io.StringIO(), width=200), heartbeat=False)
     energy_stage(study, Ctx(model), recipe, progress)
     metered = set(measured_energy(study))
-    assert {BF16.id, FP8.id} <= metered and jobs == []  # no engine of its own for the stated workloads
-    assert len(vllm.instances) == len(round_jobs) == len(metered)  # one engine a plan
+    assert {BF16.id, FP8.id} <= metered
+    assert len(round_jobs) == len(metered)  # one engine a plan, its searches in it
+    drift = [j for j in jobs if "chat" in [w["name"] for w in j.workloads]]
+    assert len(vllm.instances) == len(metered) + len(drift) and len(drift) == 1  # the drift check serves afresh
     for job in round_jobs:
         names = [w["name"] for w in job.workloads]
         assert names[0] == "chat" and job.no_prefill == tuple(names[1:]) and len(names) == 2

@@ -226,6 +226,10 @@ class VllmEnergyModel:
         self.open_with(plan, self._job(plan, [*self.workloads, *operating],
                                        no_prefill=tuple(w.name for w in operating)))
 
+    def forget(self, plan: Plan) -> None:
+        """The next estimate of ``plan`` serves it again (a unit's drift check measures all-BF16 afresh)."""
+        self._served.pop(plan.id, None)
+
     def served(self, plan: Plan) -> dict[str, Any]:
         """What ``plan``'s serving (its opening job's, where it had one) answered."""
         return self._served[plan.id]

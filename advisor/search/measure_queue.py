@@ -147,8 +147,8 @@ class Measurer:
         """``plan``'s estimates; with ``operating``, its operating points searched as measured in the same
         engine first, where the tier can (module docstring), put there under the plan's id."""
         open_for = getattr(self.model, "open_for", None)
-        points = [p for p in operating_points(self.main) if p["plan_id"] == plan.id]
-        if operating is not None and open_for is not None and points:
+        if operating is not None and open_for is not None:
+            points = [p for p in operating_points(self.main) if p["plan_id"] == plan.id]
             searches = searches_from_points(points, {w.name: w for w in self.workloads})
             if searches:
                 open_for(plan, [s.first() for s in searches])
@@ -191,6 +191,9 @@ class Measurer:
         if trial.user_attrs.get("drift_unit", self.unit.key) != self.unit.key or self.first is None:
             raise optuna.TrialPruned("the drift check of a unit that left")  # a retried check of another GPU
         trial.set_user_attr("drift_unit", self.unit.key)
+        forget = getattr(self.model, "forget", None)  # a tier that keeps what it served (vLLM) serves it again
+        if forget is not None:
+            forget(self.reference)
         again = self._measure(self.reference)
         check = drift_record(self.reference.id, self.reference.label(), self.first, again)
         trial.set_user_attr("drift", check.to_dict())
