@@ -288,7 +288,8 @@ HOOK = textwrap.dedent("""
     from advisor.testing import FakeMeasuredGPU
 
     real = prediction.make_energy_tiers
-    delay = 6.0 if "search" in sys.argv else 0.3  # the coordinator is slow: the worker joins before the queue empties
+    delay = 12.0 if "search" in sys.argv else 0.3  # the coordinator is slow: the worker joins before the queue empties
+    # (12 s a plan: a worker that starts slowly on 2 busy cores, its torch import alone 20-30 s, still joins)
 
     def fake(mode, shape, target, *args, **kwargs):
         predicted, _ = real("predicted", shape, target, *args, **kwargs)
