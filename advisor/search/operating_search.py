@@ -11,8 +11,9 @@ largest batch known to meet (``lo``, 0 when none: batch 1 is the floor) and the 
   are two, else the predicted step-time curve scaled by how far the miss overshot (its measured term over the
   objective's): the largest batch whose predicted TPOT is the predicted TPOT at ``hi`` over that excess (without
   a curve: ``hi`` over the excess);
-* with both ends known, the secant through the two batches metered last, aimed at the objective itself (where
-  the excess grows with the batch between them; else the midpoint, as bisection does), kept between the ends.
+* with both ends known, the line through their excesses (regula falsi: noise between two close batches cannot
+  throw it), aimed at the objective itself (where the excess grows from ``lo`` to ``hi``; else the midpoint, as
+  bisection does); a line pointing at or below ``lo`` meters the batch just above it.
 
 Where the engine runs only some batches differently (``grid``: vLLM pads a decode batch to its next CUDA-graph
 size, so batches 225-232 cost one step and 232 serves the most), every batch metered after the predicted one
@@ -115,8 +116,9 @@ class BatchSearch:
         if hi is None or self._bracketed(lo, hi):
             return None
         aim = 1.0 if lo else 1.0 - MARGIN
-        guess = self._secant(judged, aim)
-        if guess is None:  # one batch metered, or the excess not monotone there
+        last = [p.batch for p in self.trail[-2:]]
+        guess = self._secant(judged, [lo, hi] if lo else last, aim)
+        if guess is None or guess >= hi:  # one batch metered, or the excess not monotone there
             guess = self._scaled(hi, judged[hi] / aim) if lo == 0 else (lo + hi) / 2
         batch = min(max(int(math.floor(guess)), lo + 1), hi - 1)
         between = [b for b in self.grid if lo < b < hi]
@@ -127,12 +129,13 @@ class BatchSearch:
             return not any(lo < b < hi for b in self.grid)
         return hi - lo <= max(1, math.floor(RESOLUTION * hi))
 
-    def _secant(self, judged: dict[int, float], aim: float) -> float | None:
-        """Where the line through the two batches metered last reaches ``aim`` (None: one batch metered, or the
-        excess does not grow with the batch between them)."""
-        if len(self.trail) < 2:
+    @staticmethod
+    def _secant(judged: dict[int, float], batches: Sequence[int], aim: float) -> float | None:
+        """Where the line through the excesses of two metered ``batches`` reaches ``aim`` (None: fewer than two,
+        or the excess does not grow with the batch between them)."""
+        if len(batches) < 2:
             return None
-        (b1, e1), (b2, e2) = ((p.batch, judged[p.batch]) for p in self.trail[-2:])
+        (b1, e1), (b2, e2) = ((b, judged[b]) for b in batches[-2:])
         if b1 == b2 or (e2 - e1) / (b2 - b1) <= 0:
             return None
         return b2 + (aim - e2) * (b2 - b1) / (e2 - e1)
