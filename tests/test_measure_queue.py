@@ -319,6 +319,11 @@ def test_advisor_search_with_two_workers_meters_the_front_on_both_gpus(tmp_path)
     assert len(units) == 2 and all(units.values()), units  # both processes metered plans
     assert sorted(p for plans in units.values() for p in plans) == sorted(
         r["plan_id"] for r in {r["plan_id"]: r for r in summary["trials"] if r["energy_measured"]}.values())
-    assert summary["unit_agreement"]["agree"] is True and len(summary["measured_drift"]) == 2
+    # a unit makes its drift check once it measured a plan besides all-BF16 (with the coordinator this slow, it
+    # may have measured only all-BF16 while the worker took the rest)
+    bf16 = next(r["plan_id"] for r in summary["trials"] if r["trial"] == summary["baselines"]["all-bf16"])
+    owing = [uuid for uuid, plans in units.items() if set(plans) - {bf16}]
+    assert summary["unit_agreement"]["agree"] is True and owing
+    assert sorted(d["source"].rsplit(" on ", 1)[1] for d in summary["measured_drift"]) == sorted(owing)
     assert "Measured on 2 GPUs" in (tmp_path / "runs" / "e" / "report.md").read_text()
     assert "measured_s" in summary["timings_s"]
