@@ -33,7 +33,7 @@ def verify(
 ) -> None:
     """Serve the run's recommendation and BF16 in vLLM (GPU): the decision, formats, KL, items and J/token as
     served. Run again after a cut-off, it serves only the plans not yet served (RUN_DIR/verify_served keeps each)."""
-    from advisor.deploy.verify_report import served_decision, shown_role
+    from advisor.deploy.verify_report import num, served_decision, shown_role
     from advisor.workflows.verify import verify_run
 
     with err.status("verifying") as status:
@@ -47,11 +47,11 @@ def verify(
         a = r["accuracy"]
         served = "served as planned" if r["formats_match"] is True else f"{len(r['formats_match'])} groups differ"
         out.print(f"{shown_role(r['role'], r['plan_id'])} {r['plan_id']}: {served}; served KL "
-                  f"{a['served_kl_topk']:.4g} (advisor {a['advisor_kl_topk']:.4g}, proxy {_g(r['proxy_kl'])})",
+                  f"{a['served_kl_topk']:.4g} (advisor {a['advisor_kl_topk']:.4g}, proxy {num(r['proxy_kl'])})",
                   highlight=False)
         for e in r["energy"]:
             out.print(f"  {e['workload']}: vLLM {e['vllm_j_per_token']:.4g} J/token, built-in "
-                      f"{_g(e['runtime_j_per_token'])}, predicted {_g(e['predicted_j_per_token'])}", highlight=False)
+                      f"{num(e['runtime_j_per_token'])}, predicted {num(e['predicted_j_per_token'])}", highlight=False)
         for o in r.get("operating") or []:
             v, tpot = o["vllm"], o["vllm"]["tpot_ms"]
             meets = {True: "meets the objective", False: "misses the objective", None: "TPOT/TTFT not timed"}
@@ -67,7 +67,3 @@ def verify(
                         for r in result["plans"] if r["formats_match"] is not True)
         print_error(f"vLLM served layer groups otherwise than planned ({bad}); see verify.md")
         raise typer.Exit(1)
-
-
-def _g(x: float | None) -> str:
-    return "n/a" if x is None else f"{x:.4g}"

@@ -10,7 +10,7 @@ from advisor.search.frontier import percent_less
 BEGIN, END = "<!-- advisor verify: begin -->", "<!-- advisor verify: end -->"
 
 
-def _num(x: Any, fmt: str = ".4g") -> str:
+def num(x: Any, fmt: str = ".4g") -> str:
     return "n/a" if x is None else format(x, fmt)
 
 
@@ -57,9 +57,9 @@ def render_verify(result: dict[str, Any]) -> str:
         a = r["accuracy"]
         it = a.get("items") or {}
         role = shown_role(r["role"], r["plan_id"])
-        lines.append(f"| `{r['plan_id']}` | {role} | {_num(a['served_kl_topk'])} | {_num(a['advisor_kl_topk'])} "
-                     f"| {_num(r['proxy_kl'])} | {_num(it.get('vllm_accuracy'), '.3f')} "
-                     f"| {_num(it.get('advisor_accuracy'), '.3f')} |")
+        lines.append(f"| `{r['plan_id']}` | {role} | {num(a['served_kl_topk'])} | {num(a['advisor_kl_topk'])} "
+                     f"| {num(r['proxy_kl'])} | {num(it.get('vllm_accuracy'), '.3f')} "
+                     f"| {num(it.get('advisor_accuracy'), '.3f')} |")
     if result.get("lambada"):
         lines += ["", f"Items: the first {result['lambada']['items']} of {result['lambada']['file']}, last word "
                   "greedy (every target token the top-1 next token)."]
@@ -70,9 +70,9 @@ def render_verify(result: dict[str, Any]) -> str:
         for e in r["energy"]:
             steady = "yes" if e["batch_full"] and not e["vllm_unstable"] else (
                 "unstable" if e["vllm_unstable"] else "batch not full")
-            lines.append(f"| `{r['plan_id']}` | {e['workload']} | {_num(e['vllm_j_per_token'])} | "
-                         f"{_num(e['runtime_j_per_token'])} | {_pct(e['runtime_j_per_token'], e['vllm_j_per_token'])} "
-                         f"| {_num(e['predicted_j_per_token'])} | "
+            lines.append(f"| `{r['plan_id']}` | {e['workload']} | {num(e['vllm_j_per_token'])} | "
+                         f"{num(e['runtime_j_per_token'])} | {_pct(e['runtime_j_per_token'], e['vllm_j_per_token'])} "
+                         f"| {num(e['predicted_j_per_token'])} | "
                          f"{_pct(e['predicted_j_per_token'], e['vllm_j_per_token'])} | {steady} |")
     return "\n".join(lines + _operating_lines(result)) + "\n"
 
@@ -142,16 +142,16 @@ def _operating_lines(result: dict[str, Any]) -> list[str]:
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r, o in rows:
         p, v, rt = o["predicted"], o["vllm"], o.get("runtime") or {}
-        lines.append(f"| `{r['plan_id']}` | {o['workload']} | {o['batch']} | {_num(p['j_per_token'])} | "
-                     f"{_num(rt.get('j_per_token'))} | {_num(v['j_per_token'])} | {_num(p['tpot_ms'], '.3g')} | "
-                     f"{_num(v['tpot_ms'], '.3g')} | {_num(v['ttft_ms'], '.3g')} | {_num(v['tokens_per_s'], '.0f')} "
+        lines.append(f"| `{r['plan_id']}` | {o['workload']} | {o['batch']} | {num(p['j_per_token'])} | "
+                     f"{num(rt.get('j_per_token'))} | {num(v['j_per_token'])} | {num(p['tpot_ms'], '.3g')} | "
+                     f"{num(v['tpot_ms'], '.3g')} | {num(v['ttft_ms'], '.3g')} | {num(v['tokens_per_s'], '.0f')} "
                      f"| {'yes' if p['meets'] else '**no**'} | {_meets(v['meets'])} |")
     searched = [(r, o, s) for r, o in rows if (s := o.get("vllm_search")) and len(s.get("trail") or []) > 1]
     if searched:
         lines += ["", "Where vLLM missed the objective at the predicted batch, smaller batches were served in the same "
                   "engine until the largest that meets:", ""]
     for r, o, s in searched:
-        steps = ", ".join(f"{t['batch']} ({_num(t.get('tpot_ms'), '.4g')} ms, {_meets(t.get('meets'))})"
+        steps = ", ".join(f"{t['batch']} ({num(t.get('tpot_ms'), '.4g')} ms, {_meets(t.get('meets'))})"
                           for t in s["trail"])
         lines.append(f"- `{r['plan_id']}` on '{o['workload']}': batches {steps}: {s['search']}.")
     if result.get("operating_plot"):

@@ -37,6 +37,8 @@ if TYPE_CHECKING:
 VLLM_INSTALL = ("pip install vllm==0.26.0 (its wheel pins torch 2.11; on the lent GPU machines, pack it with "
                 "../shared/tools/device-vllm.sh)")
 
+MAX_GRID_BATCH = 8192  # above any batch an engine here is sized for (vLLM caps a step at max_num_batched_tokens)
+
 # vLLM's linear-method classes and the format each serves. Anything else is reported by its class name.
 SERVED_FORMATS: dict[str, str] = {
     "UnquantizedLinearMethod": Format.BF16.value,
@@ -185,7 +187,7 @@ class VllmEnergyModel:
         """The batches the measured batch search meters (:mod:`advisor.search.operating_search`): the engine runs
         a decode batch padded to its next CUDA-graph size, so only those sizes differ (every serving raises the
         capture bound over the largest batch it is sized for: :func:`~advisor.deploy.vllm_config.capture_bound`)."""
-        return decode_graph_sizes(8192)
+        return decode_graph_sizes(MAX_GRID_BATCH)
 
     def _job(self, plan: Plan, workloads: Sequence[Workload], **fields: Any) -> ServeJob:
         """The job serving ``plan`` (exported first where it is not) at ``workloads``, with the memory share an
