@@ -4,8 +4,8 @@ packed bank's trials against the folded bank's.
 ``search`` saves a random-weight checkpoint of a published shape (safetensors, made on the device), prints
 the plan (``advisor search --dry-run --json``), runs ``advisor search`` on it and records the wall clock, the
 exit code, the per-stage seconds of its summary, the peak GPU memory (NVML, sampled) and the peak CPU memory.
-``identical`` builds the folded and the packed bank of one shape in turn, scores the same plans with both
-(torch.equal on the logits, equal proxy scores) and records each bank's peak GPU memory.
+``identical`` builds the folded and the packed bank of one shape, each in its own process, scores the same plans
+with both (torch.equal on the logits, equal proxy scores) and records each bank's peak GPU memory.
 Each run appends a record to OUT/large_models.json and rewrites OUT/large_models.md.
 
 The search scores BF16, FP8 and NVFP4 accuracy (NVFP4 by ModelOpt's fake quantization, which also runs on
@@ -178,6 +178,26 @@ def measure_here(summary: dict, folder: Path) -> list[dict]:
 
 
 def run_identical(args: argparse.Namespace, folder: Path) -> dict:
+    """Each bank in its own process, so neither one's memory (nor its peak) is the other's."""
+    import torch
+
+    results, seconds, peaks = {}, {}, {}
+    for kind in ("folded", "packed"):
+        result = args.work / f"identical-{kind}.pt"
+        subprocess.run([sys.executable, __file__, "bank", "--shape", args.shape, "--device", args.device, "--work",
+                        str(args.work), "--kind", kind, "--result", str(result)], check=True)
+        results[kind] = torch.load(result, weights_only=False)  # written by the child above
+        seconds[kind], peaks[kind] = results[kind].pop("seconds"), results[kind].pop("peak_gpu_gib")
+    same = all(a == b and torch.equal(la, lb) for (a, la), (b, lb) in
+               zip(results["folded"]["scored"], results["packed"]["scored"], strict=True))
+    return {"model": args.shape, "command": " ".join(sys.argv), "bit_identical": same, "rc": 0 if same else 1,
+            "wall_s": round(sum(seconds.values()), 1), "stages_s": seconds, "peak_gpu_gib": peaks,
+            "peak_cpu_gib": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 2**20}
+
+
+def score_one_bank(args: argparse.Namespace, folder: Path) -> None:
+    """Scores the same four plans (three uniform, one mixed) with one bank; writes their proxy scores and
+    logits, the seconds and the peak GPU memory to ``--result``."""
     import torch
 
     from advisor.accuracy.proxy import ProxyEvaluator
@@ -195,26 +215,17 @@ def run_identical(args: argparse.Namespace, folder: Path) -> dict:
     tokens = torch.randint(3, 2000, (8, 128), generator=torch.Generator().manual_seed(0))
     plans = [Plan.uniform(groups, f) for f in formats]
     plans.append(Plan({g.name: formats[i % 3] for i, g in enumerate(groups)}))
-    results, peaks, seconds = {}, {}, {}
-    for packed in (False, True):
-        cuda = args.device == "cuda"
-        if cuda:
-            torch.cuda.reset_peak_memory_stats()
-        t = time.perf_counter()
-        bank = FormatBank(loaded.model, groups, formats, forward_loop(tokens[:4]), packed=packed)
-        proxy = ProxyEvaluator(bank.assemble(plans[0]), tokens[4:])
-        with torch.no_grad():
-            results[packed] = [(proxy.score(bank.assemble(p)), bank.assemble(p)(input_ids=tokens[4:6].to(
-                args.device)).logits.cpu()) for p in plans]
-        seconds["packed" if packed else "folded"] = round(time.perf_counter() - t, 1)
-        peaks["packed" if packed else "folded"] = torch.cuda.max_memory_allocated() / 2**30 if cuda else None
-        del bank, proxy
-        if cuda:
-            torch.cuda.empty_cache()
-    same = all(a == b and torch.equal(la, lb) for (a, la), (b, lb) in zip(results[False], results[True], strict=True))
-    return {"model": args.shape, "command": " ".join(sys.argv), "bit_identical": same, "rc": 0 if same else 1,
-            "wall_s": round(sum(seconds.values()), 1), "stages_s": seconds, "peak_gpu_gib": peaks,
-            "peak_cpu_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}
+    cuda = args.device == "cuda"
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    t = time.perf_counter()
+    bank = FormatBank(loaded.model, groups, formats, forward_loop(tokens[:4]), packed=args.kind == "packed")
+    proxy = ProxyEvaluator(bank.assemble(plans[0]), tokens[4:])
+    with torch.no_grad():
+        scored = [(proxy.score(bank.assemble(p)), bank.assemble(p)(input_ids=tokens[4:6].to(args.device)).logits.cpu())
+                  for p in plans]
+    torch.save({"scored": scored, "seconds": round(time.perf_counter() - t, 1),
+                "peak_gpu_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else None}, args.result)
 
 
 def write(out: Path, record: dict) -> None:
@@ -236,7 +247,7 @@ def write(out: Path, record: dict) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("mode", choices=["search", "identical"])
+    ap.add_argument("mode", choices=["search", "identical", "bank"], help="bank: one bank of identical, run by it")
     ap.add_argument("--shape", choices=sorted(SHAPES), required=True)
     ap.add_argument("--trials", type=int, default=12)
     ap.add_argument("--energy", default="predicted")
@@ -249,7 +260,11 @@ def main() -> None:
     ap.add_argument("--tokenizer", type=Path, default=Path("../shared/models/tinystories-656k"))
     ap.add_argument("--work", type=Path, default=Path("/tmp/large_models"))
     ap.add_argument("--out", type=Path, default=Path("reports/benchmarks"))
+    ap.add_argument("--kind", choices=["folded", "packed"], help="bank mode: which bank")
+    ap.add_argument("--result", type=Path, help="bank mode: where its scores go")
     args = ap.parse_args()
+    if args.mode == "bank":
+        return score_one_bank(args, args.work / args.shape)
     folder = make_checkpoint(args.shape, args.work / args.shape, args.tokenizer, args.device)
     write(args.out, run_search(args, folder) if args.mode == "search" else run_identical(args, folder))
 

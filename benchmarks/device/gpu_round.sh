@@ -10,7 +10,9 @@
 #      (reused where exported before) and served, each TPOT objective searched as measured; then
 #      vllm_verify.py operating-collect RUN/verify.json RUN/summary.json -> out/operating_points_8b.{json,md}
 #   D  benchmarks/large_models.py identical (8B): packed bank against folded
-#   E  benchmarks/large_models.py search (Qwen2.5-14B shape)
+#   E  benchmarks/large_models.py search (Qwen2.5-14B shape), the front measured here where H100 runs it natively
+#   E2 the same search with the GPU memory capped at 24 GiB: layers beyond it stream from CPU memory
+# A, A2 and C need vLLM in /tmp/vsite; B, D, E and E2 need only the wheels and ../shared.
 # Time, measured 2026-11-27 (reports/benchmarks/operating_points_8b.md): setup (wheels, ../shared, four vLLM parts)
 # ~1.5 min; B 3.3 min (BF16 checkpoint 1 min, search 143 s); C with VERIFY_WORKERS=2 on an nvidia-h100-x2 machine
 # 17.9 min (exports of 3 plans ~2.5 min; all-BF16 then the recommendation on GPU 0, all-FP8 on GPU 1, one engine a
@@ -35,7 +37,7 @@ mkdir -p $out
 log() { echo "$1 $(date -u +%T)" >> $out/progress; }
 nvidia-smi --query-gpu=name,driver_version,power.limit --format=csv > $out/gpu.csv
 advisor() { python3 -c 'from advisor.cli import main; main()' "$@"; }
-steps=${STEPS:-A A2 B C D E}
+steps=${STEPS:-A A2 B C D E E2}
 for s in $steps; do
   log "$s start"
   case $s in
@@ -61,12 +63,15 @@ print(next(t["plan_id"] for t in s["trials"] if t["trial"] == n))' $run/summary.
        cp $run/verify.json $out/op8b_verify.json; cp $run/verify.md $out/op8b_verify.md
        python3 benchmarks/vllm_verify.py operating-collect $run/verify.json $run/summary.json \
          --gpu-csv $out/gpu.csv --out $out/operating_points_8b > $out/c.log 2>&1 ;;
-    D) mkdir -p /tmp/s44/lm && ln -sfn /tmp/s44/base /tmp/s44/lm/llama-3.1-8b  # the same shape, already on disk
+    D) mkdir -p /tmp/s44/lm  # the 8B of step B where it is on disk; else large_models.py makes one
+       [ -d /tmp/s44/base ] && ln -sfn /tmp/s44/base /tmp/s44/lm/llama-3.1-8b
        python3 benchmarks/large_models.py identical --shape llama-3.1-8b --work /tmp/s44/lm --out $out/lm \
          > $out/d.log 2>&1 ;;
     E) rm -rf $ck $run/engine_checkpoints /tmp/s44/lm/llama-3.1-8b /tmp/s44/base  # the disk holds 64 GiB
-       python3 benchmarks/large_models.py search --shape qwen2.5-14b --trials 12 --work /tmp/s44/lm --out $out/lm \
-         > $out/e.log 2>&1 ;;
+       python3 benchmarks/large_models.py search --shape qwen2.5-14b --trials 12 --measure-here --work /tmp/s44/lm \
+         --out $out/lm > $out/e.log 2>&1 ;;
+    E2) python3 benchmarks/large_models.py search --shape qwen2.5-14b --trials 12 --gpu-memory 24 \
+          --work /tmp/s44/lm --out $out/lm > $out/e2.log 2>&1 ;;
   esac
   log "$s rc=$?"
 done
