@@ -41,6 +41,8 @@ LLAMA_8B = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidde
 SHAPES = {
     "tiny": {**LLAMA_8B, "hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2,
              "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 2048},
+    "llama-3.2-1b": {**LLAMA_8B, "hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 16,
+                     "head_dim": 64, "tie_word_embeddings": True},
     "llama-3.1-8b": LLAMA_8B,
     "qwen2.5-14b": {"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"], "hidden_size": 5120,
                     "intermediate_size": 13824, "num_hidden_layers": 48, "num_attention_heads": 40,
@@ -58,12 +60,12 @@ FORMATS = "bf16,fp8,nvfp4"
 ADVISOR = [sys.executable, "-c", "from advisor.cli import main; main()"]  # the GPU machines have no console script
 
 
-def make_checkpoint(shape: str, folder: Path, tokenizer: Path, device: str) -> Path:
+def make_checkpoint(shape: str, folder: Path, tokenizer: Path, device: str) -> None:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
     if (folder / "config.json").is_file():
-        return folder
+        return
     values = dict(SHAPES[shape])
     config = AutoConfig.for_model(values.pop("model_type"), **values)
     with torch.device(device):
@@ -72,8 +74,6 @@ def make_checkpoint(shape: str, folder: Path, tokenizer: Path, device: str) -> P
     for f in tokenizer.iterdir():
         if f.name.startswith(("tokenizer", "special_tokens")):
             shutil.copy(f, folder / f.name)
-    del model
-    return folder
 
 
 class GpuMemoryPeak:
@@ -247,7 +247,8 @@ def write(out: Path, record: dict) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("mode", choices=["search", "identical", "bank"], help="bank: one bank of identical, run by it")
+    ap.add_argument("mode", choices=["search", "identical", "bank", "checkpoint"],
+                    help="bank: one bank of identical; checkpoint: the random-weight checkpoint (run by the others)")
     ap.add_argument("--shape", choices=sorted(SHAPES), required=True)
     ap.add_argument("--trials", type=int, default=12)
     ap.add_argument("--energy", default="predicted")
@@ -263,9 +264,14 @@ def main() -> None:
     ap.add_argument("--kind", choices=["folded", "packed"], help="bank mode: which bank")
     ap.add_argument("--result", type=Path, help="bank mode: where its scores go")
     args = ap.parse_args()
+    folder = args.work / args.shape
     if args.mode == "bank":
-        return score_one_bank(args, args.work / args.shape)
-    folder = make_checkpoint(args.shape, args.work / args.shape, args.tokenizer, args.device)
+        return score_one_bank(args, folder)
+    if args.mode == "checkpoint":
+        return make_checkpoint(args.shape, folder, args.tokenizer, args.device)
+    # its own process: the CUDA memory that built the weights would stay cached in this one while the search runs
+    subprocess.run([sys.executable, __file__, "checkpoint", "--shape", args.shape, "--device", args.device,
+                    "--work", str(args.work), "--tokenizer", str(args.tokenizer)], check=True)
     write(args.out, run_search(args, folder) if args.mode == "search" else run_identical(args, folder))
 
 

@@ -144,6 +144,12 @@ def test_streamed_bank_entries_are_packed_and_held_in_cpu_memory(tiny_model_dir,
     bf16 = banks[1].module_for("model.layers.1.self_attn.q_proj", Format.BF16)
     nvfp4 = banks[1].module_for("model.layers.1.mlp.up_proj", Format.NVFP4)
     assert nvfp4.packed_weights["weight"].nibbles.device.type == "meta"
+    for fmt in (Format.FP8, Format.NVFP4):  # between forwards, nothing of a streamed entry's weights on its device
+        for m in ("self_attn.q_proj", "self_attn.o_proj", "mlp.up_proj", "mlp.down_proj"):
+            module = banks[1].module_for(f"model.layers.1.{m}", fmt)
+            held = [n for n, t in [*module.named_parameters(), *module.named_buffers()]
+                    if t.device.type != "meta" and t.untyped_storage().nbytes() > 64]  # beyond quantizer scalars
+            assert held == [], (fmt, m, held)
     # folding wrote into the format's own entry, never into the BF16 weights the copies share
     assert torch.equal(bf16._hf_hook.weights_map["weight"], plain.model.model.layers[1].self_attn.q_proj.weight)
 

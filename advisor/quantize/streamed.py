@@ -67,11 +67,13 @@ def fold_and_pack_streamed(module: torch.nn.Module, fmt: Format, name: str, stat
     with enable_weight_access_and_writeback(module, root, writeback=False):  # the shared BF16 weights stay as they are
         fold_and_pack(module, fmt, name, stats, decode_hooks=False)
         packed = list(getattr(module, "packed_weights", {}))
-        for w in packed:  # decoded by DecodePacked, never loaded by the offload hook: a non-persistent buffer
-            placeholder = module._parameters.pop(w).detach()
+        placeholders = {w: module._parameters.pop(w).detach() for w in packed}
+        for w, placeholder in placeholders.items():  # decoded by DecodePacked, never loaded by the offload hook
             module.register_buffer(w, placeholder, persistent=False)
         state = {k: t.detach().to("cpu") for k, t in module.state_dict().items()}
-    remove_hook_from_module(module)
+    remove_hook_from_module(module)  # puts the streamed BF16 weight back in place of each placeholder: undone below
+    for w, placeholder in placeholders.items():
+        module._buffers[w] = placeholder
     add_hook_to_module(module, AlignDevicesHook(
         execution_device=device, offload=True, offload_buffers=True, place_submodules=True,
         weights_map=PrefixedDataset(OffloadedWeightsLoader(state_dict=state), "")))
