@@ -159,9 +159,9 @@ def measure_here(summary: dict, folder: Path) -> list[dict]:
                "predicted_j_per_token": primary["j_per_token"], "predicted_source": primary["source"]}
         if here is None or not all(GPU_SPECS[here].supports(f) for f in formats):
             row["measured_j_per_token"] = None
+            foreign = sorted(f.value for f in formats if here is not None and not GPU_SPECS[here].supports(f))
             row["why_not_measured"] = ("no NVIDIA GPU here: predicted only" if here is None else
-                                       f"{', '.join(sorted(f.value for f in formats))} does not run natively on "
-                                       f"{name}: predicted only")
+                                       f"{', '.join(foreign)} does not run natively on {name}: predicted only")
             out.append(row)
             continue
         plan_file = folder.parent / f"plan-{trial['plan_id']}.json"
@@ -228,6 +228,47 @@ def score_one_bank(args: argparse.Namespace, folder: Path) -> None:
                 "peak_gpu_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else None}, args.result)
 
 
+STAGES = ("load_s", "tokens_s", "calibration_s", "bank_s", "sensitivity_s", "trials_s")
+
+
+def _gib(value: float | list | dict | None) -> str:
+    if isinstance(value, dict):
+        return ", ".join(f"{k} {v:.1f}" for k, v in value.items() if v is not None) or "-"
+    if isinstance(value, list):
+        return ", ".join(f"{v:.1f}" for v in value)
+    return "-" if value is None else f"{value:.1f}"
+
+
+def markdown(records: list[dict]) -> str:
+    """The runs as tables: one row a run, then the J/token of each run that measured its baselines and front."""
+    head = ["model", "gpu", "date", "rc", "wall s", *(s.removesuffix("_s") + " s" for s in STAGES), "peak GPU GiB",
+            "plan GiB", "streamed", "peak CPU GiB", "bit-identical", "note"]
+    lines = ["# Large model shapes, random weights", "", "Written by `benchmarks/large_models.py` (each record's "
+             "command is in large_models.json). Peak GPU memory: NVML, sampled every 0.2 s (CUDA context included), "
+             "except for `identical`, where it is torch's peak allocated memory of each bank's process; plan: the "
+             "memory plan's GiB for each GPU (`advisor search --dry-run`), its 2 GiB reserve included.", "",
+             "| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
+    for r in records:
+        stages = r.get("stages_s") or {}
+        cells = [f"{stages[s]:.0f}" if isinstance(stages.get(s), int | float) else "-" for s in STAGES]
+        if "folded" in stages:  # identical: the seconds of each bank
+            cells = ["-", "-", "-", f"folded {stages['folded']}, packed {stages['packed']}", "-", "-"]
+        lines.append(f"| {r['model']} | {r['gpu']} | {r['date'][:16]} | {r['rc']} | {r['wall_s']} | "
+                     f"{' | '.join(cells)} | {_gib(r['peak_gpu_gib'])} | {_gib(r.get('plan_used_gib'))} | "
+                     f"{', '.join(r.get('plan_streams_from_cpu') or []) or '-'} | {r['peak_cpu_gib']:.1f} | "
+                     f"{r.get('bit_identical', '-')} | {r.get('note', '')} |")
+    for r in (r for r in records if r.get("energy_here")):
+        lines += ["", f"## {r['model']}: J/token of the baselines and the front ({r['gpu']})", "",
+                  "| plan | id | KL | predicted J/token (for the search's target) | measured here | source |",
+                  "|---|---|---|---|---|---|"]
+        for e in r["energy_here"]:
+            measured = e["measured_j_per_token"]
+            lines.append(f"| {e['label']} | {e['plan_id']} | {e['kl']:.4f} | {e['predicted_j_per_token']:.4f} | "
+                         f"{'-' if measured is None else f'{measured:.4f}'} | "
+                         f"{e.get('measured_source') or e.get('why_not_measured')} |")
+    return "\n".join(lines) + "\n"
+
+
 def write(out: Path, record: dict) -> None:
     out.mkdir(parents=True, exist_ok=True)
     path = out / "large_models.json"
@@ -236,13 +277,7 @@ def write(out: Path, record: dict) -> None:
                          capture_output=True, text=True).stdout.strip() if shutil.which("nvidia-smi") else "none"
     records.append({**record, "gpu": gpu, "date": datetime.now(UTC).isoformat(timespec="seconds")})
     path.write_text(json.dumps({"runs": records}, indent=2) + "\n")
-    lines = ["# Large model shapes, random weights", "", "| model | gpu | rc | wall s | stages s | peak GPU GiB | "
-             "peak CPU GiB | plan | bit-identical |", "|---|---|---|---|---|---|---|---|---|"]
-    for r in records:
-        lines.append(f"| {r['model']} | {r['gpu']} | {r['rc']} | {r['wall_s']} | {r['stages_s']} | "
-                     f"{r['peak_gpu_gib']} | {r['peak_cpu_gib']:.1f} | {r.get('plan_used_gib')} | "
-                     f"{r.get('bit_identical', '')} |")
-    (out / "large_models.md").write_text("\n".join(lines) + "\n")
+    (out / "large_models.md").write_text(markdown(records))
 
 
 def main() -> None:
