@@ -24,9 +24,13 @@
 # batches, meter, vLLM and GPU), and serves the rest.
 # Steps B and C write to /tmp/s44/runs/op8b: a cut-off C resumes its exports and its finished servings. Disk in C:
 # the BF16 checkpoint (16 GB) and verify's exports (BF16 16 GB, FP8 ~9 GB, a mixed recommendation ~9-16 GB).
-# Run: STEPS='B C' VERIFY_WORKERS=2 bash benchmarks/device/gpu_round.sh (B and C ran so on 2026-11-27; D and E
-# have not run yet) with setsid in the background, and poll out/progress with back-to-back calls that each
-# return within 600 s (the machine goes back 30 s after a call ends), e.g.
+# D, E and E2 on one H100, 2026-11-27 (reports/benchmarks/large_models.md): D 3.2 min (its own 8B checkpoint, 58 s of
+# ModelOpt's first FP8 extension build), E 10.8 min (14B checkpoint, search 6.7 min, the baselines measured), E2 ran out
+# of GPU memory before the streamed-bank fix (5aaf087) and is not re-run: 6.5 min of it was sampling tokens through
+# the streamed layers; give it 20 min.
+# Run: STEPS='B C' VERIFY_WORKERS=2 bash benchmarks/device/gpu_round.sh (B and C ran so on 2026-11-27) with setsid
+# in the background, and poll out/progress with back-to-back calls that each return within 600 s (the machine goes
+# back 30 s after a call ends: no pause between polls), e.g.
 #   for i in $(seq 1 104); do sleep 5; grep -q DONE /tmp/s44/out/progress && break; done; cat /tmp/s44/out/progress
 #   tar czf $OUT/round.tgz -C /tmp/s44 out runs/op8b/verify_served 2>/dev/null  # one file: $OUT returns 8 at most
 set -u
