@@ -12,7 +12,8 @@
 #   D  benchmarks/large_models.py identical (8B): packed bank against folded
 #   E  benchmarks/large_models.py search (Qwen2.5-14B shape), the front measured here where H100 runs it natively
 #   E2 the same search with the GPU memory capped at 24 GiB: layers beyond it stream from CPU memory
-# A, A2 and C need vLLM in /tmp/vsite; B, D, E and E2 need only the wheels and ../shared.
+#   F  benchmarks/large_models.py search (Qwen3-30B-A3B shape) on one H200 (kind nvidia-h200): not run yet
+# A, A2 and C need vLLM in /tmp/vsite; B, D, E, E2 and F need only the wheels and ../shared.
 # Time, measured 2026-11-27 (reports/benchmarks/operating_points_8b.md): setup (wheels, ../shared, four vLLM parts)
 # ~1.5 min; B 3.3 min (BF16 checkpoint 1 min, search 143 s); C with VERIFY_WORKERS=2 on an nvidia-h100-x2 machine
 # 17.9 min (exports of 3 plans ~2.5 min; all-BF16 then the recommendation on GPU 0, all-FP8 on GPU 1, one engine a
@@ -76,6 +77,9 @@ print(next(t["plan_id"] for t in s["trials"] if t["trial"] == n))' $run/summary.
          --out $out/lm > $out/e.log 2>&1 ;;
     E2) python3 benchmarks/large_models.py search --shape qwen2.5-14b --trials 12 --gpu-memory 24 \
           --work /tmp/s44/lm --out $out/lm > $out/e2.log 2>&1 ;;
+    F) mkdir -p /dev/shm/lm  # 57 GiB of weights: the H200's disk is 64 GiB, its tmpfs half of its 128 GiB of memory
+       python3 benchmarks/large_models.py search --shape qwen3-30b-a3b --trials 8 --work /dev/shm/lm --out $out/lm \
+         > $out/f.log 2>&1 ;;
   esac
   log "$s rc=$?"
 done
