@@ -15,6 +15,7 @@ from typer import _click  # typer's own copy of click: its exceptions are the on
 
 from advisor.errors import AdvisorError, SetupError
 from advisor.files import disk_full_message
+from advisor.gpu_memory_error import gpu_out_of_memory_message
 
 # Results. On a terminal rich fits them to its width; in a pipe or a file nothing is ever
 # wrapped (a script reads whole lines), so: no soft wrapping and no width to fit.
@@ -58,7 +59,7 @@ def handle_errors(fn: F | None = None, *, error_exit: int | None = None, catch_a
                 forced = error_exit is not None and not (keep_setup_exit and isinstance(exc, SetupError))
                 raise typer.Exit(error_exit if forced else exc.exit_code) from None
             except Exception as exc:
-                full = disk_full_message(exc)
+                full = disk_full_message(exc) or gpu_out_of_memory_message(exc)  # the environment's, not a bug
                 if full is not None:
                     _traceback_if_debug()
                     print_error(full)
