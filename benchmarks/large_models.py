@@ -60,12 +60,12 @@ FORMATS = "bf16,fp8,nvfp4"
 ADVISOR = [sys.executable, "-c", "from advisor.cli import main; main()"]  # the GPU machines have no console script
 
 
-def make_checkpoint(shape: str, folder: Path, tokenizer: Path, device: str) -> None:
+def make_checkpoint(shape: str, folder: Path, tokenizer: Path, device: str) -> Path:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
     if (folder / "config.json").is_file():
-        return
+        return folder
     values = dict(SHAPES[shape])
     config = AutoConfig.for_model(values.pop("model_type"), **values)
     with torch.device(device):
@@ -74,6 +74,7 @@ def make_checkpoint(shape: str, folder: Path, tokenizer: Path, device: str) -> N
     for f in tokenizer.iterdir():
         if f.name.startswith(("tokenizer", "special_tokens")):
             shutil.copy(f, folder / f.name)
+    return folder
 
 
 class GpuMemoryPeak:
@@ -303,7 +304,8 @@ def main() -> None:
     if args.mode == "bank":
         return score_one_bank(args, folder)
     if args.mode == "checkpoint":
-        return make_checkpoint(args.shape, folder, args.tokenizer, args.device)
+        make_checkpoint(args.shape, folder, args.tokenizer, args.device)
+        return
     # its own process: the CUDA memory that built the weights would stay cached in this one while the search runs
     subprocess.run([sys.executable, __file__, "checkpoint", "--shape", args.shape, "--device", args.device,
                     "--work", str(args.work), "--tokenizer", str(args.tokenizer)], check=True)

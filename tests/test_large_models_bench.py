@@ -1,0 +1,35 @@
+"""The large-model benchmarks run end to end on the tiny shape on a CPU, as they do on the GPU machines with the real
+shapes: their GPU runs are rare and long, so a script broken here would only be found there."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _run(*args: str) -> None:
+    done = subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
+def test_large_models_identical_and_search_on_the_tiny_shape(tmp_path):
+    common = ["--shape", "tiny", "--device", "cpu", "--work", str(tmp_path), "--out", str(tmp_path / "out")]
+    _run("benchmarks/large_models.py", "identical", *common)
+    _run("benchmarks/large_models.py", "search", "--trials", "3", *common)
+    identical, search = json.loads((tmp_path / "out" / "large_models.json").read_text())["runs"]
+    assert identical["bit_identical"] is True and set(identical["stages_s"]) == {"folded", "packed"}
+    assert search["rc"] == 0 and search["stages_s"]["trials_run"] == 3
+    table = (tmp_path / "out" / "large_models.md").read_text()
+    assert table.count("| tiny |") == 2
+
+
+def test_the_multi_gpu_benchmark_dry_run(tmp_path):
+    _run("benchmarks/device/large_models_multi_gpu.py", "all", "--dry-run", "--work", str(tmp_path),
+         "--out", str(tmp_path / "out"))
+    report = json.loads((tmp_path / "out" / "large_models_multi_gpu.json").read_text())
+    assert {"checkpoint", "plan", "search", "export", "serve"} <= set(report)
+    assert report["search"]["rc"] == 0
