@@ -39,8 +39,9 @@ def handle_errors(fn: F | None = None, *, error_exit: int | None = None, catch_a
                   keep_setup_exit: bool = False) -> Any:
     """Turn errors into one `Error:` line and an exit code (tracebacks only with --debug).
 
-    Known errors (:class:`AdvisorError`) exit with their own code; anything else is a bug
-    and exits 1 with the hint to rerun with --debug. ``error_exit`` forces one exit code for
+    Known errors (:class:`AdvisorError`) exit with their own code; a full disk or a GPU out of memory (the
+    environment's) exits 3 with what to free; anything else is a bug and exits 1 with the hint to rerun with
+    --debug. ``error_exit`` forces one exit code for
     every error (a CI gate such as `recheck`, where an error must never read as a pass or a
     regression); ``keep_setup_exit`` exempts :class:`SetupError` (no GPU, a package missing: exit 3) from it;
     ``catch_all=False`` lets unexpected exceptions raise.
