@@ -42,7 +42,7 @@ _BLOCK = 16
 @dataclass
 class PackStats:
     packed: int = 0  # weight tensors held as codes
-    kept_bf16: list[str] = field(default_factory=list)  # names of those whose codes would not decode exactly
+    kept_bf16: list[str] = field(default_factory=list)  # folded weights left BF16: "name (format: why)"
 
 
 class PackedFP8(torch.nn.Module):
@@ -175,14 +175,14 @@ def fold_and_pack(module: torch.nn.Module, fmt: Format, name: str, stats: PackSt
     for w, amax in amaxes.items():
         folded = module._parameters[w].detach()
         if fmt not in (Format.FP8, Format.NVFP4) or any(a is None for a in amax):
-            stats.kept_bf16.append(f"{name}.{w}")
+            stats.kept_bf16.append(f"{name}.{w} ({fmt.value}: no per-tensor scale)")
             continue
         if fmt == Format.NVFP4 and folded.shape[-1] % _BLOCK:
-            stats.kept_bf16.append(f"{name}.{w}")
+            stats.kept_bf16.append(f"{name}.{w} ({fmt.value}: rows not in blocks of {_BLOCK})")
             continue
         entry = _pack_fp8(folded, amax) if fmt == Format.FP8 else _pack_nvfp4(rounded[w], folded, amax)
         if not torch.equal(entry.decode().view(torch.int16), folded.view(torch.int16)):
-            stats.kept_bf16.append(f"{name}.{w}")
+            stats.kept_bf16.append(f"{name}.{w} ({fmt.value}: codes decode otherwise)")
             continue
         packed[w] = entry
         module._parameters[w] = _placeholder(folded)

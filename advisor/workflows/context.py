@@ -229,8 +229,8 @@ def prepare(
     timings["calibration_s"] = bank.seconds["calibration"]  # ModelOpt's calibration, every format
     timings["bank_s"] = time.perf_counter() - t - bank.seconds["calibration"]  # folding, packing, copies
     if bank.pack_stats.kept_bf16:  # exact either way; only the bank's memory is larger than planned
-        log.warning("%d folded weights would not decode bit for bit from their codes and stay BF16 (e.g. %s)",
-                    len(bank.pack_stats.kept_bf16), bank.pack_stats.kept_bf16[0])
+        log.warning("%d folded weights stay BF16 in the bank, not packed as codes (e.g. %s)",
+                    len(bank.pack_stats.kept_bf16), ", ".join(bank.pack_stats.kept_bf16[:3]))
 
     t = time.perf_counter()
     status("scoring the BF16 reference on held-out tokens")
