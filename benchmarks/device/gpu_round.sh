@@ -28,7 +28,8 @@
 # D, E and E2 on one H100, 2026-11-27 (reports/benchmarks/large_models.md): D 3.2 min (its own 8B checkpoint, 58 s of
 # ModelOpt's first FP8 extension build), E 10.8 min (14B checkpoint, search 6.7 min, the baselines measured), E2 ran out
 # of GPU memory before the streamed-bank fix (5aaf087) and is not re-run: 6.5 min of it was sampling tokens through
-# the streamed layers; give it 20 min.
+# the streamed layers; the 1B run scaled by the bytes streamed a pass says about 25 min with its checkpoint (a
+# machine is held 30 min at most: run E2 alone, first).
 # Run: STEPS='B C' VERIFY_WORKERS=2 bash benchmarks/device/gpu_round.sh (B and C ran so on 2026-11-27) with setsid
 # in the background, and poll out/progress with back-to-back calls that each return within 600 s (the machine goes
 # back 30 s after a call ends: no pause between polls), e.g.
