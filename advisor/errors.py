@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 
 class AdvisorError(Exception):
     """Root of every error the advisor raises on purpose (exit code 1)."""
@@ -35,3 +37,13 @@ class Interrupted(AdvisorError):
     """The user (Ctrl-C) or the system (SIGTERM) stopped a run; finished work is kept (exit 130)."""
 
     exit_code = 130
+
+
+def exception_chain(exc: BaseException) -> Iterator[BaseException]:
+    """``exc``, then the exception it was raised from (or during), and so on; each once."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        yield current
+        current = current.__cause__ or current.__context__

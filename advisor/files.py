@@ -22,7 +22,7 @@ import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from advisor.errors import InputError
+from advisor.errors import InputError, exception_chain
 
 _UMASK = os.umask(0)
 os.umask(_UMASK)  # read once: a renamed file gets the mode a plain open() would have given it
@@ -101,15 +101,11 @@ def disk_full_message(exc: BaseException) -> str | None:
     """One line naming the full disk (and what is free on it) when ``exc``, or an exception it was
     raised from, says the disk or the quota is full; None otherwise. A full disk is the environment's
     problem (exit 3), not the input's, and the storage is not damaged."""
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
+    for current in exception_chain(exc):
         if isinstance(current, OSError) and current.errno in DISK_FULL_ERRNOS:
             return _full_disk_line(current.filename)
         if SQLITE_FULL in str(current):
             return _full_disk_line(None, "the SQLite study storage")
-        current = current.__cause__ or current.__context__
     return None
 
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import re
 
+from advisor.errors import exception_chain
+
 _TRIED = re.compile(r"Tried to allocate ([\d.]+ [KMGT]?i?B)")
 _GPU = re.compile(r"GPU (\d+) has a total capacity of ([\d.]+ [KMGT]?i?B)")
 _OTHER = re.compile(r"Process \d+ has ([\d.]+) ([KMGT]?i?B) memory in use")
@@ -23,14 +25,7 @@ def _is_cuda_oom(exc: BaseException) -> bool:
 def gpu_out_of_memory_message(exc: BaseException) -> str | None:
     """The `Error:` line for ``exc`` (or an exception it was raised from) when it is torch's CUDA out-of-memory
     error; None otherwise."""
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        if _is_cuda_oom(current):
-            return _line(str(current))
-        current = current.__cause__ or current.__context__
-    return None
+    return next((_line(str(e)) for e in exception_chain(exc) if _is_cuda_oom(e)), None)
 
 
 def _line(text: str) -> str:
