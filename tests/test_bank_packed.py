@@ -112,3 +112,52 @@ def test_smollm2_trials_are_bit_identical(one_torch_thread):
     folded, packed = _banks(loaded.model, groups, tokens[:2])
     assert packed.pack_stats.kept_bf16 == []
     _assert_same_trials(folded, packed, groups, tokens[2:])
+
+
+def _folded(fmt: Format, weight: torch.Tensor, amaxes: list[torch.Tensor]) -> torch.Tensor:
+    from advisor.quantize.fp8_cpu import fp8_fake_quant
+    from advisor.quantize.nvfp4_cpu import nvfp4_fake_quant
+
+    views = weight if weight.dim() == 3 else weight.unsqueeze(0)
+    quant = fp8_fake_quant if fmt == Format.FP8 else nvfp4_fake_quant
+    return torch.stack([quant(views[v], amaxes[v]) for v in range(views.shape[0])]).reshape(weight.shape)
+
+
+@pytest.mark.parametrize("fmt", [Format.FP8, Format.NVFP4])
+def test_values_a_gpu_kernel_rounds_otherwise_are_patched_not_kept_bf16(fmt):
+    from advisor.quantize.packed import PATCH_LIMIT, pack_exact
+
+    weight = torch.randn(4, 64, 32, generator=torch.Generator().manual_seed(5)).to(torch.bfloat16)  # 4 experts
+    amaxes = [weight[v].abs().amax().float() for v in range(4)]
+    folded = _folded(fmt, weight, amaxes)
+    entry, wrong = pack_exact(fmt, weight, folded, amaxes)
+    assert wrong == 0 and entry.patch_index.numel() == 0
+    # a GPU kernel that rounds a few elements one BF16 step otherwise than the codes' arithmetic
+    odd = folded.clone()
+    flat = odd.view(-1).view(torch.int16)
+    positions = torch.tensor([3, 700, 4095, 8000])
+    flat[positions] += 1
+    entry, wrong = pack_exact(fmt, weight, odd, amaxes)
+    assert wrong == len(positions)
+    assert torch.equal(entry.decode().view(torch.int16), odd.view(torch.int16))
+    # more than one value in PATCH_LIMIT: the weight stays BF16
+    flat[torch.arange(0, odd.numel(), PATCH_LIMIT // 2)] += 1
+    entry, wrong = pack_exact(fmt, weight, odd, amaxes)
+    assert entry is None and wrong * PATCH_LIMIT > odd.numel()
+
+
+@pytest.mark.parametrize("fmt", [Format.FP8, Format.NVFP4])
+def test_packing_a_few_experts_at_a_time_gives_the_same_codes(fmt, monkeypatch):
+    import advisor.quantize.packed as packed_module
+
+    weight = torch.randn(6, 48, 32, generator=torch.Generator().manual_seed(6)).to(torch.bfloat16)
+    amaxes = [weight[v].abs().amax().float() for v in range(6)]
+    folded = _folded(fmt, weight, amaxes)
+    whole, _ = packed_module.pack_exact(fmt, weight, folded, amaxes)
+    monkeypatch.setattr(packed_module, "PACK_CHUNK_WEIGHTS", 2 * 48 * 32 + 5)  # two experts a chunk, three chunks
+    assert len(packed_module._view_slices(6, 48 * 32)) == 3
+    chunked, wrong = packed_module.pack_exact(fmt, weight, folded, amaxes)
+    assert wrong == 0
+    for name, buffer in whole.named_buffers():
+        assert torch.equal(buffer.view(torch.uint8), dict(chunked.named_buffers())[name].view(torch.uint8)), name
+    assert torch.equal(chunked.decode(), folded)

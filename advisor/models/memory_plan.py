@@ -41,6 +41,11 @@ LM_EVAL_TOKENS = 1024
 #: bytes per weight of the largest view while a bank entry is built: the float32 copy the fold quantizes,
 #: the fake quantizer's float32 intermediates and output, and the BF16 result
 BUILD_BYTES_PER_WEIGHT = 24
+#: weights packed or decoded at a time (whole views: one expert of a fused-experts weight at least)
+PACK_CHUNK_WEIGHTS = 1 << 24
+#: bytes per weight of the largest member while its entry is built: its own BF16 copy, the BF16 copy NVFP4's
+#: block scales are read from, its decoded BF16 check and the comparison's mask
+MEMBER_BUILD_BYTES = 3 * BF16_BYTES + 1
 MAX_GPUS = 64
 
 
@@ -245,7 +250,8 @@ def _parts(config: Any, sizes: RunSizes) -> tuple[list[Item], int, int, dict[str
     tokens = max(min(CALIBRATION_BATCH, sizes.calibration_samples) * sizes.calibration_seq,
                  min(PROXY_BATCH, sizes.heldout_samples) * sizes.heldout_seq,
                  LM_EVAL_BATCH * LM_EVAL_TOKENS if sizes.lm_eval else 0)
-    build = largest_member * BF16_BYTES + largest_view * BUILD_BYTES_PER_WEIGHT
+    chunk = max(largest_view, min(largest_member, PACK_CHUNK_WEIGHTS))
+    build = largest_member * MEMBER_BUILD_BYTES + chunk * BUILD_BYTES_PER_WEIGHT
     workspace = max(_workspace_bytes(config, tokens), build)
     items = [Item("embeddings", embed, {}), *layers,
              Item("final norm + lm_head", head + geo.hidden * BF16_BYTES, {})]

@@ -5,18 +5,21 @@ BF16) holds only values its format can express, so it is stored as what produces
 
 * FP8 (per-tensor): one ``float8_e4m3fn`` code per weight (the code ModelOpt's fake quantizer
   gives the folded value again, :func:`advisor.quantize.fp8_cpu.fp8_codes`) and, per weight view,
-  the BF16 value of each of the 256 codes, read from the folded weight itself;
+  the BF16 value of each of the 256 codes, read from the folded weight itself (the value most of
+  the code's elements hold);
 * NVFP4: two E2M1 codes a byte (sign and magnitude index), one FP8 block-scale code per 16
   weights and a float32 global scale per view, decoded with the arithmetic of ModelOpt's kernel
   (:mod:`advisor.quantize.nvfp4_cpu`).
 
-Each packed tensor is decoded at pack time and compared bit for bit with the folded one: a weight
-whose codes would not give back the folded values stays BF16 (:attr:`PackStats.kept_bf16`), so a
-trial's arithmetic is the folded bank's exactly. A packed module's weight is a zero-stride
-placeholder of the right shape between forwards; a forward pre-hook puts the decoded weight in
-place and a forward hook drops it, so one module's BF16 weight exists at a time. A view is a
-linear's weight, or one expert's slice of a transformers fused-experts weight (one quantizer per
-expert).
+Each packed tensor is decoded at pack time and compared bit for bit with the folded one. On a GPU, ModelOpt's
+kernel rounds a few elements otherwise than this arithmetic (on an H100, 25 of a 14B's 336 weights had such
+elements, none on the CPU); those values are held beside the codes (the entry's patch, :func:`pack_exact`),
+and a weight with more than one such value in :data:`PATCH_LIMIT` stays BF16 (:attr:`PackStats.kept_bf16`), so
+a trial's arithmetic is the folded bank's exactly. A fused-experts weight is packed and decoded a few experts
+at a time (:data:`~advisor.models.memory_plan.PACK_CHUNK_WEIGHTS`), as the memory plan counts. A packed
+module's weight is a zero-stride placeholder of the right shape between forwards; a forward pre-hook puts the
+decoded weight in place and a forward hook drops it, so one module's BF16 weight exists at a time. A view is a
+linear's weight, or one expert's slice of a transformers fused-experts weight (one quantizer per expert).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from typing import Any
 import torch
 
 from advisor.formats import Format
+from advisor.models.memory_plan import PACK_CHUNK_WEIGHTS
 from advisor.quantize.fp8_cpu import fp8_codes
 from advisor.quantize.nvfp4_cpu import (
     block_scale_codes,
@@ -37,31 +41,62 @@ from advisor.quantize.nvfp4_cpu import (
 
 _E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 _BLOCK = 16
+#: a weight whose codes give more than one in this many of its folded values otherwise stays BF16
+PATCH_LIMIT = 1000
 
 
 @dataclass
 class PackStats:
     packed: int = 0  # weight tensors held as codes
+    patched: int = 0  # folded values that decode otherwise from their codes, held beside them
     kept_bf16: list[str] = field(default_factory=list)  # folded weights left BF16: "name (format: why)"
 
 
-class PackedFP8(torch.nn.Module):
+def _view_slices(views: int, per_view: int) -> list[slice]:
+    """Consecutive views, about :data:`PACK_CHUNK_WEIGHTS` weights at a time (one view at least): packing and
+    decoding a fused-experts weight never holds float32 or index copies of all its experts at once."""
+    step = max(1, PACK_CHUNK_WEIGHTS // max(per_view, 1))
+    return [slice(a, min(a + step, views)) for a in range(0, views, step)]
+
+
+class _Packed(torch.nn.Module):
+    """Codes that decode to the folded weight, and the few folded values they do not give (the patch): a GPU's
+    fake-quantizer kernel can round an element otherwise than the codes' arithmetic does."""
+
+    def _init_patch(self, dtype: torch.dtype, device: torch.device) -> None:
+        self.register_buffer("patch_index", torch.empty(0, dtype=torch.int64, device=device))
+        self.register_buffer("patch_values", torch.empty(0, dtype=dtype, device=device))
+
+    def patch(self, index: torch.Tensor, values: torch.Tensor) -> None:
+        self.patch_index, self.patch_values = index, values
+
+    def _patched(self, out: torch.Tensor) -> torch.Tensor:
+        if self.patch_index.numel():
+            out.view(-1)[self.patch_index] = self.patch_values
+        return out
+
+
+class PackedFP8(_Packed):
     """FP8 codes ``[..., out, in]`` and a ``[views, 256]`` BF16 table per view (views: 1, or the experts)."""
 
     def __init__(self, codes: torch.Tensor, table: torch.Tensor) -> None:
         super().__init__()
         self.register_buffer("codes", codes)
         self.register_buffer("table", table)
+        self._init_patch(table.dtype, table.device)
 
     def decode(self) -> torch.Tensor:
         views = self.table.shape[0]
-        index = self.codes.view(torch.uint8).to(torch.int32)
-        if views > 1:  # each expert's codes index its own 256 values
-            index += (torch.arange(views, dtype=torch.int32, device=index.device) * 256).view(-1, 1, 1)
-        return self.table.reshape(-1).index_select(0, index.reshape(-1)).reshape(self.codes.shape)
+        codes = self.codes.view(torch.uint8).reshape(views, -1)
+        out = torch.empty(codes.shape, dtype=self.table.dtype, device=codes.device)
+        for s in _view_slices(views, codes.shape[1]):  # each expert's codes index its own 256 values
+            index = codes[s].to(torch.int32)
+            index += (torch.arange(s.start, s.stop, dtype=torch.int32, device=index.device) * 256).view(-1, 1)
+            out[s] = self.table.reshape(-1).index_select(0, index.reshape(-1)).view(index.shape)
+        return self._patched(out.view(self.codes.shape))
 
 
-class PackedNVFP4(torch.nn.Module):
+class PackedNVFP4(_Packed):
     """E2M1 codes two a byte (low nibble first; bit 3 the sign), FP8 block-scale codes, a global scale per view."""
 
     def __init__(self, nibbles: torch.Tensor, scale_codes: torch.Tensor, global_scales: torch.Tensor,
@@ -72,46 +107,86 @@ class PackedNVFP4(torch.nn.Module):
         self.register_buffer("global_scales", global_scales)
         self.shape = shape
         self.dtype = dtype
+        self._init_patch(dtype, nibbles.device)
 
     def decode(self) -> torch.Tensor:
         views = self.global_scales.numel()
-        codes = torch.stack((self.nibbles & 0xF, self.nibbles >> 4), dim=-1).reshape(views, -1, _BLOCK)
-        values = torch.tensor(_E2M1_VALUES, device=codes.device)
-        magnitude = values[(codes & 7).long()]
-        scale = torch.stack([scales_from_codes(self.scale_codes[v], self.global_scales[v]) for v in range(views)])
-        q = magnitude.mul_(scale.view(views, -1, 1))
-        return torch.where(codes >= 8, -q, q).reshape(self.shape).to(self.dtype)
+        nibbles = self.nibbles.reshape(views, -1)
+        out = torch.empty(views, nibbles.shape[1] * 2, dtype=self.dtype, device=nibbles.device)
+        values = torch.tensor(_E2M1_VALUES, device=nibbles.device)
+        for s in _view_slices(views, out.shape[1]):
+            n = s.stop - s.start
+            codes = torch.stack((nibbles[s] & 0xF, nibbles[s] >> 4), dim=-1).reshape(n, -1, _BLOCK)
+            magnitude = values[(codes & 7).long()]
+            scale = torch.stack([scales_from_codes(self.scale_codes[v], self.global_scales[v])
+                                 for v in range(s.start, s.stop)])
+            q = magnitude.mul_(scale.view(n, -1, 1))
+            out[s] = torch.where(codes >= 8, -q, q).reshape(n, -1).to(self.dtype)
+        return self._patched(out.reshape(self.shape))
 
 
 def _views(weight: torch.Tensor) -> torch.Tensor:
     return weight if weight.dim() == 3 else weight.unsqueeze(0)
 
 
+def _most_common_values(codes: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """``[views, 256]``: for each view and code, the folded value most of its elements hold (the larger bits on a
+    tie; 0 for a code no element has), so a value a kernel rounded otherwise is the one patched."""
+    views = codes.shape[0]
+    slot = codes.view(torch.uint8).long() + torch.arange(views, device=codes.device).view(-1, 1) * 256
+    pairs, counts = torch.unique(slot * 65536 + (values.view(torch.int16).long() & 0xFFFF), return_counts=True)
+    best = torch.zeros(views * 256, dtype=torch.long, device=codes.device).scatter_reduce(
+        0, pairs // 65536, counts * 65536 + pairs % 65536, "amax") % 65536
+    return torch.where(best >= 32768, best - 65536, best).to(torch.int16).view(values.dtype).view(views, 256)
+
+
 def _pack_fp8(folded: torch.Tensor, amaxes: list[torch.Tensor]) -> PackedFP8:
-    views = _views(folded)
-    codes = torch.stack([fp8_codes(views[v], amaxes[v]) for v in range(views.shape[0])]).reshape(folded.shape)
-    table = torch.zeros(views.shape[0], 256, dtype=folded.dtype, device=folded.device)
-    index = codes.view(torch.uint8).reshape(views.shape[0], -1).long()
-    table.scatter_(1, index, views.reshape(views.shape[0], -1))
-    return PackedFP8(codes, table)
+    flat = _views(folded).reshape(len(amaxes), -1)
+    codes = torch.empty(flat.shape, dtype=torch.float8_e4m3fn, device=folded.device)
+    table = torch.zeros(len(amaxes), 256, dtype=folded.dtype, device=folded.device)
+    for s in _view_slices(*flat.shape):
+        for v in range(s.start, s.stop):
+            codes[v] = fp8_codes(flat[v], amaxes[v])
+        table[s] = _most_common_values(codes[s], flat[s])
+    return PackedFP8(codes.reshape(folded.shape), table)
 
 
 def _pack_nvfp4(original: torch.Tensor, folded: torch.Tensor, amaxes: list[torch.Tensor]) -> PackedNVFP4:
     """Block scales from the weight before folding (as the fake quantizer computed them), magnitudes and signs
     from the folded values."""
     originals, folds = _views(original), _views(folded)
-    n = folds.shape[0]
     gs = torch.stack([global_scale(a).to(folded.device) for a in amaxes])
-    block_amax = originals.float().reshape(n, -1, _BLOCK).abs().amax(dim=-1)
-    scale_codes = torch.stack([block_scale_codes(block_amax[v], gs[v]) for v in range(n)])
-    scales = torch.stack([scales_from_codes(scale_codes[v], gs[v]) for v in range(n)])
-    blocks = folds.float().reshape(n, -1, _BLOCK)
-    magnitude = e2m1_round_magnitude(blocks.abs() / scales.unsqueeze(-1))
-    index = torch.bucketize(magnitude, torch.tensor(_E2M1_VALUES, device=folded.device)).to(torch.uint8)
-    codes = index | (torch.signbit(blocks).to(torch.uint8) << 3)
-    pairs = codes.reshape(n, -1, 2)
-    nibbles = pairs[..., 0] | (pairs[..., 1] << 4)
-    return PackedNVFP4(nibbles.reshape(*folded.shape[:-1], -1), scale_codes, gs, folded.shape, folded.dtype)
+    values = torch.tensor(_E2M1_VALUES, device=folded.device)
+    nibbles, scale_codes = [], []
+    for s in _view_slices(folds.shape[0], folds[0].numel()):
+        n = s.stop - s.start
+        block_amax = originals[s].float().reshape(n, -1, _BLOCK).abs().amax(dim=-1)
+        codes_ = torch.stack([block_scale_codes(block_amax[i], gs[s.start + i]) for i in range(n)])
+        scales = torch.stack([scales_from_codes(codes_[i], gs[s.start + i]) for i in range(n)])
+        blocks = folds[s].float().reshape(n, -1, _BLOCK)
+        magnitude = e2m1_round_magnitude(blocks.abs() / scales.unsqueeze(-1))
+        index = torch.bucketize(magnitude, values).to(torch.uint8)
+        codes = index | (torch.signbit(blocks).to(torch.uint8) << 3)
+        pairs = codes.reshape(n, -1, 2)
+        nibbles.append(pairs[..., 0] | (pairs[..., 1] << 4))
+        scale_codes.append(codes_)
+    return PackedNVFP4(torch.cat(nibbles).reshape(*folded.shape[:-1], -1), torch.cat(scale_codes), gs,
+                       folded.shape, folded.dtype)
+
+
+def pack_exact(fmt: Format, rounded: torch.Tensor | None, folded: torch.Tensor,
+               amaxes: list[torch.Tensor]) -> tuple[_Packed | None, int]:
+    """``folded`` as ``fmt``'s codes that decode to it bit for bit, and how many of its values the codes give
+    otherwise (held in the entry's patch); None where more than one in :data:`PATCH_LIMIT` would be."""
+    entry = _pack_fp8(folded, amaxes) if fmt == Format.FP8 else _pack_nvfp4(rounded, folded, amaxes)
+    decoded = entry.decode().view(torch.int16)
+    wrong = (decoded != folded.view(torch.int16)).reshape(-1).nonzero().squeeze(1)
+    del decoded
+    if wrong.numel() * PATCH_LIMIT > folded.numel():
+        return None, wrong.numel()
+    if wrong.numel():
+        entry.patch(wrong, folded.reshape(-1)[wrong].clone())
+    return entry, wrong.numel()
 
 
 def _weight_quantizers(module: torch.nn.Module) -> dict[str, list[Any]]:
@@ -180,11 +255,12 @@ def fold_and_pack(module: torch.nn.Module, fmt: Format, name: str, stats: PackSt
         if fmt == Format.NVFP4 and folded.shape[-1] % _BLOCK:
             stats.kept_bf16.append(f"{name}.{w} ({fmt.value}: rows not in blocks of {_BLOCK})")
             continue
-        entry = _pack_fp8(folded, amax) if fmt == Format.FP8 else _pack_nvfp4(rounded[w], folded, amax)
-        if not torch.equal(entry.decode().view(torch.int16), folded.view(torch.int16)):
-            stats.kept_bf16.append(f"{name}.{w} ({fmt.value}: codes decode otherwise)")
+        entry, wrong = pack_exact(fmt, rounded.get(w), folded, amax)
+        if entry is None:
+            stats.kept_bf16.append(f"{name}.{w} ({fmt.value}: {wrong} of {folded.numel()} values decode otherwise)")
             continue
         packed[w] = entry
+        stats.patched += wrong
         module._parameters[w] = _placeholder(folded)
         stats.packed += 1
     if len(packed):

@@ -228,6 +228,8 @@ def prepare(
     )
     timings["calibration_s"] = bank.seconds["calibration"]  # ModelOpt's calibration, every format
     timings["bank_s"] = time.perf_counter() - t - bank.seconds["calibration"]  # folding, packing, copies
+    if bank.pack_stats.patched:
+        log.debug("%d folded values decode otherwise from their codes: held beside them", bank.pack_stats.patched)
     if bank.pack_stats.kept_bf16:  # exact either way; only the bank's memory is larger than planned
         log.warning("%d folded weights stay BF16 in the bank, not packed as codes (e.g. %s)",
                     len(bank.pack_stats.kept_bf16), ", ".join(bank.pack_stats.kept_bf16[:3]))
