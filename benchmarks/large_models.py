@@ -41,6 +41,10 @@ LLAMA_8B = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidde
 SHAPES = {
     "tiny": {**LLAMA_8B, "hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2,
              "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 2048},
+    "tiny-moe": {"model_type": "qwen3_moe", "architectures": ["Qwen3MoeForCausalLM"], "hidden_size": 128,
+                 "intermediate_size": 256, "moe_intermediate_size": 64, "num_hidden_layers": 2,
+                 "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32, "num_experts": 8,
+                 "num_experts_per_tok": 2, "vocab_size": 2048, "tie_word_embeddings": False},
     "llama-3.2-1b": {**LLAMA_8B, "hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 16,
                      "head_dim": 64, "tie_word_embeddings": True},
     "llama-3.1-8b": LLAMA_8B,
@@ -56,6 +60,7 @@ SHAPES = {
                       "num_experts_per_tok": 8, "vocab_size": 151936, "max_position_embeddings": 40960,
                       "tie_word_embeddings": False},
 }
+SHAPES["qwen3-30b-a3b-4layers"] = {**SHAPES["qwen3-30b-a3b"], "num_hidden_layers": 4}  # its experts, fast to build
 FORMATS = "bf16,fp8,nvfp4"
 ADVISOR = [sys.executable, "-c", "from advisor.cli import main; main()"]  # the GPU machines have no console script
 
@@ -189,11 +194,13 @@ def run_identical(args: argparse.Namespace, folder: Path) -> dict:
                         str(args.work), "--kind", kind, "--result", str(result)], check=True)
         results[kind] = torch.load(result, weights_only=False)  # written by the child above
         seconds[kind], peaks[kind] = results[kind].pop("seconds"), results[kind].pop("peak_gpu_gib")
+    print("packed bank:", results["packed"]["pack"], flush=True)
     same = all(a == b and torch.equal(la, lb) for (a, la), (b, lb) in
                zip(results["folded"]["scored"], results["packed"]["scored"], strict=True))
     return {"model": args.shape, "command": " ".join(sys.argv), "bit_identical": same, "rc": 0 if same else 1,
             "wall_s": round(sum(seconds.values()), 1), "stages_s": seconds, "peak_gpu_gib": peaks,
-            "peak_cpu_gib": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 2**20}
+            "peak_cpu_gib": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 2**20,
+            "packed_bank": results["packed"]["pack"]}
 
 
 def score_one_bank(args: argparse.Namespace, folder: Path) -> None:
@@ -225,7 +232,9 @@ def score_one_bank(args: argparse.Namespace, folder: Path) -> None:
     with torch.no_grad():
         scored = [(proxy.score(bank.assemble(p)), bank.assemble(p)(input_ids=tokens[4:6].to(args.device)).logits.cpu())
                   for p in plans]
+    stats = bank.pack_stats
     torch.save({"scored": scored, "seconds": round(time.perf_counter() - t, 1),
+                "pack": {"packed": stats.packed, "patched_values": stats.patched, "kept_bf16": stats.kept_bf16},
                 "peak_gpu_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else None}, args.result)
 
 

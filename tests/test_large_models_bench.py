@@ -27,6 +27,15 @@ def test_large_models_identical_and_search_on_the_tiny_shape(tmp_path):
     assert table.count("| tiny |") == 2
 
 
+def test_large_models_identical_on_a_tiny_mixture_of_experts(tmp_path):
+    _run("benchmarks/large_models.py", "identical", "--shape", "tiny-moe", "--device", "cpu", "--work", str(tmp_path),
+         "--out", str(tmp_path / "out"))
+    (record,) = json.loads((tmp_path / "out" / "large_models.json").read_text())["runs"]
+    assert record["bit_identical"] is True
+    # FP8 and NVFP4, 2 layers, each q, k, v, o and the experts' fused gate_up and down
+    assert record["packed_bank"]["kept_bf16"] == [] and record["packed_bank"]["packed"] == 2 * 2 * (4 + 2)
+
+
 def test_the_multi_gpu_benchmark_dry_run(tmp_path):
     _run("benchmarks/device/large_models_multi_gpu.py", "all", "--dry-run", "--work", str(tmp_path),
          "--out", str(tmp_path / "out"))
