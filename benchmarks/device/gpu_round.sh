@@ -12,7 +12,7 @@
 #   D  benchmarks/large_models.py identical (8B): packed bank against folded
 #   E  benchmarks/large_models.py search (Qwen2.5-14B shape), the front measured here where H100 runs it natively
 #   E2 the same search with the GPU memory capped at 24 GiB: layers beyond it stream from CPU memory
-#   F  benchmarks/large_models.py search (Qwen3-30B-A3B shape) on one H200 (kind nvidia-h200): not run yet
+#   F  benchmarks/large_models.py search (Qwen3-30B-A3B shape) on one H200 (kind nvidia-h200, needs_h200)
 # A, A2 and C need vLLM in /tmp/vsite; B, D, E, E2 and F need only the wheels and ../shared.
 # Time, measured 2026-11-27 (reports/benchmarks/operating_points_8b.md): setup (wheels, ../shared, four vLLM parts)
 # ~1.5 min; B 3.3 min (BF16 checkpoint 1 min, search 143 s); C with VERIFY_WORKERS=2 on an nvidia-h100-x2 machine
@@ -26,10 +26,10 @@
 # Steps B and C write to /tmp/s44/runs/op8b: a cut-off C resumes its exports and its finished servings. Disk in C:
 # the BF16 checkpoint (16 GB) and verify's exports (BF16 16 GB, FP8 ~9 GB, a mixed recommendation ~9-16 GB).
 # D, E and E2 on one H100, 2026-11-27 (reports/benchmarks/large_models.md): D 3.2 min (its own 8B checkpoint, 58 s of
-# ModelOpt's first FP8 extension build), E 10.8 min (14B checkpoint, search 6.7 min, the baselines measured), E2 ran out
-# of GPU memory before the streamed-bank fix (5aaf087) and is not re-run: 6.5 min of it was sampling tokens through
-# the streamed layers; the 1B run scaled by the bytes streamed a pass says about 25 min with its checkpoint (a
-# machine is held 30 min at most: run E2 alone, first).
+# ModelOpt's first FP8 extension build), E 10.8 min (14B checkpoint, search 6.7 min, the baselines measured), E2 25 min
+# (checkpoint 1 min, search 23.9 min: run it alone, first; a machine is held 30 min at most). F on an H200: the
+# checkpoint in /dev/shm 1.5 min; the search ran out of memory after 6.8 min (fixed in 5c2afdc, not re-run); allow
+# 20 min. The H200 counted its whole held time (one-GPU H100s half of it, when the device tool says so).
 # Run: STEPS='B C' VERIFY_WORKERS=2 bash benchmarks/device/gpu_round.sh (B and C ran so on 2026-11-27) with setsid
 # in the background, and poll out/progress with back-to-back calls that each return within 600 s (the machine goes
 # back 30 s after a call ends: no pause between polls), e.g.
