@@ -174,3 +174,34 @@ def test_streamed_sensitivity_replay_and_fp8_kv_cache_score_as_in_memory(tiny_mo
                       + [proxy.score(bank.assemble(Plan.uniform(groups, Format.FP8, kv_cache=Format.FP8))).kl])
     assert scores[0] == scores[1]
     assert all(kl > 0 for kl in scores[0])
+
+
+def test_a_streamed_entry_brings_its_patch_and_decodes_as_the_folded_weight(tiny_model_dir, one_torch_thread,
+                                                                              monkeypatch):
+    """Codes made wrong at a few elements (as a GPU kernel's rounding leaves them) are patched at pack time; a
+    streamed entry's patch streams with its codes, so the bank scores as one packed without a patch."""
+    import advisor.quantize.packed as packed
+
+    prepare_device("cpu")
+    tokens = torch.randint(3, 2000, (6, 32), generator=torch.Generator().manual_seed(4))
+    plain = load_model(ModelSpec(source=str(tiny_model_dir)))
+    expected = _scores(plain.model, plain.shape.groups, tokens)
+
+    def wrong_at_a_few(pack):
+        def wrapped(*args):
+            entry = pack(*args)
+            codes = entry.codes.view(torch.uint8) if hasattr(entry, "codes") else entry.nibbles
+            codes.view(-1)[:3] ^= 0x11  # another magnitude, decoded otherwise than the folded value
+            return entry
+        return wrapped
+
+    monkeypatch.setattr(packed, "_pack_fp8", wrong_at_a_few(packed._pack_fp8))
+    monkeypatch.setattr(packed, "_pack_nvfp4", wrong_at_a_few(packed._pack_nvfp4))
+    streamed = _load_streaming(tiny_model_dir)
+    bank = FormatBank(streamed.model, streamed.shape.groups, FORMATS, forward_loop(tokens[:4]))
+    assert bank.pack_stats.patched > 0 and bank.pack_stats.kept_bf16 == []
+    entry = bank.module_for("model.layers.1.mlp.up_proj", Format.NVFP4).packed_weights["weight"]
+    assert entry.patch_index.device.type == "meta"  # between forwards: in the offload hook's CPU map
+    for (a, la), (b, lb) in zip(expected, _scores(streamed.model, streamed.shape.groups, tokens), strict=True):
+        assert a == b
+        assert torch.equal(la, lb)
