@@ -252,6 +252,9 @@ def fold_and_pack(module: torch.nn.Module, fmt: Format, name: str, stats: PackSt
         if fmt not in (Format.FP8, Format.NVFP4) or any(a is None for a in amax):
             stats.kept_bf16.append(f"{name}.{w} ({fmt.value}: no per-tensor scale)")
             continue
+        if folded.element_size() != 2:  # the codes' checks compare 16-bit values (models load as BF16)
+            stats.kept_bf16.append(f"{name}.{w} ({fmt.value}: {folded.dtype}, not a 16-bit weight)")
+            continue
         if fmt == Format.NVFP4 and folded.shape[-1] % _BLOCK:
             stats.kept_bf16.append(f"{name}.{w} ({fmt.value}: rows not in blocks of {_BLOCK})")
             continue
