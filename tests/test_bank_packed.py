@@ -124,22 +124,24 @@ def _folded(fmt: Format, weight: torch.Tensor, amaxes: list[torch.Tensor]) -> to
 
 
 @pytest.mark.parametrize("fmt", [Format.FP8, Format.NVFP4])
-def test_values_a_gpu_kernel_rounds_otherwise_are_patched_not_kept_bf16(fmt):
+@pytest.mark.parametrize(("dtype", "bits"), [(torch.bfloat16, torch.int16), (torch.float32, torch.int32)])
+def test_values_a_gpu_kernel_rounds_otherwise_are_patched_not_kept_bf16(fmt, dtype, bits):
     from advisor.quantize.packed import PATCH_LIMIT, pack_exact
 
-    weight = torch.randn(4, 64, 32, generator=torch.Generator().manual_seed(5)).to(torch.bfloat16)  # 4 experts
+    weight = torch.randn(4, 64, 32, generator=torch.Generator().manual_seed(5)).to(dtype)  # 4 experts
     amaxes = [weight[v].abs().amax().float() for v in range(4)]
     folded = _folded(fmt, weight, amaxes)
+    assert folded.dtype == dtype
     entry, wrong = pack_exact(fmt, weight, folded, amaxes)
     assert wrong == 0 and entry.patch_index.numel() == 0
-    # a GPU kernel that rounds a few elements one BF16 step otherwise than the codes' arithmetic
+    # a GPU kernel that rounds a few elements one step otherwise than the codes' arithmetic
     odd = folded.clone()
-    flat = odd.view(-1).view(torch.int16)
+    flat = odd.view(-1).view(bits)
     positions = torch.tensor([3, 700, 4095, 8000])
     flat[positions] += 1
     entry, wrong = pack_exact(fmt, weight, odd, amaxes)
     assert wrong == len(positions)
-    assert torch.equal(entry.decode().view(torch.int16), odd.view(torch.int16))
+    assert torch.equal(entry.decode().view(bits), odd.view(bits))
     # more than one value in PATCH_LIMIT: the weight stays BF16
     flat[torch.arange(0, odd.numel(), PATCH_LIMIT // 2)] += 1
     entry, wrong = pack_exact(fmt, weight, odd, amaxes)

@@ -43,6 +43,7 @@ _E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 _BLOCK = 16
 #: a weight whose codes give more than one in this many of its folded values otherwise stays BF16
 PATCH_LIMIT = 1000
+_INT_OF_WIDTH = {2: torch.int16, 4: torch.int32}
 
 
 @dataclass
@@ -129,15 +130,22 @@ def _views(weight: torch.Tensor) -> torch.Tensor:
     return weight if weight.dim() == 3 else weight.unsqueeze(0)
 
 
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    """The values' bits as integers of their width (BF16, or float32 where a CPU computes in it)."""
+    return t.view(_INT_OF_WIDTH[t.element_size()])
+
+
 def _most_common_values(codes: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
     """``[views, 256]``: for each view and code, the folded value most of its elements hold (the larger bits on a
     tie; 0 for a code no element has), so a value a kernel rounded otherwise is the one patched."""
-    views = codes.shape[0]
+    views, width = codes.shape[0], 8 * values.element_size()
+    mask = (1 << width) - 1
     slot = codes.view(torch.uint8).long() + torch.arange(views, device=codes.device).view(-1, 1) * 256
-    pairs, counts = torch.unique(slot * 65536 + (values.view(torch.int16).long() & 0xFFFF), return_counts=True)
+    pairs, counts = torch.unique((slot << 32) | (_bits(values).long() & mask), return_counts=True)
     best = torch.zeros(views * 256, dtype=torch.long, device=codes.device).scatter_reduce(
-        0, pairs // 65536, counts * 65536 + pairs % 65536, "amax") % 65536
-    return torch.where(best >= 32768, best - 65536, best).to(torch.int16).view(values.dtype).view(views, 256)
+        0, pairs >> 32, (counts << 32) | (pairs & mask), "amax") & mask
+    signed = torch.where(best >= 1 << (width - 1), best - (1 << width), best)
+    return signed.to(_INT_OF_WIDTH[values.element_size()]).view(values.dtype).view(views, 256)
 
 
 def _pack_fp8(folded: torch.Tensor, amaxes: list[torch.Tensor]) -> PackedFP8:
@@ -179,8 +187,8 @@ def pack_exact(fmt: Format, rounded: torch.Tensor | None, folded: torch.Tensor,
     """``folded`` as ``fmt``'s codes that decode to it bit for bit, and how many of its values the codes give
     otherwise (held in the entry's patch); None where more than one in :data:`PATCH_LIMIT` would be."""
     entry = _pack_fp8(folded, amaxes) if fmt == Format.FP8 else _pack_nvfp4(rounded, folded, amaxes)
-    decoded = entry.decode().view(torch.int16)
-    wrong = (decoded != folded.view(torch.int16)).reshape(-1).nonzero().squeeze(1)
+    decoded = _bits(entry.decode())
+    wrong = (decoded != _bits(folded)).reshape(-1).nonzero().squeeze(1)
     del decoded
     if wrong.numel() * PATCH_LIMIT > folded.numel():
         return None, wrong.numel()
@@ -252,8 +260,8 @@ def fold_and_pack(module: torch.nn.Module, fmt: Format, name: str, stats: PackSt
         if fmt not in (Format.FP8, Format.NVFP4) or any(a is None for a in amax):
             stats.kept_bf16.append(f"{name}.{w} ({fmt.value}: no per-tensor scale)")
             continue
-        if folded.element_size() != 2:  # the codes' checks compare 16-bit values (models load as BF16)
-            stats.kept_bf16.append(f"{name}.{w} ({fmt.value}: {folded.dtype}, not a 16-bit weight)")
+        if folded.element_size() not in _INT_OF_WIDTH:  # the codes' checks compare the values' bits
+            stats.kept_bf16.append(f"{name}.{w} ({fmt.value}: {folded.dtype} weights)")
             continue
         if fmt == Format.NVFP4 and folded.shape[-1] % _BLOCK:
             stats.kept_bf16.append(f"{name}.{w} ({fmt.value}: rows not in blocks of {_BLOCK})")
