@@ -163,3 +163,6 @@ def test_packing_a_few_experts_at_a_time_gives_the_same_codes(fmt, monkeypatch):
     for name, buffer in whole.named_buffers():
         assert torch.equal(buffer.view(torch.uint8), dict(chunked.named_buffers())[name].view(torch.uint8)), name
     assert torch.equal(chunked.decode(), folded)
+    monkeypatch.setattr(packed_module, "PACK_CHUNK_WEIGHTS", 500)  # a dense linear's view counted in four chunks
+    one_view, wrong = packed_module.pack_exact(fmt, weight[0], folded[0], amaxes[:1])
+    assert wrong == 0 and torch.equal(one_view.decode(), folded[0])

@@ -137,11 +137,20 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
 
 def _most_common_values(codes: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
     """``[views, 256]``: for each view and code, the folded value most of its elements hold (the larger bits on a
-    tie; 0 for a code no element has), so a value a kernel rounded otherwise is the one patched."""
-    views, width = codes.shape[0], 8 * values.element_size()
+    tie; 0 for a code no element has), so a value a kernel rounded otherwise is the one patched. Counted about
+    :data:`PACK_CHUNK_WEIGHTS` elements at a time (a dense linear's view can be larger)."""
+    views, per_view = codes.shape
+    width = 8 * values.element_size()
     mask = (1 << width) - 1
-    slot = codes.view(torch.uint8).long() + torch.arange(views, device=codes.device).view(-1, 1) * 256
-    pairs, counts = torch.unique((slot << 32) | (_bits(values).long() & mask), return_counts=True)
+    slots = codes.view(torch.uint8).long() + torch.arange(views, device=codes.device).view(-1, 1) * 256
+    bits = _bits(values)
+    step = max(1, PACK_CHUNK_WEIGHTS // views)
+    found = [torch.unique((slots[:, c:c + step] << 32) | (bits[:, c:c + step].long() & mask), return_counts=True)
+             for c in range(0, per_view, step)]
+    pairs, counts = torch.cat([p for p, _ in found]), torch.cat([n for _, n in found])
+    if len(found) > 1:
+        pairs, inverse = torch.unique(pairs, return_inverse=True)
+        counts = torch.zeros_like(pairs).scatter_add_(0, inverse, counts)
     best = torch.zeros(views * 256, dtype=torch.long, device=codes.device).scatter_reduce(
         0, pairs >> 32, (counts << 32) | (pairs & mask), "amax") & mask
     signed = torch.where(best >= 1 << (width - 1), best - (1 << width), best)
