@@ -119,8 +119,7 @@ class PackedNVFP4(_Packed):
             n = s.stop - s.start
             codes = torch.stack((nibbles[s] & 0xF, nibbles[s] >> 4), dim=-1).reshape(n, -1, _BLOCK)
             magnitude = values[(codes & 7).long()]
-            scale = torch.stack([scales_from_codes(self.scale_codes[v], self.global_scales[v])
-                                 for v in range(s.start, s.stop)])
+            scale = scales_from_codes(self.scale_codes[s], self.global_scales.reshape(-1)[s].view(-1, 1))
             q = magnitude.mul_(scale.view(n, -1, 1))
             out[s] = torch.where(codes >= 8, -q, q).reshape(n, -1).to(self.dtype)
         return self._patched(out.reshape(self.shape))
@@ -178,8 +177,9 @@ def _pack_nvfp4(original: torch.Tensor, folded: torch.Tensor, amaxes: list[torch
     for s in _view_slices(folds.shape[0], folds[0].numel()):
         n = s.stop - s.start
         block_amax = originals[s].float().reshape(n, -1, _BLOCK).abs().amax(dim=-1)
-        codes_ = torch.stack([block_scale_codes(block_amax[i], gs[s.start + i]) for i in range(n)])
-        scales = torch.stack([scales_from_codes(codes_[i], gs[s.start + i]) for i in range(n)])
+        view_gs = gs[s].view(-1, 1)  # one global scale per view, broadcast over its blocks
+        codes_ = block_scale_codes(block_amax, view_gs)
+        scales = scales_from_codes(codes_, view_gs)
         blocks = folds[s].float().reshape(n, -1, _BLOCK)
         magnitude = e2m1_round_magnitude(blocks.abs() / scales.unsqueeze(-1))
         index = torch.bucketize(magnitude, values).to(torch.uint8)
