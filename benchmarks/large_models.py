@@ -12,13 +12,15 @@ The search scores BF16, FP8 and NVFP4 accuracy (NVFP4 by ModelOpt's fake quantiz
 Hopper) and prices every trial for ``--target`` (b200: where NVFP4 runs natively; a search for an H100 target
 refuses NVFP4). ``--measure-here`` then measures, with `advisor measure` on the GPU here (NVML, the serving
 runtime), the J/token of the baselines and front plans that GPU can run natively (no NVFP4 group on Hopper),
-and lists the NVFP4 plans with the search's predicted J/token, labelled so. ``--gpu-memory GB`` caps the GPU
+and lists the NVFP4 plans with the search's predicted J/token, labelled so (``measure --summary S`` does this
+alone, for a search that ran before). ``--gpu-memory GB`` caps the GPU
 memory the search may use: layers beyond it stream from CPU memory (the run is named SHAPE-capGB).
 
 Usage (from the repository root; a tokenizer folder, by default ../shared/models/tinystories-656k):
     python benchmarks/large_models.py search --shape qwen2.5-14b --trials 12 --measure-here
     python benchmarks/large_models.py search --shape qwen2.5-14b --trials 12 --gpu-memory 24
     python benchmarks/large_models.py identical --shape llama-3.1-8b
+    python benchmarks/large_models.py measure --shape qwen3-30b-a3b --summary RUN/summary.json
 """
 
 from __future__ import annotations
@@ -144,6 +146,16 @@ def run_search(args: argparse.Namespace, folder: Path) -> dict:
     if args.measure_here and summary:
         record["energy_here"] = measure_here(summary, folder)
     return record
+
+
+def run_measure(args: argparse.Namespace, folder: Path) -> dict:
+    """``--measure-here`` for a search that ran elsewhere (or ran out of its call's time): its summary, this
+    shape's checkpoint (the weights' values do not change a BF16 or FP8 plan's energy)."""
+    t = time.perf_counter()
+    energy = measure_here(json.loads(args.summary.read_text()), folder)
+    return {"model": args.shape, "command": " ".join(sys.argv), "rc": 0, "wall_s": round(time.perf_counter() - t, 1),
+            "peak_gpu_gib": None, "peak_cpu_gib": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 2**20,
+            "energy_here": energy}
 
 
 def measure_here(summary: dict, folder: Path) -> list[dict]:
@@ -292,8 +304,9 @@ def write(out: Path, record: dict) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("mode", choices=["search", "identical", "bank", "checkpoint"],
-                    help="bank: one bank of identical; checkpoint: the random-weight checkpoint (run by the others)")
+    ap.add_argument("mode", choices=["search", "identical", "measure", "bank", "checkpoint"],
+                    help="measure: --measure-here alone, for the search whose --summary is given; bank: one bank "
+                         "of identical; checkpoint: the random-weight checkpoint (run by the others)")
     ap.add_argument("--shape", choices=sorted(SHAPES), required=True)
     ap.add_argument("--trials", type=int, default=12)
     ap.add_argument("--energy", default="predicted")
@@ -302,6 +315,7 @@ def main() -> None:
     ap.add_argument("--gpu-memory", type=float, default=None, help="GiB cap per GPU: layers beyond it stream from CPU")
     ap.add_argument("--measure-here", action="store_true",
                     help="after the search, measure the plans the GPU here runs natively (advisor measure)")
+    ap.add_argument("--summary", type=Path, help="measure mode: the summary.json of a search of this shape")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--tokenizer", type=Path, default=Path("../shared/models/tinystories-656k"))
     ap.add_argument("--work", type=Path, default=Path("/tmp/large_models"))
@@ -318,7 +332,8 @@ def main() -> None:
     # its own process: the CUDA memory that built the weights would stay cached in this one while the search runs
     subprocess.run([sys.executable, __file__, "checkpoint", "--shape", args.shape, "--device", args.device,
                     "--work", str(args.work), "--tokenizer", str(args.tokenizer)], check=True)
-    write(args.out, run_search(args, folder) if args.mode == "search" else run_identical(args, folder))
+    runs = {"search": run_search, "identical": run_identical, "measure": run_measure}
+    write(args.out, runs[args.mode](args, folder))
 
 
 if __name__ == "__main__":

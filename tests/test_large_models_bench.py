@@ -20,11 +20,18 @@ def test_large_models_identical_and_search_on_the_tiny_shape(tmp_path):
     common = ["--shape", "tiny", "--device", "cpu", "--work", str(tmp_path), "--out", str(tmp_path / "out")]
     _run("benchmarks/large_models.py", "identical", *common)
     _run("benchmarks/large_models.py", "search", "--trials", "3", *common)
-    identical, search = json.loads((tmp_path / "out" / "large_models.json").read_text())["runs"]
+    summary = tmp_path / "runs" / "tiny" / "summary.json"
+    _run("benchmarks/large_models.py", "measure", "--summary", str(summary), *common)
+    identical, search, measure = json.loads((tmp_path / "out" / "large_models.json").read_text())["runs"]
     assert identical["bit_identical"] is True and set(identical["stages_s"]) == {"folded", "packed"}
     assert search["rc"] == 0 and search["stages_s"]["trials_run"] == 3
+    # no GPU here: every baseline and front plan listed with its predicted J/token, none measured
+    baselines = json.loads(summary.read_text())["baselines"]
+    assert {e["label"] for e in measure["energy_here"]} >= set(baselines)
+    assert all(e["measured_j_per_token"] is None and "no NVIDIA GPU" in e["why_not_measured"]
+               for e in measure["energy_here"])
     table = (tmp_path / "out" / "large_models.md").read_text()
-    assert table.count("| tiny |") == 2
+    assert table.count("| tiny |") == 3 and "## tiny: J/token of the baselines and the front" in table
 
 
 def test_large_models_identical_on_a_tiny_mixture_of_experts(tmp_path):
