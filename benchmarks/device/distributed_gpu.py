@@ -55,6 +55,16 @@ def gpus() -> list[dict[str, str]]:
     return [dict(zip(keys, (v.strip() for v in line.split(",")), strict=False)) for line in out.splitlines() if line]
 
 
+def meterings_per_gpu(summary: dict) -> dict[str, int]:
+    """How many times each GPU ran the meter: its plans, its own all-BF16 where that plan was another GPU's
+    (each GPU compares against its own) and its drift check (all-BF16 again at its end)."""
+    trials = {t["trial"]: t for t in summary.get("trials", [])}
+    reference = trials.get(summary.get("baselines", {}).get("all-bf16"), {}).get("plan_id")
+    drifts = [d["source"].rsplit(" on ", 1)[-1] for d in summary.get("measured_drift", [])]
+    return {u["gpu_uuid"] or u["gpu"]: len(u["plans"]) + (reference not in u["plans"]) + drifts.count(u["gpu_uuid"])
+            for u in summary.get("measured_units", [])}
+
+
 def run(args: argparse.Namespace) -> None:
     work, out = Path(args.work), Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -81,6 +91,7 @@ def run(args: argparse.Namespace) -> None:
         "stages_s": {k: round(float(timings[k]), 1) for k in STAGES if k in timings},
         "plans_measured_per_gpu": {u["gpu_uuid"] or u["gpu"]: len(u["plans"])
                                    for u in summary.get("measured_units", [])},
+        "meterings_per_gpu": meterings_per_gpu(summary),
         "unit_agreement": summary.get("unit_agreement"),
         "drift_checks": [{"source": d["source"], "drift_pct": d["drift_pct"]}
                          for d in summary.get("measured_drift", [])],
@@ -105,6 +116,10 @@ def collect(args: argparse.Namespace) -> None:
         base_measured = base["stages_s"].get("measured_s") if base else None
         r["measured_tier_speedup"] = round(base_measured / measured, 2) if measured and base_measured and \
             r["label"] != "warmup" else None
+        # the busiest GPU's meterings against one GPU's: the measured tier's speed-up when every metering takes as long
+        meterings, base_meterings = r.get("meterings_per_gpu"), base and base.get("meterings_per_gpu")
+        r["meterings_bound_speedup"] = (round(sum(base_meterings.values()) / max(meterings.values()), 2)
+                                        if meterings and base_meterings and r["label"] != "warmup" else None)
     first = runs[0]["gpus"][0] if runs and runs[0]["gpus"] else {}
     data = {"benchmark": "distributed_gpu", "path": "product (advisor search --energy measured)",
             "gpu": first.get("name"), "driver": first.get("driver"), "model": "random Llama, SmolLM2-135M shapes",
@@ -117,13 +132,18 @@ def collect(args: argparse.Namespace) -> None:
              "command below (its own study); `warmup` runs first so that per-model profiles, Triton and the "
              "page cache are warm for the rows compared. Speed-up: the warm 1-worker run's wall time over the "
              "row's (target 1.8x with 2 GPUs).", "",
+             "Meterings: each GPU meters its plans, its own all-BF16 where that plan went to another GPU, and "
+             "all-BF16 again at its end (its drift check); the measured tier's bound is the 1-worker run's meterings "
+             "over the busiest GPU's.", "",
              "| workers | label | trials | wall s | speed-up | measured tier speed-up | plans per GPU | "
-             + " | ".join(stage_cols) + " |",
-             "|" + "---|" * (7 + len(stage_cols))]
+             "meterings per GPU | bound | " + " | ".join(stage_cols) + " |",
+             "|" + "---|" * (9 + len(stage_cols))]
     for r in runs:
         per_gpu = ", ".join(f"{k[-8:]}: {v}" for k, v in r["plans_measured_per_gpu"].items())
+        meter_cells = ", ".join(f"{k[-8:]}: {v}" for k, v in (r.get("meterings_per_gpu") or {}).items()) or "-"
         lines.append(f"| {r['workers']} | {r['label']} | {r['trials']} | {r['wall_s']:.1f} | "
                      f"{r['speedup_vs_1_worker'] or '-'} | {r['measured_tier_speedup'] or '-'} | {per_gpu} | "
+                     f"{meter_cells} | {r.get('meterings_bound_speedup') or '-'} | "
                      + " | ".join(str(r["stages_s"].get(s, "-")) for s in stage_cols) + " |")
     lines += ["", "Commands:", ""] + [f"- `{r['command']}` (exit {r['exit_code']}, {r['date']})" for r in runs]
     lines += ["", "Units (all-BF16 per GPU, against the largest drift a GPU showed against itself):", ""]
