@@ -166,3 +166,26 @@ def test_packing_a_few_experts_at_a_time_gives_the_same_codes(fmt, monkeypatch):
     monkeypatch.setattr(packed_module, "PACK_CHUNK_WEIGHTS", 500)  # a dense linear's view counted in four chunks
     one_view, wrong = packed_module.pack_exact(fmt, weight[0], folded[0], amaxes[:1])
     assert wrong == 0 and torch.equal(one_view.decode(), folded[0])
+
+
+@pytest.mark.parametrize("step", [1, -1])
+def test_blocks_a_gpu_kernel_gave_the_neighbouring_scale_code_pack_exactly(step):
+    """ModelOpt's Triton kernel divides a block's amax approximately: on an FP8 rounding midpoint it can take the
+    neighbouring block-scale code, and every value of that block differs from the codes' arithmetic."""
+    from advisor.quantize.nvfp4_cpu import block_scale_codes, e2m1_round_magnitude, global_scale, scales_from_codes
+    from advisor.quantize.packed import pack_exact
+
+    weight = torch.randn(64, 64, generator=torch.Generator().manual_seed(7)).to(torch.bfloat16)
+    amax = weight.abs().amax().float()
+    blocks = weight.float().reshape(64, 4, 16)
+    gs = global_scale(amax)
+    codes = block_scale_codes(blocks.abs().amax(dim=-1), gs).view(torch.uint8)
+    moved = torch.zeros_like(codes, dtype=torch.bool)
+    moved.view(-1)[::9] = True  # 29 of 256 blocks
+    codes = torch.where(moved, codes + step, codes)
+    scale = scales_from_codes(codes.view(torch.float8_e4m3fn), gs).unsqueeze(-1)
+    folded = (e2m1_round_magnitude(blocks.abs() / scale) * scale).copysign(blocks).to(torch.bfloat16).reshape(64, 64)
+    entry, wrong = pack_exact(Format.NVFP4, weight, folded, [amax])
+    assert wrong == 0 and entry.patch_index.numel() == 0  # no patch: every block found its code
+    assert torch.equal(entry.decode().view(torch.int16), folded.view(torch.int16))
+    assert torch.equal(entry.scale_codes.view(torch.uint8).reshape(codes.shape), codes)

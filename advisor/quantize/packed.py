@@ -13,7 +13,8 @@ BF16) holds only values its format can express, so it is stored as what produces
 
 Each packed tensor is decoded at pack time and compared bit for bit with the folded one. On a GPU, ModelOpt's
 kernel rounds a few elements otherwise than this arithmetic (on an H100, 25 of a 14B's 336 weights had such
-elements, none on the CPU); those values are held beside the codes (the entry's patch, :func:`pack_exact`),
+elements, none on the CPU). An NVFP4 block that decodes otherwise takes the neighbouring block-scale code where
+that one decodes it; the values still left are held beside the codes (the entry's patch, :func:`pack_exact`),
 and a weight with more than one such value in :data:`PATCH_LIMIT` stays BF16 (:attr:`PackStats.kept_bf16`), so
 a trial's arithmetic is the folded bank's exactly. A fused-experts weight is packed and decoded a few experts
 at a time (:data:`~advisor.models.memory_plan.PACK_CHUNK_WEIGHTS`), as the memory plan counts. A packed
@@ -114,15 +115,30 @@ class PackedNVFP4(_Packed):
         views = self.global_scales.numel()
         nibbles = self.nibbles.reshape(views, -1)
         out = torch.empty(views, nibbles.shape[1] * 2, dtype=self.dtype, device=nibbles.device)
-        values = torch.tensor(_E2M1_VALUES, device=nibbles.device)
         for s in _view_slices(views, out.shape[1]):
             n = s.stop - s.start
             codes = torch.stack((nibbles[s] & 0xF, nibbles[s] >> 4), dim=-1).reshape(n, -1, _BLOCK)
-            magnitude = values[(codes & 7).long()]
             scale = scales_from_codes(self.scale_codes[s], self.global_scales.reshape(-1)[s].view(-1, 1))
-            q = magnitude.mul_(scale.view(n, -1, 1))
-            out[s] = torch.where(codes >= 8, -q, q).reshape(n, -1).to(self.dtype)
+            out[s] = _decode_blocks(codes, scale, self.dtype).reshape(n, -1)
         return self._patched(out.reshape(self.shape))
+
+
+def _decode_blocks(codes: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """E2M1 codes ``[n, blocks, 16]`` times their blocks' float32 scales ``[n, blocks]``, in ``dtype``."""
+    q = torch.tensor(_E2M1_VALUES, device=codes.device)[(codes & 7).long()].mul_(scale.unsqueeze(-1))
+    return torch.where(codes >= 8, -q, q).to(dtype)
+
+
+def _codes_for_scale(blocks: torch.Tensor, scale_codes: torch.Tensor, global_scale_: torch.Tensor
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The E2M1 codes of folded ``blocks`` ``[n, blocks, 16]`` under the given FP8 block-scale codes, and which
+    blocks they decode to bit for bit."""
+    scale = scales_from_codes(scale_codes, global_scale_)
+    magnitude = e2m1_round_magnitude(blocks.float().abs() / scale.unsqueeze(-1))
+    index = torch.bucketize(magnitude, torch.tensor(_E2M1_VALUES, device=blocks.device)).to(torch.uint8)
+    codes = index | (torch.signbit(blocks).to(torch.uint8) << 3)
+    exact = (_bits(_decode_blocks(codes, scale, blocks.dtype)) == _bits(blocks)).all(dim=-1)
+    return codes, exact
 
 
 def _views(weight: torch.Tensor) -> torch.Tensor:
@@ -168,25 +184,32 @@ def _pack_fp8(folded: torch.Tensor, amaxes: list[torch.Tensor]) -> PackedFP8:
 
 
 def _pack_nvfp4(original: torch.Tensor, folded: torch.Tensor, amaxes: list[torch.Tensor]) -> PackedNVFP4:
-    """Block scales from the weight before folding (as the fake quantizer computed them), magnitudes and signs
-    from the folded values."""
+    """Block scales from the weight before folding (as the fake quantizer computed them; a block that does not
+    decode so, from the neighbouring FP8 code where that one does), magnitudes and signs from the folded values."""
     originals, folds = _views(original), _views(folded)
     gs = torch.stack([global_scale(a).to(folded.device) for a in amaxes])
-    values = torch.tensor(_E2M1_VALUES, device=folded.device)
     nibbles, scale_codes = [], []
     for s in _view_slices(folds.shape[0], folds[0].numel()):
         n = s.stop - s.start
         block_amax = originals[s].float().reshape(n, -1, _BLOCK).abs().amax(dim=-1)
         view_gs = gs[s].view(-1, 1)  # one global scale per view, broadcast over its blocks
-        codes_ = block_scale_codes(block_amax, view_gs)
-        scales = scales_from_codes(codes_, view_gs)
-        blocks = folds[s].float().reshape(n, -1, _BLOCK)
-        magnitude = e2m1_round_magnitude(blocks.abs() / scales.unsqueeze(-1))
-        index = torch.bucketize(magnitude, values).to(torch.uint8)
-        codes = index | (torch.signbit(blocks).to(torch.uint8) << 3)
+        scale_bits = block_scale_codes(block_amax, view_gs).view(torch.uint8)
+        blocks = folds[s].reshape(n, -1, _BLOCK)
+        codes, exact = _codes_for_scale(blocks, scale_bits.view(torch.float8_e4m3fn), view_gs)
+        # ModelOpt's Triton kernel divides block amax by 6 x the global scale approximately: a quotient on an FP8
+        # rounding midpoint can take the neighbouring block-scale code (on an H100, 0.9% of some weights' blocks)
+        for step in (1, -1):
+            if bool(exact.all()):
+                break
+            other = (scale_bits.int() + step).clamp_(0, 0x7E).to(torch.uint8)
+            other_codes, other_exact = _codes_for_scale(blocks, other.view(torch.float8_e4m3fn), view_gs)
+            take = other_exact & ~exact
+            scale_bits = torch.where(take, other, scale_bits)
+            codes = torch.where(take.unsqueeze(-1), other_codes, codes)
+            exact |= take
         pairs = codes.reshape(n, -1, 2)
         nibbles.append(pairs[..., 0] | (pairs[..., 1] << 4))
-        scale_codes.append(codes_)
+        scale_codes.append(scale_bits.view(torch.float8_e4m3fn))
     return PackedNVFP4(torch.cat(nibbles).reshape(*folded.shape[:-1], -1), torch.cat(scale_codes), gs,
                        folded.shape, folded.dtype)
 
