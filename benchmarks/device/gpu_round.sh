@@ -28,8 +28,9 @@
 # D, E and E2 on one H100, 2026-11-27 (reports/benchmarks/large_models.md): D 3.2 min (its own 8B checkpoint, 58 s of
 # ModelOpt's first FP8 extension build), E 10.8 min (14B checkpoint, search 6.7 min, the baselines measured), E2 25 min
 # (checkpoint 1 min, search 23.9 min: run it alone, first; a machine is held 30 min at most). F on an H200: the
-# checkpoint in /dev/shm 1.5 min, the search 8.9 min (2026-11-27, after 5c2afdc; its baselines measured after it with
-# `large_models.py measure --summary`, 2.4 min). The H200 counted its whole held time (one-GPU H100s half of it, when the device tool says so).
+# checkpoint in /dev/shm 1.5 min, the search 8.9 min (2026-11-27, after 5c2afdc; its baselines measured after it
+# with `large_models.py measure --summary`, 2.4 min). A one-GPU machine counted half its held time or all of it:
+# the device tool's lease says which.
 # Run: STEPS='B C' VERIFY_WORKERS=2 bash benchmarks/device/gpu_round.sh (B and C ran so on 2026-11-27) with setsid
 # in the background, and poll out/progress with back-to-back calls that each return within 600 s (the machine goes
 # back 30 s after a call ends: no pause between polls), e.g.
