@@ -275,8 +275,12 @@ def markdown(records: list[dict]) -> str:
         cells = [f"{stages[s]:.0f}" if isinstance(stages.get(s), int | float) else "-" for s in STAGES]
         if "folded" in stages:  # identical: the seconds of each bank
             cells = ["-", "-", "-", f"folded {stages['folded']}, packed {stages['packed']}", "-", "-"]
+        peak = _gib(r["peak_gpu_gib"])
+        if stages.get("peak_gpu_reserved_gib"):  # the search's own: torch's reserved and allocated peaks
+            peak += (f" (torch: reserved {_gib(stages['peak_gpu_reserved_gib'])}, "
+                     f"allocated {_gib(stages['peak_gpu_allocated_gib'])})")
         lines.append(f"| {r['model']} | {r['gpu']} | {r['date'][:16]} | {r['rc']} | {r['wall_s']} | "
-                     f"{' | '.join(cells)} | {_gib(r['peak_gpu_gib'])} | {_gib(r.get('plan_used_gib'))} | "
+                     f"{' | '.join(cells)} | {peak} | {_gib(r.get('plan_used_gib'))} | "
                      f"{', '.join(r.get('plan_streams_from_cpu') or []) or '-'} | {r['peak_cpu_gib']:.1f} | "
                      f"{r.get('bit_identical', '-')} | {r.get('note', '')} |")
     for r in (r for r in records if r.get("energy_here")):

@@ -118,3 +118,22 @@ def test_lm_eval_stage_judges_baselines_and_the_cheapest_candidate(tmp_path, tin
     assert summary["benchmark_status"].startswith("measured: ")
     report = (tmp_path / "runs" / "t" / "report.md").read_text()
     assert "## Benchmark acceptance (lm-eval, measured)" in report and "passes: " in report
+
+
+def test_a_gpu_run_records_torchs_peak_memory_per_gpu_beside_its_timings(monkeypatch):
+    from types import SimpleNamespace
+
+    import torch
+
+    from advisor.workflows.search import timings
+
+    peaks = {0: 3 * 2**30, 1: 2**29}
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda i: peaks[i])
+    monkeypatch.setattr(torch.cuda, "max_memory_reserved", lambda i: peaks[i] + 2**30)
+    recipe = SimpleNamespace(benchmark=SimpleNamespace(tasks=[]))
+    ctx = SimpleNamespace(timings_s={"load_s": 1.0}, trial_times_s=[], device="cuda")
+    out = timings(ctx, recipe, t0=0.0)
+    assert out["peak_gpu_allocated_gib"] == [3.0, 0.5] and out["peak_gpu_reserved_gib"] == [4.0, 1.5]
+    on_cpu = timings(SimpleNamespace(**{**vars(ctx), "device": "cpu"}), recipe, t0=0.0)
+    assert "peak_gpu_allocated_gib" not in on_cpu and on_cpu["load_s"] == 1.0

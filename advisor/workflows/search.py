@@ -316,7 +316,7 @@ def timed(ctx: RunContext, key: str) -> Iterator[None]:
         ctx.timings_s[key] = time.perf_counter() - t
 
 
-def timings(ctx: RunContext, recipe: Recipe, t0: float) -> dict[str, float]:
+def timings(ctx: RunContext, recipe: Recipe, t0: float) -> dict[str, Any]:
     out = dict(ctx.timings_s)
     if not recipe.benchmark.tasks:
         out.pop("benchmark_s", None)
@@ -324,7 +324,19 @@ def timings(ctx: RunContext, recipe: Recipe, t0: float) -> dict[str, float]:
         out["trials_run"] = len(ctx.trial_times_s)
         out["mean_trial_s"] = sum(ctx.trial_times_s) / len(ctx.trial_times_s)
     out["total_s"] = time.perf_counter() - t0
+    if ctx.device == "cuda":
+        out.update(gpu_memory_peaks())
     return out
+
+
+def gpu_memory_peaks() -> dict[str, list[float]]:
+    """This process's peak GiB per GPU, as torch's allocator saw them: allocated by tensors, and reserved (cached
+    too); NVML's figure adds the CUDA context. Beside the memory plan's bytes, they show which of its terms missed."""
+    import torch
+
+    count = torch.cuda.device_count()
+    return {"peak_gpu_allocated_gib": [round(torch.cuda.max_memory_allocated(i) / 2**30, 2) for i in range(count)],
+            "peak_gpu_reserved_gib": [round(torch.cuda.max_memory_reserved(i) / 2**30, 2) for i in range(count)]}
 
 
 def build_summary_from(run_dir: Path) -> Summary:
