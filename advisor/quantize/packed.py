@@ -129,16 +129,11 @@ def _decode_blocks(codes: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype)
     return torch.where(codes >= 8, -q, q).to(dtype)
 
 
-def _codes_for_scale(blocks: torch.Tensor, scale_codes: torch.Tensor, global_scale_: torch.Tensor
-                     ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The E2M1 codes of folded ``blocks`` ``[n, blocks, 16]`` under the given FP8 block-scale codes, and which
-    blocks they decode to bit for bit."""
-    scale = scales_from_codes(scale_codes, global_scale_)
+def _e2m1_codes(blocks: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """The E2M1 codes (bit 3 the sign) of folded ``blocks`` ``[n, blocks, 16]`` under float32 scales ``[n, blocks]``."""
     magnitude = e2m1_round_magnitude(blocks.float().abs() / scale.unsqueeze(-1))
     index = torch.bucketize(magnitude, torch.tensor(_E2M1_VALUES, device=blocks.device)).to(torch.uint8)
-    codes = index | (torch.signbit(blocks).to(torch.uint8) << 3)
-    exact = (_bits(_decode_blocks(codes, scale, blocks.dtype)) == _bits(blocks)).all(dim=-1)
-    return codes, exact
+    return index | (torch.signbit(blocks).to(torch.uint8) << 3)
 
 
 def _views(weight: torch.Tensor) -> torch.Tensor:
@@ -184,8 +179,8 @@ def _pack_fp8(folded: torch.Tensor, amaxes: list[torch.Tensor]) -> PackedFP8:
 
 
 def _pack_nvfp4(original: torch.Tensor, folded: torch.Tensor, amaxes: list[torch.Tensor]) -> PackedNVFP4:
-    """Block scales from the weight before folding (as the fake quantizer computed them; a block that does not
-    decode so, from the neighbouring FP8 code where that one does), magnitudes and signs from the folded values."""
+    """Block scales from the weight before folding (as the fake quantizer computed them), magnitudes and signs
+    from the folded values."""
     originals, folds = _views(original), _views(folded)
     gs = torch.stack([global_scale(a).to(folded.device) for a in amaxes])
     nibbles, scale_codes = [], []
@@ -193,24 +188,10 @@ def _pack_nvfp4(original: torch.Tensor, folded: torch.Tensor, amaxes: list[torch
         n = s.stop - s.start
         block_amax = originals[s].float().reshape(n, -1, _BLOCK).abs().amax(dim=-1)
         view_gs = gs[s].view(-1, 1)  # one global scale per view, broadcast over its blocks
-        scale_bits = block_scale_codes(block_amax, view_gs).view(torch.uint8)
-        blocks = folds[s].reshape(n, -1, _BLOCK)
-        codes, exact = _codes_for_scale(blocks, scale_bits.view(torch.float8_e4m3fn), view_gs)
-        # ModelOpt's Triton kernel divides block amax by 6 x the global scale approximately: a quotient on an FP8
-        # rounding midpoint can take the neighbouring block-scale code (inferred: on an H100, 4 of a 1B's 220
-        # NVFP4 weights had 0.9-1.0% of their values off)
-        for step in (1, -1):
-            if bool(exact.all()):
-                break
-            other = (scale_bits.int() + step).clamp_(0, 0x7E).to(torch.uint8)
-            other_codes, other_exact = _codes_for_scale(blocks, other.view(torch.float8_e4m3fn), view_gs)
-            take = other_exact & ~exact
-            scale_bits = torch.where(take, other, scale_bits)
-            codes = torch.where(take.unsqueeze(-1), other_codes, codes)
-            exact |= take
+        scale_codes.append(block_scale_codes(block_amax, view_gs))
+        codes = _e2m1_codes(folds[s].reshape(n, -1, _BLOCK), scales_from_codes(scale_codes[-1], view_gs))
         pairs = codes.reshape(n, -1, 2)
         nibbles.append(pairs[..., 0] | (pairs[..., 1] << 4))
-        scale_codes.append(scale_bits.view(torch.float8_e4m3fn))
     return PackedNVFP4(torch.cat(nibbles).reshape(*folded.shape[:-1], -1), torch.cat(scale_codes), gs,
                        folded.shape, folded.dtype)
 
@@ -220,14 +201,40 @@ def pack_exact(fmt: Format, rounded: torch.Tensor | None, folded: torch.Tensor,
     """``folded`` as ``fmt``'s codes that decode to it bit for bit, and how many of its values the codes give
     otherwise (held in the entry's patch); None where more than one in :data:`PATCH_LIMIT` would be."""
     entry = _pack_fp8(folded, amaxes) if fmt == Format.FP8 else _pack_nvfp4(rounded, folded, amaxes)
-    decoded = _bits(entry.decode())
-    wrong = (decoded != _bits(folded)).reshape(-1).nonzero().squeeze(1)
-    del decoded
+    wrong = _wrong_positions(entry, folded)
+    if wrong.numel() and isinstance(entry, PackedNVFP4):
+        _refit_block_scales(entry, folded, wrong.div(_BLOCK, rounding_mode="floor").unique())
+        wrong = _wrong_positions(entry, folded)
     if wrong.numel() * PATCH_LIMIT > folded.numel():
         return None, wrong.numel()
     if wrong.numel():
         entry.patch(wrong, folded.reshape(-1)[wrong].clone())
     return entry, wrong.numel()
+
+
+def _wrong_positions(entry: _Packed, folded: torch.Tensor) -> torch.Tensor:
+    return (_bits(entry.decode()) != _bits(folded)).reshape(-1).nonzero().squeeze(1)
+
+
+def _refit_block_scales(entry: PackedNVFP4, folded: torch.Tensor, blocks: torch.Tensor) -> None:
+    """Give each of ``blocks`` (indices over the weight's blocks of 16) the neighbouring FP8 scale code, and the
+    E2M1 codes under it, where that one decodes the block bit for bit. ModelOpt's Triton kernel divides block amax
+    by 6 x the global scale approximately, so a quotient on an FP8 rounding midpoint can take the neighbouring
+    code (inferred: on an H100, 4 of a 1B's 220 NVFP4 weights had 0.9-1.0% of their values off)."""
+    values = folded.reshape(-1, _BLOCK)[blocks].unsqueeze(1)  # [k, 1, 16]
+    scale_bits = entry.scale_codes.view(torch.uint8).view(-1)
+    view_gs = entry.global_scales.reshape(-1)[blocks // (scale_bits.numel() // entry.global_scales.numel())]
+    nibbles = entry.nibbles.view(-1, _BLOCK // 2)
+    fitted = torch.zeros(len(blocks), dtype=torch.bool, device=blocks.device)
+    for step in (1, -1):
+        other = (scale_bits[blocks].int() + step).clamp_(0, 0x7E).to(torch.uint8)
+        scale = scales_from_codes(other.view(torch.float8_e4m3fn), view_gs).view(-1, 1)
+        codes = _e2m1_codes(values, scale)
+        take = ~fitted & (_bits(_decode_blocks(codes, scale, folded.dtype)) == _bits(values)).all(dim=-1).view(-1)
+        scale_bits[blocks[take]] = other[take]
+        pairs = codes[take].reshape(-1, _BLOCK // 2, 2)
+        nibbles[blocks[take]] = pairs[..., 0] | (pairs[..., 1] << 4)
+        fitted |= take
 
 
 def _weight_quantizers(module: torch.nn.Module) -> dict[str, list[Any]]:
