@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import shutil
 import subprocess
@@ -35,6 +36,7 @@ import threading
 import time
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 LLAMA_8B = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 4096,
             "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
@@ -84,9 +86,20 @@ def make_checkpoint(shape: str, folder: Path, tokenizer: Path, device: str) -> P
     return folder
 
 
+def visible_handles(pynvml: Any) -> list[Any]:
+    """NVML handles of the GPUs ``CUDA_VISIBLE_DEVICES`` names (indices or UUIDs), in its order; every GPU where
+    it is unset. NVML itself ignores the variable, so two runs side by side on one node would see each other."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        return [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+    names = [v.strip() for v in visible.split(",") if v.strip()]
+    return [pynvml.nvmlDeviceGetHandleByIndex(int(v)) if v.isdigit() else pynvml.nvmlDeviceGetHandleByUUID(v)
+            for v in names]
+
+
 class GpuMemoryPeak:
-    """The most memory NVML saw in use on each GPU (``per_gpu_bytes``; [] without NVML) and on any
-    (``peak_bytes``; None without NVML), sampled every 0.2 s while the run lasts."""
+    """The most memory NVML saw in use on each visible GPU (``per_gpu_bytes``, in torch's order; [] without NVML)
+    and on any (``peak_bytes``; None without NVML), sampled every 0.2 s while the run lasts."""
 
     def __init__(self) -> None:
         self.per_gpu_bytes: list[int] = []
@@ -102,7 +115,7 @@ class GpuMemoryPeak:
             import pynvml
 
             pynvml.nvmlInit()
-            handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+            handles = visible_handles(pynvml)
         except Exception:  # noqa: BLE001 (no NVML here: nothing to sample)
             return
         self.per_gpu_bytes = [0] * len(handles)
@@ -138,6 +151,7 @@ def run_search(args: argparse.Namespace, folder: Path) -> dict:
     record = {"model": name, "command": " ".join(command), "wall_s": wall,
               "rc": rc, "stages_s": summary.get("timings_s", {}),
               "peak_gpu_gib": gpu.peak_bytes / 2**30 if gpu.peak_bytes else None,
+              "peak_gpu_gib_per_gpu": [b / 2**30 for b in gpu.per_gpu_bytes] or None,
               "peak_cpu_gib": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 2**20,
               "gpu_memory_cap_gib": args.gpu_memory,
               "plan_used_gib": [d["used_bytes"] / 2**30 for d in plan["devices"]] if plan else None,
@@ -275,7 +289,8 @@ def markdown(records: list[dict]) -> str:
         cells = [f"{stages[s]:.0f}" if isinstance(stages.get(s), int | float) else "-" for s in STAGES]
         if "folded" in stages:  # identical: the seconds of each bank
             cells = ["-", "-", "-", f"folded {stages['folded']}, packed {stages['packed']}", "-", "-"]
-        peak = _gib(r["peak_gpu_gib"])
+        per_gpu = r.get("peak_gpu_gib_per_gpu") or []
+        peak = _gib(per_gpu if len(per_gpu) > 1 else r["peak_gpu_gib"])  # a spread run: each GPU's, as the plan's
         if stages.get("peak_gpu_reserved_gib"):  # the search's own: torch's reserved and allocated peaks
             peak += (f" (torch: reserved {_gib(stages['peak_gpu_reserved_gib'])}, "
                      f"allocated {_gib(stages['peak_gpu_allocated_gib'])})")

@@ -49,3 +49,29 @@ def test_the_multi_gpu_benchmark_dry_run(tmp_path):
     report = json.loads((tmp_path / "out" / "large_models_multi_gpu.json").read_text())
     assert {"checkpoint", "plan", "search", "export", "serve"} <= set(report)
     assert report["search"]["rc"] == 0
+
+
+def test_the_memory_sampler_watches_only_the_gpus_this_run_sees(monkeypatch):
+    # NVML ignores CUDA_VISIBLE_DEVICES: two runs side by side on one node must not take each other's memory
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from large_models import visible_handles
+
+    class FakeNvml:
+        @staticmethod
+        def nvmlDeviceGetCount():
+            return 4
+
+        @staticmethod
+        def nvmlDeviceGetHandleByIndex(i):
+            return f"index {i}"
+
+        @staticmethod
+        def nvmlDeviceGetHandleByUUID(uuid):
+            return f"uuid {uuid}"
+
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert visible_handles(FakeNvml) == ["index 0", "index 1", "index 2", "index 3"]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,1")
+    assert visible_handles(FakeNvml) == ["index 3", "index 1"]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-ab12, 2")
+    assert visible_handles(FakeNvml) == ["uuid GPU-ab12", "index 2"]
