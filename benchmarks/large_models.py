@@ -314,8 +314,10 @@ def write(out: Path, record: dict) -> None:
     out.mkdir(parents=True, exist_ok=True)
     path = out / "large_models.json"
     records = json.loads(path.read_text())["runs"] if path.is_file() else []
-    gpu = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
-                         capture_output=True, text=True).stdout.strip() if shutil.which("nvidia-smi") else "none"
+    smi = ["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"]
+    rows = (subprocess.run(smi, capture_output=True, text=True).stdout.strip().splitlines()
+            if shutil.which(smi[0]) else [])
+    gpu = (rows[0] + (f" ({len(rows)} GPUs on the host)" if len(rows) > 1 else "")) if rows else "none"
     records.append({**record, "gpu": gpu, "date": datetime.now(UTC).isoformat(timespec="seconds")})
     path.write_text(json.dumps({"runs": records}, indent=2) + "\n")
     (out / "large_models.md").write_text(markdown(records))

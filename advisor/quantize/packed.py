@@ -220,7 +220,8 @@ def _refit_block_scales(entry: PackedNVFP4, folded: torch.Tensor, blocks: torch.
     """Give each of ``blocks`` (indices over the weight's blocks of 16) the neighbouring FP8 scale code, and the
     E2M1 codes under it, where that one decodes the block bit for bit. ModelOpt's Triton kernel divides block amax
     by 6 x the global scale approximately, so a quotient on an FP8 rounding midpoint can take the neighbouring
-    code (inferred: on an H100, 4 of a 1B's 220 NVFP4 weights had 0.9-1.0% of their values off)."""
+    code (inferred: on an H100, 4 of a 1B's 220 NVFP4 weights had 0.9-1.0% of their values off; with this
+    search, none: reports/benchmarks/large_models.md)."""
     values = folded.reshape(-1, _BLOCK)[blocks].unsqueeze(1)  # [k, 1, 16]
     scale_bits = entry.scale_codes.view(torch.uint8).view(-1)
     view_gs = entry.global_scales.reshape(-1)[blocks // (scale_bits.numel() // entry.global_scales.numel())]

@@ -107,10 +107,16 @@ def run(args: argparse.Namespace) -> None:
         sys.exit(f"advisor search exited with {proc.returncode}; see {out / f'log_{name}.txt'}")
 
 
+def host_gpus(run: dict) -> tuple[str, ...]:
+    """The machine a run was made on: the UUIDs of the GPUs it saw."""
+    return tuple(g["uuid"] for g in run["gpus"])
+
+
 def collect(args: argparse.Namespace) -> None:
     runs = [json.loads(Path(p).read_text()) for p in args.runs]
-    base = next((r for r in runs if r["workers"] == 1 and r["label"] != "warmup"), None)
+    bases = {host_gpus(r): r for r in runs if r["workers"] == 1 and r["label"] != "warmup"}
     for r in runs:
+        base = bases.get(host_gpus(r))  # rows are compared within one machine only
         r["speedup_vs_1_worker"] = round(base["wall_s"] / r["wall_s"], 2) if base and r["label"] != "warmup" else None
         measured = r["stages_s"].get("measured_s")
         base_measured = base["stages_s"].get("measured_s") if base else None
@@ -127,21 +133,22 @@ def collect(args: argparse.Namespace) -> None:
     out = Path(args.out)
     (out / "distributed_gpu.json").write_text(json.dumps(data, indent=2) + "\n")
     stage_cols = [s for s in STAGES if any(s in r["stages_s"] for r in runs)]
-    lines = [f"# `advisor search --energy measured` on {max(len(r['gpus']) for r in runs)} x {data['gpu']}", "",
+    machines = " and ".join(dict.fromkeys(f"{len(r['gpus'])} x {r['gpus'][0]['name']}" for r in runs if r["gpus"]))
+    lines = [f"# `advisor search --energy measured` on {machines}", "",
              f"Driver {data['driver']}; {data['model']}; recipe `{data['recipe']}`. Each row is one run of the "
-             "command below (its own study); `warmup` runs first so that per-model profiles, Triton and the "
-             "page cache are warm for the rows compared. Speed-up: the warm 1-worker run's wall time over the "
-             "row's (target 1.8x with 2 GPUs).", "",
+             "command below (its own study); `warmup` runs first on each machine so that per-model profiles, Triton "
+             "and the page cache are warm for the rows compared. Speed-up: the warm 1-worker run's wall time on the "
+             "same machine over the row's (target 1.8x with 2 GPUs).", "",
              "Meterings: each GPU meters its plans, its own all-BF16 where that plan went to another GPU, and "
              "all-BF16 again at its end (its drift check); the measured tier's bound is the 1-worker run's meterings "
              "over the busiest GPU's.", "",
-             "| workers | label | trials | wall s | speed-up | measured tier speed-up | plans per GPU | "
+             "| GPUs here | workers | label | trials | wall s | speed-up | measured tier speed-up | plans per GPU | "
              "meterings per GPU | bound | " + " | ".join(stage_cols) + " |",
-             "|" + "---|" * (9 + len(stage_cols))]
+             "|" + "---|" * (10 + len(stage_cols))]
     for r in runs:
         per_gpu = ", ".join(f"{k[-8:]}: {v}" for k, v in r["plans_measured_per_gpu"].items())
         meter_cells = ", ".join(f"{k[-8:]}: {v}" for k, v in (r.get("meterings_per_gpu") or {}).items()) or "-"
-        lines.append(f"| {r['workers']} | {r['label']} | {r['trials']} | {r['wall_s']:.1f} | "
+        lines.append(f"| {len(r['gpus'])} | {r['workers']} | {r['label']} | {r['trials']} | {r['wall_s']:.1f} | "
                      f"{r['speedup_vs_1_worker'] or '-'} | {r['measured_tier_speedup'] or '-'} | {per_gpu} | "
                      f"{meter_cells} | {r.get('meterings_bound_speedup') or '-'} | "
                      + " | ".join(str(r["stages_s"].get(s, "-")) for s in stage_cols) + " |")
