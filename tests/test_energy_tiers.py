@@ -237,3 +237,23 @@ def test_the_trials_progress_line_names_the_best_plan_by_prediction_as_the_trial
         _stage(study, recipe, StopsAfter(scale=0.5, n=1))
     assert best_feasible_line(study, "chat") == before
     assert "all-bf16" not in before and before.endswith("J/token predicted")
+
+
+def test_units_that_agree_or_were_never_checked_keep_their_numbers_as_measured():
+    from advisor.estimate import MeasuredUnit
+    from advisor.search.energy_tiers import on_one_unit
+
+    def est(j: float) -> list[EnergyEstimate]:
+        return [EnergyEstimate("chat", j, j, j / 10, 1 / j, "measured (Fake GPU)", True)]
+
+    units = [MeasuredUnit("GPU-a", "Fake GPU", est(1.0), ["bf16", "p1"]),
+             MeasuredUnit("GPU-b", "Fake GPU", est(1.2), ["p2"])]
+    measured = {"bf16": est(1.0), "p1": est(0.5), "p2": est(0.6)}
+    for agree in (True, None):
+        kept, onto = on_one_unit(measured, units, {"agree": agree})
+        assert kept == measured and onto is None
+    scaled, onto = on_one_unit(measured, units[::-1], {"agree": False})  # the reference unit found, not taken first
+    assert onto == "GPU-a" and scaled["p1"] == measured["p1"] and scaled["bf16"] == measured["bf16"]
+    (p2,) = scaled["p2"]
+    assert p2.j_per_token == pytest.approx(0.5) and p2.decode_j_per_token == pytest.approx(0.5)
+    assert "put on GPU-a's scale" in p2.source

@@ -29,7 +29,7 @@ from advisor.report.summary import build_summary, write_report
 from advisor.search.measure_queue import QUEUE_SUFFIX, set_round
 from advisor.search.policy import measurement_targets
 from advisor.search.storage import open_storage
-from advisor.search.study import open_owned_study, run_search, save_run_meta
+from advisor.search.study import candidates, open_owned_study, run_search, save_run_meta
 from advisor.search.trial_record import measured_drifts, measured_energy, measured_units
 from advisor.testing import AdditiveEvaluator, FakeMeasuredGPU
 from advisor.workflows.measured_tier import energy_stage, worker_stage
@@ -188,9 +188,11 @@ def test_a_worker_killed_mid_measurement_has_its_plan_measured_again(searched, t
                                            if Format.NVFP4 not in p.formats.values()}
 
 
-def test_units_whose_all_bf16_disagree_beyond_the_drift_are_reported(searched):
+def test_units_whose_all_bf16_disagree_beyond_the_drift_are_reported_and_put_on_one_scale(searched):
     """A second unit drawing 10% more than the first, each steady against itself (0% drift): the report says the
-    units disagree, and summary.json carries the spread and the tolerance."""
+    units disagree, and summary.json carries the spread and the tolerance. The plans the second unit measured
+    compete at the first unit's scale (their number times the ratio of the units' all-BF16), labelled so; a
+    plan measured there would otherwise look 10% dearer than the same plan measured on the first."""
     study, recipe = searched
     set_round(study, "pending")
     storage = open_storage(recipe.storage_url)
@@ -209,6 +211,20 @@ def test_units_whose_all_bf16_disagree_beyond_the_drift_are_reported(searched):
     md = write_report(study, recipe.run_dir).read_text()
     assert "the units disagree: their all-BF16 differ by 10.0% on 'chat'" in md
     assert "GPU-a" in md and "GPU-b" in md
+    assert check["scaled_to"] == "GPU-a" and "put on GPU-a's scale" in md
+    raw, units = measured_energy(study), measured_units(study)
+    assert units["GPU-b"].plans and units["GPU-a"].plans
+    truth = FakeMeasuredGPU("GPU-a")  # what the first unit draws for the same plan
+    chosen = {c.plan.id: c for c in candidates(study)}
+    for plan_id in units["GPU-b"].plans:
+        c = chosen[plan_id]
+        same_plan_on_a = truth.estimate(c.plan, recipe.workloads[0]).j_per_token
+        assert raw[plan_id][0].j_per_token == pytest.approx(1.1 * same_plan_on_a)
+        assert c.energy("chat") == pytest.approx(same_plan_on_a)
+    for plan_id in units["GPU-a"].plans:
+        assert chosen[plan_id].energy("chat") == raw[plan_id][0].j_per_token
+    records = {r["plan_id"]: r for r in build_summary(study).model_dump(mode="json")["trials"]}
+    assert all("put on GPU-a's scale" in records[p]["energy"][0]["source"] for p in units["GPU-b"].plans)
 
 
 def test_a_worker_on_the_coordinators_gpu_stays_out(searched):

@@ -78,8 +78,8 @@ def _unit_lines(summary: dict[str, Any]) -> list[str]:
         verdict = f"{spread}, within the largest drift a unit showed against itself ({check['tolerance_pct']:.1f}%)"
     else:
         verdict = (f"the units disagree: {spread}, more than the largest drift a unit showed against itself "
-                   f"({check['tolerance_pct']:.1f}%); plans measured on different units are not comparable to "
-                   "that precision (each measured number names its unit in its source)")
+                   f"({check['tolerance_pct']:.1f}%); so each plan measured on another GPU is put on "
+                   f"{check.get('scaled_to')}'s scale by the ratio of the two GPUs' all-BF16, and its source says so")
     return [f"Measured on {len(units)} GPUs: {named}; {verdict}.", ""]
 
 

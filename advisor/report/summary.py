@@ -27,17 +27,16 @@ from advisor.report.schema import (
     TrialRecord,
 )
 from advisor.search.acceptance import as_record
-from advisor.search.energy_tiers import largest_drift_pct, near_ties, prediction_errors, unit_agreement
+from advisor.search.energy_tiers import largest_drift_pct, near_ties, prediction_errors
 from advisor.search.frontier import Candidate, Recommendation, one_tier, pareto_front, recommend
 from advisor.search.operating_basis import basis_words, operating_basis
 from advisor.search.payback import Payback, SearchEnergy, payback
 from advisor.search.stats import proxy_calibration
-from advisor.search.study import benchmark_budget, candidates
+from advisor.search.study import benchmark_budget, candidates, measured_on_one_scale
 from advisor.search.trial_record import (
     TaskScores,
     benchmark_scores,
     measured_drifts,
-    measured_energy,
     measured_points,
     measured_units,
     operating_points,
@@ -92,7 +91,7 @@ def build_summary(study: optuna.Study) -> Summary:
                     f"of the drop within {max_drop:g} on every task",
                     operating=operating, basis={w: basis_words(bases, w) for w in bases})
     bench = benchmark_scores(study)
-    measured = measured_energy(study)
+    measured, agreement = measured_on_one_scale(study)
     records = [_trial_record(c, trials[c.trial], shape.groups, bench, measured) for c in cands]
     baselines = {}
     for c in cands:
@@ -131,7 +130,7 @@ def build_summary(study: optuna.Study) -> Summary:
         "measured_drift": drifts,
         "near_ties": ties,
         "measured_units": units,
-        "unit_agreement": unit_agreement(units, drifts, workloads[0]),
+        "unit_agreement": agreement,
         "proxy_calibration": _proxy_calibration(cands, confidence),
         "operating_points": points,
         "operating_basis": {w: b.to_dict() for w, b in bases.items()},

@@ -16,7 +16,8 @@ measured plans closer to the recommendation than that are not ordered by the mea
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from datetime import datetime, timezone
 
 from advisor.estimate import DriftCheck, EnergyEstimate, MeasuredUnit, j_per_token_by_workload
@@ -69,3 +70,29 @@ def unit_agreement(units: Sequence[MeasuredUnit], drifts: Sequence[DriftCheck], 
     tolerance = largest_drift_pct(drifts, workload)
     return {"workload": workload, "reference_j_per_token": refs, "spread_pct": spread, "tolerance_pct": tolerance,
             "agree": None if tolerance is None else spread <= tolerance}
+
+
+def on_one_unit(measured: Mapping[str, list[EnergyEstimate]], units: Sequence[MeasuredUnit],
+                agreement: dict | None) -> tuple[dict[str, list[EnergyEstimate]], str | None]:
+    """Where the units disagree (``agreement``'s ``agree`` False), each plan measured on another unit put on the
+    reference unit's scale: per workload, times the reference unit's all-BF16 over its own unit's (each unit
+    meters all-BF16 before its first plan for this). The reference unit is the one whose all-BF16 is the run's
+    measured all-BF16 (the coordinator's). Returns the estimates and the reference unit's key (None: unscaled)."""
+    if not units or not agreement or agreement.get("agree") is not False:
+        return dict(measured), None
+    ref = next((u for u in units if any(measured.get(p) == u.reference for p in u.plans)), units[0])
+    base = j_per_token_by_workload(ref.reference)
+    out = dict(measured)
+    for unit in units:
+        own = j_per_token_by_workload(unit.reference)
+        factors = {w: base[w] / own[w] for w in base if own.get(w)}
+        for plan_id in unit.plans if unit is not ref else ():
+            out[plan_id] = [_scaled(e, factors[e.workload], ref.key) if e.workload in factors else e
+                            for e in measured.get(plan_id, [])]
+    return out, ref.key
+
+
+def _scaled(e: EnergyEstimate, factor: float, onto: str) -> EnergyEstimate:
+    return replace(e, j_per_token=e.j_per_token * factor, decode_j_per_token=e.decode_j_per_token * factor,
+                   prefill_j_per_input_token=e.prefill_j_per_input_token * factor,
+                   source=f"{e.source}, put on {onto}'s scale by the units' all-BF16 (x{factor:.4f})")

@@ -12,9 +12,10 @@ failed and re-enqueued with Optuna's retry callback, so its plan is measured by 
 A measurement names its unit (GPU UUID and name): in the queue trial, in the unit records
 (``measured_unit:<uuid>``: the unit's first all-BF16 measurement and the plans it measured) and in
 each estimate's source. Each unit meters all-BF16 before its first plan, and again after its last
-(the drift check), so plans measured on different units of one kind can be compared only when the
+(the drift check), so plans measured on different units of one kind are compared as measured only when the
 units' all-BF16 agree within the drift a unit shows against itself
-(:func:`~advisor.search.energy_tiers.unit_agreement`). The all-BF16 and drift measurements of a unit
+(:func:`~advisor.search.energy_tiers.unit_agreement`), else at one unit's scale
+(:func:`~advisor.search.energy_tiers.on_one_unit`). The all-BF16 and drift measurements of a unit
 belong to that unit, so they are not queue items any unit could take: each worker makes them in the
 queue trial of its first plan, and in a queue trial of its own at the end.
 
