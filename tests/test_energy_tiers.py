@@ -241,7 +241,7 @@ def test_the_trials_progress_line_names_the_best_plan_by_prediction_as_the_trial
 
 def test_units_that_agree_or_were_never_checked_keep_their_numbers_as_measured():
     from advisor.estimate import MeasuredUnit
-    from advisor.search.energy_tiers import on_one_unit
+    from advisor.search.energy_tiers import on_one_unit, point_on_one_unit, unit_factors
 
     def est(j: float) -> list[EnergyEstimate]:
         return [EnergyEstimate("chat", j, j, j / 10, 1 / j, "measured (Fake GPU)", True)]
@@ -250,10 +250,16 @@ def test_units_that_agree_or_were_never_checked_keep_their_numbers_as_measured()
              MeasuredUnit("GPU-b", "Fake GPU", est(1.2), ["p2"])]
     measured = {"bf16": est(1.0), "p1": est(0.5), "p2": est(0.6)}
     for agree in (True, None):
-        kept, onto = on_one_unit(measured, units, {"agree": agree})
-        assert kept == measured and onto is None
-    scaled, onto = on_one_unit(measured, units[::-1], {"agree": False})  # the reference unit found, not taken first
-    assert onto == "GPU-a" and scaled["p1"] == measured["p1"] and scaled["bf16"] == measured["bf16"]
+        assert unit_factors(measured, units, {"agree": agree}) == ({}, None)
+    factors, onto = unit_factors(measured, units[::-1], {"agree": False})  # the reference unit found, not taken first
+    assert onto == "GPU-a" and set(factors) == {"p2"}
+    scaled = on_one_unit(measured, factors, onto)
+    assert scaled["p1"] == measured["p1"] and scaled["bf16"] == measured["bf16"]
     (p2,) = scaled["p2"]
     assert p2.j_per_token == pytest.approx(0.5) and p2.decode_j_per_token == pytest.approx(0.5)
     assert "put on GPU-a's scale" in p2.source
+    # its operating point as measured at another batch takes the same factor; another plan's is left as it was
+    point = {"plan_id": "p2", "workload": "chat", "batch": 48, "j_per_token": 0.3, "source": "measured (vLLM)"}
+    moved = point_on_one_unit(point, factors, onto)
+    assert moved["j_per_token"] == pytest.approx(0.25) and "put on GPU-a's scale" in moved["source"]
+    assert point_on_one_unit({**point, "plan_id": "p1"}, factors, onto)["j_per_token"] == 0.3

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -27,12 +27,18 @@ from advisor.report.schema import (
     TrialRecord,
 )
 from advisor.search.acceptance import as_record
-from advisor.search.energy_tiers import largest_drift_pct, near_ties, prediction_errors
+from advisor.search.energy_tiers import (
+    largest_drift_pct,
+    measured_on_one_scale,
+    near_ties,
+    point_on_one_unit,
+    prediction_errors,
+)
 from advisor.search.frontier import Candidate, Recommendation, one_tier, pareto_front, recommend
 from advisor.search.operating_basis import basis_words, operating_basis
 from advisor.search.payback import Payback, SearchEnergy, payback
 from advisor.search.stats import proxy_calibration
-from advisor.search.study import benchmark_budget, candidates, measured_on_one_scale
+from advisor.search.study import benchmark_budget, candidates
 from advisor.search.trial_record import (
     TaskScores,
     benchmark_scores,
@@ -85,13 +91,13 @@ def build_summary(study: optuna.Study) -> Summary:
     trials = {t.number: t for t in study.get_trials(deepcopy=False)}
     front = pareto_front(cands, workloads[0])
     max_drop, confidence = benchmark_budget(study)
-    points = _operating_points(study)
+    measured, agreement, factors = measured_on_one_scale(study)
+    points = _operating_points(study, factors, agreement and agreement["scaled_to"])
     operating, bases = operating_basis(points, {c.plan.id for c in one_tier(cands) if c.feasible})
     rec = recommend(cands, workloads, benchmark_rule=f"upper bound of the {confidence:.0%} paired interval "
                     f"of the drop within {max_drop:g} on every task",
                     operating=operating, basis={w: basis_words(bases, w) for w in bases})
     bench = benchmark_scores(study)
-    measured, agreement = measured_on_one_scale(study)
     records = [_trial_record(c, trials[c.trial], shape.groups, bench, measured) for c in cands]
     baselines = {}
     for c in cands:
@@ -163,14 +169,17 @@ def _proxy_calibration(cands: list[Candidate], confidence: float) -> list[dict[s
     return out
 
 
-def _operating_points(study: optuna.Study) -> list[OperatingPointRecord]:
+def _operating_points(study: optuna.Study, factors: Mapping[str, Mapping[str, float]],
+                      onto: str | None) -> list[OperatingPointRecord]:
     """The predicted points, each with its measured twin where the measured tier searched from that batch (a
-    resumed search under another objective moves the batch: the older measurement no longer belongs to it)."""
+    resumed search under another objective moves the batch: the older measurement no longer belongs to it), on
+    one unit's scale where the units disagree (``factors``, ``onto``: :func:`measured_on_one_scale`)."""
     measured = measured_points(study)
 
     def twin(p: dict[str, Any]) -> dict[str, Any] | None:
         m = measured.get((p.get("plan_id"), p.get("workload")))
-        return m if m is not None and m.get("predicted_batch", m.get("batch")) == p.get("batch") else None
+        keep = m is not None and m.get("predicted_batch", m.get("batch")) == p.get("batch")
+        return point_on_one_unit(m, factors, onto) if keep else None
 
     try:
         return [OperatingPointRecord.model_validate({**p, "measured": twin(p)}) for p in operating_points(study)]

@@ -19,9 +19,13 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from datetime import datetime, timezone
+from typing import Any
+
+import optuna
 
 from advisor.estimate import DriftCheck, EnergyEstimate, MeasuredUnit, j_per_token_by_workload
 from advisor.search.frontier import Candidate
+from advisor.search.trial_record import measured_drifts, measured_energy, measured_units
 
 
 def prediction_errors(predicted: Sequence[EnergyEstimate], measured: Sequence[EnergyEstimate]) -> dict[str, float]:
@@ -72,27 +76,63 @@ def unit_agreement(units: Sequence[MeasuredUnit], drifts: Sequence[DriftCheck], 
             "agree": None if tolerance is None else spread <= tolerance}
 
 
-def on_one_unit(measured: Mapping[str, list[EnergyEstimate]], units: Sequence[MeasuredUnit],
-                agreement: dict | None) -> tuple[dict[str, list[EnergyEstimate]], str | None]:
-    """Where the units disagree (``agreement``'s ``agree`` False), each plan measured on another unit put on the
-    reference unit's scale: per workload, times the reference unit's all-BF16 over its own unit's (each unit
-    meters all-BF16 before its first plan for this). The reference unit is the one whose all-BF16 is the run's
-    measured all-BF16 (the coordinator's). Returns the estimates and the reference unit's key (None: unscaled)."""
+def unit_factors(measured: Mapping[str, list[EnergyEstimate]], units: Sequence[MeasuredUnit],
+                 agreement: dict | None) -> tuple[dict[str, dict[str, float]], str | None]:
+    """Where the units disagree (``agreement``'s ``agree`` False): for each plan measured on another unit than the
+    reference unit, per workload, the reference unit's all-BF16 over its own unit's (each unit meters all-BF16
+    before its first plan for this), the factor that puts its numbers on the reference unit's scale. The
+    reference unit is the one whose all-BF16 is the run's measured all-BF16 (the coordinator's). Returns the
+    factors by plan id and the reference unit's key (None: nothing to scale)."""
     if not units or not agreement or agreement.get("agree") is not False:
-        return dict(measured), None
+        return {}, None
     ref = next((u for u in units if any(measured.get(p) == u.reference for p in u.plans)), units[0])
     base = j_per_token_by_workload(ref.reference)
-    out = dict(measured)
-    for unit in units:
+    factors = {}
+    for unit in (u for u in units if u is not ref):
         own = j_per_token_by_workload(unit.reference)
-        factors = {w: base[w] / own[w] for w in base if own.get(w)}
-        for plan_id in unit.plans if unit is not ref else ():
-            out[plan_id] = [_scaled(e, factors[e.workload], ref.key) if e.workload in factors else e
-                            for e in measured.get(plan_id, [])]
-    return out, ref.key
+        factors.update({plan_id: {w: base[w] / own[w] for w in base if own.get(w)} for plan_id in unit.plans})
+    return factors, ref.key
 
 
-def _scaled(e: EnergyEstimate, factor: float, onto: str) -> EnergyEstimate:
+def on_one_unit(measured: Mapping[str, list[EnergyEstimate]], factors: Mapping[str, Mapping[str, float]],
+                onto: str | None) -> dict[str, list[EnergyEstimate]]:
+    """``measured`` with each plan that has ``factors`` (:func:`unit_factors`) put on ``onto``'s scale, labelled."""
+    return {plan_id: [_scaled(e, factors[plan_id][e.workload], onto)
+                      if e.workload in factors.get(plan_id, {}) else e for e in estimates]
+            for plan_id, estimates in measured.items()}
+
+
+def point_on_one_unit(point: dict | None, factors: Mapping[str, Mapping[str, float]],
+                      onto: str | None) -> dict | None:
+    """A measured operating point (MeasuredPoint.to_dict()) put on ``onto``'s scale as :func:`on_one_unit` puts
+    its plan's estimates (the factor of the plan's stated workload, taken to hold at any batch)."""
+    factor = factors.get((point or {}).get("plan_id", ""), {}).get((point or {}).get("workload", ""))
+    if point is None or factor is None or point.get("j_per_token") is None:
+        return point
+    return {**point, "j_per_token": point["j_per_token"] * factor,
+            "source": _onto(point.get("source", ""), factor, onto)}
+
+
+def _scaled(e: EnergyEstimate, factor: float, onto: str | None) -> EnergyEstimate:
     return replace(e, j_per_token=e.j_per_token * factor, decode_j_per_token=e.decode_j_per_token * factor,
                    prefill_j_per_input_token=e.prefill_j_per_input_token * factor,
-                   source=f"{e.source}, put on {onto}'s scale by the units' all-BF16 (x{factor:.4f})")
+                   source=_onto(e.source, factor, onto))
+
+
+def _onto(source: str, factor: float, onto: str | None) -> str:
+    return f"{source}, put on {onto}'s scale by the units' all-BF16 (x{factor:.4f})"
+
+
+def measured_on_one_scale(study: optuna.Study) -> tuple[dict[str, list[EnergyEstimate]], dict[str, Any] | None,
+                                                         dict[str, dict[str, float]]]:
+    """The measured energy of each plan, on one unit's scale where the units that measured them disagree
+    (:func:`~advisor.search.energy_tiers.unit_factors`); the units' agreement on the primary workload with
+    ``scaled_to``, the unit whose scale they were put on (None: as measured); and the factors by plan id."""
+    measured = measured_energy(study)
+    workloads = study.user_attrs.get("recipe", {}).get("workloads") or []
+    units = list(measured_units(study).values())
+    agreement = unit_agreement(units, measured_drifts(study), workloads[0]["name"]) if workloads else None
+    factors, onto = unit_factors(measured, units, agreement)
+    if agreement is not None:
+        agreement["scaled_to"] = onto
+    return on_one_unit(measured, factors, onto), agreement, factors

@@ -28,7 +28,7 @@ from advisor.plan import KV_CACHE_KEY, LayerGroup, Plan
 from advisor.recipe.schema import AccuracySpec, Recipe
 from advisor.search.acceptance import Verdict
 from advisor.search.budget import TrialBudget, reap, work
-from advisor.search.energy_tiers import on_one_unit, unit_agreement
+from advisor.search.energy_tiers import measured_on_one_scale
 from advisor.search.frontier import Candidate
 from advisor.search.interrupt_log import silence_interrupt_tracebacks
 from advisor.search.ownership import SETTLE_S, StudyOwnership, claim_study, in_use_error, owner_is_live, read_owner
@@ -39,9 +39,6 @@ from advisor.search.trial_record import (
     TrialScores,
     acceptance_by_plan,
     benchmark_scores,
-    measured_drifts,
-    measured_energy,
-    measured_units,
     record_scores,
     scores_of,
 )
@@ -259,7 +256,7 @@ def candidates(study: optuna.Study) -> list[Candidate]:
     bench = benchmark_scores(study)
     max_drop, _ = benchmark_budget(study)
     judged = acceptance_by_plan(study, max_drop)
-    measured, _ = measured_on_one_scale(study)
+    measured, _, _ = measured_on_one_scale(study)
     recipe = study.user_attrs.get("recipe", {})
     budget = AccuracySpec.model_validate(recipe["accuracy"]) if "accuracy" in recipe else None
     out = []
@@ -284,20 +281,6 @@ def candidates(study: optuna.Study) -> list[Candidate]:
             )
         )
     return out
-
-
-def measured_on_one_scale(study: optuna.Study) -> tuple[dict[str, list[EnergyEstimate]], dict[str, Any] | None]:
-    """The measured energy of each plan, on one unit's scale where the units that measured them disagree
-    (:func:`~advisor.search.energy_tiers.on_one_unit`), and the units' agreement on the primary workload with
-    ``scaled_to``: the unit whose scale they were put on (None: as measured)."""
-    measured = measured_energy(study)
-    workloads = study.user_attrs.get("recipe", {}).get("workloads") or []
-    units = list(measured_units(study).values())
-    agreement = unit_agreement(units, measured_drifts(study), workloads[0]["name"]) if workloads else None
-    measured, scaled_to = on_one_unit(measured, units, agreement)
-    if agreement is not None:
-        agreement["scaled_to"] = scaled_to
-    return measured, agreement
 
 
 def within_budget(scores: TrialScores, budget: AccuracySpec | None) -> bool:
