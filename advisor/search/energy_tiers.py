@@ -12,6 +12,9 @@ plans one process measured drew 2.4-3.5% over their predictions and those the re
 reports/benchmarks/search_8b_gpu.md). So every stage that measured a plan ends by measuring the
 reference (all-BF16) again: the change against its first measurement is the drift of that stage, and
 measured plans closer to the recommendation than that are not ordered by the measurements (:func:`near_ties`).
+Plans measured on several GPUs are compared as measured where the GPUs' all-BF16 agree within that drift, else
+on one GPU's scale (:func:`unit_factors`: four H100s of one host differed by 3.9% on 2026-11-28,
+reports/benchmarks/distributed_gpu.md).
 """
 
 from __future__ import annotations
