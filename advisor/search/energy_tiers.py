@@ -109,8 +109,10 @@ def point_on_one_unit(point: dict | None, factors: Mapping[str, Mapping[str, flo
                       onto: str | None) -> dict | None:
     """A measured operating point (MeasuredPoint.to_dict()) put on ``onto``'s scale as :func:`on_one_unit` puts
     its plan's estimates (the factor of the plan's stated workload, taken to hold at any batch)."""
-    factor = factors.get((point or {}).get("plan_id", ""), {}).get((point or {}).get("workload", ""))
-    if point is None or factor is None or point.get("j_per_token") is None:
+    if point is None:
+        return None
+    factor = factors.get(point.get("plan_id", ""), {}).get(point.get("workload", ""))
+    if factor is None or point.get("j_per_token") is None:
         return point
     return {**point, "j_per_token": point["j_per_token"] * factor,
             "source": _onto(point.get("source", ""), factor, onto)}
