@@ -201,9 +201,10 @@ def test_units_whose_all_bf16_disagree_beyond_the_drift_are_reported_and_put_on_
                                                          ProgressReporter(Console(file=io.StringIO()))),
                               kwargs={"poll_s": 0.01})
     worker.start()
-    _stage(study, recipe, FakeMeasuredGPU("GPU-a", delay_s=0.2))
+    printed = _stage(study, recipe, FakeMeasuredGPU("GPU-a", delay_s=0.2))
     worker.join(timeout=60)
     assert other.calls  # both units measured
+    assert "differ by 10.0% on 'chat'" in printed and "put on GPU-a's scale" in printed
     check = build_summary(study).unit_agreement
     assert check["agree"] is False and check["tolerance_pct"] == pytest.approx(0.0)
     assert check["spread_pct"] == pytest.approx(10.0)

@@ -12,6 +12,7 @@ import optuna
 from advisor.estimate import EnergyModel
 from advisor.plan import Plan
 from advisor.recipe.schema import Recipe
+from advisor.search.energy_tiers import measured_on_one_scale
 from advisor.search.measure_queue import (
     Measurer,
     Merged,
@@ -75,6 +76,12 @@ def _coordinate(study: optuna.Study, model: EnergyModel, recipe: Recipe, progres
             progress.print(f"  drift check: {check.plan} measured again drew "
                            + ", ".join(f"{v:+.1f}% on '{w}'" for w, v in check.drift_pct.items())
                            + " against its first measurement" + _on_unit(check.source))
+        _, agreement, _ = measured_on_one_scale(study)
+        if agreement and agreement["agree"] is False:
+            progress.print(f"warning: the GPUs' all-BF16 differ by {agreement['spread_pct']:.1f}% on "
+                           f"'{agreement['workload']}', more than a GPU drifted against itself "
+                           f"({agreement['tolerance_pct']:.1f}%): the plans measured on other GPUs are put on "
+                           f"{agreement['scaled_to']}'s scale (the report says how)")
         stage.advance(len(plans) + 1)
 
 
