@@ -105,12 +105,9 @@ def on_one_unit(measured: Mapping[str, list[EnergyEstimate]], factors: Mapping[s
             for plan_id, estimates in measured.items()}
 
 
-def point_on_one_unit(point: dict | None, factors: Mapping[str, Mapping[str, float]],
-                      onto: str | None) -> dict | None:
+def point_on_one_unit(point: dict, factors: Mapping[str, Mapping[str, float]], onto: str | None) -> dict:
     """A measured operating point (MeasuredPoint.to_dict()) put on ``onto``'s scale as :func:`on_one_unit` puts
     its plan's estimates (the factor of the plan's stated workload, taken to hold at any batch)."""
-    if point is None:
-        return None
     factor = factors.get(point.get("plan_id", ""), {}).get(point.get("workload", ""))
     if factor is None or point.get("j_per_token") is None:
         return point
