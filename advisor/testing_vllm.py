@@ -1,6 +1,7 @@
 """A fake ``vllm`` module for CPU tests, shaped like vLLM 0.26's offline API where the advisor uses it:
 ``LLM(model=..., **kwargs)``, ``llm.llm_engine.add_request/step/abort_request/get_num_unfinished_requests``,
-``llm.generate(prompts, SamplingParams(prompt_logprobs=k))``, ``llm.apply_model(fn)``,
+``llm.generate(prompts, SamplingParams(prompt_logprobs=k))`` (k=-1: every token, as ``FlatLogprobs`` where
+``flat_logprobs``; vLLM's cap ``max_logprobs`` enforced), ``llm.apply_model(fn)``,
 ``SamplingParams`` and ``sampling_params.RequestOutputKind``.
 
 The fake "model" is a bigram table: the next-token distribution after token ``t`` is
@@ -48,9 +49,29 @@ class Logprob:
 class SamplingParams:
     def __init__(self, max_tokens: int = 16, ignore_eos: bool = False, temperature: float = 1.0,
                  output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE, prompt_logprobs: int | None = None,
-                 detokenize: bool = True) -> None:
+                 detokenize: bool = True, flat_logprobs: bool = False) -> None:
         self.max_tokens, self.ignore_eos, self.temperature = max_tokens, ignore_eos, temperature
         self.output_kind, self.prompt_logprobs, self.detokenize = output_kind, prompt_logprobs, detokenize
+        self.flat_logprobs = flat_logprobs
+
+
+@dataclass
+class FlatLogprobs:
+    """vLLM's flat prompt log-probabilities: position i is entries [start_indices[i], end_indices[i])."""
+
+    start_indices: list[int]
+    end_indices: list[int]
+    token_ids: list[int]
+    logprobs: list[float]
+    ranks: list[int]
+
+    def append(self, entries: list[tuple[int, float, int]]) -> None:
+        self.start_indices.append(len(self.token_ids))
+        for t, lp, r in entries:
+            self.token_ids.append(t)
+            self.logprobs.append(lp)
+            self.ranks.append(r)
+        self.end_indices.append(len(self.token_ids))
 
 
 class _Linear:
@@ -155,16 +176,25 @@ def fake_vllm(step_s: float = 0.002, noise: float = 0.5, step_s_per_seq: float =
             return [fn(_Model({k: v for k, v in self.methods.items()}))]
 
         def generate(self, prompts: list[dict[str, Any]], params: SamplingParams, use_tqdm: bool = True) -> list[Any]:
+            vocab, k = self.logits.shape[-1], params.prompt_logprobs
+            cap = self.kwargs.get("max_logprobs", 20)
+            if k is not None and (vocab if k == -1 else k) > (vocab if cap == -1 else cap):
+                raise ValueError(f"Requested prompt logprobs of {vocab if k == -1 else k}, which is greater than max "
+                                 f"allowed: {cap}")
             outs = []
             for i, p in enumerate(prompts):
                 ids = p["prompt_token_ids"]
-                positions: list[Any] = [None]
+                positions: Any = FlatLogprobs([], [], [], [], []) if params.flat_logprobs else []
+                positions.append([] if params.flat_logprobs else None)
                 for j in range(1, len(ids)):
                     lp = torch.log_softmax(self.logits[ids[j - 1]], -1)
                     order = torch.argsort(lp, descending=True).tolist()
                     rank = {t: r + 1 for r, t in enumerate(order)}
-                    keep = order[: params.prompt_logprobs] + [ids[j]]
-                    positions.append({t: Logprob(float(lp[t]), rank[t]) for t in keep})
+                    keep = [ids[j]] + order[: vocab if k == -1 else k]  # vLLM's order: the prompt's token first
+                    if params.flat_logprobs:
+                        positions.append([(t, float(lp[t]), rank[t]) for t in keep])
+                    else:
+                        positions.append({t: Logprob(float(lp[t]), rank[t]) for t in keep})
                 out = _Output(str(i), [0], True)
                 out.prompt_logprobs = positions
                 outs.append(out)

@@ -362,10 +362,10 @@ def smollm2(args: argparse.Namespace) -> dict[str, Any]:
         items = a.get("items") or {}
         block["plans"].append({
             "role": r["role"], "plan_id": r["plan_id"], "label": r["label"], "formats_match": r["formats_match"],
-            "served_kl": a["served_kl_topk"], "advisor_kl_topk": a["advisor_kl_topk"], "proxy_kl": r["proxy_kl"],
-            "served_vs_proxy": a["served_kl_topk"] / r["proxy_kl"] - 1 if r["proxy_kl"] else None,
-            "served_vs_advisor_topk": (a["served_kl_topk"] / a["advisor_kl_topk"] - 1
-                                       if a["advisor_kl_topk"] else None),
+            "kl_over": "the whole vocabulary", "served_kl": a["served_kl"], "advisor_kl": a["advisor_kl"],
+            "proxy_kl": r["proxy_kl"], "kl_positions": a["positions"],
+            "served_vs_proxy": a["served_kl"] / r["proxy_kl"] - 1 if r["proxy_kl"] else None,
+            "served_vs_advisor": a["served_kl"] / a["advisor_kl"] - 1 if a["advisor_kl"] else None,
             "lambada_items": items.get("n"), "lambada_vllm": items.get("vllm_accuracy"),
             "lambada_advisor": items.get("advisor_accuracy"), "lambada_disagree": items.get("disagree"),
             "energy": r["energy"]})
@@ -397,14 +397,16 @@ def render(data: dict[str, Any]) -> str:
                      f"{_pct(r['predicted_vs_vllm'])} | {steady} | {fm} |")
     s = data.get("smollm2")
     if s:
+        over = "whole vocabulary" if s["plans"] and "advisor_kl" in s["plans"][0] else "top-20"  # earlier: top-20
         lines += ["", f"## SmolLM2-135M (real weights): search on the GPU ({s['trials']} trials), served by vLLM", "",
-                  "| plan | role | formats match | served KL (vLLM, top-20) | advisor KL (top-20) | proxy KL (search) "
+                  f"| plan | role | formats match | served KL (vLLM, {over}) | advisor KL ({over}) | proxy KL (search) "
                   "| served vs proxy | LAMBADA vLLM | LAMBADA advisor | items |",
                   "|---|---|---|---|---|---|---|---|---|---|"]
         for p in s["plans"]:
             fm = "yes" if p["formats_match"] is True else f"no: {p['formats_match']}"
+            mine = p.get("advisor_kl", p.get("advisor_kl_topk"))
             lines.append(f"| `{p['plan_id']}` {p['label']} | {p['role']} | {fm} | {_f(p['served_kl'], '.4g')} | "
-                         f"{_f(p['advisor_kl_topk'], '.4g')} | {_f(p['proxy_kl'], '.4g')} | "
+                         f"{_f(mine, '.4g')} | {_f(p['proxy_kl'], '.4g')} | "
                          f"{_pct(p['served_vs_proxy'])} | {_f(p['lambada_vllm'], '.3f')} | "
                          f"{_f(p['lambada_advisor'], '.3f')} | {p['lambada_items']} |")
     lines += ["", *data.get("notes", [])]

@@ -73,10 +73,13 @@ def test_verify_serves_the_recommendation_and_bf16(run_dir, engine, tmp_path):
     bf16 = roles["bf16"]
     assert set(bf16["served_formats"].values()) == {"bf16"}
     assert set(roles[fp8]["served_formats"].values()) == {"fp8"}
-    assert roles[fp8]["accuracy"]["advisor_kl_topk"] > 0
+    assert roles[fp8]["accuracy"]["advisor_kl"] > 0
     # the advisor's own model of the BF16 export is the reference itself
-    assert bf16["accuracy"]["advisor_kl_topk"] == pytest.approx(0.0, abs=1e-6)
-    assert bf16["accuracy"]["served_kl_topk"] > 0  # the fake engine's "model" is another one
+    assert bf16["accuracy"]["advisor_kl"] == pytest.approx(0.0, abs=1e-6)
+    assert bf16["accuracy"]["served_kl"] > 0  # the fake engine's "model" is another one
+    assert roles[fp8]["accuracy"]["served_kl"] > bf16["accuracy"]["served_kl"]  # the fake's FP8 adds noise
+    assert bf16["accuracy"]["positions"] == 2 * 31  # 2 held-out sequences of 32 tokens: 31 next tokens each
+    assert not (run_dir / "verify_reference.pt").exists()  # the reference's file is gone once served
     assert bf16["accuracy"]["items"]["n"] == 2
     e = bf16["energy"][0]
     assert e["workload"] == "chat" and e["vllm_j_per_token"] > 0 and e["batch_full"]
@@ -384,6 +387,22 @@ def test_the_decision_as_served_compares_each_plan_at_its_largest_batch_that_met
     (line,) = [x for x in served_decision(one) if x.startswith("- ")]
     assert "the recommendation is all-BF16" in line and "batch 30" in line
     assert served_decision({"plans": [{"role": "bf16+recommendation", "plan_id": "b", "operating": []}]}) == []
+
+
+def test_verify_md_sets_served_kl_beside_the_proxy_and_names_a_plan_over_the_budget_as_served():
+    from advisor.deploy.verify_report import render_verify
+
+    def plan(role, pid, served, proxy):
+        return {"role": role, "plan_id": pid, "label": pid, "formats_match": True, "served_formats": {},
+                "accuracy": {"served_kl": served, "advisor_kl": proxy}, "proxy_kl": proxy, "energy": []}
+
+    result = {"vllm_version": "0.26.0", "gpu": "H100", "date": "2026-11-28", "max_kl": 0.05,
+              "plans": [plan("bf16", "b", 0.001, 0.0), plan("recommendation", "r", 0.06, 0.048)]}
+    text = render_verify(result)
+    assert "| `r` | recommendation | 0.06 | 0.048 | 0.048 | +25.0% |" in text
+    assert "**Over the accuracy budget as served:** plan r (recommendation) served KL 0.06 against max_kl 0.05" in text
+    result["plans"][1]["accuracy"]["served_kl"] = 0.049
+    assert "Over the accuracy budget" not in render_verify(result)
 
 
 # ------------------------------------------------------------- several plans at once, each engine on GPUs of its own

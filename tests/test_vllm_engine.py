@@ -1,6 +1,6 @@
 """--engine vllm and `advisor verify`, against a fake ``vllm`` module shaped like vLLM 0.26's offline API
-(advisor.testing_vllm): the steady load and its meter, the formats read from the loaded model, the top-k
-KL, the child process, and the verify command's exits and files."""
+(advisor.testing_vllm): the steady load and its meter, the formats read from the loaded model, the
+full-vocabulary served KL, the child process, and the verify command's exits and files."""
 
 from __future__ import annotations
 
@@ -11,9 +11,10 @@ import pytest
 import torch
 
 from advisor.deploy.engines import ENGINE_TABLE, import_engine, measured_tier
-from advisor.deploy.vllm_engine import run_in_child, served_formats, topk_kl, topk_of
+from advisor.deploy.served_kl import dense_logprobs, kl_sum, write_reference
+from advisor.deploy.vllm_engine import run_in_child, served_formats
 from advisor.deploy.vllm_serve import ServeJob, serve
-from advisor.errors import SetupError, UnsupportedError
+from advisor.errors import AdvisorError, SetupError, UnsupportedError
 from advisor.formats import Format
 from advisor.plan import Plan
 from advisor.testing_vllm import ConstantPowerCounter, fake_vllm
@@ -86,27 +87,43 @@ def test_formats_as_served_name_every_group_served_otherwise(tmp_path, monkeypat
                       "layers.1.down": "planned fp8, served ModelOptNvFp4W4A16LinearMethod"}
 
 
-def test_topk_kl_is_the_full_kl_with_the_whole_vocabulary_and_a_lower_bound_below():
-    g = torch.Generator().manual_seed(0)
-    ref = torch.log_softmax(torch.randn(5, 32, generator=g), -1)
-    other = torch.log_softmax(torch.randn(5, 32, generator=g), -1)
-    full = float((ref.exp() * (ref - other)).sum(-1).mean())
-    nxt = [0, 1, 2, 3, 4]
-    assert topk_kl(ref, topk_of(other, 32, nxt)) == pytest.approx(full, rel=1e-5)
-    assert 0 < topk_kl(ref, topk_of(other, 4, nxt)) < full
-    assert topk_kl(ref, topk_of(ref, 4, nxt)) == pytest.approx(0.0, abs=1e-9)
-
-
-def test_served_kl_grows_with_the_quantized_share(tmp_path, monkeypatch):
+def test_served_log_probabilities_are_every_token_at_every_position_flat_or_not(tmp_path, monkeypatch):
     from advisor.testing_vllm import bigram_table
 
-    monkeypatch.setitem(sys.modules, "vllm", fake_vllm(noise=1.0))
+    vllm = fake_vllm(noise=0.0)
+    llm = vllm.LLM(str(checkpoint(tmp_path / "ck")), max_logprobs=-1)
+    seq = [3, 9, 1, 60, 3]
+    table = torch.log_softmax(bigram_table(64), -1)
+    for flat in (True, False):
+        params = vllm.SamplingParams(max_tokens=1, prompt_logprobs=-1, flat_logprobs=flat)
+        dense = dense_logprobs(llm.generate([{"prompt_token_ids": seq}], params)[0].prompt_logprobs, 64)
+        assert torch.equal(dense, table[seq[:-1]])  # position i: the next-token log-probabilities after token i
+    top = llm.generate([{"prompt_token_ids": seq}], vllm.SamplingParams(prompt_logprobs=5, flat_logprobs=True))
+    with pytest.raises(AdvisorError, match="fewer than all 64 log-probabilities at 4 of 4 positions"):
+        dense_logprobs(top[0].prompt_logprobs, 64)
+    capped = vllm.LLM(str(checkpoint(tmp_path / "ck2")))  # vLLM's default cap of 20 refuses the whole vocabulary
+    with pytest.raises(ValueError, match="greater than max allowed: 20"):
+        capped.generate([{"prompt_token_ids": seq}], vllm.SamplingParams(prompt_logprobs=-1))
+
+
+def test_served_kl_is_the_full_kl_and_grows_with_the_quantized_share(tmp_path, monkeypatch):
+    from advisor.testing_vllm import bigram_table
+
+    vllm = fake_vllm(noise=1.0)
+    monkeypatch.setitem(sys.modules, "vllm", vllm)
     seqs = (tuple(range(0, 40)), tuple(range(20, 60)))
     ref_table = torch.log_softmax(bigram_table(64), -1)
+    reference = write_reference(tmp_path / "ref.pt", [ref_table[list(s[:-1])] for s in seqs])
     kls = []
     for name, algo, exclude in (("bf16", None, ()), ("half", "FP8", ["model.layers.0.*"]), ("fp8", "FP8", ())):
-        out = serve(ServeJob(str(checkpoint(tmp_path / name, algo, exclude)), vocab_size=64, sequences=seqs, top_k=8))
-        kls.append(sum(topk_kl(ref_table[list(s[:-1])], p) for s, p in zip(seqs, out["prompt_logprobs"], strict=True)))
+        out = serve(ServeJob(str(checkpoint(tmp_path / name, algo, exclude)), vocab_size=64, sequences=seqs,
+                             reference_logprobs=str(reference)))
+        assert vllm.instances[-1].kwargs["max_logprobs"] == -1 and out["served_kl"]["positions"] == [39, 39]
+        # the served model's own full log-softmax, scored here, gives the same KL
+        served = torch.log_softmax(vllm.instances[-1].logits, -1)
+        full = sum(kl_sum(ref_table[list(s[:-1])], served[list(s[:-1])]) for s in seqs) / 78
+        assert out["served_kl"]["kl"] == pytest.approx(full, rel=1e-5, abs=1e-9)
+        kls.append(out["served_kl"]["kl"])
     assert kls[0] == pytest.approx(0.0, abs=1e-9) and 0 < kls[1] < kls[2]
 
 
@@ -260,7 +277,9 @@ def test_verify_s_whole_serving_opens_the_engine_the_rounds_keep_in_a_child_show
     operating = stated.model_copy(update={"name": "chat at batch 4", "batch_size": 4})
     job = ServeJob(str(ck), vocab_size=64, workloads=(stated.model_dump(), operating.model_dump()),
                    sequences=((1, 2, 3, 4, 5),), items=(((1, 2, 3), (4,)),), prefill=False, meter=meter,
-                   devices=("GPU-fake-1",))
+                   devices=("GPU-fake-1",),
+                   reference_logprobs=str(write_reference(tmp_path / "ref.pt", [torch.log_softmax(torch.zeros(4, 64),
+                                                                                                  -1)])))
     model = VllmEnergyModel(lambda _plan: ck, [], 64, meter=MeterConfig(**meter), vllm_version="0.0-fake",
                             rounds_runner=lambda j, more: run_rounds_in_child(j, more, "pip install vllm",
                                                                               target=serve_and_say_which_gpus))
@@ -276,5 +295,5 @@ def test_verify_s_whole_serving_opens_the_engine_the_rounds_keep_in_a_child_show
     out = model.served(plan)
     assert rounds == [[4], [3]] and [p.batch for p in points] == [4, 3]  # the search's round in the same engine
     assert sorted(out["energy"]) == ["chat", "chat at batch 3", "chat at batch 4"]
-    assert len(out["prompt_logprobs"]) == 1 and out["items"] and out["served"]  # the whole serving came back
+    assert out["served_kl"]["positions"] == [4] and out["items"] and out["served"]  # the whole serving came back
     assert out["visible"] == "GPU-fake-1"  # the engine's process saw only the job's GPU

@@ -47,7 +47,7 @@ def verify(
         a = r["accuracy"]
         served = "served as planned" if r["formats_match"] is True else f"{len(r['formats_match'])} groups differ"
         out.print(f"{shown_role(r['role'], r['plan_id'])} {r['plan_id']}: {served}; served KL "
-                  f"{a['served_kl_topk']:.4g} (advisor {a['advisor_kl_topk']:.4g}, proxy {num(r['proxy_kl'])})",
+                  f"{num(a['served_kl'])} (advisor {num(a['advisor_kl'])}, proxy {num(r['proxy_kl'])})",
                   highlight=False)
         for e in r["energy"]:
             out.print(f"  {e['workload']}: vLLM {e['vllm_j_per_token']:.4g} J/token, built-in "

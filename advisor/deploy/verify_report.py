@@ -47,19 +47,25 @@ def render_verify(result: dict[str, Any]) -> str:
         ok = "yes" if r["formats_match"] is True else f"**no** ({len(r['formats_match'])} groups)"
         lines.append(f"| `{r['plan_id']}` {r['label']} | {shown_role(r['role'], r['plan_id'])} | {ok} | {built} |")
     lines += ["", "### Accuracy as served", "",
-              f"KL(advisor BF16 reference || model) per token on the run's held-out tokens, over each position's "
-              f"top-{result['plans'][0]['accuracy']['top_k'] if result['plans'] else 20} tokens from vLLM and the "
-              "rest as one outcome (a lower bound of the full KL); the advisor's own model of the exported plan on "
-              "the same partition; the proxy KL the search scored (full vocabulary).", "",
-              "| plan | role | served KL (vLLM, top-k) | advisor KL (top-k) | proxy KL (search) | items: vLLM | "
-              "items: advisor |", "|---|---|---|---|---|---|---|"]
+              "KL(advisor BF16 reference || model) per token over the whole vocabulary, on the run's held-out "
+              "tokens: vLLM's log-probabilities of every token at every position; the advisor's own model of the "
+              "exported plan on the same positions; the proxy KL the search scored (the same quantity, on the same "
+              "tokens, of the plan in memory).", "",
+              "| plan | role | served KL (vLLM) | advisor KL (its export) | proxy KL (search) | served vs proxy | "
+              "items: vLLM | items: advisor |", "|---|---|---|---|---|---|---|---|"]
     for r in result["plans"]:
         a = r["accuracy"]
         it = a.get("items") or {}
         role = shown_role(r["role"], r["plan_id"])
-        lines.append(f"| `{r['plan_id']}` | {role} | {num(a['served_kl_topk'])} | {num(a['advisor_kl_topk'])} "
-                     f"| {num(r['proxy_kl'])} | {num(it.get('vllm_accuracy'), '.3f')} "
-                     f"| {num(it.get('advisor_accuracy'), '.3f')} |")
+        lines.append(f"| `{r['plan_id']}` | {role} | {num(a['served_kl'])} | {num(a['advisor_kl'])} "
+                     f"| {num(r['proxy_kl'])} | {_pct(a['served_kl'], r['proxy_kl'])} "
+                     f"| {num(it.get('vllm_accuracy'), '.3f')} | {num(it.get('advisor_accuracy'), '.3f')} |")
+    budget = result.get("max_kl")
+    over = [r for r in result["plans"] if budget is not None and (r["accuracy"]["served_kl"] or 0.0) > budget]
+    if over:
+        lines += ["", "**Over the accuracy budget as served:** " + "; ".join(
+            f"plan {r['plan_id']} ({shown_role(r['role'], r['plan_id'])}) served KL "
+            f"{r['accuracy']['served_kl']:.4g} against max_kl {budget:g}" for r in over)]
     if result.get("lambada"):
         lines += ["", f"Items: the first {result['lambada']['items']} of {result['lambada']['file']}, last word "
                   "greedy (every target token the top-1 next token)."]

@@ -5,8 +5,7 @@ what the parent makes of it:
 * :class:`VllmEnergyModel`, the measured energy tier through vLLM: each plan's checkpoint is loaded
   once, in its own process, and metered at every workload's concurrency and lengths (steady state:
   the batch kept full with fresh random prompts, prefix caching off, the advisor's own NVML meter);
-* :func:`served_formats`: the format vLLM built for every layer group, against the plan;
-* :func:`topk_kl`: KL(reference || served) per position from vLLM's top-k prompt log-probabilities.
+* :func:`served_formats`: the format vLLM built for every layer group, against the plan.
 """
 
 from __future__ import annotations
@@ -14,7 +13,7 @@ from __future__ import annotations
 import math
 import multiprocessing
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from types import ModuleType
@@ -118,44 +117,6 @@ def served_formats(served: Mapping[str, Mapping[str, Any]], plan: Plan, members:
         if got != {planned.value}:
             differ[g] = f"planned {planned.value}, served {formats[g]}"
     return formats, differ
-
-
-# ----------------------------------------------------------------------------------- accuracy as served
-def topk_kl(ref_logprobs: Any, served: Sequence[Sequence[tuple[int, float, int]]]) -> float:
-    """Mean over positions of KL(reference || served) on the partition {vLLM's top-k tokens, the rest}.
-
-    ``ref_logprobs`` is the reference's full log-softmax, [positions, vocab] (a torch tensor); each
-    served position lists (token, log-prob, rank). Merging the tokens outside the top-k into one
-    outcome can only lower a KL (the data-processing inequality), so this is a lower bound of the
-    full-vocabulary KL; :func:`topk_kl` of the advisor's own plan on the same partition is its like."""
-    import torch
-
-    total, n = 0.0, 0
-    for i, pos in enumerate(served):
-        if not pos:
-            continue
-        ids = torch.tensor([t for t, _, _ in pos])
-        q = torch.tensor([lp for _, lp, _ in pos], dtype=torch.float64).exp()
-        p = ref_logprobs[i, ids].double().exp()
-        p_rest, q_rest = max(1.0 - float(p.sum()), 0.0), max(1.0 - float(q.sum()), 1e-12)
-        kl = float((p * (p.clamp_min(1e-30).log() - q.clamp_min(1e-30).log())).sum())
-        if p_rest > 0:
-            kl += p_rest * (math.log(p_rest) - math.log(q_rest))
-        total, n = total + kl, n + 1
-    return total / n if n else float("nan")
-
-
-def topk_of(logprobs: Any, k: int, following: Iterable[int]) -> list[list[tuple[int, float, int]]]:
-    """The advisor's own model's top-k per position (and the token that followed), shaped like vLLM's."""
-    import torch
-
-    top = torch.topk(logprobs.float(), k, dim=-1)
-    out = []
-    for i, nxt in enumerate(following):
-        entries = {int(t): float(v) for t, v in zip(top.indices[i], top.values[i], strict=True)}
-        entries.setdefault(int(nxt), float(logprobs[i, int(nxt)]))
-        out.append([(t, v, 0) for t, v in entries.items()])
-    return out
 
 
 # ----------------------------------------------------------------------------------- the measured tier

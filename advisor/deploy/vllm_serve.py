@@ -8,11 +8,10 @@ the job's largest workload) and does what the job asks, returning plain data:
 * ``served``: per linear layer of the loaded model, the quantization method vLLM built for it
   (``layer.quant_method``, read through ``LLM.apply_model``) and the checkpoint's modules it packs
   (``packed_modules_mapping``: ``qkv_proj`` holds ``q_proj``/``k_proj``/``v_proj``);
-* ``prompt_logprobs``: for each held-out sequence, the top-k next-token log-probabilities vLLM
-  computes at every position (``SamplingParams(prompt_logprobs=k)``), with the rank of the token that
-  followed;
+* ``served_kl``: KL(the reference || vLLM) over the whole vocabulary on the held-out sequences, against the
+  reference's log-probabilities the job names (:mod:`advisor.deploy.served_kl`);
 * ``items``: for each (context, target) item, whether every target token was vLLM's top-1
-  next token (greedy, as LAMBADA's accuracy is defined), from the same prompt log-probabilities;
+  next token (greedy, as LAMBADA's accuracy is defined), from vLLM's prompt log-probabilities;
 * ``energy``: per workload, J per output token (prefill included, summed over every GPU the engine uses:
   ``tensor_parallel_size`` > 1 spreads the model over torch's ``cuda:0..N-1``) in steady state
   (:class:`SteadyLoad` under the advisor's own NVML meter), the time per output token and to the first
@@ -31,6 +30,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from advisor.deploy.served_kl import served_kl
 from advisor.deploy.vllm_config import capture_bound
 from advisor.energy.meter import EnergyCounter, EnergyMeter, Measurement, MeterConfig
 
@@ -47,9 +47,9 @@ class ServeJob:
     checkpoint: str
     vocab_size: int
     workloads: tuple[dict[str, Any], ...] = ()  # Workload.model_dump() each, for energy
-    sequences: tuple[tuple[int, ...], ...] = ()  # held-out token sequences, for prompt logprobs
+    sequences: tuple[tuple[int, ...], ...] = ()  # held-out token sequences, for the served KL
+    reference_logprobs: str = ""  # the reference's log-probabilities on them (served_kl.write_reference)
     items: tuple[tuple[tuple[int, ...], tuple[int, ...]], ...] = ()  # (context, target) token ids
-    top_k: int = 20
     formats: bool = True
     prefill: bool = True  # also measure prefill J per input token (requests of one output token)
     no_prefill: tuple[str, ...] = ()  # workloads whose prefill is not measured (operating batches beside stated ones)
@@ -291,14 +291,14 @@ def serve(job: ServeJob, make_counter: Callable[[], EnergyCounter] | None = None
         options["compilation_config"] = {"max_cudagraph_capture_size": capture_bound(batch, prompt)}
     t0 = time.perf_counter()
     llm = vllm.LLM(model=job.checkpoint, enable_prefix_caching=False, seed=job.seed, max_num_seqs=batch,
-                   max_model_len=longest, max_logprobs=max(job.top_k, 1),
+                   max_model_len=longest, max_logprobs=-1 if job.reference_logprobs else 1,
                    gpu_memory_utilization=job.gpu_memory_utilization, tensor_parallel_size=tp, **options)
     out: dict[str, Any] = {"vllm_version": getattr(vllm, "__version__", "unknown"),
                            "load_s": time.perf_counter() - t0, "llm_options": options, "tensor_parallel_size": tp}
     if job.formats:
         out["served"] = served_methods(llm)
-    if job.sequences:
-        out["prompt_logprobs"] = prompt_logprobs(vllm, llm, job.sequences, job.top_k)
+    if job.sequences and job.reference_logprobs:
+        out["served_kl"] = served_kl(vllm, llm, job.sequences, job.reference_logprobs, job.vocab_size)
     if job.items:
         out["items"] = greedy_hits(vllm, llm, job.items)
     if job.workloads:

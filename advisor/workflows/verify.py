@@ -3,8 +3,8 @@
 compared with the search's own numbers:
 
 1. formats as served: per layer group, the format of the quantization method vLLM built for it;
-2. accuracy as served: KL(advisor's BF16 reference || vLLM) on the run's held-out tokens from vLLM's
-   top-k prompt log-probabilities, beside the same top-k KL of the advisor's own model of the plan
+2. accuracy as served: KL(advisor's BF16 reference || vLLM) over the whole vocabulary on the run's held-out
+   tokens (:mod:`advisor.deploy.served_kl`), beside the same KL of the advisor's own model of the plan
    (the exported checkpoint, de-quantized) and the proxy KL the search scored; LAMBADA-style items
    (context, last word) scored greedily from vLLM's log-probabilities beside the advisor's model on
    the same items;
@@ -29,9 +29,10 @@ from typing import Any
 
 from advisor.deploy import serving_gpus
 from advisor.deploy.engine_slots import engine_slots
+from advisor.deploy.served_kl import kl_sum, logprobs_per_sequence, write_reference
 from advisor.deploy.serving_gpus import serving_gpus_for
 from advisor.deploy.verify_report import shown_role
-from advisor.deploy.vllm_engine import run_in_child, served_formats, topk_kl, topk_of
+from advisor.deploy.vllm_engine import run_in_child, served_formats
 from advisor.deploy.vllm_serve import ServeJob
 from advisor.energy.meter import MeterConfig
 from advisor.energy.prediction import predicted_for_gpus
@@ -43,7 +44,7 @@ from advisor.search.operating_measured import from_timed, objective_name
 from advisor.workflows.verify_serving import Serving, operating_workloads, serve_plans
 
 EXPORT_HEADROOM_BYTES = 4 * 2**30  # calibration and proxy batches, CUDA context
-TOP_K = 20
+REFERENCE_FILE = "verify_reference.pt"  # the reference's log-probabilities, for the engines' processes; deleted after
 
 
 def lambada_items(path: Path, tokenizer: Any, count: int) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
@@ -93,26 +94,22 @@ def greedy_hits(model: Any, items: Sequence[tuple[Sequence[int], Sequence[int]]]
     return hits
 
 
-def accuracy_as_served(reference: Any, advisor_model: Any, served: dict[str, Any], heldout: Sequence[Sequence[int]],
-                       items: Sequence[Any]) -> dict[str, Any]:
-    """Served top-k KL and the advisor's own model's top-k KL on the same held-out tokens; item accuracy."""
-    served_kls, advisor_kls = [], []
-    for seq, positions in zip(heldout, served.get("prompt_logprobs", []), strict=False):
-        ref = _logprobs(reference, seq)[:-1]
-        served_kls.append(topk_kl(ref, positions))
-        mine = _logprobs(advisor_model, seq)[:-1]
-        advisor_kls.append(topk_kl(ref, topk_of(mine, TOP_K, seq[1:])))
-    out: dict[str, Any] = {
-        "served_kl_topk": sum(served_kls) / len(served_kls) if served_kls else None,
-        "advisor_kl_topk": sum(advisor_kls) / len(advisor_kls) if advisor_kls else None,
-        "sequences": len(served_kls), "top_k": TOP_K,
-    }
+def accuracy_as_served(reference: Sequence[Any], advisor_model: Any, served: dict[str, Any],
+                       heldout: Sequence[Sequence[int]], items: Sequence[Any]) -> dict[str, Any]:
+    """The served model's full-vocabulary KL against ``reference`` (the reference's log-probabilities per held-out
+    sequence) and the advisor's own model's on the same positions; item accuracy."""
+    mine = logprobs_per_sequence(advisor_model, heldout)
+    positions = sum(int(r.shape[0]) for r in reference)
+    kl = served.get("served_kl") or {}
+    advisor_kl = sum(kl_sum(r, m) for r, m in zip(reference, mine, strict=True)) / positions if positions else None
+    out: dict[str, Any] = {"served_kl": kl.get("kl"), "advisor_kl": advisor_kl, "sequences": len(heldout),
+                           "positions": positions}
     if items:
         vllm_hits = served.get("items", [])
-        mine = greedy_hits(advisor_model, items)
+        hits = greedy_hits(advisor_model, items)
         out["items"] = {"n": len(items), "vllm_accuracy": sum(vllm_hits) / len(items),
-                        "advisor_accuracy": sum(mine) / len(items),
-                        "disagree": sum(a != b for a, b in zip(vllm_hits, mine, strict=False))}
+                        "advisor_accuracy": sum(hits) / len(items),
+                        "disagree": sum(a != b for a, b in zip(vllm_hits, hits, strict=False))}
     return out
 
 
@@ -270,23 +267,30 @@ def verify_run(run_dir: Path, engine: str = "vllm", plan_ids: Sequence[str] = ()
     for role, plan in plans.items():
         status(f"exporting plan {plan.id} ({shown_role(role, plan.id)}) if not exported, on the {export_device}")
         paths[role] = checkpoint_for(plan)
-    if export_device == "cuda":  # the engines' processes need the GPU's memory, the cached blocks too
+    import torch
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    status("scoring the BF16 reference on the held-out tokens")
+    reference = logprobs_per_sequence(loaded.model.to(device).eval(), heldout)
+    reference_file = write_reference(run_dir / REFERENCE_FILE, reference)
+    if device == "cuda":  # the engines' processes need the GPU's memory, the cached blocks too
         loaded.model.to("cpu")
         status(f"GPU memory for the engines: {free_gpu_memory()}")
     version = getattr(vllm, "__version__", "unknown")
     # prefill=False: verify reports J/token, tokens/s, TPOT and TTFT per workload, never prefill J per input token,
     # and a prefill metering would double every workload's time on the GPU
-    base = ServeJob(checkpoint="", vocab_size=vocab, sequences=tuple(heldout), items=tuple(items), top_k=TOP_K,
-                    meter=asdict(meter or MeterConfig()), tensor_parallel_size=n_gpus, prefill=False)
+    base = ServeJob(checkpoint="", vocab_size=vocab, sequences=tuple(heldout), reference_logprobs=str(reference_file),
+                    items=tuple(items), meter=asdict(meter or MeterConfig()), tensor_parallel_size=n_gpus,
+                    prefill=False)
     serving = Serving(run_dir, summary, base, energy, version, here, runner or run_in_child,
                       rounds_runner, status)
-    served = serve_plans(plans, paths, serving, workers)
+    try:
+        served = serve_plans(plans, paths, serving, workers)
+    finally:
+        reference_file.unlink(missing_ok=True)
 
     status("scoring the advisor's own models on the same tokens")
-    import torch
-
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    reference = loaded.model.to(device).eval()
+    dtype = next(loaded.model.parameters()).dtype
     where = f"{n_gpus}x {here}, tp={n_gpus}" if n_gpus > 1 else here
     # the run priced its plans for its target on one GPU; served on another kind or over several, the energy rows'
     # prediction is re-priced for what served them (the run's own kept beside)
@@ -302,7 +306,7 @@ def verify_run(run_dir: Path, engine: str = "vllm", plan_ids: Sequence[str] = ()
     for role, plan in plans.items():
         when = (served[role].get("served_at") or time.strftime("%Y-%m-%d"))[:10]  # a read-back serving: its day
         served_label = f"measured (vLLM {version}, {where}, {when})"
-        mine = load_exported(paths[role], device=device, dtype=next(reference.parameters()).dtype).eval()
+        mine = load_exported(paths[role], device=device, dtype=dtype).eval()
         formats, differ = served_formats(served[role].get("served", {}), plan, members)
         record = records.get(plan.id)
         rows.append({
@@ -322,7 +326,7 @@ def verify_run(run_dir: Path, engine: str = "vllm", plan_ids: Sequence[str] = ()
         "gpu": here, "gpus": n_gpus, "date": time.strftime("%Y-%m-%d"), "plans": rows,
         "target": recipe.target.value, "gpu_kind": kind.value if kind is not None else None,
         "lambada": {"file": str(lambada), "items": len(items)} if lambada else None,
-        "verified": all(r["formats_match"] is True for r in rows),
+        "verified": all(r["formats_match"] is True for r in rows), "max_kl": recipe.accuracy.max_kl,
     }
     drawn = served_operating_summary(summary, result)
     if drawn is not None:

@@ -1,0 +1,96 @@
+"""KL(advisor's BF16 reference || the plan as served) over the whole vocabulary, the quantity the search's proxy
+scores, on the run's held-out tokens.
+
+vLLM returns every token's log-probability at every prompt position when asked for ``prompt_logprobs=-1``
+(with the engine's ``max_logprobs=-1``); a sequence's answer is [positions x vocabulary] entries, so each
+sequence is asked for alone and folded into its KL at once (``flat_logprobs``: lists, not a dict per position).
+The reference's log-softmax travels to the engine's process as a file (:func:`write_reference`), since what vLLM
+answers is too large to send back whole.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from advisor.errors import AdvisorError
+
+
+def logprobs_per_sequence(model: Any, sequences: Sequence[Sequence[int]]) -> list[Any]:
+    """Per sequence, ``model``'s log-softmax (float32, on the CPU) at every position that has a next token in it:
+    [len(sequence) - 1, vocabulary]."""
+    import torch
+
+    device = next(model.parameters()).device
+    out = []
+    with torch.no_grad():
+        for seq in sequences:
+            logits = model(torch.tensor([list(seq)], device=device)).logits[0, :-1]
+            out.append(torch.log_softmax(logits.float(), dim=-1).cpu())
+    return out
+
+
+def write_reference(path: Path, logprobs: Sequence[Any]) -> Path:
+    import torch
+
+    torch.save(list(logprobs), path)
+    return path
+
+
+def kl_sum(reference: Any, other: Any) -> float:
+    """Sum over positions of KL(reference || other), both log-probabilities [positions, vocabulary]."""
+
+    ref = reference.double()
+    return float((ref.exp() * (ref - other.double())).sum())
+
+
+def dense_logprobs(positions: Any, vocab: int) -> Any:
+    """vLLM's prompt log-probabilities of one sequence (every token at every position; the first position, which
+    has none, dropped) as a [positions, vocabulary] float32 tensor. Takes vLLM's ``FlatLogprobs`` or its list of
+    {token: Logprob} per position."""
+    import numpy as np
+    import torch
+
+    if hasattr(positions, "start_indices"):  # FlatLogprobs: parallel lists, [start, end) per position
+        starts = np.asarray(positions.start_indices[1:], dtype=np.int64)
+        ends = np.asarray(positions.end_indices[1:], dtype=np.int64)
+        tokens = np.asarray(positions.token_ids, dtype=np.int64)
+        values = np.asarray(positions.logprobs, dtype=np.float32)
+        rows = np.repeat(np.arange(len(starts)), ends - starts)
+        picks = np.concatenate([np.arange(s, e) for s, e in zip(starts, ends, strict=True)]) if len(starts) else []
+        tokens, values, count = tokens[picks], values[picks], len(starts)
+    else:
+        entries = [(i, t, lp.logprob) for i, pos in enumerate(list(positions)[1:]) for t, lp in (pos or {}).items()]
+        rows = np.asarray([e[0] for e in entries], dtype=np.int64)
+        tokens = np.asarray([e[1] for e in entries], dtype=np.int64)
+        values = np.asarray([e[2] for e in entries], dtype=np.float32)
+        count = max(len(positions) - 1, 0)
+    dense = np.full((count, vocab), np.nan, dtype=np.float32)
+    dense[rows, tokens] = values
+    missing = int(np.isnan(dense).any(axis=1).sum())
+    if missing:
+        raise AdvisorError(f"vLLM returned fewer than all {vocab} log-probabilities at {missing} of {count} "
+                           "positions; the served KL needs every token's")
+    return torch.from_numpy(dense)
+
+
+def served_kl(vllm: Any, llm: Any, sequences: Sequence[Sequence[int]], reference_path: str, vocab: int
+              ) -> dict[str, Any]:
+    """Full-vocabulary KL of the served model against the reference file's, per sequence (sum and positions) and
+    in all (the mean per position, as the proxy's)."""
+    import torch
+
+    reference = torch.load(reference_path, mmap=True)
+    params = vllm.SamplingParams(max_tokens=1, prompt_logprobs=-1, temperature=0.0, detokenize=False,
+                                 flat_logprobs=True)
+    sums, counts = [], []
+    for seq, ref in zip(sequences, reference, strict=True):
+        out = llm.generate([{"prompt_token_ids": list(seq)}], params, use_tqdm=False)[0]
+        served = dense_logprobs(out.prompt_logprobs, vocab)
+        if served.shape != ref.shape:
+            raise AdvisorError(f"vLLM's log-probabilities are {tuple(served.shape)}, the reference's "
+                               f"{tuple(ref.shape)}: the served model's vocabulary is not the run's model's")
+        sums.append(kl_sum(ref, served))
+        counts.append(int(ref.shape[0]))
+    return {"kl": sum(sums) / sum(counts) if counts else None, "kl_sums": sums, "positions": counts}
