@@ -184,6 +184,10 @@ def fake_vllm(step_s: float = 0.002, noise: float = 0.5, step_s_per_seq: float =
             outs = []
             for i, p in enumerate(prompts):
                 ids = p["prompt_token_ids"]
+                if len(ids) + params.max_tokens > self.kwargs.get("max_model_len", math.inf):
+                    raise ValueError(f"The decoder prompt (length {len(ids)}) plus the number of requested output "
+                                     "tokens is longer than the maximum model length of "
+                                     f"{self.kwargs['max_model_len']}")
                 positions: Any = FlatLogprobs([], [], [], [], []) if params.flat_logprobs else []
                 positions.append([] if params.flat_logprobs else None)
                 for j in range(1, len(ids)):

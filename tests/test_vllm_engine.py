@@ -106,6 +106,16 @@ def test_served_log_probabilities_are_every_token_at_every_position_flat_or_not(
         capped.generate([{"prompt_token_ids": seq}], vllm.SamplingParams(prompt_logprobs=-1))
 
 
+def test_a_job_of_held_out_tokens_and_items_alone_fits_the_engine_s_length(tmp_path, monkeypatch):
+    # no workload to size the engine: the longest sequence is a prompt of one more token (it failed on an H200)
+    monkeypatch.setitem(sys.modules, "vllm", fake_vllm())
+    seqs = (tuple(range(1, 41)),)
+    reference = write_reference(tmp_path / "ref.pt", [torch.log_softmax(torch.zeros(39, 64), -1)])
+    out = serve(ServeJob(str(checkpoint(tmp_path / "ck")), vocab_size=64, sequences=seqs, reference_logprobs=str(
+        reference), items=((tuple(range(1, 30)), tuple(range(30, 41))),), formats=False))
+    assert out["served_kl"]["positions"] == [39] and len(out["items"]) == 1
+
+
 def test_served_kl_is_the_full_kl_and_grows_with_the_quantized_share(tmp_path, monkeypatch):
     from advisor.testing_vllm import bigram_table
 

@@ -282,8 +282,9 @@ def serve(job: ServeJob, make_counter: Callable[[], EnergyCounter] | None = None
         os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # NVLink multicast off on the lent machines (their notes)
     import vllm
 
+    # a sequence scored by its prompt log-probabilities is a prompt of one output token
     longest = max([w["input_tokens"] + w["output_tokens"] for w in job.workloads]
-                  + [len(s) for s in job.sequences] + [len(c) + len(t) for c, t in job.items] + [16])
+                  + [len(s) + 1 for s in job.sequences] + [len(c) + len(t) + 1 for c, t in job.items] + [16])
     batch = max([w["batch_size"] for w in job.workloads] + ([job.max_batch] if job.max_batch else []) or [16])
     options = dict(job.llm_options)
     if job.capture_mixed_steps and "compilation_config" not in options:
