@@ -80,6 +80,11 @@ def test_verify_serves_the_recommendation_and_bf16(run_dir, engine, tmp_path):
     assert roles[fp8]["accuracy"]["served_kl"] > bf16["accuracy"]["served_kl"]  # the fake's FP8 adds noise
     assert bf16["accuracy"]["positions"] == 2 * 31  # 2 held-out sequences of 32 tokens: 31 next tokens each
     assert not (run_dir / "verify_reference.pt").exists()  # the reference's file is gone once served
+    # the fake's bigram "model" is far from the tiny model: every plan is over the budget as served, and said so
+    assert data["max_kl"] == 0.05 and all(r["accuracy"]["served_kl"] > 0.05 for r in data["plans"])
+    for r in data["plans"]:
+        (line,) = [x for x in res.output.splitlines() if f" {r['plan_id']}: served as planned" in x]
+        assert line.endswith("over max_kl 0.05 as served"), line
     assert bf16["accuracy"]["items"]["n"] == 2
     e = bf16["energy"][0]
     assert e["workload"] == "chat" and e["vllm_j_per_token"] > 0 and e["batch_full"]

@@ -33,7 +33,7 @@ def verify(
 ) -> None:
     """Serve the run's recommendation and BF16 in vLLM (GPU): the decision, formats, KL, items and J/token as
     served. Run again after a cut-off, it serves only the plans not yet served (RUN_DIR/verify_served keeps each)."""
-    from advisor.deploy.verify_report import num, served_decision, shown_role
+    from advisor.deploy.verify_report import num, over_budget, served_decision, shown_role
     from advisor.workflows.verify import verify_run
 
     with err.status("verifying") as status:
@@ -43,11 +43,13 @@ def verify(
 
         result = verify_run(run_dir, engine=engine, plan_ids=plan or (), lambada=lambada, lambada_count=lambada_items,
                             energy=energy, status=step, gpus=gpus, workers=workers)
+    over = [r["plan_id"] for r in over_budget(result)]
     for r in result["plans"]:
         a = r["accuracy"]
         served = "served as planned" if r["formats_match"] is True else f"{len(r['formats_match'])} groups differ"
         out.print(f"{shown_role(r['role'], r['plan_id'])} {r['plan_id']}: {served}; served KL "
-                  f"{num(a['served_kl'])} (advisor {num(a['advisor_kl'])}, proxy {num(r['proxy_kl'])})",
+                  f"{num(a['served_kl'])} (advisor {num(a['advisor_kl'])}, proxy {num(r['proxy_kl'])})"
+                  + (f", over max_kl {result['max_kl']:g} as served" if r["plan_id"] in over else ""),
                   highlight=False)
         for e in r["energy"]:
             out.print(f"  {e['workload']}: vLLM {e['vllm_j_per_token']:.4g} J/token, built-in "

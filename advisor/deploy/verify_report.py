@@ -60,12 +60,11 @@ def render_verify(result: dict[str, Any]) -> str:
         lines.append(f"| `{r['plan_id']}` | {role} | {num(a['served_kl'])} | {num(a['advisor_kl'])} "
                      f"| {num(r['proxy_kl'])} | {_pct(a['served_kl'], r['proxy_kl'])} "
                      f"| {num(it.get('vllm_accuracy'), '.3f')} | {num(it.get('advisor_accuracy'), '.3f')} |")
-    budget = result.get("max_kl")
-    over = [r for r in result["plans"] if budget is not None and (r["accuracy"]["served_kl"] or 0.0) > budget]
+    over = over_budget(result)
     if over:
         lines += ["", "**Over the accuracy budget as served:** " + "; ".join(
             f"plan {r['plan_id']} ({shown_role(r['role'], r['plan_id'])}) served KL "
-            f"{r['accuracy']['served_kl']:.4g} against max_kl {budget:g}" for r in over)]
+            f"{r['accuracy']['served_kl']:.4g} against max_kl {result['max_kl']:g}" for r in over)]
     if result.get("lambada"):
         lines += ["", f"Items: the first {result['lambada']['items']} of {result['lambada']['file']}, last word "
                   "greedy (every target token the top-1 next token)."]
@@ -81,6 +80,12 @@ def render_verify(result: dict[str, Any]) -> str:
                          f"| {num(e['predicted_j_per_token'])} | "
                          f"{_pct(e['predicted_j_per_token'], e['vllm_j_per_token'])} | {steady} |")
     return "\n".join(lines + _operating_lines(result)) + "\n"
+
+
+def over_budget(result: dict[str, Any]) -> list[dict[str, Any]]:
+    """The plans whose served KL is over the run's accuracy budget (``max_kl``)."""
+    budget = result.get("max_kl")
+    return [r for r in result["plans"] if budget is not None and (r["accuracy"]["served_kl"] or 0.0) > budget]
 
 
 def _as_served(operating: dict[str, Any]) -> dict[str, Any]:
