@@ -40,7 +40,6 @@ def write_reference(path: Path, logprobs: Sequence[Any]) -> Path:
 
 def kl_sum(reference: Any, other: Any) -> float:
     """Sum over positions of KL(reference || other), both log-probabilities [positions, vocabulary]."""
-
     ref = reference.double()
     return float((ref.exp() * (ref - other.double())).sum())
 
