@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from advisor.deploy.engines import ENGINE_TABLE, import_engine, measured_tier
-from advisor.deploy.served_kl import dense_logprobs, kl_sum, write_reference
+from advisor.deploy.served_kl import dense_logprobs, kl_sum, served_kl, write_reference
 from advisor.deploy.vllm_engine import run_in_child, served_formats
 from advisor.deploy.vllm_serve import ServeJob, serve
 from advisor.errors import AdvisorError, SetupError, UnsupportedError
@@ -101,6 +101,12 @@ def test_served_log_probabilities_are_every_token_at_every_position_flat_or_not(
     top = llm.generate([{"prompt_token_ids": seq}], vllm.SamplingParams(prompt_logprobs=5, flat_logprobs=True))
     with pytest.raises(AdvisorError, match="fewer than all 64 log-probabilities at 4 of 4 positions"):
         dense_logprobs(top[0].prompt_logprobs, 64)
+    heard = []
+    reference = write_reference(tmp_path / "ref.pt", [table[seq[:-1]], table[seq[:-1]]])
+    kl = served_kl(vllm, llm, [seq, seq], str(reference), 64, say=heard.append, every_s=0.0)
+    assert kl["kl"] == pytest.approx(0.0, abs=1e-7) and kl["positions"] == [4, 4]
+    assert [m.split(" (")[0] for m in heard] == ["served KL: 1 of 2 held-out sequences scored",
+                                                 "served KL: 2 of 2 held-out sequences scored"]
     capped = vllm.LLM(str(checkpoint(tmp_path / "ck2")))  # vLLM's default cap of 20 refuses the whole vocabulary
     with pytest.raises(ValueError, match="greater than max allowed: 20"):
         capped.generate([{"prompt_token_ids": seq}], vllm.SamplingParams(prompt_logprobs=-1))

@@ -24,6 +24,7 @@ from __future__ import annotations
 import os
 import random
 import statistics
+import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -299,7 +300,8 @@ def serve(job: ServeJob, make_counter: Callable[[], EnergyCounter] | None = None
     if job.formats:
         out["served"] = served_methods(llm)
     if job.sequences and job.reference_logprobs:
-        out["served_kl"] = served_kl(vllm, llm, job.sequences, job.reference_logprobs, job.vocab_size)
+        out["served_kl"] = served_kl(vllm, llm, job.sequences, job.reference_logprobs, job.vocab_size,
+                                     say=lambda m: print(m, file=sys.stderr, flush=True))  # beside vLLM's log
     if job.items:
         out["items"] = greedy_hits(vllm, llm, job.items)
     if job.workloads:
