@@ -87,7 +87,7 @@ def test_formats_as_served_name_every_group_served_otherwise(tmp_path, monkeypat
                       "layers.1.down": "planned fp8, served ModelOptNvFp4W4A16LinearMethod"}
 
 
-def test_served_log_probabilities_are_every_token_at_every_position_flat_or_not(tmp_path, monkeypatch):
+def test_served_log_probabilities_are_every_token_at_every_position_flat_or_not(tmp_path):
     from advisor.testing_vllm import bigram_table
 
     vllm = fake_vllm(noise=0.0)
