@@ -112,6 +112,19 @@ def test_served_log_probabilities_are_every_token_at_every_position_flat_or_not(
         capped.generate([{"prompt_token_ids": seq}], vllm.SamplingParams(prompt_logprobs=-1))
 
 
+def test_a_reference_file_cut_off_by_a_full_disk_leaves_nothing(tmp_path, monkeypatch):
+    import errno
+
+    def save_half(obj, path):
+        path.write_bytes(b"half a file")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(torch, "save", save_half)
+    with pytest.raises(OSError, match="No space left"):
+        write_reference(tmp_path / "ref.pt", [torch.zeros(2, 4)])
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_a_job_of_held_out_tokens_and_items_alone_fits_the_engine_s_length(tmp_path, monkeypatch):
     # no workload to size the engine: the longest sequence is a prompt of one more token (it failed on an H200)
     monkeypatch.setitem(sys.modules, "vllm", fake_vllm())

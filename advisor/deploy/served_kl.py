@@ -33,10 +33,17 @@ def logprobs_per_sequence(model: Any, sequences: Sequence[Sequence[int]]) -> lis
 
 
 def write_reference(path: Path, logprobs: Sequence[Any]) -> Path:
+    """``logprobs`` saved at ``path``; a write cut off (a full disk: gigabytes at a large vocabulary) leaves nothing."""
     import torch
 
-    torch.save(list(logprobs), path)
-    return path
+    part = Path(path).with_name(Path(path).name + ".part")
+    try:
+        torch.save(list(logprobs), part)
+        part.replace(path)
+    except BaseException:
+        part.unlink(missing_ok=True)
+        raise
+    return Path(path)
 
 
 def kl_sum(reference: Any, other: Any) -> float:
