@@ -394,6 +394,22 @@ def test_the_decision_as_served_compares_each_plan_at_its_largest_batch_that_met
     assert served_decision({"plans": [{"role": "bf16+recommendation", "plan_id": "b", "operating": []}]}) == []
 
 
+def test_served_kl_is_bounded_to_the_first_held_out_sequences_and_verify_says_so(run_dir, engine, monkeypatch):
+    from advisor.deploy.served_kl import within_budget
+    from advisor.workflows import verify as verify_module
+
+    five = (1,) * 5  # 4 positions: 40 entries at a vocabulary of 10
+    assert within_budget([five] * 3, 10, 80) == [five] * 2 and within_budget([five] * 3, 10, 1) == [five]
+    monkeypatch.setattr(verify_module, "within_budget", lambda seqs, vocab: within_budget(seqs, vocab, 31 * vocab))
+    res = runner.invoke(app, ["verify", str(run_dir), "--no-energy"])
+    assert res.exit_code == 0, res.output
+    data = json.loads((run_dir / "verify.json").read_text())
+    for r in data["plans"]:
+        a = r["accuracy"]
+        assert (a["sequences"], a["heldout_sequences"], a["positions"]) == (1, 2, 31) and a["served_kl"] > 0
+    assert "on the first 1 of the run's 2 held-out sequences" in (run_dir / "verify.md").read_text()
+
+
 def test_verify_md_sets_served_kl_beside_the_proxy_and_names_a_plan_over_the_budget_as_served():
     from advisor.deploy.verify_report import render_verify
 

@@ -17,6 +17,23 @@ from typing import Any
 
 from advisor.errors import AdvisorError
 
+# vLLM's answer holds every token's log-probability at every position: at most this many entries a plan (2 GiB of
+# float32; 16 sequences of 256 tokens at a 128k vocabulary took 3.7 min on an H200, reports/benchmarks/vllm_verify.md)
+MAX_ENTRIES = 2**29
+
+
+def within_budget(sequences: Sequence[Sequence[int]], vocab: int, max_entries: int = MAX_ENTRIES
+                  ) -> list[Sequence[int]]:
+    """The first of ``sequences`` whose positions x ``vocab`` stay within ``max_entries`` (at least one)."""
+    out: list[Sequence[int]] = []
+    total = 0
+    for seq in sequences:
+        total += max(len(seq) - 1, 0) * vocab
+        if out and total > max_entries:
+            break
+        out.append(seq)
+    return out
+
 
 def logprobs_per_sequence(model: Any, sequences: Sequence[Sequence[int]]) -> list[Any]:
     """Per sequence, ``model``'s log-softmax (float32, on the CPU) at every position that has a next token in it:

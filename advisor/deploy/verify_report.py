@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from advisor.deploy.served_kl import MAX_ENTRIES
 from advisor.search.frontier import percent_less
 
 BEGIN, END = "<!-- advisor verify: begin -->", "<!-- advisor verify: end -->"
@@ -60,6 +61,12 @@ def render_verify(result: dict[str, Any]) -> str:
         lines.append(f"| `{r['plan_id']}` | {role} | {num(a['served_kl'])} | {num(a['advisor_kl'])} "
                      f"| {num(r['proxy_kl'])} | {_pct(a['served_kl'], r['proxy_kl'])} "
                      f"| {num(it.get('vllm_accuracy'), '.3f')} | {num(it.get('advisor_accuracy'), '.3f')} |")
+    first = result["plans"][0]["accuracy"] if result["plans"] else {}
+    if first.get("sequences", 0) < first.get("heldout_sequences", 0):
+        lines += ["", f"Served and advisor KL on the first {first['sequences']} of the run's "
+                  f"{first['heldout_sequences']} held-out sequences (the proxy KL: all of them): vLLM answers every "
+                  f"token's log-probability at every position, and verify bounds that to {MAX_ENTRIES:,} entries a "
+                  "plan."]
     over = over_budget(result)
     if over:
         lines += ["", "**Over the accuracy budget as served:** " + "; ".join(

@@ -29,7 +29,7 @@ from typing import Any
 
 from advisor.deploy import serving_gpus
 from advisor.deploy.engine_slots import engine_slots
-from advisor.deploy.served_kl import kl_sum, logprobs_per_sequence, write_reference
+from advisor.deploy.served_kl import kl_sum, logprobs_per_sequence, within_budget, write_reference
 from advisor.deploy.serving_gpus import serving_gpus_for
 from advisor.deploy.verify_report import shown_role
 from advisor.deploy.vllm_engine import run_in_child, served_formats
@@ -95,15 +95,17 @@ def greedy_hits(model: Any, items: Sequence[tuple[Sequence[int], Sequence[int]]]
 
 
 def accuracy_as_served(reference: Sequence[Any], advisor_model: Any, served: dict[str, Any],
-                       heldout: Sequence[Sequence[int]], items: Sequence[Any]) -> dict[str, Any]:
+                       heldout: Sequence[Sequence[int]], items: Sequence[Any], heldout_count: int = 0
+                       ) -> dict[str, Any]:
     """The served model's full-vocabulary KL against ``reference`` (the reference's log-probabilities per held-out
-    sequence) and the advisor's own model's on the same positions; item accuracy."""
+    sequence scored, the first of the run's ``heldout_count``) and the advisor's own model's on the same positions;
+    item accuracy."""
     mine = logprobs_per_sequence(advisor_model, heldout)
     positions = sum(int(r.shape[0]) for r in reference)
     kl = served.get("served_kl") or {}
     advisor_kl = sum(kl_sum(r, m) for r, m in zip(reference, mine, strict=True)) / positions if positions else None
     out: dict[str, Any] = {"served_kl": kl.get("kl"), "advisor_kl": advisor_kl, "sequences": len(heldout),
-                           "positions": positions}
+                           "positions": positions, "heldout_sequences": heldout_count or len(heldout)}
     if items:
         vllm_hits = served.get("items", [])
         hits = greedy_hits(advisor_model, items)
@@ -270,8 +272,9 @@ def verify_run(run_dir: Path, engine: str = "vllm", plan_ids: Sequence[str] = ()
     import torch
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    status("scoring the BF16 reference on the held-out tokens")
-    reference = logprobs_per_sequence(loaded.model.to(device).eval(), heldout)
+    scored = within_budget(heldout, vocab)  # vLLM answers every token's log-probability: bounded
+    status(f"scoring the BF16 reference on {len(scored)} of the {len(heldout)} held-out sequences")
+    reference = logprobs_per_sequence(loaded.model.to(device).eval(), scored)
     reference_file = write_reference(run_dir / REFERENCE_FILE, reference)
     if device == "cuda":  # the engines' processes need the GPU's memory, the cached blocks too
         loaded.model.to("cpu")
@@ -279,7 +282,7 @@ def verify_run(run_dir: Path, engine: str = "vllm", plan_ids: Sequence[str] = ()
     version = getattr(vllm, "__version__", "unknown")
     # prefill=False: verify reports J/token, tokens/s, TPOT and TTFT per workload, never prefill J per input token,
     # and a prefill metering would double every workload's time on the GPU
-    base = ServeJob(checkpoint="", vocab_size=vocab, sequences=tuple(heldout), reference_logprobs=str(reference_file),
+    base = ServeJob(checkpoint="", vocab_size=vocab, sequences=tuple(scored), reference_logprobs=str(reference_file),
                     items=tuple(items), meter=asdict(meter or MeterConfig()), tensor_parallel_size=n_gpus,
                     prefill=False)
     serving = Serving(run_dir, summary, base, energy, version, here, runner or run_in_child,
@@ -314,7 +317,7 @@ def verify_run(run_dir: Path, engine: str = "vllm", plan_ids: Sequence[str] = ()
             "formats_match": differ or True, "served_formats": formats,
             "proxy_kl": record.get("kl") if record else None,
             "acceptance": record.get("acceptance") if record else None,
-            "accuracy": accuracy_as_served(reference, mine, served[role], heldout, items),
+            "accuracy": accuracy_as_served(reference, mine, served[role], scored, items, len(heldout)),
             "energy": energy_as_served(record, served[role], over_gpus(plan)),
             "operating": operating_as_served(summary, plan, served[role], served_label),
             "vllm_load_s": served[role].get("load_s"), "read_back_from": served[role].get("read_back_from"),
