@@ -75,21 +75,12 @@ def lambada_items(path: Path, tokenizer: Any, count: int) -> list[tuple[tuple[in
     return items
 
 
-def _logprobs(model: Any, seq: Sequence[int]) -> Any:
-    import torch
-
-    device = next(model.parameters()).device
-    with torch.no_grad():
-        logits = model(torch.tensor([list(seq)], device=device)).logits[0]
-    return torch.log_softmax(logits.float(), dim=-1).cpu()
-
-
 def greedy_hits(model: Any, items: Sequence[tuple[Sequence[int], Sequence[int]]]) -> list[bool]:
     """The advisor's model on the same items and rule as :func:`advisor.deploy.vllm_serve.greedy_hits`."""
     hits = []
     for context, target in items:
-        lp = _logprobs(model, tuple(context) + tuple(target))
-        start = len(context) - 1
+        (lp,) = logprobs_per_sequence(model, [tuple(context) + tuple(target)])
+        start = len(context) - 1  # lp[i] predicts token i + 1
         hits.append(all(int(lp[start + j].argmax()) == int(t) for j, t in enumerate(target)))
     return hits
 
