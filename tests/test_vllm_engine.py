@@ -15,7 +15,7 @@ from advisor.deploy.served_kl import dense_logprobs, kl_sum, served_kl, write_re
 from advisor.deploy.vllm_engine import run_in_child, served_formats
 from advisor.deploy.vllm_serve import ServeJob, serve
 from advisor.errors import AdvisorError, SetupError, UnsupportedError
-from advisor.formats import Format
+from advisor.formats import GPU, Format
 from advisor.plan import Plan
 from advisor.testing_vllm import ConstantPowerCounter, fake_vllm
 
@@ -241,7 +241,7 @@ def test_the_capture_bound_follows_the_job_and_an_explicit_compilation_config_wi
     ck = str(checkpoint(tmp_path / "ck"))
     explicit = {"compilation_config": {"max_cudagraph_capture_size": 128}}
     for job in (ServeJob(ck, vocab_size=64, formats=False, prefill=False),  # no workload: batch 16, no prompt
-                ServeJob(ck, vocab_size=64, formats=False, prefill=False, capture_mixed_steps=False),
+                ServeJob(ck, vocab_size=64, formats=False, prefill=False, as_exported=False),
                 ServeJob(ck, vocab_size=64, formats=False, prefill=False, llm_options=explicit)):
         serve(job, make_counter=lambda: ConstantPowerCounter(300.0))
     default, off, given = (llm.kwargs.get("compilation_config") for llm in vllm.instances)
@@ -249,6 +249,33 @@ def test_the_capture_bound_follows_the_job_and_an_explicit_compilation_config_wi
     from advisor.deploy.vllm_config import capture_bound
 
     assert capture_bound(64, 512) == 576 and capture_bound(64, 500) == 576 and capture_bound(1, 1) == 16
+
+
+@pytest.mark.parametrize("gpu", [GPU.H100, GPU.H200, GPU.B200, None])
+def test_fp8_gemms_are_served_by_cublaslt_on_hopper_as_the_export_says(tmp_path, monkeypatch, gpu):
+    vllm = fake_vllm(step_s=0.0)
+    monkeypatch.setitem(sys.modules, "vllm", vllm)
+    monkeypatch.setattr("advisor.deploy.vllm_serve.gpu_kind", lambda: gpu)
+    fp8, bf16 = str(checkpoint(tmp_path / "fp8", "FP8")), str(checkpoint(tmp_path / "bf16"))
+    nvfp4 = checkpoint(tmp_path / "nvfp4")
+    (nvfp4 / "hf_quant_config.json").write_text(json.dumps({"quantization": {
+        "quant_algo": "MIXED_PRECISION", "quantized_layers": {"model.layers.0.mlp.down_proj": {"quant_algo": "NVFP4"},
+                                                              "model.layers.1.mlp.down_proj": {"quant_algo": "FP8"}}}}))
+    cutlass = {"linear_backend": "auto"}
+    for job in (ServeJob(fp8, vocab_size=64, formats=False, prefill=False),
+                ServeJob(bf16, vocab_size=64, formats=False, prefill=False),
+                ServeJob(str(nvfp4), vocab_size=64, formats=False, prefill=False),  # would be refused with torch
+                ServeJob(fp8, vocab_size=64, formats=False, prefill=False, as_exported=False),
+                ServeJob(fp8, vocab_size=64, formats=False, prefill=False, llm_options=cutlass)):
+        out = serve(job, make_counter=lambda: ConstantPowerCounter(300.0))
+    fp8_served, bf16_served, nvfp4_served, defaults, explicit = (llm.kwargs.get("linear_backend")
+                                                                 for llm in vllm.instances)
+    assert fp8_served == ("torch" if gpu in (GPU.H100, GPU.H200) else None)
+    assert bf16_served is nvfp4_served is defaults is None
+    assert explicit == "auto" == out["llm_options"]["linear_backend"]
+    with pytest.raises(ValueError, match="no 'torch' kernel"):  # the fake refuses it, as vLLM does
+        serve(ServeJob(str(nvfp4), vocab_size=64, formats=False, prefill=False,
+                       llm_options={"linear_backend": "torch"}))
 
 
 def serve_on_constant_power(job, more=None):

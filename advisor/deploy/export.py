@@ -253,7 +253,8 @@ def export_plan(
 
     options = llm_api_options(workloads, plan.kv_cache)
     (out_dir / "llm_api_options.yaml").write_text(options_yaml(options, workloads))
-    (out_dir / "vllm_config.yaml").write_text(vllm_options_yaml(vllm_options(workloads, plan.kv_cache), workloads))
+    vllm_opts = vllm_options(workloads, plan.kv_cache, plan.formats.values(), target)
+    (out_dir / "vllm_config.yaml").write_text(vllm_options_yaml(vllm_opts, workloads))
     t = time.perf_counter()
     smoke_result = smoke_test_trtllm(out_dir) if smoke else "not run: disabled"
     timings["smoke_test_s"] = time.perf_counter() - t

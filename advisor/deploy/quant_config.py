@@ -81,6 +81,17 @@ def check_quant_config(
         raise AssertionError(f"exported checkpoint disagrees with plan {plan.id}: " + "; ".join(wrong[:5]))
 
 
+def weight_formats_from_quant_config(qcfg: dict[str, Any] | None) -> frozenset[Format]:
+    """The quantized weight formats an ``hf_quant_config.json`` declares (None or no ``quant_algo``: none)."""
+    q = (qcfg or {}).get("quantization", qcfg or {})
+    algo = q.get("quant_algo")
+    if algo is None:
+        return frozenset()
+    if algo == "MIXED_PRECISION":
+        return frozenset(_algo_format(entry.get("quant_algo")) for entry in (q.get("quantized_layers") or {}).values())
+    return frozenset({_algo_format(algo)})
+
+
 def kv_cache_format_from_quant_config(qcfg: dict[str, Any] | None) -> Format:
     """The KV-cache format an ``hf_quant_config.json`` declares (``kv_cache_quant_algo``; absent: BF16)."""
     algo = (qcfg or {}).get("quantization", qcfg or {}).get("kv_cache_quant_algo")

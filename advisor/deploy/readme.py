@@ -59,8 +59,9 @@ def render_readme(result: ExportResult, plan: Plan, options: dict[str, Any],
         "",
         f"TensorRT-LLM smoke test: {result.smoke_test}.",
         "",
-        "vLLM loads it too (`vllm_config.yaml`: the same sizes, and CUDA graphs for the steps where a prefill "
-        "joins the decode batch):",
+        "vLLM loads it too (`vllm_config.yaml`: the same sizes, CUDA graphs for the steps where a prefill "
+        "joins the decode batch, and, for FP8 layers on an H100 or H200 target, `linear-backend: torch`: "
+        "cuBLASLt FP8 GEMMs, not vLLM's CUTLASS kernel):",
         "",
         "```bash",
         "vllm serve <this folder> --config vllm_config.yaml",

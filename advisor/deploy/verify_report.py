@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -86,7 +87,16 @@ def render_verify(result: dict[str, Any]) -> str:
                          f"{num(e['runtime_j_per_token'])} | {_pct(e['runtime_j_per_token'], e['vllm_j_per_token'])} "
                          f"| {num(e['predicted_j_per_token'])} | "
                          f"{_pct(e['predicted_j_per_token'], e['vllm_j_per_token'])} | {steady} |")
+    lines += served_options(result)
     return "\n".join(lines + _operating_lines(result)) + "\n"
+
+
+def served_options(result: dict[str, Any]) -> list[str]:
+    """The ``vllm.LLM`` options beyond the sizes that each plan was served with (the export's ``vllm_config.yaml``:
+    its CUDA-graph bound, and on Hopper cuBLASLt for FP8 GEMMs), since vLLM's J/token depends on them."""
+    said = [f"`{r['plan_id']}` " + ", ".join(f"{k}={json.dumps(v)}" for k, v in sorted(r["vllm_options"].items()))
+            for r in result["plans"] if r.get("vllm_options")]
+    return ["", "vLLM options each plan was served with: " + "; ".join(said) + "."] if said else []
 
 
 def over_budget(result: dict[str, Any]) -> list[dict[str, Any]]:

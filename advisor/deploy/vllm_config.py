@@ -4,25 +4,34 @@ vLLM captures CUDA graphs only for steps of at most ``max_cudagraph_capture_size
 ``max_num_seqs`` (at most 512). In continuous batching a step where a new request's prefill joins the decode
 batch holds ``batch + prompt`` tokens, above that bound, and runs without CUDA graphs; the options here raise
 the bound to cover it (measured in ``reports/benchmarks/operating_points_8b.md``).
+
+On Hopper, vLLM 0.26 runs a ModelOpt FP8 checkpoint's per-tensor GEMMs with its CUTLASS kernel; cuBLASLt
+(``linear-backend: torch``, ``torch._scaled_mm``) served the same checkpoints at up to 11.4% fewer J/token
+(``reports/benchmarks/vllm_verify.md``), so the options pick it there.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from typing import Any
 
 from advisor.deploy.sizes import ServingSizes
-from advisor.formats import Format
+from advisor.formats import GPU, Format
+from advisor.serving import vllm_linear_backend
 
 
-def vllm_options(workloads: list[dict[str, Any]], kv_cache: Format = Format.BF16) -> dict[str, Any]:
-    """Keys are ``vllm serve`` flags without their dashes, as vLLM's ``--config`` YAML takes them."""
+def vllm_options(workloads: list[dict[str, Any]], kv_cache: Format = Format.BF16,
+                 formats: Iterable[Format] = (), gpu: GPU | str | None = None) -> dict[str, Any]:
+    """Keys are ``vllm serve`` flags without their dashes, as vLLM's ``--config`` YAML takes them. ``formats``:
+    the plan's weight formats; ``gpu``: the GPU kind it is served on (None: not known)."""
     size = ServingSizes.of(workloads)
     return {
         "max-num-seqs": size.batch,
         "max-model-len": size.seq,
         "max-num-batched-tokens": size.num_tokens,
         **({"kv-cache-dtype": "fp8"} if kv_cache == Format.FP8 else {}),
+        **{key.replace("_", "-"): value for key, value in vllm_linear_backend(formats, gpu).items()},
         "compilation-config": {"max_cudagraph_capture_size": min(capture_bound(size.batch, size.prompt),
                                                                  size.num_tokens)},
     }
@@ -51,5 +60,8 @@ def vllm_options_yaml(options: dict[str, Any], workloads: list[dict[str, Any]]) 
             f"# Sized for the run's workloads ({wl}).\n"
             "# compilation-config captures CUDA graphs for steps where a prefill joins the decode batch\n"
             "# (vLLM's default bound leaves them eager).\n"
-            "# Use: vllm serve <this folder> --config vllm_config.yaml\n")
+            + ("# linear-backend: torch runs the FP8 GEMMs with cuBLASLt, not vLLM's CUTLASS kernel (fewer J/token\n"
+               "# on Hopper, measured in precision-advisor's reports/benchmarks/vllm_verify.md).\n"
+               if "linear-backend" in options else "")
+            + "# Use: vllm serve <this folder> --config vllm_config.yaml\n")
     return head + yaml.safe_dump(options, sort_keys=False)

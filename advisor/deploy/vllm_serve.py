@@ -21,6 +21,7 @@ the job's largest workload) and does what the job asks, returning plain data:
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import statistics
@@ -29,11 +30,15 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
+from advisor.deploy.quant_config import weight_formats_from_quant_config
 from advisor.deploy.served_kl import served_kl
 from advisor.deploy.vllm_config import capture_bound
 from advisor.energy.meter import EnergyCounter, EnergyMeter, Measurement, MeterConfig
+from advisor.formats import GPU
+from advisor.serving import vllm_linear_backend
 
 # Engine steps of tickets the meter keeps issued (a step gives one token a request): far more than one meter poll
 # can see finish, and few enough that the meter's drain after its windows is short (4096 tickets at batch 1, a
@@ -58,9 +63,9 @@ class ServeJob:
     gpu_memory_utilization: float = 0.85
     seed: int = 0
     llm_options: dict[str, Any] = field(default_factory=dict)  # extra LLM(...) keyword arguments
-    # CUDA graphs for the steps where a prefill joins the decode batch, as the export's vllm_config.yaml asks
-    # (vLLM's default bound leaves them eager); a compilation_config in llm_options wins
-    capture_mixed_steps: bool = True
+    # serve as the export's vllm_config.yaml asks (exported_options); a key in llm_options wins. False: vLLM's
+    # own defaults
+    as_exported: bool = True
     # GPUs the engine spreads the model over (vLLM's tensor parallelism): torch's cuda:0..N-1, all metered
     tensor_parallel_size: int = 1
     max_batch: int = 0  # size the engine for at least this many in flight (later rounds of `serve(more=...)`)
@@ -269,6 +274,23 @@ def greedy_hits(vllm: Any, llm: Any, items: Any) -> list[bool]:
 
 
 # ----------------------------------------------------------------------------------- the job
+def exported_options(checkpoint: str, batch: int, prompt: int) -> dict[str, Any]:
+    """What the export's ``vllm_config.yaml`` asks of vLLM (:mod:`advisor.deploy.vllm_config`), as ``vllm.LLM``
+    keywords for an engine of ``batch`` requests and ``prompt``-token prompts: CUDA graphs for the steps where a
+    prefill joins the decode batch, and the FP8 GEMM backend for the checkpoint's formats on this GPU."""
+    qpath = Path(checkpoint) / "hf_quant_config.json"
+    formats = weight_formats_from_quant_config(json.loads(qpath.read_text()) if qpath.is_file() else None)
+    return {"compilation_config": {"max_cudagraph_capture_size": capture_bound(batch, prompt)},
+            **vllm_linear_backend(formats, gpu_kind())}
+
+
+def gpu_kind() -> GPU | None:
+    """The kind of this machine's GPUs (NVML; None without one, or one the advisor does not know)."""
+    from advisor.energy.prediction import gpu_here
+
+    return gpu_here()[0]
+
+
 def serve(job: ServeJob, make_counter: Callable[[], EnergyCounter] | None = None,
           more: Callable[[dict[str, Any]], Sequence[dict[str, Any]]] | None = None) -> dict[str, Any]:
     """Load ``job.checkpoint`` in vLLM and return what the job asks for (module docstring). The energy is that of
@@ -287,10 +309,8 @@ def serve(job: ServeJob, make_counter: Callable[[], EnergyCounter] | None = None
     longest = max([w["input_tokens"] + w["output_tokens"] for w in job.workloads]
                   + [len(s) + 1 for s in job.sequences] + [len(c) + len(t) + 1 for c, t in job.items] + [16])
     batch = max([w["batch_size"] for w in job.workloads] + ([job.max_batch] if job.max_batch else []) or [16])
-    options = dict(job.llm_options)
-    if job.capture_mixed_steps and "compilation_config" not in options:
-        prompt = max([w["input_tokens"] for w in job.workloads] or [0])
-        options["compilation_config"] = {"max_cudagraph_capture_size": capture_bound(batch, prompt)}
+    prompt = max([w["input_tokens"] for w in job.workloads] or [0])
+    options = {**(exported_options(job.checkpoint, batch, prompt) if job.as_exported else {}), **job.llm_options}
     t0 = time.perf_counter()
     llm = vllm.LLM(model=job.checkpoint, enable_prefix_caching=False, seed=job.seed, max_num_seqs=batch,
                    max_model_len=longest, max_logprobs=-1 if job.reference_logprobs else 1,

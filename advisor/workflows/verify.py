@@ -311,6 +311,7 @@ def verify_run(run_dir: Path, engine: str = "vllm", plan_ids: Sequence[str] = ()
             "accuracy": accuracy_as_served(reference, mine, served[role], scored, items, len(heldout)),
             "energy": energy_as_served(record, served[role], over_gpus(plan)),
             "operating": operating_as_served(summary, plan, served[role], served_label),
+            "vllm_options": served[role].get("llm_options") or {},
             "vllm_load_s": served[role].get("load_s"), "read_back_from": served[role].get("read_back_from"),
             "devices": served[role].get("devices") or [],
         })
