@@ -4,6 +4,10 @@
 # (short calls copy it back). Steps, each logged in out/progress:
 #   A  benchmarks/vllm_verify.py eightb: 8B exports served by vLLM at batch 1/16/64 beside the built-in runtime
 #   A2 the same for all-BF16 and all-FP8 at batch 64 with vLLM capturing CUDA graphs up to 1024 tokens
+#   L  vLLM's FP8 GEMM kernel: vLLM's own (CUTLASS on Hopper) against cuBLASLt (linear_backend torch, what the
+#      advisor serves with on Hopper; torch._scaled_mm, the runtime's FP8 GEMM) for all-FP8 and mixed at batch
+#      1/16/64, all-BF16 at 64, beside the built-in runtime; the export's CUDA-graph bound in both. 24 min on an
+#      H100 with the exports (2026-11-28; it ran then as three calls, with vLLM's own kernel the serving default)
 #   B  advisor search on the random BF16 8B checkpoint with TPOT objectives (op8b.yaml); skipped where its
 #      summary.json is there (the BF16 checkpoint is built first where step A did not: vllm_verify.py checkpoints)
 #   C  advisor verify RUN --engine vllm --plan <all-FP8 id>: all-BF16, all-FP8 and the recommendation exported
@@ -52,6 +56,19 @@ for s in $steps; do
     A2) python3 benchmarks/vllm_verify.py eightb --skip-runtime --plans all-bf16 all-fp8 --batches 64 \
           --llm-options '{"compilation_config": {"max_cudagraph_capture_size": 1024}}' \
           --out $out/vllm_8b_capture1024.json --checkpoints $ck > $out/a2.log 2>&1 ;;
+    L) ev() { python3 benchmarks/vllm_verify.py eightb --checkpoints $ck "$@"; }
+       cutlass='{"linear_backend": "auto"}'  # vLLM's own choice: CUTLASS on Hopper
+       ev --plans all-bf16 all-fp8 --batches 64 --llm-options "$cutlass" --out $out/lb_default.json > $out/l1.log 2>&1
+       ev --skip-runtime --plans all-fp8 --batches 1 16 64 --out $out/lb_torch.json > $out/l2.log 2>&1
+       ev --skip-runtime --plans mixed --batches 64 --out $out/lb_torch_mixed.json > $out/l3.log 2>&1
+       ev --skip-runtime --plans all-fp8 --batches 1 16 --llm-options "$cutlass" --out $out/lb_default_small.json \
+         > $out/l4.log 2>&1
+       ev --plans mixed --batches 64 --llm-options "$cutlass" --out $out/lb_default_mixed.json > $out/l5.log 2>&1
+       ev --plans mixed --batches 1 16 --out $out/lb_torch_mixed_small.json > $out/l6.log 2>&1
+       python3 benchmarks/vllm_verify.py backend-collect --default $out/lb_default*.json --torch $out/lb_torch*.json \
+         --gpu-csv $out/gpu.csv --date "$(date -u +%F)" --command "STEPS=L bash benchmarks/device/gpu_round.sh" \
+         > $out/l7.log 2>&1
+       cp reports/benchmarks/vllm_verify.json reports/benchmarks/vllm_verify.md $out/ ;;  # the block added to this copy
     B) python3 benchmarks/vllm_verify.py checkpoints --checkpoints $ck --plans all-bf16 > $out/b_ck.log 2>&1
        mkdir -p /tmp/s44/base
        for f in $ck/all-bf16/*; do ln -sf $f /tmp/s44/base/; done
