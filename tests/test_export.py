@@ -129,6 +129,7 @@ def test_fp8_plan_lists_bf16_groups_in_exclude_modules(tiny, tmp_path):
     # served on Hopper, vLLM's FP8 GEMMs run with cuBLASLt, not its CUTLASS kernel (advisor.deploy.vllm_config)
     served = (tmp_path / "ckpt" / "vllm_config.yaml").read_text()
     assert yaml.safe_load(served)["linear-backend"] == "torch" and "# linear-backend: torch runs" in served
+    assert "an older vLLM refuses it" in served
 
 
 def test_nvfp4_round_trip_is_exact(tiny, tmp_path):

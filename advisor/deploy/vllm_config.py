@@ -61,7 +61,8 @@ def vllm_options_yaml(options: dict[str, Any], workloads: list[dict[str, Any]]) 
             "# compilation-config captures CUDA graphs for steps where a prefill joins the decode batch\n"
             "# (vLLM's default bound leaves them eager).\n"
             + ("# linear-backend: torch runs the FP8 GEMMs with cuBLASLt, not vLLM's CUTLASS kernel (fewer J/token\n"
-               "# on Hopper, measured in precision-advisor's reports/benchmarks/vllm_verify.md).\n"
+               "# on Hopper, measured with vLLM 0.26.0 in precision-advisor's reports/benchmarks/vllm_verify.md).\n"
+               "# The flag came with vLLM PR 39538 (April 2026): an older vLLM refuses it; delete the line there.\n"
                if "linear-backend" in options else "")
             + "# Use: vllm serve <this folder> --config vllm_config.yaml\n")
     return head + yaml.safe_dump(options, sort_keys=False)
