@@ -6,8 +6,9 @@ batch holds ``batch + prompt`` tokens, above that bound, and runs without CUDA g
 the bound to cover it (measured in ``reports/benchmarks/operating_points_8b.md``).
 
 On Hopper, vLLM 0.26 runs a ModelOpt FP8 checkpoint's per-tensor GEMMs with its CUTLASS kernel; cuBLASLt
-(``linear-backend: torch``, ``torch._scaled_mm``) served the same checkpoints at up to 11.4% fewer J/token
-(``reports/benchmarks/vllm_verify.md``), so the options pick it there.
+(``linear-backend: torch``, ``torch._scaled_mm``) served the same checkpoints at fewer J/token
+(``reports/benchmarks/vllm_verify.md``), so the options pick it there (the rule:
+:func:`advisor.serving.vllm_linear_backend`).
 """
 
 from __future__ import annotations
