@@ -221,7 +221,7 @@ def eightb(args: argparse.Namespace) -> dict[str, Any]:
                    "error": served.get("error")}
             for key, other in (("runtime_vs_vllm", row["runtime_j_per_token"]),
                                ("predicted_vs_vllm", row["predicted_j_per_token"])):
-                row[key] = other / row["vllm_j_per_token"] - 1 if other and row["vllm_j_per_token"] else None
+                row[key] = _rel(other, row["vllm_j_per_token"])
             rows.append(row)
             print(json.dumps({k: row[k] for k in ("plan", "batch", "vllm_j_per_token", "runtime_j_per_token",
                                                    "predicted_j_per_token", "formats_match")}), flush=True)
