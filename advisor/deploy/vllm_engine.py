@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from advisor.deploy.serving_gpus import engine_memory_share
 from advisor.deploy.vllm_config import decode_graph_sizes
 from advisor.deploy.vllm_rounds import child_answer, pin_devices
-from advisor.deploy.vllm_serve import ServeJob, serve
+from advisor.deploy.vllm_serve import STEADY_LOAD_METER, ServeJob, serve
 from advisor.energy.meter import MeterConfig
 from advisor.errors import AdvisorError, SetupError, UnsupportedError
 from advisor.estimate import EnergyEstimate
@@ -133,7 +133,7 @@ class VllmEnergyModel:
                  gpu_label: str = "", vllm_version: str | None = None, gpus: int = 1,
                  rounds_runner: Callable[[ServeJob, Any], dict[str, Any]] | None = None) -> None:
         self.checkpoint_for, self.workloads, self.vocab_size = checkpoint_for, list(workloads), vocab_size
-        self.meter, self.runner = meter or MeterConfig(), runner or run_in_child
+        self.meter, self.runner = meter or STEADY_LOAD_METER, runner or run_in_child
         self.gpus = gpus
         self.rounds_runner = rounds_runner or _run_rounds
         self._served: dict[str, dict[str, Any]] = {}

@@ -25,7 +25,6 @@ import json
 import os
 import random
 import statistics
-import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -35,10 +34,17 @@ from typing import Any
 
 from advisor.deploy.quant_config import weight_formats_from_quant_config
 from advisor.deploy.served_kl import served_kl
-from advisor.deploy.vllm_config import capture_bound
+from advisor.deploy.vllm_config import capture_bound, graph_sizes_for
+from advisor.deploy.vllm_progress import metering_line, say, start_words, watch_stderr
 from advisor.energy.meter import EnergyCounter, EnergyMeter, Measurement, MeterConfig
 from advisor.formats import GPU
 from advisor.serving import vllm_linear_backend
+
+# How a steady load is metered: it has already run a whole request's length when the meter starts (``settle``), so
+# the warm-up is short; windows of 2 s follow one another until the last three agree within 1% (a 2 s window of a
+# full batch holds thousands of tokens and tens of prefills), for at most 30 s.
+STEADY_LOAD_METER = MeterConfig(warmup_s=0.5, min_window_s=2.0, min_ticks=20, repeats=3, max_cv=0.01,
+                                until_stable_s=30.0)
 
 # Engine steps of tickets the meter keeps issued (a step gives one token a request): far more than one meter poll
 # can see finish, and few enough that the meter's drain after its windows is short (4096 tickets at batch 1, a
@@ -69,6 +75,9 @@ class ServeJob:
     # GPUs the engine spreads the model over (vLLM's tensor parallelism): torch's cuda:0..N-1, all metered
     tensor_parallel_size: int = 1
     max_batch: int = 0  # size the engine for at least this many in flight (later rounds of `serve(more=...)`)
+    # capture CUDA graphs only for the token counts the job's steady loads run (graph_sizes_for): the same graphs
+    # those steps would run under the export's bound, fewer captured. False: every size up to the bound
+    needed_graphs_only: bool = True
     # the GPUs the engine's process sees (CUDA_VISIBLE_DEVICES entries, GPU-<uuid>); empty: this process's
     devices: tuple[str, ...] = ()
 
@@ -274,14 +283,28 @@ def greedy_hits(vllm: Any, llm: Any, items: Any) -> list[bool]:
 
 
 # ----------------------------------------------------------------------------------- the job
-def exported_options(checkpoint: str, batch: int, prompt: int) -> dict[str, Any]:
+def exported_options(checkpoint: str, batch: int, prompt: int, batches: Sequence[int] = ()) -> dict[str, Any]:
     """What the export's ``vllm_config.yaml`` asks of vLLM (:mod:`advisor.deploy.vllm_config`), as ``vllm.LLM``
     keywords for an engine of ``batch`` requests and ``prompt``-token prompts: CUDA graphs for the steps where a
-    prefill joins the decode batch, and the FP8 GEMM backend for the checkpoint's formats on this GPU."""
+    prefill joins the decode batch, and the FP8 GEMM backend for the checkpoint's formats on this GPU. With
+    ``batches`` (the steady loads the engine will run), only the graphs their steps use are captured."""
     qpath = Path(checkpoint) / "hf_quant_config.json"
     formats = weight_formats_from_quant_config(json.loads(qpath.read_text()) if qpath.is_file() else None)
-    return {"compilation_config": {"max_cudagraph_capture_size": capture_bound(batch, prompt)},
-            **vllm_linear_backend(formats, gpu_kind())}
+    bound = capture_bound(batch, prompt)
+    graphs: dict[str, Any] = {"max_cudagraph_capture_size": bound}
+    if batches:
+        graphs = {"cudagraph_capture_sizes": list(graph_sizes_for(batches, prompt, bound))}
+    return {"compilation_config": graphs, **vllm_linear_backend(formats, gpu_kind())}
+
+
+def job_batches(job: ServeJob) -> tuple[int, ...]:
+    """The batches ``job``'s steady loads may run: its workloads', and, where later rounds may ask for more
+    (``max_batch``: a batch search below it), every batch up to it; ``()`` (every graph) where the job asks for
+    them all or runs no steady load."""
+    if not job.needed_graphs_only or not (job.workloads or job.max_batch):
+        return ()
+    batches = {w["batch_size"] for w in job.workloads} | set(range(1, job.max_batch + 1))
+    return tuple(sorted(batches | {1}))  # batch 1: a prefill metering's load
 
 
 def gpu_kind() -> GPU | None:
@@ -310,20 +333,28 @@ def serve(job: ServeJob, make_counter: Callable[[], EnergyCounter] | None = None
                   + [len(s) + 1 for s in job.sequences] + [len(c) + len(t) + 1 for c, t in job.items] + [16])
     batch = max([w["batch_size"] for w in job.workloads] + ([job.max_batch] if job.max_batch else []) or [16])
     prompt = max([w["input_tokens"] for w in job.workloads] or [0])
-    options = {**(exported_options(job.checkpoint, batch, prompt) if job.as_exported else {}), **job.llm_options}
+    options = {**(exported_options(job.checkpoint, batch, prompt, job_batches(job)) if job.as_exported else {}),
+               **job.llm_options}
     t0 = time.perf_counter()
-    llm = vllm.LLM(model=job.checkpoint, enable_prefix_caching=False, seed=job.seed, max_num_seqs=batch,
-                   max_model_len=longest, max_logprobs=-1 if job.reference_logprobs else 1,
-                   gpu_memory_utilization=job.gpu_memory_utilization, tensor_parallel_size=tp, **options)
-    out: dict[str, Any] = {"vllm_version": getattr(vllm, "__version__", "unknown"),
-                           "load_s": time.perf_counter() - t0, "llm_options": options, "tensor_parallel_size": tp}
+    with watch_stderr() as start:
+        llm = vllm.LLM(model=job.checkpoint, enable_prefix_caching=False, seed=job.seed, max_num_seqs=batch,
+                       max_model_len=longest, max_logprobs=-1 if job.reference_logprobs else 1,
+                       gpu_memory_utilization=job.gpu_memory_utilization, tensor_parallel_size=tp, **options)
+    load_s = time.perf_counter() - t0
+    timings: dict[str, Any] = {"engine_start_s": load_s, "engine_start": dict(start), "meterings": []}
+    say(f"vLLM engine started in {load_s:.0f} s ({start_words(start)})")
+    out: dict[str, Any] = {"vllm_version": getattr(vllm, "__version__", "unknown"), "load_s": load_s,
+                           "llm_options": options, "tensor_parallel_size": tp, "timings_s": timings}
     if job.formats:
         out["served"] = served_methods(llm)
     if job.sequences and job.reference_logprobs:
-        out["served_kl"] = served_kl(vllm, llm, job.sequences, job.reference_logprobs, job.vocab_size,
-                                     say=lambda m: print(m, file=sys.stderr, flush=True))  # beside vLLM's log
+        t = time.perf_counter()
+        out["served_kl"] = served_kl(vllm, llm, job.sequences, job.reference_logprobs, job.vocab_size, say=say)
+        timings["served_kl_s"] = time.perf_counter() - t
     if job.items:
+        t = time.perf_counter()
         out["items"] = greedy_hits(vllm, llm, job.items)
+        timings["items_s"] = time.perf_counter() - t
     if job.workloads:
         counter = make_counter() if make_counter is not None else open_gpus_counter(tp)
         config = summed_config(MeterConfig(**job.meter), tp)
@@ -332,8 +363,12 @@ def serve(job: ServeJob, make_counter: Callable[[], EnergyCounter] | None = None
         while todo:
             w = todo.pop(0)
             b, lin, lout = w["batch_size"], w["input_tokens"], w["output_tokens"]
+            say(metering_line(w, timings["meterings"], len(todo)))
+            t = time.perf_counter()
             full, fewest, latency = measure_load(vllm, llm, counter, config, b, lin, lout, job.vocab_size,
                                                  f"vllm {w['name']}", job.seed)
+            timings["meterings"].append({"workload": w["name"], "batch": b, "seconds": time.perf_counter() - t,
+                                         "windows": full.windows_taken})
             row = {"j_per_token": full.j_per_token, "tokens_per_s": full.tokens_per_s, "fewest_inflight": fewest,
                    "batch_full": fewest >= b, "measurement": full.to_dict(), **latency}
             if job.prefill and w["name"] not in job.no_prefill:

@@ -33,7 +33,7 @@ from advisor.deploy.served_kl import kl_sum, logprobs_per_sequence, within_budge
 from advisor.deploy.serving_gpus import serving_gpus_for
 from advisor.deploy.verify_report import shown_role
 from advisor.deploy.vllm_engine import run_in_child, served_formats
-from advisor.deploy.vllm_serve import ServeJob
+from advisor.deploy.vllm_serve import STEADY_LOAD_METER, ServeJob
 from advisor.energy.meter import MeterConfig
 from advisor.energy.prediction import predicted_for_gpus
 from advisor.errors import InputError, SetupError
@@ -274,7 +274,7 @@ def verify_run(run_dir: Path, engine: str = "vllm", plan_ids: Sequence[str] = ()
     # prefill=False: verify reports J/token, tokens/s, TPOT and TTFT per workload, never prefill J per input token,
     # and a prefill metering would double every workload's time on the GPU
     base = ServeJob(checkpoint="", vocab_size=vocab, sequences=tuple(scored), reference_logprobs=str(reference_file),
-                    items=tuple(items), meter=asdict(meter or MeterConfig()), tensor_parallel_size=n_gpus,
+                    items=tuple(items), meter=asdict(meter or STEADY_LOAD_METER), tensor_parallel_size=n_gpus,
                     prefill=False)
     serving = Serving(run_dir, summary, base, energy, version, here, runner or run_in_child,
                       rounds_runner, status)
