@@ -20,8 +20,10 @@ size, so batches 225-232 cost one step and 232 serves the most), every batch met
 is the largest of the grid at or below the guess. It stops when no grid batch lies between ``lo`` and ``hi``
 (without a grid: when ``hi`` is within :data:`RESOLUTION` of ``lo``; closer than that, the meter's spread and
 not the batch decides), when batch 1 misses (no batch meets), when an engine does not time the objective's
-terms (nothing to judge), or after :data:`EXTRA_METERINGS` meterings beyond the predicted batch (the budget;
-the best batch found is kept and the report says the search stopped). A step time that is not monotone in the
+terms (nothing to judge), once :data:`BRACKET_AFTER` meterings hold a batch that meets and one that misses
+(the first two aim close enough that the meter's spread, not the batch, decides what lies between: a third is
+metered only where the first two do not bracket the objective), or after :data:`EXTRA_METERINGS` meterings
+beyond the predicted batch (the budget; the best batch found is kept and the report says the search stopped). A step time that is not monotone in the
 batch can make a batch above ``lo`` meet too; the search answers with the largest batch it metered that meets,
 never one it did not meter.
 """
@@ -37,11 +39,14 @@ from advisor.plan import Plan
 from advisor.recipe.schema import Workload
 from advisor.search.operating_measured import MeasuredPoint, at_batch, meter_points
 
-EXTRA_METERINGS = 3  # meterings per plan and objective beyond the predicted batch: each is a steady-state window
+EXTRA_METERINGS = 2  # meterings per plan and objective beyond the predicted batch: each is a steady-state window
+BRACKET_AFTER = 2  # meterings after which a batch that meets and one that misses end the search (0: never)
 # vLLM's TPOT p50 at one batch repeats within about 1-2% between steady windows, and batches 225-228 of one plan
 # measured 20.04-20.1 ms against a 20 ms objective (reports/benchmarks/operating_points_8b.md): aiming at the
-# objective itself turns the step down into a coin toss, and bracketing closer than this buys nothing.
-MARGIN = 0.02
+# objective itself turns the step down into a coin toss, and bracketing closer than this buys nothing. The step
+# down aims half that under it: the second metering usually ends the search (BRACKET_AFTER), so it aims as close
+# as the spread allows.
+MARGIN = 0.01
 RESOLUTION = 0.02
 
 
@@ -86,6 +91,7 @@ class BatchSearch:
     predicted: dict[str, Any] = field(default_factory=dict)  # the predicted point (its j_per_token, tpot_ms, ...)
     trail: list[MeasuredPoint] = field(default_factory=list)
     grid: Sequence[int] = ()  # the batches the engine runs differently (module docstring); () for every batch
+    bracket_after: int = BRACKET_AFTER
 
     def first(self) -> Workload:
         return at_batch(self.workload, self.predicted_batch)
@@ -113,7 +119,7 @@ class BatchSearch:
         if not judged or len(self.trail) - 1 >= self.budget:
             return None
         lo, hi = self._ends(judged)
-        if hi is None or self._bracketed(lo, hi):
+        if hi is None or self._bracketed(lo, hi) or self._bracketed_enough(lo, hi):
             return None
         aim = 1.0 if lo else 1.0 - MARGIN
         last = [p.batch for p in self.trail[-2:]]
@@ -123,6 +129,9 @@ class BatchSearch:
         batch = min(max(int(math.floor(guess)), lo + 1), hi - 1)
         between = [b for b in self.grid if lo < b < hi]
         return max((b for b in between if b <= batch), default=min(between)) if between else batch
+
+    def _bracketed_enough(self, lo: int, hi: int | None) -> bool:
+        return bool(self.bracket_after) and len(self.trail) >= self.bracket_after and lo > 0 and hi is not None
 
     def _bracketed(self, lo: int, hi: int) -> bool:
         if self.grid:
@@ -167,6 +176,10 @@ class BatchSearch:
                 return self._record(smallest, trail, f"no batch meets {self._objective()} as measured: {got}")
             return self._record(smallest, trail, f"search stopped after {extra} extra meterings (the budget): no "
                                 f"metered batch meets {self._objective()}; {got}")
+        if hi is not None and not self._bracketed(lo, hi) and self._bracketed_enough(lo, hi) \
+                and extra < self.budget:
+            return self._record(self._at(lo), trail, f"batch {lo} meets as measured and {hi} misses (predicted "
+                                f"{self.predicted_batch}; bracketed in {len(self.trail)} meterings)")
         if hi is not None and not self._bracketed(lo, hi):
             return self._record(self._at(lo), trail, f"search stopped after {extra} extra meterings (the budget): "
                                 f"batch {lo} meets, {hi} misses; the largest batch that meets lies between")
