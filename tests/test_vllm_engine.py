@@ -383,11 +383,13 @@ def test_only_the_graphs_the_loads_run_are_captured_and_they_are_the_grid_s_own(
 def test_the_start_s_stages_are_read_from_vllm_s_log():
     from advisor.deploy.vllm_progress import start_seconds
 
-    log = """(EngineCore pid=2139) INFO 11-28 07:05:02 [model_runner.py:305] Model loading took 8.54 GiB and 5.644240 seconds
-(EngineCore pid=2139) INFO 11-28 07:05:21 [backends.py:1155] Dynamo bytecode transform time: 17.77 s
-(EngineCore pid=2139) INFO 11-28 07:05:44 [monitor.py:53] torch.compile took 40.76 s in total
-(EngineCore pid=2139) INFO 11-28 07:05:53 [model_runner.py:747] Graph capturing finished in 6 secs, took 0.45 GiB
-(EngineCore pid=2139) INFO 11-28 07:06:03 [core.py:340] init engine (profile, create kv cache, warmup model) took 61.14 s (compilation: 40.76 s)"""
+    log = "\n".join([  # an H100's lines, 2026-11-28 (reports/benchmarks/vllm_verify_data/linear_backend_2026-11-28)
+        "(EngineCore pid=2139) INFO [model_runner.py:305] Model loading took 8.54 GiB and 5.644240 seconds",
+        "(EngineCore pid=2139) INFO [backends.py:1155] Dynamo bytecode transform time: 17.77 s",
+        "(EngineCore pid=2139) INFO [monitor.py:53] torch.compile took 40.76 s in total",
+        "(EngineCore pid=2139) INFO [model_runner.py:747] Graph capturing finished in 6 secs, took 0.45 GiB",
+        "(EngineCore pid=2139) INFO [core.py:340] init engine (profile, create kv cache, warmup model) took 61.14 s "
+        "(compilation: 40.76 s)"])
     assert start_seconds(log) == {"weights_s": 5.64424, "dynamo_s": 17.77, "compile_s": 40.76,
                                   "graph_capture_s": 6.0, "engine_init_s": 61.14}
     assert start_seconds("INFO Loaded AOT compiled function from /root/.cache/vllm/x")["compile_cache_hit"] is True

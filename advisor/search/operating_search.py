@@ -23,9 +23,9 @@ not the batch decides), when batch 1 misses (no batch meets), when an engine doe
 terms (nothing to judge), once :data:`BRACKET_AFTER` meterings hold a batch that meets and one that misses
 (the first two aim close enough that the meter's spread, not the batch, decides what lies between: a third is
 metered only where the first two do not bracket the objective), or after :data:`EXTRA_METERINGS` meterings
-beyond the predicted batch (the budget; the best batch found is kept and the report says the search stopped). A step time that is not monotone in the
-batch can make a batch above ``lo`` meet too; the search answers with the largest batch it metered that meets,
-never one it did not meter.
+beyond the predicted batch (the budget; the best batch found is kept and the report says the search stopped).
+A step time that is not monotone in the batch can make a batch above ``lo`` meet too; the search answers with the
+largest batch it metered that meets, never one it did not meter.
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ from typing import Any
 
 from advisor.deploy import serving_gpus
 from advisor.deploy.engine_slots import engine_slots
-from advisor.deploy.served_kl import kl_sum, logprobs_per_sequence, within_budget, write_reference
+from advisor.deploy.served_kl import MAX_ENTRIES, kl_sum, logprobs_per_sequence, within_budget, write_reference
 from advisor.deploy.serving_gpus import serving_gpus_for
 from advisor.deploy.verify_report import shown_role
 from advisor.deploy.vllm_engine import run_in_child, served_formats
@@ -45,6 +45,7 @@ from advisor.workflows.verify_serving import Serving, operating_workloads, serve
 
 EXPORT_HEADROOM_BYTES = 4 * 2**30  # calibration and proxy batches, CUDA context
 REFERENCE_FILE = "verify_reference.pt"  # the reference's log-probabilities, for the engines' processes; deleted after
+QUICK_KL_ENTRIES = MAX_ENTRIES // 8  # --quick: the served KL on fewer held-out positions (vLLM's answer is slow)
 
 
 def lambada_items(path: Path, tokenizer: Any, count: int) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
@@ -193,12 +194,13 @@ def verify_run(run_dir: Path, engine: str = "vllm", plan_ids: Sequence[str] = ()
                lambada_count: int = 200, energy: bool = True, meter: MeterConfig | None = None,
                runner: Callable[[ServeJob], dict[str, Any]] | None = None,
                rounds_runner: Callable[[ServeJob, Any], dict[str, Any]] | None = None,
-               status: Callable[[str], None] = lambda _m: None, gpus: int | None = None, workers: int = 1
-               ) -> dict[str, Any]:
+               status: Callable[[str], None] = lambda _m: None, gpus: int | None = None, workers: int = 1,
+               quick: bool = False) -> dict[str, Any]:
     """Serve the run's plans through ``engine`` (each in a process of its own unless ``runner``, or for a plan whose
     objectives are searched ``rounds_runner``, says otherwise) over ``gpus`` GPUs
     (:mod:`advisor.deploy.serving_gpus`; the run's recipe's when None), ``workers`` plans at once on GPUs of their
-    own (:mod:`advisor.workflows.verify_serving`), and write verify.json / verify.md / report.md's section."""
+    own (:mod:`advisor.workflows.verify_serving`), and write verify.json / verify.md / report.md's section. ``quick``:
+    the recommendation and all-BF16 only, the served KL on fewer positions (:data:`QUICK_KL_ENTRIES`)."""
     from advisor.deploy.checkpoint import load_exported
     from advisor.deploy.engine_checkpoint import checkpoint_exporter
     from advisor.deploy.engines import engine as engine_entry
@@ -213,6 +215,10 @@ def verify_run(run_dir: Path, engine: str = "vllm", plan_ids: Sequence[str] = ()
     from advisor.workflows.export import run_tokens
 
     run_dir = Path(run_dir)
+    started = time.perf_counter()
+    if quick and plan_ids:
+        raise InputError("--quick serves the recommendation and all-BF16 only; drop --plan, or --quick to serve "
+                         f"{', '.join(plan_ids)} too")
     if not run_dir.is_dir():
         raise InputError(f"RUN_DIR {run_dir} is not a directory; give the folder `advisor search` wrote")
     summary = read_summary(run_dir / "summary.json")
@@ -257,13 +263,17 @@ def verify_run(run_dir: Path, engine: str = "vllm", plan_ids: Sequence[str] = ()
         engine_slots(workers, n_gpus, serving_gpus.visible_gpus()[0])
 
     paths: dict[str, Path] = {}
+    timings: dict[str, Any] = {"load_s": time.perf_counter() - started, "export_s": {}}
     for role, plan in plans.items():
         status(f"exporting plan {plan.id} ({shown_role(role, plan.id)}) if not exported, on the {export_device}")
+        t = time.perf_counter()
         paths[role] = checkpoint_for(plan)
+        timings["export_s"][role] = time.perf_counter() - t
     import torch
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    scored = within_budget(heldout, vocab)  # vLLM answers every token's log-probability: bounded
+    # vLLM answers every token's log-probability: bounded
+    scored = within_budget(heldout, vocab, QUICK_KL_ENTRIES if quick else MAX_ENTRIES)
     status(f"scoring the BF16 reference on {len(scored)} of the {len(heldout)} held-out sequences")
     reference = logprobs_per_sequence(loaded.model.to(device).eval(), scored)
     reference_file = write_reference(run_dir / REFERENCE_FILE, reference)
@@ -278,10 +288,12 @@ def verify_run(run_dir: Path, engine: str = "vllm", plan_ids: Sequence[str] = ()
                     prefill=False)
     serving = Serving(run_dir, summary, base, energy, version, here, runner or run_in_child,
                       rounds_runner, status)
+    t = time.perf_counter()
     try:
         served = serve_plans(plans, paths, serving, workers)
     finally:
         reference_file.unlink(missing_ok=True)
+    timings["serving_s"] = time.perf_counter() - t
 
     status("scoring the advisor's own models on the same tokens")
     dtype = next(loaded.model.parameters()).dtype
@@ -322,6 +334,8 @@ def verify_run(run_dir: Path, engine: str = "vllm", plan_ids: Sequence[str] = ()
         "target": recipe.target.value, "gpu_kind": kind.value if kind is not None else None,
         "lambada": {"file": str(lambada), "items": len(items)} if lambada else None,
         "verified": all(r["formats_match"] is True for r in rows), "max_kl": recipe.accuracy.max_kl,
+        "quick": quick, "timings_s": {**timings, "total_s": time.perf_counter() - started,
+                                      "plans": {r: served[r].get("timings_s") for r in plans}},
     }
     drawn = served_operating_summary(summary, result)
     if drawn is not None:
