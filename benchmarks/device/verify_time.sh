@@ -9,6 +9,8 @@
 #      served, timed per stage (verify.json's timings_s)
 #   M  benchmarks/device/meter_ab.py: the all-FP8 export metered at batches 16, 64 and 128 in one engine with the
 #      fast meter (vllm_serve.STEADY_LOAD_METER) and the classic one (MeterConfig()), alternating
+#   S  benchmarks/device/engine_true_sweep.py over ${SHAPES:-qwen2.5-7b}: shapes outside the step model's fit served
+#      at batches 16-256 (reports/benchmarks/engine_true.md's served side)
 # Poll with back-to-back calls that return within 600 s:
 #   for i in $(seq 1 110); do sleep 5; grep -q DONE /tmp/s44/out/progress && break; done; cat /tmp/s44/out/progress
 set -u
@@ -41,6 +43,9 @@ print(next(t["plan_id"] for t in s["trials"] if t["trial"] == n))' $run/summary.
 print(next(t["plan_id"] for t in s["trials"] if t["trial"] == n))' $run/summary.json)
        python3 benchmarks/device/meter_ab.py $run/engine_checkpoints/$fp8 --batches 16 64 128 \
          --out $out/meter_ab.json > $out/m.log 2>&1 ;;
+    S) rm -rf $ck /tmp/s44/base  # the disk holds 64 GiB: the 8B's checkpoints go first
+       python3 benchmarks/device/engine_true_sweep.py --shapes ${SHAPES:-qwen2.5-7b} --work /tmp/s44/et \
+         --out $out/engine_true_sweep.json > $out/s.log 2>&1 ;;
   esac
   log "$s rc=$?"
 done
