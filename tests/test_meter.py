@@ -252,3 +252,10 @@ def test_until_stable_stops_at_its_ceiling_on_a_ragged_load_and_says_unstable():
     assert sum(w.time_s for w in m.windows) < UNTIL_STABLE.until_stable_s
     assert m.windows_taken >= UNTIL_STABLE.until_stable_s / 1.2  # it kept metering up to the ceiling
     assert clock.t < UNTIL_STABLE.until_stable_s + 3.0  # and no further: one series, no attempts after it
+
+
+def test_a_window_holds_at_least_its_steps_where_steps_are_long():
+    clock = VirtualClock()
+    gpu = SimulatedGPU(clock, step_s=0.05)  # 20 steps a second: a 1 s window would hold 20
+    m = _meter(gpu, clock, replace(UNTIL_STABLE, min_window_steps=60)).measure(gpu.launch)
+    assert all(w.steps >= 60 for w in m.windows) and all(w.time_s >= 2.9 for w in m.windows)

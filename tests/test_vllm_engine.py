@@ -395,19 +395,31 @@ def test_the_start_s_stages_are_read_from_vllm_s_log():
     assert start_seconds("INFO Loaded AOT compiled function from /root/.cache/vllm/x")["compile_cache_hit"] is True
 
 
-def test_a_child_s_stderr_passes_through_and_its_start_lines_are_kept(capfd):
+def test_a_child_s_output_passes_through_and_its_start_lines_are_kept(capfd):
     import subprocess
+    import time as _time
 
-    from advisor.deploy.vllm_progress import watch_stderr
+    from advisor.deploy.vllm_progress import watch_output
 
-    with watch_stderr() as start:
-        subprocess.run([sys.executable, "-c", "import sys; print('torch.compile took 12.5 s in total', "
-                        "file=sys.stderr)"], check=True)
-        import time as _time
-
+    with watch_output() as start:  # vLLM's engine core logs to the standard output it inherits
+        subprocess.run([sys.executable, "-c", "import sys; print('torch.compile took 12.5 s in total'); "
+                        "print('Graph capturing finished in 3 secs', file=sys.stderr)"], check=True)
         for _ in range(100):
-            if start:
+            if len(start) == 2:
                 break
             _time.sleep(0.01)
-    assert start == {"compile_s": 12.5}
-    assert "torch.compile took 12.5 s" in capfd.readouterr().err
+    assert start == {"compile_s": 12.5, "graph_capture_s": 3.0}
+    seen = capfd.readouterr()
+    assert "torch.compile took 12.5 s" in seen.out and "Graph capturing finished" in seen.err
+
+
+def test_two_workloads_of_one_load_are_metered_once(tmp_path, monkeypatch):
+    vllm = fake_vllm(step_s=0.002)
+    monkeypatch.setitem(sys.modules, "vllm", vllm)
+    same = {"batch_size": 4, "input_tokens": 8, "output_tokens": 16}
+    job = ServeJob(str(checkpoint(tmp_path / "ck")), vocab_size=64, formats=False, meter=FAST, prefill=False,
+                   workloads=({"name": "tpot12", **same}, {"name": "tpot20", **same}))
+    out = serve(job, make_counter=lambda: ConstantPowerCounter(300.0))
+    e = out["energy"]
+    assert e["tpot20"]["same_load_as"] == "tpot12" and e["tpot20"]["j_per_token"] == e["tpot12"]["j_per_token"]
+    assert [m["workload"] for m in out["timings_s"]["meterings"]] == ["tpot12"]

@@ -21,8 +21,9 @@ from typing import TYPE_CHECKING, Any
 
 from advisor.deploy.serving_gpus import engine_memory_share
 from advisor.deploy.vllm_config import decode_graph_sizes
+from advisor.deploy.vllm_load import STEADY_LOAD_METER
 from advisor.deploy.vllm_rounds import child_answer, pin_devices
-from advisor.deploy.vllm_serve import STEADY_LOAD_METER, ServeJob, serve
+from advisor.deploy.vllm_serve import ServeJob, serve
 from advisor.energy.meter import MeterConfig
 from advisor.errors import AdvisorError, SetupError, UnsupportedError
 from advisor.estimate import EnergyEstimate

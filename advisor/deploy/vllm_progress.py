@@ -1,10 +1,10 @@
 """What a vLLM serving says as it goes: what the engine's start spent, read from vLLM's own log lines as they
 pass, and a line per metering with what is left.
 
-vLLM's engine core runs in a process of its own and logs its start to the standard error it inherits (weights
-loaded, torch.compile, CUDA-graph capture, the whole engine init). :func:`watch_stderr` copies this process's
-file descriptor 2 through a pipe, so every line still reaches the terminal, and keeps the seconds those lines
-name; :func:`start_seconds` reads them from a text, for tests and for logs kept elsewhere.
+vLLM's engine core runs in a process of its own and logs its start to the standard output it inherits (weights
+loaded, torch.compile, CUDA-graph capture, the whole engine init). :func:`watch_output` copies this process's
+standard output and error through pipes, so every line still reaches the terminal, and keeps the seconds those
+lines name; :func:`start_seconds` reads them from a text, for tests and for logs kept elsewhere.
 """
 
 from __future__ import annotations
@@ -46,33 +46,40 @@ def start_seconds(text: str) -> dict[str, float | bool]:
 
 
 @contextmanager
-def watch_stderr() -> Iterator[dict[str, float | bool]]:
-    """Within the block, file descriptor 2 (this process's and its children's standard error) passes through a
-    pipe whose lines still reach the original standard error; the dict yielded fills with the start's stages
-    (:func:`start_seconds`) as their lines pass."""
+def watch_output(fds: tuple[int, ...] = (1, 2)) -> Iterator[dict[str, float | bool]]:
+    """Within the block, each of file descriptors ``fds`` (this process's and its children's standard output and
+    error: vLLM logs to standard output) passes through a pipe whose lines still reach where they went before;
+    the dict yielded fills with the start's stages (:func:`start_seconds`) as their lines pass."""
     found: dict[str, float | bool] = {}
-    original = os.dup(2)
-    read_end, write_end = os.pipe()
-    os.dup2(write_end, 2)
-    os.close(write_end)
-
-    def pump() -> None:
-        pending = b""
-        with os.fdopen(read_end, "rb", buffering=0) as pipe:
-            while chunk := pipe.read(65536):
-                os.write(original, chunk)
-                pending += chunk
-                *lines, pending = pending.split(b"\n")
-                for line in lines:
-                    found.update(start_seconds(line.decode("utf-8", "replace")))
-
-    thread = threading.Thread(target=pump, daemon=True)
-    thread.start()
+    originals, threads = [], []
+    for fd in fds:
+        original = os.dup(fd)
+        read_end, write_end = os.pipe()
+        os.dup2(write_end, fd)
+        os.close(write_end)
+        originals.append((fd, original))
+        threads.append(threading.Thread(target=_pump, args=(read_end, original, found), daemon=True))
+        threads[-1].start()
     try:
         yield found
     finally:
-        os.dup2(original, 2)  # the pipe's last writer here closes; the engine core's copy closes when it exits
-        thread.join(timeout=0.5)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        for fd, original in originals:  # the pipe's last writer here closes; the engine core's when it exits
+            os.dup2(original, fd)
+        for thread in threads:
+            thread.join(timeout=0.5)
+
+
+def _pump(read_end: int, original: int, found: dict[str, float | bool]) -> None:
+    pending = b""
+    with os.fdopen(read_end, "rb", buffering=0) as pipe:
+        while chunk := pipe.read(65536):
+            os.write(original, chunk)
+            pending += chunk
+            *lines, pending = pending.split(b"\n")
+            for line in lines:
+                found.update(start_seconds(line.decode("utf-8", "replace")))
 
 
 def say(message: str) -> None:

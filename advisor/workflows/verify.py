@@ -33,7 +33,8 @@ from advisor.deploy.served_kl import MAX_ENTRIES, kl_sum, logprobs_per_sequence,
 from advisor.deploy.serving_gpus import serving_gpus_for
 from advisor.deploy.verify_report import shown_role
 from advisor.deploy.vllm_engine import run_in_child, served_formats
-from advisor.deploy.vllm_serve import STEADY_LOAD_METER, ServeJob
+from advisor.deploy.vllm_load import STEADY_LOAD_METER
+from advisor.deploy.vllm_serve import ServeJob
 from advisor.energy.meter import MeterConfig
 from advisor.energy.prediction import predicted_for_gpus
 from advisor.errors import InputError, SetupError

@@ -8,7 +8,7 @@
 #   V  `advisor verify RUN --engine vllm --plan <all-FP8>`: all-BF16, all-FP8 and the recommendation exported and
 #      served, timed per stage (verify.json's timings_s)
 #   M  benchmarks/device/meter_ab.py: the all-FP8 export metered at batches 16, 64 and 128 in one engine with the
-#      fast meter (vllm_serve.STEADY_LOAD_METER) and the classic one (MeterConfig()), alternating
+#      fast meter (vllm_load.STEADY_LOAD_METER) and the classic one (MeterConfig()), alternating
 #   S  benchmarks/device/engine_true_sweep.py over ${SHAPES:-qwen2.5-7b}: shapes outside the step model's fit served
 #      at batches 16-256 (reports/benchmarks/engine_true.md's served side)
 # Poll with back-to-back calls that return within 600 s:

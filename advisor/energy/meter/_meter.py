@@ -90,6 +90,9 @@ class MeterConfig:
     # > 0: windows follow one another until the last ``repeats`` agree within ``max_cv``, for at most this
     # long (the windows' seconds); 0: ``repeats`` windows, the whole series taken again when unstable
     until_stable_s: float = 0.0
+    # A window also holds at least this many finished steps (for up to 10 x min_window_s): a serving engine's
+    # steps finish in bursts (a decode step's tokens all at once), so a window's step count is known to one burst
+    min_window_steps: int = 0
 
     def __post_init__(self) -> None:
         if (self.repeats < 1 or self.attempts < 1 or self.min_window_s <= 0 or self.depth < 1 or self.queued_s < 0
@@ -322,7 +325,8 @@ class EnergyMeter:
             while True:
                 t, e = self._wait_edge(pump)
                 ticks += 1
-                if (t - t0 >= cfg.min_window_s or ticks >= cfg.min_ticks) and ticks >= 2:
+                long_enough = (t - t0 >= cfg.min_window_s or ticks >= cfg.min_ticks) and ticks >= 2
+                if long_enough and (done - c0 >= cfg.min_window_steps or t - t0 >= 10 * cfg.min_window_s):
                     break
             windows.append(Window((e - e0) / 1000.0, t - t0, done - c0, ticks))
             t0, e0, c0 = t, e, done
