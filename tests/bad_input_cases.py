@@ -202,7 +202,7 @@ CASES: list[Case] = [
          "cannot parse 'notaurl'", "give one like sqlite:///"),
     # ---------------------------------------------------------------- show
     case("show without summary.json", "show {empty_dir}", 2,
-         "does not exist", "run `advisor report"),
+         "is not a run directory", "give the folder `advisor search` wrote"),
     case("show summary.json not JSON", "show {summary_not_json}", 2,
          "is not valid JSON", "rebuild it with `advisor report"),
     case("show summary.json a list", "show {summary_list}", 2,
@@ -366,6 +366,53 @@ CASES: list[Case] = [
     case("unknown command", "serve", 2, "No such command 'serve'", "see `advisor --help`"),
     case("unknown global option", "--verbose show {empty_dir}", 2, "No such option: --verbose",
          "see `advisor --help`"),
+    # issue 54: summary and exit codes
+    case("show summary.json whose KL is NaN", "show {summary_kl_nan}", 2,
+         ".kl: got nan; a KL is a finite number >= 0", "rebuild it with `advisor report", added="issue 54"),
+    case("show summary.json whose KL is -1", "show {summary_kl_negative}", 2,
+         ".kl: got -1.0; a KL is a finite number >= 0", "rebuild it with `advisor report", added="issue 54"),
+    case("show summary.json whose J/token is infinite", "show {summary_j_inf}", 2,
+         ".energy.0.j_per_token: got inf; a J/token is a finite number > 0", "rebuild it with `advisor report",
+         added="issue 54"),
+    case("show summary.json without the recommended trial", "show {summary_rec_gone}", 2,
+         "is not among the trials", "rebuild it with `advisor report", added="issue 54"),
+    case("export summary.json without the recommended trial", "export {summary_rec_gone_dir} --out {ws}/export54",
+         2, "is not among the trials", "rebuild it with `advisor report", added="issue 54"),
+    case("recheck summary.json without the recommended trial", "recheck --recommendation {summary_rec_gone} "
+         "--model {tiny_model} --out {ws}/recheck54", 2, "is not among the trials", "rebuild it with `advisor report",
+         added="issue 54"),
+    case("verify summary.json without the recommended trial", "verify {summary_rec_gone_dir}", 2,
+         "is not among the trials", "rebuild it with `advisor report", added="issue 54"),
+    case("export summary.json whose KL is NaN", "export {summary_kl_nan_dir} --out {ws}/export54", 2,
+         ".kl: got nan", "rebuild it with `advisor report", added="issue 54"),
+    case("recheck summary.json whose KL is -1", "recheck --recommendation {summary_kl_negative} --model {tiny_model} "
+         "--out {ws}/recheck54", 2, ".kl: got -1.0", "rebuild it with `advisor report", added="issue 54"),
+    case("measure --plan a binary file", "measure --plan {binary_file}", 2,
+         "is not UTF-8 text", "writes one", added="issue 54"),
+    case("search --storage journal: in a read-only folder", f"{SEARCH} --storage journal:{{read_only}}/s.journal", 2,
+         "cannot open the journal", "give a journal file in a folder you can write to", needs=("read_only",),
+         added="issue 54"),
+    case("search --storage sqlite:/// in a read-only folder", f"{SEARCH} --storage sqlite:///{{read_only}}/s.db", 2,
+         "cannot open sqlite:///", "give a storage you can write to", needs=("read_only",), added="issue 54"),
+    case("search --name of 300 characters", f"{SEARCH} --name {'a' * 300}", 2,
+         "name (set by a flag)", "String should have at most 255 characters", added="issue 54"),
+    case("search --out with a 300-character name", f"search -r {{tiny_recipe}} --out {{ws}}/{'b' * 300}", 2,
+         "a file name in it is too long for the file system", "give a shorter path or name", added="issue 54"),
+    case("verify --plan unknown, without vLLM", "verify {run} --plan nope", 2,
+         "no plan 'nope'", "known:", added="issue 54"),
+    case("verify --lambada missing, without vLLM", "verify {run} --lambada {ws}/none.jsonl", 2,
+         "--lambada: cannot read", "give a LAMBADA JSONL file", added="issue 54"),
+    case("verify --lambada a binary file, without vLLM", "verify {run} --lambada {binary_file}", 2,
+         "is not UTF-8 text", "give a LAMBADA JSONL file", added="issue 54"),
+    case("search --workload with a key twice", f"{SEARCH} --workload chat:batch=16,batch=32", 2,
+         "batch sets batch_size a second time", "give each setting once", added="issue 54"),
+    case("search --gpu-memory within the 2 GiB reserve", f"{SEARCH} --gpu-memory 1.5", 2,
+         "every GPU keeps 2 GiB free", "give more than 2 GiB", added="issue 54"),
+    case("search --storage ''", [*SEARCH.split(), "--storage", ""], 2,
+         "storage (set by a flag): got ''; an empty URL names no database", "give one like sqlite:///",
+         added="issue 54"),
+    case("show on a missing folder", "show {ws}/no_run", 2,
+         "does not exist", "give the folder `advisor search` wrote", added="issue 54"),
 ]
 
 
@@ -513,6 +560,35 @@ def _issue36_files(ws: Path, run: Path) -> dict[str, str]:
     }
 
 
+def _issue54_files(ws: Path, run: Path) -> dict[str, str]:
+    """Hand-edited summaries (each in a folder of its own, for the commands that take the run folder) and a binary
+    file."""
+    summary = json.loads((run / "summary.json").read_text())
+    rec = summary["recommendation"]
+    at = next(i for i, t in enumerate(summary["trials"]) if t["trial"] == rec["trial"])
+
+    def edited(name: str, change) -> str:
+        data = json.loads(json.dumps(summary))
+        change(data)
+        return _write(ws / name / "summary.json", json.dumps(data))
+
+    def kl(value):  # the recommendation and its trial alike, as a careful hand would
+        return lambda d: [r.update(kl=value) for r in (d["recommendation"], d["trials"][at])]
+
+    def j_inf(d):
+        for r in (d["recommendation"], d["trials"][at]):
+            r["energy"][0]["j_per_token"] = "Infinity"
+
+    files = {
+        "summary_kl_nan": edited("s54_kl_nan", kl("NaN")),  # how the writer spells a float that is not finite
+        "summary_kl_negative": edited("s54_kl_negative", kl(-1)),
+        "summary_j_inf": edited("s54_j_inf", j_inf),
+        "summary_rec_gone": edited("s54_rec_gone", lambda d: d["trials"].pop(at)),
+        "binary_file": _write(ws / "binary.json", bytes(range(256))),
+    }
+    return {**files, "summary_kl_nan_dir": str(ws / "s54_kl_nan"), "summary_rec_gone_dir": str(ws / "s54_rec_gone")}
+
+
 def _runs_with_broken_storage(ws: Path, run: Path) -> dict[str, str]:
     import optuna
 
@@ -589,6 +665,7 @@ def build_workspace(ws: Path, run: Path) -> dict[str, str]:
         **_summary_variants(ws, run),
         **_issue36_files(ws, run),
         **_runs_with_broken_storage(ws, run),
+        **_issue54_files(ws, run),
     }
     read_only = read_only_folder(ws)
     if read_only is not None:

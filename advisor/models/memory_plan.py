@@ -25,14 +25,15 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from advisor.models.adapters import adapter_for, expected_group_shapes, text_geometry
+from advisor.recipe.schema import RESERVED_GIB_PER_GPU
 
 GIB = 2**30
 BF16_BYTES = 2
 FP8_TABLE_BYTES = 256 * BF16_BYTES  # the BF16 value of each of the 256 FP8 codes, per weight view
 NVFP4_BLOCK = 16
 NVFP4_GLOBAL_SCALE_BYTES = 4  # float32, per weight view
-#: CUDA context, cuBLAS workspaces and allocator slack kept free on every device
-RESERVED_PER_DEVICE = 2 * GIB
+#: CUDA context, cuBLAS workspaces and allocator slack kept free on every device (the recipe refuses a cap below it)
+RESERVED_PER_DEVICE = RESERVED_GIB_PER_GPU * GIB
 CALIBRATION_BATCH = 8  # calibration.tokens.forward_loop
 PROXY_BATCH = 4  # accuracy.proxy.ProxyEvaluator
 LM_EVAL_BATCH = 16  # accuracy.harness.score_plan

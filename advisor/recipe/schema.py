@@ -22,6 +22,9 @@ from advisor.recipe.calibration_sets import is_set_source, set_spec_path
 DEMO_MODEL = "demo:smollm2-135m"
 
 
+#: GiB every GPU keeps free for the CUDA context, cuBLAS workspaces and allocator slack (the memory plan's)
+RESERVED_GIB_PER_GPU = 2
+NAME_MAX = 255  # a run's name is its folder's: at most 255 bytes on Linux file systems
 MAX_CONCURRENCY = 1024  # requests in flight when a workload with an objective names no max_concurrency
 SEED_MAX = 2**32 - 1  # numpy's and Optuna's samplers take seeds in [0, 2**32)
 
@@ -170,7 +173,9 @@ class SiteSpec(_Strict):
 class Recipe(_Strict):
     """Everything a search needs. See recipes/quickstart.yaml for a documented example."""
 
-    name: str = Field("run", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", description="the study's and run folder's name")
+    name: str = Field("run", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", max_length=NAME_MAX,
+                      description="the study's and run folder's name (at most 255 "
+                      "characters)")
     model: ModelSpec = ModelSpec()
     formats: list[Format] = Field(description="allowed formats; default: all the target runs natively")
     kv_cache: list[Format] = Field(default_factory=lambda: [Format.BF16],
@@ -194,7 +199,8 @@ class Recipe(_Strict):
     )
     energy_profile: str | None = Field(None, description="a profile JSON from `advisor profile` to predict with")
     gpu_memory_gib: float | None = Field(None, gt=0, le=4096, description="cap on each GPU's memory the search uses "
-                                         "(GiB): layers beyond it stream from CPU memory (slower; same numbers)")
+                                         "(GiB; above the 2 GiB each GPU keeps free): layers beyond it stream from "
+                                         "CPU memory (slower; same numbers)")
     engine: Literal["builtin", "tensorrt_llm", "vllm"] = Field(
         "builtin", description="what runs the plans the measured tier measures: builtin (the advisor's runtime, "
         "random weights of the model's shape), tensorrt_llm (the exported checkpoint through TensorRT-LLM's "
@@ -202,6 +208,23 @@ class Recipe(_Strict):
         "engine per process; needs the package)")
     gpus: int | None = Field(None, ge=1, le=64, description="GPUs of this node one vLLM engine spreads a served plan "
                              "over (tensor parallelism, engine vllm; unset: the fewest that hold it)")
+
+    @field_validator("gpu_memory_gib")
+    @classmethod
+    def _gpu_memory(cls, v: float | None) -> float | None:
+        if v is not None and v <= RESERVED_GIB_PER_GPU:
+            raise ValueError(f"every GPU keeps {RESERVED_GIB_PER_GPU} GiB free (CUDA context, cuBLAS workspaces, "
+                             f"allocator slack), so a cap of {v:g} GiB leaves nothing for the model; give more than "
+                             f"{RESERVED_GIB_PER_GPU} GiB")
+        return v
+
+    @field_validator("storage")
+    @classmethod
+    def _storage(cls, v: str | None) -> str | None:
+        if v is not None and not v.strip():
+            raise ValueError("an empty URL names no database; give one like sqlite:///runs/study.db, or leave "
+                             "storage out (the run's own RUN_DIR/study.db)")
+        return v
 
     @field_validator("formats")
     @classmethod

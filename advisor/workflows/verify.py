@@ -39,6 +39,7 @@ from advisor.energy.meter import MeterConfig
 from advisor.energy.prediction import predicted_for_gpus
 from advisor.errors import InputError, SetupError
 from advisor.estimate import EnergyEstimate
+from advisor.files import check_regular_file
 from advisor.formats import GPU, Format
 from advisor.plan import Plan
 from advisor.search.operating_measured import from_timed, objective_name
@@ -49,23 +50,33 @@ REFERENCE_FILE = "verify_reference.pt"  # the reference's log-probabilities, for
 QUICK_KL_ENTRIES = MAX_ENTRIES // 8  # --quick: the served KL on fewer held-out positions (vLLM's answer is slow)
 
 
-def lambada_items(path: Path, tokenizer: Any, count: int) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
+def read_lambada(path: Path, count: int) -> list[tuple[str, str]]:
     """The first ``count`` items of a LAMBADA JSONL file ({"text": ...}, or {"context": ..., "continuation":
-    last word}) as (context, target) token ids: the target is the last word with its leading space, as
-    lm-eval's lambada_openai splits it."""
-    items = []
+    last word}) as (context, last word): read before anything is served, so a bad file is named first."""
+    check_regular_file(path, "--lambada:", "give a LAMBADA JSONL file")
     try:
         lines = path.read_text().splitlines()
     except OSError as exc:
-        raise InputError(f"--lambada: cannot read {path} ({exc}); give a LAMBADA JSONL file") from None
+        raise InputError(f"--lambada: cannot read {path} ({exc.strerror or exc}); give a LAMBADA JSONL file") from None
+    except UnicodeDecodeError:
+        raise InputError(f"--lambada: {path} is not UTF-8 text; give a LAMBADA JSONL file") from None
+    docs = []
     for line in lines[:count]:
         try:
             doc = json.loads(line)
-            context, word = (doc["text"].rpartition(" ")[::2] if "text" in doc
-                             else (doc["context"].rstrip(" "), doc["continuation"].strip()))
+            docs.append(doc["text"].rpartition(" ")[::2] if "text" in doc
+                        else (doc["context"].rstrip(" "), doc["continuation"].strip()))
         except (ValueError, KeyError, TypeError, AttributeError):
             raise InputError(f"--lambada: {path} has a line that is not JSON with a \"text\" field "
-                             "(or \"context\" and \"continuation\")") from None
+                             "(or \"context\" and \"continuation\"); give a LAMBADA JSONL file") from None
+    return docs
+
+
+def lambada_items(docs: Sequence[tuple[str, str]], tokenizer: Any) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
+    """LAMBADA items (:func:`read_lambada`) as (context, target) token ids: the target is the last word with its
+    leading space, as lm-eval's lambada_openai splits it."""
+    items = []
+    for context, word in docs:
         ctx = tokenizer(context, add_special_tokens=False)["input_ids"]
         whole = tokenizer(context + " " + word, add_special_tokens=False)["input_ids"]
         # lm-eval's split (what follows the context's tokens); a tokenizer that merges across the boundary
@@ -225,17 +236,18 @@ def verify_run(run_dir: Path, engine: str = "vllm", plan_ids: Sequence[str] = ()
     summary = read_summary(run_dir / "summary.json")
     if engine_entry(engine).name != "vllm":
         raise InputError(f"--engine {engine}: `advisor verify` serves through vllm only (--engine vllm)")
+    plans: dict[str, Plan] = {}  # the inputs judged before what the machine lacks (exit 2 before 3)
+    rec, _ = stored_plan(summary, None, run_dir / "summary.json")
+    plans["recommendation"] = rec
+    for pid in plan_ids:
+        plans[pid], _ = stored_plan(summary, pid, run_dir / "summary.json")
+    lambada_docs = read_lambada(lambada, lambada_count) if lambada else []
     vllm = import_vllm()
     kind, here = gpu_here()
     kind = GPU(kind) if kind is not None else None
     if here is None:
         raise SetupError("`advisor verify` serves the plans on the GPU here and NVML sees none; run it on an "
                          "NVIDIA GPU machine with vLLM installed")
-    plans: dict[str, Plan] = {}
-    rec, _ = stored_plan(summary, None, run_dir / "summary.json")
-    plans["recommendation"] = rec
-    for pid in plan_ids:
-        plans[pid], _ = stored_plan(summary, pid, run_dir / "summary.json")
 
     recipe = summary_recipe(summary)
     recipe = recipe.model_copy(update={"out": run_dir.parent, "name": run_dir.name})
@@ -255,7 +267,7 @@ def verify_run(run_dir: Path, engine: str = "vllm", plan_ids: Sequence[str] = ()
     plans = roles
     members = {g.name: g.members for g in loaded.shape.groups}
     heldout = [tuple(int(t) for t in row) for row in tokens.heldout]
-    items = lambada_items(lambada, loaded.tokenizer, lambada_count) if lambada else []
+    items = lambada_items(lambada_docs, loaded.tokenizer)
     checkpoint_for = checkpoint_exporter(recipe, loaded, tokens)
     vocab = int(loaded.model.config.get_text_config().vocab_size)
     records = {r["plan_id"]: r for r in summary["trials"]}
