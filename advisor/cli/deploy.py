@@ -83,9 +83,12 @@ def recheck(
         if chosen.package is not None:
             err.print(f"engine: {chosen.title}: {chosen.note}", highlight=False, markup=False)
     with err.status("re-checking") as status:
+        def step(message: str) -> None:  # a line each too: a CI job's log keeps them
+            status.update(message)
+            err.print(message, highlight=False, markup=False, soft_wrap=True)
+
         result = run_recheck(recommendation, model, out_dir, recipe_path=recipe, research=research,
-                             research_trials=research_trials, device=device, engine=engine,
-                             status=lambda m: status.update(m), gpus=gpus)
+                             research_trials=research_trials, device=device, engine=engine, status=step, gpus=gpus)
     for c in result.checks:
         out.print(f"{'ok  ' if c.ok else 'FAIL'} {c.name}: {c.value:.4g} (threshold {c.threshold:.4g})",
                   highlight=False)
