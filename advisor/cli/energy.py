@@ -50,7 +50,7 @@ def shape_from_model(model: str | None) -> ModelShape:
     from advisor.models.adapters import adapter_for
     from advisor.models.groups import model_shape
 
-    adapter_for(c)  # an unsupported family: one line, exit 3
+    adapter_for(c)  # an unsupported family: one line, exit 2
     with torch.device("meta"):
         skeleton = AutoModelForCausalLM.from_config(c)
     return model_shape(skeleton)

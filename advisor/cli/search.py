@@ -104,7 +104,7 @@ def search(
         "search.sampler": sampler,
         "accuracy.max_kl": max_kl, "calibration.source": calibration, "benchmark.tasks": _split(tasks),
         "benchmark.limit": limit, "storage": storage, "out": str(out_dir) if out_dir else None,
-        "name": name, "device": device, "energy": energy, "energy_profile": energy_profile,
+        "name": name, "device": "auto" if dry_run else device, "energy": energy, "energy_profile": energy_profile,
         "engine": engine, "gpu_memory_gib": gpu_memory, "gpus": None if dry_run else gpus,
         "workloads": _workload_overrides(batch_size, input_tokens, output_tokens, workload, recipe),
     }
@@ -136,10 +136,13 @@ def _dry_run(rec: Recipe, dry_run: bool, gpus: int | None, gpu_memory: float | N
     from advisor.cli.plan_view import print_plan
     from advisor.errors import SetupError
     from advisor.workflows.memory import devices_here, named_node, not_fitting_message, recipe_plan
+    from advisor.workflows.preflight import check_model
 
     if not dry_run:
         raise InputError("--json belongs to --dry-run; add --dry-run or drop it")
-    devices = named_node(gpus, gpu_memory) if gpus is not None else devices_here(gpu_memory)
+    node = named_node(gpus, gpu_memory) if gpus is not None else None
+    check_model(rec, need_weights=False)  # as a real run judges it, but a plan needs no weights downloaded yet
+    devices = node or devices_here(gpu_memory)
     if not devices:
         raise SetupError("torch sees no GPU here to plan for; name the node: --gpus N --gpu-memory GB")
     plan = recipe_plan(rec, devices)

@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from advisor.models.adapters import adapter_for, expected_group_shapes, text_geometry
-from advisor.recipe.schema import RESERVED_GIB_PER_GPU
+from advisor.recipe.schema import MAX_NODE_GPUS, RESERVED_GIB_PER_GPU
 
 GIB = 2**30
 BF16_BYTES = 2
@@ -47,7 +47,7 @@ PACK_CHUNK_WEIGHTS = 1 << 24
 #: bytes per weight of the largest member while its entry is built: its own BF16 copy, the BF16 copy NVFP4's
 #: block scales are read from, its decoded BF16 check and the comparison's mask
 MEMBER_BUILD_BYTES = 3 * BF16_BYTES + 1
-MAX_GPUS = 64
+MAX_GPUS = MAX_NODE_GPUS
 
 
 @dataclass(frozen=True)

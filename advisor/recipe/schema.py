@@ -27,6 +27,7 @@ RESERVED_GIB_PER_GPU = 2
 NAME_MAX = 255  # a run's name is its folder's: at most 255 bytes on Linux file systems
 MAX_CONCURRENCY = 1024  # requests in flight when a workload with an objective names no max_concurrency
 SEED_MAX = 2**32 - 1  # numpy's and Optuna's samplers take seeds in [0, 2**32)
+MAX_NODE_GPUS = 64  # GPUs of one node: what a plan spreads over, served or planned (`--dry-run --gpus`)
 
 
 class _Strict(BaseModel):
@@ -206,8 +207,8 @@ class Recipe(_Strict):
         "random weights of the model's shape), tensorrt_llm (the exported checkpoint through TensorRT-LLM's "
         "LLM API; needs the package) or vllm (the exported checkpoint through vLLM's offline LLM API, one "
         "engine per process; needs the package)")
-    gpus: int | None = Field(None, ge=1, le=64, description="GPUs of this node one vLLM engine spreads a served plan "
-                             "over (tensor parallelism, engine vllm; unset: the fewest that hold it)")
+    gpus: int | None = Field(None, ge=1, le=MAX_NODE_GPUS, description="GPUs of this node one vLLM engine spreads a "
+                             "served plan over (tensor parallelism, engine vllm; unset: the fewest that hold it)")
 
     @field_validator("gpu_memory_gib")
     @classmethod
