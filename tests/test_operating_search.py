@@ -222,3 +222,17 @@ def test_a_third_metering_only_where_the_first_two_do_not_bracket():
     got = search(tier, 12.0, 100, budget=EXTRA_METERINGS, bracket_after=2)
     assert not got["trail"][1]["meets"] or len(tier.metered) == 2
     assert len(tier.metered) <= 1 + EXTRA_METERINGS and got["meets"] is True
+
+
+def test_two_misses_by_a_hair_do_not_send_the_next_metering_far_down():
+    # an FP8 8B on an H200 (reports/benchmarks/verify_time.md): 162 and 128 both missed 12 ms by a little, and the
+    # line through them pointed at 32
+    def tpot(b: int) -> float:  # flat (and noisy) just above the objective, the 8B's slope below it
+        return 12.15 + 0.0044 * (b - 128) if b >= 126 else 6.1 + 0.047 * b
+
+    curve = [(b, 4.0 + 0.05 * b, 1.0 / b) for b in (1, 16, 64, 128, 162, 256)]
+    tier = FakeTier(tpot)
+    got = search_batches(tier, PLAN, [BatchSearch(Workload(name="o", tpot_ms=12.0), 162, curve, budget=3)])[0]
+    assert len(tier.metered) >= 3 and not any(tpot(b) <= 12.0 for b in tier.metered[:2])
+    assert tier.metered[2] >= tier.metered[1] // 2  # one step at most halves the batch
+    assert got["meets"] is True and got["batch"] >= 60

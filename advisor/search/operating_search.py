@@ -126,6 +126,9 @@ class BatchSearch:
         guess = self._secant(judged, [lo, hi] if lo else last, aim)
         if guess is None or guess >= hi:  # one batch metered, or the excess not monotone there
             guess = self._scaled(hi, judged[hi] / aim) if lo == 0 else (lo + hi) / 2
+        elif lo == 0:  # two misses: a line through two nearly equal excesses points far too low (an FP8 8B missed
+            # 12 ms at 162 and 128 by a hair and the line pointed at 32): one step at most halves the batch
+            guess = max(guess, hi / 2)
         batch = min(max(int(math.floor(guess)), lo + 1), hi - 1)
         between = [b for b in self.grid if lo < b < hi]
         return max((b for b in between if b <= batch), default=min(between)) if between else batch
