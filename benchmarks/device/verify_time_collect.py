@@ -4,7 +4,7 @@
 round's progress lines and vLLM's own log (engine start stages, with their clock times), and the run's predicted
 operating points beside the batches vLLM served.
 
-    python benchmarks/verify_time.py --data reports/benchmarks/verify_time_data --out reports/benchmarks/verify_time
+    python benchmarks/device/verify_time_collect.py --notes reports/benchmarks/verify_time_data/notes.json
 """
 
 from __future__ import annotations
@@ -16,11 +16,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from advisor.deploy.vllm_progress import start_seconds  # noqa: E402
 
-COMMAND = "STEPS='B V' bash benchmarks/device/verify_time.sh (setsid, polled), then python benchmarks/verify_time.py"
+COMMAND = ("STEPS='B V' bash benchmarks/device/verify_time.sh (setsid, polled), then "
+           "python benchmarks/device/verify_time_collect.py")
 
 
 def engine_starts(log: str) -> list[dict[str, Any]]:
