@@ -46,8 +46,9 @@ def _in_main_thread() -> bool:
 @contextmanager
 def signals_handled() -> Iterator[None]:
     """SIGINT and SIGTERM both interrupt as Ctrl-C does, under the rules above; a signal the process was told
-    to ignore (SIGINT in a background job) stays ignored. The previous handlers come back after."""
-    if not _in_main_thread():
+    to ignore (SIGINT in a background job) stays ignored. The previous handlers come back after. Inside another
+    ``signals_handled`` (the CLI's, then a workflow's) it changes nothing: the stop under way stays under way."""
+    if not _in_main_thread() or _on_signal in (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)):
         yield
         return
     previous = {}

@@ -26,7 +26,7 @@ def trial_plan(t: optuna.trial.FrozenTrial) -> Plan | None:
 def scored_trial(study: optuna.Study, plan_id: str) -> optuna.trial.FrozenTrial | None:
     """The first finished trial of the plan, whichever process or run finished it."""
     for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
-        if Plan.from_params(t.params).id == plan_id:
+        if (t.user_attrs.get("plan_id") or Plan.from_params(t.params).id) == plan_id:  # older trials: no plan_id
             return t
     return None
 

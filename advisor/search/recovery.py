@@ -32,8 +32,8 @@ PLAN_ERROR_ATTR = "error"  # why a trial's own evaluation failed (the objective 
 UNNAMED_GRACE_S = 60.0  # a RUNNING trial that has not named its worker after this is dead
 
 
-def retry_callback(max_retry: int = 2) -> RetryHeartbeatStaleTrialCallback:
-    """Optuna's retry of a failed trial (same params, ``failed_trial`` system attr); experimental."""
+def retry_callback(max_retry: int | None = 2) -> RetryHeartbeatStaleTrialCallback:
+    """Optuna's retry of a failed trial (same params, ``failed_trial`` system attr; None: no limit); experimental."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         return RetryHeartbeatStaleTrialCallback(max_retry=max_retry)
