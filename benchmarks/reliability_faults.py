@@ -19,8 +19,9 @@ Writes reports/reliability_faults.json and .md (command, date, host, counts, eve
 * interrupts: `advisor search` of recipes/tiny.yaml (guided: baselines and knapsack proposals queued, 8 trials,
   trials a second or two long) sent SIGINT or SIGTERM, and `--workers 2` killed with SIGKILL (the coordinator and
   its child together), half a second after the line of trial 1, 3 or 7, then `--resume` (``--interrupts`` times
-  each). Expected: SIGINT and SIGTERM exit 130 with one line naming the resume (or 0 if the run ended first); the
-  resume exits 0 with 8 distinct plans, each evaluated once, no queued plan lost, nothing left RUNNING or WAITING.
+  each), and SIGINT after 13 of 40 trials, where TPE proposes scored plans again. Expected: SIGINT and SIGTERM exit
+  130 with one line naming the resume (or 0 if the run ended first); the resume exits 0 with the budget met, each
+  plan evaluated once (a plan proposed again is a repeat), no queued plan lost, nothing left RUNNING or WAITING.
 
 ``--code DIR`` runs another checkout's advisor (e.g. the code before a fix) with the same scenarios.
 """
@@ -60,6 +61,15 @@ INTERRUPT_AFTER = (2, 4, 8)  # finished trials before the signal: after the line
 INTERRUPT_SIGNALS = ("SIGINT", "SIGTERM", "SIGKILL")  # SIGKILL: the process group of a `--workers 2` run
 INTERRUPT_DELAY_S = 0.5  # into the next trial
 INTERRUPT_HELDOUT = {"heldout_samples": 16, "heldout_seq_len": 64}  # a second or two a trial
+SAMPLED = ("SIGINT", 13, 40)  # the sampler's turn: TPE after the queued plans proposes scored plans again
+
+
+def code_commit(code: Path) -> str:
+    """The checkout's commit, marked dirty where it holds changes not committed."""
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-C", str(code), *args], capture_output=True, text=True).stdout.strip()
+
+    return git("rev-parse", "--short", "HEAD") + (" with uncommitted changes" if git("status", "--porcelain") else "")
 
 
 def recipe_file(tmp: Path, name: str = "tiny", **calibration: int) -> Path:
@@ -205,13 +215,14 @@ def kill_run(after: int | None, recipe: Path, base: Path, code: Path, timeout_s:
     return row
 
 
-def interrupt_run(kind: str, after: int, recipe: Path, base: Path, code: Path, timeout_s: float) -> dict[str, Any]:
+def interrupt_run(kind: str, after: int, recipe: Path, base: Path, code: Path, timeout_s: float,
+                  trials: int = INTERRUPT_TRIALS) -> dict[str, Any]:
     from study_checks import scoring_record
 
     out = base / f"interrupt-{kind}-{after}-{time.monotonic_ns()}"
     workers = ["--workers", "2"] if kind == "SIGKILL" else []
     t0 = time.monotonic()
-    proc = search(recipe, out, "int", INTERRUPT_TRIALS, code, *workers, sampler="guided", own_group=bool(workers))
+    proc = search(recipe, out, "int", trials, code, *workers, sampler="guided", own_group=bool(workers))
     seen, done = [], 0
     while done < after and (line := proc.stderr.readline()):
         seen.append(line)
@@ -227,7 +238,7 @@ def interrupt_run(kind: str, after: int, recipe: Path, base: Path, code: Path, t
     except subprocess.TimeoutExpired:
         proc.kill()
         err = "".join(seen) + proc.communicate()[1]
-    resumed = search(recipe, out, "int", INTERRUPT_TRIALS, code, *workers, "--resume", sampler="guided")
+    resumed = search(recipe, out, "int", trials, code, *workers, "--resume", sampler="guided")
     try:
         _, resume_err = resumed.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
@@ -238,7 +249,8 @@ def interrupt_run(kind: str, after: int, recipe: Path, base: Path, code: Path, t
         record = scoring_record(optuna.load_study(study_name="int", storage=_storage(url)))
     except (KeyError, ValueError) as exc:
         record = {"error": repr(exc)}
-    row = {"signal": kind, "workers": 2 if workers else 1, "after_trials": after, "exit_code": proc.returncode,
+    row = {"signal": kind, "workers": 2 if workers else 1, "trials": trials, "after_trials": after,
+           "exit_code": proc.returncode,
            "line": error_line(err) or next((x for x in err.splitlines() if "Traceback" in x), ""),
            "resume_exit_code": resumed.returncode, "resume_error": error_line(resume_err), **record,
            "seconds": round(time.monotonic() - t0, 1)}
@@ -256,16 +268,20 @@ def _storage(url: str) -> Any:
 
 
 def interrupts_markdown(rows: list[dict[str, Any]]) -> list[str]:
-    lines = ["", f"## Ctrl-C, SIGTERM and kill -9, then `--resume` ({INTERRUPT_TRIALS} trials, guided)", "",
-             "recipes/tiny.yaml with trials a second or two long; the signal comes half a second after the line of "
-             "trial 1, 3 or 7 (after 2, 4 or 8 finished trials; 8: during the stages after the trials). SIGKILL: "
-             "`--workers 2`, the coordinator and its child killed together. Evaluated: complete trials that were not "
-             "a repeat of a scored plan; queued lost: a queued plan the budget admitted that no trial finished.", "",
-             "| signal | workers | after trials | exit | its line | resume exit | complete | evaluated | distinct "
-             "plans | scored twice | queued lost | failed | retried |", "|" + "---|" * 13]
+    lines = ["", "## Ctrl-C, SIGTERM and kill -9, then `--resume` (guided sampler)", "",
+             f"recipes/tiny.yaml ({INTERRUPT_TRIALS} trials: the baselines and knapsack proposals, all queued) with "
+             "trials a second or two long; the signal comes half a second after the line of trial 1, 3 or 7 (after "
+             "2, 4 or 8 finished trials; 8: during the stages after the trials). SIGKILL: `--workers 2`, the "
+             f"coordinator and its child killed together. Last row: {SAMPLED[2]} trials, so that TPE, after the "
+             "queued plans, proposes plans already scored, before and after the resume. Evaluated: complete trials "
+             "that were not a repeat of a scored plan; queued lost: a queued plan the budget admitted that no trial "
+             "finished.", "",
+             "| signal | workers | trials | after trials | exit | its line | resume exit | complete | evaluated | "
+             "distinct plans | scored twice | queued lost | failed | retried |", "|" + "---|" * 14]
     for r in rows:
         line = re.sub(r"\S*/advisor-faults-[^/\s]+", "$TMP", r["line"])  # this session's temporary folder
-        lines.append(f"| {r['signal']} | {r['workers']} | {r['after_trials']} | {r['exit_code']} | {line} | "
+        lines.append(f"| {r['signal']} | {r['workers']} | {r.get('trials', INTERRUPT_TRIALS)} | {r['after_trials']} | "
+                     f"{r['exit_code']} | {line} | "
                      f"{r['resume_exit_code']} {r['resume_error']} | {r.get('complete')} | {r.get('evaluated')} | "
                      f"{r.get('distinct')} | {len(r.get('scored_twice', []))} | {len(r.get('queued_lost', []))} | "
                      f"{r.get('failed')} | {r.get('retried')} |")
@@ -315,7 +331,7 @@ def main() -> None:
     kinds = [k for k in args.storages.split(",") if k] if args.pairs else []
     data = {"command": shlex.join([Path(sys.executable).name, *sys.argv]),
             "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "host": socket.gethostname(),
-            "cpus": os.cpu_count(), "platform": platform.platform(), "code": str(args.code),
+            "cpus": os.cpu_count(), "platform": platform.platform(), "code": f"{args.code} ({code_commit(args.code)})",
             "seconds": 0, "pairs": [], "kills": [], "interrupts": []}
     runs: dict[str, list[dict[str, Any]]] = {k: [] for k in kinds}
 
@@ -341,6 +357,10 @@ def main() -> None:
                     data["interrupts"].append(interrupt_run(kind, after, interrupted, base, args.code,
                                                             args.kill_timeout))
                     write()
+            kind, after, trials = SAMPLED
+            data["interrupts"].append(interrupt_run(kind, after, interrupted, base, args.code, args.kill_timeout,
+                                                    trials))
+            write()
         from pg_server import running_postgres
 
         with running_postgres() if "postgresql" in kinds else contextlib.nullcontext() as pg:
