@@ -51,7 +51,7 @@ def test_search_help_imports_no_torch():
 #: below. Data (records and rules), the model's description, the logic (search, report: torch-free), the edge
 #: (heavy libraries, the GPU), the orchestration of one command per workflow, the CLI and the test fakes.
 LAYERS = (
-    ("errors", "versions", "files", "gpu_memory_error"),
+    ("errors", "versions", "files", "gpu_memory_error", "interrupts"),
     ("formats",),
     ("plan", "recipe", "serving"),
     ("estimate",),
