@@ -31,6 +31,7 @@ from advisor.errors import InputError
 from advisor.files import write_text_atomically
 from advisor.formats import Format
 from advisor.plan import LayerGroup, Plan
+from advisor.search.engine_contract import MeasuredTier
 from advisor.workflows.outputs import check_output_dir
 from advisor.workflows.preflight import check_model
 
@@ -70,11 +71,11 @@ def research_around(ctx: Any, plan: Plan, groups: tuple[LayerGroup, ...], trials
     return out
 
 
-def meter_objectives(model: Any, plan: Plan, summary: dict[str, Any], workloads: Any, status: Any
+def meter_objectives(model: MeasuredTier, plan: Plan, summary: dict[str, Any], workloads: Any, status: Any
                      ) -> tuple[list[Check], list[dict[str, Any]], list[str]]:
     """The plan metered at its operating batch from the run under each workload's objective, checked against it
     as measured (:func:`advisor.deploy.recheck.objective_checks`)."""
-    from advisor.search.operating_measured import at_batch, meter_points
+    from advisor.search.operating_measured import at_batch
 
     batches = operating_batches(summary, plan.id)
     checks, points, untimed = [], [], []
@@ -83,7 +84,7 @@ def meter_objectives(model: Any, plan: Plan, summary: dict[str, Any], workloads:
             continue
         batch, origin, stored = batches[w.name]
         status(f"metering the stored plan at its {origin} operating batch {batch} on '{w.name}'")
-        (point,) = meter_points(model, plan, [at_batch(w, batch)])
+        (point,) = model.measure_points(plan, [at_batch(w, batch)])
         found, missing = objective_checks(w, point, origin, stored)
         checks, untimed = checks + found, untimed + missing
         points.append({**point.to_dict(), "batch_from": origin})
