@@ -1,4 +1,4 @@
-"""TensorRT-LLM as a serving engine (``--engine tensorrt_llm``, one entry of ``deploy.engines``).
+"""TensorRT-LLM as a serving engine (``--engine tensorrt_llm``, one entry of ``advisor.engines``).
 
 ``tensorrt_llm`` serves the plan's
 *exported checkpoint* (``advisor export``'s files) through TensorRT-LLM's LLM API, sized for
