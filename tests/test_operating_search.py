@@ -11,6 +11,7 @@ import pytest
 from advisor.formats import Format
 from advisor.plan import LayerGroup, Plan
 from advisor.recipe.schema import Workload
+from advisor.search.engine_contract import MeasuredTier
 from advisor.search.operating_measured import from_timed
 from advisor.search.operating_search import EXTRA_METERINGS, RESOLUTION, BatchSearch, curve_batch, search_batches
 
@@ -25,11 +26,16 @@ def predicted_tpot(batch: float) -> float:
 CURVE = [(b, predicted_tpot(b), 1.0 / b) for b in (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)]
 
 
-class FakeTier:
+class FakeTier(MeasuredTier):
     """Times requests: TPOT ``tpot(batch)`` ms, TTFT three times it; records every batch it meters."""
+
+    label = "measured (Fake GPU, 2026-11-27)"
 
     def __init__(self, tpot: Callable[[int], float]) -> None:
         self.tpot, self.metered = tpot, []
+
+    def estimate(self, plan, workload):
+        raise AssertionError("the batch search meters operating points only")
 
     def measure_points(self, plan, workloads):
         out = []

@@ -10,10 +10,11 @@ import sys
 import pytest
 import torch
 
-from advisor.deploy.engines import ENGINE_TABLE, import_engine, measured_tier
+from advisor.deploy.engines import measured_tier
 from advisor.deploy.served_kl import dense_logprobs, kl_sum, served_kl, write_reference
 from advisor.deploy.vllm_engine import run_in_child, served_formats
 from advisor.deploy.vllm_serve import ServeJob, serve
+from advisor.engines import ENGINE_TABLE, import_engine
 from advisor.errors import AdvisorError, SetupError, UnsupportedError
 from advisor.formats import GPU, Format
 from advisor.plan import Plan

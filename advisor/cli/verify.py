@@ -13,12 +13,15 @@ from typing import Annotated
 import typer
 
 from advisor.cli.common import err, handle_errors, out, print_error
+from advisor.engines import engines_that, listed
+
+VERIFIERS = engines_that(lambda e: e.verifies)  # the engines `advisor verify` serves through
 
 
 @handle_errors
 def verify(
     run_dir: Annotated[Path, typer.Argument(help="Run directory written by `advisor search`.")],
-    engine: Annotated[str, typer.Option(help="Serving engine to verify in: vllm.")] = "vllm",
+    engine: Annotated[str, typer.Option(help=f"Serving engine to verify in: {listed(VERIFIERS)}.")] = VERIFIERS[0],
     plan: Annotated[list[str] | None, typer.Option(
         "--plan", help="Also this plan id (repeatable); the recommendation and all-BF16 always.")] = None,
     lambada: Annotated[Path | None, typer.Option(

@@ -14,6 +14,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from advisor.engines import DEFAULT_ENGINE, ENGINE_TABLE, engine_names, engines_that, listed
 from advisor.errors import InputError
 from advisor.files import check_regular_file
 from advisor.formats import GPU, GPU_SPECS, KV_CACHE_FORMATS, Format
@@ -202,11 +203,10 @@ class Recipe(_Strict):
     gpu_memory_gib: float | None = Field(None, gt=0, le=4096, description="cap on each GPU's memory the search uses "
                                          "(GiB; above the 2 GiB each GPU keeps free): layers beyond it stream from "
                                          "CPU memory (slower; same numbers)")
-    engine: Literal["builtin", "tensorrt_llm", "vllm"] = Field(
-        "builtin", description="what runs the plans the measured tier measures: builtin (the advisor's runtime, "
-        "random weights of the model's shape), tensorrt_llm (the exported checkpoint through TensorRT-LLM's "
-        "LLM API; needs the package) or vllm (the exported checkpoint through vLLM's offline LLM API, one "
-        "engine per process; needs the package)")
+    engine: str = Field(  # judged against advisor.engines' table when validated (a test may add an engine)
+        DEFAULT_ENGINE, json_schema_extra={"enum": list(engine_names())},
+        description="what runs the plans the measured tier measures: "
+        + listed([f"{e.name} ({e.runs})" for e in ENGINE_TABLE.values()]))
     gpus: int | None = Field(None, ge=1, le=MAX_NODE_GPUS, description="GPUs of this node one vLLM engine spreads a "
                              "served plan over (tensor parallelism, engine vllm; unset: the fewest that hold it)")
 
@@ -225,6 +225,13 @@ class Recipe(_Strict):
         if v is not None and not v.strip():
             raise ValueError("an empty URL names no database; give one like sqlite:///runs/study.db, or leave "
                              "storage out (the run's own RUN_DIR/study.db)")
+        return v
+
+    @field_validator("engine")
+    @classmethod
+    def _engine(cls, v: str) -> str:
+        if v not in ENGINE_TABLE:
+            raise ValueError(f"allowed: {', '.join(engine_names())}")
         return v
 
     @field_validator("formats")
@@ -273,13 +280,14 @@ class Recipe(_Strict):
                 f"(sm_{gpu.compute_capability[0]}{gpu.compute_capability[1]}); "
                 "drop them or choose target b200"
             )
-        if self.engine != "builtin" and self.energy == "predicted":
+        if self.engine != DEFAULT_ENGINE and self.energy == "predicted":
             raise ValueError(f"engine {self.engine} measures energy, but energy: predicted never measures; "
                              "use energy: measured or auto")
-        if self.gpus not in (None, 1) and self.engine != "vllm":
+        if self.gpus not in (None, 1) and not ENGINE_TABLE[self.engine].tensor_parallel:
+            spread = engines_that(lambda e: e.tensor_parallel)
             raise ValueError(f"gpus {self.gpus} spreads serving over {self.gpus} GPUs (tensor parallelism), which only "
-                             "engine vllm does; use engine: vllm (`--engine vllm`), or drop gpus (`advisor search "
-                             "--dry-run --gpus N --gpu-memory GB` plans memory for a node)")
+                             f"engine {listed(spread)} does; use engine: {spread[0]} (`--engine {spread[0]}`), or drop "
+                             "gpus (`advisor search --dry-run --gpus N --gpu-memory GB` plans memory for a node)")
         if self.site.power_cap_w is not None and self.site.power_cap_w <= gpu.idle_w:
             raise ValueError(f"site.power_cap_w {self.site.power_cap_w:g} W is at or below the idle power of a "
                              f"{gpu.marketing_name} ({gpu.idle_w:g} W): no step can run within it; raise it")

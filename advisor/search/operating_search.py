@@ -31,13 +31,14 @@ largest batch it metered that meets, never one it did not meter.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from advisor.plan import Plan
 from advisor.recipe.schema import Workload
-from advisor.search.operating_measured import MeasuredPoint, at_batch, meter_points
+from advisor.search.engine_contract import MeasuredTier
+from advisor.search.operating_measured import MeasuredPoint, at_batch
 
 EXTRA_METERINGS = 2  # meterings per plan and objective beyond the predicted batch: each is a steady-state window
 BRACKET_AFTER = 2  # meterings after which a batch that meets and one that misses end the search (0: never)
@@ -229,30 +230,11 @@ def searches_from_points(points: Sequence[Mapping[str, Any]], workloads: Mapping
             for p in points if p["workload"] in workloads]
 
 
-RoundFn = Callable[[list[MeasuredPoint]], list[Workload]]
-
-
-def meter_rounds(model: Any, plan: Plan, first: list[Workload], next_round: RoundFn, max_batch: int
-                 ) -> list[MeasuredPoint]:
-    """``first`` metered, then each round ``next_round`` asks for (given the points of the round before) until
-    it asks for none: in one engine where the tier can (``measure_rounds``: vLLM), else round by round."""
-    rounds = getattr(model, "measure_rounds", None)
-    if rounds is not None:
-        return rounds(plan, first, next_round, max_batch)
-    out: list[MeasuredPoint] = []
-    todo = first
-    while todo:
-        got = meter_points(model, plan, todo)
-        out += got
-        todo = next_round(got)
-    return out
-
-
-def search_batches(model: Any, plan: Plan, searches: Sequence[BatchSearch]) -> list[dict[str, Any]]:
-    """Each search run to its end for ``plan`` (all objectives' rounds together, one engine where the tier
-    allows); their :meth:`BatchSearch.outcome`, in order."""
+def search_batches(model: MeasuredTier, plan: Plan, searches: Sequence[BatchSearch]) -> list[dict[str, Any]]:
+    """Each search run to its end for ``plan``, all objectives' rounds together (``model.measure_rounds``: in one
+    engine where the tier keeps one, vLLM, else round by round); their :meth:`BatchSearch.outcome`, in order."""
     by_name = {s.workload.name: s for s in searches}
-    grid = tuple(getattr(model, "batch_grid", ()))
+    grid = tuple(model.batch_grid)
     for s in searches:
         s.grid = s.grid or grid
 
@@ -261,6 +243,5 @@ def search_batches(model: Any, plan: Plan, searches: Sequence[BatchSearch]) -> l
             by_name[p.workload].add(p)
         return [at_batch(s.workload, b) for s in searches if (b := s.next_batch()) is not None]
 
-    meter_rounds(model, plan, [s.first() for s in searches], next_round,
-                 max(s.predicted_batch for s in searches))
+    model.measure_rounds(plan, [s.first() for s in searches], next_round, max(s.predicted_batch for s in searches))
     return [s.outcome() for s in searches]

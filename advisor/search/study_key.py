@@ -12,6 +12,7 @@ import json
 import os
 from typing import Any
 
+from advisor.engines import DEFAULT_ENGINE
 from advisor.errors import InputError
 from advisor.formats import Format
 from advisor.recipe.schema import Recipe
@@ -54,7 +55,7 @@ def study_key(recipe: Recipe, versions: dict[str, str], energy_tier: str | None 
             workload.pop(name, None)
     if data["kv_cache"] != [Format.BF16.value]:  # only then: studies made before it keep their key
         key["kv_cache"] = data["kv_cache"]
-    if data["engine"] != "builtin":  # measured numbers of two engines are not comparable
+    if data["engine"] != DEFAULT_ENGINE:  # measured numbers of two engines are not comparable
         key["engine"] = data["engine"]
     if data.get("gpus") not in (None, 1):  # J/token over N GPUs: not comparable with one GPU's
         key["gpus"] = data["gpus"]

@@ -14,6 +14,7 @@ from advisor.formats import GPU, GPU_SPECS
 from advisor.models.shape import ModelShape
 from advisor.plan import Plan
 from advisor.recipe.schema import Workload
+from advisor.search.engine_contract import MeasuredTier
 from advisor.search.operating import OperatingPoint, operating_point
 from advisor.search.operating_search import BatchSearch, search_batches
 
@@ -34,11 +35,12 @@ def predicted_point(plan: Plan, shape: ModelShape, target: GPU, workload: Worklo
     from advisor.energy.prediction import make_predicted_model
 
     model = make_predicted_model(shape, target, model_config=model_config)
-    source = getattr(model, "step_source", lambda _plan: model.label)(plan)
-    return operating_point(model, shape, GPU_SPECS[target], plan, workload, source + "; steady state, step times")
+    return operating_point(model, shape, GPU_SPECS[target], plan, workload,
+                           model.step_source(plan) + "; steady state, step times")
 
 
-def measured_operating_point(meter: Any, plan: Plan, point: OperatingPoint, workload: Workload) -> dict[str, Any]:
+def measured_operating_point(meter: MeasuredTier, plan: Plan, point: OperatingPoint, workload: Workload
+                             ) -> dict[str, Any]:
     """The predicted point (its curve left out) and ``meter``'s: metered at the same batch and, where that misses
     the objective as measured, searched down to the largest batch that meets it
     (:mod:`advisor.search.operating_search`: the trail of batches metered, what the search concluded)."""

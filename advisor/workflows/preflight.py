@@ -71,10 +71,9 @@ def check_devices(recipe: Recipe) -> None:
 
         if not torch.cuda.is_available():
             raise SetupError("device: cuda was asked for but torch sees no CUDA GPU; use --device cpu or auto")
-    if recipe.engine != "builtin":
-        from advisor.deploy.engines import import_engine
+    from advisor.engines import import_engine
 
-        import_engine(recipe.engine)
+    import_engine(recipe.engine)  # nothing to import for the built-in runtime
     if recipe.energy == "measured":
         from advisor.energy.prediction import gpu_here
 

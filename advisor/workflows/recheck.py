@@ -31,6 +31,7 @@ from advisor.errors import InputError
 from advisor.files import write_text_atomically
 from advisor.formats import Format
 from advisor.plan import LayerGroup, Plan
+from advisor.search.engine_contract import MeasuredTier
 from advisor.workflows.outputs import check_output_dir
 from advisor.workflows.preflight import check_model
 
@@ -70,13 +71,12 @@ def research_around(ctx: Any, plan: Plan, groups: tuple[LayerGroup, ...], trials
     return out
 
 
-def meter_objectives(model: Any, plan: Plan, summary: dict[str, Any], workloads: Any, status: Any
+def meter_objectives(model: MeasuredTier, plan: Plan, summary: dict[str, Any], workloads: Any, status: Any
                      ) -> tuple[list[Check], list[dict[str, Any]], list[str]]:
     """The plan metered at its operating batch from the run under each workload's objective, checked against it
     as measured (:func:`advisor.deploy.recheck.objective_checks`). Metered first: an engine that serves a plan
     once (vLLM) serves these batches and the stated workloads in one start."""
     from advisor.search.operating_measured import at_batch
-    from advisor.search.operating_search import meter_rounds
 
     batches = operating_batches(summary, plan.id)
     wanted = [(w, *batches[w.name]) for w in workloads if w.has_objective and w.name in batches]
@@ -85,10 +85,9 @@ def meter_objectives(model: Any, plan: Plan, summary: dict[str, Any], workloads:
     first = [at_batch(w, batch) for w, batch, _, _ in wanted]
     status("metering the stored plan at its operating batches: " + ", ".join(
         f"{b.batch_size} ({origin}) on '{w.name}'" for (w, _, origin, _), b in zip(wanted, first, strict=True)))
-    open_for = getattr(model, "open_for", None)
-    if open_for is not None:
-        open_for(plan, first)
-    metered = meter_rounds(model, plan, first, lambda _points: [], max(b.batch_size for b in first))
+    if model.searches_in_serving:
+        model.open_for(plan, first)
+    metered = model.measure_rounds(plan, first, lambda _points: [], max(b.batch_size for b in first))
     checks, points, untimed = [], [], []
     for (w, _, origin, stored), point in zip(wanted, metered, strict=True):
         found, missing = objective_checks(w, point, origin, stored)

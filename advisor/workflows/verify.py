@@ -215,11 +215,12 @@ def verify_run(run_dir: Path, engine: str = "vllm", plan_ids: Sequence[str] = ()
     the recommendation and all-BF16 only, the served KL on fewer positions (:data:`QUICK_KL_ENTRIES`)."""
     from advisor.deploy.checkpoint import load_exported
     from advisor.deploy.engine_checkpoint import checkpoint_exporter
-    from advisor.deploy.engines import engine as engine_entry
     from advisor.deploy.recheck import read_summary, stored_plan, summary_recipe
     from advisor.deploy.verify_report import render_verify, served_operating_summary, write_report_section
     from advisor.deploy.vllm_engine import import_vllm
     from advisor.energy.prediction import gpu_here
+    from advisor.engines import engine as engine_entry
+    from advisor.engines import engines_that, listed
     from advisor.models.arithmetic import to_scoring_arithmetic
     from advisor.models.loading import load_model
     from advisor.report.plots import plot_operating_points
@@ -234,8 +235,9 @@ def verify_run(run_dir: Path, engine: str = "vllm", plan_ids: Sequence[str] = ()
     if not run_dir.is_dir():
         raise InputError(f"RUN_DIR {run_dir} is not a directory; give the folder `advisor search` wrote")
     summary = read_summary(run_dir / "summary.json")
-    if engine_entry(engine).name != "vllm":
-        raise InputError(f"--engine {engine}: `advisor verify` serves through vllm only (--engine vllm)")
+    if not engine_entry(engine).verifies:
+        raise InputError(f"--engine {engine}: `advisor verify` serves through "
+                         f"{listed(engines_that(lambda e: e.verifies), '--engine ')} only")
     plans: dict[str, Plan] = {}  # the inputs judged before what the machine lacks (exit 2 before 3)
     rec, _ = stored_plan(summary, None, run_dir / "summary.json")
     plans["recommendation"] = rec
