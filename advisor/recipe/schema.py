@@ -214,9 +214,8 @@ class Recipe(_Strict):
     @classmethod
     def _gpu_memory(cls, v: float | None) -> float | None:
         if v is not None and v <= RESERVED_GIB_PER_GPU:
-            raise ValueError(f"every GPU keeps {RESERVED_GIB_PER_GPU} GiB free (CUDA context, cuBLAS workspaces, "
-                             f"allocator slack), so a cap of {v:g} GiB leaves nothing for the model; give more than "
-                             f"{RESERVED_GIB_PER_GPU} GiB")
+            raise ValueError(f"every GPU keeps {RESERVED_GIB_PER_GPU} GiB free (CUDA context, workspaces), so a cap "
+                             f"of {v:g} GiB leaves nothing for the model; give more than {RESERVED_GIB_PER_GPU} GiB")
         return v
 
     @field_validator("storage")
