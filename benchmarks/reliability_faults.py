@@ -17,8 +17,8 @@ Writes reports/reliability_faults.json and .md (command, date, host, counts, eve
   more held-out tokens make trials long enough for the children to join in time).
   Expected: exit 0, the budget met, nothing RUNNING, no trial lost, the seconds it took to finish.
 * interrupts: `advisor search` of recipes/tiny.yaml (guided: baselines and knapsack proposals queued, 8 trials,
-  trials a second or two long) sent SIGINT or SIGTERM, and `--workers 2` killed with SIGKILL (the coordinator and
-  its child together), half a second after the line of trial 1, 3 or 7, then `--resume` (``--interrupts`` times
+  trials about a second long) sent SIGINT or SIGTERM, and `--workers 2` killed with SIGKILL (the coordinator and
+  its child together), 0.2 s after the line of trial 1, 3 or 7, then `--resume` (``--interrupts`` times
   each), and SIGINT after 13 of 40 trials, where TPE proposes scored plans again. Expected: SIGINT and SIGTERM exit
   130 with one line naming the resume (or 0 if the run ended first); the resume exits 0 with the budget met, each
   plan evaluated once (a plan proposed again is a repeat), no queued plan lost, nothing left RUNNING or WAITING.
@@ -59,8 +59,8 @@ KILL_HELDOUT = {"heldout_samples": 32, "heldout_seq_len": 64}
 INTERRUPT_TRIALS = 8
 INTERRUPT_AFTER = (2, 4, 8)  # finished trials before the signal: after the lines of trials 1, 3 and 7
 INTERRUPT_SIGNALS = ("SIGINT", "SIGTERM", "SIGKILL")  # SIGKILL: the process group of a `--workers 2` run
-INTERRUPT_DELAY_S = 0.5  # into the next trial
-INTERRUPT_HELDOUT = {"heldout_samples": 16, "heldout_seq_len": 64}  # a second or two a trial
+INTERRUPT_DELAY_S = 0.2  # into the next trial
+INTERRUPT_HELDOUT = KILL_HELDOUT  # about a second a trial, more under load
 SAMPLED = ("SIGINT", 13, 40)  # the sampler's turn: TPE after the queued plans proposes scored plans again
 
 
@@ -270,12 +270,13 @@ def _storage(url: str) -> Any:
 def interrupts_markdown(rows: list[dict[str, Any]]) -> list[str]:
     lines = ["", "## Ctrl-C, SIGTERM and kill -9, then `--resume` (guided sampler)", "",
              f"recipes/tiny.yaml ({INTERRUPT_TRIALS} trials: the baselines and knapsack proposals, all queued) with "
-             "trials a second or two long; the signal comes half a second after the line of trial 1, 3 or 7 (after "
-             "2, 4 or 8 finished trials; 8: during the stages after the trials). SIGKILL: `--workers 2`, the "
+             f"trials about a second long; the signal comes {INTERRUPT_DELAY_S:g} s after the line of trial 1, 3 or 7 "
+             "(after 2, 4 or 8 finished trials; 8: during the stages after the trials). SIGKILL: `--workers 2`, the "
              f"coordinator and its child killed together. Last row: {SAMPLED[2]} trials, so that TPE, after the "
-             "queued plans, proposes plans already scored, before and after the resume. Evaluated: complete trials "
-             "that were not a repeat of a scored plan; queued lost: a queued plan the budget admitted that no trial "
-             "finished.", "",
+             "queued plans, proposes plans already scored, before and after the resume. Its line says how many "
+             "trials had finished when the signal was taken (the trial it landed in is queued again). Evaluated: "
+             "complete trials that were not a repeat of a scored plan; queued lost: a queued plan the budget admitted "
+             "that no trial finished.", "",
              "| signal | workers | trials | after trials | exit | its line | resume exit | complete | evaluated | "
              "distinct plans | scored twice | queued lost | failed | retried |", "|" + "---|" * 14]
     for r in rows:

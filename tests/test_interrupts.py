@@ -192,3 +192,26 @@ def test_two_retries_of_one_failed_trial_run_once(recipe):
     twin = [t for t in study.get_trials() if "duplicate_retry_of" in t.user_attrs]
     assert len(twin) == 1 and twin[0].state == TrialState.PRUNED
     assert_each_plan_scored_once(study, TRIALS)
+
+
+def test_a_signal_whose_raise_python_swallowed_in_a_finalizer_is_raised_at_the_next_check(monkeypatch):
+    """Raised inside a finalizer, a KeyboardInterrupt cannot propagate (Python only prints it): the signal stays
+    noted, the next check between trials or stages raises it, and its traceback is not printed."""
+    import sys
+
+    from advisor.interrupts import check, stop_taken
+
+    printed = []
+    monkeypatch.setattr(sys, "unraisablehook", printed.append)  # what Python would print
+
+    class Finalized:
+        def __del__(self) -> None:
+            os.kill(os.getpid(), signal.SIGTERM)  # the handler runs here, inside the finalizer
+
+    with signals_handled():
+        Finalized()  # collected at once
+        with pytest.raises(KeyboardInterrupt):
+            check()
+        stop_taken()  # the command turned it into its stop
+        check()
+    assert printed == []

@@ -148,12 +148,12 @@ def _tiny_study(tmp_path: Path, journal: bool = False) -> optuna.Study:
     return optuna.load_study(study_name="tiny", storage=open_storage(url))
 
 
-SLOW_TRIALS = {"heldout_samples": 16, "heldout_seq_len": 64}  # a second or two a trial: a signal lands inside one
+SLOW_TRIALS = {"heldout_samples": 16, "heldout_seq_len": 64}  # about a second a trial: a signal lands inside one
 
 
 @pytest.mark.parametrize("signals, calibration, delay_s", [
     ((signal.SIGTERM, signal.SIGINT, signal.SIGTERM), {}, 0.0),  # lands between trials, in Optuna's bookkeeping
-    ((signal.SIGINT, signal.SIGTERM, signal.SIGINT), SLOW_TRIALS, 0.5),  # lands inside the next evaluation
+    ((signal.SIGINT, signal.SIGTERM, signal.SIGINT), SLOW_TRIALS, 0.2),  # lands inside the next evaluation
 ], ids=["between-trials", "inside-a-trial"])
 def test_signals_after_trials_1_3_and_7_then_resume_score_each_queued_plan_once(tmp_path, tiny_model_dir, signals,
                                                                                  calibration, delay_s):
@@ -188,7 +188,7 @@ def test_kill_9_of_a_workers_run_then_resume_scores_each_queued_plan_once(tmp_pa
     resume fails and retries what the dead processes left running, and re-scores nothing."""
     path = _tiny_recipe_file(tmp_path, **SLOW_TRIALS)
     proc = _search(path, "--workers", "2", own_group=True)
-    _stop_after(proc, 4, 0, lambda: os.killpg(proc.pid, signal.SIGKILL), 0.5)
+    _stop_after(proc, 4, 0, lambda: os.killpg(proc.pid, signal.SIGKILL), 0.2)
     proc.communicate(timeout=60)
     assert proc.returncode == -signal.SIGKILL
     resumed = _search(path, "--workers", "2", "--resume")

@@ -18,7 +18,7 @@ from advisor import __version__
 from advisor.deploy.model_identity import tokenizer_fingerprint
 from advisor.errors import AdvisorError, InputError, Interrupted
 from advisor.files import write_text_atomically
-from advisor.interrupts import check, deferred, signals_handled
+from advisor.interrupts import check, deferred, signals_handled, stop_taken
 from advisor.recipe.schema import Recipe
 from advisor.report.schema import Summary
 from advisor.report.summary import write_report
@@ -72,8 +72,10 @@ def run(recipe: Recipe, resume: bool = False, console: Console | None = None,
                     failed = False  # the study is kept for the resume the message names
                     raise
                 finally:
-                    owned.release(discard_if_empty=failed)
+                    with deferred():  # a second signal cannot leave the study claimed
+                        owned.release(discard_if_empty=failed)
         except KeyboardInterrupt:
+            stop_taken()
             raise Interrupted("interrupted before the study was opened: nothing was changed; run the same command "
                               "again") from None
     return summary
@@ -165,7 +167,8 @@ def stopped_on_exit(children: list[subprocess.Popen]) -> Iterator[None]:
     try:
         yield
     except BaseException:
-        stop_workers(children)
+        with deferred():  # a second signal cannot leave them running
+            stop_workers(children)
         raise
 
 
@@ -176,9 +179,11 @@ def interrupts_as_errors(study: optuna.Study, recipe: Recipe, resume_command: st
     try:
         check()  # a signal noted while the study was being opened
         yield
+        check()  # at the latest: a signal whose raise Python swallowed (in a finalizer) is not lost
     except KeyboardInterrupt:
         with deferred():
             done = finished_trials(study)
+        stop_taken()
         raise Interrupted(f"interrupted: {done} finished trials are kept in {redact_url(recipe.storage_url)}; "
                           f"continue with: {resume_command}") from None
 
@@ -307,6 +312,7 @@ def benchmark_stage(study: optuna.Study, ctx: RunContext, recipe: Recipe, progre
 @contextmanager
 def timed(ctx: RunContext, key: str) -> Iterator[None]:
     """The seconds of one stage into the run's timings (summary.json's ``timings_s``)."""
+    check()  # between stages: a signal whose raise was swallowed is taken here
     t = time.perf_counter()
     try:
         yield

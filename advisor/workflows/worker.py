@@ -18,7 +18,7 @@ from rich.console import Console
 
 from advisor.errors import InputError, Interrupted
 from advisor.files import temporary_folder
-from advisor.interrupts import signals_handled
+from advisor.interrupts import signals_handled, stop_taken
 from advisor.recipe import validate_recipe
 from advisor.search.artifacts import fetch_tokens
 from advisor.search.storage import absolute_url, open_storage, redact_url
@@ -42,6 +42,7 @@ def run_worker(url: str, study_name: str, work_dir: Path | None = None, artifact
                     return _run_worker(url, study_name, folder, artifacts, console)
             return _run_worker(url, study_name, work_dir, artifacts, console)
         except KeyboardInterrupt:
+            stop_taken()
             raise Interrupted(f"interrupted: this worker's trial in flight, if any, is queued again in study "
                               f"{study_name!r}; its other processes go on") from None
 
