@@ -250,7 +250,7 @@ CASES: list[Case] = [
     case("export RUN_DIR missing", "export {ws}/no_run --out {ws}/export", 2,
          "is not a directory", "give the folder `advisor search` wrote"),
     case("export RUN_DIR without summary.json", "export {empty_dir} --out {ws}/export", 2,
-         "does not exist", "rebuild it with `advisor report"),
+         "does not exist", "give the run folder or the summary.json `advisor search` wrote"),
     case("export --out is a file", "export {run} --out {a_file}", 2,
          "is a file, not a folder", "give a folder path"),
     case("export --out not empty", "export {run} --out {run}", 2,
@@ -264,7 +264,7 @@ CASES: list[Case] = [
     case("export without --out", "export {run}", 2, "Missing option '--out'", "see `advisor export --help`"),
     # ---------------------------------------------------------------- recheck (every error exits 2)
     case("recheck summary missing", "recheck --recommendation {ws}/none.json --model {tiny_model}", 2,
-         "does not exist", "give the summary.json `advisor search` wrote"),
+         "does not exist", "give the run folder or the summary.json `advisor search` wrote"),
     case("recheck summary not JSON", "recheck --recommendation {summary_not_json} --model {tiny_model}", 2,
          "is not valid JSON", "rebuild it with `advisor report"),
     case("recheck summary without recommendation", "recheck --recommendation {summary_no_rec} "

@@ -137,3 +137,16 @@ def test_a_run_without_a_recommendation_is_still_read(summary, tmp_path):
     path = tmp_path / "summary.json"
     path.write_text(json.dumps(summary))
     assert load_summary(path).recommendation is None
+
+
+def test_a_missing_summary_points_to_advisor_report_only_where_a_study_is_there(tmp_path):
+    import pytest
+
+    from advisor.errors import InputError
+    from advisor.report.schema import load_summary
+
+    with pytest.raises(InputError, match="give the run folder or the summary.json `advisor search` wrote"):
+        load_summary(tmp_path)
+    (tmp_path / "study.db").write_bytes(b"")
+    with pytest.raises(InputError, match=f"rebuild it with `advisor report {tmp_path}`"):
+        load_summary(tmp_path)

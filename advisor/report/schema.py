@@ -256,8 +256,9 @@ def load_summary(path: Path | str) -> Summary:
     if path.is_dir():
         path = path / "summary.json"
     if not path.is_file():
-        raise InputError(f"{path} does not exist; give the summary.json `advisor search` wrote "
-                         "(or rebuild it with `advisor report RUN_DIR`)")
+        study = any((path.parent / name).exists() for name in ("study.db", "study.journal"))
+        raise InputError(f"{path} does not exist; " + (f"rebuild it with `advisor report {path.parent}` (its study "
+                         "is there)" if study else "give the run folder or the summary.json `advisor search` wrote"))
     try:
         data = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError) as exc:
