@@ -238,7 +238,7 @@ def measure(
             raise InputError(f"an objective needs the GPU kind its step times are predicted for: the GPU here "
                              f"({gpu_here()[1]}) is not one the advisor knows; give --target "
                              f"{'|'.join(g.value for g in GPU)}")
-        point = predicted_point(p, shape, kind, workload, config)
+        point = predicted_point(p, shape, kind, workload, config, engine)
     if engine == "vllm":
         from advisor.deploy.engines import import_engine
         from advisor.deploy.serving_gpus import checkpoint_bytes, gpus_label, serving_gpus_for

@@ -32,3 +32,12 @@ def energy_tier(recipe: Recipe) -> str:
 
     here, _ = gpu_here()
     return "measured" if here == recipe.target else "predicted"
+
+
+def priced_engine(recipe: Recipe) -> str:
+    """The engine whose steps the predicted tier prices (:func:`advisor.energy.prediction.priced_engine`): the
+    built-in runtime's where it measures this run's plans (``energy`` resolving to measured, ``engine: builtin``),
+    else vLLM's, the export's default serving."""
+    from advisor.energy.prediction import priced_engine as rule
+
+    return rule(recipe.engine, energy_tier(recipe) == "measured")
