@@ -95,11 +95,13 @@ class VllmServedModel:
         self.steps = VllmSteps(builtin, self.terms, shape.num_layers)
         self.vllm_version = str(profile["vllm_version"])
         self.installed = installed
-        self.label = f"predicted ({self._words(builtin.label)})"
+        self.label = self._words(builtin.label)
 
     def _words(self, builtin_label: str) -> str:
+        """``builtin_label`` ("predicted[ for N GPUs] (...)") with the vLLM step model named first inside."""
         p = self.profile
-        inner = builtin_label.removeprefix("predicted (").removesuffix(")")
+        head, _, inner = builtin_label.partition(" (")
+        inner = inner.removesuffix(")")
         words = (f"vLLM {self.vllm_version} step model: engine terms fitted on {p['gpu']}, driver {p['driver']}, "
                  f"{p['date']}")
         if p.get("anchor"):
@@ -108,7 +110,7 @@ class VllmServedModel:
         if self.installed and self.installed != self.vllm_version:
             words += (f"; vLLM {self.installed} is installed, but the profile is of vLLM {self.vllm_version}: its "
                       "engine terms may not hold for it")
-        return words
+        return f"{head} ({words})"
 
     def with_terms(self, terms: EngineTerms) -> VllmServedModel:
         """This model with other engine terms (the built-in costs it has read are kept: a fit changes only these)."""
@@ -182,8 +184,7 @@ class VllmServedModel:
 
     def step_source(self, plan: Plan) -> str:
         """The label of what prices ``plan``'s steps (the built-in tier's fallback named where it takes over)."""
-        inner = getattr(self.builtin, "step_source", lambda _p: self.builtin.label)(plan)
-        return f"predicted ({self._words(inner)})"
+        return self._words(getattr(self.builtin, "step_source", lambda _p: self.builtin.label)(plan))
 
     def estimate(self, plan: Plan, workload: Workload) -> EnergyEstimate:
         """J/token of ``workload`` at its batch as vLLM serves it: the steady state's, the prefill's share split
