@@ -199,7 +199,8 @@ class Recipe(_Strict):
         "builtin", description="what runs the plans the measured tier measures: builtin (the advisor's runtime, "
         "random weights of the model's shape), tensorrt_llm (the exported checkpoint through TensorRT-LLM's "
         "LLM API; needs the package) or vllm (the exported checkpoint through vLLM's offline LLM API, one "
-        "engine per process; needs the package)")
+        "engine per process; needs the package). The predicted tier prices plans as vLLM serves them unless the "
+        "built-in runtime measures them")
     gpus: int | None = Field(None, ge=1, le=64, description="GPUs of this node one vLLM engine spreads a served plan "
                              "over (tensor parallelism, engine vllm; unset: the fewest that hold it)")
 

@@ -15,12 +15,15 @@ The B200 profile's other terms (host time, launches) are the H100 profile's: the
     python benchmarks/engine_true/mlenergy_b200.py --fit ML/meta-llama__Llama-3.1-8B-Instruct__lm-arena-chat.json \
         --heldout ML/Qwen__Qwen3-8B__lm-arena-chat.json ML/Qwen__Qwen3-14B__lm-arena-chat.json \
         ML/Qwen__Qwen3-30B-A3B-Instruct-2507__lm-arena-chat.json --ml-commit COMMIT
-    (ML: the files read out of a checkout, e.g. ``git show COMMIT:public/data/models/NAME.json > ML/NAME.json``)
+    (ML: a folder of the files read out of a checkout of github.com/ml-energy/leaderboard,
+    ``git show COMMIT:public/data/models/NAME.json > ML/NAME.json``; they are not kept in this repository, only the
+    numbers the report quotes)
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import math
 import os
@@ -150,7 +153,7 @@ def table(rows: list[dict[str, Any]], inputs: tuple[int, ...]) -> list[str]:
     return md_table(["model", "GPU", "batch", "output tokens (mean)", "J/token measured (ML.ENERGY)",
                      "J/token predicted", "error %", "built-in runtime's prediction, error %",
                      *[f"error % at {n} in" for n in inputs], "tokens/s measured", "tokens/s predicted",
-                     "error %"], body, "lll" + "r" * (len(inputs) + 10))
+                     "error %"], body, "lll" + "r" * (len(inputs) + 8))
 
 
 def markdown(report: dict[str, Any]) -> str:
@@ -184,6 +187,7 @@ def main(argv: list[str] | None = None) -> None:
     fit_rows = [r for f in args.fit for r in ml_rows(f)]
     spec = GPU_SPECS[GPU.B200]
     base = {**h100, "gpu": "NVIDIA B200 (datasheet-derived device costs)", "gpu_kind": "b200", "driver": "n/a",
+            "date": datetime.date.today().isoformat(),
             "params": {**h100["params"], "gap_power_w": spec.idle_w}}
     scales, bridge = fit_b200(fit_rows, h100, base)
     files = sorted(Path(f).name for f in args.fit)
@@ -237,9 +241,10 @@ def notes(commit: str, fitted: list[str], heldout: list[str]) -> list[str]:
         "below), BF16, under ML.ENERGY's serving settings (vLLM's own CUDA-graph bound, min(2 x max_num_seqs, 512), "
         f"and its OpenAI server's {SERVER_BATCHED_TOKENS}-token budget), each row's mean output length.",
         f"- **Input length: {INPUT_TOKENS} tokens assumed.** The files give output lengths only (LM Arena "
-        "conversations, mean about 400 tokens out). 512 is this project's reference prompt, and a chat turn with its "
-        "history is of that order; the columns 'error % at 256 / 1024 in' show what the assumption moves (the "
-        "prefill's share of J/token and the eager steps it makes under vLLM's default graph bound).",
+        "conversations, about 400 tokens out on average for this model); they do not say how long the prompts were. "
+        "512 is this project's reference prompt (its verify and operating-point runs serve 512 in); the columns "
+        "'error % at 256 / 1024 in' show what the assumption moves: the prefill's share of J/token, and the steps "
+        "that run eagerly under vLLM's default graph bound when a prompt joins them.",
         "- **The B200 anchor.** Fitted on the Llama-3.1-8B file only: B200's device time and energy-over-idle scales "
         "make the B200 prediction miss each B200 row as the H100 prediction misses ML.ENERGY's H100 row of the same "
         "batch (the bridge: what vLLM 0.11.1 against 0.26.0 and the prompt length do on H100 is taken to do the same "
