@@ -204,7 +204,7 @@ def main(argv: list[str] | None = None) -> None:
                               for n, v in sorted(bridge.items())) + "."),
                "anchor": {"label": label, "repository": "github.com/ml-energy/leaderboard", "commit": args.ml_commit,
                           "files": files, "vllm_version": ML_VLLM, "input_tokens_assumed": INPUT_TOKENS,
-                          "batches": sorted(bridge), **scales}}
+                          "batches": sorted(bridge), **{k: round(v, 6) for k, v in scales.items()}}}
     dump_json(Path(args.profile_out), profile, indent=1, newline=True)
     profiles = {"h100": h100, "b200": profile}
     rows = compare(fit_rows, profiles, SENSITIVITY_INPUTS)

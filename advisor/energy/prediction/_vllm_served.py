@@ -4,8 +4,8 @@
 B requests in flight, each for ``L_out`` tokens: a step admits ``k`` new prompts, Poisson with mean
 ``lambda = B / L_out`` (as :mod:`advisor.search.operating`), and runs them with the decodes, chunked over further
 steps where they do not fit the token budget. A step of ``k`` admissions and the steps its chunks spill into make
-one cycle of ``n_k`` steps costing ``T_k`` ms and ``J_k``; with ``p_k`` the Poisson weights (``lambda`` raised so
-that ``B`` tokens a step still balance ``lambda / L_out`` requests a step over cycles of several steps):
+one cycle of ``n_k`` steps costing ``T_k`` ms and ``J_k``; with ``p_k`` the Poisson weights (a cycle of ``n``
+steps admits ``B n / L_out`` prompts on average, ``n`` averaged over the cycles by iteration):
 
 - mean step ``m = sum p_k T_k / sum p_k n_k``; tokens/s ``B / m``; J/token ``sum p_k J_k / (B sum p_k n_k)``;
 - TPOT at quantile q: ``m + z_q sd`` over a request's ``L_out`` steps (``sd``: the spread of ``T_k - m n_k``
@@ -22,7 +22,8 @@ import math
 from functools import lru_cache
 from importlib import metadata
 
-from scipy.stats import norm
+import numpy as np
+from scipy.stats import norm, poisson
 
 from advisor.energy.prediction._vllm_step import (
     EngineTerms,
@@ -53,24 +54,11 @@ def installed_vllm_version() -> str | None:
 
 @lru_cache(maxsize=4096)
 def poisson_weights(lam: float) -> tuple[float, ...]:
-    """P(k) of a Poisson count of mean ``lam`` for k = 0, 1, ... until all but :data:`TAIL` is covered, normalised."""
-    weights, k, total = [], 0, 0.0
-    while total < 1 - TAIL and k < 10_000:
-        w = math.exp(k * math.log(lam) - lam - math.lgamma(k + 1)) if lam > 0 else float(k == 0)
-        weights.append(w)
-        total += w
-        k += 1
-    return tuple(w / total for w in weights)
-
-
-def poisson_quantile(weights: tuple[float, ...], q: float) -> int:
-    """The smallest k whose cumulative weight reaches ``q`` (scipy's ``poisson.ppf``)."""
-    total = 0.0
-    for k, w in enumerate(weights):
-        total += w
-        if total >= q - 1e-12:
-            return k
-    return len(weights) - 1
+    """P(k) of a Poisson count of mean ``lam`` for k = 0, 1, ... until all but :data:`TAIL` is covered, normalised
+    (one vectorised call: a served steady state asks for thousands)."""
+    ks = np.arange(int(poisson.ppf(1 - TAIL, lam)) + 1)
+    weights = poisson.pmf(ks, lam)
+    return tuple(float(w) for w in weights / weights.sum())
 
 
 @lru_cache(maxsize=8)
@@ -158,7 +146,7 @@ class VllmServedModel:
         spread = sum(w * (at(k)[0] - mean_step * at(k)[2]) ** 2 for k, w in enumerate(weights))
         q = QUANTILE[workload.quantile]
         tpot = mean_step + float(norm.ppf(q)) * math.sqrt(spread / (steps_per_cycle * lout))
-        others = poisson_quantile(weights, q)
+        others = int(poisson.ppf(q, lam))
         ttft = (q + self.terms.admission_steps) * mean_step + at(1 + others)[0]
         return SteadyState(batch=batch, tpot_ms=tpot, ttft_ms=ttft, j_per_token=e_j / (batch * steps_per_cycle),
                            tokens_per_s=batch / (mean_step / 1e3), power_w=e_j / (e_ms / 1e3))

@@ -37,6 +37,7 @@ from functools import lru_cache
 
 from advisor.formats import GPUSpec
 from advisor.plan import Plan
+from advisor.search.operating import StepModel
 
 #: vLLM 0.26's max_num_batched_tokens for its offline ``LLM`` class where the GPU has >= 70 GiB (H100, H200,
 #: B200), else 8192 (vllm/engine/arg_utils.py, EngineArgs.get_batch_defaults)
@@ -155,7 +156,7 @@ class VllmSteps:
     """The cost of vLLM steps of one model: ``builtin`` gives the device's costs (a predicted tier's step model),
     ``terms`` the engine's, ``layers`` the decoder layers a PIECEWISE or eager pass launches."""
 
-    builtin: object  # a StepModel: decode_step(plan, batch, context), prefill(plan, length) -> (ms, J)
+    builtin: StepModel
     terms: EngineTerms
     layers: int
     _calls: dict[tuple, tuple[float, float]] = field(default_factory=dict, repr=False)
