@@ -30,7 +30,13 @@ class UnsupportedError(AdvisorError):
 
 
 class UnsupportedArchitectureError(UnsupportedError):
-    """The model's family has no adapter, or the model is not a decoder-only causal LM (exit code 3)."""
+    """The model's family has no adapter, or the model is not a decoder-only causal LM (exit code 2).
+
+    A bad model, like any other input the command cannot use: the machine lacks nothing, and every path
+    (search, its dry run, eval, export, recheck) exits the same way. An ``UnsupportedError`` still, so the
+    energy side's fallbacks (no runtime decoder for a family: price it another way) keep catching it."""
+
+    exit_code = 2
 
 
 class Interrupted(AdvisorError):

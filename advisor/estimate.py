@@ -121,3 +121,16 @@ class EnergyModel(Protocol):
     measured: bool
 
     def estimate(self, plan: Plan, workload: Workload) -> EnergyEstimate: ...
+
+
+class PredictedModel(EnergyModel, Protocol):
+    """A predicted tier (``energy/prediction``): an energy model that also gives (ms, J) of one decode step and of
+    one request's prefill, which operating points are computed from, and names the model whose step times price
+    a plan (a tier's fallback where the tier cannot). Measured tiers are :class:`~advisor.search.engine_contract.
+    MeasuredTier`."""
+
+    def decode_step(self, plan: Plan, batch: int, context: float) -> tuple[float, float]: ...
+
+    def prefill(self, plan: Plan, length: int) -> tuple[float, float]: ...
+
+    def step_source(self, plan: Plan) -> str: ...

@@ -126,6 +126,19 @@ def _full_disk_line(filename: object, what: str | None = None) -> str:
             "or write to another disk (--out, --storage) and run the command again")
 
 
+def name_too_long_message(exc: BaseException) -> str | None:
+    """One line naming the path when ``exc`` (or one it was raised from) says a name in it is longer than the file
+    system allows (ENAMETOOLONG: 255 bytes a name on Linux); None otherwise. Every path comes from the user: bad
+    input (exit 2)."""
+    for current in exception_chain(exc):
+        if isinstance(current, OSError) and current.errno == errno.ENAMETOOLONG:
+            where = f"{current.filename}" if current.filename else "a path given"
+            longest = max((len(os.fsencode(part)) for part in Path(where).parts), default=0)
+            return (f"{where}: a file name in it is too long for the file system (its longest part is {longest} "
+                    "bytes; Linux allows 255); give a shorter path or name")
+    return None
+
+
 @contextlib.contextmanager
 def temporary_folder(prefix: str) -> Iterator[Path]:
     """A new folder under the system's temporary directory, removed on every way out: a return, an

@@ -182,3 +182,6 @@ class Plan:
         except OSError as exc:
             raise InputError(f"cannot read plan file {path}: {exc.strerror}; "
                              "`advisor show RUN_DIR --plan ID > plan.json` writes one") from None
+        except UnicodeDecodeError:
+            raise InputError(f"plan file {path} is not UTF-8 text (a binary file?); give a plan JSON file: "
+                             "`advisor show RUN_DIR --plan ID > plan.json` writes one") from None

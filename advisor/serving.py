@@ -17,11 +17,15 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
+from advisor.engines import ENGINE_TABLE
 from advisor.formats import GPU, GPU_SPECS, Format
 from advisor.plan import Plan
 
 Level = Literal["ok", "caveat", "problem"]
-ENGINES = ("TensorRT-LLM", "vLLM", "SGLang")
+#: the engines that serve an exported checkpoint (advisor.engines' table), and SGLang, which loads it too but which
+#: the advisor does not run: it is judged from its documentation and tracker alone
+ENGINES = (*(e.title for e in ENGINE_TABLE.values() if e.serves_checkpoint), "SGLang")
+NO_FACTS = "not assessed"  # the verdict for an engine of the table no fact below is about
 FUSED_KINDS = ("qkv", "gate_up", "shared_gate_up")
 NOT_RUN = ("per the engines' documentation and public reports, read 2026-11-22, and what vLLM 0.26.0 did with "
            "such exports on an H200 here (reports/benchmarks/vllm_verify.md)")
@@ -172,7 +176,7 @@ FACTS: tuple[Fact, ...] = (
 @dataclass(frozen=True)
 class EngineVerdict:
     engine: str
-    verdict: str  # "serves", "serves, with caveats", "may fail"
+    verdict: str  # "serves", "serves, with caveats", "may fail", or NO_FACTS
     facts: tuple[Fact, ...]
 
     @property
@@ -189,6 +193,8 @@ def engine_compatibility(plan: Plan, target: str | None = None, facts: Iterable[
         met = tuple(f for f in facts if f.engine == engine and f.applies(traits))
         levels = {f.level for f in met}
         verdict = "may fail" if "problem" in levels else "serves, with caveats" if "caveat" in levels else "serves"
+        if not any(f.engine == engine for f in facts):  # an engine added to the table and not yet researched
+            verdict = NO_FACTS
         out.append(EngineVerdict(engine, verdict, met))
     return out
 

@@ -19,6 +19,7 @@ from advisor.energy.meter import GPUState
 from advisor.estimate import EnergyEstimate
 from advisor.formats import FORMAT_SPECS, Format
 from advisor.plan import Plan
+from advisor.search.engine_contract import MeasuredTier
 from advisor.search.study import Evaluation
 
 
@@ -206,11 +207,9 @@ class AdditiveEvaluator:
         return Evaluation(kl=kl, ppl=10 * math.exp(kl), ppl_bf16=10.0, energy=[est])
 
 
-class FakeMeasuredGPU:
+class FakeMeasuredGPU(MeasuredTier):
     """A measured tier on one named fake GPU (a worker's unit): ``scale`` times :class:`AdditiveEvaluator`'s
     J/token (units may draw differently), ``delay_s`` per estimate, NVFP4 refused as on Hopper."""
-
-    measured = True
 
     def __init__(self, gpu_uuid: str | None = "GPU-fake-0", scale: float = 1.0, delay_s: float = 0.0) -> None:
         self.gpu_uuid, self.gpu_name, self.scale, self.delay_s = gpu_uuid, "Fake GPU", scale, delay_s

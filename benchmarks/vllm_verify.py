@@ -89,7 +89,7 @@ def serve_or_record(job: Any, dry_run: bool) -> dict[str, Any]:
 
 def build_checkpoints(config: Any, plans: dict[str, Plan], root: Path, device: str) -> dict[str, Path]:
     import torch
-    from transformers import LlamaForCausalLM
+    from transformers import AutoModelForCausalLM
 
     from advisor.calibration.tokens import forward_loop
     from advisor.deploy.export import write_checkpoint
@@ -100,7 +100,7 @@ def build_checkpoints(config: Any, plans: dict[str, Plan], root: Path, device: s
         return {name: root / name for name in plans}
     torch.manual_seed(0)
     with torch.device(device):
-        model = LlamaForCausalLM(config).to(torch.bfloat16).eval()
+        model = AutoModelForCausalLM.from_config(config).to(torch.bfloat16).eval()
     model.config.dtype = torch.bfloat16  # ModelOpt's export reads it as a torch dtype
     groups = model_shape(model).groups
     calib = torch.randint(0, config.vocab_size, (8, 128), generator=torch.Generator().manual_seed(1))

@@ -84,7 +84,7 @@ CASES: list[Case] = [
          "has no config.json", "give the folder that holds config.json"),
     case("search --model corrupt config.json", f"{SEARCH} --model {{corrupt_config}}", 2,
          "cannot read the model config", "give a folder with a valid config.json"),
-    case("search --model unknown model_type", f"{SEARCH} --model {{unknown_type}}", 3,
+    case("search --model unknown model_type", f"{SEARCH} --model {{unknown_type}}", 2,
          "is not supported", "supported model types: gemma2"),
     case("search --model BERT encoder", f"{SEARCH} --model {{bert}}", 2,
          "not a causal (decoder-only) language model", "causal LMs such as Llama"),
@@ -202,7 +202,7 @@ CASES: list[Case] = [
          "cannot parse 'notaurl'", "give one like sqlite:///"),
     # ---------------------------------------------------------------- show
     case("show without summary.json", "show {empty_dir}", 2,
-         "does not exist", "run `advisor report"),
+         "is not a run directory", "give the folder `advisor search` wrote"),
     case("show summary.json not JSON", "show {summary_not_json}", 2,
          "is not valid JSON", "rebuild it with `advisor report"),
     case("show summary.json a list", "show {summary_list}", 2,
@@ -366,6 +366,122 @@ CASES: list[Case] = [
     case("unknown command", "serve", 2, "No such command 'serve'", "see `advisor --help`"),
     case("unknown global option", "--verbose show {empty_dir}", 2, "No such option: --verbose",
          "see `advisor --help`"),
+    # issue 54: summary and exit codes
+    case("show summary.json whose KL is NaN", "show {summary_kl_nan}", 2,
+         ".kl: got nan; a KL is a finite number >= 0", "rebuild it with `advisor report", added="issue 54"),
+    case("show summary.json whose KL is -1", "show {summary_kl_negative}", 2,
+         ".kl: got -1.0; a KL is a finite number >= 0", "rebuild it with `advisor report", added="issue 54"),
+    case("show summary.json whose J/token is infinite", "show {summary_j_inf}", 2,
+         ".energy.0.j_per_token: got inf; a J/token is a finite number > 0", "rebuild it with `advisor report",
+         added="issue 54"),
+    case("show summary.json without the recommended trial", "show {summary_rec_gone}", 2,
+         "is not among the trials", "rebuild it with `advisor report", added="issue 54"),
+    case("export summary.json without the recommended trial", "export {summary_rec_gone_dir} --out {ws}/export54",
+         2, "is not among the trials", "rebuild it with `advisor report", added="issue 54"),
+    case("recheck summary.json without the recommended trial", "recheck --recommendation {summary_rec_gone} "
+         "--model {tiny_model} --out {ws}/recheck54", 2, "is not among the trials", "rebuild it with `advisor report",
+         added="issue 54"),
+    case("verify summary.json without the recommended trial", "verify {summary_rec_gone_dir}", 2,
+         "is not among the trials", "rebuild it with `advisor report", added="issue 54"),
+    case("export summary.json whose KL is NaN", "export {summary_kl_nan_dir} --out {ws}/export54", 2,
+         ".kl: got nan", "rebuild it with `advisor report", added="issue 54"),
+    case("recheck summary.json whose KL is -1", "recheck --recommendation {summary_kl_negative} --model {tiny_model} "
+         "--out {ws}/recheck54", 2, ".kl: got -1.0", "rebuild it with `advisor report", added="issue 54"),
+    case("measure --plan a binary file", "measure --plan {binary_file}", 2,
+         "is not UTF-8 text", "writes one", added="issue 54"),
+    case("search --storage journal: in a read-only folder", f"{SEARCH} --storage journal:{{read_only}}/s.journal", 2,
+         "cannot open the journal", "give a journal file in a folder you can write to", needs=("read_only",),
+         added="issue 54"),
+    case("search --storage sqlite:/// in a read-only folder", f"{SEARCH} --storage sqlite:///{{read_only}}/s.db", 2,
+         "cannot open sqlite:///", "give a storage you can write to", needs=("read_only",), added="issue 54"),
+    case("search --name of 300 characters", f"{SEARCH} --name {'a' * 300}", 2,
+         "name (set by a flag)", "String should have at most 255 characters", added="issue 54"),
+    case("search --out with a 300-character name", f"search -r {{tiny_recipe}} --out {{ws}}/{'b' * 300}", 2,
+         "a file name in it is too long for the file system", "give a shorter path or name", added="issue 54"),
+    case("verify --plan unknown, without vLLM", "verify {run} --plan nope", 2,
+         "no plan 'nope'", "known:", added="issue 54"),
+    case("verify --lambada missing, without vLLM", "verify {run} --lambada {ws}/none.jsonl", 2,
+         "--lambada: cannot read", "give a LAMBADA JSONL file", added="issue 54"),
+    case("verify --lambada a binary file, without vLLM", "verify {run} --lambada {binary_file}", 2,
+         "is not UTF-8 text", "give a LAMBADA JSONL file", added="issue 54"),
+    case("search --workload with a key twice", f"{SEARCH} --workload chat:batch=16,batch=32", 2,
+         "batch sets batch_size a second time", "give each setting once", added="issue 54"),
+    case("search --gpu-memory within the 2 GiB reserve", f"{SEARCH} --gpu-memory 1.5", 2,
+         "every GPU keeps 2 GiB free", "give more than 2 GiB", added="issue 54"),
+    case("search --storage ''", [*SEARCH.split(), "--storage", ""], 2,
+         "storage (set by a flag): got ''; an empty URL names no database", "give one like sqlite:///",
+         added="issue 54"),
+    case("show on a missing folder", "show {ws}/no_run", 2,
+         "does not exist", "give the folder `advisor search` wrote", added="issue 54"),
+    # issue 54: model config vs weights
+    case("search --model config of 4 layers over 2-layer weights", f"{SEARCH} --model {{cfg_4_layers}}", 2,
+         "says num_hidden_layers 4, but the weights hold 2 layers; model.layers.2.self_attn.q_proj.weight is missing",
+         "give the config.json that came with these weights", added="issue 54"),
+    case("search --model config of 1 layer over 2-layer weights", f"{SEARCH} --model {{cfg_1_layer}}", 2,
+         "says num_hidden_layers 1, but the weights hold 2 layers; model.layers.1.",
+         "give the config.json that came with these weights", added="issue 54"),
+    case("search --model Qwen2 config over Llama weights", f"{SEARCH} --model {{cfg_qwen2}}", 2,
+         "model.layers.0.self_attn.q_proj.bias is missing from the weights",
+         "give the config.json that came with these weights", added="issue 54"),
+    case("search --model Llama config with attention_bias over weights without", f"{SEARCH} --model {{cfg_bias}}", 2,
+         "model.layers.0.self_attn.q_proj.bias is missing from the weights, but the config's model has it "
+         "(attention_bias true)", "give the config.json that came with these weights", added="issue 54"),
+    case("search --model hidden_size 64 over 128-wide weights", f"{SEARCH} --model {{cfg_hidden}}", 2,
+         "lm_head.weight is [2048, 128] in the weights, but config.json makes it [2048, 64]",
+         "give the config.json that came with these weights", added="issue 54"),
+    case("search --model vocab_size 4096 over a 2048-token table", f"{SEARCH} --model {{cfg_vocab}}", 2,
+         "lm_head.weight is [2048, 128] in the weights, but config.json makes it [4096, 128]",
+         "give the config.json that came with these weights", added="issue 54"),
+    case("search --dry-run config of 4 layers over 2-layer weights",
+         "search -r {tiny_recipe} --dry-run --gpus 1 --gpu-memory 80 --model {cfg_4_layers}", 2,
+         "says num_hidden_layers 4, but the weights hold 2 layers", "give the config.json that came with these weights",
+         added="issue 54"),
+    case("eval --model config of 4 layers over 2-layer weights", "eval --plan bf16 --model {cfg_4_layers} "
+         "--tasks lambada_openai --data-dir {eval_data}", 2, "says num_hidden_layers 4, but the weights hold 2 layers",
+         "give the config.json that came with these weights", added="issue 54"),
+    case("export --model hidden_size 64 over 128-wide weights", "export {run} --out {ws}/export54 --model {cfg_hidden}",
+         2, "lm_head.weight is [2048, 128] in the weights", "give the config.json that came with these weights",
+         added="issue 54"),
+    case("recheck --model vocab_size 4096 over a 2048-token table", "recheck --recommendation {run} "
+         "--model {cfg_vocab} --out {ws}/recheck54", 2, "config.json makes it [4096, 128]",
+         "give the config.json that came with these weights", added="issue 54"),
+    case("search --model config without hidden_size", f"{SEARCH} --model {{cfg_no_hidden}}", 2,
+         "config.json has no hidden_size", "give the config.json that came with the model's weights", added="issue 54"),
+    case("search --dry-run config without hidden_size",
+         "search -r {tiny_recipe} --dry-run --gpus 1 --gpu-memory 80 --model {cfg_no_hidden}", 2,
+         "config.json has no hidden_size", "give the config.json that came with the model's weights", added="issue 54"),
+    case("search --model config of 0 layers", f"{SEARCH} --model {{cfg_0_layers}}", 2,
+         "num_hidden_layers is 0, not a positive whole number", "give the config.json that came with the model's",
+         added="issue 54"),
+    case("search --model config of -2 layers", f"{SEARCH} --model {{cfg_minus_2_layers}}", 2,
+         "num_hidden_layers is -2, not a positive whole number", "give the config.json that came with the model's",
+         added="issue 54"),
+    case('search --model config hidden_size "128"', f"{SEARCH} --model {{cfg_hidden_str}}", 2,
+         'hidden_size is "128", not a positive whole number', "give the config.json that came with the model's",
+         added="issue 54"),
+    case("search --model GGUF block_count 2 over 1 block", f"{SEARCH} --model {{gguf_missing_block}}", 2,
+         "llama.block_count says 2 layers, but blk.1.* tensors are missing", "convert or download the model again",
+         added="issue 54"),
+    case("search --dry-run --gpus 100000", "search -r {tiny_recipe} --dry-run --gpus 100000 --gpu-memory 80", 2,
+         "--gpus 100000: a plan is for one node of 1 to 64 GPUs", "give at most 64", added="issue 54"),
+    case("search --model GPT-2 (no adapter)", f"{SEARCH} --model {{gpt2}}", 2,
+         "model_type 'gpt2' is not supported", "supported model types:", added="issue 54"),
+    case("search --dry-run --model GPT-2 (no adapter)",
+         "search -r {tiny_recipe} --dry-run --gpus 1 --gpu-memory 80 --model {gpt2}", 2,
+         "model_type 'gpt2' is not supported", "supported model types:", added="issue 54"),
+    case("search --model Mamba (no adapter)", f"{SEARCH} --model {{mamba}}", 2,
+         "model_type 'mamba' is not supported", "supported model types:", added="issue 54"),
+    case("search --dry-run --model BERT encoder", "search -r {tiny_recipe} --dry-run --gpus 1 --gpu-memory 80 "
+         "--model {bert}", 2, "not a causal (decoder-only) language model", "causal LMs such as Llama",
+         added="issue 54"),
+    case("search --dry-run --model T5 encoder-decoder", "search -r {tiny_recipe} --dry-run --gpus 1 --gpu-memory 80 "
+         "--model {t5}", 2, "not a causal (decoder-only) language model", "causal LMs such as Llama",
+         added="issue 54"),
+    case("eval --model GPT-2 (no adapter)", "eval --plan bf16 --model {gpt2} --tasks lambada_openai "
+         "--data-dir {eval_data}", 2, "model_type 'gpt2' is not supported", "supported model types:",
+         added="issue 54"),
+    case("recheck --model GPT-2 (no adapter)", "recheck --recommendation {run} --model {gpt2} --out {ws}/recheck54",
+         2, "model_type 'gpt2' is not supported", "supported model types:", added="issue 54"),
 ]
 
 
@@ -469,8 +585,9 @@ def _issue36_files(ws: Path, run: Path) -> dict[str, str]:
     """Cut weights, another model, FIFOs, broken links, undecodable task files, a copy of the run."""
     import shutil
 
-    import numpy as np
-    from safetensors.numpy import save_file
+    from transformers import LlamaConfig
+
+    from advisor.testing import random_model
 
     weights = (TINY_MODEL / "model.safetensors").read_bytes()
     folders = {}
@@ -482,15 +599,14 @@ def _issue36_files(ws: Path, run: Path) -> dict[str, str]:
                 shutil.copy(f, folder / f.name)
         (folder / "model.safetensors").write_bytes(data)
         folders[key] = str(folder)
-    other = ws / "other_model"  # another width, depth and vocabulary; weights that are never read
+    other = ws / "other_model"  # another width, depth and vocabulary (weights that agree with them, never read)
     other.mkdir()
     for f in TINY_MODEL.iterdir():
         if f.name.startswith(("tokenizer", "special_tokens")):
             shutil.copy(f, other / f.name)
     config = json.loads((TINY_MODEL / "config.json").read_text())
     config.update(vocab_size=4096, hidden_size=64, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2)
-    (other / "config.json").write_text(json.dumps(config))
-    save_file({"x": np.zeros(4, dtype=np.float32)}, str(other / "model.safetensors"))
+    random_model(LlamaConfig(**config)).save_pretrained(other)
     for name in ("fifo", "fifo_task.yaml", "fifo_calibration.jsonl"):
         os.mkfifo(ws / name)
     (ws / "dangling_link").symlink_to(ws / "nowhere")
@@ -511,6 +627,35 @@ def _issue36_files(ws: Path, run: Path) -> dict[str, str]:
             "seed: 0", "seed: 1.0e+20")),
         "run_copy": str(run_copy),
     }
+
+
+def _issue54_files(ws: Path, run: Path) -> dict[str, str]:
+    """Hand-edited summaries (each in a folder of its own, for the commands that take the run folder) and a binary
+    file."""
+    summary = json.loads((run / "summary.json").read_text())
+    rec = summary["recommendation"]
+    at = next(i for i, t in enumerate(summary["trials"]) if t["trial"] == rec["trial"])
+
+    def edited(name: str, change) -> str:
+        data = json.loads(json.dumps(summary))
+        change(data)
+        return _write(ws / name / "summary.json", json.dumps(data))
+
+    def kl(value):  # the recommendation and its trial alike, as a careful hand would
+        return lambda d: [r.update(kl=value) for r in (d["recommendation"], d["trials"][at])]
+
+    def j_inf(d):
+        for r in (d["recommendation"], d["trials"][at]):
+            r["energy"][0]["j_per_token"] = "Infinity"
+
+    files = {
+        "summary_kl_nan": edited("s54_kl_nan", kl("NaN")),  # how the writer spells a float that is not finite
+        "summary_kl_negative": edited("s54_kl_negative", kl(-1)),
+        "summary_j_inf": edited("s54_j_inf", j_inf),
+        "summary_rec_gone": edited("s54_rec_gone", lambda d: d["trials"].pop(at)),
+        "binary_file": _write(ws / "binary.json", bytes(range(256))),
+    }
+    return {**files, "summary_kl_nan_dir": str(ws / "s54_kl_nan"), "summary_rec_gone_dir": str(ws / "s54_rec_gone")}
 
 
 def _runs_with_broken_storage(ws: Path, run: Path) -> dict[str, str]:
@@ -534,6 +679,49 @@ def _runs_with_broken_storage(ws: Path, run: Path) -> dict[str, str]:
         "wrong_name_run": str(Path(_write(ws / "wrong_name_run" / "recipe.json", json.dumps(
             {**meta, "name": "other", "storage_url": f"sqlite:///{(run / 'study.db').resolve()}"}))).parent),
     }
+
+
+def _issue54_model_files(ws: Path) -> dict[str, str]:
+    """The trained tiny Llama's weights under configs that do not describe them, configs without or with broken
+    size fields, families without an adapter, and a GGUF file whose metadata names a layer it lacks."""
+    import numpy as np
+    from gguf import GGUFWriter
+
+    llama = json.loads((TINY_MODEL / "config.json").read_text())
+    qwen2 = {**llama, "model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"]}
+    configs = {
+        "cfg_4_layers": {**llama, "num_hidden_layers": 4}, "cfg_1_layer": {**llama, "num_hidden_layers": 1},
+        "cfg_qwen2": qwen2, "cfg_bias": {**llama, "attention_bias": True}, "cfg_hidden": {**llama, "hidden_size": 64},
+        "cfg_vocab": {**llama, "vocab_size": 4096},
+        "cfg_no_hidden": {k: v for k, v in llama.items() if k != "hidden_size"},
+        "cfg_0_layers": {**llama, "num_hidden_layers": 0}, "cfg_minus_2_layers": {**llama, "num_hidden_layers": -2},
+        "cfg_hidden_str": {**llama, "hidden_size": "128"},
+    }
+    out = {}
+    for key, config in configs.items():
+        folder = ws / "issue54" / key
+        folder.mkdir(parents=True)
+        for f in TINY_MODEL.iterdir():
+            if f.name != "config.json":
+                (folder / f.name).symlink_to(f)  # the very weights and tokenizer of the tiny model
+        (folder / "config.json").write_text(json.dumps(config))
+        out[key] = str(folder)
+    gguf = ws / "issue54" / "missing_block.gguf"
+    writer = GGUFWriter(str(gguf), arch="llama")
+    writer.add_block_count(2)
+    writer.add_token_list(["a", "b", "c", "d"])
+    for name in ("token_embd.weight", "blk.0.attn_q.weight"):
+        writer.add_tensor(name, np.zeros((4, 8), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    gpt2 = {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "n_layer": 1, "n_embd": 32, "n_head": 2,
+            "vocab_size": 64}
+    mamba = {"model_type": "mamba", "architectures": ["MambaForCausalLM"], "hidden_size": 32, "num_hidden_layers": 1,
+             "vocab_size": 64}
+    return {**out, "gguf_missing_block": str(gguf), "gpt2": _model_dir(ws / "issue54" / "gpt2", gpt2),
+            "mamba": _model_dir(ws / "issue54" / "mamba", mamba)}
 
 
 def build_workspace(ws: Path, run: Path) -> dict[str, str]:
@@ -589,6 +777,8 @@ def build_workspace(ws: Path, run: Path) -> dict[str, str]:
         **_summary_variants(ws, run),
         **_issue36_files(ws, run),
         **_runs_with_broken_storage(ws, run),
+        **_issue54_files(ws, run),
+        **_issue54_model_files(ws),
     }
     read_only = read_only_folder(ws)
     if read_only is not None:

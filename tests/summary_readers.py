@@ -13,14 +13,15 @@ from advisor.report.schema import load_summary
 
 
 def read_as_every_command(path: Path) -> None:
-    """Raise (InputError or any other) where `show`, `report`, `export` or `recheck` would refuse ``path``."""
+    """Raise (InputError or any other) where `show`, `report`, `export`, `recheck` or `verify` would refuse
+    ``path``."""
     summary = load_summary(path)  # show
     for record in summary.trials:
         json.loads(record.model_dump_json())  # what show prints is JSON
     render_markdown(summary.model_dump(mode="json"))  # report, from the summary's own data
     if summary.recommendation is None:
         return  # export and recheck refuse a run without a recommendation, on purpose
-    data = read_summary(path)  # export and recheck
+    data = read_summary(path)  # export, recheck and verify
     plan, record = stored_plan(data, None, path)
     summary_recipe(data)
     stored_numbers(data, record)

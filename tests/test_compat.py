@@ -9,6 +9,7 @@ from advisor.plan import Plan
 from advisor.serving import (
     ENGINES,
     FACTS,
+    NO_FACTS,
     compatibility_table,
     compatibility_warnings,
     engine_compatibility,
@@ -32,6 +33,14 @@ def test_bf16_plan_meets_no_fact_and_every_engine_serves_it():
     assert _verdicts(plan) == dict.fromkeys(ENGINES, "serves")
     assert compatibility_warnings(engine_compatibility(plan)) == []
     assert "BF16: no quantization" in "\n".join(compatibility_table(engine_compatibility(plan)))
+
+
+def test_the_engines_are_the_tables_checkpoint_servers_and_one_without_facts_is_not_called_serving():
+    assert ENGINES == ("TensorRT-LLM", "vLLM", "SGLang")  # the table's engines that serve the export, and SGLang
+    plan = Plan.uniform(DENSE, Format.BF16)
+    unresearched = [f for f in FACTS if f.engine != "vLLM"]  # as for an engine just added to the table
+    verdicts = {v.engine: v.verdict for v in engine_compatibility(plan, "b200", unresearched)}
+    assert verdicts == {**dict.fromkeys(ENGINES, "serves"), "vLLM": NO_FACTS}
 
 
 def test_fp8_plan_is_served_everywhere_and_the_fused_scales_are_the_engines_own():

@@ -16,6 +16,7 @@ from advisor.models.shape import ModelShape
 from advisor.plan import LayerGroup, Plan
 from advisor.recipe import validate_recipe
 from advisor.report.summary import build_summary, write_report
+from advisor.search.engine_contract import MeasuredTier
 from advisor.search.policy import benchmark_targets, measurement_targets
 from advisor.search.study import candidates, open_study, run_search, save_run_meta
 from advisor.search.trial_record import measured_drifts, measured_energy
@@ -27,7 +28,7 @@ GROUPS = tuple(LayerGroup(f"layers.{i}.{r}", (f"m{i}{r}",), ((64, 64),)) for i i
 
 
 @dataclass
-class FakeMeasured:
+class FakeMeasured(MeasuredTier):
     """A 'GPU' on which FP8 saves less than predicted and NVFP4 cannot run (Hopper)."""
 
     label: str = "measured (Fake GPU, driver 0, 2026-11-22)"

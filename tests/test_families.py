@@ -161,7 +161,7 @@ def test_search_and_export_every_family(family, tmp_path):
 
 
 @pytest.mark.parametrize("model_type", ["gpt2", "brand_new_lm"])
-def test_an_unsupported_architecture_is_one_error_line_with_exit_3(model_type, tmp_path):
+def test_an_unsupported_architecture_is_one_error_line_with_exit_2(model_type, tmp_path):
     """A family transformers knows but the advisor does not (GPT-2's Conv1D), and one transformers
     does not know either: refused from the config, before any weight is read."""
     from transformers import GPT2Config
@@ -175,7 +175,7 @@ def test_an_unsupported_architecture_is_one_error_line_with_exit_3(model_type, t
     recipe = _recipe("llama", source, tmp_path / "runs")
     (tmp_path / "r.yaml").write_text(yaml.safe_dump(recipe))
     result = runner.invoke(app, ["search", "-r", str(tmp_path / "r.yaml")])
-    assert result.exit_code == 3, result.output
+    assert result.exit_code == 2, result.output
     lines = [x for x in result.output.splitlines() if x.strip()]
     errors = [x for x in lines if x.startswith("Error:")]
     assert len(errors) == 1 and "Traceback" not in result.output

@@ -51,16 +51,20 @@ def test_search_help_imports_no_torch():
 #: below. Data (records and rules), the model's description, the logic (search, report: torch-free), the edge
 #: (heavy libraries, the GPU), the orchestration of one command per workflow, the CLI and the test fakes.
 LAYERS = (
-    ("errors", "versions", "files", "gpu_memory_error"),
+    ("errors", "versions", "files", "gpu_memory_error", "interrupts"),
     ("formats",),
-    ("plan", "recipe", "serving"),
+    ("plan", "recipe", "serving", "engines"),
     ("estimate",),
     ("models",),
     ("search", "report"),
     ("calibration", "quantize", "accuracy", "energy", "deploy"),
     ("workflows",),
-    ("cli", "testing", "testing_vllm"),
+    ("cli", "testing", "testing_vllm", "testing_engines"),
 )
+#: the one module whose imports inside functions may reach above its layer: the engine table, whose builders import
+#: their engine's module when that engine is chosen (never when the table is read; advisor/engines.py says why).
+#: test_only_the_engine_builders_defer_imports pins what those functions may be.
+DEFERRING = "advisor.engines"
 
 
 def _module_name(path: Path) -> str:
@@ -69,8 +73,8 @@ def _module_name(path: Path) -> str:
 
 
 def _import_graph() -> dict[str, set[str]]:
-    """advisor's modules -> the advisor modules each imports, module-level and inside functions alike
-    (``from package import module`` counts as the module)."""
+    """advisor's modules -> the advisor modules each imports, module-level and inside functions alike (but the engine
+    table's builders, :data:`DEFERRING`; ``from package import module`` counts as the module)."""
     modules = {_module_name(p): p for p in (ROOT / "advisor").rglob("*.py")}
 
     def known(name: str) -> str:
@@ -82,7 +86,12 @@ def _import_graph() -> dict[str, set[str]]:
     for name, path in modules.items():
         package = name if path.name == "__init__.py" else name.rpartition(".")[0]
         deps = set()
-        for node in ast.walk(ast.parse(path.read_text())):
+        tree = ast.parse(path.read_text())
+        deferred = {id(n) for f in ast.walk(tree) if isinstance(f, ast.FunctionDef) for n in ast.walk(f)} \
+            if name == DEFERRING else set()
+        for node in ast.walk(tree):
+            if id(node) in deferred:
+                continue
             if isinstance(node, ast.Import):
                 deps |= {known(a.name) for a in node.names if a.name.split(".")[0] == "advisor"}
             elif isinstance(node, ast.ImportFrom):
@@ -215,3 +224,64 @@ def test_every_advisor_import_resolves():
             except ImportError:
                 stale.append(f"{path}:{line} {module}.{name}")
     assert stale == []
+
+
+def test_only_the_engine_builders_defer_imports():
+    """The functions of advisor/engines.py that import an advisor module are exactly the builders its entries name,
+    each importing one builder of one engine module (deploy/, energy/) and returning what it builds."""
+    from advisor.engines import ENGINE_TABLE
+
+    tree = ast.parse((ROOT / "advisor" / "engines.py").read_text())
+    builders = {f.__name__ for e in ENGINE_TABLE.values() for f in (e.tier, e.checkpoint_tier) if f is not None}
+    importing = {f.name: f for f in ast.walk(tree) if isinstance(f, ast.FunctionDef)
+                 and any(isinstance(n, ast.Import | ast.ImportFrom) for n in ast.walk(f))}
+    assert set(importing) == builders
+    for f in importing.values():
+        assert [type(n) for n in f.body if not isinstance(n, ast.Expr)] == [ast.ImportFrom, ast.Return], f.name
+        module = next(n for n in f.body if isinstance(n, ast.ImportFrom)).module or ""
+        assert module.split(".")[:2] in (["advisor", "deploy"], ["advisor", "energy"]), f.name
+
+
+def _advisor_nodes(skip: str = ""):
+    """(path relative to the root, node) for every AST node of advisor/ (``skip``: a module left out)."""
+    for path in sorted((ROOT / "advisor").rglob("*.py")):
+        rel = str(path.relative_to(ROOT))
+        if rel != skip:
+            yield from ((rel, node) for node in ast.walk(ast.parse(path.read_text())))
+
+
+def test_the_engines_are_named_in_one_place():
+    """No module but advisor/engines.py lists engines (a tuple, list, set, dict or Literal of two or more of their
+    names or titles) or asks for one by name (a comparison with one): the others read the table, its names and what
+    each engine can do, so that adding an engine is its entry and its module."""
+    from advisor.engines import ENGINE_TABLE
+
+    words = {w for e in ENGINE_TABLE.values() for w in (e.name, e.title)}
+    found = []
+    for rel, node in _advisor_nodes(skip="advisor/engines.py"):
+        if isinstance(node, ast.Compare):
+            parts, most = [node.left, *node.comparators], 0
+        elif isinstance(node, ast.Tuple | ast.List | ast.Set | ast.Dict):
+            parts, most = (node.keys if isinstance(node, ast.Dict) else node.elts), 1
+        else:
+            continue
+        named = [p.value for p in parts if isinstance(p, ast.Constant) and p.value in words]
+        if len(named) > most:
+            found.append(f"{rel}:{node.lineno} {named}")
+    assert found == []
+
+
+def test_no_member_of_an_energy_tier_is_discovered_at_run_time():
+    """Every member of a measured tier (the contract, advisor.search.engine_contract) and of a predicted one
+    (advisor.estimate.PredictedModel) is declared: nothing asks getattr/hasattr whether a tier has one."""
+    from advisor.estimate import PredictedModel
+    from advisor.search.engine_contract import MeasuredTier
+
+    members = {m for cls in (MeasuredTier, PredictedModel) for m in (*dir(cls), *cls.__annotations__)
+               if not m.startswith("_")}
+    assert {"gpu_uuid", "open_for", "forget", "measure_rounds", "measure_points", "decode_step", "prefill"} <= members
+    found = [f"{rel}:{node.lineno} {node.func.id}(..., {node.args[1].value!r})" for rel, node in _advisor_nodes()
+             if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+             and node.func.id in ("getattr", "hasattr") and len(node.args) >= 2
+             and isinstance(node.args[1], ast.Constant) and node.args[1].value in members]
+    assert found == []

@@ -4,6 +4,7 @@ and a failed run never blocks the corrected one."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -15,6 +16,7 @@ from pathlib import Path
 import optuna
 import pytest
 import yaml
+from study_checks import assert_each_plan_scored_once
 from typer.testing import CliRunner
 
 from advisor.cli import app
@@ -103,30 +105,109 @@ def _tiny_yaml(tmp_path: Path, tiny_recipe: dict, **changes) -> Path:
     return path
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
-def test_a_signal_ends_the_trial_cleanly_and_prints_the_resume_command(tmp_path, tiny_recipe, sig):
-    path = _tiny_yaml(tmp_path, tiny_recipe)
-    # the CLI as a terminal starts it: pytest run as a background job (`pytest &` in a non-interactive shell) has
-    # SIGINT ignored, which its children inherit, and the search would never see the Ctrl-C
-    proc = subprocess.Popen([sys.executable, "-c", "from advisor.cli import main; main()", "search", "-r", str(path)],
-                            cwd=ROOT, stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    seen = []
-    while True:
+def _tiny_recipe_file(tmp_path: Path, **calibration: int) -> Path:
+    """recipes/tiny.yaml (guided: 3 baselines and knapsack proposals queued, 8 trials) writing into tmp_path."""
+    data = yaml.safe_load((ROOT / "recipes" / "tiny.yaml").read_text())
+    data["model"]["source"] = str((ROOT / data["model"]["source"]).resolve())
+    data["calibration"].update(calibration)
+    data["out"] = str(tmp_path / "runs")
+    path = tmp_path / "tiny.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def _search(path: Path, *flags: str, own_group: bool = False) -> subprocess.Popen:
+    """The CLI as a terminal starts it: pytest run as a background job (`pytest &` in a non-interactive shell) has
+    SIGINT ignored, which its children inherit, and the search would never see the Ctrl-C."""
+    return subprocess.Popen([sys.executable, "-c", "from advisor.cli import main; main()", "search", "-r", str(path),
+                             *flags], cwd=ROOT, stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+                            start_new_session=own_group)
+
+
+def _stop_after(proc: subprocess.Popen, finished: int, already: int, stop, delay_s: float) -> str:
+    """Read its progress lines until ``finished`` trials of the study are done, wait ``delay_s``, then ``stop()``
+    (unless it ended first); returns the stderr read so far."""
+    seen, done = [], already
+    while done < finished:
         line = proc.stderr.readline()
-        assert line, "".join(seen)
+        if not line:
+            return "".join(seen)
         seen.append(line)
-        if line.startswith("trial 2:"):
-            break
+        done += line.startswith("trial ") and " KL " in line
+    time.sleep(delay_s)
+    stop()
+    return "".join(seen)
+
+
+def _tiny_study(tmp_path: Path, journal: bool = False) -> optuna.Study:
+    from advisor.search.storage import open_storage
+
+    run_dir = tmp_path / "runs" / "tiny"
+    url = f"journal:{run_dir / 'study.journal'}" if journal else f"sqlite:///{run_dir / 'study.db'}"
+    return optuna.load_study(study_name="tiny", storage=open_storage(url))
+
+
+SLOW_TRIALS = {"heldout_samples": 16, "heldout_seq_len": 64}  # a second or two a trial: a signal lands inside one
+
+
+@pytest.mark.parametrize("signals, calibration, delay_s", [
+    ((signal.SIGTERM, signal.SIGINT, signal.SIGTERM), {}, 0.0),  # lands between trials, in Optuna's bookkeeping
+    ((signal.SIGINT, signal.SIGTERM, signal.SIGINT), SLOW_TRIALS, 0.5),  # lands inside the next evaluation
+], ids=["between-trials", "inside-a-trial"])
+def test_signals_after_trials_1_3_and_7_then_resume_score_each_queued_plan_once(tmp_path, tiny_model_dir, signals,
+                                                                                 calibration, delay_s):
+    """SIGTERM behaves as Ctrl-C at every moment: exit 130 and one line naming the resume; after the lines of
+    trials 1, 3 and 7 (the last of 8: the signal lands after the trials), each followed by --resume, the
+    study holds 8 distinct plans, each scored once, every queued plan among them."""
+    path = _tiny_recipe_file(tmp_path, **calibration)
+    for i, (sig, finished) in enumerate(zip(signals, (2, 4, 8), strict=True)):
+        proc = _search(path, *(["--resume"] if i else []))
+        already = len(_tiny_study(tmp_path).get_trials(states=(optuna.trial.TrialState.COMPLETE,))) if i else 0
+        err = _stop_after(proc, finished, already, lambda p=proc, s=sig: p.send_signal(s), delay_s)
+        err += proc.communicate(timeout=300)[1]
+        errors = [line for line in err.splitlines() if line.startswith("Error:")]
+        assert "Traceback" not in err, err
+        if proc.returncode == 0:  # the run ended before the last signal came
+            assert finished == 8 and not errors, err
+            continue
+        assert proc.returncode == 130 and len(errors) == 1, err
+        assert "interrupted:" in errors[0] and errors[0].endswith("--resume"), err
+        states = [t.state for t in _tiny_study(tmp_path).get_trials()]
+        assert optuna.trial.TrialState.RUNNING not in states
+    resumed = _search(path, "--resume")
+    _, err = resumed.communicate(timeout=300)
+    assert resumed.returncode == 0, err
+    assert_each_plan_scored_once(_tiny_study(tmp_path), 8)
+    rows = json.loads((tmp_path / "runs" / "tiny" / "summary.json").read_text())["trials"]
+    assert len({r["plan_id"] for r in rows}) == len(rows) == 8
+
+
+def test_kill_9_of_a_workers_run_then_resume_scores_each_queued_plan_once(tmp_path, tiny_model_dir):
+    """`--workers 2` killed with SIGKILL, coordinator and child together, inside the trial after trial 3; the
+    resume fails and retries what the dead processes left running, and re-scores nothing."""
+    path = _tiny_recipe_file(tmp_path, **SLOW_TRIALS)
+    proc = _search(path, "--workers", "2", own_group=True)
+    _stop_after(proc, 4, 0, lambda: os.killpg(proc.pid, signal.SIGKILL), 0.5)
+    proc.communicate(timeout=60)
+    assert proc.returncode == -signal.SIGKILL
+    resumed = _search(path, "--workers", "2", "--resume")
+    _, err = resumed.communicate(timeout=600)
+    assert resumed.returncode == 0, err
+    assert_each_plan_scored_once(_tiny_study(tmp_path, journal=True), 8)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=lambda s: s.name)
+def test_a_signal_before_the_study_is_opened_exits_130_with_one_line(tmp_path, tiny_model_dir, sig):
+    """An interrupt in the first seconds (the recipe read, the preflight) ends as every other one: exit 130 and
+    one line, here that nothing was changed."""
+    proc = _search(_tiny_recipe_file(tmp_path))
+    first = proc.stderr.readline()  # the workloads line: the command runs
     proc.send_signal(sig)
-    _, rest = proc.communicate(timeout=60)
-    err = "".join(seen) + rest
-    assert proc.returncode == 130, err
-    assert "interrupted:" in err and "--resume" in err and "Traceback" not in err
-    study = optuna.load_study(study_name="t", storage=f"sqlite:///{tmp_path / 'runs' / 't' / 'study.db'}")
-    assert not [t for t in study.get_trials() if t.state == optuna.trial.TrialState.RUNNING]
-    resumed = runner.invoke(app, ["search", "-r", str(path), "--trials", "6", "--resume"])
-    assert resumed.exit_code == 0, resumed.output
+    err = first + proc.communicate(timeout=60)[1]
+    errors = [line for line in err.splitlines() if line.startswith("Error:")]
+    assert proc.returncode == 130 and len(errors) == 1 and "run it again" in errors[0], err
+    assert "Traceback" not in err
 
 
 def test_a_failed_first_run_does_not_block_the_corrected_rerun(tmp_path, tiny_recipe):

@@ -262,12 +262,31 @@ def test_gpu_memory_cap_with_device_cpu_is_one_error(config_only):
     assert res.stderr.count("Error:") == 1 and "gpu_memory_gib" in res.stderr
 
 
+def _header_only_weights(folder) -> None:
+    """model.safetensors of the folder's config: the header of every tensor transformers would load, the data a
+    sparse hole (141 GB that take no disk: the checks read headers and sizes, never the data)."""
+    import struct
+
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    with torch.device("meta"):
+        skeleton = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(folder))
+    header, offset = {}, 0
+    for name, tensor in skeleton.state_dict().items():
+        end = offset + 2 * tensor.numel()
+        header[name] = {"dtype": "BF16", "shape": list(tensor.shape), "data_offsets": [offset, end]}
+        offset = end
+    raw = json.dumps(header).encode()
+    with (folder / "model.safetensors").open("wb") as f:
+        f.write(struct.pack("<Q", len(raw)) + raw)
+        f.truncate(8 + len(raw) + offset)
+
+
 def test_a_cpu_search_that_cannot_fit_here_is_refused_before_anything_is_made(config_only, tmp_path, monkeypatch):
     import psutil
-    import torch
-    from safetensors.torch import save_file
 
-    save_file({"lm_head.weight": torch.zeros(1)}, str(config_only / "model.safetensors"))  # the files are present
+    _header_only_weights(config_only)  # the files are present, and agree with the config
     monkeypatch.setattr(psutil, "virtual_memory", lambda: SimpleNamespace(available=64 * GIB))
     res = runner.invoke(app, ["search", "--model", str(config_only), "--target", "b200", "--formats", "bf16,fp8",
                               "--device", "cpu", "--out", str(tmp_path / "runs")])

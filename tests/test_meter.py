@@ -220,3 +220,42 @@ def test_a_first_step_slower_than_the_warm_up_is_waited_for_a_while_then_called_
     stuck = SimulatedGPU(clock, step_s=3.0)  # no step within 4 warm-ups (2 s)
     with pytest.raises(SetupError, match="no step of stuck finished during the warm-up"):
         _meter(stuck, clock).measure(stuck.launch, "stuck")
+
+
+UNTIL_STABLE = MeterConfig(warmup_s=0.2, min_window_s=1.0, min_ticks=10, repeats=3, idle_s=0.3, until_stable_s=20.0)
+
+
+def test_until_stable_closes_once_the_last_windows_agree_on_a_steady_load():
+    clock = VirtualClock()
+    gpu = SimulatedGPU(clock, step_s=0.01, busy_w=500.0)
+    m = _meter(gpu, clock, UNTIL_STABLE).measure(gpu.launch)
+    assert not m.unstable and m.j_per_step == pytest.approx(5.0, rel=0.005)
+    assert m.windows_taken == 3 and len(m.windows) == 3
+    assert clock.t < 0.3 + 0.2 + 4 * 1.0 + 1.0  # idle, warm-up, three 1 s windows and the edges: no second series
+
+
+def test_until_stable_waits_out_a_disturbance_and_keeps_the_steady_windows():
+    clock = VirtualClock()
+    # +30% power over ticks 10-14 (the first windows), steady after
+    gpu = SimulatedGPU(clock, step_s=0.01, noise=lambda tick: 1.3 if 10 <= tick < 15 else 1.0)
+    m = _meter(gpu, clock, UNTIL_STABLE).measure(gpu.launch)
+    assert not m.unstable and m.j_per_step == pytest.approx(5.0, rel=0.005)
+    assert m.windows_taken > 3 and len(m.windows) == 3
+    assert m.cv <= UNTIL_STABLE.max_cv
+
+
+def test_until_stable_stops_at_its_ceiling_on_a_ragged_load_and_says_unstable():
+    clock = VirtualClock()
+    gpu = SimulatedGPU(clock, step_s=0.01, noise=lambda tick: 1.0 + 0.2 * ((tick // 10) % 2))
+    m = _meter(gpu, clock, UNTIL_STABLE).measure(gpu.launch)
+    assert m.unstable and m.cv > 0.01
+    assert sum(w.time_s for w in m.windows) < UNTIL_STABLE.until_stable_s
+    assert m.windows_taken >= UNTIL_STABLE.until_stable_s / 1.2  # it kept metering up to the ceiling
+    assert clock.t < UNTIL_STABLE.until_stable_s + 3.0  # and no further: one series, no attempts after it
+
+
+def test_a_window_holds_at_least_its_steps_where_steps_are_long():
+    clock = VirtualClock()
+    gpu = SimulatedGPU(clock, step_s=0.05)  # 20 steps a second: a 1 s window would hold 20
+    m = _meter(gpu, clock, replace(UNTIL_STABLE, min_window_steps=60)).measure(gpu.launch)
+    assert all(w.steps >= 60 for w in m.windows) and all(w.time_s >= 2.9 for w in m.windows)

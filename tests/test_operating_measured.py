@@ -19,6 +19,7 @@ from advisor.recipe import validate_recipe
 from advisor.recipe.schema import Workload
 from advisor.report.operating_md import operating_lines, operating_section
 from advisor.report.summary import build_summary
+from advisor.search.engine_contract import MeasuredTier
 from advisor.search.operating import operating_points, steady_state
 from advisor.search.operating_measured import (
     MeasuredPoint,
@@ -26,7 +27,6 @@ from advisor.search.operating_measured import (
     from_steps,
     from_timed,
     meets_as_measured,
-    meter_points,
     objective_name,
 )
 from advisor.search.operating_search import EXTRA_METERINGS
@@ -88,7 +88,7 @@ def test_an_engine_row_gives_the_objectives_percentile_or_leaves_it_unknown():
 
 
 @dataclass
-class FakeMeasured:
+class FakeMeasured(MeasuredTier):
     """A measured tier that gives J/token only (as TensorRT-LLM's does): 10% above the prediction's J/token."""
 
     label: str = "measured (Fake GPU, driver 0, 2026-11-27)"
@@ -239,7 +239,7 @@ def test_vllm_meters_a_plans_operating_points_in_one_engine(tmp_path, monkeypatc
     fast = MeterConfig(warmup_s=0.5, min_window_s=0.2, min_ticks=10, repeats=3, idle_s=0.02, max_cv=0.5)
     model = VllmEnergyModel(lambda plan: ck, [CHAT], 64, meter=fast, runner=runner)
     small = CHAT.model_copy(update={"input_tokens": 8, "output_tokens": 8})
-    points = meter_points(model, BF16, [at_batch(small, 2), at_batch(small, 6)])
+    points = model.measure_points(BF16, [at_batch(small, 2), at_batch(small, 6)])
     assert len(jobs) == 1 and [w["batch_size"] for w in jobs[0].workloads] == [2, 6]
     assert not jobs[0].prefill and not jobs[0].formats
     assert [p.batch for p in points] == [2, 6] and all(isinstance(p, MeasuredPoint) for p in points)

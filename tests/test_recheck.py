@@ -163,7 +163,9 @@ def fake_vllm_gpu(monkeypatch):
     state = types.SimpleNamespace(name="Fake GPU", driver="0")
     monkeypatch.setattr(meter_module, "NvmlDevice", lambda index: types.SimpleNamespace(state=lambda: state))
     monkeypatch.setattr(vllm_engine, "run_in_child", lambda job: serve(job, make_counter=ConstantPowerCounter))
-    monkeypatch.setattr(vllm_engine, "MeterConfig", lambda: MeterConfig(
+    monkeypatch.setattr(vllm_engine, "_run_rounds", lambda job, more: serve(job, make_counter=ConstantPowerCounter,
+                                                                           more=more))
+    monkeypatch.setattr(vllm_engine, "STEADY_LOAD_METER", MeterConfig(
         warmup_s=0.5, min_window_s=0.2, min_ticks=10, repeats=3, idle_s=0.02, max_cv=0.5))
     return vllm
 
@@ -177,7 +179,7 @@ def test_recheck_meters_the_plan_and_bf16_through_vllm(run_dir, fake_vllm_gpu, t
     stored = json.loads((run_dir / "summary.json").read_text())["recommendation"]
     served = [str(llm.model.name) for llm in fake_vllm_gpu.instances]
     bf16_id = Plan.uniform(list(stored["formats"]), Format.BF16).id
-    assert served == [bf16_id, stored["plan_id"]]  # each exported checkpoint served once
+    assert served == [stored["plan_id"], bf16_id]  # each exported checkpoint served once
     for key in ("energy", "bf16_energy"):
         (e,) = data["new"][key]
         assert e["measured"] and e["source"].startswith("measured (vLLM 0.0-fake, Fake GPU, driver 0")
@@ -261,7 +263,8 @@ def test_recheck_meters_the_recommendation_at_its_measured_operating_batch(run_d
     data = json.loads((out / "recheck.json").read_text())
     (point,) = data["new"]["operating_points"]
     assert point["batch"] == 4 and point["batch_from"] == "measured" and point["workload"] == "chat"
-    assert [llm.kwargs["max_num_seqs"] for llm in fake_vllm_gpu.instances][-1] == 4  # its own engine, batch 4
+    # one engine for the plan: its stated workload (batch 4) and its operating batch in one start
+    assert [str(llm.model.name) for llm in fake_vllm_gpu.instances].count(data["plan_id"]) == 1
     check = next(c for c in data["checks"] if c["name"].startswith("TPOT p50 'chat'"))
     assert check["name"] == "TPOT p50 'chat' at batch 4 (measured operating batch), as measured (ms)"
     assert check["ok"] and check["value"] == point["tpot_ms"] <= 3.0 and check["threshold"] == 3.0
@@ -281,3 +284,26 @@ def test_recheck_fails_in_one_line_when_the_objective_is_missed_as_measured(run_
     assert len(failed) == 1 and "(threshold 3)" in failed[0]
     assert failed[0].startswith("FAIL TPOT p50 'chat' at batch 6 (predicted operating batch), as measured (ms): ")
     assert "TPOT p50 'chat' at batch 6" in (out / "recheck.md").read_text().split("Failed: ")[1]
+
+
+def test_recheck_reuses_the_run_s_bf16_measurement_of_the_same_engine_gpu_and_shape(run_dir, fake_vllm_gpu, tmp_path):
+    data = json.loads((run_dir / "summary.json").read_text())
+    number = data["baselines"]["all-bf16"]
+    bf16 = next(t for t in data["trials"] if t["trial"] == number)
+    bf16["energy"] = [{"workload": "chat", "j_per_token": 0.25, "decode_j_per_token": 0.2,
+                       "prefill_j_per_input_token": 0.01, "decode_tokens_per_s": 1e3, "measured": True,
+                       "source": "measured (vLLM 0.0-fake, Fake GPU, driver 0, 2026-11-20)"}]
+    path = tmp_path / "summary.json"
+    path.write_text(json.dumps(data))
+    out = tmp_path / "rc"
+    res = _invoke("--recommendation", str(path), "--model", str(TINY_MODEL), "--out", str(out), "--engine", "vllm")
+    new = json.loads((out / "recheck.json").read_text())
+    assert [str(llm.model.name) for llm in fake_vllm_gpu.instances] == [new["plan_id"]]  # BF16 not served again
+    (e,) = new["new"]["bf16_energy"]
+    assert e["j_per_token"] == 0.25 and e["source"].endswith("the run's own, reused: same shape, engine and GPU")
+    assert "1 engine start(s) and 1 meterings, expected about 2 min" in res.output
+    bf16["energy"][0]["source"] = "measured (vLLM 0.0-fake, Other GPU, driver 0, 2026-11-20)"  # another GPU
+    path.write_text(json.dumps(data))
+    _invoke("--recommendation", str(path), "--model", str(TINY_MODEL), "--out", str(tmp_path / "rc2"),
+            "--engine", "vllm")
+    assert len(fake_vllm_gpu.instances) == 3  # the plan and BF16 served this time

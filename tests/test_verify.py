@@ -53,7 +53,7 @@ def engine(monkeypatch, run_dir):
     monkeypatch.setattr(verify_module, "run_in_child", lambda job: serve(job, make_counter=ConstantPowerCounter))
     monkeypatch.setattr(vllm_engine, "_run_rounds", lambda job, more: serve(job, make_counter=ConstantPowerCounter,
                                                                            more=more))
-    monkeypatch.setattr(verify_module, "MeterConfig", lambda: MeterConfig(**FAST))
+    monkeypatch.setattr(verify_module, "STEADY_LOAD_METER", MeterConfig(**FAST))
     return vllm
 
 
@@ -94,7 +94,7 @@ def test_verify_serves_the_recommendation_and_bf16(run_dir, engine, tmp_path):
     # "here" is an H100: the FP8 plan's GEMMs are served by cuBLASLt, as its export's vllm_config.yaml asks, and
     # verify.md names the options each plan ran with
     assert roles[fp8]["vllm_options"]["linear_backend"] == "torch" and "linear_backend" not in bf16["vllm_options"]
-    assert re.search(rf'`{fp8}` compilation_config={{"max_cudagraph_capture_size": \d+}}, linear_backend="torch"',
+    assert re.search(rf'`{fp8}` compilation_config={{"cudagraph_capture_sizes": \[[\d, ]+\]}}, linear_backend="torch"',
                      (run_dir / "verify.md").read_text())
     # the objective's operating point: each plan served at its own largest batch under it (here the service's 6)
     points = {p["plan_id"]: p for p in summary["operating_points"]}
@@ -406,7 +406,8 @@ def test_served_kl_is_bounded_to_the_first_held_out_sequences_and_verify_says_so
 
     five = (1,) * 5  # 4 positions: 40 entries at a vocabulary of 10
     assert within_budget([five] * 3, 10, 80) == [five] * 2 and within_budget([five] * 3, 10, 1) == [five]
-    monkeypatch.setattr(verify_module, "within_budget", lambda seqs, vocab: within_budget(seqs, vocab, 31 * vocab))
+    monkeypatch.setattr(verify_module, "within_budget", lambda seqs, vocab, _entries: within_budget(seqs, vocab,
+                                                                                                  31 * vocab))
     res = runner.invoke(app, ["verify", str(run_dir), "--no-energy"])
     assert res.exit_code == 0, res.output
     data = json.loads((run_dir / "verify.json").read_text())
@@ -567,3 +568,31 @@ def test_the_decision_as_served_says_when_its_two_plans_ran_on_different_gpus():
     assert any("different GPUs of this node (GPU-x; GPU-y)" in line for line in served_decision({"plans": [bf16, rec]}))
     rec["devices"] = ["GPU-y"]
     assert not any("different GPUs" in line for line in served_decision({"plans": [bf16, rec]}))
+
+
+def test_quick_refuses_a_further_plan_before_any_model_is_read(tmp_path):
+    from advisor.errors import InputError
+    from advisor.workflows.verify import verify_run
+
+    with pytest.raises(InputError, match="--quick serves the recommendation and all-BF16 only"):
+        verify_run(tmp_path / "no_run", plan_ids=("abc",), quick=True)
+
+
+
+def test_quick_serves_the_recommendation_and_bf16_with_fewer_kl_positions_and_says_where_time_went(run_dir, engine,
+                                                                                                 monkeypatch):
+    from advisor.workflows import verify as verify_module
+
+    monkeypatch.setattr(verify_module, "QUICK_KL_ENTRIES", 31 * 2048)  # one held-out sequence of 32 tokens
+    res = runner.invoke(app, ["verify", str(run_dir), "--quick"])
+    assert res.exit_code == 0, res.output
+    data = json.loads((run_dir / "verify.json").read_text())
+    assert data["quick"] is True and {p for r in data["plans"] for p in r["role"].split("+")} == {
+        "bf16", "recommendation"}
+    assert all(r["accuracy"]["sequences"] == 1 for r in data["plans"])
+    t = data["timings_s"]
+    assert t["total_s"] >= t["serving_s"] > 0 and set(t["export_s"]) == {r["role"] for r in data["plans"]}
+    for p in t["plans"].values():
+        assert p["engine_start_s"] >= 0 and p["meterings"] and all(m["seconds"] > 0 for m in p["meterings"])
+    text = (run_dir / "verify.md").read_text()
+    assert "### Time" in text and "(--quick)" in text and "took " in res.output

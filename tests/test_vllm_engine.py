@@ -10,10 +10,11 @@ import sys
 import pytest
 import torch
 
-from advisor.deploy.engines import ENGINE_TABLE, import_engine, measured_tier
+from advisor.deploy.engines import measured_tier
 from advisor.deploy.served_kl import dense_logprobs, kl_sum, served_kl, write_reference
 from advisor.deploy.vllm_engine import run_in_child, served_formats
 from advisor.deploy.vllm_serve import ServeJob, serve
+from advisor.engines import ENGINE_TABLE, import_engine
 from advisor.errors import AdvisorError, SetupError, UnsupportedError
 from advisor.formats import GPU, Format
 from advisor.plan import Plan
@@ -35,6 +36,15 @@ def checkpoint(path, algo=None, exclude=()):
     return path
 
 
+def test_every_graph_up_to_the_bound_where_the_job_asks_for_them(tmp_path, monkeypatch):
+    vllm = fake_vllm(step_s=0.002)
+    monkeypatch.setitem(sys.modules, "vllm", vllm)
+    job = ServeJob(str(checkpoint(tmp_path / "ck")), vocab_size=64, formats=False, meter=FAST, needed_graphs_only=False,
+                   workloads=({"name": "chat", "batch_size": 4, "input_tokens": 8, "output_tokens": 16},))
+    serve(job, make_counter=lambda: ConstantPowerCounter(300.0))
+    assert vllm.instances[0].kwargs["compilation_config"] == {"max_cudagraph_capture_size": 16}
+
+
 def test_engines_are_one_table_and_vllm_is_an_entry(monkeypatch):
     assert set(ENGINE_TABLE) == {"builtin", "tensorrt_llm", "vllm"}
     assert measured_tier("builtin") is None
@@ -53,9 +63,11 @@ def test_steady_load_keeps_the_batch_full_with_fresh_prompts(tmp_path, monkeypat
     out = serve(job, make_counter=lambda: ConstantPowerCounter(300.0))
     llm = vllm.instances[0]
     assert llm.kwargs["enable_prefix_caching"] is False and llm.kwargs["max_num_seqs"] == 4
-    # the steps where an 8-token prefill joins 4 decodes are captured, as the export's vllm_config.yaml asks
-    assert llm.kwargs["compilation_config"] == {"max_cudagraph_capture_size": 16} == out["llm_options"][
+    # the steps where an 8-token prefill joins 4 decodes are captured, as the export's vllm_config.yaml asks, and
+    # only the graphs the loads run: 4 decodes, 3 decodes + 8 prefill tokens (11 -> 16), and batch 1's (prefill)
+    assert llm.kwargs["compilation_config"] == {"cudagraph_capture_sizes": [1, 4, 8, 16]} == out["llm_options"][
         "compilation_config"]
+    assert out["timings_s"]["engine_start_s"] >= 0 and [m["batch"] for m in out["timings_s"]["meterings"]] == [4]
     row = out["energy"]["chat"]
     assert row["batch_full"] and llm.llm_engine.most_running == 4
     prompts = llm.llm_engine.prompts
@@ -353,3 +365,62 @@ def test_verify_s_whole_serving_opens_the_engine_the_rounds_keep_in_a_child_show
     assert sorted(out["energy"]) == ["chat", "chat at batch 3", "chat at batch 4"]
     assert out["served_kl"]["positions"] == [4] and out["items"] and out["served"]  # the whole serving came back
     assert out["visible"] == "GPU-fake-1"  # the engine's process saw only the job's GPU
+
+
+def test_only_the_graphs_the_loads_run_are_captured_and_they_are_the_grid_s_own():
+    from advisor.deploy.vllm_config import capture_bound, decode_graph_sizes, graph_sizes_for
+
+    bound = capture_bound(64, 512)
+    sizes = graph_sizes_for([16, 64], 512, bound)
+    grid = decode_graph_sizes(bound)
+    assert set(sizes) <= set(grid)
+    assert sizes == (16, 64, 528, 576)  # 16 and 64 decodes; 15 + 512 -> 528, 63 + 512 -> 576
+    # each step pads to the same size as under the whole grid
+    for tokens in (16, 64, 527, 575):
+        assert min(g for g in sizes if g >= tokens) == min(g for g in grid if g >= tokens)
+    assert graph_sizes_for([300], 0, 512) == (304,)  # no prefill: decode steps only
+
+
+def test_the_start_s_stages_are_read_from_vllm_s_log():
+    from advisor.deploy.vllm_progress import start_seconds
+
+    log = "\n".join([  # an H100's lines, 2026-11-28 (reports/benchmarks/vllm_verify_data/linear_backend_2026-11-28)
+        "(EngineCore pid=2139) INFO [model_runner.py:305] Model loading took 8.54 GiB and 5.644240 seconds",
+        "(EngineCore pid=2139) INFO [backends.py:1155] Dynamo bytecode transform time: 17.77 s",
+        "(EngineCore pid=2139) INFO [monitor.py:53] torch.compile took 40.76 s in total",
+        "(EngineCore pid=2139) INFO [model_runner.py:747] Graph capturing finished in 6 secs, took 0.45 GiB",
+        "(EngineCore pid=2139) INFO [core.py:340] init engine (profile, create kv cache, warmup model) took 61.14 s "
+        "(compilation: 40.76 s)"])
+    assert start_seconds(log) == {"weights_s": 5.64424, "dynamo_s": 17.77, "compile_s": 40.76,
+                                  "graph_capture_s": 6.0, "engine_init_s": 61.14}
+    assert start_seconds("INFO Loaded AOT compiled function from /root/.cache/vllm/x")["compile_cache_hit"] is True
+
+
+def test_a_child_s_output_passes_through_and_its_start_lines_are_kept(capfd):
+    import subprocess
+    import time as _time
+
+    from advisor.deploy.vllm_progress import watch_output
+
+    with watch_output() as start:  # vLLM's engine core logs to the standard output it inherits
+        subprocess.run([sys.executable, "-c", "import sys; print('torch.compile took 12.5 s in total'); "
+                        "print('Graph capturing finished in 3 secs', file=sys.stderr)"], check=True)
+        for _ in range(100):
+            if len(start) == 2:
+                break
+            _time.sleep(0.01)
+    assert start == {"compile_s": 12.5, "graph_capture_s": 3.0}
+    seen = capfd.readouterr()
+    assert "torch.compile took 12.5 s" in seen.out and "Graph capturing finished" in seen.err
+
+
+def test_two_workloads_of_one_load_are_metered_once(tmp_path, monkeypatch):
+    vllm = fake_vllm(step_s=0.002)
+    monkeypatch.setitem(sys.modules, "vllm", vllm)
+    same = {"batch_size": 4, "input_tokens": 8, "output_tokens": 16}
+    job = ServeJob(str(checkpoint(tmp_path / "ck")), vocab_size=64, formats=False, meter=FAST, prefill=False,
+                   workloads=({"name": "tpot12", **same}, {"name": "tpot20", **same}))
+    out = serve(job, make_counter=lambda: ConstantPowerCounter(300.0))
+    e = out["energy"]
+    assert e["tpot20"]["same_load_as"] == "tpot12" and e["tpot20"]["j_per_token"] == e["tpot12"]["j_per_token"]
+    assert [m["workload"] for m in out["timings_s"]["meterings"]] == ["tpot12"]

@@ -58,6 +58,9 @@ class Affine:
         ms = self.prompt * length
         return ms, self.watts * ms / 1e3
 
+    def step_source(self, plan):
+        return self.label
+
 
 def rows_ms(n, m=None):
     m = m or Affine()
@@ -197,17 +200,17 @@ def test_the_label_names_the_vllm_step_model_and_a_version_mismatch():
 def test_which_engine_prices_the_plans():
     assert priced_engine("vllm", measured_here=True) == "vllm"
     assert priced_engine("builtin", measured_here=False) == "vllm"  # the export's default serving
-    assert priced_engine("builtin", measured_here=True) == "builtin"  # the runtime measures: like with like
-    assert priced_engine("tensorrt_llm", measured_here=True) == "builtin"
+    assert priced_engine("builtin", measured_here=True) is None  # the runtime measures: like with like
+    assert priced_engine("tensorrt_llm", measured_here=True) is None  # no step model of its own here
     builtin = RooflineEnergyModel(SHAPE, GPU.H100)
-    assert as_served(builtin, SHAPE, GPU.H100, "builtin") is builtin
+    assert as_served(builtin, SHAPE, GPU.H100, None) is builtin
     served = as_served(builtin, SHAPE, GPU.H100, "vllm")
     assert isinstance(served, VllmServedModel) and "roofline" in served.label
     from advisor.recipe.schema import validate_recipe
 
     recipe = validate_recipe({"name": "r"})
     assert study_key(recipe, {}, "predicted", "vllm")["predicted_steps"] == "vllm"
-    assert "predicted_steps" not in study_key(recipe, {}, "measured", "builtin")  # earlier studies keep their key
+    assert "predicted_steps" not in study_key(recipe, {}, "measured", None)  # earlier studies keep their key
 
 
 def test_shipped_profiles_say_where_and_when_and_b200_what_it_rests_on():

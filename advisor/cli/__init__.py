@@ -15,8 +15,9 @@ from typing import Annotated
 
 import typer
 
-from advisor.cli.common import DEBUG, err, handle_errors
-from advisor.cli.group import AdvisorGroup
+from advisor.cli.common import DEBUG, handle_errors, print_error
+from advisor.cli.group import INTERRUPTED, AdvisorGroup
+from advisor.interrupts import signals_handled
 from advisor.models.hub_access import go_offline_if_unreachable
 
 app = typer.Typer(
@@ -86,9 +87,10 @@ app.command(name="eval")(handle_errors(eval_plan))
 def main() -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     try:
-        app()
-    except KeyboardInterrupt:
-        err.print("interrupted: finished trials are kept in the study; continue with --resume")
+        with signals_handled():  # SIGTERM as Ctrl-C from here on, in every command
+            app()
+    except KeyboardInterrupt:  # before the command group runs (typer's own handler would exit silently)
+        print_error(INTERRUPTED)
         sys.exit(130)
 
 

@@ -13,8 +13,8 @@ from rich.console import Console
 from rich.markup import escape
 from typer import _click  # typer's own copy of click: its exceptions are the ones typer raises
 
-from advisor.errors import AdvisorError, SetupError
-from advisor.files import disk_full_message
+from advisor.errors import AdvisorError, InputError, SetupError
+from advisor.files import disk_full_message, name_too_long_message
 from advisor.gpu_memory_error import gpu_out_of_memory_message
 
 # Results. On a terminal rich fits them to its width; in a pipe or a file nothing is ever
@@ -40,7 +40,8 @@ def handle_errors(fn: F | None = None, *, error_exit: int | None = None, catch_a
     """Turn errors into one `Error:` line and an exit code (tracebacks only with --debug).
 
     Known errors (:class:`AdvisorError`) exit with their own code; a full disk or a GPU out of memory (the
-    environment's) exits 3 with what to free; anything else is a bug and exits 1 with the hint to rerun with
+    environment's) exits 3 with what to free; a path with a name too long for the file system (every path is the
+    user's) exits 2; anything else is a bug and exits 1 with the hint to rerun with
     --debug. ``error_exit`` forces one exit code for
     every error (a CI gate such as `recheck`, where an error must never read as a pass or a
     regression); ``keep_setup_exit`` exempts :class:`SetupError` (no GPU, a package missing: exit 3) from it;
@@ -60,6 +61,10 @@ def handle_errors(fn: F | None = None, *, error_exit: int | None = None, catch_a
                 forced = error_exit is not None and not (keep_setup_exit and isinstance(exc, SetupError))
                 raise typer.Exit(error_exit if forced else exc.exit_code) from None
             except Exception as exc:
+                if (too_long := name_too_long_message(exc)) is not None:  # a path given: bad input
+                    _traceback_if_debug()
+                    print_error(too_long)
+                    raise typer.Exit(error_exit if error_exit is not None else InputError.exit_code) from None
                 full = disk_full_message(exc) or gpu_out_of_memory_message(exc)  # the environment's, not a bug
                 if full is not None:
                     _traceback_if_debug()

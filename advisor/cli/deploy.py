@@ -15,6 +15,10 @@ from typing import Annotated
 import typer
 
 from advisor.cli.common import err, handle_errors, out
+from advisor.engines import engine as engine_entry
+from advisor.engines import engine_names, engines_that, listed
+
+SPREADING = listed(engines_that(lambda e: e.tensor_parallel), "--engine ")  # the engines `--gpus` serves over
 
 RECHECK_ERROR_EXIT = 2
 
@@ -58,9 +62,9 @@ def recheck(
     research_trials: Annotated[int, typer.Option(min=1, help="Trials of --research.")] = 12,
     device: Annotated[str | None, typer.Option(help="auto, cpu or cuda (default: the recipe's).")] = None,
     engine: Annotated[str | None, typer.Option(help="Meter the plan and BF16 on the GPU here through this engine "
-                                               "(builtin or vllm) instead of pricing them from the predicted tier."
-                                               )] = None,
-    gpus: Annotated[int | None, typer.Option(min=1, help="With --engine vllm: GPUs of this node the plans are served "
+                                               f"({listed(engine_names())}) instead of pricing them from the "
+                                               "predicted tier.")] = None,
+    gpus: Annotated[int | None, typer.Option(min=1, help=f"With {SPREADING}: GPUs of this node the plans are served "
                                              "over (tensor parallelism; default: the fewest that hold them).")] = None,
 ) -> None:
     """Re-score the stored recommendation and BF16 on a new model; exit 0 pass, 1 regression, 2 error, 3 no GPU
@@ -71,21 +75,22 @@ def recheck(
         from advisor.errors import InputError
 
         raise InputError(f"--device: got {device!r}; allowed: auto, cpu, cuda")
-    if gpus is not None and engine != "vllm":
+    chosen = engine_entry(engine) if engine is not None else None
+    if gpus is not None and (chosen is None or not chosen.tensor_parallel):
         from advisor.errors import InputError
 
-        raise InputError(f"--gpus {gpus} serves over several GPUs, which only --engine vllm does; add --engine vllm "
+        first = engines_that(lambda e: e.tensor_parallel)[0]
+        raise InputError(f"--gpus {gpus} serves over several GPUs, which only {SPREADING} does; add --engine {first} "
                          "or drop --gpus")
-    if engine is not None:
-        from advisor.deploy.engines import engine as engine_entry
-
-        chosen = engine_entry(engine)
-        if chosen.package is not None:
-            err.print(f"engine: {chosen.title}: {chosen.note}", highlight=False, markup=False)
+    if chosen is not None and chosen.package is not None:
+        err.print(f"engine: {chosen.title}: {chosen.note}", highlight=False, markup=False)
     with err.status("re-checking") as status:
+        def step(message: str) -> None:  # a line each too: a CI job's log keeps them
+            status.update(message)
+            err.print(message, highlight=False, markup=False, soft_wrap=True)
+
         result = run_recheck(recommendation, model, out_dir, recipe_path=recipe, research=research,
-                             research_trials=research_trials, device=device, engine=engine,
-                             status=lambda m: status.update(m), gpus=gpus)
+                             research_trials=research_trials, device=device, engine=engine, status=step, gpus=gpus)
     for c in result.checks:
         out.print(f"{'ok  ' if c.ok else 'FAIL'} {c.name}: {c.value:.4g} (threshold {c.threshold:.4g})",
                   highlight=False)

@@ -16,12 +16,18 @@ from typing import Annotated, Any
 import typer
 
 from advisor.energy.prediction import ENERGY_MODES, gpu_here, make_energy_model  # noqa: F401
+from advisor.engines import DEFAULT_ENGINE, ENGINE_TABLE, engines_that, import_engine, listed
 from advisor.errors import InputError
 from advisor.formats import GPU
 from advisor.models.hub_access import with_hub_note
 from advisor.models.shape import ModelShape, llama_shape
 from advisor.plan import Plan
 from advisor.recipe.schema import Workload
+
+#: `advisor measure --engine`: the engines it runs, as the table describes them, and those spreading over GPUs
+MEASURE_ENGINES_HELP = "What runs the plan: " + listed(
+    [f"{e.name} ({e.runs})" for e in ENGINE_TABLE.values() if e.measures_alone]) + "."
+SPREADING = listed(engines_that(lambda e: e.tensor_parallel and e.measures_alone), "--engine ")
 
 
 def llama31_8b_shape() -> ModelShape:
@@ -50,7 +56,7 @@ def shape_from_model(model: str | None) -> ModelShape:
     from advisor.models.adapters import adapter_for
     from advisor.models.groups import model_shape
 
-    adapter_for(c)  # an unsupported family: one line, exit 3
+    adapter_for(c)  # an unsupported family: one line, exit 2
     with torch.device("meta"):
         skeleton = AutoModelForCausalLM.from_config(c)
     return model_shape(skeleton)
@@ -178,17 +184,16 @@ def measure(
     batch: BatchOpt = 16,
     input_tokens: InOpt = 512,
     output_tokens: OutTokOpt = 256,
-    engine: Annotated[str, typer.Option(help="What runs the plan: builtin (random weights of the model's shape) or "
-                                        "vllm (--checkpoint served by vLLM).")] = "builtin",
+    engine: Annotated[str, typer.Option(help=MEASURE_ENGINES_HELP)] = DEFAULT_ENGINE,
     checkpoint: Annotated[Path | None, typer.Option(help="The plan's exported checkpoint (`advisor export`), "
-                                                    "for --engine vllm.")] = None,
+                                                    "for an engine that serves one.")] = None,
     tpot_ms: Annotated[float | None, typer.Option(help="Latency objective: time per output token (ms); also "
                                                   "meter the plan at its largest batch that meets it.")] = None,
     ttft_ms: Annotated[float | None, typer.Option(help="Latency objective: time to first token (ms).")] = None,
     percentile: Annotated[str | None, typer.Option(help="p50 or p90: where the objective holds.")] = None,
     max_concurrency: Annotated[int | None, typer.Option(help="The most requests the service keeps in flight.")]
         = None,
-    gpus: Annotated[int | None, typer.Option(min=1, help="With --engine vllm: GPUs of this node the checkpoint is "
+    gpus: Annotated[int | None, typer.Option(min=1, help=f"With {SPREADING}: GPUs of this node the checkpoint is "
                                              "served over (tensor parallelism, all metered; default: the fewest "
                                              "that hold it).")] = None,
 ) -> None:
@@ -201,15 +206,18 @@ def measure(
         raise InputError("--batch, --input-tokens and --output-tokens must be >= 1")
     workload = workload_of(batch_size=batch, input_tokens=input_tokens, output_tokens=output_tokens,
                            tpot_ms=tpot_ms, ttft_ms=ttft_ms, percentile=percentile, max_concurrency=max_concurrency)
-    if engine not in ("builtin", "vllm"):
-        raise InputError(f"--engine: got {engine!r}; `advisor measure` runs builtin or vllm (tensorrt_llm measures "
-                         "inside `advisor search --engine tensorrt_llm`)")
-    if engine == "vllm" and (checkpoint is None or not (checkpoint / "config.json").is_file()):
-        raise InputError("--engine vllm serves an exported checkpoint: give --checkpoint DIR (a folder with "
+    alone = engines_that(lambda e: e.measures_alone)
+    if engine not in alone:
+        elsewhere = f" ({engine} measures inside `advisor search --engine {engine}`)" if engine in ENGINE_TABLE else ""
+        raise InputError(f"--engine: got {engine!r}; `advisor measure` runs {listed(alone)}{elsewhere}")
+    chosen = ENGINE_TABLE[engine]
+    if chosen.serves_checkpoint and (checkpoint is None or not (checkpoint / "config.json").is_file()):
+        raise InputError(f"--engine {engine} serves an exported checkpoint: give --checkpoint DIR (a folder with "
                          "config.json, written by `advisor export`)")
-    if gpus is not None and engine != "vllm":
-        raise InputError(f"--gpus {gpus} serves over several GPUs, which only --engine vllm does; add --engine vllm "
-                         "--checkpoint DIR, or drop --gpus")
+    if gpus is not None and not chosen.tensor_parallel:
+        spread = engines_that(lambda e: e.tensor_parallel and e.measures_alone)
+        raise InputError(f"--gpus {gpus} serves over several GPUs, which only {listed(spread, '--engine ')} does; add "
+                         f"--engine {spread[0]} --checkpoint DIR, or drop --gpus")
     tgt = None
     if target is not None:
         try:
@@ -239,23 +247,21 @@ def measure(
                              f"({gpu_here()[1]}) is not one the advisor knows; give --target "
                              f"{'|'.join(g.value for g in GPU)}")
         point = predicted_point(p, shape, kind, workload, config, engine)
-    if engine == "vllm":
-        from advisor.deploy.engines import import_engine
+    if chosen.checkpoint_tier is not None and checkpoint is not None:
         from advisor.deploy.serving_gpus import checkpoint_bytes, gpus_label, serving_gpus_for
-        from advisor.deploy.vllm_engine import VllmEnergyModel
         from advisor.search.operating_measured import at_batch
 
-        import_engine("vllm")
+        import_engine(engine)
         vocab = json.loads((checkpoint / "config.json").read_text()).get("vocab_size", 32000)
         both = [workload] if point is None else [workload, at_batch(workload, point.state.batch)]  # one engine
         n = serving_gpus_for(gpus, shape, both, checkpoint_bytes(checkpoint))
         label = gpus_label(n) if n > 1 else gpu_here()[1] or ""
-        meter: Any = VllmEnergyModel(lambda _plan: checkpoint, both, vocab, gpu_label=label, gpus=n)
-    else:
+        meter: Any = chosen.checkpoint_tier(checkpoint, both, vocab, label, n)
+    else:  # the built-in runtime: the one engine measuring alone without a checkpoint (Engine.measures_alone)
         meter = MeasuredEnergyModel(shape, tgt, model_config=config)
         meter.check_fits([workload])
     est = meter.estimate(p, workload)
-    served = {"engine": "vllm", "gpus": meter.gpus} if engine == "vllm" else {}
+    served = {"engine": engine, "gpus": meter.gpus} if chosen.serves_checkpoint else {}
     result = {"plan": p.id, "label": p.label(), **served, **est.to_dict()}
     if point is not None:
         from advisor.workflows.measure_point import measured_operating_point

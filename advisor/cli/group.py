@@ -11,8 +11,10 @@ from typer import _click  # typer's own copy of click: its exceptions are the on
 from typer.core import TyperGroup
 
 from advisor.cli.common import print_error
+from advisor.errors import Interrupted
 
 DEBUG_FLAG = "--debug"
+INTERRUPTED = "interrupted before the command finished; run it again"
 
 
 def hoist_debug(args: list[str]) -> list[str]:
@@ -55,5 +57,9 @@ class AdvisorGroup(TyperGroup):
 
     def invoke(self, ctx: _click.Context) -> Any:
         name = next(iter(getattr(ctx, "_protected_args", None) or []), None)  # where typer keeps it
-        with usage_errors_as_one_line(name if name in self.commands else None):
-            return super().invoke(ctx)
+        try:
+            with usage_errors_as_one_line(name if name in self.commands else None):
+                return super().invoke(ctx)
+        except KeyboardInterrupt:  # Ctrl-C or SIGTERM that no command turned into its own line (typer: a silent 130)
+            print_error(INTERRUPTED)
+            raise typer.Exit(Interrupted.exit_code) from None

@@ -91,6 +91,11 @@ def show(
     from advisor.report.schema import load_summary
 
     path = run_dir if run_dir.is_file() else run_dir / "summary.json"
+    if not run_dir.exists():
+        raise InputError(f"{run_dir} does not exist; give the folder `advisor search` wrote (or its summary.json)")
+    if not path.is_file() and not (run_dir / "recipe.json").is_file():
+        raise InputError(f"{path} does not exist and {run_dir} is not a run directory (no recipe.json); give the "
+                         "folder `advisor search` wrote (or its summary.json)")
     if not path.is_file():
         raise InputError(f"{path} does not exist; run `advisor report {run_dir}` first (a run stopped before its "
                          "first trial has nothing to report: continue it with `advisor search ... --resume`)")

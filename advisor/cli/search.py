@@ -9,9 +9,14 @@ import typer
 from rich.table import Table
 
 from advisor.cli.common import err, handle_errors, out
+from advisor.engines import ENGINE_TABLE, listed
 from advisor.errors import InputError
 from advisor.recipe.choices import choices_text
 from advisor.recipe.schema import Recipe, SearchSpec
+
+#: `--engine`: which engines serve each measured plan's export, and what a user must know of each (the table's)
+SERVED_ENGINES = listed([e.name for e in ENGINE_TABLE.values() if e.serves_checkpoint], last="and")
+ENGINE_NOTES = "; ".join(f"{e.title}: {e.note}" for e in ENGINE_TABLE.values() if e.serves_checkpoint and e.note)
 
 RecipeOpt = Annotated[Path | None, typer.Option("--recipe", "-r", help="YAML recipe (see recipes/quickstart.yaml).")]
 ModelOpt = Annotated[str | None, typer.Option(help="Hub id, local dir, .gguf file, or demo:smollm2-135m.")]
@@ -80,9 +85,8 @@ def search(
         = None,
     energy_profile: Annotated[str | None, typer.Option(help="Profile JSON from `advisor profile`.")] = None,
     engine: Annotated[str | None, typer.Option(
-        help=f"What the measured tier runs: {choices_text(Recipe, 'engine')}. tensorrt_llm and vllm serve each "
-        "measured plan's exported checkpoint through that engine (TensorRT-LLM: tested against a fake module only, "
-        "it cannot be installed on the GPU machines this project was measured on).")] = None,
+        help=f"What the measured tier runs: {choices_text(Recipe, 'engine')}. {SERVED_ENGINES} serve each measured "
+        f"plan's exported checkpoint through that engine ({ENGINE_NOTES}).")] = None,
     resume: Annotated[bool, typer.Option("--resume", help="Continue the study of the same name.")] = False,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the memory plan (from the model's config, no "
                                           "weights read) and stop; exit 3 when it does not fit.")] = False,
@@ -104,7 +108,7 @@ def search(
         "search.sampler": sampler,
         "accuracy.max_kl": max_kl, "calibration.source": calibration, "benchmark.tasks": _split(tasks),
         "benchmark.limit": limit, "storage": storage, "out": str(out_dir) if out_dir else None,
-        "name": name, "device": device, "energy": energy, "energy_profile": energy_profile,
+        "name": name, "device": "auto" if dry_run else device, "energy": energy, "energy_profile": energy_profile,
         "engine": engine, "gpu_memory_gib": gpu_memory, "gpus": None if dry_run else gpus,
         "workloads": _workload_overrides(batch_size, input_tokens, output_tokens, workload, recipe),
     }
@@ -136,10 +140,13 @@ def _dry_run(rec: Recipe, dry_run: bool, gpus: int | None, gpu_memory: float | N
     from advisor.cli.plan_view import print_plan
     from advisor.errors import SetupError
     from advisor.workflows.memory import devices_here, named_node, not_fitting_message, recipe_plan
+    from advisor.workflows.preflight import check_model
 
     if not dry_run:
         raise InputError("--json belongs to --dry-run; add --dry-run or drop it")
-    devices = named_node(gpus, gpu_memory) if gpus is not None else devices_here(gpu_memory)
+    node = named_node(gpus, gpu_memory) if gpus is not None else None
+    check_model(rec, need_weights=False)  # as a real run judges it, but a plan needs no weights downloaded yet
+    devices = node or devices_here(gpu_memory)
     if not devices:
         raise SetupError("torch sees no GPU here to plan for; name the node: --gpus N --gpu-memory GB")
     plan = recipe_plan(rec, devices)

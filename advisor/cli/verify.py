@@ -13,12 +13,15 @@ from typing import Annotated
 import typer
 
 from advisor.cli.common import err, handle_errors, out, print_error
+from advisor.engines import engines_that, listed
+
+VERIFIERS = engines_that(lambda e: e.verifies)  # the engines `advisor verify` serves through
 
 
 @handle_errors
 def verify(
     run_dir: Annotated[Path, typer.Argument(help="Run directory written by `advisor search`.")],
-    engine: Annotated[str, typer.Option(help="Serving engine to verify in: vllm.")] = "vllm",
+    engine: Annotated[str, typer.Option(help=f"Serving engine to verify in: {listed(VERIFIERS)}.")] = VERIFIERS[0],
     plan: Annotated[list[str] | None, typer.Option(
         "--plan", help="Also this plan id (repeatable); the recommendation and all-BF16 always.")] = None,
     lambada: Annotated[Path | None, typer.Option(
@@ -30,6 +33,9 @@ def verify(
                                              "hold it).")] = None,
     workers: Annotated[int, typer.Option(min=1, help="Plans served at once, each engine on GPUs of its own "
                                          "(workers x --gpus GPUs of this node).")] = 1,
+    quick: Annotated[bool, typer.Option(help="The recommendation and all-BF16 only, at the stated workloads and "
+                                        "objectives, the served KL on fewer held-out positions: minutes, for CI.")]
+    = False,
 ) -> None:
     """Serve the run's recommendation and BF16 in vLLM (GPU): the decision, formats, KL, items and J/token as
     served. Run again after a cut-off, it serves only the plans not yet served (RUN_DIR/verify_served keeps each)."""
@@ -42,7 +48,7 @@ def verify(
             err.print(message, highlight=False, markup=False, soft_wrap=True)
 
         result = verify_run(run_dir, engine=engine, plan_ids=plan or (), lambada=lambada, lambada_count=lambada_items,
-                            energy=energy, status=step, gpus=gpus, workers=workers)
+                            energy=energy, status=step, gpus=gpus, workers=workers, quick=quick)
     over = [r["plan_id"] for r in over_budget(result)]
     for r in result["plans"]:
         a = r["accuracy"]
@@ -63,7 +69,8 @@ def verify(
     for line in served_decision(result):
         if line.startswith("- "):
             out.print("as served, " + line[2:].replace("**", ""), highlight=False, markup=False)
-    out.print(f"written: {Path(run_dir) / 'verify.md'}, verify.json, and a section of report.md", highlight=False)
+    out.print(f"took {result['timings_s']['total_s'] / 60:.1f} min; written: {Path(run_dir) / 'verify.md'}, "
+              "verify.json, and a section of report.md", highlight=False)
     if not result["verified"]:
         bad = "; ".join(f"{r['plan_id']}: " + ", ".join(f"{g} {why}" for g, why in r["formats_match"].items())
                         for r in result["plans"] if r["formats_match"] is not True)

@@ -59,11 +59,10 @@ def read_summary(path: Path | str) -> dict[str, Any]:
 
 
 def stored_plan(summary: dict[str, Any], plan_id: str | None, path: Path | str) -> tuple[Plan, dict[str, Any]]:
-    """The recommended plan (or ``plan_id``) and its stored record."""
+    """The recommended plan (or ``plan_id``) and its stored record (the reader, :func:`load_summary`, has made sure
+    the recommendation is one of the trials)."""
     target = plan_id or summary["recommendation"].get("plan_id")
     record = next((r for r in summary["trials"] if r.get("plan_id") == target), None)
-    if plan_id is None and record is None:
-        record = summary["recommendation"]
     if record is None:
         known = ", ".join(sorted({r["plan_id"] for r in summary["trials"]})[:10])
         raise InputError(f"--plan: no plan {target!r} in {path}; known: {known}")

@@ -1,4 +1,4 @@
-"""TensorRT-LLM as a serving engine (``--engine tensorrt_llm``, one entry of ``deploy.engines``).
+"""TensorRT-LLM as a serving engine (``--engine tensorrt_llm``, one entry of ``advisor.engines``).
 
 ``tensorrt_llm`` serves the plan's
 *exported checkpoint* (``advisor export``'s files) through TensorRT-LLM's LLM API, sized for
@@ -39,6 +39,7 @@ from advisor.errors import SetupError, UnsupportedError
 from advisor.estimate import EnergyEstimate
 from advisor.plan import Plan
 from advisor.recipe.schema import Workload
+from advisor.search.engine_contract import MeasuredTier
 
 NOT_VERIFIED = "not verified on a GPU here"
 
@@ -86,14 +87,13 @@ def llm_kwargs(trtllm: ModuleType, checkpoint: Path, plan: Plan, workload: Workl
     }
 
 
-class TensorRTLLMEnergyModel:
-    """The measured tier through TensorRT-LLM: an :class:`~advisor.estimate.EnergyModel`.
+class TensorRTLLMEnergyModel(MeasuredTier):
+    """The measured tier through TensorRT-LLM (a :class:`~advisor.search.engine_contract.MeasuredTier` that gives
+    J/token and tokens/s only: its operating points leave TPOT and TTFT unknown, and say so).
 
     ``checkpoint_for(plan)`` gives the plan's exported checkpoint folder (the workflow exports it
     once per plan); ``make_meter(depth)`` an NVML meter that keeps ``depth`` requests in flight.
     """
-
-    measured = True
 
     def __init__(self, checkpoint_for: Callable[[Plan], Path], make_meter: Callable[[int], EnergyMeter],
                  trtllm: ModuleType | None = None, vocab_size: int = 32000, seed: int = 0) -> None:

@@ -39,6 +39,7 @@ def render_verify(result: dict[str, Any]) -> str:
                   f"for {kind} (verify.json keeps the run's own beside it); the operating points' predicted columns "
                   f"are the run's, for {target}, and compare with this GPU's numbers only loosely."]
     lines += served_decision(result)
+    lines += time_section(result)
     lines += ["", "### Formats as served", "", "| plan | role | served as planned | formats vLLM built |",
               "|---|---|---|---|"]
     for r in result["plans"]:
@@ -215,3 +216,27 @@ def write_report_section(report: Path, section: str) -> None:
     else:
         text = (text.rstrip("\n") + "\n\n" if text else "") + block
     report.write_text(text)
+
+
+def time_section(result: dict[str, Any]) -> list[str]:
+    """Where verify's time went: the model's load, each export, each plan's engine start, served KL and
+    meterings (a plan read back from an earlier verify spent nothing here)."""
+    t = result.get("timings_s")
+    if not t:
+        return []
+    lines = ["", "### Time", "", f"{t['total_s'] / 60:.1f} min in all" + (" (--quick)" if result.get("quick") else "")
+             + f"; the model's load and tokens {t['load_s']:.0f} s.", "",
+             "| plan | export s | engine start s | compile cache | served KL s | meterings | metering s |",
+             "|---|---|---|---|---|---|---|"]
+    for role, p in (t.get("plans") or {}).items():
+        p = p or {}
+        m = p.get("meterings") or []
+        start = p.get("engine_start") or {}
+        hit = "read" if start.get("compile_cache_hit") else ("compiled" if "compile_s" in start else "")
+        lines.append(f"| {role} | {t['export_s'].get(role, 0):.0f} | {num_s(p.get('engine_start_s'))} | {hit} | "
+                     f"{num_s(p.get('served_kl_s'))} | {len(m)} | {sum(x['seconds'] for x in m):.0f} |")
+    return lines
+
+
+def num_s(value: float | None) -> str:
+    return "" if value is None else f"{value:.0f}"

@@ -52,6 +52,22 @@ def decode_graph_sizes(bound: int) -> tuple[int, ...]:
     return tuple(b for b in sizes if b <= bound)
 
 
+def graph_sizes_for(batches: Iterable[int], prompt: int, bound: int) -> tuple[int, ...]:
+    """The CUDA-graph sizes (of :func:`decode_graph_sizes` under ``bound``) that the steady loads of ``batches``
+    run: a decode step of ``b`` requests pads to the grid size at or above ``b``, and a step where one
+    ``prompt``-token prefill joins ``b - 1`` decodes to the one at or above ``b - 1 + prompt``. Captured alone,
+    they give those steps the graph the whole grid would have given them (the grid's other sizes lie between
+    none of them and their padded size), at a fraction of the capture."""
+    grid = decode_graph_sizes(bound)
+    needed = set()
+    for b in batches:
+        for tokens in (b, b - 1 + prompt) if prompt else (b,):
+            padded = next((g for g in grid if g >= tokens), None)
+            if padded is not None:
+                needed.add(padded)
+    return tuple(sorted(needed))
+
+
 def vllm_options_yaml(options: dict[str, Any], workloads: list[dict[str, Any]]) -> str:
     import yaml
 

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from advisor.deploy.serving_gpus import engine_memory_share
 from advisor.deploy.vllm_config import decode_graph_sizes
+from advisor.deploy.vllm_load import STEADY_LOAD_METER
 from advisor.deploy.vllm_rounds import child_answer, pin_devices
 from advisor.deploy.vllm_serve import ServeJob, serve
 from advisor.energy.meter import MeterConfig
@@ -29,6 +30,7 @@ from advisor.estimate import EnergyEstimate
 from advisor.formats import Format
 from advisor.plan import Plan
 from advisor.recipe.schema import Workload
+from advisor.search.engine_contract import MeasuredTier, NextRound
 
 if TYPE_CHECKING:
     from advisor.search.operating_measured import MeasuredPoint
@@ -120,20 +122,21 @@ def served_formats(served: Mapping[str, Mapping[str, Any]], plan: Plan, members:
 
 
 # ----------------------------------------------------------------------------------- the measured tier
-class VllmEnergyModel:
-    """The measured tier through vLLM: an :class:`~advisor.estimate.EnergyModel`.
+class VllmEnergyModel(MeasuredTier):
+    """The measured tier through vLLM (a :class:`~advisor.search.engine_contract.MeasuredTier` that times requests
+    and runs a plan's operating searches in the engine that serves it).
 
     ``checkpoint_for(plan)`` gives the plan's exported checkpoint folder. The first estimate of a plan
     serves it once, in a child process, for every workload of ``workloads``; the rest are read back."""
 
-    measured = True
+    searches_in_serving = True
 
     def __init__(self, checkpoint_for: Callable[[Plan], Path], workloads: Sequence[Workload], vocab_size: int,
                  meter: MeterConfig | None = None, runner: Callable[[ServeJob], dict[str, Any]] | None = None,
                  gpu_label: str = "", vllm_version: str | None = None, gpus: int = 1,
                  rounds_runner: Callable[[ServeJob, Any], dict[str, Any]] | None = None) -> None:
         self.checkpoint_for, self.workloads, self.vocab_size = checkpoint_for, list(workloads), vocab_size
-        self.meter, self.runner = meter or MeterConfig(), runner or run_in_child
+        self.meter, self.runner = meter or STEADY_LOAD_METER, runner or run_in_child
         self.gpus = gpus
         self.rounds_runner = rounds_runner or _run_rounds
         self._served: dict[str, dict[str, Any]] = {}
@@ -197,8 +200,7 @@ class VllmEnergyModel:
         """What ``plan``'s serving (its opening job's, where it had one) answered."""
         return self._served[plan.id]
 
-    def measure_rounds(self, plan: Plan, first: Sequence[Workload],
-                       next_round: Callable[[list[MeasuredPoint]], list[Workload]], max_batch: int
+    def measure_rounds(self, plan: Plan, first: Sequence[Workload], next_round: NextRound, max_batch: int
                        ) -> list[MeasuredPoint]:
         """``first`` metered, then each round ``next_round`` asks for, all in one engine sized for ``max_batch``
         (the measured batch search, :mod:`advisor.search.operating_search`); ``first`` is read back where the
@@ -257,6 +259,13 @@ def _steadiness(row: Mapping[str, Any], workload: Workload) -> str:
     unstable = " (unstable)" if row["measurement"].get("unstable") else ""
     return unstable + ("" if row["batch_full"] else f"; batch not full: {row['fewest_inflight']} of "
                        f"{workload.batch_size}")
+
+
+def checkpoint_tier(checkpoint: Path, workloads: Sequence[Workload], vocab: int, gpu_label: str, gpus: int
+                    ) -> VllmEnergyModel:
+    """`advisor measure --engine vllm --checkpoint DIR`: that one checkpoint served for every plan, at ``workloads``
+    (the stated one and its operating batch: one engine), over ``gpus`` GPUs."""
+    return VllmEnergyModel(lambda _plan: checkpoint, workloads, vocab, gpu_label=gpu_label, gpus=gpus)
 
 
 def vllm_tier(recipe: Any, loaded: Any, tokens: Any) -> VllmEnergyModel:

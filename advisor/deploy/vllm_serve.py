@@ -14,36 +14,29 @@ the job's largest workload) and does what the job asks, returning plain data:
   next token (greedy, as LAMBADA's accuracy is defined), from vLLM's prompt log-probabilities;
 * ``energy``: per workload, J per output token (prefill included, summed over every GPU the engine uses:
   ``tensor_parallel_size`` > 1 spreads the model over torch's ``cuda:0..N-1``) in steady state
-  (:class:`SteadyLoad` under the advisor's own NVML meter), the time per output token and to the first
-  token of the requests that ran wholly inside that steady load (p50 and p90), and J per input token of
-  prefill.
+  (:class:`~advisor.deploy.vllm_load.SteadyLoad` under the advisor's own NVML meter), the time per output
+  token and to the first token of the requests that ran wholly inside that steady load (p50 and p90), and J
+  per input token of prefill.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import random
-import statistics
-import sys
-import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from advisor.deploy.quant_config import weight_formats_from_quant_config
 from advisor.deploy.served_kl import served_kl
-from advisor.deploy.vllm_config import capture_bound
-from advisor.energy.meter import EnergyCounter, EnergyMeter, Measurement, MeterConfig
+from advisor.deploy.vllm_config import capture_bound, graph_sizes_for
+from advisor.deploy.vllm_load import meter_workload
+from advisor.deploy.vllm_progress import metering_line, say, start_words, watch_output
+from advisor.energy.meter import EnergyCounter, MeterConfig
 from advisor.formats import GPU
 from advisor.serving import vllm_linear_backend
-
-# Engine steps of tickets the meter keeps issued (a step gives one token a request): far more than one meter poll
-# can see finish, and few enough that the meter's drain after its windows is short (4096 tickets at batch 1, a
-# prefill load, were 4096 steps of waiting for tokens nothing reads).
-TICKET_STEPS = 64
 
 
 @dataclass(frozen=True)
@@ -69,156 +62,11 @@ class ServeJob:
     # GPUs the engine spreads the model over (vLLM's tensor parallelism): torch's cuda:0..N-1, all metered
     tensor_parallel_size: int = 1
     max_batch: int = 0  # size the engine for at least this many in flight (later rounds of `serve(more=...)`)
+    # capture CUDA graphs only for the token counts the job's steady loads run (graph_sizes_for): the same graphs
+    # those steps would run under the export's bound, fewer captured. False: every size up to the bound
+    needed_graphs_only: bool = True
     # the GPUs the engine's process sees (CUDA_VISIBLE_DEVICES entries, GPU-<uuid>); empty: this process's
     devices: tuple[str, ...] = ()
-
-
-# ----------------------------------------------------------------------------------- steady load
-class _Ticket:
-    """One output token the meter waits for: finished once the engine has produced that many tokens."""
-
-    __slots__ = ("index", "load")
-
-    def __init__(self, load: SteadyLoad, index: int) -> None:
-        self.load, self.index = load, index
-
-    def query(self) -> bool:
-        if self.load.error is not None:
-            raise self.load.error
-        return self.load.tokens > self.index
-
-
-class SteadyLoad:
-    """Keeps ``batch`` requests of ``input_tokens`` fresh random token ids and ``output_tokens``
-    outputs in flight in vLLM's engine, from a thread, and counts the output tokens it returns.
-
-    The first round's requests ask for ``output_tokens * (i + 1) / batch`` tokens, so their ends
-    spread evenly over one request's length and every later replacement's prefill rides along with
-    the others' decode: the batch stays full and the load is steady (``settle`` waits until that
-    first round is gone). The meter's "step" is one output token (:meth:`ticket`).
-    """
-
-    def __init__(self, vllm: Any, engine: Any, batch: int, input_tokens: int, output_tokens: int,
-                 vocab_size: int, seed: int = 0) -> None:
-        self.vllm, self.engine = vllm, engine
-        self.batch, self.input_tokens, self.output_tokens = batch, input_tokens, output_tokens
-        self.vocab_size, self._rng = vocab_size, random.Random(seed)
-        self.tokens = 0
-        self.error: BaseException | None = None
-        self.inflight: set[str] = set()
-        self.first_round: set[str] = set()
-        self.fewest_inflight = batch
-        self.latencies: list[tuple[float, float]] = []  # (TTFT s, TPOT s) of requests added after the first round
-        self._added: dict[str, float] = {}
-        self._first_token: dict[str, float] = {}
-        self._issued = 0
-        self._next_id = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _params(self, max_tokens: int) -> Any:
-        kind = self.vllm.sampling_params.RequestOutputKind.DELTA
-        return self.vllm.SamplingParams(max_tokens=max_tokens, ignore_eos=True, temperature=0.0, output_kind=kind,
-                                        detokenize=False)
-
-    def _add(self, max_tokens: int) -> str:
-        rid = f"steady-{self._next_id}"
-        self._next_id += 1
-        prompt = [self._rng.randrange(self.vocab_size) for _ in range(self.input_tokens)]
-        self.engine.add_request(rid, {"prompt_token_ids": prompt}, self._params(max_tokens))
-        self.inflight.add(rid)
-        self._added[rid] = time.perf_counter()
-        return rid
-
-    def _timed(self, out: Any, produced: int) -> None:
-        """Note when a request's first token came and, when it finishes, its TTFT and TPOT."""
-        now, rid = time.perf_counter(), out.request_id
-        if produced and rid not in self._first_token:
-            self._first_token[rid] = now
-        if not out.finished:
-            return
-        added, first = self._added.pop(rid, None), self._first_token.pop(rid, None)
-        if rid in self.first_round or added is None or first is None or self.output_tokens < 2:
-            return
-        self.latencies.append((first - added, (now - first) / (self.output_tokens - 1)))
-
-    def start(self) -> SteadyLoad:
-        for i in range(self.batch):
-            self.first_round.add(self._add(max(1, round(self.output_tokens * (i + 1) / self.batch))))
-        self._thread.start()
-        return self
-
-    def _run(self) -> None:
-        try:
-            while not self._stop.is_set():
-                for out in self.engine.step():
-                    produced = len(out.outputs[0].token_ids) if out.outputs else 0
-                    self.tokens += produced
-                    self._timed(out, produced)
-                    if out.finished:
-                        self.inflight.discard(out.request_id)
-                        self.first_round.discard(out.request_id)
-                        self._add(self.output_tokens)
-                if not self.first_round:
-                    self.fewest_inflight = min(self.fewest_inflight, len(self.inflight))
-        except BaseException as exc:  # noqa: BLE001 (re-raised in the meter's thread by _Ticket.query)
-            self.error = exc
-
-    def settle(self, timeout_s: float = 600.0) -> None:
-        """Wait until the staggered first round has finished (the load is steady from then on)."""
-        end = time.monotonic() + timeout_s
-        while self.first_round and self.error is None:
-            if time.monotonic() > end:
-                raise TimeoutError(f"the first {self.batch} requests did not finish in {timeout_s:.0f} s")
-            time.sleep(0.01)
-        if self.error is not None:
-            raise self.error
-
-    def ticket(self) -> _Ticket:
-        t = _Ticket(self, self._issued)
-        self._issued += 1
-        return t
-
-    def latency_ms(self) -> dict[str, float | None]:
-        """p50 and p90 of TTFT and TPOT (ms) over the finished requests that were not in the first round."""
-        out: dict[str, float | None] = {}
-        for i, name in ((0, "ttft"), (1, "tpot")):
-            values = sorted(v[i] * 1e3 for v in self.latencies)
-            for q in (50, 90):
-                out[f"{name}_ms_p{q}"] = _percentile(values, q) if values else None
-        out["latency_requests"] = len(self.latencies)
-        return out
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join()
-        for rid in list(self.inflight):
-            self.engine.abort_request([rid])
-        while self.engine.get_num_unfinished_requests():
-            self.engine.step()
-        self.inflight.clear()
-
-
-def _percentile(sorted_values: list[float], q: int) -> float:
-    if len(sorted_values) == 1:
-        return sorted_values[0]
-    return statistics.quantiles(sorted_values, n=100, method="inclusive")[q - 1]
-
-
-def measure_load(vllm: Any, llm: Any, counter: EnergyCounter, config: MeterConfig, batch: int, input_tokens: int,
-                 output_tokens: int, vocab_size: int, label: str,
-                 seed: int = 0) -> tuple[Measurement, int, dict[str, float | None]]:
-    """J per output token of a steady load (the meter's step is one token), the fewest requests
-    that were in flight after it settled (the batch was full when that equals ``batch``), and the
-    load's request latencies (:meth:`SteadyLoad.latency_ms`)."""
-    load = SteadyLoad(vllm, llm.llm_engine, batch, input_tokens, output_tokens, vocab_size, seed).start()
-    try:
-        load.settle()
-        cfg = MeterConfig(**{**asdict(config), "depth": TICKET_STEPS * batch, "queued_s": 0.0})
-        m = EnergyMeter(counter, cfg).measure(load.ticket, label, 1.0)
-    finally:
-        load.stop()
-    return m, load.fewest_inflight, load.latency_ms()
 
 
 # ----------------------------------------------------------------------------------- what vLLM built
@@ -274,14 +122,28 @@ def greedy_hits(vllm: Any, llm: Any, items: Any) -> list[bool]:
 
 
 # ----------------------------------------------------------------------------------- the job
-def exported_options(checkpoint: str, batch: int, prompt: int) -> dict[str, Any]:
+def exported_options(checkpoint: str, batch: int, prompt: int, batches: Sequence[int] = ()) -> dict[str, Any]:
     """What the export's ``vllm_config.yaml`` asks of vLLM (:mod:`advisor.deploy.vllm_config`), as ``vllm.LLM``
     keywords for an engine of ``batch`` requests and ``prompt``-token prompts: CUDA graphs for the steps where a
-    prefill joins the decode batch, and the FP8 GEMM backend for the checkpoint's formats on this GPU."""
+    prefill joins the decode batch, and the FP8 GEMM backend for the checkpoint's formats on this GPU. With
+    ``batches`` (the steady loads the engine will run), only the graphs their steps use are captured."""
     qpath = Path(checkpoint) / "hf_quant_config.json"
     formats = weight_formats_from_quant_config(json.loads(qpath.read_text()) if qpath.is_file() else None)
-    return {"compilation_config": {"max_cudagraph_capture_size": capture_bound(batch, prompt)},
-            **vllm_linear_backend(formats, gpu_kind())}
+    bound = capture_bound(batch, prompt)
+    graphs: dict[str, Any] = {"max_cudagraph_capture_size": bound}
+    if batches:
+        graphs = {"cudagraph_capture_sizes": list(graph_sizes_for(batches, prompt, bound))}
+    return {"compilation_config": graphs, **vllm_linear_backend(formats, gpu_kind())}
+
+
+def job_batches(job: ServeJob) -> tuple[int, ...]:
+    """The batches ``job``'s steady loads may run: its workloads', and, where later rounds may ask for more
+    (``max_batch``: a batch search below it), every batch up to it; ``()`` (every graph) where the job asks for
+    them all or runs no steady load."""
+    if not job.needed_graphs_only or not (job.workloads or job.max_batch):
+        return ()
+    batches = {w["batch_size"] for w in job.workloads} | set(range(1, job.max_batch + 1))
+    return tuple(sorted(batches | {1}))  # batch 1: a prefill metering's load
 
 
 def gpu_kind() -> GPU | None:
@@ -310,37 +172,45 @@ def serve(job: ServeJob, make_counter: Callable[[], EnergyCounter] | None = None
                   + [len(s) + 1 for s in job.sequences] + [len(c) + len(t) + 1 for c, t in job.items] + [16])
     batch = max([w["batch_size"] for w in job.workloads] + ([job.max_batch] if job.max_batch else []) or [16])
     prompt = max([w["input_tokens"] for w in job.workloads] or [0])
-    options = {**(exported_options(job.checkpoint, batch, prompt) if job.as_exported else {}), **job.llm_options}
+    options = {**(exported_options(job.checkpoint, batch, prompt, job_batches(job)) if job.as_exported else {}),
+               **job.llm_options}
     t0 = time.perf_counter()
-    llm = vllm.LLM(model=job.checkpoint, enable_prefix_caching=False, seed=job.seed, max_num_seqs=batch,
-                   max_model_len=longest, max_logprobs=-1 if job.reference_logprobs else 1,
-                   gpu_memory_utilization=job.gpu_memory_utilization, tensor_parallel_size=tp, **options)
-    out: dict[str, Any] = {"vllm_version": getattr(vllm, "__version__", "unknown"),
-                           "load_s": time.perf_counter() - t0, "llm_options": options, "tensor_parallel_size": tp}
+    with watch_output() as start:
+        llm = vllm.LLM(model=job.checkpoint, enable_prefix_caching=False, seed=job.seed, max_num_seqs=batch,
+                       max_model_len=longest, max_logprobs=-1 if job.reference_logprobs else 1,
+                       gpu_memory_utilization=job.gpu_memory_utilization, tensor_parallel_size=tp, **options)
+    load_s = time.perf_counter() - t0
+    timings: dict[str, Any] = {"engine_start_s": load_s, "engine_start": dict(start), "meterings": []}
+    say(f"vLLM engine started in {load_s:.0f} s ({start_words(start)})")
+    out: dict[str, Any] = {"vllm_version": getattr(vllm, "__version__", "unknown"), "load_s": load_s,
+                           "llm_options": options, "tensor_parallel_size": tp, "timings_s": timings}
     if job.formats:
         out["served"] = served_methods(llm)
     if job.sequences and job.reference_logprobs:
-        out["served_kl"] = served_kl(vllm, llm, job.sequences, job.reference_logprobs, job.vocab_size,
-                                     say=lambda m: print(m, file=sys.stderr, flush=True))  # beside vLLM's log
+        t = time.perf_counter()
+        out["served_kl"] = served_kl(vllm, llm, job.sequences, job.reference_logprobs, job.vocab_size, say=say)
+        timings["served_kl_s"] = time.perf_counter() - t
     if job.items:
+        t = time.perf_counter()
         out["items"] = greedy_hits(vllm, llm, job.items)
+        timings["items_s"] = time.perf_counter() - t
     if job.workloads:
         counter = make_counter() if make_counter is not None else open_gpus_counter(tp)
         config = summed_config(MeterConfig(**job.meter), tp)
         energy: dict[str, Any] = {}
         todo = list(job.workloads)
+        loads: dict[tuple[int, int, int, bool], str] = {}  # a load already metered in this engine, by its sizes
         while todo:
             w = todo.pop(0)
-            b, lin, lout = w["batch_size"], w["input_tokens"], w["output_tokens"]
-            full, fewest, latency = measure_load(vllm, llm, counter, config, b, lin, lout, job.vocab_size,
-                                                 f"vllm {w['name']}", job.seed)
-            row = {"j_per_token": full.j_per_token, "tokens_per_s": full.tokens_per_s, "fewest_inflight": fewest,
-                   "batch_full": fewest >= b, "measurement": full.to_dict(), **latency}
-            if job.prefill and w["name"] not in job.no_prefill:
-                pre, _, _ = measure_load(vllm, llm, counter, config, 1, lin, 1, job.vocab_size,
-                                      f"vllm {w['name']} prefill", job.seed + 1)
-                row["prefill_j_per_input_token"] = pre.j_per_token / lin
-            energy[w["name"]] = row
+            prefill = job.prefill and w["name"] not in job.no_prefill
+            key = (w["batch_size"], w["input_tokens"], w["output_tokens"], prefill)
+            if key in loads:  # two workloads of one load (objectives stated at the same batch): metered once
+                energy[w["name"]] = {**energy[loads[key]], "same_load_as": loads[key]}
+            else:
+                say(metering_line(w, timings["meterings"], len(todo)))
+                energy[w["name"]] = meter_workload(vllm, llm, counter, config, w, job.vocab_size, job.seed, prefill,
+                                                         timings["meterings"])
+                loads[key] = w["name"]
             if not todo and more is not None:
                 todo = list(more(energy))
         out["energy"] = energy

@@ -23,6 +23,7 @@ from advisor.formats import GPU, Format, gpu_from_device_name
 from advisor.models.shape import ModelShape
 from advisor.plan import Plan
 from advisor.recipe.schema import Workload
+from advisor.search.engine_contract import MeasuredTier
 
 if TYPE_CHECKING:
     from advisor.search.operating_measured import MeasuredPoint
@@ -147,8 +148,9 @@ def torch_with_gpu():
     return torch
 
 
-class MeasuredEnergyModel:
-    """Measures a plan on the GPU here, with random weights of the model's architecture.
+class MeasuredEnergyModel(MeasuredTier):
+    """The built-in runtime's measured tier: a plan measured on the GPU here, with random weights of the model's
+    architecture.
 
     Each estimate runs prefill (one request of ``input`` tokens) and decode (the
     workload's batch at the mean context) under the NVML meter; minutes per plan.
@@ -157,8 +159,6 @@ class MeasuredEnergyModel:
     cache and graphs are freed after each estimate; RoPE tables grow to the longest
     workload seen.
     """
-
-    measured = True
 
     def __init__(
         self,

@@ -11,10 +11,12 @@ from pathlib import Path
 from typing import Any
 
 from advisor.errors import InputError
+from advisor.models.config_fields import UNREADABLE, check_config_fields, raw_config
 from advisor.models.gguf_header import read_gguf_header
 from advisor.models.hub_access import with_hub_note
 from advisor.models.loading import resolve_source
 from advisor.models.safetensors_header import check_weight_files
+from advisor.models.weights_match import check_weights_agree
 from advisor.recipe.schema import ModelSpec, Recipe
 
 WEIGHT_PATTERNS = ("*.safetensors", "*.bin", "*.safetensors.index.json", "*.bin.index.json")
@@ -32,9 +34,11 @@ class ModelFacts:
     context_field: str  # where that number comes from
 
 
-def model_facts(spec: ModelSpec) -> ModelFacts | None:
+def model_facts(spec: ModelSpec, *, need_weights: bool = True) -> ModelFacts | None:
     """The model's kind and context, or None where only a download could tell (a GGUF file in a
-    hub repository). InputError for a model that is missing, unreadable or not a causal LM."""
+    hub repository). InputError for a model that is missing, unreadable or not a causal LM, or whose
+    config does not describe its weights; without ``need_weights`` (a plan from the config alone) a
+    folder may hold no weights yet."""
     where, gguf_file = resolve_source(spec)
     if gguf_file:
         path = Path(where) / gguf_file
@@ -42,17 +46,21 @@ def model_facts(spec: ModelSpec) -> ModelFacts | None:
     folder = Path(where)
     if folder.is_dir():
         _check_config_file(folder, spec.source)
+        check_config_fields(raw_config(where), spec.source)  # before transformers puts defaults in their place
     try:
         config = _read_config(where, spec)
     except InputError:
         if folder.is_dir():
-            _check_family(where, spec)  # a model_type transformers does not know: unsupported, exit 3
+            _check_family(where, spec)  # a model_type transformers does not know: unsupported, exit 2
         raise
     check_causal_lm(config, spec.source)  # an encoder: says so (exit 2)
     if folder.is_dir():
-        _check_family(where, spec)  # a causal LM without an adapter: exit 3, before other complaints
-    if folder.is_dir():
-        _check_weight_files(folder, spec.source)
+        _check_family(where, spec)  # a causal LM without an adapter: exit 2, before other complaints
+        if need_weights or _has_weights(folder):
+            _check_weight_files(folder, spec.source)
+        check_weights_agree(folder, config, spec.source)  # the config's model is the weights' model
+    else:
+        check_config_fields(raw_config(where, spec.revision), spec.source)
     arch = ", ".join(getattr(config, "architectures", None) or []) or "no architectures listed"
     return ModelFacts(spec.source, f"{arch} ({config.model_type})",
                       getattr(config, "max_position_embeddings", None), "max_position_embeddings")
@@ -64,7 +72,7 @@ def _check_family(where: str, spec: ModelSpec) -> None:
     from advisor.models.loading import check_supported
 
     kwargs = {"revision": spec.revision} if spec.revision else {}
-    with contextlib.suppress(OSError, ValueError, KeyError, TypeError):  # unreadable: _read_config says so
+    with contextlib.suppress(*UNREADABLE):  # unreadable: _read_config says so
         check_supported(where, AutoConfig, kwargs)
 
 
@@ -78,8 +86,12 @@ def _check_config_file(folder: Path, source: str) -> None:
                          "give the folder that holds config.json and the weights, a hub id or a .gguf file")
 
 
+def _has_weights(folder: Path) -> bool:
+    return any(next(folder.glob(pattern), None) for pattern in WEIGHT_PATTERNS)
+
+
 def _check_weight_files(folder: Path, source: str) -> None:
-    if not any(next(folder.glob(pattern), None) for pattern in WEIGHT_PATTERNS):
+    if not _has_weights(folder):
         raise InputError(f"model.source: {source} has a config.json but no weights (*.safetensors or *.bin); "
                          "give the complete model folder")
     check_weight_files(folder, source)
@@ -91,7 +103,7 @@ def _read_config(where: str, spec: ModelSpec) -> Any:
     kwargs = {"revision": spec.revision} if spec.revision else {}
     try:
         return AutoConfig.from_pretrained(where, **kwargs)
-    except (OSError, ValueError, KeyError, TypeError) as exc:  # transformers' ways of saying "cannot read it"
+    except UNREADABLE as exc:  # transformers' ways of saying "cannot read it"
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise InputError(f"model.source: cannot read the model config of {spec.source!r} "
                          f"({with_hub_note(first, where)}); "

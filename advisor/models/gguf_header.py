@@ -11,8 +11,9 @@ here only the few values needed are kept and the rest is skipped.
 
 from __future__ import annotations
 
+import re
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -31,6 +32,9 @@ class GgufHeader:
     tensor_count: int
     data_bytes_needed: int  # where the last tensor's data ends
     file_bytes: int
+    block_count: int | None = None  # {architecture}.block_count: the decoder layers transformers builds
+    embedding_length: int | None = None  # {architecture}.embedding_length: the hidden size
+    tensors: dict[str, tuple[int, ...]] = field(default_factory=dict)  # name -> dims (GGUF order: fastest first)
 
 
 class _Truncated(Exception):
@@ -107,17 +111,22 @@ def _parse(r: _Reader, size: int) -> GgufHeader:
     tensors = [_tensor_info(r) for _ in range(tensor_count)]
     alignment = int(meta.get("general.alignment") or DEFAULT_ALIGNMENT)
     data_start = -(-r.f.tell() // alignment) * alignment
-    needed = max((data_start + offset + nbytes for offset, nbytes in tensors), default=data_start)
-    context = meta.get(f"{arch}.context_length") if arch else None
-    return GgufHeader(arch, int(context) if context else None, tensor_count, needed, size)
+    needed = max((data_start + offset + nbytes for _, _, offset, nbytes in tensors), default=data_start)
+
+    def number(key: str) -> int | None:
+        value = meta.get(f"{arch}.{key}") if arch else None
+        return int(value) if isinstance(value, int | float) else None
+
+    return GgufHeader(arch, number("context_length") or None, tensor_count, needed, size, number("block_count"),
+                      number("embedding_length"), {name: dims for name, dims, _, _ in tensors})
 
 
-def _tensor_info(r: _Reader) -> tuple[int, int]:
-    """(data offset, bytes) of one tensor; bytes 0 for a ggml type this reader does not know."""
-    r.string()
+def _tensor_info(r: _Reader) -> tuple[str, tuple[int, ...], int, int]:
+    """(name, dims, data offset, bytes) of one tensor; bytes 0 for a ggml type this reader does not know."""
+    name = r.string()
     dims = [r.unpack("<Q") for _ in range(r.unpack("<I"))]
     ggml_type, offset = r.unpack("<I"), r.unpack("<Q")
-    return offset, _tensor_bytes(ggml_type, dims)
+    return name, tuple(dims), offset, _tensor_bytes(ggml_type, dims)
 
 
 def _tensor_bytes(ggml_type: int, dims: list[int]) -> int:
@@ -139,4 +148,38 @@ def check_gguf_complete(path: Path | str) -> GgufHeader:
     if header.file_bytes < header.data_bytes_needed:
         raise InputError(f"model.source: {path} is truncated: its {header.tensor_count} tensors need "
                          f"{header.data_bytes_needed} bytes, the file has {header.file_bytes}; download it again")
+    check_gguf_layers(header, path)
     return header
+
+
+#: per-block tensors a family needs and transformers would otherwise initialise at random
+GGUF_BLOCK_TENSORS = {"qwen2": ("attn_q.bias", "attn_k.bias", "attn_v.bias"),
+                      "qwen2moe": ("attn_q.bias", "attn_k.bias", "attn_v.bias")}
+
+
+def check_gguf_layers(header: GgufHeader, path: Path | str) -> None:
+    """The metadata transformers builds the model from (block count, embedding length) against the tensors the
+    file holds: a layer the file lacks would be initialised at random, one it holds beyond the count dropped."""
+    arch, n = header.architecture, header.block_count
+    at = f"model.source: {path}: its metadata and tensors disagree"
+    fix = "convert or download the model again"
+    blocks = sorted({int(m[1]) for name in header.tensors if (m := re.match(r"blk\.(\d+)\.", name))})
+    if arch is None or (n is None and not blocks):
+        return
+    if n is None or n < 1:
+        raise InputError(f"{at}: {arch}.block_count is {n}, but the file holds {len(blocks)} blocks; {fix}")
+    if extra := [b for b in blocks if b >= n]:
+        raise InputError(f"{at}: {arch}.block_count says {n} layers, but the file holds blk.{extra[0]}.* tensors "
+                         f"(they would be dropped); {fix}")
+    if missing := [b for b in range(n) if b not in blocks]:
+        raise InputError(f"{at}: {arch}.block_count says {n} layers, but blk.{missing[0]}.* tensors are missing "
+                         f"(that layer would be initialised at random); {fix}")
+    embed = header.tensors.get("token_embd.weight")
+    if embed and header.embedding_length and embed[0] != header.embedding_length:
+        raise InputError(f"{at}: token_embd.weight is {embed[0]} wide, {arch}.embedding_length says "
+                         f"{header.embedding_length}; {fix}")
+    for b in range(n):
+        for name in GGUF_BLOCK_TENSORS.get(arch, ()):
+            if f"blk.{b}.{name}" not in header.tensors:
+                raise InputError(f"{at}: blk.{b}.{name} is missing, and a {arch} model has it (it would be "
+                                 f"initialised at random); {fix}")

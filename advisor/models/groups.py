@@ -2,7 +2,7 @@
 
 Groups are ``layers.{i}.{kind}`` for the text decoder stack of every supported family
 (docs/architecture.md, "Layer groups"). A model whose family has no adapter raises
-:class:`advisor.errors.UnsupportedArchitectureError` (exit code 3).
+:class:`advisor.errors.UnsupportedArchitectureError` (exit code 2).
 """
 
 from __future__ import annotations

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from advisor.errors import InputError, SetupError
+from advisor.models.config_fields import check_config_fields, raw_config
 from advisor.models.fingerprint import files_fingerprint, tensor_fingerprint
 from advisor.models.gguf_cache import gguf_parsed_once
 from advisor.models.gguf_header import check_gguf_complete
@@ -18,6 +19,7 @@ from advisor.models.groups import model_shape, use_eager_experts
 from advisor.models.hub_access import with_hub_note
 from advisor.models.safetensors_header import check_weight_files
 from advisor.models.shape import ModelShape
+from advisor.models.weights_match import check_weights_agree
 from advisor.recipe.schema import DEMO_MODEL, ModelSpec
 
 log = logging.getLogger(__name__)
@@ -82,8 +84,8 @@ def _strip_gguf_quantizer(model: Any) -> None:
             del model.config.quantization_config
 
 
-def check_supported(where: str, auto_config: Any, kwargs: dict[str, Any]) -> None:
-    """Refuse a family without an adapter, from its config alone (UnsupportedArchitectureError, exit 3).
+def check_supported(where: str, auto_config: Any, kwargs: dict[str, Any]) -> Any:
+    """The model's config, after refusing a family without an adapter from it (UnsupportedArchitectureError, exit 2).
 
     A config transformers itself does not know is refused the same way when its
     ``config.json`` names a model_type.
@@ -106,6 +108,7 @@ def check_supported(where: str, auto_config: Any, kwargs: dict[str, Any]) -> Non
             f"model_type {model_type!r} is not supported; supported model types: "
             f"{', '.join(SUPPORTED_MODEL_TYPES)}") from None
     adapter_for(config)
+    return config
 
 
 def load_model(spec: ModelSpec, device: str = "cpu", device_map: dict[str, Any] | None = None) -> LoadedModel:
@@ -113,8 +116,9 @@ def load_model(spec: ModelSpec, device: str = "cpu", device_map: dict[str, Any] 
     device, :mod:`advisor.models.device_map`) spread over devices instead, each safetensors shard read
     onto its devices (transformers' own loading: no whole CPU copy).
 
-    The config is read first: a family without an adapter is refused (exit code 3) before
-    any weight is loaded.
+    The config is read first: a family without an adapter, a config without the fields its geometry comes from,
+    or one that does not describe the weights (:mod:`advisor.models.weights_match`) is refused (exit code 2)
+    before any weight is loaded.
     """
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
@@ -125,13 +129,18 @@ def load_model(spec: ModelSpec, device: str = "cpu", device_map: dict[str, Any] 
         kwargs["gguf_file"] = gguf_file
     if spec.revision:
         kwargs["revision"] = spec.revision
-    if not gguf_file and Path(where).is_dir():
+    local = not gguf_file and Path(where).is_dir()
+    if local:
         check_weight_files(Path(where), spec.source)  # a cut file: refused before the load starts
+    if not gguf_file:
+        check_config_fields(raw_config(where, spec.revision), spec.source)
     try:
         with gguf_parsed_once(), ThreadPoolExecutor(1) as hashing:
-            check_supported(where, AutoConfig, kwargs)
+            config = check_supported(where, AutoConfig, kwargs)
+            if local:
+                check_weights_agree(Path(where), config, spec.source)
             # a local folder's files are hashed while transformers reads the same shards
-            files = hashing.submit(files_fingerprint, Path(where)) if not gguf_file and Path(where).is_dir() else None
+            files = hashing.submit(files_fingerprint, Path(where)) if local else None
             tokenizer = AutoTokenizer.from_pretrained(where, **kwargs)
             placement = {"device_map": device_map} if device_map else {}
             model = AutoModelForCausalLM.from_pretrained(where, dtype=torch.bfloat16, **placement, **kwargs)

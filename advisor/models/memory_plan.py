@@ -25,14 +25,15 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from advisor.models.adapters import adapter_for, expected_group_shapes, text_geometry
+from advisor.recipe.schema import MAX_NODE_GPUS, RESERVED_GIB_PER_GPU
 
 GIB = 2**30
 BF16_BYTES = 2
 FP8_TABLE_BYTES = 256 * BF16_BYTES  # the BF16 value of each of the 256 FP8 codes, per weight view
 NVFP4_BLOCK = 16
 NVFP4_GLOBAL_SCALE_BYTES = 4  # float32, per weight view
-#: CUDA context, cuBLAS workspaces and allocator slack kept free on every device
-RESERVED_PER_DEVICE = 2 * GIB
+#: CUDA context, cuBLAS workspaces and allocator slack kept free on every device (the recipe refuses a cap below it)
+RESERVED_PER_DEVICE = RESERVED_GIB_PER_GPU * GIB
 CALIBRATION_BATCH = 8  # calibration.tokens.forward_loop
 PROXY_BATCH = 4  # accuracy.proxy.ProxyEvaluator
 LM_EVAL_BATCH = 16  # accuracy.harness.score_plan
@@ -46,7 +47,7 @@ PACK_CHUNK_WEIGHTS = 1 << 24
 #: bytes per weight of the largest member while its entry is built: its own BF16 copy, the BF16 copy NVFP4's
 #: block scales are read from, its decoded BF16 check and the comparison's mask
 MEMBER_BUILD_BYTES = 3 * BF16_BYTES + 1
-MAX_GPUS = 64
+MAX_GPUS = MAX_NODE_GPUS
 
 
 @dataclass(frozen=True)

@@ -18,8 +18,9 @@ MAX_HEADER_BYTES = 100_000_000  # the safetensors library refuses larger headers
 FIX = "download or copy the model again"
 
 
-def check_safetensors_complete(path: Path, source: str) -> None:
-    """InputError naming what is wrong with ``path``, or nothing when its header and size agree."""
+def check_safetensors_complete(path: Path, source: str) -> dict[str, tuple[int, ...]]:
+    """The shape of each tensor in ``path`` (name -> shape), from its header; InputError naming what is wrong
+    with the file when its header and size disagree."""
     size = path.stat().st_size
     where = f"model.source: {source}: {path.name}"
     if size < 8:
@@ -32,13 +33,16 @@ def check_safetensors_complete(path: Path, source: str) -> None:
         raw = f.read(header_len)
     try:
         header = json.loads(raw)
-        ends = [int(t["data_offsets"][1]) for name, t in header.items() if name != "__metadata__"]
+        tensors = {name: t for name, t in header.items() if name != "__metadata__"}
+        ends = [int(t["data_offsets"][1]) for t in tensors.values()]
+        shapes = {name: tuple(int(d) for d in t["shape"]) for name, t in tensors.items()}
     except (ValueError, TypeError, KeyError, IndexError, AttributeError):
         raise InputError(f"{where} has no readable safetensors header (not a safetensors file, or damaged); "
                          f"{FIX}") from None
     need = 8 + header_len + max(ends, default=0)
     if need > size:
         raise InputError(f"{where} is truncated: its tensors need {need} bytes, the file has {size}; {FIX}")
+    return shapes
 
 
 def check_weight_files(folder: Path, source: str) -> None:
@@ -46,3 +50,27 @@ def check_weight_files(folder: Path, source: str) -> None:
     for path in sorted(folder.glob("*.safetensors")):
         if path.is_file():
             check_safetensors_complete(path, source)
+
+
+def loaded_tensor_shapes(folder: Path, source: str) -> dict[str, tuple[int, ...]] | None:
+    """Name -> shape of every tensor transformers loads from ``folder`` (``model.safetensors``, or the shards
+    ``model.safetensors.index.json`` names), from the headers alone; None where it loads no safetensors (``.bin``
+    weights: their shapes are inside the pickles)."""
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+            shards = sorted({str(f) for f in weight_map.values()})
+        except (ValueError, TypeError, KeyError, AttributeError, UnicodeDecodeError):
+            raise InputError(f"model.source: {source}: {index.name} is not a safetensors index (no weight_map of "
+                             f"tensor -> shard file); {FIX}") from None
+    elif (folder / "model.safetensors").is_file():
+        shards = ["model.safetensors"]
+    else:
+        return None
+    shapes: dict[str, tuple[int, ...]] = {}
+    for shard in shards:
+        if not (folder / shard).is_file():
+            raise InputError(f"model.source: {source}: {shard}, a shard {index.name} names, is missing; {FIX}")
+        shapes.update(check_safetensors_complete(folder / shard, source))
+    return shapes

@@ -9,7 +9,12 @@ from pydantic import BaseModel
 
 
 def choices(model: type[BaseModel], field: str) -> tuple[str, ...]:
-    annotation = model.model_fields[field].annotation
+    """A Literal's or an Enum's values, or those a field lists as its JSON schema's ``enum`` (a field judged against
+    a table, such as ``engine``)."""
+    info = model.model_fields[field]
+    if isinstance(info.json_schema_extra, dict) and isinstance(listed := info.json_schema_extra.get("enum"), list):
+        return tuple(str(v) for v in listed)
+    annotation = info.annotation
     if isinstance(annotation, type) and issubclass(annotation, enum.Enum):
         return tuple(str(m.value) for m in annotation)
     return tuple(str(a) for a in typing.get_args(annotation) if a is not type(None))

@@ -16,6 +16,7 @@ from typing import Any
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
+from advisor.recipe.choices import choices
 from advisor.recipe.schema import Recipe
 
 HEADER = """# Recipe reference
@@ -45,6 +46,11 @@ def _type_name(annotation: Any) -> str:
     if isinstance(annotation, type) and issubclass(annotation, enum.Enum):
         return " \\| ".join(str(m.value) for m in annotation)
     return getattr(annotation, "__name__", str(annotation))
+
+
+def _listed(field: Any) -> bool:
+    """A field that lists its values for the JSON schema (judged against a table when validated)."""
+    return isinstance(field.json_schema_extra, dict) and "enum" in field.json_schema_extra
 
 
 def _default(field: Any) -> str:
@@ -88,7 +94,8 @@ def _rows(model: type[BaseModel], prefix: str) -> list[str]:
             rows.append(f"| `{dotted}` | {kind} | {_default(field)} | {_allowed(field)} | {doc} |")
             rows += _rows(inner, f"{dotted}[]." if inner is not annotation else f"{dotted}.")
             continue
-        rows.append(f"| `{dotted}` | {_type_name(annotation)} | {_default(field)} | {_allowed(field)} | "
+        kind = " \\| ".join(choices(model, name)) if _listed(field) else _type_name(annotation)
+        rows.append(f"| `{dotted}` | {kind} | {_default(field)} | {_allowed(field)} | "
                     f"{(field.description or '').replace('|', chr(92) + '|')} |")
     return rows
 

@@ -14,6 +14,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from advisor.engines import DEFAULT_ENGINE, ENGINE_TABLE, engine_names, engines_that, listed
 from advisor.errors import InputError
 from advisor.files import check_regular_file
 from advisor.formats import GPU, GPU_SPECS, KV_CACHE_FORMATS, Format
@@ -22,8 +23,12 @@ from advisor.recipe.calibration_sets import is_set_source, set_spec_path
 DEMO_MODEL = "demo:smollm2-135m"
 
 
+#: GiB every GPU keeps free for the CUDA context, cuBLAS workspaces and allocator slack (the memory plan's)
+RESERVED_GIB_PER_GPU = 2
+NAME_MAX = 255  # a run's name is its folder's: at most 255 bytes on Linux file systems
 MAX_CONCURRENCY = 1024  # requests in flight when a workload with an objective names no max_concurrency
 SEED_MAX = 2**32 - 1  # numpy's and Optuna's samplers take seeds in [0, 2**32)
+MAX_NODE_GPUS = 64  # GPUs of one node: what a plan spreads over, served or planned (`--dry-run --gpus`)
 
 
 class _Strict(BaseModel):
@@ -170,7 +175,9 @@ class SiteSpec(_Strict):
 class Recipe(_Strict):
     """Everything a search needs. See recipes/quickstart.yaml for a documented example."""
 
-    name: str = Field("run", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", description="the study's and run folder's name")
+    name: str = Field("run", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", max_length=NAME_MAX,
+                      description="the study's and run folder's name (at most 255 "
+                      "characters)")
     model: ModelSpec = ModelSpec()
     formats: list[Format] = Field(description="allowed formats; default: all the target runs natively")
     kv_cache: list[Format] = Field(default_factory=lambda: [Format.BF16],
@@ -194,15 +201,40 @@ class Recipe(_Strict):
     )
     energy_profile: str | None = Field(None, description="a profile JSON from `advisor profile` to predict with")
     gpu_memory_gib: float | None = Field(None, gt=0, le=4096, description="cap on each GPU's memory the search uses "
-                                         "(GiB): layers beyond it stream from CPU memory (slower; same numbers)")
-    engine: Literal["builtin", "tensorrt_llm", "vllm"] = Field(
-        "builtin", description="what runs the plans the measured tier measures: builtin (the advisor's runtime, "
-        "random weights of the model's shape), tensorrt_llm (the exported checkpoint through TensorRT-LLM's "
-        "LLM API; needs the package) or vllm (the exported checkpoint through vLLM's offline LLM API, one "
-        "engine per process; needs the package). The predicted tier prices plans as vLLM serves them unless the "
-        "built-in runtime measures them")
-    gpus: int | None = Field(None, ge=1, le=64, description="GPUs of this node one vLLM engine spreads a served plan "
-                             "over (tensor parallelism, engine vllm; unset: the fewest that hold it)")
+                                         "(GiB; above the 2 GiB each GPU keeps free): layers beyond it stream from "
+                                         "CPU memory (slower; same numbers)")
+    engine: str = Field(  # judged against advisor.engines' table when validated (a test may add an engine)
+        DEFAULT_ENGINE, json_schema_extra={"enum": list(engine_names())},
+        description="what runs the plans the measured tier measures: "
+        + listed([f"{e.name} ({e.runs})" for e in ENGINE_TABLE.values()])
+        + ". The predicted tier prices plans by the step model of the engine serving them (the export's default "
+        "where no engine measures the run), unless the built-in runtime measures them")
+    gpus: int | None = Field(None, ge=1, le=MAX_NODE_GPUS, description="GPUs of this node one vLLM engine spreads a "
+                             "served plan over (tensor parallelism, engine vllm; unset: the fewest that hold it)")
+
+    @field_validator("gpu_memory_gib")
+    @classmethod
+    def _gpu_memory(cls, v: float | None) -> float | None:
+        if v is not None and v <= RESERVED_GIB_PER_GPU:
+            raise ValueError(f"every GPU keeps {RESERVED_GIB_PER_GPU} GiB free (CUDA context, cuBLAS workspaces, "
+                             f"allocator slack), so a cap of {v:g} GiB leaves nothing for the model; give more than "
+                             f"{RESERVED_GIB_PER_GPU} GiB")
+        return v
+
+    @field_validator("storage")
+    @classmethod
+    def _storage(cls, v: str | None) -> str | None:
+        if v is not None and not v.strip():
+            raise ValueError("an empty URL names no database; give one like sqlite:///runs/study.db, or leave "
+                             "storage out (the run's own RUN_DIR/study.db)")
+        return v
+
+    @field_validator("engine")
+    @classmethod
+    def _engine(cls, v: str) -> str:
+        if v not in ENGINE_TABLE:
+            raise ValueError(f"allowed: {', '.join(engine_names())}")
+        return v
 
     @field_validator("formats")
     @classmethod
@@ -250,13 +282,14 @@ class Recipe(_Strict):
                 f"(sm_{gpu.compute_capability[0]}{gpu.compute_capability[1]}); "
                 "drop them or choose target b200"
             )
-        if self.engine != "builtin" and self.energy == "predicted":
+        if self.engine != DEFAULT_ENGINE and self.energy == "predicted":
             raise ValueError(f"engine {self.engine} measures energy, but energy: predicted never measures; "
                              "use energy: measured or auto")
-        if self.gpus not in (None, 1) and self.engine != "vllm":
+        if self.gpus not in (None, 1) and not ENGINE_TABLE[self.engine].tensor_parallel:
+            spread = engines_that(lambda e: e.tensor_parallel)
             raise ValueError(f"gpus {self.gpus} spreads serving over {self.gpus} GPUs (tensor parallelism), which only "
-                             "engine vllm does; use engine: vllm (`--engine vllm`), or drop gpus (`advisor search "
-                             "--dry-run --gpus N --gpu-memory GB` plans memory for a node)")
+                             f"engine {listed(spread)} does; use engine: {spread[0]} (`--engine {spread[0]}`), or drop "
+                             "gpus (`advisor search --dry-run --gpus N --gpu-memory GB` plans memory for a node)")
         if self.site.power_cap_w is not None and self.site.power_cap_w <= gpu.idle_w:
             raise ValueError(f"site.power_cap_w {self.site.power_cap_w:g} W is at or below the idle power of a "
                              f"{gpu.marketing_name} ({gpu.idle_w:g} W): no step can run within it; raise it")

@@ -35,6 +35,9 @@ def parse_workload_flag(text: str) -> tuple[str, dict[str, int | float | str]]:
         field = KEYS.get(key.strip().lower())
         if not eq or field is None:
             raise InputError(f"--workload {text!r}: unknown setting {key.strip()!r}; allowed: {ALLOWED}")
+        if field in fields:  # `batch=16,batch=32` (or `batch=16,batch_size=32`): which one was meant?
+            raise InputError(f"--workload {text!r}: {key.strip()} sets {field} a second time; give each setting "
+                             "once")
         parse = PARSE.get(field, int)
         try:
             fields[field] = parse(value.strip())

@@ -15,6 +15,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from advisor.errors import InputError
 from advisor.estimate import DriftCheck, EnergyEstimate, MeasuredUnit
+from advisor.formats import Format
+from advisor.plan import Plan
 from advisor.search.payback import Payback
 
 FIT_STATISTICS = ("spearman", "spearman_ci", "slope", "slope_ci", "intercept")  # as advisor.search.stats
@@ -271,9 +273,70 @@ def load_summary(path: Path | str) -> Summary:
         raise InputError(f"{path} has summary schema version {version}; this advisor reads version "
                          f"{SCHEMA_VERSION}: rebuild it with `advisor report RUN_DIR` (the study holds every number)")
     try:
-        return Summary.model_validate(data)
+        summary = Summary.model_validate(data)
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"])
         raise InputError(f"{path} is not a valid summary.json: {where}: {first['msg']} "
                          f"({exc.error_count()} problem(s)); rebuild it with `advisor report RUN_DIR`") from None
+    problem = summary_problem(summary)
+    if problem is not None:
+        raise InputError(f"{path} is not a valid summary.json: {problem}; it was edited by hand or damaged: rebuild "
+                         "it with `advisor report RUN_DIR` (the study holds every number)")
+    return summary
+
+
+def summary_problem(summary: Summary) -> str | None:
+    """The first thing in ``summary`` that its shape allows but `advisor search` never writes, named by its field
+    (``trials.2.kl: got nan; ...``), or None: every KL a finite number >= 0, every J/token a finite number > 0,
+    every plan id the hash of its formats, and every trial the summary names (the recommendation, the front, the
+    baselines, the near-ties) one of its trials, the recommendation equal to it."""
+    records = [(f"trials.{i}", r) for i, r in enumerate(summary.trials)]
+    if summary.recommendation is not None:
+        records.append(("recommendation", summary.recommendation))
+    for where, record in records:
+        problem = _record_problem(record)
+        if problem is not None:
+            return f"{where}.{problem}"
+    by_trial = {r.trial: (i, r) for i, r in enumerate(summary.trials)}
+    plan_ids = {r.plan_id for r in summary.trials}
+    rec = summary.recommendation
+    if rec is not None:
+        i, trial = by_trial.get(rec.trial, (None, None))
+        if trial is None or trial.plan_id != rec.plan_id:
+            return f"recommendation: trial {rec.trial} (plan {rec.plan_id}) is not among the trials"
+        mine, theirs = json.loads(rec.model_dump_json()), json.loads(trial.model_dump_json())
+        differ = next((key for key, value in theirs.items() if mine.get(key) != value), None)
+        if differ is not None:
+            return (f"recommendation.{differ}: {_short(mine.get(differ))}, but trials.{i}.{differ} (the recommended "
+                    f"trial) is {_short(theirs[differ])}")
+    named = [("front_trials", t) for t in summary.front_trials] + [("near_ties", t) for t in summary.near_ties] + [
+        (f"baselines.{label}", t) for label, t in summary.baselines.items()]
+    for where, number in named:
+        if number not in by_trial:
+            return f"{where}: trial {number} is not among the trials"
+    if missing := next((p for p in summary.front if p not in plan_ids), None):
+        return f"front: plan {missing} is not among the trials"
+    return None
+
+
+def _record_problem(record: TrialRecord) -> str | None:
+    """The first field of one trial's record that no search writes (its name below the record), or None."""
+    if not (math.isfinite(record.kl) and record.kl >= 0):
+        return f"kl: got {record.kl!r}; a KL is a finite number >= 0"
+    for key, estimates in (("energy", record.energy), ("predicted_energy", record.predicted_energy)):
+        for j, e in enumerate(estimates):
+            if not (math.isfinite(e.j_per_token) and e.j_per_token > 0):
+                return f"{key}.{j}.j_per_token: got {e.j_per_token!r}; a J/token is a finite number > 0"
+    try:
+        plan = Plan({group: Format(f) for group, f in record.formats.items()}, Format(record.kv_cache))
+    except ValueError as exc:
+        return f"formats: {exc}"
+    if plan.id != record.plan_id:
+        return f"plan_id: {record.plan_id} does not match its formats (their id is {plan.id})"
+    return None
+
+
+def _short(value: Any) -> str:
+    text = json.dumps(value)
+    return text if len(text) <= 60 else text[:57] + "..."

@@ -20,10 +20,10 @@ belong to that unit, so they are not queue items any unit could take: each worke
 queue trial of its first plan, and in a queue trial of its own at the end.
 
 A tier that can run a plan's operating-point search in the engine that serves its stated workloads (vLLM:
-``open_for``) does so as it meters the plan: each stored predicted operating point of the plan is searched
-as measured in that engine (:func:`~advisor.search.operating_search.search_batches`), and the outcomes
-travel in the queue trial to the main study (``record_measured_points``), so the later measured
-operating-points stage has nothing left to start an engine for.
+``searches_in_serving``, then ``open_for``) does so as it meters the plan: each stored predicted operating
+point of the plan is searched as measured in that engine (:func:`~advisor.search.operating_search.
+search_batches`), and the outcomes travel in the queue trial to the main study (``record_measured_points``), so
+the later measured operating-points stage has nothing left to start an engine for.
 
 Two processes must never meter one GPU at once: a worker on the coordinator's GPU stays out
 (:func:`joins`); spawned workers get a GPU each when there are enough (``workflows.spawn``).
@@ -42,11 +42,12 @@ import optuna
 from optuna.trial import TrialState
 
 from advisor.errors import UnsupportedError
-from advisor.estimate import DriftCheck, EnergyEstimate, EnergyModel, MeasuredUnit
+from advisor.estimate import DriftCheck, EnergyEstimate, MeasuredUnit
 from advisor.plan import Plan
 from advisor.recipe.schema import Workload
 from advisor.search.budget import reap
 from advisor.search.energy_tiers import drift_record
+from advisor.search.engine_contract import MeasuredTier
 from advisor.search.operating_search import search_batches, searches_from_points
 from advisor.search.processes import holder_is_running
 from advisor.search.recovery import WORKER_ATTR
@@ -88,10 +89,9 @@ class Unit:
         return [replace(e, source=f"{e.source} on {self.gpu_uuid}") for e in estimates]
 
 
-def unit_of(model: EnergyModel) -> Unit:
-    """The unit of a measured model: its ``gpu_uuid`` and ``gpu_name`` where it has them (NVML's), else its label."""
-    uuid = getattr(model, "gpu_uuid", None)
-    return Unit(str(uuid) if uuid else None, str(getattr(model, "gpu_name", None) or model.label))
+def unit_of(model: MeasuredTier) -> Unit:
+    """The unit of a measured tier: its ``gpu_uuid`` and ``gpu_name`` where it names them (NVML's), else its label."""
+    return Unit(model.gpu_uuid or None, model.gpu_name or model.label)
 
 
 def open_queue(main: optuna.Study, storage: optuna.storages.BaseStorage) -> optuna.Study:
@@ -133,7 +133,7 @@ class Measurer:
     """One process's part of the queue: its model and unit, the all-BF16 ``reference``, and whether its unit
     owes a drift check (it measured a plan since its last one)."""
 
-    def __init__(self, main: optuna.Study, queue: optuna.Study, model: EnergyModel, workloads: Sequence[Workload],
+    def __init__(self, main: optuna.Study, queue: optuna.Study, model: MeasuredTier, workloads: Sequence[Workload],
                  reference: Plan, worker: dict[str, Any], on_trial: Callable[[], None] = lambda: None) -> None:
         self.main, self.queue, self.model, self.workloads = main, queue, model, list(workloads)
         self.reference, self.worker, self.on_trial = reference, worker, on_trial
@@ -147,12 +147,11 @@ class Measurer:
                  ) -> list[EnergyEstimate]:
         """``plan``'s estimates; with ``operating``, its operating points searched as measured in the same
         engine first, where the tier can (module docstring), put there under the plan's id."""
-        open_for = getattr(self.model, "open_for", None)
-        if operating is not None and open_for is not None:
+        if operating is not None and self.model.searches_in_serving:
             points = [p for p in operating_points(self.main) if p["plan_id"] == plan.id]
             searches = searches_from_points(points, {w.name: w for w in self.workloads})
             if searches:
-                open_for(plan, [s.first() for s in searches])
+                self.model.open_for(plan, [s.first() for s in searches])
                 operating[plan.id] = search_batches(self.model, plan, searches)
         return self.unit.labelled([self.model.estimate(plan, w) for w in self.workloads])
 
@@ -192,9 +191,7 @@ class Measurer:
         if trial.user_attrs.get("drift_unit", self.unit.key) != self.unit.key or self.first is None:
             raise optuna.TrialPruned("the drift check of a unit that left")  # a retried check of another GPU
         trial.set_user_attr("drift_unit", self.unit.key)
-        forget = getattr(self.model, "forget", None)  # a tier that keeps what it served (vLLM) serves it again
-        if forget is not None:
-            forget(self.reference)
+        self.model.forget(self.reference)  # a tier that keeps what it served (vLLM) serves it again
         again = self._measure(self.reference)
         check = drift_record(self.reference.id, self.reference.label(), self.first, again)
         trial.set_user_attr("drift", check.to_dict())

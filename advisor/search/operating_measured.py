@@ -1,22 +1,23 @@
 """Operating points as measured: a plan metered at its own operating batch (the largest batch under a
 workload's latency objective, :mod:`advisor.search.operating`), beside the predicted point.
 
-A measured tier meters ``workload`` at the point's batch (:func:`at_batch`). What it gives back depends on
-the engine: an engine that times requests (vLLM) gives TPOT and TTFT at the objective's percentile; the
-built-in runtime gives its measured decode step and one request's prefill, which :func:`from_steps`
-composes into the steady state with the same formulas as the prediction (so the two compare like for like);
-an engine that gives only J/token and tokens/s leaves TPOT and TTFT unknown, and "meets as measured" then
-says so (None) rather than guess.
+A measured tier (:class:`~advisor.search.engine_contract.MeasuredTier`) meters ``workload`` at the point's batch
+(:func:`at_batch`) with its ``measure_points``. What it gives back depends on the engine: an engine that times
+requests (vLLM) gives TPOT and TTFT at the objective's percentile (:func:`from_timed`); the built-in runtime gives
+its measured decode step and one request's prefill, which :func:`from_steps` composes into the steady state with
+the same formulas as the prediction (so the two compare like for like); an engine that gives only J/token and
+tokens/s leaves TPOT and TTFT unknown (:func:`from_estimate`), and "meets as measured" then says so (None) rather
+than guess.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
-from typing import Any, Protocol
+from typing import Any
 
-from advisor.estimate import EnergyEstimate, EnergyModel
+from advisor.estimate import EnergyEstimate
 from advisor.plan import Plan
 from advisor.recipe.schema import Workload
 from advisor.search.operating import steady_state
@@ -41,12 +42,6 @@ class MeasuredPoint:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-
-class PointMeter(Protocol):
-    """A measured tier that meters operating points itself (TPOT/TTFT included): built-in runtime, vLLM."""
-
-    def measure_points(self, plan: Plan, workloads: Sequence[Workload]) -> list[MeasuredPoint]: ...
 
 
 def at_batch(workload: Workload, batch: int) -> Workload:
@@ -113,10 +108,3 @@ def from_estimate(plan: Plan, workload: Workload, est: EnergyEstimate) -> Measur
                          est.decode_tokens_per_s, None, None, meets_as_measured(workload, None, None),
                          est.source + "; TPOT/TTFT not timed by this engine", _now())
 
-
-def meter_points(model: EnergyModel | PointMeter, plan: Plan, workloads: Sequence[Workload]) -> list[MeasuredPoint]:
-    """``plan`` metered by ``model`` at each of ``workloads`` (already at their operating batch)."""
-    measure: Callable[..., list[MeasuredPoint]] | None = getattr(model, "measure_points", None)
-    if measure is not None:
-        return measure(plan, list(workloads))
-    return [from_estimate(plan, w, model.estimate(plan, w)) for w in workloads]  # type: ignore[union-attr]

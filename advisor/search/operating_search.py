@@ -20,28 +20,34 @@ size, so batches 225-232 cost one step and 232 serves the most), every batch met
 is the largest of the grid at or below the guess. It stops when no grid batch lies between ``lo`` and ``hi``
 (without a grid: when ``hi`` is within :data:`RESOLUTION` of ``lo``; closer than that, the meter's spread and
 not the batch decides), when batch 1 misses (no batch meets), when an engine does not time the objective's
-terms (nothing to judge), or after :data:`EXTRA_METERINGS` meterings beyond the predicted batch (the budget;
-the best batch found is kept and the report says the search stopped). A step time that is not monotone in the
-batch can make a batch above ``lo`` meet too; the search answers with the largest batch it metered that meets,
-never one it did not meter.
+terms (nothing to judge), once :data:`BRACKET_AFTER` meterings hold a batch that meets and one that misses
+(the first two aim close enough that the meter's spread, not the batch, decides what lies between: a third is
+metered only where the first two do not bracket the objective), or after :data:`EXTRA_METERINGS` meterings
+beyond the predicted batch (the budget; the best batch found is kept and the report says the search stopped).
+A step time that is not monotone in the batch can make a batch above ``lo`` meet too; the search answers with the
+largest batch it metered that meets, never one it did not meter.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from advisor.plan import Plan
 from advisor.recipe.schema import Workload
-from advisor.search.operating_measured import MeasuredPoint, at_batch, meter_points
+from advisor.search.engine_contract import MeasuredTier
+from advisor.search.operating_measured import MeasuredPoint, at_batch
 
-EXTRA_METERINGS = 3  # meterings per plan and objective beyond the predicted batch: each is a steady-state window
+EXTRA_METERINGS = 2  # meterings per plan and objective beyond the predicted batch: each is a steady-state window
+BRACKET_AFTER = 2  # meterings after which a batch that meets and one that misses end the search (0: never)
 # vLLM's TPOT p50 at one batch repeats within about 1-2% between steady windows, and batches 225-228 of one plan
 # measured 20.04-20.1 ms against a 20 ms objective (reports/benchmarks/operating_points_8b.md): aiming at the
-# objective itself turns the step down into a coin toss, and bracketing closer than this buys nothing.
-MARGIN = 0.02
+# objective itself turns the step down into a coin toss, and bracketing closer than this buys nothing. The step
+# down aims half that under it: the second metering usually ends the search (BRACKET_AFTER), so it aims as close
+# as the spread allows.
+MARGIN = 0.01
 RESOLUTION = 0.02
 
 
@@ -86,6 +92,7 @@ class BatchSearch:
     predicted: dict[str, Any] = field(default_factory=dict)  # the predicted point (its j_per_token, tpot_ms, ...)
     trail: list[MeasuredPoint] = field(default_factory=list)
     grid: Sequence[int] = ()  # the batches the engine runs differently (module docstring); () for every batch
+    bracket_after: int = BRACKET_AFTER
 
     def first(self) -> Workload:
         return at_batch(self.workload, self.predicted_batch)
@@ -113,16 +120,22 @@ class BatchSearch:
         if not judged or len(self.trail) - 1 >= self.budget:
             return None
         lo, hi = self._ends(judged)
-        if hi is None or self._bracketed(lo, hi):
+        if hi is None or self._bracketed(lo, hi) or self._bracketed_enough(lo, hi):
             return None
         aim = 1.0 if lo else 1.0 - MARGIN
         last = [p.batch for p in self.trail[-2:]]
         guess = self._secant(judged, [lo, hi] if lo else last, aim)
         if guess is None or guess >= hi:  # one batch metered, or the excess not monotone there
             guess = self._scaled(hi, judged[hi] / aim) if lo == 0 else (lo + hi) / 2
+        elif lo == 0:  # two misses: a line through two nearly equal excesses points far too low (an FP8 8B missed
+            # 12 ms at 162 and 128 by a hair and the line pointed at 32): one step at most halves the batch
+            guess = max(guess, hi / 2)
         batch = min(max(int(math.floor(guess)), lo + 1), hi - 1)
         between = [b for b in self.grid if lo < b < hi]
         return max((b for b in between if b <= batch), default=min(between)) if between else batch
+
+    def _bracketed_enough(self, lo: int, hi: int | None) -> bool:
+        return bool(self.bracket_after) and len(self.trail) >= self.bracket_after and lo > 0 and hi is not None
 
     def _bracketed(self, lo: int, hi: int) -> bool:
         if self.grid:
@@ -167,6 +180,10 @@ class BatchSearch:
                 return self._record(smallest, trail, f"no batch meets {self._objective()} as measured: {got}")
             return self._record(smallest, trail, f"search stopped after {extra} extra meterings (the budget): no "
                                 f"metered batch meets {self._objective()}; {got}")
+        if hi is not None and not self._bracketed(lo, hi) and self._bracketed_enough(lo, hi) \
+                and extra < self.budget:
+            return self._record(self._at(lo), trail, f"batch {lo} meets as measured and {hi} misses (predicted "
+                                f"{self.predicted_batch}; bracketed in {len(self.trail)} meterings)")
         if hi is not None and not self._bracketed(lo, hi):
             return self._record(self._at(lo), trail, f"search stopped after {extra} extra meterings (the budget): "
                                 f"batch {lo} meets, {hi} misses; the largest batch that meets lies between")
@@ -213,30 +230,11 @@ def searches_from_points(points: Sequence[Mapping[str, Any]], workloads: Mapping
             for p in points if p["workload"] in workloads]
 
 
-RoundFn = Callable[[list[MeasuredPoint]], list[Workload]]
-
-
-def meter_rounds(model: Any, plan: Plan, first: list[Workload], next_round: RoundFn, max_batch: int
-                 ) -> list[MeasuredPoint]:
-    """``first`` metered, then each round ``next_round`` asks for (given the points of the round before) until
-    it asks for none: in one engine where the tier can (``measure_rounds``: vLLM), else round by round."""
-    rounds = getattr(model, "measure_rounds", None)
-    if rounds is not None:
-        return rounds(plan, first, next_round, max_batch)
-    out: list[MeasuredPoint] = []
-    todo = first
-    while todo:
-        got = meter_points(model, plan, todo)
-        out += got
-        todo = next_round(got)
-    return out
-
-
-def search_batches(model: Any, plan: Plan, searches: Sequence[BatchSearch]) -> list[dict[str, Any]]:
-    """Each search run to its end for ``plan`` (all objectives' rounds together, one engine where the tier
-    allows); their :meth:`BatchSearch.outcome`, in order."""
+def search_batches(model: MeasuredTier, plan: Plan, searches: Sequence[BatchSearch]) -> list[dict[str, Any]]:
+    """Each search run to its end for ``plan``, all objectives' rounds together (``model.measure_rounds``: in one
+    engine where the tier keeps one, vLLM, else round by round); their :meth:`BatchSearch.outcome`, in order."""
     by_name = {s.workload.name: s for s in searches}
-    grid = tuple(getattr(model, "batch_grid", ()))
+    grid = tuple(model.batch_grid)
     for s in searches:
         s.grid = s.grid or grid
 
@@ -245,6 +243,5 @@ def search_batches(model: Any, plan: Plan, searches: Sequence[BatchSearch]) -> l
             by_name[p.workload].add(p)
         return [at_batch(s.workload, b) for s in searches if (b := s.next_batch()) is not None]
 
-    meter_rounds(model, plan, [s.first() for s in searches], next_round,
-                 max(s.predicted_batch for s in searches))
+    model.measure_rounds(plan, [s.first() for s in searches], next_round, max(s.predicted_batch for s in searches))
     return [s.outcome() for s in searches]

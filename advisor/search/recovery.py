@@ -1,4 +1,4 @@
-"""Trials stranded by a dead process: failed and re-enqueued with Optuna's retry callback.
+"""Trials stranded by a dead process or an interrupt: failed and re-enqueued with Optuna's retry callback.
 
 Database storages have Optuna's heartbeat: a trial silent for its grace period is failed and
 retried by Optuna itself on the next trial start. Two gaps remain, both closed here with
@@ -7,6 +7,11 @@ journal file storage has no heartbeat in Optuna 5, and a resume within the grace
 leave the killed trial RUNNING. Every trial records its worker (host, pid, process start) when it
 starts, so a trial RUNNING under a process of this host that no longer runs is known to be dead
 (a killed child its parent has not reaped yet, a zombie, counts as dead: ``processes.is_running``).
+
+A failed trial is queued again unless its plan's own evaluation failed: by the process an interrupt
+stopped, and, for whatever that process could not do (it was killed, or an older advisor failed a queued
+trial before its parameters were set), by the resume. A retry replaces its trial in the budget
+(``search.budget``); a second retry of one trial is turned away there, so a retry never runs twice.
 """
 
 from __future__ import annotations
@@ -23,11 +28,12 @@ from optuna.trial import TrialState
 from advisor.search.processes import is_running, process_start_ticks
 
 WORKER_ATTR = "worker"
+PLAN_ERROR_ATTR = "error"  # why a trial's own evaluation failed (the objective writes it)
 UNNAMED_GRACE_S = 60.0  # a RUNNING trial that has not named its worker after this is dead
 
 
-def retry_callback(max_retry: int = 2) -> RetryHeartbeatStaleTrialCallback:
-    """Optuna's retry of a failed trial (same params, ``failed_trial`` system attr); experimental."""
+def retry_callback(max_retry: int | None = 2) -> RetryHeartbeatStaleTrialCallback:
+    """Optuna's retry of a failed trial (same params, ``failed_trial`` system attr; None: no limit); experimental."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         return RetryHeartbeatStaleTrialCallback(max_retry=max_retry)
@@ -61,18 +67,55 @@ def retry_dead_local_trials(study: optuna.Study, max_retry: int = 2) -> list[int
     return failed
 
 
-def retry_interrupted_trials(study: optuna.Study, max_retry: int = 2) -> list[int]:
+def retried(trials: list[optuna.trial.FrozenTrial]) -> set[int]:
+    """The numbers of the trials a retry exists for: each retry lists in Optuna's ``retry_history`` the
+    trials it replaces (``failed_trial`` names only the first of a chain)."""
+    return {n for t in trials for n in t.system_attrs.get("retry_history", ())}
+
+
+def failed_by_its_plan(trial: optuna.trial.FrozenTrial) -> bool:
+    """The trial's own evaluation failed (the objective records why): retrying it would fail again."""
+    return PLAN_ERROR_ATTR in trial.user_attrs
+
+
+def retry_interrupted_trials(study: optuna.Study) -> list[int]:
     """Re-enqueue this process's trials that an interrupt failed (Optuna marks them FAIL), so a
-    resume runs them again instead of counting them against the budget."""
+    resume runs them again instead of counting them against the budget. No limit: an interrupt says
+    nothing of the plan."""
     me = this_worker()
     trials = study.get_trials(deepcopy=False)
-    retried = {t.system_attrs.get("failed_trial") for t in trials}
-    retry = retry_callback(max_retry)
+    done = retried(trials)
+    retry = retry_callback(max_retry=None)
     out = []
     for t in trials:
         worker = t.user_attrs.get(WORKER_ATTR) or {}
         mine = worker.get("host") == me["host"] and worker.get("pid") == me["pid"]
-        if t.state == TrialState.FAIL and mine and t.number not in retried:
+        if t.state == TrialState.FAIL and mine and t.number not in done and not failed_by_its_plan(t):
             retry(study, t)
             out.append(t.number)
     return out
+
+
+def requeue_failed_trials(study: optuna.Study) -> list[int]:
+    """What a resume (the coordinator, as it starts) queues again: every failed trial that no retry replaces,
+    unless its plan's own evaluation failed. That covers a trial failed before its parameters were set
+    (queued: Optuna's ``fixed_params`` go with the retry) and one whose process died before re-enqueuing
+    it; a trial of a process still running on this host is left to that process."""
+    trials = study.get_trials(deepcopy=False)
+    done = retried(trials)
+    retry = retry_callback(max_retry=None)
+    out = []
+    for t in trials:
+        if t.state != TrialState.FAIL or t.number in done or failed_by_its_plan(t) or _owner_runs(t):
+            continue
+        retry(study, t)
+        out.append(t.number)
+    return out
+
+
+def _owner_runs(trial: optuna.trial.FrozenTrial) -> bool:
+    worker = trial.user_attrs.get(WORKER_ATTR) or {}
+    pid = worker.get("pid")
+    if worker.get("host") != socket.gethostname() or not isinstance(pid, int) or pid == os.getpid():
+        return False
+    return is_running(pid, worker.get("start_ticks"))

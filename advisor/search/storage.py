@@ -99,8 +99,14 @@ def open_storage(url: str, heartbeat_s: int | None = None) -> optuna.storages.Ba
         from optuna.storages.journal import JournalFileBackend
 
         path = Path(url.removeprefix(JOURNAL_PREFIX))
-        path.parent.mkdir(parents=True, exist_ok=True)
-        return optuna.storages.JournalStorage(JournalFileBackend(str(path)))
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            return optuna.storages.JournalStorage(JournalFileBackend(str(path)))
+        except OSError as exc:
+            if (full := disk_full_message(exc)) is not None:
+                raise SetupError(full) from None
+            raise InputError(f"storage: cannot open the journal {path} ({exc.strerror or exc}); give a journal file "
+                             "in a folder you can write to") from None
     kwargs: dict[str, Any] = {}
     if heartbeat_s:
         from advisor.search.recovery import retry_callback
@@ -127,5 +133,6 @@ def open_storage(url: str, heartbeat_s: int | None = None) -> optuna.storages.Ba
             if (full := disk_full_message(exc)) is not None:
                 raise SetupError(full) from None
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise InputError(f"storage: cannot open {redact_url(url)}: {redact_text(first, url)}") from None
+            raise InputError(f"storage: cannot open {redact_url(url)}: {redact_text(first, url)}; give a storage you "
+                             "can write to (an SQLite file in a folder you can write to) or fix the URL") from None
     raise AssertionError("unreachable")

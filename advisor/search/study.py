@@ -24,21 +24,25 @@ import optuna
 from advisor.errors import InputError
 from advisor.estimate import EnergyEstimate, j_per_token_by_workload
 from advisor.formats import Format
+from advisor.interrupts import check, deferred, interruptible
 from advisor.plan import KV_CACHE_KEY, LayerGroup, Plan
 from advisor.recipe.schema import AccuracySpec, Recipe
 from advisor.search.acceptance import Verdict
-from advisor.search.budget import TrialBudget, reap, work
+from advisor.search.budget import PLAN_ERRORS, TrialBudget, reap, work
 from advisor.search.energy_tiers import measured_on_one_scale
 from advisor.search.frontier import Candidate
 from advisor.search.interrupt_log import silence_interrupt_tracebacks
 from advisor.search.ownership import SETTLE_S, StudyOwnership, claim_study, in_use_error, owner_is_live, read_owner
-from advisor.search.recovery import WORKER_ATTR, this_worker
+from advisor.search.plan_queue import enqueue_baselines, enqueue_new, scored_trial
+from advisor.search.recovery import PLAN_ERROR_ATTR, WORKER_ATTR, requeue_failed_trials, this_worker
 from advisor.search.storage import open_storage, redact_url
 from advisor.search.study_key import KEY_ATTR, check_same_key, study_key
 from advisor.search.trial_record import (
     TrialScores,
     acceptance_by_plan,
     benchmark_scores,
+    proposal_scale,
+    record_proposal_scale,
     record_scores,
     scores_of,
 )
@@ -199,19 +203,6 @@ def is_leftover(study: optuna.Study) -> bool:
     return not states & {optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.RUNNING}
 
 
-def enqueue_baselines(study: optuna.Study, plans: Sequence[Plan], kv_dimension: bool = False) -> None:
-    """Enqueue each baseline unless a finished or waiting trial already has it."""
-    seen = {
-        p.id
-        for t in study.get_trials(deepcopy=False)
-        if t.state in (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.WAITING)
-        and (p := _trial_plan(t)) is not None
-    }
-    for plan in plans:
-        if plan.id not in seen:
-            study.enqueue_trial(plan.params(kv_dimension), skip_if_exists=True)
-
-
 def make_objective(
     evaluator: PlanEvaluator,
     groups: Sequence[LayerGroup],
@@ -222,17 +213,16 @@ def make_objective(
 ) -> Callable[[optuna.Trial], tuple[float, float]]:
     choices = [f.value for f in formats]
     kv_choices = [f.value for f in kv_cache]
-    seen: dict[str, Evaluation] = {}
     worker = worker or this_worker()
 
     def objective(trial: optuna.Trial) -> tuple[float, float]:
         trial.set_user_attr(WORKER_ATTR, worker)  # first: a RUNNING trial names its process
         kv = trial.suggest_categorical(KV_CACHE_KEY, kv_choices) if len(kv_choices) > 1 else Format.BF16
         plan = Plan({g.name: Format(trial.suggest_categorical(g.name, choices)) for g in groups}, Format(kv))
-        ev = seen.get(plan.id)
+        ev = _scored(trial.study, plan.id)  # samplers repeat plans: a plan the study holds is not scored again
         repeat = ev is not None
-        if ev is None:  # samplers repeat plans; a repeat is not scored again
-            ev = seen[plan.id] = evaluator.evaluate(plan)
+        if ev is None:
+            ev = _evaluate(evaluator, plan, trial)
         constraints = constraint_values(ev, budget)
         for key, value in constraints.items():
             trial.set_constraint(key, value)
@@ -241,6 +231,28 @@ def make_objective(
         return ev.kl, ev.energy[0].j_per_token
 
     return objective
+
+
+def _scored(study: optuna.Study, plan_id: str) -> Evaluation | None:
+    t = scored_trial(study, plan_id)
+    if t is None:
+        return None
+    s = scores_of(t)
+    return Evaluation(s.kl, s.ppl, s.ppl_bf16, s.energy)
+
+
+def _evaluate(evaluator: PlanEvaluator, plan: Plan, trial: optuna.Trial) -> Evaluation:
+    """The plan's scores; a signal interrupts here at once (``advisor.interrupts``). An error of the plan's own
+    (the run goes on past it) is recorded, so no resume retries it."""
+    try:
+        with interruptible():
+            ev = evaluator.evaluate(plan)
+    except PLAN_ERRORS as exc:
+        trial.set_user_attr(PLAN_ERROR_ATTR, f"{type(exc).__name__}: {str(exc).strip()[:300]}")
+        raise
+    if not all(math.isfinite(v) for v in (ev.kl, ev.energy[0].j_per_token)):  # Optuna fails such a trial
+        trial.set_user_attr(PLAN_ERROR_ATTR, f"scores are not finite: KL {ev.kl}, J/token {ev.energy[0].j_per_token}")
+    return ev
 
 
 def benchmark_budget(study: optuna.Study) -> tuple[float, float]:
@@ -304,23 +316,6 @@ class Proposer(Protocol):
     def predicted_damage(self, plan: Plan) -> float: ...
 
 
-def _trial_plan(t: optuna.trial.FrozenTrial) -> Plan | None:
-    """A trial's plan: its params, or for a waiting (enqueued) trial its fixed params."""
-    params = t.params or t.system_attrs.get("fixed_params")
-    return Plan.from_params(params) if params else None
-
-
-def _enqueue(study: optuna.Study, plans: Sequence[Plan], kv_dimension: bool = False) -> int:
-    seen = {p.id for t in study.get_trials(deepcopy=False) if (p := _trial_plan(t)) is not None}
-    n = 0
-    for plan in plans:
-        if plan.id not in seen:
-            study.enqueue_trial(plan.params(kv_dimension))
-            seen.add(plan.id)
-            n += 1
-    return n
-
-
 def _damage_scale(study: optuna.Study, proposer: Proposer) -> float:
     """Median of observed KL over the additive prediction, over evaluated non-BF16 plans."""
     ratios = []
@@ -352,7 +347,10 @@ def run_search(
     its knapsack plans, re-proposed once with the damage scale corrected by what the first
     proposals really scored; then the sampler fills the budget. Other workers (``advisor
     worker``) only run waiting trials and the sampler's. Every finished trial is committed
-    to storage as it ends, so an interruption loses only the trial in flight (retried).
+    to storage as it ends, so an interruption loses only the trial in flight, which is queued again
+    (``search.recovery``). A resume rebuilds everything from the study: the coordinator first queues
+    again what failed, the proposals already enqueued are not enqueued twice, and the second sweep keeps
+    the scale it was made with.
     """
     finished_here = []
 
@@ -369,16 +367,28 @@ def run_search(
     def run(waiting_only: bool) -> None:
         work(study, objective, budget, callbacks, deadline, waiting_only=waiting_only)
 
-    reap(study)
-    if coordinator:
-        enqueue_baselines(study, baseline_plans(groups, recipe.formats, recipe.kv_cache), kv_dimension)
-        if proposer is not None:
-            _enqueue(study, proposer.propose(1.0), kv_dimension)
-            run(waiting_only=True)
-            _enqueue(study, proposer.propose(_damage_scale(study, proposer)), kv_dimension)
-            run(waiting_only=True)
-    run(waiting_only=False)
+    with deferred():  # the study's bookkeeping is never cut in the middle; trials are checked between
+        reap(study)
+        if coordinator:
+            requeue_failed_trials(study)
+            enqueue_baselines(study, baseline_plans(groups, recipe.formats, recipe.kv_cache), kv_dimension)
+            if proposer is not None:
+                enqueue_new(study, proposer.propose(1.0), kv_dimension)
+                run(waiting_only=True)
+                enqueue_new(study, proposer.propose(_second_sweep_scale(study, proposer)), kv_dimension)
+                run(waiting_only=True)
+        run(waiting_only=False)
+    check()
     return len(finished_here)
+
+
+def _second_sweep_scale(study: optuna.Study, proposer: Proposer) -> float:
+    """The damage scale of the second sweep, stored the first time, so a resume proposes what the run did."""
+    scale = proposal_scale(study)
+    if scale is None:
+        scale = _damage_scale(study, proposer)
+        record_proposal_scale(study, scale)
+    return scale
 
 
 def save_run_meta(study: optuna.Study, meta: dict[str, Any]) -> None:

@@ -12,6 +12,7 @@ import json
 import os
 from typing import Any
 
+from advisor.engines import DEFAULT_ENGINE
 from advisor.errors import InputError
 from advisor.formats import Format
 from advisor.recipe.schema import Recipe
@@ -41,11 +42,12 @@ def absolute_local_path(value: str) -> str:
 
 
 def study_key(recipe: Recipe, versions: dict[str, str], energy_tier: str | None = None,
-              priced_engine: str | None = None) -> dict[str, Any]:
+              predicted_steps: str | None = None) -> dict[str, Any]:
     """``energy_tier``: what the run's ``energy`` setting resolved to here (``auto`` becomes ``measured``
-    or ``predicted``), so two runs that asked differently for the same tier compare equal. ``priced_engine``: the
-    engine whose steps the predicted tier prices (``vllm`` is keyed: a study priced by the built-in runtime's
-    steps, as every study made before the vLLM step model was, is not resumed with vLLM's)."""
+    or ``predicted``), so two runs that asked differently for the same tier compare equal. ``predicted_steps``: the
+    step model the predicted tier prices plans by (None: the built-in runtime's profiles; another is keyed, so a
+    study priced by the runtime's steps, as every study made before the vLLM step model was, is not resumed with
+    vLLM's)."""
     data = recipe.model_dump(mode="json")
     key: dict[str, Any] = {field: data[field] for field in COMPARABLE}
     if energy_tier is not None:
@@ -57,10 +59,10 @@ def study_key(recipe: Recipe, versions: dict[str, str], energy_tier: str | None 
             workload.pop(name, None)
     if data["kv_cache"] != [Format.BF16.value]:  # only then: studies made before it keep their key
         key["kv_cache"] = data["kv_cache"]
-    if data["engine"] != "builtin":  # measured numbers of two engines are not comparable
+    if data["engine"] != DEFAULT_ENGINE:  # measured numbers of two engines are not comparable
         key["engine"] = data["engine"]
-    if priced_engine == "vllm":
-        key["predicted_steps"] = "vllm"
+    if predicted_steps is not None:
+        key["predicted_steps"] = predicted_steps
     if data.get("gpus") not in (None, 1):  # J/token over N GPUs: not comparable with one GPU's
         key["gpus"] = data["gpus"]
     key["versions"] = {p: versions.get(p, "not installed") for p in VERSIONED}

@@ -6,12 +6,15 @@ values and the predicted energy, one :class:`~advisor.estimate.EnergyEstimate` p
 (``measured_energy:<plan id>``) so that no two writers ever read-modify-write one attribute; each
 measured stage's drift check (``measured_drift:<time>``); each GPU that measured
 (``measured_unit:<uuid>``); lm-eval scores and acceptance
-(``benchmark`` and ``acceptance``, keyed by plan id, written by the coordinator alone).
+(``benchmark`` and ``acceptance``, keyed by plan id, written by the coordinator alone); the damage scale of
+the second knapsack sweep (``proposal_scale``).
 
 Records are stored as their ``to_dict()`` form and read back with their types checked; the keys and
-the stored form are those of every study written so far, so old studies load as they are. Two other
-per-trial attributes belong to the modules that use them: ``worker`` (:mod:`advisor.search.recovery`)
-and ``over_budget`` (:mod:`advisor.search.budget`); ``repeat`` marks a plan a sampler proposed again.
+the stored form are those of every study written so far, so old studies load as they are. Other
+per-trial attributes belong to the modules that use them: ``worker`` and ``error`` (the trial's own
+evaluation failed; :mod:`advisor.search.recovery`), ``over_budget`` and ``duplicate_retry_of``
+(:mod:`advisor.search.budget`); ``repeat`` marks a plan the study had already scored
+(a sampler proposed it again), whose scores were taken from that trial.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ BENCHMARK_ATTR = "benchmark"
 ACCEPTANCE_ATTR = "acceptance"
 OPERATING_ATTR = "operating_points"
 SEARCH_ENERGY_ATTR = "search_energy"
+PROPOSAL_SCALE_ATTR = "proposal_scale"
 MEASURED_POINTS_PREFIX = "measured_operating:"
 
 Trial = optuna.Trial | optuna.trial.FrozenTrial
@@ -184,6 +188,16 @@ def measured_points(study: optuna.Study) -> dict[tuple[str, str], dict[str, Any]
     """(plan id, workload) -> its operating point as measured."""
     return {(k.removeprefix(MEASURED_POINTS_PREFIX), p["workload"]): dict(p)
             for k, v in study.user_attrs.items() if k.startswith(MEASURED_POINTS_PREFIX) for p in v}
+
+
+def record_proposal_scale(study: optuna.Study, scale: float) -> None:
+    """The damage scale the second knapsack sweep was made with (``search.study``)."""
+    study.set_user_attr(PROPOSAL_SCALE_ATTR, float(scale))
+
+
+def proposal_scale(study: optuna.Study) -> float | None:
+    scale = study.user_attrs.get(PROPOSAL_SCALE_ATTR)
+    return None if scale is None else float(scale)
 
 
 def record_search_energy(study: optuna.Study, energy: Mapping[str, Any]) -> None:

@@ -11,13 +11,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from advisor.calibration.tokens import TokenSets, build_token_sets, forward_loop
-from advisor.estimate import EnergyModel
+from advisor.estimate import PredictedModel
 from advisor.files import write_text_atomically
 from advisor.formats import Format
 from advisor.models.arithmetic import BF16, scoring_place, to_scoring_arithmetic
 from advisor.models.loading import LoadedModel, load_model
 from advisor.plan import Plan
 from advisor.recipe.schema import Recipe
+from advisor.search.engine_contract import MeasuredTier
 from advisor.search.study import Evaluation
 
 if TYPE_CHECKING:  # torch, ModelOpt: imported when a run prepares, not when a command starts
@@ -86,12 +87,12 @@ class RunContext:
     tokens: TokenSets
     bank: FormatBank  # every format calibrated once; assembles any plan's model
     proxy: ProxyEvaluator  # KL and perplexity against the BF16 reference on held-out tokens
-    energy_model: EnergyModel  # the predicted tier, for every trial
+    energy_model: PredictedModel  # the predicted tier, for every trial
     device: str
     fingerprint: str
     timings_s: dict[str, float] = field(default_factory=dict)
     trial_times_s: list[float] = field(default_factory=list)
-    measured_model: EnergyModel | None = None  # the measured tier, for the baselines and the front
+    measured_model: MeasuredTier | None = None  # the measured tier, for the baselines and the front
     arithmetic: str = BF16  # what accuracy is computed in (models.arithmetic)
 
     @property
@@ -155,7 +156,7 @@ class RunContext:
         return Evaluation(kl=score.kl, ppl=score.ppl, ppl_bf16=score.ppl_bf16, energy=energy)
 
 
-def over_gpus(one_gpu: EnergyModel, shape: Any, target: Any, gpus: int, status: Status) -> EnergyModel:
+def over_gpus(one_gpu: PredictedModel, shape: Any, target: Any, gpus: int, status: Status) -> PredictedModel:
     """The predicted tier for ``gpus`` GPUs (tensor parallel), or ``one_gpu`` where it cannot price the model."""
     from advisor.energy.prediction import predicted_for_gpus
     from advisor.errors import InputError
@@ -170,7 +171,7 @@ def over_gpus(one_gpu: EnergyModel, shape: Any, target: Any, gpus: int, status: 
 def prepare(
     recipe: Recipe,
     status: Status = lambda _msg: None,
-    energy_model: EnergyModel | None = None,
+    energy_model: PredictedModel | None = None,
     stored_fingerprint: str | None = None,
 ) -> RunContext:
     """Load, sample tokens, calibrate each format once, and compute the BF16 reference. ``stored_fingerprint``:
@@ -258,7 +259,7 @@ def prepare(
         energy_model, measured_model = make_energy_tiers(recipe.energy, loaded.shape, recipe.target, profile, engine,
                                                          model_config=loaded.model.config,
                                                          workloads=recipe.workloads)
-        if getattr(measured_model, "gpus", 1) > 1:  # served over N GPUs: every trial priced for N too
+        if measured_model is not None and measured_model.gpus > 1:  # served over N GPUs: every trial priced for N
             energy_model = over_gpus(energy_model, loaded.shape, recipe.target, measured_model.gpus, status)
         from advisor.energy.prediction import as_served
         from advisor.workflows.run_settings import priced_engine

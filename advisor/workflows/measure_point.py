@@ -9,11 +9,13 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from advisor.engines import DEFAULT_ENGINE
 from advisor.errors import InputError
 from advisor.formats import GPU, GPU_SPECS
 from advisor.models.shape import ModelShape
 from advisor.plan import Plan
 from advisor.recipe.schema import Workload
+from advisor.search.engine_contract import MeasuredTier
 from advisor.search.operating import OperatingPoint, operating_point
 from advisor.search.operating_search import BatchSearch, search_batches
 
@@ -29,18 +31,19 @@ def workload_of(**fields: Any) -> Workload:
 
 
 def predicted_point(plan: Plan, shape: ModelShape, target: GPU, workload: Workload, model_config: Any = None,
-                    engine: str = "builtin") -> OperatingPoint:
+                    engine: str = DEFAULT_ENGINE) -> OperatingPoint:
     """``plan``'s largest batch under ``workload``'s objective, from the predicted tier for ``target``, as
-    ``engine`` (the one that meters it here) serves the plan: vLLM's step model for ``vllm``."""
+    ``engine`` (the one that meters it here) serves the plan: priced by its step model where it has one (vLLM's)."""
     from advisor.energy.prediction import as_served, make_predicted_model, priced_engine
 
     model = as_served(make_predicted_model(shape, target, model_config=model_config), shape, target,
                       priced_engine(engine, measured_here=True))
-    source = getattr(model, "step_source", lambda _plan: model.label)(plan)
-    return operating_point(model, shape, GPU_SPECS[target], plan, workload, source + "; steady state, step times")
+    return operating_point(model, shape, GPU_SPECS[target], plan, workload,
+                           model.step_source(plan) + "; steady state, step times")
 
 
-def measured_operating_point(meter: Any, plan: Plan, point: OperatingPoint, workload: Workload) -> dict[str, Any]:
+def measured_operating_point(meter: MeasuredTier, plan: Plan, point: OperatingPoint, workload: Workload
+                             ) -> dict[str, Any]:
     """The predicted point (its curve left out) and ``meter``'s: metered at the same batch and, where that misses
     the objective as measured, searched down to the largest batch that meets it
     (:mod:`advisor.search.operating_search`: the trail of batches metered, what the search concluded)."""

@@ -9,10 +9,10 @@ from typing import Any
 
 import optuna
 
-from advisor.estimate import EnergyModel
 from advisor.plan import Plan
 from advisor.recipe.schema import Recipe
 from advisor.search.energy_tiers import measured_on_one_scale
+from advisor.search.engine_contract import MeasuredTier
 from advisor.search.measure_queue import (
     Measurer,
     Merged,
@@ -36,7 +36,7 @@ from advisor.workflows.progress import ProgressReporter
 def energy_stage(study: optuna.Study, ctx: Any, recipe: Recipe, progress: ProgressReporter) -> None:
     """The measured tier: the plans to meter go into the queue; this process meters them beside the workers
     that joined, each on its own GPU, waits until none waits or runs, and merges the results into the study."""
-    model: EnergyModel | None = ctx.measured_model
+    model: MeasuredTier | None = ctx.measured_model
     if model is None:
         return
     try:
@@ -45,7 +45,7 @@ def energy_stage(study: optuna.Study, ctx: Any, recipe: Recipe, progress: Progre
         set_round(study, "closed")  # the workers waiting for the queue leave
 
 
-def _coordinate(study: optuna.Study, model: EnergyModel, recipe: Recipe, progress: ProgressReporter) -> None:
+def _coordinate(study: optuna.Study, model: MeasuredTier, recipe: Recipe, progress: ProgressReporter) -> None:
     queue = open_queue(study, open_storage(recipe.storage_url, heartbeat_s=recipe.search.heartbeat_s))
     merged = Merged(since=datetime.now())  # Optuna's trial times are local and naive too
     merge(study, queue, Merged(since=merged.since), progress.print)  # what an interrupted run measured is kept
@@ -89,7 +89,7 @@ def _on_unit(source: str) -> str:
     return f" ({source.rsplit(' on ', 1)[1]})" if " on GPU-" in source else ""
 
 
-def worker_stage(study: optuna.Study, storage: optuna.storages.BaseStorage, model: EnergyModel, recipe: Recipe,
+def worker_stage(study: optuna.Study, storage: optuna.storages.BaseStorage, model: MeasuredTier, recipe: Recipe,
                  progress: ProgressReporter, poll_s: float = 1.0) -> int:
     """`advisor worker` after its trials: wait for the coordinator's queue, meter plans from it on this GPU until
     none waits, then leave. Returns how many plans it measured (0: no queue, or this GPU is the coordinator's)."""

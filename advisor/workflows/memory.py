@@ -8,7 +8,17 @@ from __future__ import annotations
 from typing import Any
 
 from advisor.errors import InputError, SetupError
-from advisor.models.memory_plan import BF16_BYTES, GIB, Device, MemoryPlan, RunSizes, compact, gpus, plan_memory
+from advisor.models.memory_plan import (
+    BF16_BYTES,
+    GIB,
+    MAX_GPUS,
+    Device,
+    MemoryPlan,
+    RunSizes,
+    compact,
+    gpus,
+    plan_memory,
+)
 from advisor.recipe.schema import ModelSpec, Recipe
 
 
@@ -66,6 +76,8 @@ def lift_gpu_memory_cap(cap_gib: float | None) -> None:
 
 def named_node(count: int, memory_gib: float | None) -> list[Device]:
     """``--gpus N --gpu-memory GB``: N devices of that memory."""
+    if not 1 <= count <= MAX_GPUS:  # a real run's bound (the recipe's gpus), and a plan's search for the fewest
+        raise InputError(f"--gpus {count}: a plan is for one node of 1 to {MAX_GPUS} GPUs; give at most {MAX_GPUS}")
     if memory_gib is None:
         raise InputError("--gpus needs --gpu-memory: give both (e.g. --gpus 4 --gpu-memory 80 for four H100 80GB), "
                          "or neither to plan for the GPUs here")

@@ -72,19 +72,14 @@ def operating_stage(study: optuna.Study, ctx: RunContext, recipe: Recipe, progre
     if not any(w.has_objective for w in recipe.workloads):
         return
     model = ctx.energy_model
-    if not (hasattr(model, "decode_step") and hasattr(model, "prefill")):
-        progress.print(f"  operating points: {model.label} gives no step times; none computed")
-        return
     plans: dict[str, Plan] = {}
     for c in candidates(study):
         if c.feasible or c.plan.uniform_weights() is not None:
             plans.setdefault(c.plan.id, c.plan)
     cap = recipe.site.power_cap_w
     capped = f"; within a {cap:g} W cap per GPU, steps stretched to energy / cap)" if cap is not None else ")"
-    step_source = getattr(model, "step_source", lambda _plan: model.label)
-
     def source_of(plan: Plan) -> str:
-        return step_source(plan).removesuffix(")") + "; steady state, step times" + capped
+        return model.step_source(plan).removesuffix(")") + "; steady state, step times" + capped
 
     with progress.stage("operating points"):
         try:

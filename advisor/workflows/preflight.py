@@ -52,12 +52,13 @@ def check_input_files(recipe: Recipe) -> None:
                              f"is {recipe.target.value}; give a {recipe.target.value} profile or change --target")
 
 
-def check_model(recipe: Recipe, *, workloads: bool = True) -> None:
-    """The model's files and config: present, a causal LM, a context long enough for the recipe's
-    calibration windows and (``workloads``) its workloads."""
+def check_model(recipe: Recipe, *, workloads: bool = True, need_weights: bool = True) -> None:
+    """The model's files and config: present (the weights only with ``need_weights``), a causal LM whose config
+    describes its weights, a context long enough for the recipe's calibration windows and (``workloads``) its
+    workloads."""
     from advisor.models.config_check import check_context, model_facts
 
-    facts = model_facts(recipe.model)
+    facts = model_facts(recipe.model, need_weights=need_weights)
     if facts is not None:
         check_context(facts, recipe, workloads=workloads)
 
@@ -70,10 +71,9 @@ def check_devices(recipe: Recipe) -> None:
 
         if not torch.cuda.is_available():
             raise SetupError("device: cuda was asked for but torch sees no CUDA GPU; use --device cpu or auto")
-    if recipe.engine != "builtin":
-        from advisor.deploy.engines import import_engine
+    from advisor.engines import import_engine
 
-        import_engine(recipe.engine)
+    import_engine(recipe.engine)  # nothing to import for the built-in runtime
     if recipe.energy == "measured":
         from advisor.energy.prediction import gpu_here
 

@@ -31,6 +31,7 @@ from advisor.errors import InputError
 from advisor.files import write_text_atomically
 from advisor.formats import Format
 from advisor.plan import LayerGroup, Plan
+from advisor.search.engine_contract import MeasuredTier
 from advisor.workflows.outputs import check_output_dir
 from advisor.workflows.preflight import check_model
 
@@ -70,24 +71,67 @@ def research_around(ctx: Any, plan: Plan, groups: tuple[LayerGroup, ...], trials
     return out
 
 
-def meter_objectives(model: Any, plan: Plan, summary: dict[str, Any], workloads: Any, status: Any
+def meter_objectives(model: MeasuredTier, plan: Plan, summary: dict[str, Any], workloads: Any, status: Any
                      ) -> tuple[list[Check], list[dict[str, Any]], list[str]]:
     """The plan metered at its operating batch from the run under each workload's objective, checked against it
-    as measured (:func:`advisor.deploy.recheck.objective_checks`)."""
-    from advisor.search.operating_measured import at_batch, meter_points
+    as measured (:func:`advisor.deploy.recheck.objective_checks`). Metered first: an engine that serves a plan
+    once (vLLM) serves these batches and the stated workloads in one start."""
+    from advisor.search.operating_measured import at_batch
 
     batches = operating_batches(summary, plan.id)
+    wanted = [(w, *batches[w.name]) for w in workloads if w.has_objective and w.name in batches]
+    if not wanted:
+        return [], [], []
+    first = [at_batch(w, batch) for w, batch, _, _ in wanted]
+    status("metering the stored plan at its operating batches: " + ", ".join(
+        f"{b.batch_size} ({origin}) on '{w.name}'" for (w, _, origin, _), b in zip(wanted, first, strict=True)))
+    if model.searches_in_serving:
+        model.open_for(plan, first)
+    metered = model.measure_rounds(plan, first, lambda _points: [], max(b.batch_size for b in first))
     checks, points, untimed = [], [], []
-    for w in workloads:
-        if not w.has_objective or w.name not in batches:
-            continue
-        batch, origin, stored = batches[w.name]
-        status(f"metering the stored plan at its {origin} operating batch {batch} on '{w.name}'")
-        (point,) = meter_points(model, plan, [at_batch(w, batch)])
+    for (w, _, origin, stored), point in zip(wanted, metered, strict=True):
         found, missing = objective_checks(w, point, origin, stored)
         checks, untimed = checks + found, untimed + missing
         points.append({**point.to_dict(), "batch_from": origin})
     return checks, points, untimed
+
+
+# What one engine start and one metering took serving an 8B through vLLM on an H200 (2026-11-29,
+# reports/benchmarks/verify_time.md): 65-73 s a start with vLLM's caches warm (198 s the first on a fresh machine),
+# 10-42 s a metering. A recheck's line says what to expect from them; the model's size moves both.
+START_S, METERING_S = 90.0, 20.0
+
+
+def expected_minutes(starts: int, meterings: int) -> float:
+    return max(1.0, (starts * START_S + meterings * METERING_S) / 60.0)
+
+
+def reused_bf16(summary: dict[str, Any], label: str, shape: Any, workloads: Any) -> list[Any] | None:
+    """The run's own all-BF16 energy per stated workload where it can stand for the new model's: measured by the
+    same engine on a GPU of the same name (``label`` up to its date), the same layer shape (energy does not depend
+    on the weights' values), every workload measured. None where any of that does not hold."""
+    from advisor.estimate import EnergyEstimate
+    from advisor.models.shape import ModelShape
+
+    number = (summary.get("baselines") or {}).get("all-bf16")
+    record = next((t for t in summary.get("trials", []) if t.get("trial") == number), None)
+    if record is None or "shape" not in summary or ModelShape.from_dict(summary["shape"]) != shape:
+        return None
+    engine = label.rpartition(",")[0]
+    rows = {e["workload"]: e for e in record.get("energy", [])
+            if e.get("measured") and e.get("source", "").startswith(engine + ",")}
+    if not all(w.name in rows for w in workloads):
+        return None
+    out = []
+    for w in workloads:
+        e = rows[w.name]
+        out.append(EnergyEstimate(workload=w.name, j_per_token=e["j_per_token"],
+                                  decode_j_per_token=e["decode_j_per_token"],
+                                  prefill_j_per_input_token=e["prefill_j_per_input_token"],
+                                  decode_tokens_per_s=e["decode_tokens_per_s"],
+                                  source=e["source"] + "; the run's own, reused: same shape, engine and GPU",
+                                  measured=True))
+    return out
 
 
 def run_recheck(
@@ -135,13 +179,20 @@ def run_recheck(
     ev_bf16 = ctx.evaluate(bf16)
     ev = ctx.evaluate(plan)
     predicted = {"energy": [e.to_dict() for e in ev.energy], "bf16_energy": [e.to_dict() for e in ev_bf16.energy]}
-    if engine is not None and ctx.measured_model is not None:
-        status(f"metering the stored plan and BF16 ({ctx.measured_model.label})")
-        ev_bf16, ev = (replace(e, energy=[ctx.measured_model.estimate(p, w) for w in recipe.workloads])
-                       for e, p in ((ev_bf16, bf16), (ev, plan)))
     objective, operating, untimed = [], [], []
     if engine is not None and ctx.measured_model is not None:
-        objective, operating, untimed = meter_objectives(ctx.measured_model, plan, summary, recipe.workloads, status)
+        model = ctx.measured_model
+        stored_bf16 = reused_bf16(summary, model.label, ctx.loaded.shape, recipe.workloads)
+        starts = 1 if stored_bf16 else 2
+        loads = len({(w.batch_size, w.input_tokens, w.output_tokens) for w in recipe.workloads})
+        meterings = loads * starts + len(operating_batches(summary, plan.id))
+        status(f"metering the stored plan{'' if stored_bf16 else ' and BF16'} ({model.label}): {starts} engine "
+               f"start(s) and {meterings} meterings, expected about {expected_minutes(starts, meterings):.0f} min; "
+               + ("BF16 is the run's own measurement (same shape, engine and GPU)" if stored_bf16 else
+                  "the run holds no BF16 measurement of this engine and GPU to reuse"))
+        objective, operating, untimed = meter_objectives(model, plan, summary, recipe.workloads, status)
+        ev = replace(ev, energy=[model.estimate(plan, w) for w in recipe.workloads])
+        ev_bf16 = replace(ev_bf16, energy=stored_bf16 or [model.estimate(bf16, w) for w in recipe.workloads])
     status("lm-eval tasks")
     bench = score_benchmark(ctx, plan, bf16, out_dir)
     checks = recheck_checks(recipe, ev, ev_bf16, bench) + objective

@@ -4,14 +4,11 @@ lm-eval on the candidates the policy picks, the report."""
 from __future__ import annotations
 
 import json
-import signal
 import subprocess
-import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 import optuna
@@ -21,6 +18,7 @@ from advisor import __version__
 from advisor.deploy.model_identity import tokenizer_fingerprint
 from advisor.errors import AdvisorError, InputError, Interrupted
 from advisor.files import write_text_atomically
+from advisor.interrupts import check, deferred, signals_handled
 from advisor.recipe.schema import Recipe
 from advisor.report.schema import Summary
 from advisor.report.summary import write_report
@@ -60,28 +58,35 @@ def run(recipe: Recipe, resume: bool = False, console: Console | None = None,
     def warn(message: str) -> None:
         progress.print(f"warning: {message}")
 
-    with run_folder_lock(recipe.run_dir, warn):
-        owned = open_owned_study(recipe, resume, key, warn)
-        failed = True
+    with signals_handled():
         try:
-            summary = _run_owned(owned.study, recipe, resume, progress, resume_command, workers)
-            failed = False
-        except Interrupted:
-            failed = False  # the study is kept for the resume the message names
-            raise
-        finally:
-            owned.release(discard_if_empty=failed)
+            with run_folder_lock(recipe.run_dir, warn):
+                with deferred():  # created and claimed as one step; a signal meanwhile is taken just after
+                    owned = open_owned_study(recipe, resume, key, warn)
+                failed = True
+                try:
+                    with interrupts_as_errors(owned.study, recipe, resume_command):
+                        summary = _run_owned(owned.study, recipe, resume, progress, workers)
+                    failed = False
+                except Interrupted:
+                    failed = False  # the study is kept for the resume the message names
+                    raise
+                finally:
+                    owned.release(discard_if_empty=failed)
+        except KeyboardInterrupt:
+            raise Interrupted("interrupted before the study was opened: nothing was changed; run the same command "
+                              "again") from None
     return summary
 
 
 def _run_owned(study: optuna.Study, recipe: Recipe, resume: bool, progress: ProgressReporter,
-               resume_command: str, workers: int) -> Summary:
-    if not resume:
-        write_run_file(recipe)
+               workers: int) -> Summary:
     t0 = time.perf_counter()
-    meter = SearchEnergyMeter()
     children: list = []
-    with interrupts_as_errors(study, recipe, resume_command), stopped_on_exit(children):
+    with stopped_on_exit(children):
+        if not resume:
+            write_run_file(recipe)
+        meter = SearchEnergyMeter()
         ctx = prepare_model_side(recipe, progress, study.user_attrs.get("model", {}).get("fingerprint"))
         check_same_model(study.user_attrs.get("model", {}).get("fingerprint"), ctx.fingerprint, recipe.name)
         check_same_scoring(study.user_attrs.get("device"), ctx.scoring_place, recipe.name, "--resume")
@@ -166,23 +171,16 @@ def stopped_on_exit(children: list[subprocess.Popen]) -> Iterator[None]:
 
 @contextmanager
 def interrupts_as_errors(study: optuna.Study, recipe: Recipe, resume_command: str) -> Iterator[None]:
-    """SIGTERM behaves as Ctrl-C; either ends the trial in flight as failed (Optuna) and becomes one
-    line with the command that continues the study."""
-
-    def on_term(signum: int, frame: FrameType | None) -> None:
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGTERM, on_term) if threading.current_thread() is threading.main_thread() \
-        else None
+    """Ctrl-C or SIGTERM (alike: ``advisor.interrupts``) ends the trial in flight as failed, queued again for
+    the resume, and becomes one line with the command that continues the study."""
     try:
+        check()  # a signal noted while the study was being opened
         yield
     except KeyboardInterrupt:
-        done = finished_trials(study)
+        with deferred():
+            done = finished_trials(study)
         raise Interrupted(f"interrupted: {done} finished trials are kept in {redact_url(recipe.storage_url)}; "
                           f"continue with: {resume_command}") from None
-    finally:
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
 
 
 def write_run_file(recipe: Recipe) -> None:

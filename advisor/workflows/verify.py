@@ -29,15 +29,17 @@ from typing import Any
 
 from advisor.deploy import serving_gpus
 from advisor.deploy.engine_slots import engine_slots
-from advisor.deploy.served_kl import kl_sum, logprobs_per_sequence, within_budget, write_reference
+from advisor.deploy.served_kl import MAX_ENTRIES, kl_sum, logprobs_per_sequence, within_budget, write_reference
 from advisor.deploy.serving_gpus import serving_gpus_for
 from advisor.deploy.verify_report import shown_role
 from advisor.deploy.vllm_engine import run_in_child, served_formats
+from advisor.deploy.vllm_load import STEADY_LOAD_METER
 from advisor.deploy.vllm_serve import ServeJob
 from advisor.energy.meter import MeterConfig
 from advisor.energy.prediction import predicted_for_gpus
 from advisor.errors import InputError, SetupError
 from advisor.estimate import EnergyEstimate
+from advisor.files import check_regular_file
 from advisor.formats import GPU, Format
 from advisor.plan import Plan
 from advisor.search.operating_measured import from_timed, objective_name
@@ -45,25 +47,36 @@ from advisor.workflows.verify_serving import Serving, operating_workloads, serve
 
 EXPORT_HEADROOM_BYTES = 4 * 2**30  # calibration and proxy batches, CUDA context
 REFERENCE_FILE = "verify_reference.pt"  # the reference's log-probabilities, for the engines' processes; deleted after
+QUICK_KL_ENTRIES = MAX_ENTRIES // 8  # --quick: the served KL on fewer held-out positions (vLLM's answer is slow)
 
 
-def lambada_items(path: Path, tokenizer: Any, count: int) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
+def read_lambada(path: Path, count: int) -> list[tuple[str, str]]:
     """The first ``count`` items of a LAMBADA JSONL file ({"text": ...}, or {"context": ..., "continuation":
-    last word}) as (context, target) token ids: the target is the last word with its leading space, as
-    lm-eval's lambada_openai splits it."""
-    items = []
+    last word}) as (context, last word): read before anything is served, so a bad file is named first."""
+    check_regular_file(path, "--lambada:", "give a LAMBADA JSONL file")
     try:
         lines = path.read_text().splitlines()
     except OSError as exc:
-        raise InputError(f"--lambada: cannot read {path} ({exc}); give a LAMBADA JSONL file") from None
+        raise InputError(f"--lambada: cannot read {path} ({exc.strerror or exc}); give a LAMBADA JSONL file") from None
+    except UnicodeDecodeError:
+        raise InputError(f"--lambada: {path} is not UTF-8 text; give a LAMBADA JSONL file") from None
+    docs = []
     for line in lines[:count]:
         try:
             doc = json.loads(line)
-            context, word = (doc["text"].rpartition(" ")[::2] if "text" in doc
-                             else (doc["context"].rstrip(" "), doc["continuation"].strip()))
+            docs.append(doc["text"].rpartition(" ")[::2] if "text" in doc
+                        else (doc["context"].rstrip(" "), doc["continuation"].strip()))
         except (ValueError, KeyError, TypeError, AttributeError):
             raise InputError(f"--lambada: {path} has a line that is not JSON with a \"text\" field "
-                             "(or \"context\" and \"continuation\")") from None
+                             "(or \"context\" and \"continuation\"); give a LAMBADA JSONL file") from None
+    return docs
+
+
+def lambada_items(docs: Sequence[tuple[str, str]], tokenizer: Any) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
+    """LAMBADA items (:func:`read_lambada`) as (context, target) token ids: the target is the last word with its
+    leading space, as lm-eval's lambada_openai splits it."""
+    items = []
+    for context, word in docs:
         ctx = tokenizer(context, add_special_tokens=False)["input_ids"]
         whole = tokenizer(context + " " + word, add_special_tokens=False)["input_ids"]
         # lm-eval's split (what follows the context's tokens); a tokenizer that merges across the boundary
@@ -193,19 +206,21 @@ def verify_run(run_dir: Path, engine: str = "vllm", plan_ids: Sequence[str] = ()
                lambada_count: int = 200, energy: bool = True, meter: MeterConfig | None = None,
                runner: Callable[[ServeJob], dict[str, Any]] | None = None,
                rounds_runner: Callable[[ServeJob, Any], dict[str, Any]] | None = None,
-               status: Callable[[str], None] = lambda _m: None, gpus: int | None = None, workers: int = 1
-               ) -> dict[str, Any]:
+               status: Callable[[str], None] = lambda _m: None, gpus: int | None = None, workers: int = 1,
+               quick: bool = False) -> dict[str, Any]:
     """Serve the run's plans through ``engine`` (each in a process of its own unless ``runner``, or for a plan whose
     objectives are searched ``rounds_runner``, says otherwise) over ``gpus`` GPUs
     (:mod:`advisor.deploy.serving_gpus`; the run's recipe's when None), ``workers`` plans at once on GPUs of their
-    own (:mod:`advisor.workflows.verify_serving`), and write verify.json / verify.md / report.md's section."""
+    own (:mod:`advisor.workflows.verify_serving`), and write verify.json / verify.md / report.md's section. ``quick``:
+    the recommendation and all-BF16 only, the served KL on fewer positions (:data:`QUICK_KL_ENTRIES`)."""
     from advisor.deploy.checkpoint import load_exported
     from advisor.deploy.engine_checkpoint import checkpoint_exporter
-    from advisor.deploy.engines import engine as engine_entry
     from advisor.deploy.recheck import read_summary, stored_plan, summary_recipe
     from advisor.deploy.verify_report import render_verify, served_operating_summary, write_report_section
     from advisor.deploy.vllm_engine import import_vllm
     from advisor.energy.prediction import gpu_here
+    from advisor.engines import engine as engine_entry
+    from advisor.engines import engines_that, listed
     from advisor.models.arithmetic import to_scoring_arithmetic
     from advisor.models.loading import load_model
     from advisor.report.plots import plot_operating_points
@@ -213,22 +228,28 @@ def verify_run(run_dir: Path, engine: str = "vllm", plan_ids: Sequence[str] = ()
     from advisor.workflows.export import run_tokens
 
     run_dir = Path(run_dir)
+    started = time.perf_counter()
+    if quick and plan_ids:
+        raise InputError("--quick serves the recommendation and all-BF16 only; drop --plan, or --quick to serve "
+                         f"{', '.join(plan_ids)} too")
     if not run_dir.is_dir():
         raise InputError(f"RUN_DIR {run_dir} is not a directory; give the folder `advisor search` wrote")
     summary = read_summary(run_dir / "summary.json")
-    if engine_entry(engine).name != "vllm":
-        raise InputError(f"--engine {engine}: `advisor verify` serves through vllm only (--engine vllm)")
+    if not engine_entry(engine).verifies:
+        raise InputError(f"--engine {engine}: `advisor verify` serves through "
+                         f"{listed(engines_that(lambda e: e.verifies), '--engine ')} only")
+    plans: dict[str, Plan] = {}  # the inputs judged before what the machine lacks (exit 2 before 3)
+    rec, _ = stored_plan(summary, None, run_dir / "summary.json")
+    plans["recommendation"] = rec
+    for pid in plan_ids:
+        plans[pid], _ = stored_plan(summary, pid, run_dir / "summary.json")
+    lambada_docs = read_lambada(lambada, lambada_count) if lambada else []
     vllm = import_vllm()
     kind, here = gpu_here()
     kind = GPU(kind) if kind is not None else None
     if here is None:
         raise SetupError("`advisor verify` serves the plans on the GPU here and NVML sees none; run it on an "
                          "NVIDIA GPU machine with vLLM installed")
-    plans: dict[str, Plan] = {}
-    rec, _ = stored_plan(summary, None, run_dir / "summary.json")
-    plans["recommendation"] = rec
-    for pid in plan_ids:
-        plans[pid], _ = stored_plan(summary, pid, run_dir / "summary.json")
 
     recipe = summary_recipe(summary)
     recipe = recipe.model_copy(update={"out": run_dir.parent, "name": run_dir.name})
@@ -248,7 +269,7 @@ def verify_run(run_dir: Path, engine: str = "vllm", plan_ids: Sequence[str] = ()
     plans = roles
     members = {g.name: g.members for g in loaded.shape.groups}
     heldout = [tuple(int(t) for t in row) for row in tokens.heldout]
-    items = lambada_items(lambada, loaded.tokenizer, lambada_count) if lambada else []
+    items = lambada_items(lambada_docs, loaded.tokenizer)
     checkpoint_for = checkpoint_exporter(recipe, loaded, tokens)
     vocab = int(loaded.model.config.get_text_config().vocab_size)
     records = {r["plan_id"]: r for r in summary["trials"]}
@@ -257,13 +278,17 @@ def verify_run(run_dir: Path, engine: str = "vllm", plan_ids: Sequence[str] = ()
         engine_slots(workers, n_gpus, serving_gpus.visible_gpus()[0])
 
     paths: dict[str, Path] = {}
+    timings: dict[str, Any] = {"load_s": time.perf_counter() - started, "export_s": {}}
     for role, plan in plans.items():
         status(f"exporting plan {plan.id} ({shown_role(role, plan.id)}) if not exported, on the {export_device}")
+        t = time.perf_counter()
         paths[role] = checkpoint_for(plan)
+        timings["export_s"][role] = time.perf_counter() - t
     import torch
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    scored = within_budget(heldout, vocab)  # vLLM answers every token's log-probability: bounded
+    # vLLM answers every token's log-probability: bounded
+    scored = within_budget(heldout, vocab, QUICK_KL_ENTRIES if quick else MAX_ENTRIES)
     status(f"scoring the BF16 reference on {len(scored)} of the {len(heldout)} held-out sequences")
     reference = logprobs_per_sequence(loaded.model.to(device).eval(), scored)
     reference_file = write_reference(run_dir / REFERENCE_FILE, reference)
@@ -274,14 +299,16 @@ def verify_run(run_dir: Path, engine: str = "vllm", plan_ids: Sequence[str] = ()
     # prefill=False: verify reports J/token, tokens/s, TPOT and TTFT per workload, never prefill J per input token,
     # and a prefill metering would double every workload's time on the GPU
     base = ServeJob(checkpoint="", vocab_size=vocab, sequences=tuple(scored), reference_logprobs=str(reference_file),
-                    items=tuple(items), meter=asdict(meter or MeterConfig()), tensor_parallel_size=n_gpus,
+                    items=tuple(items), meter=asdict(meter or STEADY_LOAD_METER), tensor_parallel_size=n_gpus,
                     prefill=False)
     serving = Serving(run_dir, summary, base, energy, version, here, runner or run_in_child,
                       rounds_runner, status)
+    t = time.perf_counter()
     try:
         served = serve_plans(plans, paths, serving, workers)
     finally:
         reference_file.unlink(missing_ok=True)
+    timings["serving_s"] = time.perf_counter() - t
 
     status("scoring the advisor's own models on the same tokens")
     dtype = next(loaded.model.parameters()).dtype
@@ -322,6 +349,8 @@ def verify_run(run_dir: Path, engine: str = "vllm", plan_ids: Sequence[str] = ()
         "target": recipe.target.value, "gpu_kind": kind.value if kind is not None else None,
         "lambada": {"file": str(lambada), "items": len(items)} if lambada else None,
         "verified": all(r["formats_match"] is True for r in rows), "max_kl": recipe.accuracy.max_kl,
+        "quick": quick, "timings_s": {**timings, "total_s": time.perf_counter() - started,
+                                      "plans": {r: served[r].get("timings_s") for r in plans}},
     }
     drawn = served_operating_summary(summary, result)
     if drawn is not None:

@@ -16,8 +16,9 @@ from pathlib import Path
 import optuna
 from rich.console import Console
 
-from advisor.errors import InputError
+from advisor.errors import InputError, Interrupted
 from advisor.files import temporary_folder
+from advisor.interrupts import signals_handled
 from advisor.recipe import validate_recipe
 from advisor.search.artifacts import fetch_tokens
 from advisor.search.storage import absolute_url, open_storage, redact_url
@@ -32,10 +33,20 @@ from advisor.workflows.run_settings import energy_tier, priced_engine
 def run_worker(url: str, study_name: str, work_dir: Path | None = None, artifacts: Path | None = None,
                console: Console | None = None) -> int:
     """Returns how many trials this worker finished. Without ``work_dir`` it works in a temporary folder,
-    removed however the worker ends."""
-    if work_dir is None:
-        with temporary_folder(f"advisor-worker-{study_name}-") as folder:
-            return run_worker(url, study_name, folder, artifacts, console)
+    removed however the worker ends. Ctrl-C and SIGTERM (the coordinator stopping it) stop it as they
+    stop a search (``advisor.interrupts``): exit 130, its trial in flight failed and queued again."""
+    with signals_handled():
+        try:
+            if work_dir is None:
+                with temporary_folder(f"advisor-worker-{study_name}-") as folder:
+                    return _run_worker(url, study_name, folder, artifacts, console)
+            return _run_worker(url, study_name, work_dir, artifacts, console)
+        except KeyboardInterrupt:
+            raise Interrupted(f"interrupted: this worker's trial in flight, if any, is queued again in study "
+                              f"{study_name!r}; its other processes go on") from None
+
+
+def _run_worker(url: str, study_name: str, work_dir: Path, artifacts: Path | None, console: Console | None) -> int:
     progress = ProgressReporter(console or Console(stderr=True))
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     silence_interrupt_tracebacks()

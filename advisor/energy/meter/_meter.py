@@ -19,6 +19,11 @@ How a measurement runs (``EnergyMeter.measure``):
    above ``max_cv`` marks the measurement ``unstable``, and it is taken again, up to
    ``attempts`` times in all, keeping the steadiest (a rare window is disturbed); one
    still unstable after the attempts stays marked so.
+   With ``until_stable_s`` set (a ceiling in seconds), windows follow one another until the
+   last ``repeats`` of them agree within ``max_cv`` (the energy per step is stable: the
+   measurement ends there) or the ceiling is reached (the steadiest ``repeats`` consecutive
+   windows are kept, marked unstable where they still disagree): a steady load is metered as
+   long as it needs and no longer, and a disturbed window costs one window, not a new series.
 
 The GPU's state (name, driver, power limit, clocks, temperature) is read before
 and after, and the idle power once per meter. Nothing here changes the GPU.
@@ -82,12 +87,18 @@ class MeterConfig:
     tick_timeout_s: float = 2.0
     # At most this long warming the GPU before a series of points (EnergyMeter.soak; 0: none).
     soak_s: float = 30.0
+    # > 0: windows follow one another until the last ``repeats`` agree within ``max_cv``, for at most this
+    # long (the windows' seconds); 0: ``repeats`` windows, the whole series taken again when unstable
+    until_stable_s: float = 0.0
+    # A window also holds at least this many finished steps (for up to 10 x min_window_s): a serving engine's
+    # steps finish in bursts (a decode step's tokens all at once), so a window's step count is known to one burst
+    min_window_steps: int = 0
 
     def __post_init__(self) -> None:
         if (self.repeats < 1 or self.attempts < 1 or self.min_window_s <= 0 or self.depth < 1 or self.queued_s < 0
-                or self.soak_s < 0):
+                or self.soak_s < 0 or self.until_stable_s < 0):
             raise InputError(f"meter config needs repeats >= 1, attempts >= 1, min_window_s > 0, depth >= 1, "
-                             f"queued_s >= 0, soak_s >= 0 (got {self})")
+                             f"queued_s >= 0, soak_s >= 0, until_stable_s >= 0 (got {self})")
 
 
 @dataclass(frozen=True)
@@ -129,6 +140,7 @@ class Measurement:
     gpu_after: GPUState
     date: str = field(default_factory=lambda: time.strftime("%Y-%m-%d"))
     depth: int = 0  # steps kept in flight
+    windows_taken: int = 0  # windows metered in all (more than ``windows`` where the meter waited for stability)
 
     @property
     def j_per_token(self) -> float:
@@ -263,12 +275,23 @@ class EnergyMeter:
         """Median J/step of ``step`` over ``repeats`` steady-state windows; an unstable measurement is taken
         again (``attempts`` in all) and the one of the lowest spread kept."""
         best = self._measure_once(step, label, tokens_per_step)
-        for _ in range(self.config.attempts - 1):
+        for _ in range(0 if self.config.until_stable_s else self.config.attempts - 1):
             if not best.unstable:
                 break
             again = self._measure_once(step, label, tokens_per_step)
             best = min(best, again, key=lambda m: m.cv)
         return best
+
+    def _enough(self, windows: Sequence[Window]) -> bool:
+        """The series is over: ``repeats`` windows (the classic rule), or, with ``until_stable_s``, the last
+        ``repeats`` agree within ``max_cv`` or the windows have lasted the ceiling."""
+        cfg = self.config
+        if len(windows) < cfg.repeats:
+            return False
+        if not cfg.until_stable_s:
+            return True
+        return (_window_cv(windows[-cfg.repeats:]) <= cfg.max_cv
+                or sum(w.time_s for w in windows) >= cfg.until_stable_s)
 
     def _measure_once(self, step: Step, label: str, tokens_per_step: float) -> Measurement:
         cfg = self.config
@@ -296,17 +319,20 @@ class EnergyMeter:
 
         t0, e0 = self._wait_edge(pump)
         c0 = done
-        windows = []
-        for _ in range(cfg.repeats):
+        windows: list[Window] = []
+        while not self._enough(windows):
             ticks = 0
             while True:
                 t, e = self._wait_edge(pump)
                 ticks += 1
-                if (t - t0 >= cfg.min_window_s or ticks >= cfg.min_ticks) and ticks >= 2:
+                long_enough = (t - t0 >= cfg.min_window_s or ticks >= cfg.min_ticks) and ticks >= 2
+                if long_enough and (done - c0 >= cfg.min_window_steps or t - t0 >= 10 * cfg.min_window_s):
                     break
             windows.append(Window((e - e0) / 1000.0, t - t0, done - c0, ticks))
             t0, e0, c0 = t, e, done
         self._drain(inflight)
+        taken = len(windows)
+        windows = steadiest_run(windows, cfg.repeats)
         after = self.counter.state()
         if any(w.steps == 0 for w in windows):
             raise SetupError(
@@ -328,7 +354,21 @@ class EnergyMeter:
             gpu_before=before,
             gpu_after=after,
             depth=depth,
+            windows_taken=taken,
         )
+
+
+def _window_cv(windows: Sequence[Window]) -> float:
+    return coefficient_of_variation([w.j_per_step for w in windows if w.steps]) if all(w.steps for w in windows) \
+        else float("inf")
+
+
+def steadiest_run(windows: Sequence[Window], n: int) -> list[Window]:
+    """The ``n`` consecutive windows of the lowest spread (the last such run where several tie)."""
+    if len(windows) <= n:
+        return list(windows)
+    runs = [list(windows[i:i + n]) for i in range(len(windows) - n + 1)]
+    return min(reversed(runs), key=_window_cv)
 
 
 def open_meter(index: int = 0, config: MeterConfig | None = None) -> EnergyMeter:

@@ -219,6 +219,10 @@ class GpuProfileCostModel:
     def prefill(self, plan: Plan, length: int) -> tuple[float, float]:
         return self._step(plan, "prefill", length, length)
 
+    def step_source(self, plan: Plan) -> str:
+        """The label of the model whose step times price ``plan``: this one's."""
+        return self.label
+
     def estimate(self, plan: Plan, workload: Workload) -> EnergyEstimate:
         b, lin, lout = workload.batch_size, workload.input_tokens, workload.output_tokens
         step_ms, step_j = self.decode_step(plan, b, lin + lout / 2)

@@ -257,6 +257,10 @@ class ProfileCostModel:
         step_ms = {Format(f): interp(d["lengths"], v, length) for f, v in d["step_ms"].items()}
         return self._step(d, plan, length, step_ms)
 
+    def step_source(self, plan: Plan) -> str:
+        """The label of the model whose step times price ``plan``: this one's."""
+        return self.label
+
     def estimate(self, plan: Plan, workload: Workload) -> EnergyEstimate:
         b, lin, lout = workload.batch_size, workload.input_tokens, workload.output_tokens
         step_ms, step_j = self.decode_step(plan, b, lin + lout / 2)

@@ -320,6 +320,10 @@ class ModelProfileCostModel:
         power = {p: self._watts(d["lengths"], *self._measured(d, p), length) for p in step_ms}
         return self._step(d, plan, length, step_ms, power)
 
+    def step_source(self, plan: Plan) -> str:
+        """The label of the model whose step times price ``plan``: this one's."""
+        return self.label
+
     def estimate(self, plan: Plan, workload: Workload) -> EnergyEstimate:
         b, lin, lout = workload.batch_size, workload.input_tokens, workload.output_tokens
         step_ms, step_j = self.decode_step(plan, b, lin + lout / 2)

@@ -124,6 +124,10 @@ class RooflineEnergyModel:
         cost = prefill_cost(self.shape, plan, length)
         return cost.time_s(self.gpu) * 1e3, cost.energy_j(self.gpu)
 
+    def step_source(self, plan: Plan) -> str:
+        """The label of the model whose step times price ``plan``: this one's."""
+        return self.label
+
     def estimate(self, plan: Plan, workload: Workload) -> EnergyEstimate:
         self._check(plan)
         b, lin, lout = workload.batch_size, workload.input_tokens, workload.output_tokens

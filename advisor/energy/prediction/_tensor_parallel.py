@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from advisor.errors import InputError
-from advisor.estimate import EnergyEstimate, EnergyModel
+from advisor.estimate import EnergyEstimate, PredictedModel
 from advisor.formats import GPU
 from advisor.models.shape import ModelShape
 from advisor.plan import LayerGroup, Plan
@@ -107,12 +107,12 @@ def shard_shape(shape: ModelShape, gpus: int) -> ModelShape:
 
 
 class TensorParallelEnergyModel:
-    """An :class:`~advisor.estimate.EnergyModel` for a plan served over ``gpus`` GPUs: ``per_gpu`` prices one GPU's
+    """A :class:`~advisor.estimate.PredictedModel` for a plan served over ``gpus`` GPUs: ``per_gpu`` prices one GPU's
     shard (a model of :func:`shard_shape`'s shape), this adds the other GPUs and the all-reduces (module doc)."""
 
     measured = False
 
-    def __init__(self, per_gpu: EnergyModel, gpus: int, hidden: int, layers: int,
+    def __init__(self, per_gpu: PredictedModel, gpus: int, hidden: int, layers: int,
                  allreduce: AllReduceCost = ALLREDUCE) -> None:
         self.per_gpu, self.gpus, self.hidden, self.layers, self.allreduce = per_gpu, gpus, hidden, layers, allreduce
         self.label = self._label(per_gpu.label)
@@ -145,6 +145,10 @@ class TensorParallelEnergyModel:
         ar_ms, ar_j = self._allreduces(length)
         return ms + ar_ms, j * self.gpus + ar_j
 
+    def step_source(self, plan: Plan) -> str:
+        """The label of the model whose step times price ``plan``: this one's."""
+        return self.label
+
     def estimate(self, plan: Plan, workload: Workload) -> EnergyEstimate:
         one = self.per_gpu.estimate(plan, workload)  # its label, with what it noticed pricing the shapes
         if self.gpus == 1:
@@ -157,7 +161,7 @@ class TensorParallelEnergyModel:
 
 
 def predicted_for_gpus(shape: ModelShape, target: GPU, gpus: int, model_config: Any = None,
-                       store: Any = None) -> EnergyModel:
+                       store: Any = None) -> PredictedModel:
     """The predicted tier of ``shape`` served over ``gpus`` GPUs of ``target``'s kind: today's predicted tier for
     one, else :class:`TensorParallelEnergyModel` over the tiers from the GPU profile on, priced on the shard."""
     from advisor.energy.prediction._tiers import make_predicted_model

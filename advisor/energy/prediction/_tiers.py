@@ -32,11 +32,12 @@ from advisor.energy.profiling import (
     shipped_profile,
 )
 from advisor.errors import InputError, UnsupportedError
-from advisor.estimate import EnergyEstimate, EnergyModel
+from advisor.estimate import EnergyEstimate, EnergyModel, PredictedModel
 from advisor.formats import GPU, gpu_from_device_name
 from advisor.models.shape import ModelShape
 from advisor.plan import Plan
 from advisor.recipe.schema import Workload
+from advisor.search.engine_contract import MeasuredTier
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +64,7 @@ class PredictedTier:
 
     name: str
     find: Callable[[TierRequest], dict[str, Any] | None]
-    price: Callable[[dict[str, Any], TierRequest], EnergyModel]
+    price: Callable[[dict[str, Any], TierRequest], PredictedModel]
     reads: Callable[[dict[str, Any]], bool]
     fallback: str | None = None
 
@@ -74,7 +75,7 @@ class WithFallback:
 
     measured = False
 
-    def __init__(self, primary: EnergyModel, fallback: EnergyModel) -> None:
+    def __init__(self, primary: PredictedModel, fallback: PredictedModel) -> None:
         self.primary, self.fallback = primary, fallback
         self.label = primary.label
 
@@ -133,7 +134,7 @@ def _gpu_profile(req: TierRequest) -> dict[str, Any] | None:
     return req.store.gpu_profile(req.target.value) or shipped_gpu_profile(req.target)
 
 
-def _roofline(_profile: dict[str, Any], req: TierRequest) -> EnergyModel:
+def _roofline(_profile: dict[str, Any], req: TierRequest) -> PredictedModel:
     if "layer" in req.skipped:
         return RooflineEnergyModel(req.shape, req.target, note=f"the {req.target.value} profile does not cover "
                                                                "this model")
@@ -158,11 +159,11 @@ def _whose(tier: PredictedTier, profile: dict[str, Any], target: GPU) -> str:
     return f"the shipped {target.value} {tier.name} profile"
 
 
-def _chain(tier: PredictedTier, model: EnergyModel, req: TierRequest) -> EnergyModel:
+def _chain(tier: PredictedTier, model: PredictedModel, req: TierRequest) -> PredictedModel:
     return model if tier.fallback is None else WithFallback(model, _first_from(tier.fallback, req))
 
 
-def _first_from(start: str, req: TierRequest) -> EnergyModel:
+def _first_from(start: str, req: TierRequest) -> PredictedModel:
     """The first tier from ``start`` on (registry order) with a profile that fits, chained to its fallback."""
     names = list(PREDICTED_TIERS)
     for name in names[names.index(start):]:
@@ -194,7 +195,7 @@ def gpu_here() -> tuple[GPU | None, str | None]:
 
 
 def make_predicted_model(shape: ModelShape, target: GPU, profile: Path | None = None, model_config: Any = None,
-                         store: ProfileStore | None = None, per_model: bool = True) -> EnergyModel:
+                         store: ProfileStore | None = None, per_model: bool = True) -> PredictedModel:
     """The predicted tier: ``profile`` (a per-model, GPU or layer profile JSON) if given, priced by the tier of
     its schema; else the first tier of :data:`PREDICTED_TIERS` with a profile for this model on a GPU of
     ``target``'s kind (``per_model=False``: from the GPU profile on)."""
@@ -213,11 +214,11 @@ def make_energy_tiers(
     shape: ModelShape,
     target: GPU,
     profile: Path | None = None,
-    measured_engine: Callable[[], EnergyModel] | None = None,
+    measured_engine: Callable[[], MeasuredTier] | None = None,
     model_config: Any = None,
     workloads: Sequence[Workload] = (),
     store: ProfileStore | None = None,
-) -> tuple[EnergyModel, EnergyModel | None]:
+) -> tuple[PredictedModel, MeasuredTier | None]:
     """(predicted, measured) for ``--energy predicted|measured|auto``.
 
     The predicted tier prices every trial (:func:`make_predicted_model`). Where the measured tier runs (a GPU
@@ -227,8 +228,9 @@ def make_energy_tiers(
     random weights of ``shape``, under a minute per plan and workload) re-prices the baselines and the front
     afterwards: ``measured`` requires a GPU of the target kind, ``auto`` uses one when it is here,
     ``predicted`` never measures. ``measured_engine`` builds another measured tier than the built-in runtime
-    (``--engine tensorrt_llm``: ``deploy.engines``). ``model_config`` (the transformers config) lets the
-    runtime build the model's own layers; without it, a Llama stand-in of ``shape`` runs, and says so.
+    (``--engine vllm``: its entry's builder in :data:`advisor.engines.ENGINE_TABLE`). ``model_config`` (the
+    transformers config) lets the runtime build the model's own layers; without it, a Llama stand-in of ``shape``
+    runs, and says so.
     """
     if mode not in ENERGY_MODES:
         raise InputError(f"--energy must be one of {', '.join(ENERGY_MODES)}, got {mode!r}")

@@ -172,7 +172,7 @@ class VllmServedModel:
 
     def step_source(self, plan: Plan) -> str:
         """The label of what prices ``plan``'s steps (the built-in tier's fallback named where it takes over)."""
-        return self._words(getattr(self.builtin, "step_source", lambda _p: self.builtin.label)(plan))
+        return self._words(self.builtin.step_source(plan))
 
     def estimate(self, plan: Plan, workload: Workload) -> EnergyEstimate:
         """J/token of ``workload`` at its batch as vLLM serves it: the steady state's, the prefill's share split
@@ -186,23 +186,27 @@ class VllmServedModel:
                               decode_tokens_per_s=state.tokens_per_s, source=self.step_source(plan), measured=False)
 
 
-def priced_engine(engine: str, measured_here: bool) -> str:
-    """The engine whose steps the predicted tier prices: ``vllm`` where vLLM serves the plan (``--engine vllm``,
-    or no engine measures this run: the export's default serving), ``builtin`` where the built-in runtime measures
-    it (predicted and measured then compare like with like) or the engine has no step model here (TensorRT-LLM)."""
-    if engine == "vllm":
-        return "vllm"
-    if engine == "builtin" and not measured_here:
-        return "vllm"
-    return "builtin"
+def priced_engine(engine: str, measured_here: bool) -> str | None:
+    """The step model the predicted tier prices plans by (:class:`advisor.engines.Engine`'s ``step_model``): that of
+    the engine serving them, where it has one (vLLM's); the export's default engine's where the built-in runtime is
+    the engine but measures nothing in this run (the plans will be served from their export); None (the built-in
+    runtime's profiles, as they are) where the runtime measures them (predicted and measured then compare like with
+    like) or the engine has no step model here (TensorRT-LLM)."""
+    from advisor.engines import engine as engine_entry
+    from advisor.engines import export_served_by
+
+    chosen = engine_entry(engine)
+    if chosen.tier is None and not measured_here:
+        chosen = export_served_by()
+    return chosen.step_model
 
 
-def as_served(predicted, shape: ModelShape, target: GPU, priced: str):
-    """``predicted`` (a predicted tier) as the ``priced`` engine (:func:`priced_engine`) serves the plans: wrapped
-    in vLLM's step model for ``vllm`` where a vLLM step profile is shipped for ``target``; else ``predicted``."""
+def as_served(predicted, shape: ModelShape, target: GPU, priced: str | None):
+    """``predicted`` (a predicted tier) as the plans are served (``priced``: :func:`priced_engine`): wrapped in vLLM's
+    step model where that is the step model and a vLLM step profile is shipped for ``target``; else ``predicted``."""
     from advisor.energy.profiling import shipped_vllm_profile
 
-    if priced != "vllm":
+    if priced is None:
         return predicted
     profile = shipped_vllm_profile(target)
     if profile is None:

@@ -1,0 +1,196 @@
+"""A steady load in a vLLM engine and its metering: ``batch`` requests kept in flight with fresh random prompts
+(:class:`SteadyLoad`), metered by the advisor's NVML meter with one output token as its step (:func:`measure_load`),
+and a workload's energy row from it (:func:`meter_workload`)."""
+
+from __future__ import annotations
+
+import random
+import statistics
+import threading
+import time
+from dataclasses import asdict
+from typing import Any
+
+from advisor.energy.meter import EnergyCounter, EnergyMeter, Measurement, MeterConfig
+
+# How a steady load is metered: it has already run a whole request's length when the meter starts (``settle``), so
+# the warm-up is short; windows of at least 2 s and WINDOW_ENGINE_STEPS engine steps follow one another until the
+# last three agree within 1%, for at most 30 s of windows. A window's tokens arrive a decode step (``batch`` tokens)
+# at a time: 2 s windows at batch 201 held 86-89 steps and read J/token 1.7% apart, at the 30 s ceiling (an 8B on an
+# H200, reports/benchmarks/verify_time.md); 200 steps know the count to 0.5%.
+STEADY_LOAD_METER = MeterConfig(warmup_s=0.5, min_window_s=2.0, min_ticks=20, repeats=3, max_cv=0.01,
+                                until_stable_s=30.0)
+WINDOW_ENGINE_STEPS = 200
+
+# Engine steps of tickets the meter keeps issued (a step gives one token a request): far more than one meter poll
+# can see finish, and few enough that the meter's drain after its windows is short (4096 tickets at batch 1, a
+# prefill load, were 4096 steps of waiting for tokens nothing reads).
+TICKET_STEPS = 64
+
+
+class _Ticket:
+    """One output token the meter waits for: finished once the engine has produced that many tokens."""
+
+    __slots__ = ("index", "load")
+
+    def __init__(self, load: SteadyLoad, index: int) -> None:
+        self.load, self.index = load, index
+
+    def query(self) -> bool:
+        if self.load.error is not None:
+            raise self.load.error
+        return self.load.tokens > self.index
+
+
+class SteadyLoad:
+    """Keeps ``batch`` requests of ``input_tokens`` fresh random token ids and ``output_tokens``
+    outputs in flight in vLLM's engine, from a thread, and counts the output tokens it returns.
+
+    The first round's requests ask for ``output_tokens * (i + 1) / batch`` tokens, so their ends
+    spread evenly over one request's length and every later replacement's prefill rides along with
+    the others' decode: the batch stays full and the load is steady (``settle`` waits until that
+    first round is gone). The meter's "step" is one output token (:meth:`ticket`).
+    """
+
+    def __init__(self, vllm: Any, engine: Any, batch: int, input_tokens: int, output_tokens: int,
+                 vocab_size: int, seed: int = 0) -> None:
+        self.vllm, self.engine = vllm, engine
+        self.batch, self.input_tokens, self.output_tokens = batch, input_tokens, output_tokens
+        self.vocab_size, self._rng = vocab_size, random.Random(seed)
+        self.tokens = 0
+        self.error: BaseException | None = None
+        self.inflight: set[str] = set()
+        self.first_round: set[str] = set()
+        self.fewest_inflight = batch
+        self.latencies: list[tuple[float, float]] = []  # (TTFT s, TPOT s) of requests added after the first round
+        self._added: dict[str, float] = {}
+        self._first_token: dict[str, float] = {}
+        self._issued = 0
+        self._next_id = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _params(self, max_tokens: int) -> Any:
+        kind = self.vllm.sampling_params.RequestOutputKind.DELTA
+        return self.vllm.SamplingParams(max_tokens=max_tokens, ignore_eos=True, temperature=0.0, output_kind=kind,
+                                        detokenize=False)
+
+    def _add(self, max_tokens: int) -> str:
+        rid = f"steady-{self._next_id}"
+        self._next_id += 1
+        prompt = [self._rng.randrange(self.vocab_size) for _ in range(self.input_tokens)]
+        self.engine.add_request(rid, {"prompt_token_ids": prompt}, self._params(max_tokens))
+        self.inflight.add(rid)
+        self._added[rid] = time.perf_counter()
+        return rid
+
+    def _timed(self, out: Any, produced: int) -> None:
+        """Note when a request's first token came and, when it finishes, its TTFT and TPOT."""
+        now, rid = time.perf_counter(), out.request_id
+        if produced and rid not in self._first_token:
+            self._first_token[rid] = now
+        if not out.finished:
+            return
+        added, first = self._added.pop(rid, None), self._first_token.pop(rid, None)
+        if rid in self.first_round or added is None or first is None or self.output_tokens < 2:
+            return
+        self.latencies.append((first - added, (now - first) / (self.output_tokens - 1)))
+
+    def start(self) -> SteadyLoad:
+        for i in range(self.batch):
+            self.first_round.add(self._add(max(1, round(self.output_tokens * (i + 1) / self.batch))))
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.is_set():
+                for out in self.engine.step():
+                    produced = len(out.outputs[0].token_ids) if out.outputs else 0
+                    self.tokens += produced
+                    self._timed(out, produced)
+                    if out.finished:
+                        self.inflight.discard(out.request_id)
+                        self.first_round.discard(out.request_id)
+                        self._add(self.output_tokens)
+                if not self.first_round:
+                    self.fewest_inflight = min(self.fewest_inflight, len(self.inflight))
+        except BaseException as exc:  # noqa: BLE001 (re-raised in the meter's thread by _Ticket.query)
+            self.error = exc
+
+    def settle(self, timeout_s: float = 600.0) -> None:
+        """Wait until the staggered first round has finished (the load is steady from then on)."""
+        end = time.monotonic() + timeout_s
+        while self.first_round and self.error is None:
+            if time.monotonic() > end:
+                raise TimeoutError(f"the first {self.batch} requests did not finish in {timeout_s:.0f} s")
+            time.sleep(0.01)
+        if self.error is not None:
+            raise self.error
+
+    def ticket(self) -> _Ticket:
+        t = _Ticket(self, self._issued)
+        self._issued += 1
+        return t
+
+    def latency_ms(self) -> dict[str, float | None]:
+        """p50 and p90 of TTFT and TPOT (ms) over the finished requests that were not in the first round."""
+        out: dict[str, float | None] = {}
+        for i, name in ((0, "ttft"), (1, "tpot")):
+            values = sorted(v[i] * 1e3 for v in self.latencies)
+            for q in (50, 90):
+                out[f"{name}_ms_p{q}"] = _percentile(values, q) if values else None
+        out["latency_requests"] = len(self.latencies)
+        return out
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        for rid in list(self.inflight):
+            self.engine.abort_request([rid])
+        while self.engine.get_num_unfinished_requests():
+            self.engine.step()
+        self.inflight.clear()
+
+
+def _percentile(sorted_values: list[float], q: int) -> float:
+    if len(sorted_values) == 1:
+        return sorted_values[0]
+    return statistics.quantiles(sorted_values, n=100, method="inclusive")[q - 1]
+
+
+def measure_load(vllm: Any, llm: Any, counter: EnergyCounter, config: MeterConfig, batch: int, input_tokens: int,
+                 output_tokens: int, vocab_size: int, label: str,
+                 seed: int = 0) -> tuple[Measurement, int, dict[str, float | None]]:
+    """J per output token of a steady load (the meter's step is one token), the fewest requests
+    that were in flight after it settled (the batch was full when that equals ``batch``), and the
+    load's request latencies (:meth:`SteadyLoad.latency_ms`)."""
+    load = SteadyLoad(vllm, llm.llm_engine, batch, input_tokens, output_tokens, vocab_size, seed).start()
+    try:
+        load.settle()
+        cfg = MeterConfig(**{**asdict(config), "depth": TICKET_STEPS * batch, "queued_s": 0.0,
+                             "min_window_steps": max(config.min_window_steps, WINDOW_ENGINE_STEPS * batch
+                                                     if config.until_stable_s else 0)})
+        m = EnergyMeter(counter, cfg).measure(load.ticket, label, 1.0)
+    finally:
+        load.stop()
+    return m, load.fewest_inflight, load.latency_ms()
+
+
+def meter_workload(vllm: Any, llm: Any, counter: EnergyCounter, config: MeterConfig, w: dict[str, Any],
+                   vocab_size: int, seed: int, prefill: bool, meterings: list[dict[str, Any]]) -> dict[str, Any]:
+    """One workload's energy row (:func:`measure_load`; with ``prefill``, also J per input token of a batch-1
+    prefill load); what it took is added to ``meterings``."""
+    b, lin, lout = w["batch_size"], w["input_tokens"], w["output_tokens"]
+    t = time.perf_counter()
+    full, fewest, latency = measure_load(vllm, llm, counter, config, b, lin, lout, vocab_size,
+                                         f"vllm {w['name']}", seed)
+    meterings.append({"workload": w["name"], "batch": b, "seconds": time.perf_counter() - t,
+                      "windows": full.windows_taken})
+    row = {"j_per_token": full.j_per_token, "tokens_per_s": full.tokens_per_s, "fewest_inflight": fewest,
+           "batch_full": fewest >= b, "measurement": full.to_dict(), **latency}
+    if prefill:
+        pre, _, _ = measure_load(vllm, llm, counter, config, 1, lin, 1, vocab_size, f"vllm {w['name']} prefill",
+                                 seed + 1)
+        row["prefill_j_per_input_token"] = pre.j_per_token / lin
+    return row

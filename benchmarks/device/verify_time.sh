@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# How long `advisor verify` takes on one GPU, per stage, and whether the fast meter gives the classic meter's numbers
+# (reports/benchmarks/verify_time.md). Started in the background (setsid) on a one-GPU machine that already holds
+# vLLM in /tmp/vsite, the project's wheels in /tmp/site and this code in /tmp/s44/code; writes to /tmp/s44/out,
+# one line per step in out/progress. Steps:
+#   B  the random BF16 Llama-3.1-8B checkpoint, then `advisor search` with three TPOT objectives and fixed batches
+#      16 and 64 (verify_time_8b.yaml, target the GPU here: h200)
+#   V  `advisor verify RUN --engine vllm --plan <all-FP8>`: all-BF16, all-FP8 and the recommendation exported and
+#      served, timed per stage (verify.json's timings_s)
+#   M  benchmarks/device/meter_ab.py: the all-FP8 export metered at batches 16, 64 and 128 in one engine with the
+#      fast meter (vllm_load.STEADY_LOAD_METER) and the classic one (MeterConfig()), alternating
+#   S  benchmarks/device/engine_true_sweep.py over ${SHAPES:-qwen2.5-7b}: shapes outside the step model's fit served
+#      at batches 16-256 (reports/benchmarks/engine_true.md's served side)
+# Poll with back-to-back calls that return within 600 s:
+#   for i in $(seq 1 110); do sleep 5; grep -q DONE /tmp/s44/out/progress && break; done; cat /tmp/s44/out/progress
+set -u
+cd /tmp/s44/code
+export PYTHONPATH=/tmp/s44/code:/tmp/vsite:/tmp/site PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+out=/tmp/s44/out ck=/tmp/s44/ck run=/tmp/s44/runs/vt8b
+mkdir -p $out
+log() { echo "$1 $(date -u +%T)" >> $out/progress; }
+nvidia-smi --query-gpu=name,driver_version,power.limit --format=csv > $out/gpu.csv
+python3 -c "import vllm; print(vllm.__version__)" > $out/vllm_version.txt 2>&1
+advisor() { python3 -c 'from advisor.cli import main; main()' "$@"; }
+for s in ${STEPS:-B V M}; do
+  log "$s start"
+  case $s in
+    B) python3 benchmarks/vllm_verify.py checkpoints --checkpoints $ck --plans all-bf16 > $out/b_ck.log 2>&1
+       mkdir -p /tmp/s44/base
+       for f in $ck/all-bf16/*; do ln -sf $f /tmp/s44/base/; done
+       cp ../shared/models/tinystories-656k/tokenizer* /tmp/s44/base/ 2>/dev/null
+       cp ../shared/models/tinystories-656k/special_tokens* /tmp/s44/base/ 2>/dev/null
+       [ -f $run/summary.json ] || advisor search -r benchmarks/device/verify_time_8b.yaml > $out/b_search.log 2>&1
+       echo "search rc=$?" >> $out/progress
+       cp $run/summary.json $out/vt8b_summary.json ;;
+    V) fp8=$(python3 -c 'import json, sys; s = json.load(open(sys.argv[1])); n = s["baselines"]["all-fp8"]
+print(next(t["plan_id"] for t in s["trials"] if t["trial"] == n))' $run/summary.json)
+       /usr/bin/time -v -o $out/v_time.txt python3 -c 'from advisor.cli import main; main()' verify $run \
+         --engine vllm --plan $fp8 > $out/v_verify.log 2>&1
+       echo "verify rc=$?" >> $out/progress
+       cp $run/verify.json $out/vt8b_verify.json; cp $run/verify.md $out/vt8b_verify.md ;;
+    M) fp8=$(python3 -c 'import json, sys; s = json.load(open(sys.argv[1])); n = s["baselines"]["all-fp8"]
+print(next(t["plan_id"] for t in s["trials"] if t["trial"] == n))' $run/summary.json)
+       python3 benchmarks/device/meter_ab.py $run/engine_checkpoints/$fp8 --batches 16 64 128 \
+         --out $out/meter_ab.json > $out/m.log 2>&1 ;;
+    S) rm -rf $ck /tmp/s44/base  # the disk holds 64 GiB: the 8B's checkpoints go first
+       python3 benchmarks/device/engine_true_sweep.py --shapes ${SHAPES:-qwen2.5-7b} --work /tmp/s44/et \
+         --out $out/engine_true_sweep.json > $out/s.log 2>&1 ;;
+  esac
+  log "$s rc=$?"
+done
+log DONE
