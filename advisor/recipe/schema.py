@@ -206,9 +206,7 @@ class Recipe(_Strict):
     engine: str = Field(  # judged against advisor.engines' table when validated (a test may add an engine)
         DEFAULT_ENGINE, json_schema_extra={"enum": list(engine_names())},
         description="what runs the plans the measured tier measures: "
-        + listed([f"{e.name} ({e.runs})" for e in ENGINE_TABLE.values()])
-        + ". The predicted tier prices plans by the step model of the engine serving them (the export's default "
-        "where no engine measures the run), unless the built-in runtime measures them")
+        + listed([f"{e.name} ({e.runs})" for e in ENGINE_TABLE.values()]))
     gpus: int | None = Field(None, ge=1, le=MAX_NODE_GPUS, description="GPUs of this node one vLLM engine spreads a "
                              "served plan over (tensor parallelism, engine vllm; unset: the fewest that hold it)")
 
