@@ -239,3 +239,21 @@ def test_the_fit_reads_which_fp8_kernel_served_each_row(monkeypatch):
     assert all(r.fp8_kernel == "cutlass" for r in rows if r.source.endswith("verify.json") and r.fp8_kernel)
     capture = {r.max_capture_size for r in rows if r.source.endswith("[eightb]")}
     assert capture == {None}  # vLLM's default bound: recorded as such, priced as 2 x max_num_seqs
+
+
+def test_the_fit_takes_the_gpu_sweep_of_shapes_outside_it(monkeypatch, tmp_path):
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks" / "engine_true"))
+    from served_rows import read_input
+
+    row = {"j_per_token": 0.1, "tokens_per_s": 6000.0, "tpot_ms_p50": 10.0, "ttft_ms_p50": 30.0, "batch_full": True,
+           "cv": 0.003, "unstable": False}
+    sweep = {"date": "2026-11-30", "meter": {}, "rows": [
+        {"shape": "qwen2.5-7b", "plan": "all-fp8", "vllm_version": "0.26.0", "error": None,
+         "llm_options": {"linear_backend": "torch", "compilation_config": {"max_cudagraph_capture_size": 768}},
+         "batches": {"b16": row, "b64": row, "b128": {**row, "unstable": True}}},
+        {"shape": "llama-3.2-3b", "plan": "all-bf16", "vllm_version": "0.26.0", "error": "OOM", "batches": {}}]}
+    path = tmp_path / "sweep.json"
+    path.write_text(__import__("json").dumps(sweep))
+    rows = read_input(str(path), gpu="NVIDIA H200", driver="580.159.04")
+    assert [(r.batch, r.gpu_kind, r.fp8_kernel, r.max_num_seqs, r.max_capture_size) for r in rows] == [
+        (16, "h200", "cublaslt", 128, 768), (64, "h200", "cublaslt", 128, 768)]  # unstable and failed rows left out

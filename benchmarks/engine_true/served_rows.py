@@ -4,7 +4,9 @@ kernel served its FP8 layers.
 
 Readers for the forms this project writes: ``eightb`` (``benchmarks/vllm_verify.py eightb``: each plan's engine
 at batch 1, 16, 64), ``verify`` (``advisor verify``'s verify.json: fixed batches and the objectives' batch
-searches) and ``rows`` (this module's own form, a JSON list, for measurements from elsewhere). A manifest (a JSON
+searches), ``sweep`` (``benchmarks/device/engine_true_sweep.py``: shapes outside the fit at a sweep of batches; its
+file names no GPU or driver: give them) and ``rows`` (this module's own form, a JSON list, for measurements from
+elsewhere). A manifest (a JSON
 list of ``{"path", "format", "key"?, overrides...}``) names the inputs of one fit.
 """
 
@@ -133,6 +135,29 @@ def from_verify(data: dict[str, Any], source: str, recipe: str, shape: str = "Ll
     return out
 
 
+def from_sweep(data: dict[str, Any], source: str, gpu: str, driver: str = "unknown", **over: Any) -> list[ServedRow]:
+    """Rows of ``engine_true_sweep.py``: each shape and plan served once, sized for its largest batch (512 in, 256
+    out), on ``gpu`` (the file does not name it)."""
+    out: list[ServedRow] = []
+    for r in data["rows"]:
+        if r.get("error") or not r.get("batches"):
+            continue
+        options = r.get("llm_options") or {}
+        capture = (options.get("compilation_config") or {}).get("max_cudagraph_capture_size")
+        batches = {k: int(k.removeprefix("b")) for k in r["batches"]}
+        seqs = max(batches.values())
+        date = over.get("date", data["date"])
+        for key, e in r["batches"].items():
+            if e.get("unstable") or not e.get("batch_full", True):
+                continue
+            out.append(ServedRow(
+                source, gpu, _kind(gpu), driver, date, r["vllm_version"], r["shape"], r["plan"], None,
+                _kernel(r["plan"], None, options.get("linear_backend", "vllm's own"), date), batches[key], 512, 256,
+                seqs, _budget(seqs, 768), over.get("max_capture_size", capture), e["j_per_token"], e["tokens_per_s"],
+                e.get("tpot_ms_p50"), e.get("ttft_ms_p50")))
+    return out
+
+
 def from_rows(data: list[dict[str, Any]], source: str) -> list[ServedRow]:
     return [ServedRow(**{**r, "source": r.get("source", source)}) for r in data]
 
@@ -143,12 +168,37 @@ def read_input(path: str, fmt: str | None = None, key: str | None = None, **over
     data = _dig(json.loads(Path(path).read_text()), key)
     source = path + (f" [{key}]" if key else "")
     if fmt is None:
-        fmt = "rows" if isinstance(data, list) else ("verify" if "plans" in data else "eightb")
+        fmt = "rows" if isinstance(data, list) else ("verify" if "plans" in data else (
+            "sweep" if "vllm" not in data else "eightb"))
     if fmt == "rows":
         return from_rows(data, source)
     if fmt == "verify":
         return from_verify(data, source, **over)
+    if fmt == "sweep":
+        return from_sweep(data, source, **over)
     return from_eightb(data, source, **over)
+
+
+def shape_of(name: str) -> tuple[Any, Any]:
+    """(ModelShape, transformers config or None) of a row's shape: one of the reference shapes, or one of the
+    engine_true_sweep.py shapes (their published configs, built on the meta device)."""
+    from advisor.energy.profiling import REFERENCE_SHAPES
+
+    if name in REFERENCE_SHAPES:
+        return REFERENCE_SHAPES[name].shape(), None
+    import sys
+
+    import torch
+    import transformers
+
+    from advisor.models.adapters.geometry import model_shape
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "device"))
+    from engine_true_sweep import shape_config
+
+    config = shape_config(name)
+    with torch.device("meta"):
+        return model_shape(transformers.AutoModelForCausalLM.from_config(config)), config
 
 
 def read_manifest(path: str) -> list[ServedRow]:

@@ -11,7 +11,8 @@ and ``--carry-from`` takes the others from another kind's profile (host time is 
     python benchmarks/engine_true/vllm_step_fit.py --gpu h100 --manifest benchmarks/engine_true/h100_inputs.json
     python benchmarks/engine_true/vllm_step_fit.py --gpu h200 --input reports/benchmarks/vllm_verify_data/vllm_8b.json \
         --free device_time_scale device_energy_scale --carry-from advisor/energy/profiles/vllm/h100.json
-    # more measurements: --input RUN/verify.json --recipe RUN_RECIPE.yaml (repeatable), or another --manifest
+    # more measurements: --input RUN/verify.json --recipe RUN_RECIPE.yaml, --input SWEEP.json --gpu-name \
+    #   "NVIDIA H200" --driver D (benchmarks/device/engine_true_sweep.py's file; repeatable), or another --manifest
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ sys.path[:0] = [str(HERE), str(HERE.parent), str(HERE.parents[1])]
 os.environ.setdefault("ADVISOR_PROFILE_DIR", tempfile.mkdtemp())  # the shipped profiles only, never a user's
 
 from _report import command_line, dump_json, md_table  # noqa: E402
-from served_rows import ServedRow, read_input, read_manifest  # noqa: E402
+from served_rows import ServedRow, read_input, read_manifest, shape_of  # noqa: E402
 
 from advisor.energy.prediction import (  # noqa: E402
     EngineTerms,
@@ -64,8 +65,8 @@ class Rows:
     def models(self, row: ServedRow) -> tuple[Any, VllmServedModel]:
         key = (row.shape, row.gpu_kind)
         if key not in self._models:
-            shape = REFERENCE_SHAPES[row.shape].shape()
-            builtin = make_predicted_model(shape, GPU(row.gpu_kind))
+            shape, config = shape_of(row.shape)
+            builtin = make_predicted_model(shape, GPU(row.gpu_kind), model_config=config)
             profile = {"params": {**START, "gap_power_w": self.gap_power_w}, "vllm_version": row.vllm_version,
                        "gpu": row.gpu, "driver": row.driver, "date": row.date}
             self._models[key] = (builtin, VllmServedModel(builtin, shape, GPU(row.gpu_kind), profile))
@@ -177,6 +178,8 @@ def main(argv: list[str] | None = None) -> None:
     a.add_argument("--input", action="append", default=[], help="a measurement JSON (eightb, verify.json, rows); "
                    "FILE:KEY for a section of one")
     a.add_argument("--recipe", help="the recipe of --input verify.json runs (their workloads)")
+    a.add_argument("--gpu-name", help="the GPU of --input engine_true_sweep.py files (they do not name it)")
+    a.add_argument("--driver", default="unknown", help="its driver")
     a.add_argument("--free", nargs="+", default=list(EngineTerms.NAMES), choices=[*EngineTerms.NAMES, "gap_power_w"])
     a.add_argument("--carry-from", help="a vLLM step profile whose terms the ones not --free are taken from")
     a.add_argument("--gap-power-w", type=float, help="the GPU's draw while it waits for the host (default: the "
@@ -188,7 +191,14 @@ def main(argv: list[str] | None = None) -> None:
     rows = [r for m in args.manifest for r in read_manifest(m)]
     for spec in args.input:
         path, _, key = spec.partition(":")
-        over = {"recipe": args.recipe} if args.recipe and "plans" in json.loads(Path(path).read_text()) else {}
+        data = json.loads(Path(path).read_text())
+        over: dict[str, Any] = {}
+        if isinstance(data, dict) and "plans" in data and args.recipe:
+            over = {"recipe": args.recipe}
+        elif isinstance(data, dict) and "rows" in data and "vllm" not in data:
+            if not args.gpu_name:
+                raise SystemExit(f"{path} names no GPU: give --gpu-name (and --driver)")
+            over = {"gpu": args.gpu_name, "driver": args.driver}
         rows += read_input(path, key=key or None, **over)
     rows = [r for r in rows if r.gpu_kind == args.gpu]
     if not rows:
