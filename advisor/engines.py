@@ -43,6 +43,9 @@ class Engine:
     tensor_parallel: bool = False  # spreads one serving over several GPUs (`gpus`, `--gpus`)
     checkpoint_tier: CheckpointTierBuilder | None = None  # `advisor measure --checkpoint`; None: not offered there
     verifies: bool = False  # `advisor verify` serves through it
+    #: the step model the predicted tier prices its plans by (its profiles: advisor/energy/profiles/<it>/); None: the
+    #: built-in runtime's profiles, as they are
+    step_model: str | None = None
 
     @property
     def measures_alone(self) -> bool:
@@ -83,7 +86,7 @@ ENGINE_TABLE: dict[str, Engine] = {e.name: e for e in (
            "vllm", "pip install vllm==0.26.0 (its wheel pins torch 2.11; on the lent GPU machines, pack it with "
            "../shared/tools/device-vllm.sh)", vllm_tier,
            "the exported checkpoint served by vLLM's offline LLM API, one engine per process",
-           tensor_parallel=True, checkpoint_tier=vllm_checkpoint_tier, verifies=True),
+           tensor_parallel=True, checkpoint_tier=vllm_checkpoint_tier, verifies=True, step_model="vllm"),
 )}
 
 
@@ -110,6 +113,12 @@ def engines_that(fact: Callable[[Engine], bool]) -> tuple[str, ...]:
     return tuple(e.name for e in ENGINE_TABLE.values() if fact(e))
 
 
+def export_served_by() -> Engine:
+    """The engine an exported plan is served through unless told otherwise: the first that `advisor verify` serves
+    through (its default)."""
+    return next(e for e in ENGINE_TABLE.values() if e.verifies)
+
+
 def import_engine(name: str) -> ModuleType | None:
     """The engine's package (None for one that is part of the advisor), or a SetupError (exit 3) saying how to
     install it."""
@@ -124,4 +133,4 @@ def import_engine(name: str) -> ModuleType | None:
 
 
 __all__ = ["DEFAULT_ENGINE", "ENGINE_TABLE", "CheckpointTierBuilder", "Engine", "TierBuilder", "engine",
-           "engine_names", "engines_that", "import_engine", "listed"]
+           "engine_names", "engines_that", "export_served_by", "import_engine", "listed"]

@@ -120,9 +120,11 @@ def test_search_and_export_every_family(family, tmp_path):
     for r in trials:
         assert set(r["formats"]) == {g.name for g in shape.groups}
         for e in r["energy"]:
-            # H200 target: the shipped GPU profile; B200 (the mixed-format families): its layer profile
-            prefix = "predicted (profile " if family in MIXED_FORMAT_FAMILIES else "predicted (GPU profile NVIDIA H200"
-            assert e["source"].startswith(prefix) and "does not cover" not in e["source"]
+            # priced as vLLM serves the plans (no engine measures this run), over the device costs of: the shipped
+            # GPU profile on an H200 target; on B200 (the mixed-format families), its layer profile
+            device = "profile " if family in MIXED_FORMAT_FAMILIES else "GPU profile NVIDIA H200"
+            assert e["source"].startswith("predicted (vLLM 0.26.0 step model") and "does not cover" not in e["source"]
+            assert f"device costs from {device}" in e["source"]
             assert ("routing measured on the calibration tokens" in e["source"]) == (family in MOE_FAMILIES)
             assert 0 < e["j_per_token"] < 1e3
     by_label = {r["label"]: r for r in trials}
@@ -131,13 +133,13 @@ def test_search_and_export_every_family(family, tmp_path):
     if family in MIXED_FORMAT_FAMILIES:  # the B200 layer profile, scaled from an 8B layer: FP8 saves
         assert e_fp8 < e_bf16
     else:  # the H200 GPU profile prices each trial of this (2-layer, hidden-64) model as it prices the shape
-        from advisor.energy.prediction import GpuProfileCostModel
+        from advisor.energy.prediction import GpuProfileCostModel, as_served
         from advisor.energy.profiling import shipped_gpu_profile
         from advisor.formats import GPU
         from advisor.plan import Plan
         from advisor.recipe.schema import Workload
 
-        model = GpuProfileCostModel(shipped_gpu_profile(GPU.H200), shape)
+        model = as_served(GpuProfileCostModel(shipped_gpu_profile(GPU.H200), shape), shape, GPU.H200, "vllm")
         w = Workload(**{k: v for k, v in _recipe(family, source, tmp_path)["workloads"][0].items() if k != "name"})
         for r in trials:
             plan = Plan({k: Format(v) for k, v in r["formats"].items()})

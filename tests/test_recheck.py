@@ -230,7 +230,8 @@ def test_recheck_over_two_gpus_serves_with_tp_2_and_predicts_for_two(run_dir, fa
     (e,) = data["new"]["energy"]
     assert e["source"].startswith("measured (vLLM 0.0-fake, 2x Fake GPU, driver 0, tp=2")
     (p,) = data["new"]["predicted"]["energy"]
-    assert p["source"].startswith("predicted for 2 GPUs (tensor parallel, tp=2") and not p["measured"]
+    assert p["source"].startswith("predicted for 2 GPUs (vLLM 0.26.0 step model") and not p["measured"]
+    assert "device costs from tensor parallel, tp=2" in p["source"]
 
 
 def _with_objective(run_dir, tmp_path, measured_batch: int | None):

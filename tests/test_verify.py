@@ -304,6 +304,8 @@ def test_the_operating_points_report_collects_what_verify_served_and_searched(ru
     summary = json.loads((copy / "summary.json").read_text())
     for ws in (summary["workloads"], summary["recipe"]["workloads"]):
         ws[0]["tpot_ms"] = 2.8  # batch 6 (the stored point) misses it as served: the search goes below
+    for point in summary["operating_points"]:  # a prediction shaped like the fake engine's steps (the search reads
+        point["curve"] = [[b, 0.1 * (1 + b), j] for b, _, j in point["curve"]]  # its shape, scaled by the miss)
     (copy / "summary.json").write_text(json.dumps(summary))
     engine.step_s, engine.step_s_per_seq = 0.0005, 0.0005
     jobs = []

@@ -246,7 +246,7 @@ def measure(
             raise InputError(f"an objective needs the GPU kind its step times are predicted for: the GPU here "
                              f"({gpu_here()[1]}) is not one the advisor knows; give --target "
                              f"{'|'.join(g.value for g in GPU)}")
-        point = predicted_point(p, shape, kind, workload, config)
+        point = predicted_point(p, shape, kind, workload, config, engine)
     if chosen.checkpoint_tier is not None and checkpoint is not None:
         from advisor.deploy.serving_gpus import checkpoint_bytes, gpus_label, serving_gpus_for
         from advisor.search.operating_measured import at_batch

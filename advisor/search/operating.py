@@ -18,6 +18,10 @@ The largest batch meeting the objective is found by a scan over a grid (powers o
 to the bound, exact on the grid: a step time that is not monotone in the batch is seen there), then bisection
 between the largest grid batch that meets it and the next grid batch (monotone between two grid points).
 
+A serving engine with a step model of its own (:class:`EngineServed`: vLLM's, in the predicted tier when the plan is
+served by vLLM) gives its own steady state and the batches it can be held at (vLLM: its CUDA-graph sizes): the
+largest batch is then the largest of those that meets the objective, and the curve is over them.
+
 Under a site power cap the GPU cannot draw more than the cap: a step whose predicted power (J / s) exceeds it
 is stretched to ``J / cap`` seconds with its energy held (a lower clock saves some energy in practice, so
 J/token under the cap is an upper bound and tokens/s a lower one).
@@ -27,7 +31,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from scipy.stats import poisson
 
@@ -46,6 +50,16 @@ class StepModel(Protocol):
     def decode_step(self, plan: Plan, batch: int, context: float) -> tuple[float, float]: ...
 
     def prefill(self, plan: Plan, length: int) -> tuple[float, float]: ...
+
+
+@runtime_checkable
+class EngineServed(Protocol):
+    """A step model that knows how its engine serves: its own steady state, and the batches it can be held at."""
+
+    def served_state(self, plan: Plan, workload: Workload, batch: int,
+                     power_cap_w: float | None = None) -> SteadyState: ...
+
+    def batch_grid(self, limit: int) -> list[int]: ...
 
 
 @dataclass(frozen=True)
@@ -95,7 +109,10 @@ def within_cap(ms: float, joules: float, cap_w: float | None) -> tuple[float, fl
 
 def steady_state(model: StepModel, plan: Plan, workload: Workload, batch: int,
                  power_cap_w: float | None = None) -> SteadyState:
-    """The steady state of ``workload`` at ``batch`` in flight (see the module's docstring)."""
+    """The steady state of ``workload`` at ``batch`` in flight (see the module's docstring); an engine's own where
+    the model knows how its engine serves (:class:`EngineServed`)."""
+    if isinstance(model, EngineServed):
+        return model.served_state(plan, workload, batch, power_cap_w)
     lin, lout = workload.input_tokens, workload.output_tokens
     q = QUANTILE[workload.quantile]
     dec_ms, dec_j = within_cap(*model.decode_step(plan, batch, lin + lout / 2), power_cap_w)
@@ -141,16 +158,19 @@ def batch_grid(limit: int) -> list[int]:
     return grid if grid and grid[-1] == limit else [*grid, limit]
 
 
-def largest_meeting(ok: Callable[[int], bool], limit: int) -> int | None:
+def largest_meeting(ok: Callable[[int], bool], limit: int, engine_grid: Sequence[int] | None = None) -> int | None:
     """The largest batch <= ``limit`` that meets ``ok``: the largest on :func:`batch_grid` (however the
-    others fare), then bisection up to the next grid batch. None where no grid batch meets it."""
+    others fare), then bisection up to the next grid batch. None where no grid batch meets it. With an
+    ``engine_grid`` (the only batches the engine runs at their own cost), the largest of those that meets."""
     if limit < 1:
         return None
-    grid = batch_grid(limit)
+    grid = list(engine_grid) if engine_grid is not None else batch_grid(limit)
     passing = [b for b in grid if ok(b)]
     if not passing:
         return None
     lo = passing[-1]
+    if engine_grid is not None:
+        return lo
     hi = next((b for b in grid if b > lo), None)
     while hi is not None and hi - lo > 1:
         mid = (lo + hi) // 2
@@ -170,8 +190,9 @@ def operating_point(model: StepModel, shape: ModelShape, gpu: GPUSpec, plan: Pla
             states[b] = steady_state(model, plan, workload, b, power_cap_w)
         return states[b]
 
-    best = largest_meeting(lambda b: meets(at(b), workload), limit)
-    curve = [(b, at(b).tpot_ms, at(b).j_per_token) for b in batch_grid(max(limit, 1))]
+    engine_grid = model.batch_grid(max(limit, 1)) if isinstance(model, EngineServed) else None
+    best = largest_meeting(lambda b: meets(at(b), workload), limit, engine_grid)
+    curve = [(b, at(b).tpot_ms, at(b).j_per_token) for b in engine_grid or batch_grid(max(limit, 1))]
     if best is None:
         bound = "memory" if memory < 1 else "objective"
         return OperatingPoint(plan.id, plan.label(), workload.name, False, bound, at(1), source, power_cap_w, curve)

@@ -41,9 +41,13 @@ def absolute_local_path(value: str) -> str:
     return prefix + os.path.abspath(path) if os.path.exists(path) else value
 
 
-def study_key(recipe: Recipe, versions: dict[str, str], energy_tier: str | None = None) -> dict[str, Any]:
+def study_key(recipe: Recipe, versions: dict[str, str], energy_tier: str | None = None,
+              predicted_steps: str | None = None) -> dict[str, Any]:
     """``energy_tier``: what the run's ``energy`` setting resolved to here (``auto`` becomes ``measured``
-    or ``predicted``), so two runs that asked differently for the same tier compare equal."""
+    or ``predicted``), so two runs that asked differently for the same tier compare equal. ``predicted_steps``: the
+    step model the predicted tier prices plans by (None: the built-in runtime's profiles; another is keyed, so a
+    study priced by the runtime's steps, as every study made before the vLLM step model was, is not resumed with
+    vLLM's)."""
     data = recipe.model_dump(mode="json")
     key: dict[str, Any] = {field: data[field] for field in COMPARABLE}
     if energy_tier is not None:
@@ -57,6 +61,8 @@ def study_key(recipe: Recipe, versions: dict[str, str], energy_tier: str | None 
         key["kv_cache"] = data["kv_cache"]
     if data["engine"] != DEFAULT_ENGINE:  # measured numbers of two engines are not comparable
         key["engine"] = data["engine"]
+    if predicted_steps is not None:
+        key["predicted_steps"] = predicted_steps
     if data.get("gpus") not in (None, 1):  # J/token over N GPUs: not comparable with one GPU's
         key["gpus"] = data["gpus"]
     key["versions"] = {p: versions.get(p, "not installed") for p in VERSIONED}

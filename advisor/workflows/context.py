@@ -261,6 +261,10 @@ def prepare(
                                                          workloads=recipe.workloads)
         if measured_model is not None and measured_model.gpus > 1:  # served over N GPUs: every trial priced for N
             energy_model = over_gpus(energy_model, loaded.shape, recipe.target, measured_model.gpus, status)
+        from advisor.energy.prediction import as_served
+        from advisor.workflows.run_settings import priced_engine
+
+        energy_model = as_served(energy_model, loaded.shape, recipe.target, priced_engine(recipe))
         status(f"energy source: {energy_model.label}" + (" (the front measured with NVML)" if measured_model else ""))
         timings["energy_models_s"] = time.perf_counter() - t  # a per-model profile built here takes minutes
     return RunContext(recipe, loaded, tokens, bank, proxy, energy_model, device, fingerprint, timings,

@@ -1,7 +1,7 @@
 """`advisor measure` with a latency objective: the plan's operating point (its largest batch under the
-objective, from the predicted tier's step times, as the search computes it) metered on the GPU here and, where
-it misses the objective as measured, smaller batches until the largest that meets; the predicted and the
-measured point side by side, each labelled."""
+objective, from the predicted tier's step times as the metering engine serves the plan, as the search computes
+it) metered on the GPU here and, where it misses the objective as measured, smaller batches until the largest
+that meets; the predicted and the measured point side by side, each labelled."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from advisor.engines import DEFAULT_ENGINE
 from advisor.errors import InputError
 from advisor.formats import GPU, GPU_SPECS
 from advisor.models.shape import ModelShape
@@ -29,12 +30,14 @@ def workload_of(**fields: Any) -> Workload:
         raise InputError(f"{'--' + where.replace('_', '-') + ': ' if where else ''}{first['msg']}") from None
 
 
-def predicted_point(plan: Plan, shape: ModelShape, target: GPU, workload: Workload, model_config: Any = None
-                    ) -> OperatingPoint:
-    """``plan``'s largest batch under ``workload``'s objective, from the predicted tier for ``target``."""
-    from advisor.energy.prediction import make_predicted_model
+def predicted_point(plan: Plan, shape: ModelShape, target: GPU, workload: Workload, model_config: Any = None,
+                    engine: str = DEFAULT_ENGINE) -> OperatingPoint:
+    """``plan``'s largest batch under ``workload``'s objective, from the predicted tier for ``target``, as
+    ``engine`` (the one that meters it here) serves the plan: priced by its step model where it has one (vLLM's)."""
+    from advisor.energy.prediction import as_served, make_predicted_model, priced_engine
 
-    model = make_predicted_model(shape, target, model_config=model_config)
+    model = as_served(make_predicted_model(shape, target, model_config=model_config), shape, target,
+                      priced_engine(engine, measured_here=True))
     return operating_point(model, shape, GPU_SPECS[target], plan, workload,
                            model.step_source(plan) + "; steady state, step times")
 

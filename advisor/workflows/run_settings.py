@@ -32,3 +32,12 @@ def energy_tier(recipe: Recipe) -> str:
 
     here, _ = gpu_here()
     return "measured" if here == recipe.target else "predicted"
+
+
+def priced_engine(recipe: Recipe) -> str | None:
+    """The step model the predicted tier prices plans by (:func:`advisor.energy.prediction.priced_engine`): None
+    (the built-in runtime's profiles) where the runtime measures this run's plans (``energy`` resolving to measured,
+    the built-in engine), else the serving engine's (the export's default one where no engine measures)."""
+    from advisor.energy.prediction import priced_engine as rule
+
+    return rule(recipe.engine, energy_tier(recipe) == "measured")

@@ -40,7 +40,7 @@ from advisor.workflows.operating import (
 )
 from advisor.workflows.progress import ProgressReporter
 from advisor.workflows.run_lock import run_folder_lock
-from advisor.workflows.run_settings import energy_tier, resolved
+from advisor.workflows.run_settings import energy_tier, priced_engine, resolved
 from advisor.workflows.spawn import describe_exit, spawn_workers, stop_workers, wait_workers
 
 if TYPE_CHECKING:
@@ -53,7 +53,7 @@ def run(recipe: Recipe, resume: bool = False, console: Console | None = None,
     recipe = resolved(recipe)
     if workers > 1 and recipe.storage is None:  # processes of one host share Optuna's journal file
         recipe = recipe.model_copy(update={"storage": default_url(recipe.run_dir, workers)})
-    key = study_key(recipe, package_versions(), energy_tier(recipe))
+    key = study_key(recipe, package_versions(), energy_tier(recipe), priced_engine(recipe))
 
     def warn(message: str) -> None:
         progress.print(f"warning: {message}")

@@ -27,7 +27,7 @@ from advisor.search.study_key import KEY_ATTR, check_same_key, check_same_model,
 from advisor.search.trial_record import label_of
 from advisor.versions import package_versions
 from advisor.workflows.progress import ProgressReporter
-from advisor.workflows.run_settings import energy_tier
+from advisor.workflows.run_settings import energy_tier, priced_engine
 
 
 def run_worker(url: str, study_name: str, work_dir: Path | None = None, artifacts: Path | None = None,
@@ -56,8 +56,8 @@ def _run_worker(url: str, study_name: str, work_dir: Path, artifacts: Path | Non
     work_dir = Path(work_dir)
     recipe = validate_recipe({**attrs["recipe"], "name": study_name, "out": str(work_dir), "storage": url},
                              f"recipe stored in study {study_name!r}")
-    check_same_key(attrs.get(KEY_ATTR), study_key(recipe, package_versions(), energy_tier(recipe)), study_name,
-                   "advisor worker", asked_energy=recipe.energy)
+    key = study_key(recipe, package_versions(), energy_tier(recipe), priced_engine(recipe))
+    check_same_key(attrs.get(KEY_ATTR), key, study_name, "advisor worker", asked_energy=recipe.energy)
     storage = open_storage(url, heartbeat_s=recipe.search.heartbeat_s)
     sampler = make_sampler(recipe.search.sampler, (recipe.search.seed + os.getpid()) % 2**32)
     study = optuna.load_study(study_name=study_name, storage=storage, sampler=sampler)

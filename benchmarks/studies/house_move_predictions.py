@@ -2,6 +2,8 @@
 
 Run in a checkout: PYTHONPATH=$PWD python benchmarks/studies/house_move_predictions.py > out.txt
 (issue 37: it finds each name in the new wings or the old flat modules, so it runs on both sides of the move)
+With ``--engine vllm`` every model is priced as vLLM serves the plans (issue 56: the vLLM step model over the
+same tiers, ``advisor.energy.prediction.as_served``), the predicted tier a search uses when vLLM serves them.
 """
 # ruff: noqa: E402  (settings before the imports they affect; old and new module names tried in turn)
 import importlib
@@ -60,7 +62,14 @@ def plans(shape):
     return out
 
 
-def show(tag, model, shape):
+ENGINE = sys.argv[sys.argv.index("--engine") + 1] if "--engine" in sys.argv else "builtin"
+
+
+def show(tag, model, shape, gpu):
+    if ENGINE != "builtin":
+        from advisor.energy.prediction import as_served
+
+        model = as_served(model, shape, gpu, ENGINE)
     print(f"## {tag}: {model.label}")
     for pname, plan in plans(shape).items():
         for w in WORKLOADS:
@@ -89,7 +98,8 @@ for path in sorted(shipped_model_profiles().glob("*/*/*.json")):
         moe_config = transformers.Qwen3MoeConfig(**QWEN3_30B_A3B)
         with torch.device("meta"):
             shape = model_shape(transformers.AutoModelForCausalLM.from_config(moe_config))
-    show(f"per-model {data['gpu_kind']} {fam}", ModelProfileCostModel({**data, "shipped": True}, shape), shape)
+    show(f"per-model {data['gpu_kind']} {fam}", ModelProfileCostModel({**data, "shipped": True}, shape), shape,
+         GPU(data["gpu_kind"]))
 
 # 2. GPU profiles, layer profiles, roofline, and the selection chain, on every reference shape
 for gpu in (GPU.H100, GPU.H200, GPU.B200):
@@ -98,15 +108,15 @@ for gpu in (GPU.H100, GPU.H200, GPU.B200):
     for name, ref in REFERENCE_SHAPES.items():
         shape = ref.shape()
         if gp is not None:
-            show(f"gpu-profile {gpu.value} {name}", GpuProfileCostModel(gp, shape), shape)
+            show(f"gpu-profile {gpu.value} {name}", GpuProfileCostModel(gp, shape), shape, gpu)
         if lp is not None:
             try:
-                show(f"layer-profile {gpu.value} {name}", ProfileCostModel(lp, shape), shape)
+                show(f"layer-profile {gpu.value} {name}", ProfileCostModel(lp, shape), shape, gpu)
             except Exception as exc:  # noqa: BLE001
                 print(f"layer-profile {gpu.value} {name}: {type(exc).__name__}: {exc}")
-        show(f"roofline {gpu.value} {name}", RooflineEnergyModel(shape, gpu), shape)
-        show(f"selected {gpu.value} {name}", make_predicted_model(shape, gpu), shape)
-        show(f"selected-shape-only {gpu.value} {name}", make_predicted_model(shape, gpu, per_model=False), shape)
+        show(f"roofline {gpu.value} {name}", RooflineEnergyModel(shape, gpu), shape, gpu)
+        show(f"selected {gpu.value} {name}", make_predicted_model(shape, gpu), shape, gpu)
+        show(f"selected-shape-only {gpu.value} {name}", make_predicted_model(shape, gpu, per_model=False), shape, gpu)
 
 # 3. real family configs through the adapters (selection chain with model_config)
 import torch
@@ -139,4 +149,4 @@ for cname, cfg in CONFIGS.items():
     with torch.device("meta"):
         shape = model_shape(transformers.AutoModelForCausalLM.from_config(cfg))
     for gpu in (GPU.H100, GPU.H200, GPU.B200):
-        show(f"config {gpu.value} {cname}", make_predicted_model(shape, gpu, model_config=cfg), shape)
+        show(f"config {gpu.value} {cname}", make_predicted_model(shape, gpu, model_config=cfg), shape, gpu)

@@ -1,6 +1,8 @@
 """Predicted energy per token of a plan, from a profile and no GPU: the cost models, and one registry of
 predicted tiers (:data:`PREDICTED_TIERS`, name -> where its profile comes from and what prices from it)
-that chooses among them; ``make_energy_tiers`` pairs the predicted tier with the measured one."""
+that chooses among them; ``make_energy_tiers`` pairs the predicted tier with the measured one; ``as_served``
+prices a predicted tier's plans as vLLM serves them (``_vllm_step``: one step; ``_vllm_served``: the steady
+state)."""
 
 from advisor.energy.prediction._gpu_costmodel import (
     EnergyFeatures,
@@ -42,6 +44,23 @@ from advisor.energy.prediction._tiers import (
     make_energy_tiers,
     make_predicted_model,
 )
+from advisor.energy.prediction._vllm_served import (
+    VllmServedModel,
+    as_served,
+    graph_batches,
+    installed_vllm_version,
+    priced_engine,
+)
+from advisor.energy.prediction._vllm_step import (
+    Chunk,
+    EngineTerms,
+    StepCost,
+    VllmServing,
+    VllmSteps,
+    capture_sizes,
+    padded,
+    split_prompts,
+)
 
 __all__ = [
     "ALLREDUCE", "AllReduceCost", "TensorParallelEnergyModel", "predicted_for_gpus", "shard_shape",
@@ -51,4 +70,6 @@ __all__ = [
     "check_profiled", "decode_step_cost", "dims_or_none", "energy_features", "expected_experts_touched",
     "fit_gpu_profile", "gpu_here", "layer_experts_touched", "llama_like", "make_energy_model", "make_energy_tiers",
     "make_predicted_model", "ng_features", "outside_anchors", "prefill_cost", "routing_note", "touched_share",
+    "Chunk", "EngineTerms", "StepCost", "VllmServedModel", "VllmServing", "VllmSteps", "as_served", "capture_sizes",
+    "graph_batches", "installed_vllm_version", "padded", "priced_engine", "split_prompts",
 ]

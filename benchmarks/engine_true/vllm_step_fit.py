@@ -1,0 +1,244 @@
+"""Fit a GPU kind's vLLM step profile (advisor/energy/profiles/vllm/<gpu>.json) on vLLM-served measurements, and
+report each row against the fitted vLLM step model and against the built-in runtime's prediction.
+
+The engine terms (advisor/energy/prediction/_vllm_step.py: host ms a step, us a sequence, the launches of a
+PIECEWISE and an eager pass per layer, scales on the device's time and its energy over idle, the steps a new request
+waits) are fitted by least squares on log(predicted / measured) of tokens/s, J/token, TPOT p50 and TTFT p50 over
+the rows served as the advisor serves today. Rows whose FP8 layers ran vLLM's CUTLASS kernel (before the export
+chose cuBLASLt on Hopper) are checks, never fitted. With few rows of a GPU kind, ``--free`` fits only some terms
+and ``--carry-from`` takes the others from another kind's profile (host time is the CPU's, not the GPU's).
+
+    python benchmarks/engine_true/vllm_step_fit.py --gpu h100 --manifest benchmarks/engine_true/h100_inputs.json
+    python benchmarks/engine_true/vllm_step_fit.py --gpu h200 --input reports/benchmarks/vllm_verify_data/vllm_8b.json \
+        --free device_time_scale device_energy_scale --carry-from advisor/energy/profiles/vllm/h100.json
+    # more measurements: --input RUN/verify.json --recipe RUN_RECIPE.yaml, --input SWEEP.json --gpu-name \
+    #   "NVIDIA H200" --driver D (benchmarks/device/engine_true_sweep.py's file; repeatable), or another --manifest
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import os
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE), str(HERE.parent), str(HERE.parents[1])]
+os.environ.setdefault("ADVISOR_PROFILE_DIR", tempfile.mkdtemp())  # the shipped profiles only, never a user's
+
+from _report import command_line, dump_json, md_table  # noqa: E402
+from served_rows import ServedRow, read_input, read_manifest, shape_of  # noqa: E402
+
+from advisor.energy.prediction import (  # noqa: E402
+    EngineTerms,
+    VllmServedModel,
+    VllmServing,
+    make_predicted_model,
+)
+from advisor.energy.profiling import REFERENCE_SHAPES, VLLM_SCHEMA, VLLM_VERSION  # noqa: E402
+from advisor.formats import GPU, GPU_SPECS, Format  # noqa: E402
+from advisor.plan import Plan  # noqa: E402
+from advisor.recipe.schema import Workload  # noqa: E402
+from advisor.search.operating import steady_state  # noqa: E402
+
+OBSERVED = ("tokens_per_s", "j_per_token", "tpot_ms", "ttft_ms")
+BOUNDS = {"host_ms": (0.0, 5.0), "per_seq_us": (0.0, 50.0), "piecewise_us_per_layer": (0.0, 300.0),
+          "eager_us_per_layer": (0.0, 3000.0), "device_time_scale": (0.5, 2.5), "device_energy_scale": (0.5, 2.5),
+          "admission_steps": (0.0, 3.0), "gap_power_w": (0.0, 700.0)}
+START = {"host_ms": 0.4, "per_seq_us": 1.0, "piecewise_us_per_layer": 10.0, "eager_us_per_layer": 100.0,
+         "device_time_scale": 1.0, "device_energy_scale": 1.0, "admission_steps": 1.0, "gap_power_w": 100.0}
+
+
+class Rows:
+    """The fitted model of each (shape, GPU kind) and each row's plan, workload and engine."""
+
+    def __init__(self, rows: list[ServedRow], gap_power_w: float) -> None:
+        self.rows = rows
+        self._models: dict[tuple[str, str], tuple[Any, VllmServedModel]] = {}
+        self.gap_power_w = gap_power_w
+
+    def models(self, row: ServedRow) -> tuple[Any, VllmServedModel]:
+        key = (row.shape, row.gpu_kind)
+        if key not in self._models:
+            shape, config = shape_of(row.shape)
+            builtin = make_predicted_model(shape, GPU(row.gpu_kind), model_config=config)
+            profile = {"params": {**START, "gap_power_w": self.gap_power_w}, "vllm_version": row.vllm_version,
+                       "gpu": row.gpu, "driver": row.driver, "date": row.date}
+            self._models[key] = (builtin, VllmServedModel(builtin, shape, GPU(row.gpu_kind), profile))
+        return self._models[key]
+
+    @staticmethod
+    def plan(row: ServedRow, names: list[str]) -> Plan:
+        if row.formats:
+            return Plan({n: Format(f) for n, f in row.formats.items()})
+        if row.plan == "mixed":
+            return Plan({n: Format.BF16 if int(n.split(".")[1]) < 8 else Format.FP8 for n in names})
+        return Plan.uniform(names, Format(row.plan.removeprefix("all-")))
+
+    def predict(self, row: ServedRow, terms: EngineTerms | None) -> dict[str, float]:
+        """The row's steady state: vLLM's step model with ``terms``, or the built-in runtime's (None)."""
+        builtin, served = self.models(row)
+        plan = self.plan(row, [g.name for g in served.shape.groups])
+        w = Workload(name="row", batch_size=row.batch, input_tokens=row.input_tokens,
+                     output_tokens=row.output_tokens)
+        if terms is None:
+            s = steady_state(builtin, plan, w, row.batch)
+        else:
+            s = served.with_terms(terms).served_state(plan, w, row.batch, serving=VllmServing(
+                row.max_num_seqs, row.max_num_batched_tokens, row.max_capture_size))
+        return {"tokens_per_s": s.tokens_per_s, "j_per_token": s.j_per_token, "tpot_ms": s.tpot_ms,
+                "ttft_ms": s.ttft_ms}
+
+
+def terms_of(params: dict[str, float]) -> EngineTerms:
+    return EngineTerms(**{k: params[k] for k in (*EngineTerms.NAMES, "gap_power_w")})
+
+
+def residuals(data: Rows, rows: list[ServedRow], params: dict[str, float]) -> list[float]:
+    terms = terms_of(params)
+    out = []
+    for r in rows:
+        pred = data.predict(r, terms)
+        out += [math.log(pred[k] / getattr(r, k)) for k in OBSERVED if getattr(r, k)]
+    return out
+
+
+def fit(data: Rows, rows: list[ServedRow], free: list[str], fixed: dict[str, float]) -> dict[str, float]:
+    from scipy.optimize import least_squares
+
+    def params(x) -> dict[str, float]:
+        return {**fixed, **dict(zip(free, x, strict=True))}
+
+    x0 = [fixed.get(k, START[k]) for k in free]
+    res = least_squares(lambda x: residuals(data, rows, params(x)), x0,
+                        bounds=([BOUNDS[k][0] for k in free], [BOUNDS[k][1] for k in free]), diff_step=1e-3)
+    return params(res.x)
+
+
+def error_rows(data: Rows, rows: list[ServedRow], terms: EngineTerms) -> list[dict[str, Any]]:
+    out = []
+    for r in rows:
+        vllm, builtin = data.predict(r, terms), data.predict(r, None)
+        err = {k: 100 * (vllm[k] / getattr(r, k) - 1) for k in OBSERVED if getattr(r, k)}
+        before = {k: 100 * (builtin[k] / getattr(r, k) - 1) for k in OBSERVED if getattr(r, k)}
+        out.append({**r.to_dict(), "fitted": r.as_served_now, "predicted": vllm, "error_pct": err,
+                    "builtin_predicted": builtin, "builtin_error_pct": before})
+    return out
+
+
+def _rms(values: list[float]) -> float | None:
+    return math.sqrt(sum(v * v for v in values) / len(values)) if values else None
+
+
+def summary(errors: list[dict[str, Any]], key: str) -> dict[str, Any]:
+    return {part: {k: _rms([e[key][k] for e in errors if e["fitted"] is fitted and k in e[key]]) for k in OBSERVED}
+            for part, fitted in (("fitted", True), ("checks", False))}
+
+
+def markdown(report: dict[str, Any]) -> str:
+    p = report["profile"]
+    head = (f"# vLLM step profile, {p['gpu_kind'].upper()} ({p['gpu']}, driver {p['driver']}, vLLM "
+            f"{p['vllm_version']}, {p['date']})")
+    lines = [head, "", f"Command: `{report['command']}`", "",
+             "Engine terms (advisor/energy/prediction/_vllm_step.py): " + ", ".join(
+                 f"{k} {v:.4g}" for k, v in p["params"].items()) + ".", "", p["source"], "",
+             "RMS error, % (vLLM step model | built-in runtime's prediction):", ""]
+    def pct(v: float | None) -> str:
+        return "-" if v is None else f"{v:.1f}"
+
+    rms = [[part] + [f"{pct(report['rms_pct'][part][k])} \\| {pct(report['builtin_rms_pct'][part][k])}"
+                     for k in OBSERVED] for part in ("fitted", "checks")]
+    lines += md_table(["rows", *OBSERVED], rms) + ["", "## Rows", ""]
+    body = []
+    for e in report["rows"]:
+        cell = [f"{e[k]:.4g}" if e.get(k) else "-" for k in OBSERVED]
+        err = [f"{e['error_pct'][k]:+.1f} ({e['builtin_error_pct'][k]:+.1f})" if k in e["error_pct"] else "-"
+               for k in OBSERVED]
+        graph = e["max_capture_size"] if e["max_capture_size"] else "default"
+        body.append([e["plan"], str(e["batch"]), e["fp8_kernel"] or "-", str(graph), "yes" if e["fitted"] else
+                     "check", *cell, *err, Path(e["source"].split(" [")[0]).name])
+    lines += md_table(["plan", "batch", "FP8 kernel", "graph bound", "fitted", "tokens/s", "J/token", "TPOT ms",
+                       "TTFT ms", "tokens/s err % (built-in)", "J/token err %", "TPOT err %", "TTFT err %",
+                       "file"], body)
+    lines += ["", "Measured values are vLLM's (the advisor's NVML meter, steady load, p50 latencies); errors are "
+              "predicted against measured; a row whose FP8 layers ran vLLM's CUTLASS kernel is a check: the "
+              "advisor serves FP8 through cuBLASLt on Hopper (advisor/serving.py), and the profile prices that.", ""]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    a = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    a.add_argument("--gpu", required=True, choices=[g.value for g in GPU])
+    a.add_argument("--manifest", action="append", default=[], help="a JSON list of inputs (served_rows.py)")
+    a.add_argument("--input", action="append", default=[], help="a measurement JSON (eightb, verify.json, rows); "
+                   "FILE:KEY for a section of one")
+    a.add_argument("--recipe", help="the recipe of --input verify.json runs (their workloads)")
+    a.add_argument("--gpu-name", help="the GPU of --input engine_true_sweep.py files (they do not name it)")
+    a.add_argument("--driver", default="unknown", help="its driver")
+    a.add_argument("--free", nargs="+", default=list(EngineTerms.NAMES), choices=[*EngineTerms.NAMES, "gap_power_w"])
+    a.add_argument("--carry-from", help="a vLLM step profile whose terms the ones not --free are taken from")
+    a.add_argument("--gap-power-w", type=float, help="the GPU's draw while it waits for the host (default: the "
+                   "idle power the shipped per-model profile of the Llama-3.1-8B shape metered, else the datasheet)")
+    a.add_argument("--profile-out", default=None, help="default advisor/energy/profiles/vllm/<gpu>.json")
+    a.add_argument("--report", default=None, help="default reports/benchmarks/vllm_step_fit_<gpu> (.json, .md)")
+    args = a.parse_args(argv)
+
+    rows = [r for m in args.manifest for r in read_manifest(m)]
+    for spec in args.input:
+        path, _, key = spec.partition(":")
+        data = json.loads(Path(path).read_text())
+        over: dict[str, Any] = {}
+        if isinstance(data, dict) and "plans" in data and args.recipe:
+            over = {"recipe": args.recipe}
+        elif isinstance(data, dict) and "rows" in data and "vllm" not in data:
+            if not args.gpu_name:
+                raise SystemExit(f"{path} names no GPU: give --gpu-name (and --driver)")
+            over = {"gpu": args.gpu_name, "driver": args.driver}
+        rows += read_input(path, key=key or None, **over)
+    rows = [r for r in rows if r.gpu_kind == args.gpu]
+    if not rows:
+        raise SystemExit(f"no rows of {args.gpu} in the inputs")
+    gap = args.gap_power_w
+    if gap is None:
+        builtin = make_predicted_model(REFERENCE_SHAPES["Llama-3.1-8B"].shape(), GPU(args.gpu))
+        gap = float(getattr(getattr(builtin, "primary", builtin), "idle_w", GPU_SPECS[GPU(args.gpu)].idle_w))
+    carried = json.loads(Path(args.carry_from).read_text())["params"] if args.carry_from else {}
+    fixed = {**START, **{k: v for k, v in carried.items() if k in START}, "gap_power_w": gap}
+    data = Rows(rows, gap)
+    fitted_rows = [r for r in rows if r.as_served_now]
+    params = fit(data, fitted_rows, args.free, fixed)
+    errors = error_rows(data, rows, terms_of(params))
+    first = fitted_rows[0]
+    not_fitted = [k for k in EngineTerms.NAMES if k not in args.free]
+    source = (f"Fitted on {len(fitted_rows)} rows served as the advisor serves (random-weight shapes: "
+              f"{', '.join(sorted({r.shape for r in fitted_rows}))}; "
+              f"{len(rows) - len(fitted_rows)} more rows with vLLM's CUTLASS FP8 kernel as checks) from "
+              f"{', '.join(sorted({r.source for r in rows}))}; gap power {gap:.1f} W.")
+    if not_fitted:
+        source += f" Not fitted here: {', '.join(not_fitted)}, from {args.carry_from or 'the starting values'}."
+    command = command_line(argv)
+    profile = {"schema": VLLM_SCHEMA, "version": VLLM_VERSION, "vllm_version": first.vllm_version, "gpu": first.gpu,
+               "gpu_kind": args.gpu, "driver": first.driver,
+               "date": max(r.date for r in fitted_rows), "fitted_on": datetime.date.today().isoformat(),
+               "source": source, "command": command, "params": {k: round(v, 6) for k, v in params.items()},
+               "free": args.free}
+    out = Path(args.profile_out or f"advisor/energy/profiles/vllm/{args.gpu}.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    dump_json(out, profile, indent=1, newline=True)
+    report = {"gpu": first.gpu, "driver": first.driver, "date": profile["date"], "command": command,
+              "vllm_version": first.vllm_version, "profile": profile, "rms_pct": summary(errors, "error_pct"),
+              "builtin_rms_pct": summary(errors, "builtin_error_pct"), "rows": errors}
+    stem = Path(args.report or f"reports/benchmarks/vllm_step_fit_{args.gpu}")
+    dump_json(stem.with_suffix(".json"), report)
+    stem.with_suffix(".md").write_text(markdown(report))
+    print(json.dumps({"profile": str(out), "params": profile["params"], "rms_pct": report["rms_pct"],
+                      "builtin_rms_pct": report["builtin_rms_pct"]}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
