@@ -70,7 +70,8 @@ def signals_handled() -> Iterator[None]:
         yield
     finally:
         for sig, handler in previous.items():
-            signal.signal(sig, handler)
+            if signal.getsignal(sig) is _on_signal:  # unless the command set its own meanwhile
+                signal.signal(sig, handler)
         sys.unraisablehook = hook
         _set(saved)
 
@@ -109,6 +110,11 @@ def check() -> None:
     """Raise ``KeyboardInterrupt`` for a signal not yet turned into the stop."""
     if _state.noted is not None:
         raise KeyboardInterrupt
+
+
+def pending() -> bool:
+    """A signal came and is not yet turned into the stop (an error raised now may be its doing)."""
+    return _state.noted is not None
 
 
 def stop_taken() -> None:

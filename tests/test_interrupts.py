@@ -104,6 +104,28 @@ def test_a_signal_inside_an_evaluation_ends_it_at_once_and_the_resume_scores_tha
     assert_each_plan_scored_once(study, TRIALS)
 
 
+def test_an_interrupt_a_library_wrapped_in_another_error_is_still_an_interrupt(recipe):
+    """A KeyboardInterrupt raised inside a library's callback may come back as a RuntimeError (a plan's own error
+    otherwise, never retried): while a signal is pending it is the interrupt, and the plan is queued again."""
+    class Wrapping(AdditiveEvaluator):
+        def evaluate(self, plan):
+            if self.calls == 2:
+                try:
+                    os.kill(os.getpid(), signal.SIGTERM)
+                    time.sleep(30)
+                except KeyboardInterrupt as exc:
+                    raise RuntimeError("error in a callback") from exc
+            return super().evaluate(plan)
+
+    study = open_study(recipe, resume=False)
+    with signals_handled(), pytest.raises(KeyboardInterrupt):
+        run_search(study, Wrapping(), recipe, GROUPS)
+    failed = [t for t in study.get_trials() if t.state == TrialState.FAIL]
+    assert len(failed) == 1 and "error" not in failed[0].user_attrs
+    study, _ = _resume(recipe)
+    assert_each_plan_scored_once(study, TRIALS)
+
+
 def test_a_second_signal_while_stopping_is_noted_not_raised(recipe):
     """Ctrl-C twice: the first stops the run, the second cannot cut the cleanup (the failed trial's retry)."""
     class Twice(AdditiveEvaluator):

@@ -162,8 +162,8 @@ def test_signals_after_trials_1_3_and_7_then_resume_score_each_queued_plan_once(
     study holds 8 distinct plans, each scored once, every queued plan among them."""
     path = _tiny_recipe_file(tmp_path, **calibration)
     for i, (sig, finished) in enumerate(zip(signals, (2, 4, 8), strict=True)):
-        proc = _search(path, *(["--resume"] if i else []))
         already = len(_tiny_study(tmp_path).get_trials(states=(optuna.trial.TrialState.COMPLETE,))) if i else 0
+        proc = _search(path, *(["--resume"] if i else []))  # after the read: SQLite may be locked while it writes
         err = _stop_after(proc, finished, already, lambda p=proc, s=sig: p.send_signal(s), delay_s)
         err += proc.communicate(timeout=300)[1]
         errors = [line for line in err.splitlines() if line.startswith("Error:")]

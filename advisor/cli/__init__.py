@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
 from typing import Annotated
 
@@ -88,7 +89,11 @@ def main() -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     try:
         with signals_handled():  # SIGTERM as Ctrl-C from here on, in every command
-            app()
+            try:
+                app()
+            finally:  # the command has ended (typer exits through SystemExit): a signal now changes nothing
+                for sig in (signal.SIGINT, signal.SIGTERM):
+                    signal.signal(sig, signal.SIG_IGN)
     except KeyboardInterrupt:  # before the command group runs (typer's own handler would exit silently)
         print_error(INTERRUPTED)
         sys.exit(130)

@@ -24,7 +24,7 @@ import optuna
 from advisor.errors import InputError
 from advisor.estimate import EnergyEstimate, j_per_token_by_workload
 from advisor.formats import Format
-from advisor.interrupts import check, deferred, interruptible
+from advisor.interrupts import check, deferred, interruptible, pending
 from advisor.plan import KV_CACHE_KEY, LayerGroup, Plan
 from advisor.recipe.schema import AccuracySpec, Recipe
 from advisor.search.acceptance import Verdict
@@ -248,6 +248,8 @@ def _evaluate(evaluator: PlanEvaluator, plan: Plan, trial: optuna.Trial) -> Eval
         with interruptible():
             ev = evaluator.evaluate(plan)
     except PLAN_ERRORS as exc:
+        if pending():  # the interrupt, wrapped by a library that called back into Python: not the plan's
+            raise KeyboardInterrupt from exc
         trial.set_user_attr(PLAN_ERROR_ATTR, f"{type(exc).__name__}: {str(exc).strip()[:300]}")
         raise
     if not all(math.isfinite(v) for v in (ev.kl, ev.energy[0].j_per_token)):  # Optuna fails such a trial
