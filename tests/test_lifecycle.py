@@ -126,10 +126,11 @@ def _search(path: Path, *flags: str, own_group: bool = False) -> subprocess.Pope
 
 
 def _stop_after(proc: subprocess.Popen, finished: int, already: int, stop, delay_s: float) -> str:
-    """Read its progress lines until ``finished`` trials of the study are done, wait ``delay_s``, then ``stop()``
-    (unless it ended first); returns the stderr read so far."""
+    """Read its progress lines until ``finished`` trials of the study are done (and at least one by this
+    process: a signal during its imports would find no handler yet), wait ``delay_s``, then ``stop()`` (unless
+    it ended first); returns the stderr read so far."""
     seen, done = [], already
-    while done < finished:
+    while done < max(finished, already + 1):
         line = proc.stderr.readline()
         if not line:
             return "".join(seen)
