@@ -50,7 +50,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 REPORT = ROOT / "reports" / "reliability_faults"
-CLI = [sys.executable, "-c", "from advisor.cli import main; main()"]
+CLI = [sys.executable, "-c", "from advisor.console import main; main()"]
 PAIR_TRIALS = 4
 KILL_TRIALS = 24
 KILL_AFTER = (None, 1, 6, 12, 18)  # finished trials before the kill; None: while the child loads

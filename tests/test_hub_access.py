@@ -57,7 +57,7 @@ def advisor(args: list[str], tmp_path: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "HF_ENDPOINT": NOWHERE, "HF_HOME": str(tmp_path / "hf")}
     for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", UNREACHABLE_ENV, *hub_access.PROXY_ENVS):
         env.pop(name, None)
-    return subprocess.run([sys.executable, "-c", "from advisor.cli import main; main()", *args],
+    return subprocess.run([sys.executable, "-c", "from advisor.console import main; main()", *args],
                           capture_output=True, text=True, env=env, timeout=120)
 
 

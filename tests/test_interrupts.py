@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import time
 
 import optuna
@@ -13,6 +15,7 @@ import pytest
 from optuna.trial import TrialState
 from study_checks import assert_each_plan_scored_once
 
+from advisor import console
 from advisor.formats import Format
 from advisor.interrupts import signals_handled
 from advisor.plan import LayerGroup, Plan
@@ -237,3 +240,15 @@ def test_a_signal_whose_raise_python_swallowed_in_a_finalizer_is_raised_at_the_n
         stop_taken()  # the command turned it into its stop
         check()
     assert printed == []
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_while_the_command_line_loads_exits_130_with_one_line(sig):
+    """The `advisor` script's first second is imports: a signal there is an interrupt (exit 130, one `Error:`
+    line), not Python's default (SIGTERM killed the process with no line)."""
+    code = ("import os, signal, time\nfrom advisor import console\n"
+            f"console._load_cli = lambda: (os.kill(os.getpid(), {int(sig)}), time.sleep(30))\nconsole.main()")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    assert done.returncode == 130, done
+    assert done.stderr.splitlines() == [f"Error: {console.INTERRUPTED_STARTING}"]

@@ -11,6 +11,8 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import optuna
@@ -25,6 +27,7 @@ from advisor.search.study import open_study, run_search
 from advisor.testing import AdditiveEvaluator
 
 ROOT = Path(__file__).resolve().parents[1]
+CLI = [sys.executable, "-c", "from advisor.console import main; main()"]  # what the `advisor` script runs
 runner = CliRunner()
 GROUPS_CODE = ('tuple(LayerGroup(f"layers.{i}.{r}", (f"m{i}{r}",), ((64, 64),)) '
                'for i in range(3) for r in ("qkv", "down"))')
@@ -119,10 +122,9 @@ def _tiny_recipe_file(tmp_path: Path, **calibration: int) -> Path:
 def _search(path: Path, *flags: str, own_group: bool = False) -> subprocess.Popen:
     """The CLI as a terminal starts it: pytest run as a background job (`pytest &` in a non-interactive shell) has
     SIGINT ignored, which its children inherit, and the search would never see the Ctrl-C."""
-    return subprocess.Popen([sys.executable, "-c", "from advisor.cli import main; main()", "search", "-r", str(path),
-                             *flags], cwd=ROOT, stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-                            start_new_session=own_group)
+    return subprocess.Popen([*CLI, "search", "-r", str(path), *flags], cwd=ROOT, stderr=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True, start_new_session=own_group,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
 def _stop_after(proc: subprocess.Popen, finished: int, already: int, stop, delay_s: float) -> str:
@@ -141,12 +143,24 @@ def _stop_after(proc: subprocess.Popen, finished: int, already: int, stop, delay
     return "".join(seen)
 
 
-def _tiny_study(tmp_path: Path, journal: bool = False) -> optuna.Study:
+@contextmanager
+def _tiny_study(tmp_path: Path, journal: bool = False) -> Iterator[optuna.Study]:
+    """The run's study, read with no connection left open after (the next process writes the same file)."""
     from advisor.search.storage import open_storage
 
     run_dir = tmp_path / "runs" / "tiny"
     url = f"journal:{run_dir / 'study.journal'}" if journal else f"sqlite:///{run_dir / 'study.db'}"
-    return optuna.load_study(study_name="tiny", storage=open_storage(url))
+    storage = open_storage(url)
+    try:
+        yield optuna.load_study(study_name="tiny", storage=storage)
+    finally:
+        if isinstance(storage, optuna.storages.RDBStorage):
+            storage.engine.dispose()
+
+
+def _completed(tmp_path: Path) -> int:
+    with _tiny_study(tmp_path) as study:
+        return len(study.get_trials(states=(optuna.trial.TrialState.COMPLETE,)))
 
 
 SLOW_TRIALS = {"heldout_samples": 16, "heldout_seq_len": 64}  # about a second a trial: a signal lands inside one
@@ -163,7 +177,7 @@ def test_signals_after_trials_1_3_and_7_then_resume_score_each_queued_plan_once(
     study holds 8 distinct plans, each scored once, every queued plan among them."""
     path = _tiny_recipe_file(tmp_path, **calibration)
     for i, (sig, finished) in enumerate(zip(signals, (2, 4, 8), strict=True)):
-        already = len(_tiny_study(tmp_path).get_trials(states=(optuna.trial.TrialState.COMPLETE,))) if i else 0
+        already = _completed(tmp_path) if i else 0
         proc = _search(path, *(["--resume"] if i else []))  # after the read: SQLite may be locked while it writes
         err = _stop_after(proc, finished, already, lambda p=proc, s=sig: p.send_signal(s), delay_s)
         err += proc.communicate(timeout=300)[1]
@@ -174,12 +188,13 @@ def test_signals_after_trials_1_3_and_7_then_resume_score_each_queued_plan_once(
             continue
         assert proc.returncode == 130 and len(errors) == 1, err
         assert "interrupted:" in errors[0] and errors[0].endswith("--resume"), err
-        states = [t.state for t in _tiny_study(tmp_path).get_trials()]
-        assert optuna.trial.TrialState.RUNNING not in states
+        with _tiny_study(tmp_path) as study:
+            assert optuna.trial.TrialState.RUNNING not in [t.state for t in study.get_trials()]
     resumed = _search(path, "--resume")
     _, err = resumed.communicate(timeout=300)
     assert resumed.returncode == 0, err
-    assert_each_plan_scored_once(_tiny_study(tmp_path), 8)
+    with _tiny_study(tmp_path) as study:
+        assert_each_plan_scored_once(study, 8)
     rows = json.loads((tmp_path / "runs" / "tiny" / "summary.json").read_text())["trials"]
     assert len({r["plan_id"] for r in rows}) == len(rows) == 8
 
@@ -195,7 +210,8 @@ def test_kill_9_of_a_workers_run_then_resume_scores_each_queued_plan_once(tmp_pa
     resumed = _search(path, "--workers", "2", "--resume")
     _, err = resumed.communicate(timeout=600)
     assert resumed.returncode == 0, err
-    assert_each_plan_scored_once(_tiny_study(tmp_path, journal=True), 8)
+    with _tiny_study(tmp_path, journal=True) as study:
+        assert_each_plan_scored_once(study, 8)
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=lambda s: s.name)

@@ -327,7 +327,7 @@ def test_advisor_search_with_two_workers_meters_the_front_on_both_gpus(tmp_path)
     recipe = tiny_recipe_dict(tmp_path / "runs", trials=4, sampler="random", measured_candidates=3)
     (tmp_path / "r.yaml").write_text(yaml.safe_dump({**recipe, "name": "e", "formats": ["bf16", "fp8"]}))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path / "hook"), str(ROOT)])}
-    done = subprocess.run([sys.executable, "-c", "from advisor.cli import main; main()", "search", "-r",
+    done = subprocess.run([sys.executable, "-c", "from advisor.console import main; main()", "search", "-r",
                            str(tmp_path / "r.yaml"), "--workers", "2", "--energy", "auto"], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]

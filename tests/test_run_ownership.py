@@ -181,9 +181,9 @@ def test_workers_join_the_owned_study_and_a_killed_child_is_reaped_and_named(tmp
     path = tmp_path / "r.yaml"
     path.write_text(yaml.safe_dump({**tiny_recipe, "search": {"trials": trials, "seed": 0, "sampler": "random"}}))
     run_dir = Path(tiny_recipe["out"]) / tiny_recipe["name"]
-    parent = subprocess.Popen([sys.executable, "-c", "from advisor.cli import main; main()", "search", "-r", str(path),
-                               "--workers", "2"], cwd=Path(__file__).resolve().parents[1], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True)
+    parent = subprocess.Popen([sys.executable, "-c", "from advisor.console import main; main()", "search", "-r",
+                               str(path), "--workers", "2"], cwd=Path(__file__).resolve().parents[1],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     children = Path(f"/proc/{parent.pid}/task/{parent.pid}/children")
     end = time.monotonic() + 300
     while not children.read_text().split():

@@ -39,7 +39,7 @@ def spawn_workers(n: int, url: str, study: str, run_dir: Path) -> list[subproces
         env = {**os.environ, STORAGE_ENV: url}
         if gpus > n:  # by UUID: an index would name another GPU where this process was started with a mapping
             env["CUDA_VISIBLE_DEVICES"] = engine_slots.device_id(i + 1)
-        cmd = [sys.executable, "-c", "from advisor.cli import main; main()", "worker", "--study", study,
+        cmd = [sys.executable, "-c", "from advisor.console import main; main()", "worker", "--study", study,
                "--work-dir", str(logs / f"worker-{i + 1}")]
         with open(logs / f"worker-{i + 1}.log", "w") as log:
             proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
