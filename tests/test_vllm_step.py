@@ -257,3 +257,20 @@ def test_the_fit_takes_the_gpu_sweep_of_shapes_outside_it(monkeypatch, tmp_path)
     rows = read_input(str(path), gpu="NVIDIA H200", driver="580.159.04")
     assert [(r.batch, r.gpu_kind, r.fp8_kernel, r.max_num_seqs, r.max_capture_size) for r in rows] == [
         (16, "h200", "cublaslt", 128, 768), (64, "h200", "cublaslt", 128, 768)]  # unstable and failed rows left out
+
+
+def test_the_fit_reads_a_plans_kept_serving_with_the_graphs_it_captured(monkeypatch):
+    """advisor verify's kept serving (verify_served/<plan>.json): every metered batch, fixed and searched, in the one
+    engine sized for the largest, priced with the CUDA-graph sizes the engine was told to capture."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks" / "engine_true"))
+    from served_rows import read_manifest
+
+    rows = [r for r in read_manifest(str(ROOT / "benchmarks" / "engine_true" / "h200_inputs.json"))
+            if r.source.endswith("b8a644eb41f0.json")]
+    assert sorted(r.batch for r in rows) == [16, 32, 46, 64, 64, 88, 98, 152, 201]
+    assert {(r.max_num_seqs, r.max_num_batched_tokens, r.fp8_kernel, r.gpu_kind) for r in rows} == {
+        (201, 16384, None, "h200")}
+    assert rows[0].capture_sizes == [1, 16, 48, 64, 104, 208, 512, 528, 560, 576, 624, 720]
+    serving = VllmServing(201, 16384, None, tuple(rows[0].capture_sizes))
+    assert padded(88, serving.sizes) == 104 and padded(152, serving.sizes) == 208  # not vLLM's grid's 88 and 152
+    assert padded(152, VllmServing(201, 16384).sizes) == 152

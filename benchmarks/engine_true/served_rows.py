@@ -1,13 +1,14 @@
 """vLLM-served measurements as rows the vLLM step model is fitted on and checked against: one row per plan, batch
-and engine, with how that engine was sized (requests in flight, token budget, CUDA-graph bound) and which FP8 GEMM
+and engine, with how that engine was sized (requests in flight, token budget, CUDA graphs) and which FP8 GEMM
 kernel served its FP8 layers.
 
 Readers for the forms this project writes: ``eightb`` (``benchmarks/vllm_verify.py eightb``: each plan's engine
 at batch 1, 16, 64), ``verify`` (``advisor verify``'s verify.json: fixed batches and the objectives' batch
-searches), ``sweep`` (``benchmarks/device/engine_true_sweep.py``: shapes outside the fit at a sweep of batches; its
-file names no GPU or driver: give them) and ``rows`` (this module's own form, a JSON list, for measurements from
-elsewhere). A manifest (a JSON
-list of ``{"path", "format", "key"?, overrides...}``) names the inputs of one fit.
+searches), ``kept`` (a plan's serving kept by ``advisor verify``, RUN/verify_served/<plan id>.json: every batch it
+metered, fixed and searched), ``sweep`` (``benchmarks/device/engine_true_sweep.py``: shapes outside the fit at a
+sweep of batches; its file names no GPU or driver: give them) and ``rows`` (this module's own form, a JSON list,
+for measurements from elsewhere). A manifest (a JSON list of ``{"path", "format", "key"?, overrides...}``) names
+the inputs of one fit.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ class ServedRow:
     tokens_per_s: float
     tpot_ms: float | None
     ttft_ms: float | None
+    capture_sizes: list[int] | None = None  # the CUDA-graph sizes where the engine was told which (else the bound)
 
     @property
     def as_served_now(self) -> bool:
@@ -158,6 +160,34 @@ def from_sweep(data: dict[str, Any], source: str, gpu: str, driver: str = "unkno
     return out
 
 
+def from_kept(data: dict[str, Any], source: str, recipe: str, plan: str, formats: dict[str, str] | None = None,
+              shape: str = "Llama-3.1-8B", **over: Any) -> list[ServedRow]:
+    """Rows of one plan's serving kept by ``advisor verify`` (``verify_served/<plan id>.json``): each metered batch
+    (the workloads' fixed batches and every step of the objectives' searches) in the one engine the plan was served
+    by, sized for the largest of them with the CUDA graphs it was told to capture. ``plan`` is its label
+    (``all-bf16``...) or, with ``formats`` (group -> format), any label."""
+    workloads = {w["name"]: w for w in yaml.safe_load(Path(recipe).read_text())["workloads"]}
+    served = data["served"]
+    options = served.get("llm_options") or {}
+    graphs = options.get("compilation_config") or {}
+    sizes = graphs.get("cudagraph_capture_sizes")
+    rows = [(name.split(" at batch ")[0], e) for name, e in served["energy"].items()
+            if e.get("batch_full", True) and e.get("fewest_inflight")]
+    seqs = max(e["fewest_inflight"] for _, e in rows)
+    out: list[ServedRow] = []
+    for workload, e in rows:
+        m, w = e["measurement"], workloads[workload]
+        lin, lout = w["input_tokens"], w["output_tokens"]
+        date = over.get("date", m["date"])
+        out.append(ServedRow(
+            source, m["gpu_before"]["name"], _kind(m["gpu_before"]["name"]), m["gpu_before"]["driver"], date,
+            served["vllm_version"], shape, plan, formats,
+            _kernel(plan, formats, options.get("linear_backend", "vllm's own"), date), e["fewest_inflight"], lin,
+            lout, seqs, _budget(seqs, lin + lout), graphs.get("max_cudagraph_capture_size"), e["j_per_token"],
+            e["tokens_per_s"], e.get("tpot_ms_p50"), e.get("ttft_ms_p50"), sorted(sizes) if sizes else None))
+    return out
+
+
 def from_rows(data: list[dict[str, Any]], source: str) -> list[ServedRow]:
     return [ServedRow(**{**r, "source": r.get("source", source)}) for r in data]
 
@@ -168,8 +198,13 @@ def read_input(path: str, fmt: str | None = None, key: str | None = None, **over
     data = _dig(json.loads(Path(path).read_text()), key)
     source = path + (f" [{key}]" if key else "")
     if fmt is None:
-        fmt = "rows" if isinstance(data, list) else ("verify" if "plans" in data else (
+        fmt = "rows" if isinstance(data, list) else ("verify" if "plans" in data else "kept" if "served" in data else (
             "sweep" if "vllm" not in data else "eightb"))
+    if fmt == "kept" and "formats_from" in over:  # the plan's formats, from a summary.json's trial (FILE:KEY)
+        path_, _, key_ = over.pop("formats_from").partition(":")
+        over["formats"] = _dig(json.loads(Path(path_).read_text()), key_)
+    if fmt == "kept":
+        return from_kept(data, source, **over)
     if fmt == "rows":
         return from_rows(data, source)
     if fmt == "verify":

@@ -9,7 +9,7 @@ chose cuBLASLt on Hopper) are checks, never fitted. With few rows of a GPU kind,
 and ``--carry-from`` takes the others from another kind's profile (host time is the CPU's, not the GPU's).
 
     python benchmarks/engine_true/vllm_step_fit.py --gpu h100 --manifest benchmarks/engine_true/h100_inputs.json
-    python benchmarks/engine_true/vllm_step_fit.py --gpu h200 --input reports/benchmarks/vllm_verify_data/vllm_8b.json \
+    python benchmarks/engine_true/vllm_step_fit.py --gpu h200 --manifest benchmarks/engine_true/h200_inputs.json \
         --free device_time_scale device_energy_scale --carry-from advisor/energy/profiles/vllm/h100.json
     # more measurements: --input RUN/verify.json --recipe RUN_RECIPE.yaml, --input SWEEP.json --gpu-name \
     #   "NVIDIA H200" --driver D (benchmarks/device/engine_true_sweep.py's file; repeatable), or another --manifest
@@ -90,7 +90,8 @@ class Rows:
             s = steady_state(builtin, plan, w, row.batch)
         else:
             s = served.with_terms(terms).served_state(plan, w, row.batch, serving=VllmServing(
-                row.max_num_seqs, row.max_num_batched_tokens, row.max_capture_size))
+                row.max_num_seqs, row.max_num_batched_tokens, row.max_capture_size,
+                tuple(row.capture_sizes) if row.capture_sizes else None))
         return {"tokens_per_s": s.tokens_per_s, "j_per_token": s.j_per_token, "tpot_ms": s.tpot_ms,
                 "ttft_ms": s.ttft_ms}
 

@@ -78,14 +78,18 @@ def padded(tokens: int, sizes: Sequence[int]) -> int | None:
 @dataclass(frozen=True)
 class VllmServing:
     """How one vLLM engine is sized: requests in flight, tokens per step (the chunked-prefill budget) and the
-    largest CUDA-graph size (None: vLLM's default, ``min(2 x max_num_seqs, 512)``)."""
+    largest CUDA-graph size (None: vLLM's default, ``min(2 x max_num_seqs, 512)``), or the sizes themselves where
+    the engine was told which to capture (``cudagraph_capture_sizes``)."""
 
     max_num_seqs: int
     max_num_batched_tokens: int
     max_capture_size: int | None = None
+    capture_sizes: tuple[int, ...] | None = None
 
     @property
     def sizes(self) -> tuple[int, ...]:
+        if self.capture_sizes is not None:
+            return tuple(sorted({s for s in self.capture_sizes if s <= self.max_num_batched_tokens}))
         bound = self.max_capture_size
         if bound is None:
             bound = min(2 * self.max_num_seqs, DEFAULT_CAPTURE_CEILING)
