@@ -60,6 +60,7 @@ LAYERS = (
     ("calibration", "quantize", "accuracy", "energy", "deploy"),
     ("workflows",),
     ("cli", "testing", "testing_vllm", "testing_engines"),
+    ("console",),  # the `advisor` script: the command line, loaded once SIGTERM is handled
 )
 #: the one module whose imports inside functions may reach above its layer: the engine table, whose builders import
 #: their engine's module when that engine is chosen (never when the table is read; advisor/engines.py says why).

@@ -8,6 +8,7 @@ import pytest
 from typer.testing import CliRunner
 
 from advisor.cli import app
+from advisor.energy.meter import CPU_WATTS_PER_CORE, EnergyWindow, GPUState, SummedCounter
 from advisor.errors import InputError
 from advisor.formats import GPU, GPU_SPECS, Format
 from advisor.models.shape import llama_shape
@@ -26,7 +27,6 @@ from advisor.search.operating import (
 )
 from advisor.search.payback import SearchEnergy, describe_days, payback
 from advisor.search.study_key import study_key
-from advisor.workflows.operating import SearchEnergyMeter
 
 SHAPE = llama_shape("model.layers", 2, 256, 512, 4, 2, 1000)
 H100 = GPU_SPECS[GPU.H100]
@@ -181,20 +181,45 @@ def test_payback_arithmetic():
 
 
 def test_without_a_gpu_the_search_energy_is_an_estimate_labelled_so(monkeypatch):
-    import advisor.energy.meter as meter_module
-    import advisor.workflows.operating as payback_module
-    from advisor.errors import SetupError
+    import advisor.energy.meter._window as window_module
 
-    def no_gpu(index: int) -> None:
-        raise SetupError("no NVIDIA GPU here")
-
-    monkeypatch.setattr(meter_module, "NvmlDevice", no_gpu)  # the CPU path, on a GPU machine too
-    monkeypatch.setattr(payback_module, "_cpu_seconds", iter([10.0, 13.0]).__next__)
-    meter = SearchEnergyMeter()
-    assert meter._gpu is None
-    spent = meter.read()
-    assert spent.joules == 3.0 * payback_module.CPU_WATTS_PER_CORE and not spent.measured
+    monkeypatch.setattr(window_module, "visible_gpu_count", lambda: 0)  # the CPU path, on a GPU machine too
+    monkeypatch.setattr(window_module, "cpu_seconds", iter([10.0, 13.0]).__next__)
+    spent = EnergyWindow("search").begin().end()
+    assert spent.joules == 3.0 * CPU_WATTS_PER_CORE and not spent.measured
     assert spent.source.startswith("estimated (3 CPU seconds")
+
+
+class _Counter:
+    """A GPU's NVML counter: ``mj`` read after read."""
+
+    def __init__(self, *mj: int) -> None:
+        self.reads = iter(mj)
+
+    def energy_mj(self) -> int:
+        return next(self.reads)
+
+    def state(self) -> GPUState:
+        return GPUState("NVIDIA H200", 0, "580", 700.0, 1980, 3201, 40, 100.0, "GPU-a")
+
+
+def test_the_search_window_sums_every_gpu_the_run_sees(monkeypatch):
+    """Zeus's begin/end window over all GPUs: the workers' GPUs count, not only GPU 0."""
+    import advisor.energy.meter._summed as summed_module
+    import advisor.energy.meter._window as window_module
+
+    opened = []
+
+    def open_gpus(n: int) -> SummedCounter:
+        opened.append(n)
+        return SummedCounter([_Counter(1_000, 61_000), _Counter(5_000, 35_000), _Counter(0, 9_000)][:n])
+
+    monkeypatch.setattr(window_module, "visible_gpu_count", lambda: 3)
+    monkeypatch.setattr(summed_module, "open_gpus_counter", open_gpus)
+    spent = EnergyWindow("search").begin().end()
+    assert opened == [3] and spent.measured and spent.name == "search"
+    assert spent.joules == pytest.approx(99.0)  # 60 + 30 + 9 J
+    assert spent.source == "measured (NVML, 3x NVIDIA H200, whole run)"
 
 
 @pytest.mark.parametrize(("workload", "site", "says"), [

@@ -1,20 +1,16 @@
 """After the search: each plan's operating point under the workloads' latency objectives, and the search's own
 energy, stored in the study for the report (:mod:`advisor.search.operating`, :mod:`advisor.search.payback`).
 
-On a GPU the search's joules are NVML's energy counter of GPU 0 over the whole run (every process on that
-GPU counts). Without one they are estimated, and labelled so: the CPU seconds of the run and its worker
-children times :data:`CPU_WATTS_PER_CORE`, a stated draw of one busy server core.
+The search's joules are a named window of :mod:`advisor.energy.meter` over the whole run: NVML's counters of every
+GPU the run sees, or, without one, an estimate labelled so.
 """
 
 from __future__ import annotations
 
-import resource
-import time
-from typing import Any
-
 import optuna
 
-from advisor.errors import InputError, SetupError, UnsupportedError
+from advisor.energy.meter import EnergyWindow
+from advisor.errors import InputError, UnsupportedError
 from advisor.formats import GPU_SPECS
 from advisor.plan import Plan
 from advisor.recipe.schema import Recipe
@@ -33,37 +29,6 @@ from advisor.search.trial_record import (
 from advisor.search.trial_record import operating_points as stored_operating_points
 from advisor.workflows.context import RunContext
 from advisor.workflows.progress import ProgressReporter
-
-CPU_WATTS_PER_CORE = 10.0  # a busy core of a current server CPU, package power shared over its cores
-
-
-def _cpu_seconds() -> float:
-    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
-
-
-class SearchEnergyMeter:
-    """Started before the search, read after it: NVML where a GPU is, else the CPU estimate."""
-
-    def __init__(self) -> None:
-        self._t0, self._cpu0 = time.perf_counter(), _cpu_seconds()
-        try:
-            from advisor.energy.meter import NvmlDevice
-
-            self._gpu: Any = NvmlDevice(0)
-            self._mj0 = self._gpu.energy_mj()
-        except SetupError:
-            self._gpu = None
-
-    def read(self) -> SearchEnergy:
-        seconds = time.perf_counter() - self._t0
-        if self._gpu is not None:
-            joules = (self._gpu.energy_mj() - self._mj0) / 1e3
-            return SearchEnergy(joules, seconds, f"measured (NVML, {self._gpu.name}, whole run)", True)
-        cpu = _cpu_seconds() - self._cpu0
-        return SearchEnergy(cpu * CPU_WATTS_PER_CORE, seconds,
-                            f"estimated ({cpu:.0f} CPU seconds x {CPU_WATTS_PER_CORE:g} W per busy core; no GPU)",
-                            False)
 
 
 def operating_stage(study: optuna.Study, ctx: RunContext, recipe: Recipe, progress: ProgressReporter) -> None:
@@ -132,9 +97,12 @@ def measured_operating_stage(study: optuna.Study, ctx: RunContext, recipe: Recip
         stage.advance(len(todo))
 
 
-def record_run_energy(study: optuna.Study, meter: SearchEnergyMeter) -> SearchEnergy:
-    """This run's energy added to what earlier runs of the study stored (a resumed search)."""
+def record_run_energy(study: optuna.Study, window: EnergyWindow) -> SearchEnergy:
+    """This run's energy (``window``, begun with the run) added to what earlier runs of the study stored (a
+    resumed search)."""
     earlier = search_energy(study)
-    total = meter.read().plus(SearchEnergy(**earlier) if earlier else None)
+    spent = window.end()
+    total = SearchEnergy(spent.joules, spent.seconds, spent.source, spent.measured).plus(
+        SearchEnergy(**earlier) if earlier else None)
     record_search_energy(study, total.to_dict())
     return total

@@ -16,6 +16,7 @@ from rich.console import Console
 
 from advisor import __version__
 from advisor.deploy.model_identity import tokenizer_fingerprint
+from advisor.energy.meter import EnergyWindow
 from advisor.errors import AdvisorError, InputError, Interrupted
 from advisor.files import write_text_atomically
 from advisor.interrupts import check, deferred, signals_handled, stop_taken
@@ -33,7 +34,6 @@ from advisor.versions import package_versions
 from advisor.workflows.context import RunContext, tokens_key
 from advisor.workflows.measured_tier import energy_stage
 from advisor.workflows.operating import (
-    SearchEnergyMeter,
     measured_operating_stage,
     operating_stage,
     record_run_energy,
@@ -88,7 +88,7 @@ def _run_owned(study: optuna.Study, recipe: Recipe, resume: bool, progress: Prog
     with stopped_on_exit(children):
         if not resume:
             write_run_file(recipe)
-        meter = SearchEnergyMeter()
+        window = EnergyWindow("search").begin()
         ctx = prepare_model_side(recipe, progress, study.user_attrs.get("model", {}).get("fingerprint"))
         check_same_model(study.user_attrs.get("model", {}).get("fingerprint"), ctx.fingerprint, recipe.name)
         check_same_scoring(study.user_attrs.get("device"), ctx.scoring_place, recipe.name, "--resume")
@@ -120,7 +120,7 @@ def _run_owned(study: optuna.Study, recipe: Recipe, resume: bool, progress: Prog
             bench_status = benchmark_stage(study, ctx, recipe, progress)
         with timed(ctx, "measured_operating_s"):
             measured_operating_stage(study, ctx, recipe, progress)
-    record_run_energy(study, meter)
+    record_run_energy(study, window)
     save_run_meta(study, {"timings": timings(ctx, recipe, t0), "benchmark_status": bench_status})
     with progress.stage("report"):
         write_report(study, recipe.run_dir)

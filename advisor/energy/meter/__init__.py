@@ -1,6 +1,6 @@
 """The energy meter: NVML's total-energy counter read over windows of CUDA-graph replays, repeated until
-stable, with the GPU's state recorded. The only place that imports pynvml (``_nvml``); GPU checks refuse
-what this GPU cannot measure honestly."""
+stable, with the GPU's state recorded; and a named window over every GPU of a run (``EnergyWindow``). The only
+place that imports pynvml (``_nvml``); GPU checks refuse what this GPU cannot measure honestly."""
 
 from advisor.energy.meter._gpu_checks import check_formats_supported, require_gpu
 from advisor.energy.meter._meter import (
@@ -18,10 +18,13 @@ from advisor.energy.meter._meter import (
 )
 from advisor.energy.meter._nvml import GPUState, NvmlDevice, normalize_uuid
 from advisor.energy.meter._summed import SummedCounter, combined_state, open_gpus_counter, summed_config
+from advisor.energy.meter._window import CPU_WATTS_PER_CORE, EnergyWindow, WindowEnergy, visible_gpu_count
 
 __all__ = [
+    "CPU_WATTS_PER_CORE",
     "EnergyCounter",
     "EnergyMeter",
+    "EnergyWindow",
     "GPUState",
     "Measurement",
     "MeterConfig",
@@ -30,6 +33,7 @@ __all__ = [
     "StepHandle",
     "SummedCounter",
     "Window",
+    "WindowEnergy",
     "check_formats_supported",
     "coefficient_of_variation",
     "combined_state",
@@ -40,4 +44,5 @@ __all__ = [
     "require_gpu",
     "summed_config",
     "torch_device_uuid",
+    "visible_gpu_count",
 ]
