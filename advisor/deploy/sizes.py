@@ -20,3 +20,10 @@ class ServingSizes:
         prompt = max(int(w["input_tokens"]) for w in workloads)
         seq = max(int(w["input_tokens"]) + int(w["output_tokens"]) for w in workloads)
         return cls(batch, seq, prompt, max(2048, 256 * math.ceil((prompt + batch) / 256)))
+
+
+def workloads_words(workloads: list[dict[str, Any]]) -> str:
+    """What an options file is sized for, in its header: each workload's batch (and why, where it is not the
+    stated one), prompt and output."""
+    return "; ".join(f"{w['name']}: batch {w['batch_size']}" + (f" ({w['sized_for']})" if w.get("sized_for") else "")
+                     + f", {w['input_tokens']} in / {w['output_tokens']} out" for w in workloads)

@@ -7,7 +7,7 @@ import contextlib
 from pathlib import Path
 from typing import Any
 
-from advisor.deploy.sizes import ServingSizes
+from advisor.deploy.sizes import ServingSizes, workloads_words
 from advisor.formats import Format
 from advisor.plan import Plan
 
@@ -29,8 +29,7 @@ def llm_api_options(workloads: list[dict[str, Any]], kv_cache: Format = Format.B
 def options_yaml(options: dict[str, Any], workloads: list[dict[str, Any]]) -> str:
     import yaml
 
-    wl = "; ".join(f"{w['name']}: batch {w['batch_size']}, {w['input_tokens']} in / {w['output_tokens']} out"
-                   for w in workloads)
+    wl = workloads_words(workloads)
     head = ("# TensorRT-LLM LLM-API options written by precision-advisor export.\n"
             f"# Sized for the run's workloads ({wl}).\n"
             "# Use: trtllm-serve <this folder> --extra_llm_api_options llm_api_options.yaml\n")

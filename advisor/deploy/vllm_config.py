@@ -17,7 +17,7 @@ import math
 from collections.abc import Iterable
 from typing import Any
 
-from advisor.deploy.sizes import ServingSizes
+from advisor.deploy.sizes import ServingSizes, workloads_words
 from advisor.formats import GPU, Format
 from advisor.serving import vllm_linear_backend
 
@@ -71,8 +71,7 @@ def graph_sizes_for(batches: Iterable[int], prompt: int, bound: int) -> tuple[in
 def vllm_options_yaml(options: dict[str, Any], workloads: list[dict[str, Any]]) -> str:
     import yaml
 
-    wl = "; ".join(f"{w['name']}: batch {w['batch_size']}, {w['input_tokens']} in / {w['output_tokens']} out"
-                   for w in workloads)
+    wl = workloads_words(workloads)
     head = ("# vLLM serving options written by precision-advisor export.\n"
             f"# Sized for the run's workloads ({wl}).\n"
             "# compilation-config captures CUDA graphs for steps where a prefill joins the decode batch\n"

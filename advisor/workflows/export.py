@@ -20,6 +20,27 @@ def run_tokens(run_dir: Path, recipe: Any, loaded: Any, fingerprint: str) -> Any
     return load_or_build_tokens(recipe, loaded, run_dir, fingerprint, store=False)
 
 
+def served_workloads(summary: dict[str, Any], plan_id: str) -> list[dict[str, Any]]:
+    """The run's workloads as the serving configs should size them for ``plan_id``: a workload with a latency
+    objective at the plan's operating batch under it (measured where the measured tier found one that meets,
+    else predicted), the batch its J/token was priced at and the most in flight that keep the objective
+    (``max-num-seqs`` then enforces it); the others at their stated batch."""
+    points = {p["workload"]: p for p in summary.get("operating_points") or [] if p.get("plan_id") == plan_id}
+    out = []
+    for w in summary["workloads"]:
+        point = points.get(w["name"])
+        if point is None or not point.get("meets"):
+            out.append(w)
+            continue
+        measured = point.get("measured") or {}
+        if measured.get("meets") and measured.get("batch"):
+            batch, how = int(measured["batch"]), "measured"
+        else:
+            batch, how = int(point["batch"]), "predicted"
+        out.append({**w, "batch_size": batch, "sized_for": f"the operating batch under its objective, {how}"})
+    return out
+
+
 def export_run(
     run_dir: Path,
     out_dir: Path,
@@ -55,6 +76,6 @@ def export_run(
                      "the plan was searched on other weights")
     status(f"quantizing plan {plan.id}, exporting, reloading")
     return export_plan(
-        loaded, plan, tokens, out_dir, summary["workloads"], target=summary.get("target"),
+        loaded, plan, tokens, out_dir, served_workloads(summary, plan.id), target=summary.get("target"),
         stored_kl=record.get("kl"), smoke=smoke, extra_warnings=tuple(notes),
     )
