@@ -30,8 +30,8 @@ def _imported_after(code: str) -> list[str]:
 
 @pytest.mark.parametrize("package", ["search", "report", "recipe"])
 def test_logic_packages_import_no_heavy_library(package):
-    modules = sorted(p.stem for p in (ROOT / "advisor" / package).glob("*.py") if p.stem != "__init__")
-    code = "; ".join(f"import advisor.{package}.{m}" for m in modules)
+    modules = sorted(_module_name(p) for p in (ROOT / "advisor" / package).rglob("*.py"))
+    code = "; ".join(f"import {m}" for m in modules)
     assert _imported_after(code) == []
 
 
@@ -272,10 +272,10 @@ def test_the_engines_are_named_in_one_place():
 
 
 def test_no_member_of_an_energy_tier_is_discovered_at_run_time():
-    """Every member of a measured tier (the contract, advisor.search.engine_contract) and of a predicted one
+    """Every member of a measured tier (the contract, advisor.search.measured._contract) and of a predicted one
     (advisor.estimate.PredictedModel) is declared: nothing asks getattr/hasattr whether a tier has one."""
     from advisor.estimate import PredictedModel
-    from advisor.search.engine_contract import MeasuredTier
+    from advisor.search.measured import MeasuredTier
 
     members = {m for cls in (MeasuredTier, PredictedModel) for m in (*dir(cls), *cls.__annotations__)
                if not m.startswith("_")}

@@ -1,4 +1,4 @@
-"""The measured batch search (advisor.search.operating_search): where the predicted operating batch misses its
+"""The measured batch search (advisor.search.measured._batch_search): where the predicted operating batch misses its
 objective as measured, smaller batches are metered until the largest that meets is found or the budget is
 spent; with a fake measured tier whose TPOT grows with the batch (and one whose TPOT is not monotone)."""
 
@@ -11,9 +11,8 @@ import pytest
 from advisor.formats import Format
 from advisor.plan import LayerGroup, Plan
 from advisor.recipe.schema import Workload
-from advisor.search.engine_contract import MeasuredTier
-from advisor.search.operating_measured import from_timed
-from advisor.search.operating_search import EXTRA_METERINGS, RESOLUTION, BatchSearch, curve_batch, search_batches
+from advisor.search.measured import EXTRA_METERINGS, RESOLUTION, BatchSearch, MeasuredTier, curve_batch, search_batches
+from advisor.search.operating import from_timed
 
 GROUPS = (LayerGroup("layers.0.qkv", ("m0",), ((8, 8),)),)
 PLAN = Plan.uniform(GROUPS, Format.BF16)

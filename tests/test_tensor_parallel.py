@@ -182,7 +182,7 @@ def test_gpus_belong_to_serving_and_the_dry_run(tmp_path):
 
 def test_a_run_served_over_several_gpus_keeps_them_in_its_study_key():
     from advisor.recipe.schema import load_recipe
-    from advisor.search.study_key import study_key
+    from advisor.search.study import study_key
 
     assert study_key(load_recipe(None, {"engine": "vllm", "gpus": 4}), {})["gpus"] == 4
     assert "gpus" not in study_key(load_recipe(None, {"engine": "vllm"}), {})  # studies made before keep their key

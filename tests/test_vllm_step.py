@@ -32,7 +32,7 @@ from advisor.models.shape import llama_shape
 from advisor.plan import Plan
 from advisor.recipe.schema import Workload
 from advisor.search.operating import operating_point, steady_state
-from advisor.search.study_key import study_key
+from advisor.search.study import study_key
 
 ROOT = Path(__file__).resolve().parents[1]
 SHAPE = llama_shape("model.layers", 4, 256, 512, 4, 2, 1000)

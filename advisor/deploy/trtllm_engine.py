@@ -39,7 +39,7 @@ from advisor.errors import SetupError, UnsupportedError
 from advisor.estimate import EnergyEstimate
 from advisor.plan import Plan
 from advisor.recipe.schema import Workload
-from advisor.search.engine_contract import MeasuredTier
+from advisor.search.measured import MeasuredTier
 
 NOT_VERIFIED = "not verified on a GPU here"
 
@@ -88,7 +88,7 @@ def llm_kwargs(trtllm: ModuleType, checkpoint: Path, plan: Plan, workload: Workl
 
 
 class TensorRTLLMEnergyModel(MeasuredTier):
-    """The measured tier through TensorRT-LLM (a :class:`~advisor.search.engine_contract.MeasuredTier` that gives
+    """The measured tier through TensorRT-LLM (a :class:`~advisor.search.measured._contract.MeasuredTier` that gives
     J/token and tokens/s only: its operating points leave TPOT and TTFT unknown, and say so).
 
     ``checkpoint_for(plan)`` gives the plan's exported checkpoint folder (the workflow exports it

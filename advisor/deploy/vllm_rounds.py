@@ -1,5 +1,5 @@
 """Several rounds of workloads served by one vLLM engine in one child process: the measured batch search
-(:mod:`advisor.search.operating_search`) decides each round's batches from the round before, and a vLLM engine
+(:mod:`advisor.search.measured._batch_search`) decides each round's batches from the round before, and a vLLM engine
 takes a minute or more to start, so the child keeps its engine and asks the parent for the next round.
 
 The child runs :func:`advisor.deploy.vllm_serve.serve` with ``more``: after each round it sends the energy rows so

@@ -31,7 +31,7 @@ from advisor.errors import InputError
 from advisor.files import write_text_atomically
 from advisor.formats import Format
 from advisor.plan import LayerGroup, Plan
-from advisor.search.engine_contract import MeasuredTier
+from advisor.search.measured import MeasuredTier
 from advisor.workflows.outputs import check_output_dir
 from advisor.workflows.preflight import check_model
 
@@ -76,7 +76,7 @@ def meter_objectives(model: MeasuredTier, plan: Plan, summary: dict[str, Any], w
     """The plan metered at its operating batch from the run under each workload's objective, checked against it
     as measured (:func:`advisor.deploy.recheck.objective_checks`). Metered first: an engine that serves a plan
     once (vLLM) serves these batches and the stated workloads in one start."""
-    from advisor.search.operating_measured import at_batch
+    from advisor.search.operating import at_batch
 
     batches = operating_batches(summary, plan.id)
     wanted = [(w, *batches[w.name]) for w in workloads if w.has_objective and w.name in batches]

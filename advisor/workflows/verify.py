@@ -12,7 +12,7 @@ compared with the search's own numbers:
    for a workload with a latency objective, each plan served at its own operating batch (J/token, tokens/s,
    TPOT/TTFT where the serving rows time them) beside the predicted point and whether the objective is met;
    where it is missed in vLLM, smaller batches in the same engine until the largest that meets
-   (:mod:`advisor.search.operating_search`).
+   (:mod:`advisor.search.measured._batch_search`).
 
 Written as ``verify.json`` / ``verify.md`` in the run folder and a section of ``report.md``; each plan's
 serving is kept as it finishes (:mod:`advisor.deploy.served_store`), so a verify cut off resumes.
@@ -42,7 +42,7 @@ from advisor.estimate import EnergyEstimate
 from advisor.files import check_regular_file
 from advisor.formats import GPU, Format
 from advisor.plan import Plan
-from advisor.search.operating_measured import from_timed, objective_name
+from advisor.search.operating import from_timed, objective_name
 from advisor.workflows.verify_serving import Serving, operating_workloads, serve_plans
 
 EXPORT_HEADROOM_BYTES = 4 * 2**30  # calibration and proxy batches, CUDA context

@@ -21,8 +21,8 @@ from advisor.deploy.vllm_serve import ServeJob
 from advisor.energy.meter import MeterConfig
 from advisor.plan import Plan
 from advisor.recipe.schema import Workload
-from advisor.search.operating_measured import at_batch
-from advisor.search.operating_search import BatchSearch, search_batches
+from advisor.search.measured import BatchSearch, search_batches
+from advisor.search.operating import at_batch
 
 
 def operating_workloads(summary: dict[str, Any], plan: Plan) -> list[Workload]:
@@ -41,7 +41,7 @@ def operating_searches(summary: dict[str, Any], plan: Plan) -> list[BatchSearch]
 
 def serve_and_search(plan: Plan, job: ServeJob, summary: dict[str, Any], model: Any) -> dict[str, Any]:
     """``job`` served, and per objective (workload name, under ``searches``) vLLM's largest batch that meets it
-    (:mod:`advisor.search.operating_search`): the job's rows at the predicted batches are the first round, and a
+    (:mod:`advisor.search.measured._batch_search`): the job's rows at the predicted batches are the first round, and a
     miss there serves the smaller batches in the same engine (``model``: a
     :class:`~advisor.deploy.vllm_engine.VllmEnergyModel` of the plan's checkpoint)."""
     searches = operating_searches(summary, plan)
