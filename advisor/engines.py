@@ -60,13 +60,13 @@ def tensorrt_llm_tier(recipe: Any, loaded: Any, tokens: Any) -> Any:
 
 
 def vllm_tier(recipe: Any, loaded: Any, tokens: Any) -> Any:
-    from advisor.deploy.vllm_engine import vllm_tier as build
+    from advisor.deploy.vllm import vllm_tier as build
 
     return build(recipe, loaded, tokens)
 
 
 def vllm_checkpoint_tier(checkpoint: Path, workloads: list[Any], vocab: int, gpu_label: str, gpus: int) -> Any:
-    from advisor.deploy.vllm_engine import checkpoint_tier as build
+    from advisor.deploy.vllm import checkpoint_tier as build
 
     return build(checkpoint, workloads, vocab, gpu_label, gpus)
 

@@ -67,8 +67,7 @@ def tensorrt_llm_tier(monkeypatch, tmp_path, workload) -> MeasuredTier:
 
 def vllm_tier(monkeypatch, tmp_path, workload) -> MeasuredTier:
     """vLLM's fake module (a step grows with the batch), each serving in this process on a 300 W counter."""
-    from advisor.deploy.vllm_engine import VllmEnergyModel
-    from advisor.deploy.vllm_serve import serve
+    from advisor.deploy.vllm import VllmEnergyModel, serve
     from advisor.energy.meter import MeterConfig
     from advisor.testing_vllm import ConstantPowerCounter, fake_vllm
 

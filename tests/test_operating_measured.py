@@ -218,8 +218,7 @@ def test_a_point_the_tier_cannot_meter_says_why(study_and_recipe):
 def test_vllm_meters_a_plans_operating_points_in_one_engine(tmp_path, monkeypatch):
     import json
 
-    from advisor.deploy.vllm_engine import VllmEnergyModel
-    from advisor.deploy.vllm_serve import serve
+    from advisor.deploy.vllm import VllmEnergyModel, serve
     from advisor.energy.meter import MeterConfig
     from advisor.testing_vllm import ConstantPowerCounter, fake_vllm
 
@@ -293,8 +292,7 @@ def test_the_frontier_plot_marks_the_measured_points(study_and_recipe, tmp_path)
 def _fake_vllm_model(tmp_path, monkeypatch, workloads):
     import json
 
-    from advisor.deploy.vllm_engine import VllmEnergyModel
-    from advisor.deploy.vllm_serve import serve
+    from advisor.deploy.vllm import VllmEnergyModel, serve
     from advisor.energy.meter import MeterConfig
     from advisor.testing_vllm import ConstantPowerCounter, fake_vllm
 

@@ -9,7 +9,7 @@ from dataclasses import replace
 
 import pytest
 
-from advisor.deploy.vllm_serve import ServeJob, serve
+from advisor.deploy.vllm import ServeJob, serve
 from advisor.energy.meter import GPUState, MeterConfig, SummedCounter, combined_state, summed_config
 from advisor.testing_vllm import ConstantPowerCounter, fake_vllm
 
@@ -135,7 +135,7 @@ def test_a_gpu_count_vllm_refuses_is_exit_2_and_more_than_visible_exit_3(monkeyp
 
 
 def test_the_measured_tier_serves_over_the_recipes_gpus_and_labels_them(tmp_path, monkeypatch):
-    from advisor.deploy.vllm_engine import VllmEnergyModel
+    from advisor.deploy.vllm import VllmEnergyModel
     from advisor.formats import Format
     from advisor.plan import LayerGroup, Plan
     from advisor.recipe.schema import Workload

@@ -15,7 +15,7 @@ import optuna
 from rich.console import Console
 
 from advisor import __version__
-from advisor.deploy.model_identity import tokenizer_fingerprint
+from advisor.deploy.verification import tokenizer_fingerprint
 from advisor.errors import AdvisorError, InputError, Interrupted
 from advisor.files import write_text_atomically
 from advisor.interrupts import check, deferred, signals_handled, stop_taken

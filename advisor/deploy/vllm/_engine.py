@@ -1,5 +1,5 @@
 """vLLM as a serving engine (``--engine vllm``): the plan's exported checkpoint served by vLLM's
-offline ``LLM`` API in a child process (:mod:`advisor.deploy.vllm_serve` does the serving), and
+offline ``LLM`` API in a child process (:mod:`advisor.deploy.vllm._serve` does the serving), and
 what the parent makes of it:
 
 * :class:`VllmEnergyModel`, the measured energy tier through vLLM: each plan's checkpoint is loaded
@@ -19,11 +19,11 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
+from advisor.deploy.checkpoint import decode_graph_sizes
 from advisor.deploy.serving_gpus import engine_memory_share
-from advisor.deploy.vllm_config import decode_graph_sizes
-from advisor.deploy.vllm_load import STEADY_LOAD_METER
-from advisor.deploy.vllm_rounds import child_answer, pin_devices
-from advisor.deploy.vllm_serve import ServeJob, serve
+from advisor.deploy.vllm._load import STEADY_LOAD_METER
+from advisor.deploy.vllm._rounds import child_answer, pin_devices
+from advisor.deploy.vllm._serve import ServeJob, serve
 from advisor.energy.meter import MeterConfig
 from advisor.errors import AdvisorError, SetupError, UnsupportedError
 from advisor.estimate import EnergyEstimate
@@ -148,9 +148,9 @@ class VllmEnergyModel(MeasuredTier):
 
     @property
     def batch_grid(self) -> tuple[int, ...]:
-        """The batches the measured batch search meters (:mod:`advisor.search.measured._batch_search`): the engine runs
-        a decode batch padded to its next CUDA-graph size, so only those sizes differ (every serving raises the
-        capture bound over the largest batch it is sized for: :func:`~advisor.deploy.vllm_config.capture_bound`)."""
+        """The batches the measured batch search meters (:mod:`advisor.search.measured._batch_search`): the engine
+        runs a decode batch padded to its next CUDA-graph size, so only those sizes differ (every serving raises the
+        capture bound over the largest batch it is sized for: :func:`~advisor.deploy.checkpoint.capture_bound`)."""
         return decode_graph_sizes(MAX_GRID_BATCH)
 
     def _job(self, plan: Plan, workloads: Sequence[Workload], **fields: Any) -> ServeJob:
@@ -249,7 +249,7 @@ class VllmEnergyModel(MeasuredTier):
 
 
 def _run_rounds(job: ServeJob, more: Any) -> dict[str, Any]:
-    from advisor.deploy.vllm_rounds import run_rounds_in_child
+    from advisor.deploy.vllm._rounds import run_rounds_in_child
 
     return run_rounds_in_child(job, more, VLLM_INSTALL)
 
@@ -272,7 +272,7 @@ def vllm_tier(recipe: Any, loaded: Any, tokens: Any) -> VllmEnergyModel:
     """The measured tier of a search run through vLLM: each measured plan is exported once
     (``RUN_DIR/engine_checkpoints/<plan id>``), then served at every workload of the recipe, over the recipe's
     ``gpus`` (:mod:`advisor.deploy.serving_gpus`)."""
-    from advisor.deploy.engine_checkpoint import checkpoint_exporter
+    from advisor.deploy.checkpoint import checkpoint_exporter
     from advisor.deploy.serving_gpus import gpus_label, serving_gpus_for
 
     import_vllm()
