@@ -4,7 +4,7 @@ per engine, the only place their names are written.
 ``builtin`` is the advisor's own runtime (``energy/measure.py``: a decoder built like a serving engine, random
 weights of the model's shape). Every other engine serves the plan's *exported checkpoint* (``advisor export``'s
 files, written once per plan into ``RUN_DIR/engine_checkpoints``) while the advisor's own NVML meter takes the
-steady-state windows. An engine's measured tier is a :class:`~advisor.search.engine_contract.MeasuredTier`
+steady-state windows. An engine's measured tier is a :class:`~advisor.search.measured._contract.MeasuredTier`
 (``advisor/testing_engines.py`` checks it); what it can do beyond that contract is said here, as facts the recipe,
 the commands and the compatibility table read. Adding an engine is its entry here and its module.
 
@@ -60,13 +60,13 @@ def tensorrt_llm_tier(recipe: Any, loaded: Any, tokens: Any) -> Any:
 
 
 def vllm_tier(recipe: Any, loaded: Any, tokens: Any) -> Any:
-    from advisor.deploy.vllm_engine import vllm_tier as build
+    from advisor.deploy.vllm import vllm_tier as build
 
     return build(recipe, loaded, tokens)
 
 
 def vllm_checkpoint_tier(checkpoint: Path, workloads: list[Any], vocab: int, gpu_label: str, gpus: int) -> Any:
-    from advisor.deploy.vllm_engine import checkpoint_tier as build
+    from advisor.deploy.vllm import checkpoint_tier as build
 
     return build(checkpoint, workloads, vocab, gpu_label, gpus)
 

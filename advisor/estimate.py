@@ -66,7 +66,7 @@ def j_per_token_by_workload(estimates: Sequence[EnergyEstimate]) -> dict[str, fl
 
 @dataclass(frozen=True)
 class DriftCheck:
-    """The reference plan measured again at the end of a measured-energy stage (:mod:`advisor.search.energy_tiers`):
+    """The reference plan measured again at the end of a measured-energy stage (:mod:`advisor.search.measured._tiers`):
     its J/token then and now per workload, and the change in percent."""
 
     plan_id: str
@@ -87,7 +87,7 @@ class DriftCheck:
 
 @dataclass(frozen=True)
 class MeasuredUnit:
-    """One GPU of the measured tier (:mod:`advisor.search.measure_queue`): its UUID (None: a meter that names
+    """One GPU of the measured tier (:mod:`advisor.search.measured._queue`): its UUID (None: a meter that names
     none) and name, its first all-BF16 measurement (what its drift checks and the other units compare with), and
     the plans measured on it."""
 
@@ -126,7 +126,7 @@ class EnergyModel(Protocol):
 class PredictedModel(EnergyModel, Protocol):
     """A predicted tier (``energy/prediction``): an energy model that also gives (ms, J) of one decode step and of
     one request's prefill, which operating points are computed from, and names the model whose step times price
-    a plan (a tier's fallback where the tier cannot). Measured tiers are :class:`~advisor.search.engine_contract.
+    a plan (a tier's fallback where the tier cannot). Measured tiers are :class:`~advisor.search.measured._contract.
     MeasuredTier`."""
 
     def decode_step(self, plan: Plan, batch: int, context: float) -> tuple[float, float]: ...

@@ -19,7 +19,7 @@ from advisor.energy.meter import GPUState
 from advisor.estimate import EnergyEstimate
 from advisor.formats import FORMAT_SPECS, Format
 from advisor.plan import Plan
-from advisor.search.engine_contract import MeasuredTier
+from advisor.search.measured import MeasuredTier
 from advisor.search.study import Evaluation
 
 

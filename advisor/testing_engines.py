@@ -1,5 +1,5 @@
 """The measured-tier contract as tests (as Optuna ships ``optuna/testing/pytest_samplers.py``): what every engine's
-:class:`~advisor.search.engine_contract.MeasuredTier` must do for the search, its workers, `advisor measure`,
+:class:`~advisor.search.measured._contract.MeasuredTier` must do for the search, its workers, `advisor measure`,
 `advisor verify` and `advisor recheck` to use it, checked through the members they call.
 
 A test module subclasses :class:`MeasuredTierContract` and gives a ``tier`` fixture (a fresh tier, on a fake package
@@ -29,11 +29,19 @@ from advisor.estimate import EnergyEstimate
 from advisor.formats import Format
 from advisor.plan import LayerGroup, Plan
 from advisor.recipe.schema import Workload
-from advisor.search.engine_contract import MeasuredTier
-from advisor.search.measure_queue import Measurer, Merged, enqueue, merge, open_queue, unit_of
-from advisor.search.operating_measured import MeasuredPoint, at_batch, meets_as_measured
-from advisor.search.operating_search import BatchSearch, search_batches
-from advisor.search.recovery import this_worker
+from advisor.search.measured import (
+    BatchSearch,
+    MeasuredTier,
+    Measurer,
+    Merged,
+    enqueue,
+    merge,
+    open_queue,
+    search_batches,
+    unit_of,
+)
+from advisor.search.operating import MeasuredPoint, at_batch, meets_as_measured
+from advisor.search.storage import this_worker
 from advisor.search.trial_record import measured_drifts, measured_energy, measured_units
 
 #: the groups of the default plans: one dense layer (a fake tier prices them as it likes)

@@ -64,7 +64,7 @@ def smollm2() -> None:
 
     warnings.simplefilter("ignore")
     from advisor.calibration.tokens import build_token_sets
-    from advisor.deploy.export import export_plan
+    from advisor.deploy.checkpoint import export_plan
     from advisor.formats import Format
     from advisor.models.loading import load_model
     from advisor.plan import Plan

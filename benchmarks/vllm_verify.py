@@ -74,8 +74,7 @@ class _NoTokenizer:
 def serve_or_record(job: Any, dry_run: bool) -> dict[str, Any]:
     """``job`` served by vLLM in a child process (a dry run: the fake engine here); a plan vLLM cannot serve is a
     finding, recorded as ``{"error": ...}``."""
-    from advisor.deploy.vllm_engine import run_in_child
-    from advisor.deploy.vllm_serve import serve
+    from advisor.deploy.vllm import run_in_child, serve
 
     try:
         if dry_run:
@@ -92,7 +91,7 @@ def build_checkpoints(config: Any, plans: dict[str, Plan], root: Path, device: s
     from transformers import AutoModelForCausalLM
 
     from advisor.calibration.tokens import forward_loop
-    from advisor.deploy.export import write_checkpoint
+    from advisor.deploy.checkpoint import write_checkpoint
     from advisor.models.groups import model_shape
     from advisor.quantize.modelopt_config import quantize_plan
 
@@ -151,8 +150,7 @@ def eightb(args: argparse.Namespace) -> dict[str, Any]:
     import torch
     from transformers import LlamaForCausalLM
 
-    from advisor.deploy.vllm_engine import served_formats
-    from advisor.deploy.vllm_serve import ServeJob
+    from advisor.deploy.vllm import ServeJob, served_formats
     from advisor.energy.prediction import gpu_here, make_predicted_model
     from advisor.models.groups import model_shape
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from advisor.deploy.recheck import read_summary, stored_numbers, stored_plan, summary_recipe
+from advisor.deploy.verification import read_summary, stored_numbers, stored_plan, summary_recipe
 from advisor.report.markdown import render_markdown
 from advisor.report.schema import load_summary
 

@@ -13,7 +13,7 @@ from advisor.models import arithmetic
 from advisor.models.arithmetic import BF16, FLOAT32, choose_arithmetic
 from advisor.plan import Plan
 from advisor.recipe.schema import validate_recipe
-from advisor.search.study_key import check_same_scoring
+from advisor.search.study import check_same_scoring
 
 GIB = 2**30
 

@@ -169,13 +169,13 @@ def test_results_are_never_wrapped_off_a_terminal(capsys):
 
 
 def test_a_missing_postgres_driver_names_an_installed_alternative(monkeypatch):
-    import advisor.search.storage_driver as driver
     from advisor.errors import SetupError
+    from advisor.search.storage import check_storage_url
 
     monkeypatch.setitem(sys.modules, "psycopg", None)
-    monkeypatch.setattr(driver, "module_installed", lambda module: module == "psycopg2")
+    monkeypatch.setattr("advisor.search.storage._driver.module_installed", lambda module: module == "psycopg2")
     with pytest.raises(SetupError) as info:
-        driver.check_storage_url("postgresql://advisor:hunter2@db.example/studies")
+        check_storage_url("postgresql://advisor:hunter2@db.example/studies")
     message = str(info.value)
     assert "pip install 'psycopg[binary]'" in message
     assert "or use the installed psycopg2 driver: postgresql+psycopg2://advisor:***@db.example/studies" in message

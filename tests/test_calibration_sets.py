@@ -112,7 +112,7 @@ def test_a_hub_dataset_offline_is_an_environment_error_naming_it(monkeypatch, to
 
 
 def test_a_run_keeps_a_spec_path_absolute_and_a_set_name_as_it_is(tmp_path, monkeypatch):
-    from advisor.search.study_key import absolute_local_path
+    from advisor.search.study import absolute_local_path
 
     (tmp_path / "mine.yaml").write_text("why: x\n")
     monkeypatch.chdir(tmp_path)

@@ -10,7 +10,7 @@ from advisor.formats import Format
 from advisor.plan import LayerGroup, Plan
 from advisor.report.decision import decision_lines
 from advisor.search.frontier import Candidate, recommend
-from advisor.search.operating_basis import BasisPoint
+from advisor.search.operating import BasisPoint
 
 
 def _energy(j: float, source: str = "predicted (per-model profile, H100 units)") -> list[dict]:

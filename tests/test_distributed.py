@@ -262,15 +262,14 @@ def test_run_search_counts_only_the_trials_it_finished_itself(tmp_path):
 def test_a_trial_that_died_before_naming_its_worker_is_retried(tmp_path, monkeypatch):
     """Killed between Optuna creating the trial and the objective's first line: no pid to check, so its age
     decides (the journal has no heartbeat); the coordinator would otherwise wait for it forever."""
-    from advisor.search import recovery
-    from advisor.search.budget import reap
+    from advisor.search.storage import reap
 
     study = optuna.create_study(storage=_journal(tmp_path), study_name="d")
     trial = study.ask()
     trial.suggest_categorical("layers.0.qkv", ["bf16", "fp8"])
     reap(study)
     assert study.get_trials()[0].state == TrialState.RUNNING  # young: it may still name itself
-    monkeypatch.setattr(recovery, "UNNAMED_GRACE_S", 0.0)
+    monkeypatch.setattr("advisor.search.storage._recovery.UNNAMED_GRACE_S", 0.0)
     reap(study)
     trials = study.get_trials()
     assert trials[0].state == TrialState.FAIL and trials[1].state == TrialState.WAITING

@@ -16,7 +16,7 @@ from advisor.models.shape import ModelShape
 from advisor.plan import LayerGroup, Plan
 from advisor.recipe import validate_recipe
 from advisor.report.summary import build_summary, write_report
-from advisor.search.engine_contract import MeasuredTier
+from advisor.search.measured import MeasuredTier
 from advisor.search.policy import benchmark_targets, measurement_targets
 from advisor.search.study import candidates, open_study, run_search, save_run_meta
 from advisor.search.trial_record import measured_drifts, measured_energy
@@ -242,7 +242,7 @@ def test_the_trials_progress_line_names_the_best_plan_by_prediction_as_the_trial
 
 def test_units_that_agree_or_were_never_checked_keep_their_numbers_as_measured():
     from advisor.estimate import MeasuredUnit
-    from advisor.search.energy_tiers import on_one_unit, point_on_one_unit, unit_factors
+    from advisor.search.measured import on_one_unit, point_on_one_unit, unit_factors
 
     def est(j: float) -> list[EnergyEstimate]:
         return [EnergyEstimate("chat", j, j, j / 10, 1 / j, "measured (Fake GPU)", True)]

@@ -1,4 +1,4 @@
-"""The engine contract (advisor.search.engine_contract, checked by advisor/testing_engines.py) over every engine of
+"""The engine contract (advisor.search.measured._contract, checked by advisor/testing_engines.py) over every engine of
 advisor.engines' table, each on its fake: the built-in runtime with its GPU steps given, TensorRT-LLM's fake module
 on a simulated GPU, vLLM's fake module served in-process. And a third engine, a toy added as one entry of the table,
 passes the same suite and is chosen as the others are."""
@@ -21,7 +21,7 @@ from advisor.models.shape import ModelShape
 from advisor.plan import Plan
 from advisor.recipe import validate_recipe
 from advisor.recipe.schema import Workload
-from advisor.search.engine_contract import MeasuredTier
+from advisor.search.measured import MeasuredTier
 from advisor.testing_engines import GROUPS, MeasuredTierContract, check_entry
 
 SHAPE = ModelShape(GROUPS, 1, 64, 4, 4, 16, 64, 4096)
@@ -67,8 +67,7 @@ def tensorrt_llm_tier(monkeypatch, tmp_path, workload) -> MeasuredTier:
 
 def vllm_tier(monkeypatch, tmp_path, workload) -> MeasuredTier:
     """vLLM's fake module (a step grows with the batch), each serving in this process on a 300 W counter."""
-    from advisor.deploy.vllm_engine import VllmEnergyModel
-    from advisor.deploy.vllm_serve import serve
+    from advisor.deploy.vllm import VllmEnergyModel, serve
     from advisor.energy.meter import MeterConfig
     from advisor.testing_vllm import ConstantPowerCounter, fake_vllm
 
@@ -140,7 +139,7 @@ def test_a_third_engine_is_chosen_as_the_others_are(toy, tmp_path):
     """Its entry is all the recipe, the study key, preflight's import, the energy tiers and the commands' checks
     read; what it does not declare (serving over several GPUs, `advisor verify`) is refused by name."""
     from advisor.energy.prediction import make_energy_tiers
-    from advisor.search.study_key import study_key
+    from advisor.search.study import study_key
 
     check_entry(toy)
     recipe = validate_recipe({"name": "toy", "out": str(tmp_path), "engine": "toy", "energy": "measured",

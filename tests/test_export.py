@@ -11,8 +11,12 @@ from conftest import TINY_MODEL, need
 from typer.testing import CliRunner
 
 from advisor.cli.deploy import export
-from advisor.deploy.export import ROUNDTRIP_KL_ABS_TOL, export_plan
-from advisor.deploy.quant_config import layer_formats_from_quant_config, weight_formats_from_quant_config
+from advisor.deploy.checkpoint import (
+    ROUNDTRIP_KL_ABS_TOL,
+    export_plan,
+    layer_formats_from_quant_config,
+    weight_formats_from_quant_config,
+)
 from advisor.formats import Format
 from advisor.plan import Plan
 
@@ -126,7 +130,7 @@ def test_fp8_plan_lists_bf16_groups_in_exclude_modules(tiny, tmp_path):
     assert _assert_fused_scales_equal(tmp_path / "ckpt", plan, groups) == 4  # qkv and gate_up of 2 layers
     # the search scores these shared scales already: export's own fusion step changes nothing
     assert rt["kl_in_memory_plan"] == rt["kl_in_memory"]
-    # served on Hopper, vLLM's FP8 GEMMs run with cuBLASLt, not its CUTLASS kernel (advisor.deploy.vllm_config)
+    # served on Hopper, vLLM's FP8 GEMMs run with cuBLASLt, not its CUTLASS kernel (deploy/checkpoint/_vllm_config.py)
     served = (tmp_path / "ckpt" / "vllm_config.yaml").read_text()
     assert yaml.safe_load(served)["linear-backend"] == "torch" and "# linear-backend: torch runs" in served
     assert "an older vLLM refuses it" in served
@@ -146,7 +150,7 @@ def test_nvfp4_round_trip_is_exact(tiny, tmp_path):
 def test_fp8_kv_cache_exports_kv_cache_quant_algo_scales_and_the_trtllm_dtype(tiny, tmp_path):
     from safetensors import safe_open
 
-    from advisor.deploy.quant_config import kv_cache_format_from_quant_config
+    from advisor.deploy.checkpoint import kv_cache_format_from_quant_config
 
     loaded, tokens = tiny
     groups = loaded.shape.groups
@@ -231,8 +235,6 @@ def test_the_quantized_copy_holds_no_weights_once_written(tiny, tmp_path, monkey
 
     import torch
 
-    import advisor.deploy.export as export_module
-
     loaded, tokens = tiny
     copies = []
     deepcopy = copy.deepcopy
@@ -243,7 +245,7 @@ def test_the_quantized_copy_holds_no_weights_once_written(tiny, tmp_path, monkey
             copies.append(out)
         return out
 
-    monkeypatch.setattr(export_module.copy, "deepcopy", keep)
+    monkeypatch.setattr(copy, "deepcopy", keep)
     plan = Plan.uniform(loaded.shape.groups, Format.FP8)
     res = export_plan(loaded, plan, tokens, tmp_path / "ckpt", WORKLOADS, target="h100")
     assert res.roundtrip["passed"] and len(copies) == 1

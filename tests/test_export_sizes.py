@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import yaml
 
-from advisor.deploy.trtllm import llm_api_options, options_yaml
-from advisor.deploy.vllm_config import vllm_options, vllm_options_yaml
+from advisor.deploy.checkpoint import llm_api_options, options_yaml, vllm_options, vllm_options_yaml
 from advisor.workflows.export import served_workloads
 
 CHAT = {"name": "chat", "batch_size": 16, "input_tokens": 512, "output_tokens": 256, "tpot_ms": None}

@@ -21,8 +21,7 @@ from conftest import TINY_MODEL, need
 from typer.testing import CliRunner
 
 from advisor.cli import app
-from advisor.deploy.checkpoint import scaled_modules
-from advisor.deploy.quant_config import layer_formats_from_quant_config
+from advisor.deploy.checkpoint import layer_formats_from_quant_config, scaled_modules
 from advisor.formats import Format
 from advisor.models.shape import ModelShape
 from advisor.testing import FAMILIES, MOE_FAMILIES, random_model, tiny_config

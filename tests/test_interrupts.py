@@ -20,7 +20,7 @@ from advisor.formats import Format
 from advisor.interrupts import signals_handled
 from advisor.plan import LayerGroup, Plan
 from advisor.recipe import validate_recipe
-from advisor.search.recovery import retry_callback
+from advisor.search.storage import retry_callback
 from advisor.search.study import open_study, run_search
 from advisor.testing import AdditiveEvaluator
 
@@ -138,9 +138,7 @@ def test_a_second_signal_while_stopping_is_noted_not_raised(recipe):
                 time.sleep(30)
             return super().evaluate(plan)
 
-    from advisor.search import recovery
-
-    retry = recovery.retry_interrupted_trials
+    from advisor.search.storage import retry_interrupted_trials as retry
 
     def retry_after_another_signal(study):
         os.kill(os.getpid(), signal.SIGTERM)
@@ -148,7 +146,7 @@ def test_a_second_signal_while_stopping_is_noted_not_raised(recipe):
 
     study = open_study(recipe, resume=False)
     with signals_handled(), pytest.MonkeyPatch.context() as mp, pytest.raises(KeyboardInterrupt):
-        mp.setattr("advisor.search.budget.retry_interrupted_trials", retry_after_another_signal)
+        mp.setattr("advisor.search.storage._budget.retry_interrupted_trials", retry_after_another_signal)
         run_search(study, Twice(), recipe, GROUPS)
     assert any("failed_trial" in t.system_attrs for t in study.get_trials())
     study, _ = _resume(recipe)

@@ -1,6 +1,6 @@
 """The layout's promises: no import cycle among modules, nothing importing upward between packages, logic
-packages free of heavy imports, a light `--help`, small modules, energy in wings behind their faces, a versioned
-summary.json, and no storage password in what a run writes."""
+packages free of heavy imports, a light `--help`, small modules, energy, search and deploy in wings behind their
+faces, a versioned summary.json, and no storage password in what a run writes."""
 
 from __future__ import annotations
 
@@ -30,8 +30,8 @@ def _imported_after(code: str) -> list[str]:
 
 @pytest.mark.parametrize("package", ["search", "report", "recipe"])
 def test_logic_packages_import_no_heavy_library(package):
-    modules = sorted(p.stem for p in (ROOT / "advisor" / package).glob("*.py") if p.stem != "__init__")
-    code = "; ".join(f"import advisor.{package}.{m}" for m in modules)
+    modules = sorted(_module_name(p) for p in (ROOT / "advisor" / package).rglob("*.py"))
+    code = "; ".join(f"import {m}" for m in modules)
     assert _imported_after(code) == []
 
 
@@ -127,12 +127,54 @@ def test_nothing_imports_upward_between_packages():
     assert upward == []
 
 
-def test_energy_has_few_top_level_modules_and_its_wings_keep_their_private_modules():
-    top = sorted(p.name for p in (ROOT / "advisor" / "energy").glob("*.py"))
-    assert len(top) <= 8, top
+#: packages split into wings (subpackages whose ``__init__`` is their face, the rest private ``_`` modules): the most
+#: top-level modules (``__init__`` included) and, where bounded, the most modules of one wing (its face included);
+#: whether tests and benchmarks too reach the wings only through their faces (energy's tests still open its private
+#: modules to patch and probe them).
+WINGED = {"energy": (8, None, False), "search": (10, 10, True), "deploy": (10, 10, True)}
+
+
+def _private_wing(module: str, package: str) -> str | None:
+    """The wing whose private module ``module`` (``advisor.<package>.<wing>._name...``) is, else None."""
+    parts = module.split(".")
+    if len(parts) >= 4 and parts[:2] == ["advisor", package] and parts[3].startswith("_"):
+        return ".".join(parts[:3])
+    return None
+
+
+def _inside(module: str, wing: str) -> bool:
+    return module == wing or module.startswith(f"{wing}.")
+
+
+def _script_imports(package: str) -> list[tuple[str, str]]:
+    """(file:line, module) for every import of advisor.<package> in tests/ and benchmarks/ (``from X import name``
+    counts as ``X.name``, so that importing a private module from its wing's face counts too)."""
+    found = []
+    for path in (p for d in ("tests", "benchmarks") for p in (ROOT / d).rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+            found += [(f"{path.relative_to(ROOT)}:{node.lineno}", n) for n in names
+                      if n.split(".")[:2] == ["advisor", package]]
+    return found
+
+
+@pytest.mark.parametrize("package", sorted(WINGED))
+def test_winged_packages_have_few_top_level_modules_and_their_wings_keep_their_private_modules(package):
+    most_top, most_in_wing, scripts_too = WINGED[package]
+    top = sorted(p.name for p in (ROOT / "advisor" / package).glob("*.py"))
+    assert len(top) <= most_top, top
+    wings = [d for d in (ROOT / "advisor" / package).iterdir() if (d / "__init__.py").exists()]
+    if most_in_wing is not None:
+        crowded = {d.name: n for d in wings if (n := len(list(d.glob("*.py")))) > most_in_wing}
+        assert crowded == {}
     reaching_in = [f"{m} -> {d}" for m, deps in _import_graph().items() for d in deps
-                   if d.startswith("advisor.energy.") and d.split(".")[3:4] and d.split(".")[3].startswith("_")
-                   and not m.startswith(".".join(d.split(".")[:3]))]
+                   if (wing := _private_wing(d, package)) and not _inside(m, wing)]
+    if scripts_too:
+        reaching_in += [f"{where} -> {m}" for where, m in _script_imports(package) if _private_wing(m, package)]
     assert reaching_in == []
 
 
@@ -273,10 +315,10 @@ def test_the_engines_are_named_in_one_place():
 
 
 def test_no_member_of_an_energy_tier_is_discovered_at_run_time():
-    """Every member of a measured tier (the contract, advisor.search.engine_contract) and of a predicted one
+    """Every member of a measured tier (the contract, advisor.search.measured._contract) and of a predicted one
     (advisor.estimate.PredictedModel) is declared: nothing asks getattr/hasattr whether a tier has one."""
     from advisor.estimate import PredictedModel
-    from advisor.search.engine_contract import MeasuredTier
+    from advisor.search.measured import MeasuredTier
 
     members = {m for cls in (MeasuredTier, PredictedModel) for m in (*dir(cls), *cls.__annotations__)
                if not m.startswith("_")}

@@ -26,7 +26,7 @@ from advisor.models.shape import ModelShape
 from advisor.plan import LayerGroup, Plan
 from advisor.recipe import validate_recipe
 from advisor.report.summary import build_summary, write_report
-from advisor.search.measure_queue import QUEUE_SUFFIX, set_round
+from advisor.search.measured import QUEUE_SUFFIX, set_round
 from advisor.search.policy import measurement_targets
 from advisor.search.storage import open_storage
 from advisor.search.study import candidates, open_owned_study, run_search, save_run_meta
@@ -238,7 +238,7 @@ def test_a_worker_on_the_coordinators_gpu_stays_out(searched):
 
 
 def _unit(uuid: str):
-    from advisor.search.measure_queue import Unit
+    from advisor.search.measured import Unit
 
     return Unit(uuid, "Fake GPU")
 
@@ -248,8 +248,8 @@ def test_a_plan_retried_from_a_dead_worker_is_labelled_with_the_unit_that_measur
     the plan records its own."""
     from datetime import datetime
 
-    from advisor.search.measure_queue import Measurer, Merged, enqueue, merge, open_queue
-    from advisor.search.recovery import this_worker
+    from advisor.search.measured import Measurer, Merged, enqueue, merge, open_queue
+    from advisor.search.storage import this_worker
 
     study, recipe = searched
     reference, fp8 = Plan.uniform(GROUPS, Format.BF16), Plan.uniform(GROUPS, Format.FP8)
@@ -275,8 +275,8 @@ def test_a_plan_whose_measurement_raised_in_a_worker_is_named_and_not_retried(se
     """An error (not a death) fails the plan's queue trial as a trial's error fails it: no retry, one line."""
     from datetime import datetime
 
-    from advisor.search.measure_queue import Measurer, enqueue, failed_plans, open_queue
-    from advisor.search.recovery import this_worker
+    from advisor.search.measured import Measurer, enqueue, failed_plans, open_queue
+    from advisor.search.storage import this_worker
 
     study, recipe = searched
     since = datetime.now()

@@ -10,7 +10,7 @@ import pytest
 from conftest import TINY_MODEL, need
 from transformers import AutoConfig, AutoTokenizer
 
-from advisor.deploy.model_identity import architecture, check_new_version, tokenizer_fingerprint
+from advisor.deploy.verification import architecture, check_new_version, tokenizer_fingerprint
 from advisor.errors import InputError
 from advisor.recipe.schema import ModelSpec
 

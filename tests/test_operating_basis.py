@@ -1,5 +1,5 @@
 """The recommendation under a latency objective, chosen on the measured operating points where every plan it
-compares was measured (advisor.search.operating_basis), and on the predicted ones, saying so, where not."""
+compares was measured (advisor.search.operating._basis), and on the predicted ones, saying so, where not."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from advisor.plan import LayerGroup, Plan
 from advisor.report.operating_md import operating_section
 from advisor.report.schema import OperatingPointRecord
 from advisor.search.frontier import Candidate, recommend
-from advisor.search.operating_basis import basis_words, operating_basis
+from advisor.search.operating import basis_words, operating_basis
 
 GROUPS = (LayerGroup("layers.0.qkv", ("m0",), ((8, 8),)), LayerGroup("layers.0.down", ("m1",), ((8, 8),)))
 BF16 = Plan.uniform(GROUPS, Format.BF16)

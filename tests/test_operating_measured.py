@@ -1,4 +1,4 @@
-"""Operating points as measured (advisor.search.operating_measured): each measured plan metered at its own
+"""Operating points as measured (advisor.search.operating._measured): each measured plan metered at its own
 operating batch, recorded beside the predicted point, and shown in the report; with synthetic step times, a
 fake measured tier and the fake vllm module."""
 
@@ -19,17 +19,17 @@ from advisor.recipe import validate_recipe
 from advisor.recipe.schema import Workload
 from advisor.report.operating_md import operating_lines, operating_section
 from advisor.report.summary import build_summary
-from advisor.search.engine_contract import MeasuredTier
-from advisor.search.operating import operating_points, steady_state
-from advisor.search.operating_measured import (
+from advisor.search.measured import EXTRA_METERINGS, MeasuredTier
+from advisor.search.operating import (
     MeasuredPoint,
     at_batch,
     from_steps,
     from_timed,
     meets_as_measured,
     objective_name,
+    operating_points,
+    steady_state,
 )
-from advisor.search.operating_search import EXTRA_METERINGS
 from advisor.search.study import open_study, run_search, save_run_meta
 from advisor.search.trial_record import measured_points, record_operating_points
 from advisor.testing import AdditiveEvaluator
@@ -218,8 +218,7 @@ def test_a_point_the_tier_cannot_meter_says_why(study_and_recipe):
 def test_vllm_meters_a_plans_operating_points_in_one_engine(tmp_path, monkeypatch):
     import json
 
-    from advisor.deploy.vllm_engine import VllmEnergyModel
-    from advisor.deploy.vllm_serve import serve
+    from advisor.deploy.vllm import VllmEnergyModel, serve
     from advisor.energy.meter import MeterConfig
     from advisor.testing_vllm import ConstantPowerCounter, fake_vllm
 
@@ -293,8 +292,7 @@ def test_the_frontier_plot_marks_the_measured_points(study_and_recipe, tmp_path)
 def _fake_vllm_model(tmp_path, monkeypatch, workloads):
     import json
 
-    from advisor.deploy.vllm_engine import VllmEnergyModel
-    from advisor.deploy.vllm_serve import serve
+    from advisor.deploy.vllm import VllmEnergyModel, serve
     from advisor.energy.meter import MeterConfig
     from advisor.testing_vllm import ConstantPowerCounter, fake_vllm
 
@@ -323,7 +321,7 @@ PREDICTED_CURVE = [(b, 0.25 * b, 1.0 / b) for b in (1, 2, 4, 8, 16, 32)]  # pred
 
 
 def test_vllm_searches_a_missed_operating_point_in_one_engine(tmp_path, monkeypatch):
-    from advisor.search.operating_search import BatchSearch, search_batches
+    from advisor.search.measured import BatchSearch, search_batches
 
     model, vllm, jobs, round_jobs = _fake_vllm_model(tmp_path, monkeypatch, [OBJECTIVE])
     (got,) = search_batches(model, BF16, [BatchSearch(OBJECTIVE, 24, PREDICTED_CURVE)])
@@ -339,7 +337,7 @@ def test_vllm_searches_a_missed_operating_point_in_one_engine(tmp_path, monkeypa
 
 
 def test_vllm_reads_the_first_round_back_and_starts_an_engine_only_for_more(tmp_path, monkeypatch):
-    from advisor.search.operating_search import BatchSearch, search_batches
+    from advisor.search.measured import BatchSearch, search_batches
 
     model, vllm, jobs, round_jobs = _fake_vllm_model(tmp_path, monkeypatch, [OBJECTIVE, at_batch(OBJECTIVE, 24)])
     model.estimate(BF16, OBJECTIVE)  # as `advisor measure` does: the stated and the predicted batch in one engine

@@ -19,14 +19,16 @@ from advisor.report.schema import OperatingPointRecord
 from advisor.search.frontier import Candidate, recommend
 from advisor.search.operating import (
     KV_MEMORY_SHARE,
+    SearchEnergy,
+    describe_days,
     kv_batch_limit,
     largest_meeting,
     operating_point,
+    payback,
     steady_state,
     weight_bytes,
 )
-from advisor.search.payback import SearchEnergy, describe_days, payback
-from advisor.search.study_key import study_key
+from advisor.search.study import study_key
 
 SHAPE = llama_shape("model.layers", 2, 256, 512, 4, 2, 1000)
 H100 = GPU_SPECS[GPU.H100]

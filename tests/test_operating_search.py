@@ -1,4 +1,4 @@
-"""The measured batch search (advisor.search.operating_search): where the predicted operating batch misses its
+"""The measured batch search (advisor.search.measured._batch_search): where the predicted operating batch misses its
 objective as measured, smaller batches are metered until the largest that meets is found or the budget is
 spent; with a fake measured tier whose TPOT grows with the batch (and one whose TPOT is not monotone)."""
 
@@ -11,9 +11,8 @@ import pytest
 from advisor.formats import Format
 from advisor.plan import LayerGroup, Plan
 from advisor.recipe.schema import Workload
-from advisor.search.engine_contract import MeasuredTier
-from advisor.search.operating_measured import from_timed
-from advisor.search.operating_search import EXTRA_METERINGS, RESOLUTION, BatchSearch, curve_batch, search_batches
+from advisor.search.measured import EXTRA_METERINGS, RESOLUTION, BatchSearch, MeasuredTier, curve_batch, search_batches
+from advisor.search.operating import from_timed
 
 GROUPS = (LayerGroup("layers.0.qkv", ("m0",), ((8, 8),)),)
 PLAN = Plan.uniform(GROUPS, Format.BF16)
@@ -170,7 +169,7 @@ def test_curve_batch_reads_the_predicted_curve():
 def test_on_an_engine_that_pads_to_graph_sizes_only_graph_sizes_are_metered():
     """vLLM runs a decode batch padded to its next CUDA-graph size: TPOT is a staircase, and the answer is the
     top of a stair (232 serves more than 225 at the same step time)."""
-    from advisor.deploy.vllm_config import decode_graph_sizes
+    from advisor.deploy.checkpoint import decode_graph_sizes
 
     grid = decode_graph_sizes(1024)
 
@@ -192,7 +191,7 @@ def test_on_an_engine_that_pads_to_graph_sizes_only_graph_sizes_are_metered():
 
 
 def test_decode_graph_sizes_follow_vllms_default_list():
-    from advisor.deploy.vllm_config import decode_graph_sizes
+    from advisor.deploy.checkpoint import decode_graph_sizes
 
     sizes = decode_graph_sizes(1024)
     assert sizes[:5] == (1, 2, 4, 8, 16) and 248 in sizes and 252 not in sizes and 256 in sizes
@@ -204,7 +203,7 @@ def test_decode_graph_sizes_follow_vllms_default_list():
 def test_the_fast_search_brackets_in_two_meterings_within_one_graph_size_of_the_slow_one(objective, error):
     """From a predicted curve within ~10% of the engine's (what the engine-true step model gives), the served
     batch is bracketed by the first two meterings, within one CUDA-graph size of the slow search's answer."""
-    from advisor.deploy.vllm_config import decode_graph_sizes
+    from advisor.deploy.checkpoint import decode_graph_sizes
 
     grid = decode_graph_sizes(1024)
 

@@ -11,7 +11,7 @@ from conftest import TINY_MODEL, need
 from typer.testing import CliRunner
 
 from advisor.cli.deploy import recheck
-from advisor.deploy.recheck import neighbours, read_summary
+from advisor.deploy.verification import neighbours, read_summary
 from advisor.formats import Format
 from advisor.plan import Plan
 
@@ -151,9 +151,8 @@ def fake_vllm_gpu(monkeypatch):
     import sys
     import types
 
-    import advisor.deploy.vllm_engine as vllm_engine
     import advisor.energy.meter as meter_module
-    from advisor.deploy.vllm_serve import serve
+    from advisor.deploy.vllm import serve
     from advisor.energy.meter import MeterConfig
     from advisor.testing_vllm import ConstantPowerCounter, fake_vllm
 
@@ -162,10 +161,11 @@ def fake_vllm_gpu(monkeypatch):
     monkeypatch.setattr("advisor.energy.prediction.gpu_here", lambda: ("h100", "Fake GPU"))
     state = types.SimpleNamespace(name="Fake GPU", driver="0")
     monkeypatch.setattr(meter_module, "NvmlDevice", lambda index: types.SimpleNamespace(state=lambda: state))
-    monkeypatch.setattr(vllm_engine, "run_in_child", lambda job: serve(job, make_counter=ConstantPowerCounter))
-    monkeypatch.setattr(vllm_engine, "_run_rounds", lambda job, more: serve(job, make_counter=ConstantPowerCounter,
-                                                                           more=more))
-    monkeypatch.setattr(vllm_engine, "STEADY_LOAD_METER", MeterConfig(
+    monkeypatch.setattr("advisor.deploy.vllm._engine.run_in_child",
+                        lambda job: serve(job, make_counter=ConstantPowerCounter))
+    monkeypatch.setattr("advisor.deploy.vllm._engine._run_rounds",
+                        lambda job, more: serve(job, make_counter=ConstantPowerCounter, more=more))
+    monkeypatch.setattr("advisor.deploy.vllm._engine.STEADY_LOAD_METER", MeterConfig(
         warmup_s=0.5, min_window_s=0.2, min_ticks=10, repeats=3, idle_s=0.02, max_cv=0.5))
     return vllm
 

@@ -127,7 +127,7 @@ def test_kv_cache_defaults_to_bf16_and_fp8_is_checked_against_the_target(tmp_pat
 
 
 def test_study_key_names_the_kv_cache_only_when_it_is_searched():
-    from advisor.search.study_key import study_key
+    from advisor.search.study import study_key
 
     assert "kv_cache" not in study_key(load_recipe(None), {})  # studies made before it keep their key
     assert study_key(load_recipe(None, {"kv_cache": ["bf16", "fp8"]}), {})["kv_cache"] == ["bf16", "fp8"]
@@ -137,7 +137,7 @@ def test_engine_is_in_the_study_key_only_when_not_builtin_and_preflight_needs_th
     import sys
 
     from advisor.errors import SetupError
-    from advisor.search.study_key import study_key
+    from advisor.search.study import study_key
     from advisor.workflows.preflight import check_devices
 
     assert "engine" not in study_key(load_recipe(None), {})

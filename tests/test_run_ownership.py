@@ -20,10 +20,7 @@ from typer.testing import CliRunner
 from advisor.cli import app
 from advisor.errors import InputError
 from advisor.recipe import validate_recipe
-from advisor.search import ownership, study
-from advisor.search.ownership import OWNER_ATTR, read_owner
-from advisor.search.processes import is_running
-from advisor.search.storage import open_storage
+from advisor.search.storage import OWNER_ATTR, STALE_S, is_running, open_storage, read_owner
 from advisor.search.study import open_owned_study
 from advisor.workflows.run_lock import LOCK_NAME, run_folder_lock
 
@@ -131,7 +128,7 @@ def test_an_owner_that_died_is_taken_over_with_one_warning_and_a_live_remote_one
     storage.set_study_system_attr(study_id, OWNER_ATTR, remote)
     with pytest.raises(InputError, match="in use by .*on host elsewhere"):
         open_owned_study(_recipe(tmp_path, url, "b"), True, {"k": 1}, warnings.append)
-    storage.set_study_system_attr(study_id, OWNER_ATTR, {**remote, "beat": time.time() - 2 * ownership.STALE_S})
+    storage.set_study_system_attr(study_id, OWNER_ATTR, {**remote, "beat": time.time() - 2 * STALE_S})
     open_owned_study(_recipe(tmp_path, url, "b"), True, {"k": 1}, warnings.append).release()  # silent too long
 
 
@@ -139,13 +136,13 @@ def test_a_study_created_by_another_run_meanwhile_is_refused_not_reused(tmp_path
     """The loser of a simultaneous creation (it looked before the winner created): one InputError, no KeyError."""
     url = f"journal:{tmp_path / 'shared.journal'}"
     winner = open_owned_study(_recipe(tmp_path, url), False, {"k": 1}, print)
-    looked, real = [], study._study_id
+    looked = []
 
-    def first_look_misses(storage, name):
+    def first_look_misses(storage, name):  # the study exists: every later look finds it
         looked.append(name)
-        return None if len(looked) == 1 else real(storage, name)
+        return None if len(looked) == 1 else storage.get_study_id_from_name(name)
 
-    monkeypatch.setattr(study, "_study_id", first_look_misses)
+    monkeypatch.setattr("advisor.search.study._open._study_id", first_look_misses)
     with pytest.raises(InputError, match=f"in use by advisor search \\(pid {os.getpid()}"):
         open_owned_study(_recipe(tmp_path, url, "b"), False, {"k": 1}, print)
     winner.release()

@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from advisor.cli import app
 from advisor.search.storage import absolute_url, open_storage
-from advisor.search.study_key import check_same_key, key_differences
+from advisor.search.study import check_same_key, key_differences
 
 runner = CliRunner()
 

@@ -42,8 +42,8 @@ def test_without_a_gpu_the_share_is_vllms_usual_one(monkeypatch):
 
 
 def test_the_vllm_tier_asks_the_engine_for_the_share_left_beside_the_search(tmp_path, monkeypatch):
-    from advisor.deploy import vllm_engine
-    from advisor.deploy.vllm_serve import serve
+    from advisor.deploy.vllm import VllmEnergyModel, serve
+    from advisor.energy.meter import MeterConfig
     from advisor.formats import Format
     from advisor.plan import Plan
     from advisor.recipe.schema import Workload
@@ -51,14 +51,14 @@ def test_the_vllm_tier_asks_the_engine_for_the_share_left_beside_the_search(tmp_
 
     vllm = fake_vllm(step_s=0.001)
     monkeypatch.setitem(sys.modules, "vllm", vllm)
-    monkeypatch.setattr(vllm_engine, "engine_memory_share", lambda gpus: 0.42)
+    monkeypatch.setattr("advisor.deploy.vllm._engine.engine_memory_share", lambda gpus: 0.42)
     ck = tmp_path / "ck"
     ck.mkdir()
     (ck / "config.json").write_text('{"num_hidden_layers": 1, "vocab_size": 64}')
-    meter = vllm_engine.MeterConfig(warmup_s=0.5, min_window_s=0.2, min_ticks=10, repeats=2, idle_s=0.02, max_cv=0.5)
+    meter = MeterConfig(warmup_s=0.5, min_window_s=0.2, min_ticks=10, repeats=2, idle_s=0.02, max_cv=0.5)
     chat = Workload(name="chat", batch_size=2, input_tokens=8, output_tokens=8)
-    model = vllm_engine.VllmEnergyModel(lambda plan: Path(ck), [chat], 64, meter=meter,
-                                        runner=lambda job: serve(job, make_counter=ConstantPowerCounter))
+    model = VllmEnergyModel(lambda plan: Path(ck), [chat], 64, meter=meter,
+                            runner=lambda job: serve(job, make_counter=ConstantPowerCounter))
     model.estimate(Plan.uniform(["layers.0.qkv"], Format.BF16), chat)
     assert [llm.kwargs["gpu_memory_utilization"] for llm in vllm.instances] == [0.42]
 

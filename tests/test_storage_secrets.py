@@ -8,20 +8,23 @@ from typer.testing import CliRunner
 
 from advisor.cli import app
 from advisor.errors import InputError
-from advisor.search.storage_driver import check_storage_url
-from advisor.search.storage_url import ambiguous_password, redact_seen, redact_text, redact_url, remember_url
+from advisor.search.storage import (
+    ambiguous_password,
+    check_storage_url,
+    redact_seen,
+    redact_text,
+    redact_url,
+    remember_url,
+)
 
 runner = CliRunner()
 RAW_AT = "postgresql://user:se@cret123@127.0.0.1:9/db"
 
 
 @pytest.fixture(autouse=True)
-def forget_urls():
+def forget_urls(monkeypatch):
     """The URLs these tests give the process are not masked in later tests' messages."""
-    from advisor.search import storage_url
-
-    yield
-    storage_url._URLS_SEEN.clear()
+    monkeypatch.setattr("advisor.search.storage._url._URLS_SEEN", set())
 
 
 def test_the_driver_message_for_a_raw_at_shows_no_piece_of_the_password():

@@ -9,7 +9,7 @@ from dataclasses import replace
 
 import pytest
 
-from advisor.deploy.vllm_serve import ServeJob, serve
+from advisor.deploy.vllm import ServeJob, serve
 from advisor.energy.meter import GPUState, MeterConfig, SummedCounter, combined_state, summed_config
 from advisor.testing_vllm import ConstantPowerCounter, fake_vllm
 
@@ -135,7 +135,7 @@ def test_a_gpu_count_vllm_refuses_is_exit_2_and_more_than_visible_exit_3(monkeyp
 
 
 def test_the_measured_tier_serves_over_the_recipes_gpus_and_labels_them(tmp_path, monkeypatch):
-    from advisor.deploy.vllm_engine import VllmEnergyModel
+    from advisor.deploy.vllm import VllmEnergyModel
     from advisor.formats import Format
     from advisor.plan import LayerGroup, Plan
     from advisor.recipe.schema import Workload
@@ -182,7 +182,7 @@ def test_gpus_belong_to_serving_and_the_dry_run(tmp_path):
 
 def test_a_run_served_over_several_gpus_keeps_them_in_its_study_key():
     from advisor.recipe.schema import load_recipe
-    from advisor.search.study_key import study_key
+    from advisor.search.study import study_key
 
     assert study_key(load_recipe(None, {"engine": "vllm", "gpus": 4}), {})["gpus"] == 4
     assert "gpus" not in study_key(load_recipe(None, {"engine": "vllm"}), {})  # studies made before keep their key

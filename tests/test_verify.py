@@ -13,7 +13,7 @@ from conftest import TINY_MODEL, need
 from typer.testing import CliRunner
 
 from advisor.cli import app
-from advisor.deploy.vllm_serve import serve
+from advisor.deploy.vllm import serve
 from advisor.testing_vllm import ConstantPowerCounter, fake_vllm
 
 runner = CliRunner()
@@ -41,8 +41,7 @@ def run_dir(tmp_path_factory):
 def engine(monkeypatch, run_dir):
     """The fake vllm importable, a GPU "here", and the engine served in-process on a constant-power counter (with
     the batch search's rounds); the servings an earlier test kept in the shared run folder forgotten."""
-    import advisor.deploy.vllm_engine as vllm_engine
-    from advisor.deploy.served_store import FOLDER
+    from advisor.deploy.verification import FOLDER
     from advisor.energy.meter import MeterConfig
     from advisor.workflows import verify as verify_module
 
@@ -51,8 +50,8 @@ def engine(monkeypatch, run_dir):
     monkeypatch.setitem(sys.modules, "vllm", vllm)
     monkeypatch.setattr("advisor.energy.prediction.gpu_here", lambda: ("h100", "Fake GPU"))
     monkeypatch.setattr(verify_module, "run_in_child", lambda job: serve(job, make_counter=ConstantPowerCounter))
-    monkeypatch.setattr(vllm_engine, "_run_rounds", lambda job, more: serve(job, make_counter=ConstantPowerCounter,
-                                                                           more=more))
+    monkeypatch.setattr("advisor.deploy.vllm._engine._run_rounds",
+                        lambda job, more: serve(job, make_counter=ConstantPowerCounter, more=more))
     monkeypatch.setattr(verify_module, "STEADY_LOAD_METER", MeterConfig(**FAST))
     return vllm
 
@@ -111,7 +110,7 @@ def test_verify_serves_the_recommendation_and_bf16(run_dir, engine, tmp_path):
     # the frontier as served: the served plans' predicted curves with vLLM's points, drawn and linked
     assert data["operating_plot"] == "verify_operating_points.png" and (run_dir / data["operating_plot"]).stat().st_size
     assert "![the time-energy frontier as served](verify_operating_points.png)" in report
-    from advisor.deploy.verify_report import served_operating_summary
+    from advisor.deploy.verification import served_operating_summary
 
     drawn = served_operating_summary(summary, data)
     assert {p["plan_id"] for p in drawn["operating_points"]} == {r["plan_id"] for r in data["plans"]}
@@ -224,29 +223,30 @@ def test_verify_searches_an_operating_point_vllm_misses_in_the_same_engine(run_d
 
 
 def test_a_verify_cut_off_serves_only_the_plans_it_had_not_served(run_dir, engine, tmp_path, monkeypatch):
-    import advisor.deploy.vllm_engine as vllm_engine
-    from advisor.deploy.served_store import FOLDER
+    from advisor.deploy.verification import FOLDER
 
     copy = tmp_path / "run"
     shutil.copytree(run_dir, copy)
     (copy / "verify.json").unlink(missing_ok=True)  # an earlier test's
     served_plans = []
-    real_rounds = vllm_engine._run_rounds
+
+    def in_process(job, more):  # as the engine fixture serves
+        return serve(job, make_counter=ConstantPowerCounter, more=more)
 
     def cut_after_one(job, more):
         if served_plans:
             raise KeyboardInterrupt  # the lent GPU's time ran out during the second plan
         served_plans.append(job.checkpoint)
-        return real_rounds(job, more)
+        return in_process(job, more)
 
-    monkeypatch.setattr(vllm_engine, "_run_rounds", cut_after_one)
+    monkeypatch.setattr("advisor.deploy.vllm._engine._run_rounds", cut_after_one)
     fp8 = next(t["plan_id"] for t in json.loads((copy / "summary.json").read_text())["trials"]
                if set(t["formats"].values()) == {"fp8"})
     res = runner.invoke(app, ["verify", str(copy), "--plan", fp8])
     assert res.exit_code != 0 and not (copy / "verify.json").exists()
     (kept,) = (copy / FOLDER).glob("*.json")
     assert served_plans == [str(copy / "engine_checkpoints" / kept.stem)]
-    monkeypatch.setattr(vllm_engine, "_run_rounds", real_rounds)
+    monkeypatch.setattr("advisor.deploy.vllm._engine._run_rounds", in_process)
     before = len(engine.instances)
     res = runner.invoke(app, ["verify", str(copy), "--plan", fp8])
     assert res.exit_code == 0, res.output
@@ -295,7 +295,6 @@ def _vllm_verify_script():
 
 def test_the_operating_points_report_collects_what_verify_served_and_searched(run_dir, engine, tmp_path,
                                                                             monkeypatch, capsys):
-    import advisor.deploy.vllm_engine as vllm_engine
     from advisor.energy.meter import MeterConfig
     from advisor.workflows import verify as verify_module
 
@@ -312,7 +311,7 @@ def test_the_operating_points_report_collects_what_verify_served_and_searched(ru
     monkeypatch.setattr(verify_module, "run_in_child", lambda job: jobs.append(job) or serve(
         job, make_counter=ConstantPowerCounter))
     monkeypatch.setattr(verify_module, "MeterConfig", lambda: MeterConfig(**{**FAST, "warmup_s": 0.5}))
-    monkeypatch.setattr(vllm_engine, "_run_rounds", lambda job, more: jobs.append(job) or serve(
+    monkeypatch.setattr("advisor.deploy.vllm._engine._run_rounds", lambda job, more: jobs.append(job) or serve(
         job, make_counter=ConstantPowerCounter, more=more))
     fp8 = next(t["plan_id"] for t in summary["trials"] if t["trial"] == summary["baselines"]["all-fp8"])
     assert runner.invoke(app, ["verify", str(copy), "--plan", fp8]).exit_code == 0
@@ -374,7 +373,7 @@ def _at(batch, j, meets, tpot=5.0):
 
 
 def test_the_decision_as_served_compares_each_plan_at_its_largest_batch_that_met_in_vllm():
-    from advisor.deploy.verify_report import served_decision
+    from advisor.deploy.verification import served_decision
     from advisor.search.frontier import percent_less
 
     # all-BF16 missed at its predicted batch 40 and met at 30 after the search; the recommendation met at 90
@@ -403,7 +402,7 @@ def test_the_decision_as_served_compares_each_plan_at_its_largest_batch_that_met
 
 
 def test_served_kl_is_bounded_to_the_first_held_out_sequences_and_verify_says_so(run_dir, engine, monkeypatch):
-    from advisor.deploy.served_kl import within_budget
+    from advisor.deploy.vllm import within_budget
     from advisor.workflows import verify as verify_module
 
     five = (1,) * 5  # 4 positions: 40 entries at a vocabulary of 10
@@ -420,7 +419,7 @@ def test_served_kl_is_bounded_to_the_first_held_out_sequences_and_verify_says_so
 
 
 def test_verify_md_sets_served_kl_beside_the_proxy_and_names_a_plan_over_the_budget_as_served():
-    from advisor.deploy.verify_report import render_verify
+    from advisor.deploy.verification import render_verify
 
     def plan(role, pid, served, proxy):
         return {"role": role, "plan_id": pid, "label": pid, "formats_match": True, "served_formats": {},
@@ -502,8 +501,7 @@ def test_slots_run_every_task_once_at_most_one_per_slot_and_report_the_first_fai
 def test_an_engines_process_sees_only_its_jobs_gpus(monkeypatch):
     import os
 
-    from advisor.deploy.vllm_rounds import pin_devices
-    from advisor.deploy.vllm_serve import ServeJob
+    from advisor.deploy.vllm import ServeJob, pin_devices
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3")
     pin_devices(ServeJob(checkpoint="ck", vocab_size=8))
@@ -538,7 +536,7 @@ def test_slots_interrupted_start_no_further_task(monkeypatch):
 def test_with_workers_all_bf16_and_the_recommendation_share_a_gpu(tmp_path, monkeypatch):
     import threading
 
-    from advisor.deploy.vllm_serve import ServeJob
+    from advisor.deploy.vllm import ServeJob
     from advisor.formats import Format
     from advisor.plan import Plan
     from advisor.workflows.verify_serving import Serving, serve_plans
@@ -563,7 +561,7 @@ def test_with_workers_all_bf16_and_the_recommendation_share_a_gpu(tmp_path, monk
 
 
 def test_the_decision_as_served_says_when_its_two_plans_ran_on_different_gpus():
-    from advisor.deploy.verify_report import served_decision
+    from advisor.deploy.verification import served_decision
 
     rec, bf16 = _served_plan("recommendation", "r", _at(90, 0.07, True)), _served_plan("bf16", "b", _at(30, 0.12, True))
     rec["devices"], bf16["devices"] = ["GPU-x"], ["GPU-y"]

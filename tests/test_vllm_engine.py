@@ -11,9 +11,16 @@ import pytest
 import torch
 
 from advisor.deploy.engines import measured_tier
-from advisor.deploy.served_kl import dense_logprobs, kl_sum, served_kl, write_reference
-from advisor.deploy.vllm_engine import run_in_child, served_formats
-from advisor.deploy.vllm_serve import ServeJob, serve
+from advisor.deploy.vllm import (
+    ServeJob,
+    dense_logprobs,
+    kl_sum,
+    run_in_child,
+    serve,
+    served_formats,
+    served_kl,
+    write_reference,
+)
 from advisor.engines import ENGINE_TABLE, import_engine
 from advisor.errors import AdvisorError, SetupError, UnsupportedError
 from advisor.formats import GPU, Format
@@ -206,7 +213,6 @@ def test_measure_with_an_objective_meters_the_plans_operating_point(tmp_path, mo
     from conftest import TINY_MODEL, need
     from typer.testing import CliRunner
 
-    import advisor.deploy.vllm_engine as vllm_engine
     from advisor.cli import app
     from advisor.cli.energy import shape_from_model
     from advisor.energy.meter import MeterConfig
@@ -214,8 +220,9 @@ def test_measure_with_an_objective_meters_the_plans_operating_point(tmp_path, mo
     vllm = fake_vllm(step_s=0.001)
     monkeypatch.setitem(sys.modules, "vllm", vllm)
     monkeypatch.setattr("advisor.cli.energy.gpu_here", lambda: (None, "Fake GPU"))
-    monkeypatch.setattr(vllm_engine, "run_in_child", lambda job: serve(job, make_counter=ConstantPowerCounter))
-    monkeypatch.setattr(vllm_engine, "MeterConfig", lambda: MeterConfig(**FAST))
+    monkeypatch.setattr("advisor.deploy.vllm._engine.run_in_child",
+                        lambda job: serve(job, make_counter=ConstantPowerCounter))
+    monkeypatch.setattr("advisor.deploy.vllm._engine.MeterConfig", lambda: MeterConfig(**FAST))
     model = need(TINY_MODEL)
     plan = tmp_path / "plan.json"
     plan.write_text(Plan.uniform(shape_from_model(str(model)).groups, Format.FP8).to_json())
@@ -235,9 +242,10 @@ def test_measure_with_an_objective_meters_the_plans_operating_point(tmp_path, mo
     assert m["predicted_batch"] == 6 and m["search"] == "meets at the predicted batch 6" and len(m["trail"]) == 1
     # steps that grow with the batch: batch 6 misses 1.5 ms as measured, smaller batches are metered in one engine
     vllm.step_s, vllm.step_s_per_seq = 0.0002, 0.0003
-    monkeypatch.setattr(vllm_engine, "MeterConfig", lambda: MeterConfig(**{**FAST, "warmup_s": 0.5}))  # busy CI
-    monkeypatch.setattr(vllm_engine, "_run_rounds", lambda job, more: serve(job, make_counter=ConstantPowerCounter,
-                                                                           more=more))
+    monkeypatch.setattr("advisor.deploy.vllm._engine.MeterConfig",
+                        lambda: MeterConfig(**{**FAST, "warmup_s": 0.5}))  # busy CI
+    monkeypatch.setattr("advisor.deploy.vllm._engine._run_rounds",
+                        lambda job, more: serve(job, make_counter=ConstantPowerCounter, more=more))
     res = CliRunner().invoke(app, [*args, "--tpot-ms", "1.5", "--max-concurrency", "6"])
     assert res.exit_code == 0, res.output
     m = json.loads(res.output[res.output.index("{"):])["operating_point"]["measured"]
@@ -258,7 +266,7 @@ def test_the_capture_bound_follows_the_job_and_an_explicit_compilation_config_wi
         serve(job, make_counter=lambda: ConstantPowerCounter(300.0))
     default, off, given = (llm.kwargs.get("compilation_config") for llm in vllm.instances)
     assert default == {"max_cudagraph_capture_size": 16} and off is None and given == explicit["compilation_config"]
-    from advisor.deploy.vllm_config import capture_bound
+    from advisor.deploy.checkpoint import capture_bound
 
     assert capture_bound(64, 512) == 576 and capture_bound(64, 500) == 576 and capture_bound(1, 1) == 16
 
@@ -267,7 +275,7 @@ def test_the_capture_bound_follows_the_job_and_an_explicit_compilation_config_wi
 def test_fp8_gemms_are_served_by_cublaslt_on_hopper_as_the_export_says(tmp_path, monkeypatch, gpu):
     vllm = fake_vllm(step_s=0.0)
     monkeypatch.setitem(sys.modules, "vllm", vllm)
-    monkeypatch.setattr("advisor.deploy.vllm_serve.gpu_kind", lambda: gpu)
+    monkeypatch.setattr("advisor.deploy.vllm._serve.gpu_kind", lambda: gpu)
     fp8, bf16 = str(checkpoint(tmp_path / "fp8", "FP8")), str(checkpoint(tmp_path / "bf16"))
     nvfp4 = checkpoint(tmp_path / "nvfp4")
     (nvfp4 / "hf_quant_config.json").write_text(json.dumps({"quantization": {
@@ -305,7 +313,7 @@ def fake_vllm_package(tmp_path, monkeypatch) -> dict:
 
 
 def test_rounds_run_in_one_child_process_that_asks_for_each(tmp_path, monkeypatch):
-    from advisor.deploy.vllm_rounds import run_rounds_in_child
+    from advisor.deploy.vllm import run_rounds_in_child
 
     meter = fake_vllm_package(tmp_path, monkeypatch)
     first = {"name": "chat at batch 4", "batch_size": 4, "input_tokens": 8, "output_tokens": 8}
@@ -334,8 +342,7 @@ def serve_and_say_which_gpus(job, more=None):
 
 
 def test_verify_s_whole_serving_opens_the_engine_the_rounds_keep_in_a_child_shown_its_gpus(tmp_path, monkeypatch):
-    from advisor.deploy.vllm_engine import VllmEnergyModel
-    from advisor.deploy.vllm_rounds import run_rounds_in_child
+    from advisor.deploy.vllm import VllmEnergyModel, run_rounds_in_child
     from advisor.energy.meter import MeterConfig
     from advisor.recipe.schema import Workload
 
@@ -368,7 +375,7 @@ def test_verify_s_whole_serving_opens_the_engine_the_rounds_keep_in_a_child_show
 
 
 def test_only_the_graphs_the_loads_run_are_captured_and_they_are_the_grid_s_own():
-    from advisor.deploy.vllm_config import capture_bound, decode_graph_sizes, graph_sizes_for
+    from advisor.deploy.checkpoint import capture_bound, decode_graph_sizes, graph_sizes_for
 
     bound = capture_bound(64, 512)
     sizes = graph_sizes_for([16, 64], 512, bound)
@@ -382,7 +389,7 @@ def test_only_the_graphs_the_loads_run_are_captured_and_they_are_the_grid_s_own(
 
 
 def test_the_start_s_stages_are_read_from_vllm_s_log():
-    from advisor.deploy.vllm_progress import start_seconds
+    from advisor.deploy.vllm import start_seconds
 
     log = "\n".join([  # an H100's lines, 2026-11-28 (reports/benchmarks/vllm_verify_data/linear_backend_2026-11-28)
         "(EngineCore pid=2139) INFO [model_runner.py:305] Model loading took 8.54 GiB and 5.644240 seconds",
@@ -400,7 +407,7 @@ def test_a_child_s_output_passes_through_and_its_start_lines_are_kept(capfd):
     import subprocess
     import time as _time
 
-    from advisor.deploy.vllm_progress import watch_output
+    from advisor.deploy.vllm import watch_output
 
     with watch_output() as start:  # vLLM's engine core logs to the standard output it inherits
         subprocess.run([sys.executable, "-c", "import sys; print('torch.compile took 12.5 s in total'); "

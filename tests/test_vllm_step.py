@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from advisor.deploy.vllm_config import capture_bound, decode_graph_sizes
+from advisor.deploy.checkpoint import capture_bound, decode_graph_sizes
 from advisor.energy.prediction import (
     Chunk,
     EngineTerms,
@@ -32,7 +32,7 @@ from advisor.models.shape import llama_shape
 from advisor.plan import Plan
 from advisor.recipe.schema import Workload
 from advisor.search.operating import operating_point, steady_state
-from advisor.search.study_key import study_key
+from advisor.search.study import study_key
 
 ROOT = Path(__file__).resolve().parents[1]
 SHAPE = llama_shape("model.layers", 4, 256, 512, 4, 2, 1000)
@@ -77,7 +77,7 @@ def test_capture_sizes_and_padding_are_vllm_0_26s():
     assert VllmServing(1024, 16384).sizes[-1] == 512  # ... at most 512
     assert padded(69, sizes) == 72 and padded(257, sizes) == 272 and padded(72, sizes) == 72
     assert padded(577, sizes) is None  # above the largest size: eager, unpadded
-    # the same rule as the export's options (advisor/deploy/vllm_config.py)
+    # the same rule as the export's options (advisor/deploy/checkpoint/_vllm_config.py)
     assert capture_sizes(600, 1 << 20) == decode_graph_sizes(600)
     assert VllmServing.as_advisor_serves(69, 512, 256, H100).max_capture_size == capture_bound(69, 512)
     assert VllmServing.as_advisor_serves(64, 512, 256, H100).max_num_batched_tokens == 16384  # LLM class, 80 GB

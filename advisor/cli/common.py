@@ -29,7 +29,7 @@ UNEXPECTED_EXIT = 1
 def print_error(message: str) -> None:
     """The one `Error:` line on stderr (``message`` is plain text, never rich markup), with the password of any
     storage URL this process was given masked, whatever code path wrote the message."""
-    from advisor.search.storage_url import redact_seen
+    from advisor.search.storage import redact_seen
 
     message = redact_seen(message)
     err.print(f"[bold red]Error:[/] {escape(message)}", markup=True, highlight=False)

@@ -1,6 +1,6 @@
 """The `advisor export` and `advisor recheck` commands (registered in cli.py).
 
-Thin commands: check flags, call :mod:`advisor.deploy.export` / :mod:`advisor.deploy.recheck`, print
+Thin commands: check flags, call :mod:`advisor.deploy.checkpoint` / :mod:`advisor.deploy.verification`, print
 results to stdout. ``export`` maps errors like every other command (exit 2 bad input,
 3 setup, 1 other). ``recheck`` is a CI gate with its own contract: 0 pass,
 1 regression, 3 the machine lacks a GPU or a package, 2 any other error (an error must never

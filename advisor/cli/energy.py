@@ -249,7 +249,7 @@ def measure(
         point = predicted_point(p, shape, kind, workload, config, engine)
     if chosen.checkpoint_tier is not None and checkpoint is not None:
         from advisor.deploy.serving_gpus import checkpoint_bytes, gpus_label, serving_gpus_for
-        from advisor.search.operating_measured import at_batch
+        from advisor.search.operating import at_batch
 
         import_engine(engine)
         vocab = json.loads((checkpoint / "config.json").read_text()).get("vocab_size", 32000)

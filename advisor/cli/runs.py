@@ -46,8 +46,7 @@ def check_study_storage(url: str) -> None:
     """The URL is usable and an SQLite or journal study exists (both would be created empty)."""
     from sqlalchemy.engine import make_url
 
-    from advisor.search.storage import JOURNAL_PREFIX
-    from advisor.search.storage_driver import check_storage_url
+    from advisor.search.storage import JOURNAL_PREFIX, check_storage_url
 
     if url.startswith(JOURNAL_PREFIX):
         if not Path(url.removeprefix(JOURNAL_PREFIX)).is_file():

@@ -39,7 +39,7 @@ def verify(
 ) -> None:
     """Serve the run's recommendation and BF16 in vLLM (GPU): the decision, formats, KL, items and J/token as
     served. Run again after a cut-off, it serves only the plans not yet served (RUN_DIR/verify_served keeps each)."""
-    from advisor.deploy.verify_report import num, over_budget, served_decision, shown_role
+    from advisor.deploy.verification import num, over_budget, served_decision, shown_role
     from advisor.workflows.verify import verify_run
 
     with err.status("verifying") as status:

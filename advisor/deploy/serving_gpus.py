@@ -14,14 +14,13 @@ import math
 from collections.abc import Sequence
 from pathlib import Path
 
-from advisor.deploy.vllm_serve import ServeJob
 from advisor.errors import InputError, SetupError
 from advisor.models.shape import ModelShape
 from advisor.recipe.schema import Workload
 
 GIB = 2**30
-#: the share of each GPU's memory the engine takes (vLLM's gpu_memory_utilization, as ServeJob asks it)
-SERVE_MEMORY_SHARE = ServeJob.gpu_memory_utilization
+#: the share of each GPU's memory the engine takes (vLLM's gpu_memory_utilization, ServeJob's default)
+SERVE_MEMORY_SHARE = 0.85
 #: CUDA context, CUDA graphs and activations kept outside weights and KV cache on every GPU (an estimate)
 SERVE_RESERVE_BYTES = 4 * GIB
 

@@ -2,7 +2,7 @@
 
 ``tensorrt_llm`` serves the plan's
 *exported checkpoint* (``advisor export``'s files) through TensorRT-LLM's LLM API, sized for
-the workload (``deploy.trtllm.llm_api_options``: batch, lengths, the plan's KV-cache dtype),
+the workload (``deploy.checkpoint.llm_api_options``: batch, lengths, the plan's KV-cache dtype),
 while the advisor's own NVML meter (:class:`advisor.energy.meter.EnergyMeter`) takes its
 steady-state windows:
 
@@ -33,13 +33,13 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from advisor.deploy.trtllm import llm_api_options
+from advisor.deploy.checkpoint import llm_api_options
 from advisor.energy.meter import EnergyMeter, Measurement
 from advisor.errors import SetupError, UnsupportedError
 from advisor.estimate import EnergyEstimate
 from advisor.plan import Plan
 from advisor.recipe.schema import Workload
-from advisor.search.engine_contract import MeasuredTier
+from advisor.search.measured import MeasuredTier
 
 NOT_VERIFIED = "not verified on a GPU here"
 
@@ -88,7 +88,7 @@ def llm_kwargs(trtllm: ModuleType, checkpoint: Path, plan: Plan, workload: Workl
 
 
 class TensorRTLLMEnergyModel(MeasuredTier):
-    """The measured tier through TensorRT-LLM (a :class:`~advisor.search.engine_contract.MeasuredTier` that gives
+    """The measured tier through TensorRT-LLM (a :class:`~advisor.search.measured._contract.MeasuredTier` that gives
     J/token and tokens/s only: its operating points leave TPOT and TTFT unknown, and say so).
 
     ``checkpoint_for(plan)`` gives the plan's exported checkpoint folder (the workflow exports it
@@ -149,7 +149,7 @@ class TensorRTLLMEnergyModel(MeasuredTier):
 def tensorrt_llm_tier(recipe: Any, loaded: Any, tokens: Any) -> TensorRTLLMEnergyModel:
     """The measured tier of a search run through TensorRT-LLM: each measured plan is exported once
     (``advisor export``'s code, into ``RUN_DIR/engine_checkpoints/<plan id>``), then served."""
-    from advisor.deploy.engine_checkpoint import checkpoint_exporter
+    from advisor.deploy.checkpoint import checkpoint_exporter
     from advisor.energy.meter import MeterConfig, open_meter
 
     def make_meter(depth: int) -> EnergyMeter:

@@ -23,10 +23,10 @@ from advisor.formats import GPU, Format, gpu_from_device_name
 from advisor.models.shape import ModelShape
 from advisor.plan import Plan
 from advisor.recipe.schema import Workload
-from advisor.search.engine_contract import MeasuredTier
+from advisor.search.measured import MeasuredTier
 
 if TYPE_CHECKING:
-    from advisor.search.operating_measured import MeasuredPoint
+    from advisor.search.operating import MeasuredPoint
 
 
 @dataclass
@@ -209,10 +209,10 @@ class MeasuredEnergyModel(MeasuredTier):
 
     def measure_points(self, plan: Plan, workloads: Sequence[Workload]) -> list[MeasuredPoint]:
         """``plan`` at each workload's batch (an operating batch): its measured decode step and prefill,
-        composed into the served steady state (:func:`advisor.search.operating_measured.from_steps`)."""
+        composed into the served steady state (:func:`advisor.search.operating.from_steps`)."""
         import torch
 
-        from advisor.search.operating_measured import from_steps
+        from advisor.search.operating import from_steps
 
         out = []
         for w in workloads:

@@ -7,7 +7,7 @@ from typing import Any
 from advisor.estimate import DriftCheck
 from advisor.report.decision import decision_lines
 from advisor.report.operating_md import operating_section, payback_lines
-from advisor.search.energy_tiers import largest_drift_pct
+from advisor.search.measured import largest_drift_pct
 
 
 def _fmt_j(x: float) -> str:

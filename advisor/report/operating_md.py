@@ -1,12 +1,12 @@
 """The report's operating-point section: each plan at its largest batch under each latency objective, and
-what the search cost back (:mod:`advisor.search.operating`, :mod:`advisor.search.payback`)."""
+what the search cost back (:mod:`advisor.search.operating`, :mod:`advisor.search.operating._payback`)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from advisor.recipe.schema import MAX_CONCURRENCY
-from advisor.search.payback import describe_days
+from advisor.search.operating import describe_days
 
 
 def _objective(w: dict[str, Any]) -> str:

@@ -17,7 +17,7 @@ from advisor.errors import InputError
 from advisor.estimate import DriftCheck, EnergyEstimate, MeasuredUnit
 from advisor.formats import Format
 from advisor.plan import Plan
-from advisor.search.payback import Payback
+from advisor.search.operating import Payback
 
 FIT_STATISTICS = ("spearman", "spearman_ci", "slope", "slope_ci", "intercept")  # as advisor.search.stats
 NON_FINITE = ("NaN", "Infinity", "-Infinity")  # how summary.json writes a float that is not finite
@@ -136,7 +136,7 @@ class RecommendationRecord(TrialRecord):
 
 
 class MeteredBatch(_Record):
-    """One batch the measured search metered (:mod:`advisor.search.operating_search`)."""
+    """One batch the measured search metered (:mod:`advisor.search.measured._batch_search`)."""
 
     batch: int
     tpot_ms: float | None = None
@@ -147,7 +147,7 @@ class MeteredBatch(_Record):
 
 
 class MeasuredPointRecord(_Record):
-    """An operating point as the measured tier found it (:mod:`advisor.search.operating_search`): the largest
+    """An operating point as the measured tier found it (:mod:`advisor.search.measured._batch_search`): the largest
     batch metered that meets the objective as measured (where none met, the smallest metered), from the
     predicted point's batch (``predicted_batch``) down; ``trail``: every batch metered; ``search``: what the
     search concluded, in words; ``not_measured`` says why a point has no numbers."""
@@ -190,7 +190,7 @@ class OperatingPointRecord(_Record):
 
 
 class OperatingBasisRecord(_Record):
-    """What the recommendation compared under one objective (:mod:`advisor.search.operating_basis`)."""
+    """What the recommendation compared under one objective (:mod:`advisor.search.operating._basis`)."""
 
     measured: bool
     label: str
@@ -229,7 +229,7 @@ class Summary(_Record):
     # each measured stage's drift check; the measured plans within the largest drift of the recommendation
     measured_drift: list[DriftCheck] = Field(default_factory=list)
     near_ties: list[int] = Field(default_factory=list)
-    # the GPUs that measured; with two or more, whether their all-BF16 agree within the drift (energy_tiers)
+    # the GPUs that measured; with two or more, whether their all-BF16 agree within the drift (search.measured._tiers)
     measured_units: list[MeasuredUnit] = Field(default_factory=list)
     unit_agreement: dict[str, Any] | None = None
     proxy_calibration: list[ProxyCalibrationRecord]

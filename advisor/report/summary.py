@@ -27,16 +27,15 @@ from advisor.report.schema import (
     TrialRecord,
 )
 from advisor.search.acceptance import as_record
-from advisor.search.energy_tiers import (
+from advisor.search.frontier import Candidate, Recommendation, one_tier, pareto_front, recommend
+from advisor.search.measured import (
     largest_drift_pct,
     measured_on_one_scale,
     near_ties,
     point_on_one_unit,
     prediction_errors,
 )
-from advisor.search.frontier import Candidate, Recommendation, one_tier, pareto_front, recommend
-from advisor.search.operating_basis import basis_words, operating_basis
-from advisor.search.payback import Payback, SearchEnergy, payback
+from advisor.search.operating import Payback, SearchEnergy, basis_words, operating_basis, payback
 from advisor.search.stats import proxy_calibration
 from advisor.search.study import benchmark_budget, candidates
 from advisor.search.trial_record import (

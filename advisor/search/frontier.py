@@ -124,7 +124,7 @@ def recommend(
     ``operating`` ((plan id, workload) -> operating point) holds the workloads that state a latency
     objective: there a plan is priced at its own largest batch under the objective, must meet it, and
     must cost no more than BF16 at BF16's own largest batch (where BF16 meets it at all). ``basis`` (workload ->
-    words) says whether those points are measured or predicted (:mod:`advisor.search.operating_basis`)."""
+    words) says whether those points are measured or predicted (:mod:`advisor.search.operating._basis`)."""
     if not cands:
         return None
     primary = workloads[0]

@@ -12,8 +12,8 @@ the second knapsack sweep (``proposal_scale``).
 Records are stored as their ``to_dict()`` form and read back with their types checked; the keys and
 the stored form are those of every study written so far, so old studies load as they are. Other
 per-trial attributes belong to the modules that use them: ``worker`` and ``error`` (the trial's own
-evaluation failed; :mod:`advisor.search.recovery`), ``over_budget`` and ``duplicate_retry_of``
-(:mod:`advisor.search.budget`); ``repeat`` marks a plan the study had already scored
+evaluation failed; :mod:`advisor.search.storage._recovery`), ``over_budget`` and ``duplicate_retry_of``
+(:mod:`advisor.search.storage._budget`); ``repeat`` marks a plan the study had already scored
 (a sampler proposed it again), whose scores were taken from that trial.
 """
 

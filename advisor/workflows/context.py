@@ -18,7 +18,7 @@ from advisor.models.arithmetic import BF16, scoring_place, to_scoring_arithmetic
 from advisor.models.loading import LoadedModel, load_model
 from advisor.plan import Plan
 from advisor.recipe.schema import Recipe
-from advisor.search.engine_contract import MeasuredTier
+from advisor.search.measured import MeasuredTier
 from advisor.search.study import Evaluation
 
 if TYPE_CHECKING:  # torch, ModelOpt: imported when a run prepares, not when a command starts
@@ -103,7 +103,7 @@ class RunContext:
     def worker(self) -> dict[str, object]:
         """This process as trials record it: host, pid and the UUID of the GPU it computes on."""
         from advisor.energy.meter import torch_device_uuid
-        from advisor.search.recovery import this_worker
+        from advisor.search.storage import this_worker
 
         if self.device != "cuda":
             return this_worker(None)

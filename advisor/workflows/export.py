@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from advisor.deploy.export import ExportResult, export_plan
+from advisor.deploy.checkpoint import ExportResult, export_plan
 from advisor.errors import InputError
 from advisor.workflows.memory import check_cpu_export
 from advisor.workflows.outputs import check_output_dir
@@ -50,7 +50,7 @@ def export_run(
     status: Any = lambda _msg: None,
 ) -> ExportResult:
     """Export the recommendation (or ``plan_id``) of an ``advisor search`` run directory."""
-    from advisor.deploy.recheck import read_summary, stored_plan, summary_recipe
+    from advisor.deploy.verification import read_summary, stored_plan, summary_recipe
     from advisor.models.arithmetic import to_scoring_arithmetic
     from advisor.models.loading import load_model
     from advisor.workflows.context import model_fingerprint

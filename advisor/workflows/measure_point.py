@@ -15,9 +15,8 @@ from advisor.formats import GPU, GPU_SPECS
 from advisor.models.shape import ModelShape
 from advisor.plan import Plan
 from advisor.recipe.schema import Workload
-from advisor.search.engine_contract import MeasuredTier
+from advisor.search.measured import BatchSearch, MeasuredTier, search_batches
 from advisor.search.operating import OperatingPoint, operating_point
-from advisor.search.operating_search import BatchSearch, search_batches
 
 
 def workload_of(**fields: Any) -> Workload:
@@ -46,7 +45,7 @@ def measured_operating_point(meter: MeasuredTier, plan: Plan, point: OperatingPo
                              ) -> dict[str, Any]:
     """The predicted point (its curve left out) and ``meter``'s: metered at the same batch and, where that misses
     the objective as measured, searched down to the largest batch that meets it
-    (:mod:`advisor.search.operating_search`: the trail of batches metered, what the search concluded)."""
+    (:mod:`advisor.search.measured._batch_search`: the trail of batches metered, what the search concluded)."""
     predicted = {k: v for k, v in point.to_dict().items() if k != "curve"}
     (measured,) = search_batches(meter, plan, [BatchSearch(workload, point.state.batch, point.curve,
                                                            predicted=predicted)])

@@ -1,5 +1,5 @@
 """The measured tier of `advisor search` (coordinator) and `advisor worker`: the baselines and the front's
-candidates metered on every worker's GPU through the study's measurement queue (``search.measure_queue``)."""
+candidates metered on every worker's GPU through the study's measurement queue (``search.measured._queue``)."""
 
 from __future__ import annotations
 
@@ -11,24 +11,22 @@ import optuna
 
 from advisor.plan import Plan
 from advisor.recipe.schema import Recipe
-from advisor.search.energy_tiers import measured_on_one_scale
-from advisor.search.engine_contract import MeasuredTier
-from advisor.search.measure_queue import (
+from advisor.search.measured import (
+    MeasuredTier,
     Measurer,
     Merged,
     enqueue,
     failed_plans,
     joins,
+    measured_on_one_scale,
     merge,
     open_queue,
     round_of,
     set_round,
     unit_of,
 )
-from advisor.search.ownership import owner_is_live, read_owner
 from advisor.search.policy import measurement_targets
-from advisor.search.recovery import this_worker
-from advisor.search.storage import open_storage
+from advisor.search.storage import open_storage, owner_is_live, read_owner, this_worker
 from advisor.search.trial_record import measured_energy
 from advisor.workflows.progress import ProgressReporter
 

@@ -1,5 +1,5 @@
 """After the search: each plan's operating point under the workloads' latency objectives, and the search's own
-energy, stored in the study for the report (:mod:`advisor.search.operating`, :mod:`advisor.search.payback`).
+energy, stored in the study for the report (:mod:`advisor.search.operating`, :mod:`advisor.search.operating._payback`).
 
 The search's joules are a named window of :mod:`advisor.energy.meter` over the whole run: NVML's counters of every
 GPU the run sees, or, without one, an estimate labelled so.
@@ -14,9 +14,8 @@ from advisor.errors import InputError, UnsupportedError
 from advisor.formats import GPU_SPECS
 from advisor.plan import Plan
 from advisor.recipe.schema import Recipe
-from advisor.search.operating import operating_points
-from advisor.search.operating_search import BatchSearch, search_batches, searches_from_points
-from advisor.search.payback import SearchEnergy
+from advisor.search.measured import BatchSearch, search_batches, searches_from_points
+from advisor.search.operating import SearchEnergy, operating_points
 from advisor.search.study import candidates
 from advisor.search.trial_record import (
     measured_energy,
@@ -59,7 +58,7 @@ def operating_stage(study: optuna.Study, ctx: RunContext, recipe: Recipe, progre
 def measured_operating_stage(study: optuna.Study, ctx: RunContext, recipe: Recipe, progress: ProgressReporter) -> None:
     """Every plan the measured tier metered, metered again at its own operating batch of each objective (the
     predicted point's batch) and, where that misses the objective as measured, at smaller batches until the
-    largest that meets is found (:mod:`advisor.search.operating_search`); stored beside the predicted point.
+    largest that meets is found (:mod:`advisor.search.measured._batch_search`); stored beside the predicted point.
     Points already metered from the same predicted batch are kept."""
     model = ctx.measured_model
     metered = measured_energy(study)

@@ -22,7 +22,7 @@ from advisor.workflows.outputs import check_output_dir
 def preflight(recipe: Recipe) -> None:
     """Raise the first problem that would stop ``recipe``'s search; return when it can start."""
     check_output_dir(recipe.run_dir, "out (--out)")
-    from advisor.search.storage_driver import check_storage_reachable, check_storage_url
+    from advisor.search.storage import check_storage_reachable, check_storage_url
 
     check_storage_url(recipe.storage_url, folder_must_exist=recipe.storage is not None)
     check_storage_reachable(recipe.storage_url)

@@ -12,10 +12,10 @@ from pathlib import Path
 from typing import Any
 
 from advisor.deploy.engines import require_engine_here
-from advisor.deploy.model_identity import check_new_version
-from advisor.deploy.recheck import (
+from advisor.deploy.verification import (
     Check,
     RecheckResult,
+    check_new_version,
     neighbours,
     objective_checks,
     operating_batches,
@@ -31,7 +31,7 @@ from advisor.errors import InputError
 from advisor.files import write_text_atomically
 from advisor.formats import Format
 from advisor.plan import LayerGroup, Plan
-from advisor.search.engine_contract import MeasuredTier
+from advisor.search.measured import MeasuredTier
 from advisor.workflows.outputs import check_output_dir
 from advisor.workflows.preflight import check_model
 
@@ -74,9 +74,9 @@ def research_around(ctx: Any, plan: Plan, groups: tuple[LayerGroup, ...], trials
 def meter_objectives(model: MeasuredTier, plan: Plan, summary: dict[str, Any], workloads: Any, status: Any
                      ) -> tuple[list[Check], list[dict[str, Any]], list[str]]:
     """The plan metered at its operating batch from the run under each workload's objective, checked against it
-    as measured (:func:`advisor.deploy.recheck.objective_checks`). Metered first: an engine that serves a plan
+    as measured (:func:`advisor.deploy.verification.objective_checks`). Metered first: an engine that serves a plan
     once (vLLM) serves these batches and the stated workloads in one start."""
-    from advisor.search.operating_measured import at_batch
+    from advisor.search.operating import at_batch
 
     batches = operating_batches(summary, plan.id)
     wanted = [(w, *batches[w.name]) for w in workloads if w.has_objective and w.name in batches]

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from advisor.errors import InputError
-from advisor.search.processes import describe_holder, holder_is_running, this_process
+from advisor.search.storage import describe_holder, holder_is_running, this_process
 
 LOCK_NAME = "run.lock"
 

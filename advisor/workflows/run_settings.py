@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from advisor.recipe.schema import Recipe
 from advisor.search.storage import absolute_url
-from advisor.search.study_key import absolute_local_path
+from advisor.search.study import absolute_local_path
 
 
 def resolved(recipe: Recipe) -> Recipe:

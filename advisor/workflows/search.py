@@ -15,7 +15,7 @@ import optuna
 from rich.console import Console
 
 from advisor import __version__
-from advisor.deploy.model_identity import tokenizer_fingerprint
+from advisor.deploy.verification import tokenizer_fingerprint
 from advisor.energy.meter import EnergyWindow
 from advisor.errors import AdvisorError, InputError, Interrupted
 from advisor.files import write_text_atomically
@@ -23,12 +23,19 @@ from advisor.interrupts import check, deferred, signals_handled, stop_taken
 from advisor.recipe.schema import Recipe
 from advisor.report.schema import Summary
 from advisor.report.summary import write_report
-from advisor.search.artifacts import share_tokens
-from advisor.search.measure_queue import set_round
+from advisor.search.measured import set_round
 from advisor.search.policy import benchmark_targets, best_feasible_line
-from advisor.search.storage import default_url, portable_url, redact_url, url_without_password
-from advisor.search.study import Proposer, finished_trials, open_owned_study, run_search, save_run_meta
-from advisor.search.study_key import check_same_model, check_same_scoring, study_key
+from advisor.search.storage import default_url, portable_url, redact_url, share_tokens, url_without_password
+from advisor.search.study import (
+    Proposer,
+    check_same_model,
+    check_same_scoring,
+    finished_trials,
+    open_owned_study,
+    run_search,
+    save_run_meta,
+    study_key,
+)
 from advisor.search.trial_record import label_of, record_benchmark
 from advisor.versions import package_versions
 from advisor.workflows.context import RunContext, tokens_key

@@ -4,7 +4,7 @@ RUN_DIR/workers/. The storage URL travels in the environment, never on a command
 
 Each child is reaped the moment it ends (a thread waits on it): a killed child never lingers
 as a zombie, which a signal probe of its pid would take for a live worker and whose trial would
-then stay RUNNING. Its trial is failed and retried by the others (``search.recovery``).
+then stay RUNNING. Its trial is failed and retried by the others (``search.storage._recovery``).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ compared with the search's own numbers:
 
 1. formats as served: per layer group, the format of the quantization method vLLM built for it;
 2. accuracy as served: KL(advisor's BF16 reference || vLLM) over the whole vocabulary on the run's held-out
-   tokens (:mod:`advisor.deploy.served_kl`), beside the same KL of the advisor's own model of the plan
+   tokens (:mod:`advisor.deploy.vllm._served_kl`), beside the same KL of the advisor's own model of the plan
    (the exported checkpoint, de-quantized) and the proxy KL the search scored; LAMBADA-style items
    (context, last word) scored greedily from vLLM's log-probabilities beside the advisor's model on
    the same items;
@@ -12,10 +12,10 @@ compared with the search's own numbers:
    for a workload with a latency objective, each plan served at its own operating batch (J/token, tokens/s,
    TPOT/TTFT where the serving rows time them) beside the predicted point and whether the objective is met;
    where it is missed in vLLM, smaller batches in the same engine until the largest that meets
-   (:mod:`advisor.search.operating_search`).
+   (:mod:`advisor.search.measured._batch_search`).
 
 Written as ``verify.json`` / ``verify.md`` in the run folder and a section of ``report.md``; each plan's
-serving is kept as it finishes (:mod:`advisor.deploy.served_store`), so a verify cut off resumes.
+serving is kept as it finishes (:mod:`advisor.deploy.verification._served_store`), so a verify cut off resumes.
 """
 
 from __future__ import annotations
@@ -29,12 +29,19 @@ from typing import Any
 
 from advisor.deploy import serving_gpus
 from advisor.deploy.engine_slots import engine_slots
-from advisor.deploy.served_kl import MAX_ENTRIES, kl_sum, logprobs_per_sequence, within_budget, write_reference
 from advisor.deploy.serving_gpus import serving_gpus_for
-from advisor.deploy.verify_report import shown_role
-from advisor.deploy.vllm_engine import run_in_child, served_formats
-from advisor.deploy.vllm_load import STEADY_LOAD_METER
-from advisor.deploy.vllm_serve import ServeJob
+from advisor.deploy.verification import shown_role
+from advisor.deploy.vllm import (
+    MAX_ENTRIES,
+    STEADY_LOAD_METER,
+    ServeJob,
+    kl_sum,
+    logprobs_per_sequence,
+    run_in_child,
+    served_formats,
+    within_budget,
+    write_reference,
+)
 from advisor.energy.meter import MeterConfig
 from advisor.energy.prediction import predicted_for_gpus
 from advisor.errors import InputError, SetupError
@@ -42,7 +49,7 @@ from advisor.estimate import EnergyEstimate
 from advisor.files import check_regular_file
 from advisor.formats import GPU, Format
 from advisor.plan import Plan
-from advisor.search.operating_measured import from_timed, objective_name
+from advisor.search.operating import from_timed, objective_name
 from advisor.workflows.verify_serving import Serving, operating_workloads, serve_plans
 
 EXPORT_HEADROOM_BYTES = 4 * 2**30  # calibration and proxy batches, CUDA context
@@ -89,7 +96,7 @@ def lambada_items(docs: Sequence[tuple[str, str]], tokenizer: Any) -> list[tuple
 
 
 def greedy_hits(model: Any, items: Sequence[tuple[Sequence[int], Sequence[int]]]) -> list[bool]:
-    """The advisor's model on the same items and rule as :func:`advisor.deploy.vllm_serve.greedy_hits`."""
+    """The advisor's model on the same items and rule as :func:`advisor.deploy.vllm._serve.greedy_hits`."""
     hits = []
     for context, target in items:
         (lp,) = logprobs_per_sequence(model, [tuple(context) + tuple(target)])
@@ -180,7 +187,7 @@ def energy_as_served(record: dict[str, Any] | None, served: dict[str, Any],
 
 def exports_device(model: Any) -> str:
     """Where verify exports the plans: the GPU where the model, its quantized copy, the fake-quantized weights and the
-    reloaded checkpoint fit at once (:func:`~advisor.deploy.export.export_plan`), else the CPU."""
+    reloaded checkpoint fit at once (:func:`~advisor.deploy.checkpoint._export.export_plan`), else the CPU."""
     import torch
 
     if not torch.cuda.is_available():
@@ -213,11 +220,16 @@ def verify_run(run_dir: Path, engine: str = "vllm", plan_ids: Sequence[str] = ()
     (:mod:`advisor.deploy.serving_gpus`; the run's recipe's when None), ``workers`` plans at once on GPUs of their
     own (:mod:`advisor.workflows.verify_serving`), and write verify.json / verify.md / report.md's section. ``quick``:
     the recommendation and all-BF16 only, the served KL on fewer positions (:data:`QUICK_KL_ENTRIES`)."""
-    from advisor.deploy.checkpoint import load_exported
-    from advisor.deploy.engine_checkpoint import checkpoint_exporter
-    from advisor.deploy.recheck import read_summary, stored_plan, summary_recipe
-    from advisor.deploy.verify_report import render_verify, served_operating_summary, write_report_section
-    from advisor.deploy.vllm_engine import import_vllm
+    from advisor.deploy.checkpoint import checkpoint_exporter, load_exported
+    from advisor.deploy.verification import (
+        read_summary,
+        render_verify,
+        served_operating_summary,
+        stored_plan,
+        summary_recipe,
+        write_report_section,
+    )
+    from advisor.deploy.vllm import import_vllm
     from advisor.energy.prediction import gpu_here
     from advisor.engines import engine as engine_entry
     from advisor.engines import engines_that, listed

@@ -1,7 +1,7 @@
 """`advisor verify`'s servings: each plan's export served once by vLLM in a process of its own (formats,
 log-probabilities, every stated workload and each objective's operating batch, the batch search's further rounds
-in the same engine), kept as it finishes (:mod:`advisor.deploy.served_store`) and read back by a verify of the same
-job; with ``workers`` over 1, that many plans at once, each engine on GPUs of its own
+in the same engine), kept as it finishes (:mod:`advisor.deploy.verification._served_store`) and read back by a verify
+of the same job; with ``workers`` over 1, that many plans at once, each engine on GPUs of its own
 (:mod:`advisor.deploy.engine_slots`), all-BF16 and the recommendation on the same ones."""
 
 from __future__ import annotations
@@ -13,16 +13,14 @@ from typing import Any
 
 from advisor.deploy import serving_gpus
 from advisor.deploy.engine_slots import Slot, engine_slots, run_on_slots
-from advisor.deploy.served_store import read_serving, serving_key, write_serving
 from advisor.deploy.serving_gpus import engine_memory_share
-from advisor.deploy.verify_report import shown_role
-from advisor.deploy.vllm_engine import VllmEnergyModel, run_in_child
-from advisor.deploy.vllm_serve import ServeJob
+from advisor.deploy.verification import read_serving, serving_key, shown_role, write_serving
+from advisor.deploy.vllm import ServeJob, VllmEnergyModel, run_in_child
 from advisor.energy.meter import MeterConfig
 from advisor.plan import Plan
 from advisor.recipe.schema import Workload
-from advisor.search.operating_measured import at_batch
-from advisor.search.operating_search import BatchSearch, search_batches
+from advisor.search.measured import BatchSearch, search_batches
+from advisor.search.operating import at_batch
 
 
 def operating_workloads(summary: dict[str, Any], plan: Plan) -> list[Workload]:
@@ -41,9 +39,9 @@ def operating_searches(summary: dict[str, Any], plan: Plan) -> list[BatchSearch]
 
 def serve_and_search(plan: Plan, job: ServeJob, summary: dict[str, Any], model: Any) -> dict[str, Any]:
     """``job`` served, and per objective (workload name, under ``searches``) vLLM's largest batch that meets it
-    (:mod:`advisor.search.operating_search`): the job's rows at the predicted batches are the first round, and a
+    (:mod:`advisor.search.measured._batch_search`): the job's rows at the predicted batches are the first round, and a
     miss there serves the smaller batches in the same engine (``model``: a
-    :class:`~advisor.deploy.vllm_engine.VllmEnergyModel` of the plan's checkpoint)."""
+    :class:`~advisor.deploy.vllm._engine.VllmEnergyModel` of the plan's checkpoint)."""
     searches = operating_searches(summary, plan)
     model.open_with(plan, job)
     found = search_batches(model, plan, searches)

@@ -20,10 +20,18 @@ from advisor.errors import InputError, Interrupted
 from advisor.files import temporary_folder
 from advisor.interrupts import signals_handled, stop_taken
 from advisor.recipe import validate_recipe
-from advisor.search.artifacts import fetch_tokens
-from advisor.search.storage import absolute_url, open_storage, redact_url
-from advisor.search.study import finished_trials, make_sampler, run_search, silence_interrupt_tracebacks
-from advisor.search.study_key import KEY_ATTR, check_same_key, check_same_model, check_same_scoring, study_key
+from advisor.search.storage import absolute_url, fetch_tokens, open_storage, redact_url
+from advisor.search.study import (
+    KEY_ATTR,
+    check_same_key,
+    check_same_model,
+    check_same_scoring,
+    finished_trials,
+    make_sampler,
+    run_search,
+    silence_interrupt_tracebacks,
+    study_key,
+)
 from advisor.search.trial_record import label_of
 from advisor.versions import package_versions
 from advisor.workflows.progress import ProgressReporter

@@ -59,9 +59,7 @@ def main() -> None:
     import torch
     from vllm_verify import build_checkpoints, standard_plans
 
-    from advisor.deploy.vllm_engine import run_in_child
-    from advisor.deploy.vllm_load import STEADY_LOAD_METER
-    from advisor.deploy.vllm_serve import ServeJob
+    from advisor.deploy.vllm import STEADY_LOAD_METER, ServeJob, run_in_child
     from advisor.models.groups import model_shape
 
     out: dict[str, Any] = {"date": time.strftime("%Y-%m-%d"), "meter": asdict(STEADY_LOAD_METER), "rows": []}

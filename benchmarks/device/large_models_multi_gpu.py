@@ -129,10 +129,10 @@ def step_export(args: argparse.Namespace) -> dict[str, Any]:
 def _runner(args: argparse.Namespace) -> Any:
     """Each checkpoint served in a process of its own; a dry run serves in this one, on fake counters."""
     if not args.dry_run:
-        from advisor.deploy.vllm_engine import run_in_child
+        from advisor.deploy.vllm import run_in_child
 
         return lambda job: run_in_child(job, timeout_s=3000.0)
-    from advisor.deploy.vllm_serve import serve
+    from advisor.deploy.vllm import serve
     from advisor.energy.meter import SummedCounter
     from advisor.testing_vllm import ConstantPowerCounter
 
@@ -142,7 +142,7 @@ def _runner(args: argparse.Namespace) -> Any:
 
 def step_serve(args: argparse.Namespace, data: dict[str, Any]) -> list[dict[str, Any]]:
     from advisor.cli.energy import shape_from_model
-    from advisor.deploy.vllm_serve import ServeJob
+    from advisor.deploy.vllm import ServeJob
     from advisor.energy.prediction import predicted_for_gpus
     from advisor.formats import GPU, Format
     from advisor.plan import Plan

@@ -1,5 +1,5 @@
 """The fast meter against the classic one on the same engine (GPU, vLLM): one exported checkpoint served once, each
-batch metered with ``vllm_load.STEADY_LOAD_METER`` (2 s windows until three agree) and ``MeterConfig()`` (three 5 s
+batch metered with ``deploy.vllm.STEADY_LOAD_METER`` (2 s windows until three agree) and ``MeterConfig()`` (three 5 s
 windows, the series taken again when unstable), alternating fast, classic, fast, so that drift shows. Writes JSON
 for ``benchmarks/verify_time.py`` (reports/benchmarks/verify_time.md).
 
@@ -13,8 +13,7 @@ import json
 import time
 from dataclasses import asdict, replace
 
-from advisor.deploy.vllm_load import STEADY_LOAD_METER, measure_load
-from advisor.deploy.vllm_serve import exported_options
+from advisor.deploy.vllm import STEADY_LOAD_METER, exported_options, measure_load
 from advisor.energy.meter import MeterConfig, open_gpus_counter
 
 

@@ -26,9 +26,7 @@ def main() -> None:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from advisor.deploy.served_kl import logprobs_per_sequence, write_reference
-    from advisor.deploy.vllm_engine import run_in_child
-    from advisor.deploy.vllm_serve import ServeJob
+    from advisor.deploy.vllm import ServeJob, logprobs_per_sequence, run_in_child, write_reference
 
     out: dict[str, float | int] = {}
     cfg = LlamaConfig(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,

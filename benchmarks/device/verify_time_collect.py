@@ -18,7 +18,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from advisor.deploy.vllm_progress import start_seconds  # noqa: E402
+from advisor.deploy.vllm import start_seconds  # noqa: E402
 
 COMMAND = ("STEPS='B V' bash benchmarks/device/verify_time.sh (setsid, polled), then "
            "python benchmarks/device/verify_time_collect.py")

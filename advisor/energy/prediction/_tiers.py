@@ -37,7 +37,7 @@ from advisor.formats import GPU, gpu_from_device_name
 from advisor.models.shape import ModelShape
 from advisor.plan import Plan
 from advisor.recipe.schema import Workload
-from advisor.search.engine_contract import MeasuredTier
+from advisor.search.measured import MeasuredTier
 
 log = logging.getLogger(__name__)
 

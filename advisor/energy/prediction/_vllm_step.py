@@ -100,7 +100,7 @@ class VllmServing:
         """The engine the advisor's own vLLM serving starts for ``batch`` requests (``advisor verify``, the
         measured tier; advisor/deploy/vllm_serve.py): ``max_num_seqs`` the batch, graphs captured up to
         ``16 ceil((batch + prompt) / 16)`` tokens so a step with a prompt in it is captured
-        (advisor/deploy/vllm_config.py, capture_bound), the token budget vLLM's ``LLM``-class default."""
+        (advisor/deploy/checkpoint/_vllm_config.py, capture_bound), the token budget vLLM's ``LLM``-class default."""
         return cls(batch, _llm_class_budget(gpu, batch, input_tokens + output_tokens),
                    16 * math.ceil((batch + input_tokens) / 16))
 

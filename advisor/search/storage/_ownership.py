@@ -23,7 +23,7 @@ from typing import Any
 import optuna
 
 from advisor.errors import InputError
-from advisor.search.processes import describe_holder, holder_is_running, this_process
+from advisor.search.storage._processes import describe_holder, holder_is_running, this_process
 
 OWNER_ATTR = "advisor:owner"
 BEAT_S = 30.0

@@ -25,7 +25,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from advisor.interrupts import check, deferred
-from advisor.search.recovery import retry_dead_local_trials, retry_interrupted_trials
+from advisor.search.storage._recovery import retry_dead_local_trials, retry_interrupted_trials
 
 Callback = Callable[[optuna.Study, FrozenTrial], None]
 PLAN_ERRORS = (RuntimeError,)  # a plan's own failure (e.g. out of memory): the trial fails, the run goes on

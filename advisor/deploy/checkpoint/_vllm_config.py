@@ -17,7 +17,7 @@ import math
 from collections.abc import Iterable
 from typing import Any
 
-from advisor.deploy.sizes import ServingSizes, workloads_words
+from advisor.deploy.checkpoint._sizes import ServingSizes, workloads_words
 from advisor.formats import GPU, Format
 from advisor.serving import vllm_linear_backend
 

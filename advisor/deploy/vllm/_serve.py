@@ -1,5 +1,5 @@
 """One vLLM engine serving one exported checkpoint: what runs inside the child process of
-:mod:`advisor.deploy.vllm_engine` (vLLM keeps its GPU memory after ``del llm``, so every engine
+:mod:`advisor.deploy.vllm._engine` (vLLM keeps its GPU memory after ``del llm``, so every engine
 gets a process of its own).
 
 :func:`serve` loads the checkpoint with vLLM's offline ``LLM`` API (prefix caching off, sized for
@@ -9,12 +9,12 @@ the job's largest workload) and does what the job asks, returning plain data:
   (``layer.quant_method``, read through ``LLM.apply_model``) and the checkpoint's modules it packs
   (``packed_modules_mapping``: ``qkv_proj`` holds ``q_proj``/``k_proj``/``v_proj``);
 * ``served_kl``: KL(the reference || vLLM) over the whole vocabulary on the held-out sequences, against the
-  reference's log-probabilities the job names (:mod:`advisor.deploy.served_kl`);
+  reference's log-probabilities the job names (:mod:`advisor.deploy.vllm._served_kl`);
 * ``items``: for each (context, target) item, whether every target token was vLLM's top-1
   next token (greedy, as LAMBADA's accuracy is defined), from vLLM's prompt log-probabilities;
 * ``energy``: per workload, J per output token (prefill included, summed over every GPU the engine uses:
   ``tensor_parallel_size`` > 1 spreads the model over torch's ``cuda:0..N-1``) in steady state
-  (:class:`~advisor.deploy.vllm_load.SteadyLoad` under the advisor's own NVML meter), the time per output
+  (:class:`~advisor.deploy.vllm._load.SteadyLoad` under the advisor's own NVML meter), the time per output
   token and to the first token of the requests that ran wholly inside that steady load (p50 and p90), and J
   per input token of prefill.
 """
@@ -29,11 +29,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from advisor.deploy.quant_config import weight_formats_from_quant_config
-from advisor.deploy.served_kl import served_kl
-from advisor.deploy.vllm_config import capture_bound, graph_sizes_for
-from advisor.deploy.vllm_load import meter_workload
-from advisor.deploy.vllm_progress import metering_line, say, start_words, watch_output
+from advisor.deploy.checkpoint import capture_bound, graph_sizes_for, weight_formats_from_quant_config
+from advisor.deploy.serving_gpus import SERVE_MEMORY_SHARE
+from advisor.deploy.vllm._load import meter_workload
+from advisor.deploy.vllm._progress import metering_line, say, start_words, watch_output
+from advisor.deploy.vllm._served_kl import served_kl
 from advisor.energy.meter import EnergyCounter, MeterConfig
 from advisor.formats import GPU
 from advisor.serving import vllm_linear_backend
@@ -53,7 +53,7 @@ class ServeJob:
     prefill: bool = True  # also measure prefill J per input token (requests of one output token)
     no_prefill: tuple[str, ...] = ()  # workloads whose prefill is not measured (operating batches beside stated ones)
     meter: dict[str, Any] = field(default_factory=dict)  # MeterConfig fields
-    gpu_memory_utilization: float = 0.85
+    gpu_memory_utilization: float = SERVE_MEMORY_SHARE
     seed: int = 0
     llm_options: dict[str, Any] = field(default_factory=dict)  # extra LLM(...) keyword arguments
     # serve as the export's vllm_config.yaml asks (exported_options); a key in llm_options wins. False: vLLM's
@@ -123,10 +123,10 @@ def greedy_hits(vllm: Any, llm: Any, items: Any) -> list[bool]:
 
 # ----------------------------------------------------------------------------------- the job
 def exported_options(checkpoint: str, batch: int, prompt: int, batches: Sequence[int] = ()) -> dict[str, Any]:
-    """What the export's ``vllm_config.yaml`` asks of vLLM (:mod:`advisor.deploy.vllm_config`), as ``vllm.LLM``
-    keywords for an engine of ``batch`` requests and ``prompt``-token prompts: CUDA graphs for the steps where a
-    prefill joins the decode batch, and the FP8 GEMM backend for the checkpoint's formats on this GPU. With
-    ``batches`` (the steady loads the engine will run), only the graphs their steps use are captured."""
+    """What the export's ``vllm_config.yaml`` asks of vLLM (:mod:`advisor.deploy.checkpoint._vllm_config`), as
+    ``vllm.LLM`` keywords for an engine of ``batch`` requests and ``prompt``-token prompts: CUDA graphs for the
+    steps where a prefill joins the decode batch, and the FP8 GEMM backend for the checkpoint's formats on this
+    GPU. With ``batches`` (the steady loads the engine will run), only the graphs their steps use are captured."""
     qpath = Path(checkpoint) / "hf_quant_config.json"
     formats = weight_formats_from_quant_config(json.loads(qpath.read_text()) if qpath.is_file() else None)
     bound = capture_bound(batch, prompt)

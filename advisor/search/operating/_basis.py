@@ -2,7 +2,7 @@
 
 Where every plan the rule compares (the feasible plans of one energy tier, :func:`advisor.search.frontier.one_tier`)
 was measured at its operating point, with the objective judged as measured, the rule compares the measured points:
-each plan at the largest batch that met the objective as measured (:mod:`advisor.search.operating_search`). Where
+each plan at the largest batch that met the objective as measured (:mod:`advisor.search.measured._batch_search`). Where
 only some were, a measured number is never set against a predicted one: the rule compares the predicted points,
 and the basis says so and names what the measured ones found (a plan the prediction says meets at batch 100 may
 meet only at 60 as measured, or not at all).

@@ -1,5 +1,5 @@
 """vLLM as a serving engine (``--engine vllm``): the plan's exported checkpoint served by vLLM's
-offline ``LLM`` API in a child process (:mod:`advisor.deploy.vllm_serve` does the serving), and
+offline ``LLM`` API in a child process (:mod:`advisor.deploy.vllm._serve` does the serving), and
 what the parent makes of it:
 
 * :class:`VllmEnergyModel`, the measured energy tier through vLLM: each plan's checkpoint is loaded
@@ -19,21 +19,21 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
+from advisor.deploy.checkpoint import decode_graph_sizes
 from advisor.deploy.serving_gpus import engine_memory_share
-from advisor.deploy.vllm_config import decode_graph_sizes
-from advisor.deploy.vllm_load import STEADY_LOAD_METER
-from advisor.deploy.vllm_rounds import child_answer, pin_devices
-from advisor.deploy.vllm_serve import ServeJob, serve
+from advisor.deploy.vllm._load import STEADY_LOAD_METER
+from advisor.deploy.vllm._rounds import child_answer, pin_devices
+from advisor.deploy.vllm._serve import ServeJob, serve
 from advisor.energy.meter import MeterConfig
 from advisor.errors import AdvisorError, SetupError, UnsupportedError
 from advisor.estimate import EnergyEstimate
 from advisor.formats import Format
 from advisor.plan import Plan
 from advisor.recipe.schema import Workload
-from advisor.search.engine_contract import MeasuredTier, NextRound
+from advisor.search.measured import MeasuredTier, NextRound
 
 if TYPE_CHECKING:
-    from advisor.search.operating_measured import MeasuredPoint
+    from advisor.search.operating import MeasuredPoint
 
 VLLM_INSTALL = ("pip install vllm==0.26.0 (its wheel pins torch 2.11; on the lent GPU machines, pack it with "
                 "../shared/tools/device-vllm.sh)")
@@ -123,7 +123,7 @@ def served_formats(served: Mapping[str, Mapping[str, Any]], plan: Plan, members:
 
 # ----------------------------------------------------------------------------------- the measured tier
 class VllmEnergyModel(MeasuredTier):
-    """The measured tier through vLLM (a :class:`~advisor.search.engine_contract.MeasuredTier` that times requests
+    """The measured tier through vLLM (a :class:`~advisor.search.measured._contract.MeasuredTier` that times requests
     and runs a plan's operating searches in the engine that serves it).
 
     ``checkpoint_for(plan)`` gives the plan's exported checkpoint folder. The first estimate of a plan
@@ -148,9 +148,9 @@ class VllmEnergyModel(MeasuredTier):
 
     @property
     def batch_grid(self) -> tuple[int, ...]:
-        """The batches the measured batch search meters (:mod:`advisor.search.operating_search`): the engine runs
-        a decode batch padded to its next CUDA-graph size, so only those sizes differ (every serving raises the
-        capture bound over the largest batch it is sized for: :func:`~advisor.deploy.vllm_config.capture_bound`)."""
+        """The batches the measured batch search meters (:mod:`advisor.search.measured._batch_search`): the engine
+        runs a decode batch padded to its next CUDA-graph size, so only those sizes differ (every serving raises the
+        capture bound over the largest batch it is sized for: :func:`~advisor.deploy.checkpoint.capture_bound`)."""
         return decode_graph_sizes(MAX_GRID_BATCH)
 
     def _job(self, plan: Plan, workloads: Sequence[Workload], **fields: Any) -> ServeJob:
@@ -171,7 +171,7 @@ class VllmEnergyModel(MeasuredTier):
         """``plan`` served at each of ``workloads`` (operating batches), all in one engine process (none when the
         plan's first serving already covered them): J/token, tokens/s, and TPOT/TTFT at each workload's
         percentile where the serving rows time them."""
-        from advisor.search.operating_measured import from_timed
+        from advisor.search.operating import from_timed
 
         rows = self._served.get(plan.id, {}).get("energy", {})
         if not all(w.name in rows for w in workloads):
@@ -203,10 +203,10 @@ class VllmEnergyModel(MeasuredTier):
     def measure_rounds(self, plan: Plan, first: Sequence[Workload], next_round: NextRound, max_batch: int
                        ) -> list[MeasuredPoint]:
         """``first`` metered, then each round ``next_round`` asks for, all in one engine sized for ``max_batch``
-        (the measured batch search, :mod:`advisor.search.operating_search`); ``first`` is read back where the
+        (the measured batch search, :mod:`advisor.search.measured._batch_search`); ``first`` is read back where the
         plan's first serving covered it, and no engine starts unless a further round is asked for; a plan opened
         with :meth:`open_with` meters every round in its opening job's engine."""
-        from advisor.search.operating_measured import from_timed
+        from advisor.search.operating import from_timed
 
         def points(rows: Mapping[str, Any], ws: Sequence[Workload]) -> list[MeasuredPoint]:
             return [from_timed(plan, w, rows[w.name], self.label + _steadiness(rows[w.name], w)) for w in ws]
@@ -249,7 +249,7 @@ class VllmEnergyModel(MeasuredTier):
 
 
 def _run_rounds(job: ServeJob, more: Any) -> dict[str, Any]:
-    from advisor.deploy.vllm_rounds import run_rounds_in_child
+    from advisor.deploy.vllm._rounds import run_rounds_in_child
 
     return run_rounds_in_child(job, more, VLLM_INSTALL)
 
@@ -272,7 +272,7 @@ def vllm_tier(recipe: Any, loaded: Any, tokens: Any) -> VllmEnergyModel:
     """The measured tier of a search run through vLLM: each measured plan is exported once
     (``RUN_DIR/engine_checkpoints/<plan id>``), then served at every workload of the recipe, over the recipe's
     ``gpus`` (:mod:`advisor.deploy.serving_gpus`)."""
-    from advisor.deploy.engine_checkpoint import checkpoint_exporter
+    from advisor.deploy.checkpoint import checkpoint_exporter
     from advisor.deploy.serving_gpus import gpus_label, serving_gpus_for
 
     import_vllm()

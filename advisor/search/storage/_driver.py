@@ -15,7 +15,7 @@ from pathlib import Path
 
 from advisor.errors import InputError, SetupError
 from advisor.files import check_regular_file
-from advisor.search.storage_url import JOURNAL_PREFIX, ambiguous_password, redact_text, redact_url, remember_url
+from advisor.search.storage._url import JOURNAL_PREFIX, ambiguous_password, redact_text, redact_url, remember_url
 
 # The pip package that provides each DBAPI module SQLAlchemy's dialects import.
 DRIVER_PACKAGES = {

@@ -11,7 +11,7 @@ starts, so a trial RUNNING under a process of this host that no longer runs is k
 A failed trial is queued again unless its plan's own evaluation failed: by the process an interrupt
 stopped, and, for whatever that process could not do (it was killed, or an older advisor failed a queued
 trial before its parameters were set), by the resume. A retry replaces its trial in the budget
-(``search.budget``); a second retry of one trial is turned away there, so a retry never runs twice.
+(``search.storage._budget``); a second retry of one trial is turned away there, so a retry never runs twice.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import optuna
 from optuna.storages import RetryHeartbeatStaleTrialCallback
 from optuna.trial import TrialState
 
-from advisor.search.processes import is_running, process_start_ticks
+from advisor.search.storage._processes import is_running, process_start_ticks
 
 WORKER_ATTR = "worker"
 PLAN_ERROR_ATTR = "error"  # why a trial's own evaluation failed (the objective writes it)

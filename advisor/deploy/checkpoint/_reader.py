@@ -23,7 +23,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from advisor.deploy.quant_config import (
+from advisor.deploy.checkpoint._quant_config import (
     kv_cache_format_from_quant_config,
     kv_scale_names,
     layer_formats_from_quant_config,

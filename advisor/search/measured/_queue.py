@@ -5,7 +5,7 @@ none waits or runs and merges the results into the main study (:func:`merge`), w
 :func:`~advisor.search.trial_record.record_measured` has always put them. With one process the queue is
 run in-process and measures what, and in the order, the stage always measured.
 
-Dead workers are handled as the search's trials are (:func:`advisor.search.budget.reap`): Optuna's
+Dead workers are handled as the search's trials are (:func:`advisor.search.storage._budget.reap`): Optuna's
 heartbeat on database storages, the worker's pid on this host for the journal file; their trial is
 failed and re-enqueued with Optuna's retry callback, so its plan is measured by another worker.
 
@@ -14,14 +14,14 @@ A measurement names its unit (GPU UUID and name): in the queue trial, in the uni
 each estimate's source. Each unit meters all-BF16 before its first plan, and again after its last
 (the drift check), so plans measured on different units of one kind are compared as measured only when the
 units' all-BF16 agree within the drift a unit shows against itself
-(:func:`~advisor.search.energy_tiers.unit_agreement`), else at one unit's scale
-(:func:`~advisor.search.energy_tiers.on_one_unit`). The all-BF16 and drift measurements of a unit
+(:func:`~advisor.search.measured._tiers.unit_agreement`), else at one unit's scale
+(:func:`~advisor.search.measured._tiers.on_one_unit`). The all-BF16 and drift measurements of a unit
 belong to that unit, so they are not queue items any unit could take: each worker makes them in the
 queue trial of its first plan, and in a queue trial of its own at the end.
 
 A tier that can run a plan's operating-point search in the engine that serves its stated workloads (vLLM:
 ``searches_in_serving``, then ``open_for``) does so as it meters the plan: each stored predicted operating
-point of the plan is searched as measured in that engine (:func:`~advisor.search.operating_search.
+point of the plan is searched as measured in that engine (:func:`~advisor.search.measured._batch_search.
 search_batches`), and the outcomes travel in the queue trial to the main study (``record_measured_points``), so
 the later measured operating-points stage has nothing left to start an engine for.
 
@@ -45,12 +45,10 @@ from advisor.errors import UnsupportedError
 from advisor.estimate import DriftCheck, EnergyEstimate, MeasuredUnit
 from advisor.plan import Plan
 from advisor.recipe.schema import Workload
-from advisor.search.budget import reap
-from advisor.search.energy_tiers import drift_record
-from advisor.search.engine_contract import MeasuredTier
-from advisor.search.operating_search import search_batches, searches_from_points
-from advisor.search.processes import holder_is_running
-from advisor.search.recovery import WORKER_ATTR
+from advisor.search.measured._batch_search import search_batches, searches_from_points
+from advisor.search.measured._contract import MeasuredTier
+from advisor.search.measured._tiers import drift_record
+from advisor.search.storage import WORKER_ATTR, holder_is_running, reap
 from advisor.search.trial_record import (
     measured_energy,
     measured_points,

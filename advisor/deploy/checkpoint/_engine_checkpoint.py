@@ -13,7 +13,7 @@ from advisor.plan import Plan
 def checkpoint_exporter(recipe: Any, loaded: Any, tokens: Any, smoke: bool = False) -> Callable[[Plan], Path]:
     """``plan -> folder``: the plan exported once (``advisor export``'s code) into
     ``RUN_DIR/engine_checkpoints/<plan id>``, reused when its export finished before."""
-    from advisor.deploy.export import export_plan
+    from advisor.deploy.checkpoint._export import export_plan
 
     folder = Path(recipe.run_dir) / "engine_checkpoints"
     workloads = [w.model_dump() for w in recipe.workloads]

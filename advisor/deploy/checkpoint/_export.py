@@ -40,11 +40,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-from advisor.deploy.checkpoint import load_exported, scaled_modules
-from advisor.deploy.quant_config import check_kv_cache, check_quant_config
-from advisor.deploy.readme import ExportResult, render_readme
-from advisor.deploy.trtllm import deployment_warnings, llm_api_options, options_yaml, smoke_test_trtllm
-from advisor.deploy.vllm_config import vllm_options, vllm_options_yaml
+from advisor.deploy.checkpoint._quant_config import check_kv_cache, check_quant_config
+from advisor.deploy.checkpoint._reader import load_exported, scaled_modules
+from advisor.deploy.checkpoint._readme import ExportResult, render_readme
+from advisor.deploy.checkpoint._trtllm_config import (
+    deployment_warnings,
+    llm_api_options,
+    options_yaml,
+    smoke_test_trtllm,
+)
+from advisor.deploy.checkpoint._vllm_config import vllm_options, vllm_options_yaml
 from advisor.errors import InputError, SetupError
 from advisor.models.adapters import GroupInfo
 from advisor.plan import Plan

@@ -17,7 +17,7 @@ import optuna
 
 from advisor.errors import InputError, SetupError
 from advisor.files import disk_full_message
-from advisor.search.storage_url import (
+from advisor.search.storage._url import (
     JOURNAL_PREFIX,
     redact_text,
     redact_url,
@@ -91,8 +91,8 @@ def _commit_without_fsync(storage: optuna.storages.RDBStorage) -> None:
 def open_storage(url: str, heartbeat_s: int | None = None) -> optuna.storages.BaseStorage:
     """Optuna's own storage for ``url``: RDB (SQLite, PostgreSQL, MySQL) with a heartbeat, whose
     stale trials Optuna fails and :class:`RetryHeartbeatStaleTrialCallback` re-enqueues, or the journal
-    file (processes of one host; no heartbeat in Optuna 5, see ``search.recovery``)."""
-    from advisor.search.storage_driver import check_storage_url
+    file (processes of one host; no heartbeat in Optuna 5, see ``search.storage._recovery``)."""
+    from advisor.search.storage._driver import check_storage_url
 
     check_storage_url(url, folder_must_exist=False)
     if url.startswith(JOURNAL_PREFIX):
@@ -109,7 +109,7 @@ def open_storage(url: str, heartbeat_s: int | None = None) -> optuna.storages.Ba
                              "in a folder you can write to") from None
     kwargs: dict[str, Any] = {}
     if heartbeat_s:
-        from advisor.search.recovery import retry_callback
+        from advisor.search.storage._recovery import retry_callback
 
         kwargs = {"heartbeat_interval": heartbeat_s, "grace_period": 3 * heartbeat_s,
                   "heartbeat_stale_trial_callback": retry_callback(), "engine_kwargs": {"pool_pre_ping": True}}

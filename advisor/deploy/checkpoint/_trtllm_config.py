@@ -7,7 +7,7 @@ import contextlib
 from pathlib import Path
 from typing import Any
 
-from advisor.deploy.sizes import ServingSizes, workloads_words
+from advisor.deploy.checkpoint._sizes import ServingSizes, workloads_words
 from advisor.formats import Format
 from advisor.plan import Plan
 

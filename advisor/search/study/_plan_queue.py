@@ -44,7 +44,7 @@ def enqueue_baselines(study: optuna.Study, plans: Sequence[Plan], kv_dimension: 
 
 
 def enqueue_new(study: optuna.Study, plans: Sequence[Plan], kv_dimension: bool = False) -> int:
-    """Enqueue the plans no trial holds yet (a failed one is queued again by ``search.recovery``, not here);
+    """Enqueue the plans no trial holds yet (a failed one is queued again by ``search.storage._recovery``, not here);
     returns how many."""
     seen = {p.id for t in study.get_trials(deepcopy=False) if (p := trial_plan(t)) is not None}
     n = 0

@@ -128,7 +128,7 @@ def _onto(source: str, factor: float, onto: str | None) -> str:
 def measured_on_one_scale(study: optuna.Study) -> tuple[dict[str, list[EnergyEstimate]], dict[str, Any] | None,
                                                          dict[str, dict[str, float]]]:
     """The measured energy of each plan, on one unit's scale where the units that measured them disagree
-    (:func:`~advisor.search.energy_tiers.unit_factors`); the units' agreement on the primary workload with
+    (:func:`~advisor.search.measured._tiers.unit_factors`); the units' agreement on the primary workload with
     ``scaled_to``, the unit whose scale they were put on (None: as measured); and the factors by plan id."""
     measured = measured_energy(study)
     workloads = study.user_attrs.get("recipe", {}).get("workloads") or []

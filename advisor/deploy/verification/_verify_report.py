@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from advisor.deploy.served_kl import MAX_ENTRIES
+from advisor.deploy.vllm import MAX_ENTRIES
 from advisor.search.frontier import percent_less
 
 BEGIN, END = "<!-- advisor verify: begin -->", "<!-- advisor verify: end -->"

@@ -1,7 +1,7 @@
 """Operating points as measured: a plan metered at its own operating batch (the largest batch under a
 workload's latency objective, :mod:`advisor.search.operating`), beside the predicted point.
 
-A measured tier (:class:`~advisor.search.engine_contract.MeasuredTier`) meters ``workload`` at the point's batch
+A measured tier (:class:`~advisor.search.measured._contract.MeasuredTier`) meters ``workload`` at the point's batch
 (:func:`at_batch`) with its ``measure_points``. What it gives back depends on the engine: an engine that times
 requests (vLLM) gives TPOT and TTFT at the objective's percentile (:func:`from_timed`); the built-in runtime gives
 its measured decode step and one request's prefill, which :func:`from_steps` composes into the steady state with
@@ -20,7 +20,7 @@ from typing import Any
 from advisor.estimate import EnergyEstimate
 from advisor.plan import Plan
 from advisor.recipe.schema import Workload
-from advisor.search.operating import steady_state
+from advisor.search.operating._points import steady_state
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from advisor.errors import UnsupportedError
 from advisor.estimate import EnergyEstimate
 from advisor.plan import Plan
 from advisor.recipe.schema import Workload
-from advisor.search.operating_measured import MeasuredPoint, from_estimate
+from advisor.search.operating import MeasuredPoint, from_estimate
 
 #: the measured batch search's next round from the points of the one before (empty: done)
 NextRound = Callable[[list[MeasuredPoint]], list[Workload]]
@@ -52,7 +52,7 @@ class MeasuredTier(abc.ABC):
         """``plan`` metered on ``workload`` (its batch, lengths): J/token with the prefill included, measured."""
 
     def measure_points(self, plan: Plan, workloads: Sequence[Workload]) -> list[MeasuredPoint]:
-        """``plan`` metered at each of ``workloads`` (operating batches, :func:`~advisor.search.operating_measured.
+        """``plan`` metered at each of ``workloads`` (operating batches, :func:`~advisor.search.operating._measured.
         at_batch`), one point each, in order. This default times nothing: TPOT and TTFT unknown, and said so."""
         return [from_estimate(plan, w, self.estimate(plan, w)) for w in workloads]
 

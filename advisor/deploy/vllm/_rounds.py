@@ -1,11 +1,11 @@
 """Several rounds of workloads served by one vLLM engine in one child process: the measured batch search
-(:mod:`advisor.search.operating_search`) decides each round's batches from the round before, and a vLLM engine
+(:mod:`advisor.search.measured._batch_search`) decides each round's batches from the round before, and a vLLM engine
 takes a minute or more to start, so the child keeps its engine and asks the parent for the next round.
 
-The child runs :func:`advisor.deploy.vllm_serve.serve` with ``more``: after each round it sends the energy rows so
+The child runs :func:`advisor.deploy.vllm._serve.serve` with ``more``: after each round it sends the energy rows so
 far (``("rows", rows)``) and waits for the next round's workloads (an empty list ends it); at the end it sends
 ``("ok", result)``, or ``("error", first line, is an import error)`` as
-:func:`advisor.deploy.vllm_engine.run_in_child`'s child does.
+:func:`advisor.deploy.vllm._engine.run_in_child`'s child does.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from advisor.deploy.vllm_serve import ServeJob, serve
+from advisor.deploy.vllm._serve import ServeJob, serve
 from advisor.errors import SetupError, UnsupportedError
 
 More = Callable[[dict[str, Any]], Sequence[dict[str, Any]]]
@@ -46,7 +46,7 @@ def _rounds_child(target: Callable[..., dict[str, Any]], job: ServeJob, conn: An
 def run_rounds_in_child(job: ServeJob, more: More, install_hint: str, target: Callable[..., dict[str, Any]] = serve,
                         timeout_s: float = 3600.0) -> dict[str, Any]:
     """``target(job, more=...)`` in a fresh (spawned) process whose ``more`` asks ``more`` here; each round gets
-    ``timeout_s``. Errors as :func:`advisor.deploy.vllm_engine.run_in_child` raises them (``install_hint``: how
+    ``timeout_s``. Errors as :func:`advisor.deploy.vllm._engine.run_in_child` raises them (``install_hint``: how
     to install vLLM, for an import error)."""
     ctx = multiprocessing.get_context("spawn")
     parent, child = ctx.Pipe(duplex=True)

@@ -14,7 +14,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from advisor.deploy.vllm_serve import ServeJob
+from advisor.deploy.vllm import ServeJob
 
 FOLDER = "verify_served"
 

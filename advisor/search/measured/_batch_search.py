@@ -37,8 +37,8 @@ from typing import Any
 
 from advisor.plan import Plan
 from advisor.recipe.schema import Workload
-from advisor.search.engine_contract import MeasuredTier
-from advisor.search.operating_measured import MeasuredPoint, at_batch
+from advisor.search.measured._contract import MeasuredTier
+from advisor.search.operating import MeasuredPoint, at_batch
 
 EXTRA_METERINGS = 2  # meterings per plan and objective beyond the predicted batch: each is a steady-state window
 BRACKET_AFTER = 2  # meterings after which a batch that meets and one that misses end the search (0: never)
