@@ -150,3 +150,37 @@ def test_report_replaces_symlinks_in_the_run_folder_and_writes_nothing_outside(f
     assert not any((run / n).is_symlink() for n in ("report.md", "summary.json", "front.png"))
     assert json.loads((run / "summary.json").read_text())["tool"] == "precision-advisor"
     assert not [p for p in run.iterdir() if p.name.endswith(".tmp")]
+
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("path", sorted(str(p.relative_to(REPO)) for p in (REPO / "reports").rglob("verify.json")))
+def test_every_shipped_verify_json_reads_as_verify_wrote_it(path):
+    """One reader of verify.json (advisor.report.load_verify): the files kept in reports/ read back typed, each
+    operating point's numbers in the summary's own point records, and write back to the same data."""
+    from advisor.report import load_verify
+
+    root = REPO
+    result = load_verify(root / path)
+    assert result.plans and all(r.plan_id for r in result.plans)
+    again = json.loads(result.model_dump_json())
+    original = json.loads((root / path).read_text())
+    assert [p["plan_id"] for p in again["plans"]] == [p["plan_id"] for p in original["plans"]]
+    for mine, theirs in zip(again["plans"], original["plans"], strict=True):
+        for o, t in zip(mine["operating"], theirs.get("operating") or [], strict=True):
+            assert {k: o["vllm"][k] for k in t["vllm"] if k in o["vllm"]} == {
+                k: v for k, v in t["vllm"].items() if k in o["vllm"]}
+
+
+def test_a_verify_json_that_is_not_verifys_is_one_error_naming_the_field(tmp_path):
+    from advisor.errors import InputError
+    from advisor.report import load_verify
+
+    bad = tmp_path / "verify.json"
+    bad.write_text(json.dumps({"run": "r", "engine": "vllm", "vllm_version": "0.26.0", "gpu": "H100",
+                               "date": "2026-11-29", "verified": True, "plans": [{"role": "bf16"}]}))
+    with pytest.raises(InputError, match=r"plans\.0\.plan_id: Field required"):
+        load_verify(bad)
+    with pytest.raises(InputError, match="does not exist"):
+        load_verify(tmp_path / "none.json")

@@ -111,8 +111,9 @@ def test_verify_serves_the_recommendation_and_bf16(run_dir, engine, tmp_path):
     assert data["operating_plot"] == "verify_operating_points.png" and (run_dir / data["operating_plot"]).stat().st_size
     assert "![the time-energy frontier as served](verify_operating_points.png)" in report
     from advisor.deploy.verification import served_operating_summary
+    from advisor.report import load_verify
 
-    drawn = served_operating_summary(summary, data)
+    drawn = served_operating_summary(summary, load_verify(run_dir / "verify.json"))
     assert {p["plan_id"] for p in drawn["operating_points"]} == {r["plan_id"] for r in data["plans"]}
     for p in drawn["operating_points"]:
         (op,) = next(r for r in data["plans"] if r["plan_id"] == p["plan_id"])["operating"]
@@ -183,10 +184,10 @@ def test_the_builtin_runtime_column_is_its_metering_at_the_same_batch():
     row = {"j_per_token": 0.075, "tokens_per_s": 5e3, "tpot_ms_p50": 12.5, "ttft_ms_p50": 30.0,
            "measurement": {"unstable": False}, "batch_full": True}
     (got,) = operating_as_served(summary, plan, {"energy": {"chat at batch 64": row}}, "measured (vLLM)")
-    assert got["batch"] == 64 and got["runtime"]["j_per_token"] == 0.07  # the trail's batch 64, not batch 40
+    assert got.batch == 64 and got.runtime.j_per_token == 0.07  # the trail's batch 64, not batch 40
     del searched["trail"]
     (got,) = operating_as_served(summary, plan, {"energy": {"chat at batch 64": row}}, "measured (vLLM)")
-    assert got["runtime"] is None  # not metered at this batch: no number rather than another batch's
+    assert got.runtime is None  # not metered at this batch: no number rather than another batch's
 
 
 def test_verify_searches_an_operating_point_vllm_misses_in_the_same_engine(run_dir, engine, tmp_path, monkeypatch):
@@ -372,33 +373,46 @@ def _at(batch, j, meets, tpot=5.0):
     return {"batch": batch, "j_per_token": j, "meets": meets, "tpot_ms": tpot}
 
 
-def test_the_decision_as_served_compares_each_plan_at_its_largest_batch_that_met_in_vllm():
+def _decision(result):
+    """served_decision of ``result`` (its plans and operating points), completed into a verify result."""
     from advisor.deploy.verification import served_decision
+    from advisor.report import VerifyResult
+
+    plans = [{"label": r["plan_id"], "checkpoint": "", "formats_match": True, "served_formats": {},
+              "proxy_kl": None, "accuracy": {}, **r,
+              "operating": [{"predicted": {"batch": o["batch"]}, "vllm_unstable": False, "batch_full": True, **o}
+                            for o in r["operating"]]} for r in result["plans"]]
+    return served_decision(VerifyResult.model_validate(
+        {"run": "r", "engine": "vllm", "vllm_version": "0.26.0", "gpu": "H100", "date": "2026-11-28",
+         "verified": True, "plans": plans}))
+
+
+def test_the_decision_as_served_compares_each_plan_at_its_largest_batch_that_met_in_vllm():
     from advisor.search.frontier import percent_less
 
     # all-BF16 missed at its predicted batch 40 and met at 30 after the search; the recommendation met at 90
     rec, bf16 = _at(90, 0.07, True), _at(30, 0.12, True)
     result = {"plans": [_served_plan("bf16", "b", _at(40, 0.11, False), searched=bf16),
                         _served_plan("recommendation", "r", rec)]}
-    (line,) = [x for x in served_decision(result) if x.startswith("- ")]
+    (line,) = [x for x in _decision(result) if x.startswith("- ")]
     assert "batch 90 at 0.07 J/token" in line and "batch 30 at 0.12 J/token" in line and "batch 40" not in line
     assert f"{percent_less(0.07, 0.12)} less energy per token" in line
 
     # the recommendation costs more than BF16 as served: said, and no saving
     result["plans"][1]["operating"][0]["vllm"] = _at(90, 0.13, True)
-    (line,) = [x for x in served_decision(result) if x.startswith("- ")]
+    (line,) = [x for x in _decision(result) if x.startswith("- ")]
     assert "costs more than all-BF16 as served" in line and "less energy" not in line
 
     # one of them met the objective at no batch served: no saving stated
     result["plans"][1]["operating"][0]["vllm"] = _at(1, 0.5, False, tpot=9.0)
-    (line,) = [x for x in served_decision(result) if x.startswith("- ")]
+    (line,) = [x for x in _decision(result) if x.startswith("- ")]
     assert line.startswith("- 'chat': the recommendation met the objective at no batch") and "less energy" not in line
 
     # the recommendation is all-BF16: its point, no comparison
     one = {"plans": [_served_plan("bf16+recommendation", "b", bf16)]}
-    (line,) = [x for x in served_decision(one) if x.startswith("- ")]
+    (line,) = [x for x in _decision(one) if x.startswith("- ")]
     assert "the recommendation is all-BF16" in line and "batch 30" in line
-    assert served_decision({"plans": [{"role": "bf16+recommendation", "plan_id": "b", "operating": []}]}) == []
+    assert _decision({"plans": [{"role": "bf16+recommendation", "plan_id": "b", "operating": []}]}) == []
 
 
 def test_served_kl_is_bounded_to_the_first_held_out_sequences_and_verify_says_so(run_dir, engine, monkeypatch):
@@ -420,18 +434,21 @@ def test_served_kl_is_bounded_to_the_first_held_out_sequences_and_verify_says_so
 
 def test_verify_md_sets_served_kl_beside_the_proxy_and_names_a_plan_over_the_budget_as_served():
     from advisor.deploy.verification import render_verify
+    from advisor.report import VerifyResult
 
     def plan(role, pid, served, proxy):
-        return {"role": role, "plan_id": pid, "label": pid, "formats_match": True, "served_formats": {},
-                "accuracy": {"served_kl": served, "advisor_kl": proxy}, "proxy_kl": proxy, "energy": []}
+        return {"role": role, "plan_id": pid, "label": pid, "checkpoint": f"/ckpt/{pid}", "formats_match": True,
+                "served_formats": {}, "accuracy": {"served_kl": served, "advisor_kl": proxy}, "proxy_kl": proxy,
+                "energy": []}
 
-    result = {"vllm_version": "0.26.0", "gpu": "H100", "date": "2026-11-28", "max_kl": 0.05,
+    result = {"run": "r", "engine": "vllm", "vllm_version": "0.26.0", "gpu": "H100", "date": "2026-11-28",
+              "max_kl": 0.05, "verified": True,
               "plans": [plan("bf16", "b", 0.001, 0.0), plan("recommendation", "r", 0.06, 0.048)]}
-    text = render_verify(result)
+    text = render_verify(VerifyResult.model_validate(result))
     assert "| `r` | recommendation | 0.06 | 0.048 | 0.048 | +25.0% |" in text
     assert "**Over the accuracy budget as served:** plan r (recommendation) served KL 0.06 against max_kl 0.05" in text
     result["plans"][1]["accuracy"]["served_kl"] = 0.049
-    assert "Over the accuracy budget" not in render_verify(result)
+    assert "Over the accuracy budget" not in render_verify(VerifyResult.model_validate(result))
 
 
 # ------------------------------------------------------------- several plans at once, each engine on GPUs of its own
@@ -561,13 +578,11 @@ def test_with_workers_all_bf16_and_the_recommendation_share_a_gpu(tmp_path, monk
 
 
 def test_the_decision_as_served_says_when_its_two_plans_ran_on_different_gpus():
-    from advisor.deploy.verification import served_decision
-
     rec, bf16 = _served_plan("recommendation", "r", _at(90, 0.07, True)), _served_plan("bf16", "b", _at(30, 0.12, True))
     rec["devices"], bf16["devices"] = ["GPU-x"], ["GPU-y"]
-    assert any("different GPUs of this node (GPU-x; GPU-y)" in line for line in served_decision({"plans": [bf16, rec]}))
+    assert any("different GPUs of this node (GPU-x; GPU-y)" in line for line in _decision({"plans": [bf16, rec]}))
     rec["devices"] = ["GPU-y"]
-    assert not any("different GPUs" in line for line in served_decision({"plans": [bf16, rec]}))
+    assert not any("different GPUs" in line for line in _decision({"plans": [bf16, rec]}))
 
 
 def test_quick_refuses_a_further_plan_before_any_model_is_read(tmp_path):

@@ -49,30 +49,29 @@ def verify(
 
         result = verify_run(run_dir, engine=engine, plan_ids=plan or (), lambada=lambada, lambada_count=lambada_items,
                             energy=energy, status=step, gpus=gpus, workers=workers, quick=quick)
-    over = [r["plan_id"] for r in over_budget(result)]
-    for r in result["plans"]:
-        a = r["accuracy"]
-        served = "served as planned" if r["formats_match"] is True else f"{len(r['formats_match'])} groups differ"
-        out.print(f"{shown_role(r['role'], r['plan_id'])} {r['plan_id']}: {served}; served KL "
-                  f"{num(a['served_kl'])} (advisor {num(a['advisor_kl'])}, proxy {num(r['proxy_kl'])})"
-                  + (f", over max_kl {result['max_kl']:g} as served" if r["plan_id"] in over else ""),
-                  highlight=False)
-        for e in r["energy"]:
-            out.print(f"  {e['workload']}: vLLM {e['vllm_j_per_token']:.4g} J/token, built-in "
-                      f"{num(e['runtime_j_per_token'])}, predicted {num(e['predicted_j_per_token'])}", highlight=False)
-        for o in r.get("operating") or []:
-            v, tpot = o["vllm"], o["vllm"]["tpot_ms"]
+    over = [r.plan_id for r in over_budget(result)]
+    for r in result.plans:
+        a = r.accuracy
+        served = "served as planned" if r.formats_match is True else f"{len(r.formats_match)} groups differ"
+        out.print(f"{shown_role(r.role, r.plan_id)} {r.plan_id}: {served}; served KL "
+                  f"{num(a.served_kl)} (advisor {num(a.advisor_kl)}, proxy {num(r.proxy_kl)})"
+                  + (f", over max_kl {result.max_kl:g} as served" if r.plan_id in over else ""), highlight=False)
+        for e in r.energy:
+            out.print(f"  {e.workload}: vLLM {e.vllm_j_per_token:.4g} J/token, built-in "
+                      f"{num(e.runtime_j_per_token)}, predicted {num(e.predicted_j_per_token)}", highlight=False)
+        for o in r.operating:
+            v = o.vllm
             meets = {True: "meets the objective", False: "misses the objective", None: "TPOT/TTFT not timed"}
-            out.print(f"  {o['workload']} at its operating batch {o['batch']}: vLLM {v['j_per_token']:.4g} J/token"
-                      + (f", TPOT {tpot:.3g} ms" if tpot is not None else "") + f" ({meets[v['meets']]}), "
-                      f"predicted {o['predicted']['j_per_token']:.4g}", highlight=False)
+            out.print(f"  {o.workload} at its operating batch {o.batch}: vLLM {num(v.j_per_token)} J/token"
+                      + (f", TPOT {v.tpot_ms:.3g} ms" if v.tpot_ms is not None else "") + f" ({meets[v.meets]}), "
+                      f"predicted {num(o.predicted.j_per_token)}", highlight=False)
     for line in served_decision(result):
         if line.startswith("- "):
             out.print("as served, " + line[2:].replace("**", ""), highlight=False, markup=False)
-    out.print(f"took {result['timings_s']['total_s'] / 60:.1f} min; written: {Path(run_dir) / 'verify.md'}, "
+    out.print(f"took {result.timings_s['total_s'] / 60:.1f} min; written: {Path(run_dir) / 'verify.md'}, "
               "verify.json, and a section of report.md", highlight=False)
-    if not result["verified"]:
-        bad = "; ".join(f"{r['plan_id']}: " + ", ".join(f"{g} {why}" for g, why in r["formats_match"].items())
-                        for r in result["plans"] if r["formats_match"] is not True)
+    if not result.verified:
+        bad = "; ".join(f"{r.plan_id}: " + ", ".join(f"{g} {why}" for g, why in r.formats_match.items())
+                        for r in result.plans if r.formats_match is not True)
         print_error(f"vLLM served layer groups otherwise than planned ({bad}); see verify.md")
         raise typer.Exit(1)

@@ -136,39 +136,36 @@ class RecommendationRecord(TrialRecord):
 
 
 class MeteredBatch(_Record):
-    """One batch the measured search metered (:mod:`advisor.search.measured._batch_search`)."""
+    """A plan's numbers at one batch in flight: the one operating-point record that every other form extends (a batch
+    a search metered, :mod:`advisor.search.operating`; what an engine served, verify.json)."""
 
     batch: int
-    tpot_ms: float | None = None
+    tpot_ms: float | None = None  # at the objective's percentile; None: the engine does not time it
     ttft_ms: float | None = None
     j_per_token: float | None = None
     tokens_per_s: float | None = None
-    meets: bool | None = None
+    meets: bool | None = None  # the objective as measured; None: not known
 
 
-class MeasuredPointRecord(_Record):
-    """An operating point as the measured tier found it (:mod:`advisor.search.measured._batch_search`): the largest
+class MeasuredPointRecord(MeteredBatch):
+    """An operating point as a measured tier or an engine found it (:mod:`advisor.search.operating`): the largest
     batch metered that meets the objective as measured (where none met, the smallest metered), from the
     predicted point's batch (``predicted_batch``) down; ``trail``: every batch metered; ``search``: what the
     search concluded, in words; ``not_measured`` says why a point has no numbers."""
 
-    batch: int
+    plan_id: str | None = None  # named where the record travels alone (verify.json); in summary.json its point says
+    workload: str | None = None
     predicted_batch: int | None = None  # None: a summary written before the search (batch is the predicted one)
     trail: list[MeteredBatch] = Field(default_factory=list)
     search: str | None = None
     prediction_error_pct: dict[str, float] | None = None  # (predicted - measured) / measured at predicted_batch
-    j_per_token: float | None = None
-    tokens_per_s: float | None = None
-    tpot_ms: float | None = None  # at the objective's percentile; None: the engine does not time it
-    ttft_ms: float | None = None
-    meets: bool | None = None  # the objective as measured; None: not known
     source: str = ""
     measured_at: str | None = None
     decode_step_ms: float | None = None
     not_measured: str | None = None
 
 
-class OperatingPointRecord(_Record):
+class OperatingPointRecord(MeteredBatch):
     """A plan's largest batch under a workload's latency objective (:mod:`advisor.search.operating`); predicted
     from the step times of the predicted tier, labelled in ``source``."""
 
@@ -177,7 +174,6 @@ class OperatingPointRecord(_Record):
     workload: str
     meets: bool  # False: not even batch 1 meets the objective (the numbers are batch 1's)
     bound: str  # what stopped the batch: objective, memory or max_concurrency
-    batch: int
     tpot_ms: float
     ttft_ms: float
     j_per_token: float

@@ -49,6 +49,7 @@ from advisor.estimate import EnergyEstimate
 from advisor.files import check_regular_file
 from advisor.formats import GPU, Format
 from advisor.plan import Plan
+from advisor.report.verify_record import ServedAccuracy, ServedEnergy, ServedOperatingPoint, VerifiedPlan, VerifyResult
 from advisor.search.operating import from_timed, objective_name
 from advisor.workflows.verify_serving import Serving, operating_workloads, serve_plans
 
@@ -107,7 +108,7 @@ def greedy_hits(model: Any, items: Sequence[tuple[Sequence[int], Sequence[int]]]
 
 def accuracy_as_served(reference: Sequence[Any], advisor_model: Any, served: dict[str, Any],
                        heldout: Sequence[Sequence[int]], items: Sequence[Any], heldout_count: int = 0
-                       ) -> dict[str, Any]:
+                       ) -> ServedAccuracy:
     """The served model's full-vocabulary KL against ``reference`` (the reference's log-probabilities per held-out
     sequence scored, the first of the run's ``heldout_count``) and the advisor's own model's on the same positions;
     item accuracy."""
@@ -123,11 +124,11 @@ def accuracy_as_served(reference: Sequence[Any], advisor_model: Any, served: dic
         out["items"] = {"n": len(items), "vllm_accuracy": sum(vllm_hits) / len(items),
                         "advisor_accuracy": sum(hits) / len(items),
                         "disagree": sum(a != b for a, b in zip(vllm_hits, hits, strict=False))}
-    return out
+    return ServedAccuracy.model_validate(out)
 
 
 def operating_as_served(summary: dict[str, Any], plan: Plan, served: dict[str, Any], label: str
-                        ) -> list[dict[str, Any]]:
+                        ) -> list[ServedOperatingPoint]:
     """Per operating point of ``plan``: the run's predicted point (and the built-in runtime's, where the search
     measured it) beside vLLM's at the same batch, with the objective met as served."""
     points = {(p["workload"], p["batch"]): p for p in summary.get("operating_points") or []
@@ -140,11 +141,11 @@ def operating_as_served(summary: dict[str, Any], plan: Plan, served: dict[str, A
         p = points[(objective_name(w), w.batch_size)]
         predicted = {k: p[k] for k in ("batch", "meets", "bound", "tpot_ms", "ttft_ms", "j_per_token",
                                        "tokens_per_s", "source")}
-        rows.append({"workload": objective_name(w), "batch": w.batch_size, "predicted": predicted,
-                     "runtime": _metered_at(p.get("measured"), w.batch_size),
-                     "vllm": from_timed(plan, w, row, label).to_dict(),
-                     "vllm_unstable": row["measurement"]["unstable"], "batch_full": row["batch_full"],
-                     "vllm_search": served.get("searches", {}).get(objective_name(w))})
+        rows.append(ServedOperatingPoint.model_validate({
+            "workload": objective_name(w), "batch": w.batch_size, "predicted": predicted,
+            "runtime": _metered_at(p.get("measured"), w.batch_size), "vllm": from_timed(plan, w, row, label).to_dict(),
+            "vllm_unstable": row["measurement"]["unstable"], "batch_full": row["batch_full"],
+            "vllm_search": served.get("searches", {}).get(objective_name(w))}))
     return rows
 
 
@@ -158,7 +159,7 @@ def _metered_at(measured: dict[str, Any] | None, batch: int) -> dict[str, Any] |
 
 
 def energy_as_served(record: dict[str, Any] | None, served: dict[str, Any],
-                     over_gpus: Callable[[str], EnergyEstimate] | None = None) -> list[dict[str, Any]]:
+                     over_gpus: Callable[[str], EnergyEstimate] | None = None) -> list[ServedEnergy]:
     """Per stated workload: vLLM's J/token beside the run's measured (built-in) and predicted numbers, each
     labelled (the operating points' rows are :func:`operating_as_served`'s). Served over several GPUs or on another
     kind than the run's target, ``over_gpus(workload name)`` is the prediction for what served (the run's own kept
@@ -182,7 +183,7 @@ def energy_as_served(record: dict[str, Any] | None, served: dict[str, Any],
             tp = over_gpus(name)
             rows[-1].update(predicted_j_per_token=tp.j_per_token, predicted_source=tp.source,
                             predicted_run_j_per_token=p["j_per_token"] if p else None)
-    return rows
+    return [ServedEnergy.model_validate(r) for r in rows]
 
 
 def exports_device(model: Any) -> str:
@@ -214,7 +215,7 @@ def verify_run(run_dir: Path, engine: str = "vllm", plan_ids: Sequence[str] = ()
                runner: Callable[[ServeJob], dict[str, Any]] | None = None,
                rounds_runner: Callable[[ServeJob, Any], dict[str, Any]] | None = None,
                status: Callable[[str], None] = lambda _m: None, gpus: int | None = None, workers: int = 1,
-               quick: bool = False) -> dict[str, Any]:
+               quick: bool = False) -> VerifyResult:
     """Serve the run's plans through ``engine`` (each in a process of its own unless ``runner``, or for a plan whose
     objectives are searched ``rounds_runner``, says otherwise) over ``gpus`` GPUs
     (:mod:`advisor.deploy.serving_gpus`; the run's recipe's when None), ``workers`` plans at once on GPUs of their
@@ -342,33 +343,31 @@ def verify_run(run_dir: Path, engine: str = "vllm", plan_ids: Sequence[str] = ()
         mine = load_exported(paths[role], device=device, dtype=dtype).eval()
         formats, differ = served_formats(served[role].get("served", {}), plan, members)
         record = records.get(plan.id)
-        rows.append({
-            "role": role, "plan_id": plan.id, "label": plan.label(), "checkpoint": str(paths[role]),
-            "formats_match": differ or True, "served_formats": formats,
-            "proxy_kl": record.get("kl") if record else None,
-            "acceptance": record.get("acceptance") if record else None,
-            "accuracy": accuracy_as_served(reference, mine, served[role], scored, items, len(heldout)),
-            "energy": energy_as_served(record, served[role], over_gpus(plan)),
-            "operating": operating_as_served(summary, plan, served[role], served_label),
-            "vllm_options": served[role].get("llm_options") or {},
-            "vllm_load_s": served[role].get("load_s"), "read_back_from": served[role].get("read_back_from"),
-            "devices": served[role].get("devices") or [],
-        })
+        rows.append(VerifiedPlan(
+            role=role, plan_id=plan.id, label=plan.label(), checkpoint=str(paths[role]),
+            formats_match=differ or True, served_formats=formats, proxy_kl=record.get("kl") if record else None,
+            acceptance=record.get("acceptance") if record else None,
+            accuracy=accuracy_as_served(reference, mine, served[role], scored, items, len(heldout)),
+            energy=energy_as_served(record, served[role], over_gpus(plan)),
+            operating=operating_as_served(summary, plan, served[role], served_label),
+            vllm_options=served[role].get("llm_options") or {}, vllm_load_s=served[role].get("load_s"),
+            read_back_from=served[role].get("read_back_from"), devices=served[role].get("devices") or [],
+        ))
         del mine
-    result = {
-        "run": summary["run"], "engine": "vllm", "vllm_version": getattr(vllm, "__version__", "unknown"),
-        "gpu": here, "gpus": n_gpus, "date": time.strftime("%Y-%m-%d"), "plans": rows,
-        "target": recipe.target.value, "gpu_kind": kind.value if kind is not None else None,
-        "lambada": {"file": str(lambada), "items": len(items)} if lambada else None,
-        "verified": all(r["formats_match"] is True for r in rows), "max_kl": recipe.accuracy.max_kl,
-        "quick": quick, "timings_s": {**timings, "total_s": time.perf_counter() - started,
-                                      "plans": {r: served[r].get("timings_s") for r in plans}},
-    }
+    result = VerifyResult(
+        run=summary["run"], engine="vllm", vllm_version=getattr(vllm, "__version__", "unknown"), gpu=here,
+        gpus=n_gpus, date=time.strftime("%Y-%m-%d"), plans=rows, target=recipe.target.value,
+        gpu_kind=kind.value if kind is not None else None,
+        lambada={"file": str(lambada), "items": len(items)} if lambada else None,
+        verified=all(r.formats_match is True for r in rows), max_kl=recipe.accuracy.max_kl, quick=quick,
+        timings_s={**timings, "total_s": time.perf_counter() - started,
+                   "plans": {r: served[r].get("timings_s") for r in plans}},
+    )
     drawn = served_operating_summary(summary, result)
     if drawn is not None:
         plot_operating_points(drawn, run_dir / "verify_operating_points.png", near_objective=True)
-        result["operating_plot"] = "verify_operating_points.png"
-    (run_dir / "verify.json").write_text(json.dumps(result, indent=2))
+        result.operating_plot = "verify_operating_points.png"
+    result.write(run_dir / "verify.json")
     text = render_verify(result)
     (run_dir / "verify.md").write_text(text)
     write_report_section(run_dir / "report.md", text)

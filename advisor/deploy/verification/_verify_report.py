@@ -1,4 +1,5 @@
-"""verify.md and the "Verified in vLLM" section of report.md, from verify.json's data. Torch-free."""
+"""verify.md and the "Verified in vLLM" section of report.md, from verify's typed result
+(:class:`~advisor.report.VerifyResult`; the tables read its JSON form, as verify.json holds it). Torch-free."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from advisor.deploy.vllm import MAX_ENTRIES
+from advisor.report import VerifyResult
+from advisor.report.verify_record import VerifiedPlan
 from advisor.search.frontier import percent_less
 
 BEGIN, END = "<!-- advisor verify: begin -->", "<!-- advisor verify: end -->"
@@ -25,7 +28,8 @@ def shown_role(role: str, plan_id: str) -> str:
     return "+".join("--plan" if part == plan_id else part for part in role.split("+"))
 
 
-def render_verify(result: dict[str, Any]) -> str:
+def render_verify(verified: VerifyResult) -> str:
+    result = verified.data()
     lines = [f"## Verified in vLLM {result['vllm_version']} ({result['gpu']}, {result['date']})", ""]
     bad = [r for r in result["plans"] if r["formats_match"] is not True]
     lines.append("Every layer group was served in the format the plan gives it." if not bad else
@@ -38,7 +42,7 @@ def render_verify(result: dict[str, Any]) -> str:
                   f"vLLM served them on {result['gpu']} ({kind}). The energy table's predicted column is re-priced "
                   f"for {kind} (verify.json keeps the run's own beside it); the operating points' predicted columns "
                   f"are the run's, for {target}, and compare with this GPU's numbers only loosely."]
-    lines += served_decision(result)
+    lines += _served_decision(result)
     lines += time_section(result)
     lines += ["", "### Formats as served", "", "| plan | role | served as planned | formats vLLM built |",
               "|---|---|---|---|"]
@@ -69,7 +73,7 @@ def render_verify(result: dict[str, Any]) -> str:
                   f"{first['heldout_sequences']} held-out sequences (the proxy KL: all of them): vLLM answers every "
                   f"token's log-probability at every position, and verify bounds that to {MAX_ENTRIES:,} entries a "
                   "plan."]
-    over = over_budget(result)
+    over = [r.model_dump(mode="json") for r in over_budget(verified)]
     if over:
         lines += ["", "**Over the accuracy budget as served:** " + "; ".join(
             f"plan {r['plan_id']} ({shown_role(r['role'], r['plan_id'])}) served KL "
@@ -100,10 +104,10 @@ def served_options(result: dict[str, Any]) -> list[str]:
     return ["", "vLLM options each plan was served with: " + "; ".join(said) + "."] if said else []
 
 
-def over_budget(result: dict[str, Any]) -> list[dict[str, Any]]:
+def over_budget(result: VerifyResult) -> list[VerifiedPlan]:
     """The plans whose served KL is over the run's accuracy budget (``max_kl``)."""
-    budget = result.get("max_kl")
-    return [r for r in result["plans"] if budget is not None and (r["accuracy"]["served_kl"] or 0.0) > budget]
+    budget = result.max_kl
+    return [r for r in result.plans if budget is not None and (r.accuracy.served_kl or 0.0) > budget]
 
 
 def _as_served(operating: dict[str, Any]) -> dict[str, Any]:
@@ -117,7 +121,12 @@ def _point(p: dict[str, Any]) -> str:
     return f"batch {p['batch']} at {p['j_per_token']:.4g} J/token{tpot}"
 
 
-def served_decision(result: dict[str, Any]) -> list[str]:
+def served_decision(result: VerifyResult) -> list[str]:
+    """:func:`_served_decision` of ``result``."""
+    return _served_decision(result.data())
+
+
+def _served_decision(result: dict[str, Any]) -> list[str]:
     """Per latency objective: the recommendation against all-BF16, each at the largest batch that met the objective
     in vLLM, and the saving as served; where either met it at no batch served, or the recommendation costs more
     than BF16 as served, that is said instead of a saving."""
@@ -190,15 +199,15 @@ def _operating_lines(result: dict[str, Any]) -> list[str]:
     return lines
 
 
-def served_operating_summary(summary: dict[str, Any], result: dict[str, Any]) -> dict[str, Any] | None:
+def served_operating_summary(summary: dict[str, Any], result: VerifyResult) -> dict[str, Any] | None:
     """The run's summary with only the served plans' operating points, each carrying what vLLM served from it as
     its ``measured`` (the batch search's outcome and trail): what
     :func:`~advisor.report.plots.plot_operating_points` draws. None where verify served no operating point."""
     served = {}
-    for r in result["plans"]:
-        for o in r.get("operating") or []:
-            v = o["vllm"]
-            served[(r["plan_id"], o["workload"])] = o.get("vllm_search") or {**v, "trail": [v]}
+    for r in result.plans:
+        for o in r.operating:
+            point = o.vllm_search or o.vllm.model_copy(update={"trail": [o.vllm]})
+            served[(r.plan_id, o.workload)] = point.model_dump(mode="json")
     if not served:
         return None
     points = [{**p, "measured": served[(p["plan_id"], p["workload"])]}
