@@ -221,3 +221,27 @@ def test_sqlite_study_storage_commits_in_wal_mode(tmp_path):
         assert conn.exec_driver_sql("PRAGMA synchronous").scalar() == 1  # NORMAL
     assert sqlite3.connect(db).execute("PRAGMA journal_mode").fetchone()[0] == "wal"  # stored in the file
     assert len(optuna.load_study(study_name="s", storage=f"sqlite:///{db}").trials) == 2
+
+
+def test_a_plan_the_sampler_proposed_twice_is_one_row_of_the_summary(recipe):
+    """A repeat (the plan already scored: its scores copied, marked ``repeat``) is a trial of the study but no
+    second row of summary.json, nor a second point of the front."""
+    from advisor.formats import Format
+    from advisor.plan import Plan
+    from advisor.report.summary import build_summary
+
+    recipe.run_dir.mkdir(parents=True)
+    study = open_study(recipe, resume=False)
+    save_run_meta(study, meta(recipe))
+    fp8 = Plan.uniform(GROUPS, Format.FP8)
+    for _ in range(3):
+        study.enqueue_trial(fp8.params(), skip_if_exists=False)
+    run_search(study, AdditiveEvaluator(), recipe, GROUPS)
+    repeats = [t for t in study.trials if t.user_attrs.get("repeat")]
+    assert len(repeats) >= 2 and {t.user_attrs["plan_id"] for t in repeats} >= {fp8.id}
+    summary = build_summary(study)
+    ids = [r.plan_id for r in summary.trials]
+    assert len(ids) == len(set(ids)) and ids.count(fp8.id) == 1
+    assert len(summary.front) == len(set(summary.front))
+    first = min(t.number for t in study.trials if t.user_attrs.get("plan_id") == fp8.id)
+    assert summary.record(fp8.id).trial == first  # the trial that scored it

@@ -77,6 +77,15 @@ def _trial_record(
     })
 
 
+def _one_per_plan(cands: list[Candidate]) -> list[Candidate]:
+    """The trial that scored each plan: a sampler's repeat of a plan (marked ``repeat``, its scores copied) adds no
+    row, so every plan is one row of summary.json however often a sampler proposed it."""
+    first: dict[str, Candidate] = {}
+    for c in sorted(cands, key=lambda c: c.trial):
+        first.setdefault(c.plan.id, c)
+    return list(first.values())
+
+
 def build_summary(study: optuna.Study) -> Summary:
     """The run's summary from the study storage alone (any host can rebuild it)."""
     meta = study.user_attrs
@@ -86,7 +95,7 @@ def build_summary(study: optuna.Study) -> Summary:
                          "stopped before the model was prepared, so there is nothing to report; rerun `advisor search`")
     shape = ModelShape.from_dict(meta["shape"])
     workloads = [w["name"] for w in meta["recipe"]["workloads"]]
-    cands = candidates(study)
+    cands = _one_per_plan(candidates(study))
     trials = {t.number: t for t in study.get_trials(deepcopy=False)}
     front = pareto_front(cands, workloads[0])
     max_drop, confidence = benchmark_budget(study)
