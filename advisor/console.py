@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import signal
 import sys
+from collections.abc import Callable
 from types import FrameType
 
 INTERRUPTED_STARTING = "interrupted before the command started; nothing was read or written"
@@ -16,7 +17,7 @@ def _interrupt(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt
 
 
-def _load_cli():  # noqa: ANN202 (the command line's own ``main``)
+def _load_cli() -> Callable[[], None]:
     from advisor.cli import main
 
     return main
