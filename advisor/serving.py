@@ -86,6 +86,21 @@ def vllm_linear_backend(formats: Iterable[Format], gpu: GPU | str | None) -> dic
     return {"linear_backend": "torch"} if hopper and Format.FP8 in kinds and Format.NVFP4 not in kinds else {}
 
 
+#: vLLM 0.26's max_num_batched_tokens for its offline ``LLM`` class where the GPU has >= 70 GiB (H100, H200,
+#: B200), else 8192 (vllm/engine/arg_utils.py, EngineArgs.get_batch_defaults)
+LLM_CLASS_BATCHED_TOKENS = (16384, 8192)
+
+
+def vllm_token_budget(memory_gb: float, max_num_seqs: int, max_model_len: int) -> int:
+    """The tokens a vLLM step may hold as the advisor serves (``advisor verify``, the measured tier: vLLM's ``LLM``
+    class and its default on a GPU of ``memory_gb``), priced so (:mod:`advisor.energy.prediction`) and written so
+    into the export's ``vllm_config.yaml``: ``vllm serve``'s own default is smaller, and the budget decides how a
+    prompt is chunked into the decode steps."""
+    large, small = LLM_CLASS_BATCHED_TOKENS
+    default = large if memory_gb * 1e9 >= 70 * 2**30 else small
+    return min(default, max_num_seqs * max_model_len)
+
+
 def _fp8_on_hopper(t: PlanTraits) -> bool:
     return bool(vllm_linear_backend(t.formats, t.target))
 

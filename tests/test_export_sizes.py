@@ -42,3 +42,18 @@ def test_a_point_that_meets_nothing_or_a_measured_miss_keeps_what_holds():
     summary["operating_points"] = [_point("rec", "served", 54, measured={"batch": 32, "meets": False})]
     assert served_workloads(summary, "rec")[0]["batch_size"] == 54  # the measured search found none: predicted
     assert served_workloads({"workloads": [SERVED]}, "rec") == [SERVED]  # a run with no operating points
+
+
+def test_the_vllm_token_budget_is_the_one_priced_and_verified():
+    """vllm_config.yaml's max-num-batched-tokens: vLLM's LLM-class budget that `advisor verify` serves with and the
+    vLLM step model prices (16384 on a GPU of >= 70 GiB, at most a batch of full sequences), not a smaller one."""
+    from advisor.energy.prediction import VllmServing
+    from advisor.formats import GPU, GPU_SPECS
+
+    big = {**SERVED, "batch_size": 256}
+    for gpu in ("h100", "h200", "b200"):
+        options = vllm_options([big], gpu=gpu)
+        priced = VllmServing.as_advisor_serves(256, 512, 256, GPU_SPECS[GPU(gpu)])
+        assert options["max-num-batched-tokens"] == priced.max_num_batched_tokens == 16384
+    assert vllm_options([SERVED], gpu="h100")["max-num-batched-tokens"] == 16 * 768  # 16 full sequences
+    assert vllm_options([SERVED])["max-num-batched-tokens"] == 2048  # no GPU named: the workloads' own size

@@ -18,23 +18,25 @@ from collections.abc import Iterable
 from typing import Any
 
 from advisor.deploy.checkpoint._sizes import ServingSizes, workloads_words
-from advisor.formats import GPU, Format
-from advisor.serving import vllm_linear_backend
+from advisor.formats import GPU, GPU_SPECS, Format
+from advisor.serving import vllm_linear_backend, vllm_token_budget
 
 
 def vllm_options(workloads: list[dict[str, Any]], kv_cache: Format = Format.BF16,
                  formats: Iterable[Format] = (), gpu: GPU | str | None = None) -> dict[str, Any]:
     """Keys are ``vllm serve`` flags without their dashes, as vLLM's ``--config`` YAML takes them. ``formats``:
-    the plan's weight formats; ``gpu``: the GPU kind it is served on (None: not known)."""
+    the plan's weight formats; ``gpu``: the GPU kind it is served on (None: not known). The token budget is the
+    one the plan was priced and verified with (:func:`advisor.serving.vllm_token_budget`) where the GPU is known."""
     size = ServingSizes.of(workloads)
+    kind = next((g for g in GPU if g.value == gpu), None)
+    budget = vllm_token_budget(GPU_SPECS[kind].memory_gb, size.batch, size.seq) if kind else size.num_tokens
     return {
         "max-num-seqs": size.batch,
         "max-model-len": size.seq,
-        "max-num-batched-tokens": size.num_tokens,
+        "max-num-batched-tokens": budget,
         **({"kv-cache-dtype": "fp8"} if kv_cache == Format.FP8 else {}),
         **{key.replace("_", "-"): value for key, value in vllm_linear_backend(formats, gpu).items()},
-        "compilation-config": {"max_cudagraph_capture_size": min(capture_bound(size.batch, size.prompt),
-                                                                 size.num_tokens)},
+        "compilation-config": {"max_cudagraph_capture_size": min(capture_bound(size.batch, size.prompt), budget)},
     }
 
 

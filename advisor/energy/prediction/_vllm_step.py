@@ -38,10 +38,8 @@ from functools import lru_cache
 from advisor.formats import GPUSpec
 from advisor.plan import Plan
 from advisor.search.operating import StepModel
+from advisor.serving import vllm_token_budget
 
-#: vLLM 0.26's max_num_batched_tokens for its offline ``LLM`` class where the GPU has >= 70 GiB (H100, H200,
-#: B200), else 8192 (vllm/engine/arg_utils.py, EngineArgs.get_batch_defaults)
-LLM_CLASS_BATCHED_TOKENS = (16384, 8192)
 #: vLLM's default capture bound: min(2 x max_num_seqs, 512) (vllm/config/vllm.py, VllmConfig._set_cudagraph_sizes)
 DEFAULT_CAPTURE_CEILING = 512
 
@@ -111,9 +109,7 @@ class VllmServing:
 
 
 def _llm_class_budget(gpu: GPUSpec, max_num_seqs: int, max_model_len: int) -> int:
-    large, small = LLM_CLASS_BATCHED_TOKENS
-    default = large if gpu.memory_gb * 1e9 >= 70 * 2**30 else small
-    return min(default, max_num_seqs * max_model_len)
+    return vllm_token_budget(gpu.memory_gb, max_num_seqs, max_model_len)
 
 
 @dataclass(frozen=True)
