@@ -1,6 +1,13 @@
 """The search: an Optuna study over per-group formats, sensitivity-guided proposals, the
 multi-fidelity policy, and the Pareto front with the recommendation rule.
 
+In wings, each ``__init__`` its public face and the rest private: ``study`` (the study: opened, keyed, run),
+``storage`` (storage URLs, ownership, recovery, the trial budget), ``operating`` (operating points, predicted and
+measured; payback), ``measured`` (the engine contract, the measurement queue, the energy tiers). Beside them:
+``stats``, ``acceptance``, ``frontier``, ``trial_record``, ``policy``, ``proposals``, ``sensitivity``. Import
+order: ``stats`` < ``acceptance`` < ``frontier``, ``trial_record``; ``storage`` and ``operating`` < ``measured`` <
+``study`` < ``policy``.
+
 Pure logic over Optuna: nothing here imports torch, ModelOpt, lm-eval or pynvml.
 """
 

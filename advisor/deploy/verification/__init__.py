@@ -3,7 +3,8 @@ version and the run's ``summary.json`` read back (``_recheck``), whether a model
 all (``_model_identity``), verify.md and the "Verified in vLLM" section of report.md (``_verify_report``), and each
 plan's vLLM serving kept the moment it finishes so a verify cut off resumes (``_served_store``).
 
-Torch-free at import. Import order inside: the four stand alone (over :mod:`advisor.deploy.vllm`).
+Torch-free at import. The four import none of each other; ``_served_store`` and ``_verify_report`` import
+:mod:`advisor.deploy.vllm`.
 """
 
 from advisor.deploy.verification._model_identity import architecture, check_new_version, tokenizer_fingerprint
