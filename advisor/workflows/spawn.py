@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 from advisor.deploy import engine_slots
@@ -29,14 +30,16 @@ def visible_gpus() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
-def spawn_workers(n: int, url: str, study: str, run_dir: Path) -> list[subprocess.Popen]:
-    """Start ``n`` workers; with at least n+1 GPUs, worker i gets GPU i+1 (the coordinator keeps 0)."""
+def spawn_workers(n: int, url: str, study: str, run_dir: Path,
+                  env_of: Callable[[int], dict[str, str]] | None = None) -> list[subprocess.Popen]:
+    """Start ``n`` workers; with at least n+1 GPUs, worker i gets GPU i+1 (the coordinator keeps 0). ``env_of(i)``:
+    more environment for worker i (1-based), e.g. its place in the node (:mod:`advisor.workflows.node`)."""
     gpus = visible_gpus()
     logs = run_dir / "workers"
     logs.mkdir(parents=True, exist_ok=True)
     procs = []
     for i in range(n):
-        env = {**os.environ, STORAGE_ENV: url}
+        env = {**os.environ, STORAGE_ENV: url, **(env_of(i + 1) if env_of else {})}
         if gpus > n:  # by UUID: an index would name another GPU where this process was started with a mapping
             env["CUDA_VISIBLE_DEVICES"] = engine_slots.device_id(i + 1)
         cmd = [sys.executable, "-c", "from advisor.console import main; main()", "worker", "--study", study,
