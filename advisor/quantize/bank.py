@@ -61,7 +61,9 @@ class FormatBank:
     codes, NVFP4 codes and block scales), folded module by module and decoded as each module
     runs, with the same values; without it, as BF16 (one model's worth of weights per format).
     ``fold_weights=False`` shares the BF16 weight tensors and re-quantizes weights in every
-    forward (with the fake quantizer's rounding).
+    forward (with the fake quantizer's rounding). ``ranks`` spread over a node: each rank calibrates on its
+    share of the batches (``forward_loop``'s) and the ranges are combined, and each packs its share of the
+    modules (:mod:`advisor.quantize.bank_ranks`); every rank ends with the whole bank, one process's bit for bit.
     """
 
     def __init__(

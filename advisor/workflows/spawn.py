@@ -1,6 +1,7 @@
 """Worker processes on this host for `advisor search --workers N`: N-1 `advisor worker` children
 beside the coordinator, one GPU each when there are enough (CUDA_VISIBLE_DEVICES), logs in
-RUN_DIR/workers/. The storage URL travels in the environment, never on a command line.
+RUN_DIR/workers/, each a rank of the coordinator's node (:mod:`advisor.workflows.node`). The storage URL
+travels in the environment, never on a command line.
 
 Each child is reaped the moment it ends (a thread waits on it): a killed child never lingers
 as a zombie, which a signal probe of its pid would take for a live worker and whose trial would

@@ -1,7 +1,9 @@
 """`advisor worker`, top to bottom: join a study from any host, check that this worker's numbers
 would be comparable, fetch the shared token sets, prepare the model side, run trials from
 the study's shared budget until it is used, meter plans from the measurement queue on this GPU
-(``--energy measured``), then leave.
+(``--energy measured``), then leave. A child of `advisor search --workers N` (``ADVISOR_NODE`` set) is a rank of
+its coordinator's node instead: it receives the recipe and the tokens from rank 0 and prepares the model side
+and the sensitivity tables with the other ranks (:mod:`advisor.workflows.node`), then runs trials the same way.
 
 The coordinator (`advisor search`) enqueues baselines and proposals, runs the lm-eval and
 report stages and owns the run folder; a worker only evaluates trials and meters plans.
