@@ -189,3 +189,19 @@ def test_the_node_benchmark_dry_run_compares_two_ranks_with_one(tmp_path):
     assert same["plans_in_both"] >= 2  # the baselines at least
     assert len(two["timings_s"]["sensitivity_busy_s"]) == 2 and "sensitivity_busy_s" not in one["timings_s"]
     assert "| 2 | 0 |" in (tmp_path / "out" / "node_search.md").read_text()
+
+
+def test_ranks_that_hold_other_weights_or_score_otherwise_are_refused_by_every_rank():
+    from advisor.errors import SetupError
+    from advisor.models.replicas import Ranks
+    from advisor.workflows.context import check_same_replicas
+
+    class Seen(Ranks):  # what a gather of two ranks returns, without a group
+        def gather(self, obj):
+            return [obj, ("f" * 64, "cpu (float32 arithmetic)")]
+
+    check_same_replicas(Seen(0, 2), "f" * 64, "cpu (float32 arithmetic)")
+    with pytest.raises(SetupError, match=r"rank 1: cpu \(float32 arithmetic\)"):
+        check_same_replicas(Seen(0, 2), "f" * 64, "cpu")
+    with pytest.raises(SetupError, match="rank 1: .* weights ffffffffffff"):
+        check_same_replicas(Seen(1, 2), "e" * 64, "cpu (float32 arithmetic)")

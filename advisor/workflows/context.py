@@ -301,8 +301,14 @@ def calibration_loop(tokens: TokenSets, ranks: Ranks) -> Callable[[torch.nn.Modu
 
 
 def check_same_replicas(ranks: Ranks, fingerprint: str, place: str) -> None:
-    """Every rank of a node must hold the same weights and score the same way, or their shares would not add up
-    to one process's numbers; each rank raises the same error, so none waits for another."""
+    """Every rank of a node must hold the same weights and score the same way on the same kind of GPU, or their
+    shares would not add up to one process's numbers; each rank raises the same error, so none waits for another."""
+    if not ranks.spread:
+        return
+    if place.startswith("cuda"):
+        import torch
+
+        place = f"{place} on {torch.cuda.get_device_name()}"
     seen = ranks.gather((fingerprint, place))
     odd = [f"rank {r}: {p}, weights {f[:12]}" for r, (f, p) in enumerate(seen) if (f, p) != seen[0]]
     if odd:
