@@ -229,10 +229,11 @@ def prepare(
     timings["load_s"] += time.perf_counter() - t
     t = time.perf_counter()
     status("building calibration and held-out tokens")
+    ranks.stage = "tokens"
     if ranks.rank == 0:
         with ranks.busy("tokens"):
             tokens = load_or_build_tokens(recipe, loaded, run_dir, fingerprint)
-    tokens = ranks.broadcast(tokens if ranks.rank == 0 else None)
+    tokens = ranks.broadcast(tokens if ranks.rank == 0 else None)  # rank 0's, sampled alone (distributed.md)
     timings["tokens_s"] = time.perf_counter() - t
 
     if loaded.shape.is_moe:  # the energy models price the experts a batch touches under this routing
