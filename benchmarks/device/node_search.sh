@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The device side of reports/benchmarks/node_search.{json,md} (issue 58): one `advisor search` of a random-weight
 # Llama-3.1-8B shape on 1, 2 and 4 GPUs of one host (nvidia-h200-x4), one node of N ranks each. Run from the
-# repository root of the device's copy, the project's wheels in /tmp/site (../shared/tools/device-wheels.sh).
-# One call is at most 10 minutes, so the work runs in the background and later calls poll it:
+# repository root of the device's copy: `../shared/tools/device-wheels.sh` here first puts the wheels the GPU image
+# lacks into .whl/ (carry it), and `start` installs them into /tmp/site. The machine: nvidia-h200-x4 (4 GPUs; the
+# 1- and 2-GPU runs use the first GPUs of the same host). One call is at most 10 minutes, so the work runs in the
+# background and later calls poll it (the checkpoint and three searches: about 10-15 minutes, estimated from the 8B's 252 s on one H100):
 #   bash benchmarks/device/node_search.sh start   # copy the code to /tmp/ns, start the steps (setsid)
 #   bash benchmarks/device/node_search.sh poll    # progress, and the partial report copied into $OUT
 # Steps (STEPS="checkpoint plan search"), each logged in /tmp/ns/out/progress with its exit code; the report is
@@ -11,6 +13,10 @@ set -u
 M=/tmp/ns; code=$M/code; out=$M/out
 case "${1:-poll}" in
   start)
+    if [ ! -f /tmp/site/.node-search ] && ls .whl/*.whl > /dev/null 2>&1; then
+      python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+        .whl/*.whl && touch /tmp/site/.node-search || exit 3
+    fi
     mkdir -p "$code" "$out" "$M/shared/models"
     tar --exclude=.git --exclude=.whl -cf - . | tar -xf - -C "$code"
     cp -r ../shared/models/tinystories-656k "$M/shared/models/"  # the tokenizer the checkpoint carries
