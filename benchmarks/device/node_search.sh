@@ -4,7 +4,8 @@
 # repository root of the device's copy: `../shared/tools/device-wheels.sh` here first puts the wheels the GPU image
 # lacks into .whl/ (carry it), and `start` installs them into /tmp/site. The machine: nvidia-h200-x4 (4 GPUs; the
 # 1- and 2-GPU runs use the first GPUs of the same host). One call is at most 10 minutes, so the work runs in the
-# background and later calls poll it (the checkpoint and three searches: about 10-15 minutes, estimated from the 8B's 252 s on one H100):
+# background and later calls poll it (the checkpoint and three searches: 10-15 minutes, estimated from the 8B's
+# 252 s on one H100):
 #   bash benchmarks/device/node_search.sh start   # copy the code to /tmp/ns, start the steps (setsid)
 #   bash benchmarks/device/node_search.sh poll    # progress, and the partial report copied into $OUT
 # Steps (STEPS="checkpoint plan search"), each logged in /tmp/ns/out/progress with its exit code; the report is
