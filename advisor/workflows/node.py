@@ -45,6 +45,7 @@ STAGES = ("load", "tokens", "calibration", "bank", "reference", "sensitivity")
 #: a serving engine started afterwards runs with its own settings); NVLink multicast stays off in every process
 GROUP_ENV = {"TORCH_NCCL_BLOCKING_WAIT": "1", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "2"}
 _READY = "advisor/ready/{}"
+CONNECT_S = 60.0
 _HOST = "127.0.0.1"
 
 
@@ -145,7 +146,8 @@ def _init(backend: str, store: Any, rank: int, world: int) -> Ranks:
     return Ranks(rank, world, "cuda" if backend == "nccl" else "cpu")
 
 
-def start_node(workers: int, url: str, study: str, run_dir: Path, device: str, children: list) -> Node:
+def start_node(workers: int, url: str, study: str, run_dir: Path, device: str, children: list,
+               resumed: bool = False) -> Node:
     """Start the workers as ranks 1..N-1 (added to ``children`` at once, so a failure stops them) and form the
     group with them (rank 0); a worker that ends before it joins is named in the error."""
     import torch.distributed as dist
@@ -162,7 +164,7 @@ def start_node(workers: int, url: str, study: str, run_dir: Path, device: str, c
     keys = [_READY.format(r) for r in range(1, workers)]
     while not store.check(keys):
         if any(p.poll() is not None for p in started):
-            raise failed_rank(node, RankLost("start", "a worker ended before it joined"), resumed=False)
+            raise failed_rank(node, RankLost("start", "a worker ended before it joined"), resumed)
         if time.monotonic() > deadline:
             raise SetupError(f"the node's workers did not join within {wait:g} s (logs in {node.logs}); "
                              f"raise {TIMEOUT_ENV} on a slow host")
@@ -172,14 +174,16 @@ def start_node(workers: int, url: str, study: str, run_dir: Path, device: str, c
     return node
 
 
-def start_workers(recipe: Recipe, workers: int, children: list, report: Callable[[str], None]) -> Node | None:
+def start_workers(recipe: Recipe, workers: int, children: list, report: Callable[[str], None],
+                  resumed: bool = False) -> Node | None:
     """`--workers N`: N-1 `advisor worker` children on this host, joined with this process in a node whose every
     rank takes a share of the stages before the trials (:mod:`advisor.workflows.node`); None for one process."""
     if workers < 2:
         return None
     from advisor.workflows.context import pick_device
 
-    node = start_node(workers, recipe.storage_url, recipe.name, recipe.run_dir, pick_device(recipe.device), children)
+    node = start_node(workers, recipe.storage_url, recipe.name, recipe.run_dir, pick_device(recipe.device), children,
+                      resumed)
     report(f"workers: {workers - 1} more on this host, joined in a node of {workers} ranks "
            f"({node.backend}; logs in {recipe.run_dir / 'workers'})")
     return node
@@ -203,8 +207,9 @@ def join_node(spec: str) -> Node:
     except ValueError:
         raise InputError(f"{NODE_ENV}={spec!r}: expected 'PORT RANK WORLD BACKEND' (set by `advisor search "
                          "--workers`, not by hand)") from None
-    try:
-        store = dist.TCPStore(_HOST, port_n, world_n, False, timeout=datetime.timedelta(seconds=timeout_s()))
+    try:  # the coordinator made the store before it started this process: it answers at once, or has ended
+        store = dist.TCPStore(_HOST, port_n, world_n, False, timeout=datetime.timedelta(seconds=CONNECT_S))
+        store.set_timeout(datetime.timedelta(seconds=timeout_s()))
     except RuntimeError as exc:
         raise SetupError(f"cannot reach the coordinator's node store at {_HOST}:{port_n} "
                          f"({str(exc).splitlines()[0][:200]}); the coordinator has ended") from None

@@ -99,7 +99,7 @@ def _run_owned(study: optuna.Study, recipe: Recipe, resume: bool, progress: Prog
         if not resume:
             write_run_file(recipe)
         window = EnergyWindow("search").begin()
-        node = start_workers(recipe, workers, children, progress.print)
+        node = start_workers(recipe, workers, children, progress.print, resumed=resume)
         with rank_failures(node, resumed=resume):
             if node:
                 node.ranks.broadcast(worker_recipe(recipe))
