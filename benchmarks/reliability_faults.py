@@ -15,7 +15,8 @@ Writes reports/reliability_faults.json and .md (command, date, host, counts, eve
 * kills: `advisor search --workers 3` (journal storage), one child killed with SIGKILL at each of
   ``--kills`` moments (while it loads, then inside a trial after 1, 6, 12 and 18 finished trials;
   more held-out tokens make trials long enough for the children to join in time).
-  Expected: exit 0, the budget met, nothing RUNNING, no trial lost, the seconds it took to finish.
+  Expected: exit 0, the budget met, nothing RUNNING, no trial lost, the seconds it took to finish; killed while
+  it loads (a rank of the node's stages, issue 58): exit 3 with one line naming it, no trial run, nothing kept.
 * interrupts: `advisor search` of recipes/tiny.yaml (guided: baselines and knapsack proposals queued, 8 trials,
   trials about a second long) sent SIGINT or SIGTERM, and `--workers 2` killed with SIGKILL (the coordinator and
   its child together), 0.2 s after the line of trial 1, 3 or 7, then `--resume` (``--interrupts`` times

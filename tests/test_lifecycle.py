@@ -200,11 +200,12 @@ def test_signals_after_trials_1_3_and_7_then_resume_score_each_queued_plan_once(
 
 
 def test_kill_9_of_a_workers_run_then_resume_scores_each_queued_plan_once(tmp_path, tiny_model_dir):
-    """`--workers 2` killed with SIGKILL, coordinator and child together, inside the trial after trial 3; the
-    resume fails and retries what the dead processes left running, and re-scores nothing."""
+    """`--workers 2` killed with SIGKILL, coordinator and child together, inside a trial once the coordinator has
+    finished two (the child takes trials from the same moment: about four in the study); the resume fails and
+    retries what the dead processes left running, and re-scores nothing."""
     path = _tiny_recipe_file(tmp_path, **SLOW_TRIALS)
     proc = _search(path, "--workers", "2", own_group=True)
-    _stop_after(proc, 4, 0, lambda: os.killpg(proc.pid, signal.SIGKILL), 0.2)
+    _stop_after(proc, 2, 0, lambda: os.killpg(proc.pid, signal.SIGKILL), 0.2)
     proc.communicate(timeout=60)
     assert proc.returncode == -signal.SIGKILL
     resumed = _search(path, "--workers", "2", "--resume")

@@ -167,24 +167,28 @@ def test_search_of_a_study_another_run_holds_in_postgresql_exits_2_in_one_line(p
 
 
 def test_workers_join_the_owned_study_and_a_killed_child_is_reaped_and_named(tmp_path, tiny_recipe):
-    """`--workers 2`: the child joins the coordinator's study (no claim, no lock); killed with SIGKILL, it is
-    reaped and named in one warning line, and the run ends with the budget met. (A kill inside a trial, whose
-    trial is retried: tests/test_distributed.py; at five moments: benchmarks/reliability_faults.py.)"""
+    """`--workers 2`: the child joins the coordinator's study (no claim, no lock); killed with SIGKILL once its
+    trials have begun, it is reaped and named in one warning line, and the run ends with the budget met. (A kill
+    inside a trial, whose trial is retried: tests/test_distributed.py; at five moments:
+    benchmarks/reliability_faults.py; before the trials, in the node's stages: tests/test_node.py.)"""
     import signal
 
     from optuna.trial import TrialState
 
     trials = 6
     path = tmp_path / "r.yaml"
-    path.write_text(yaml.safe_dump({**tiny_recipe, "search": {"trials": trials, "seed": 0, "sampler": "random"}}))
+    slow = {**tiny_recipe["calibration"], "heldout_samples": 8, "heldout_seq_len": 64}  # trials the kill lands among
+    path.write_text(yaml.safe_dump({**tiny_recipe, "calibration": slow,
+                                    "search": {"trials": trials, "seed": 0, "sampler": "random"}}))
     run_dir = Path(tiny_recipe["out"]) / tiny_recipe["name"]
     parent = subprocess.Popen([sys.executable, "-c", "from advisor.console import main; main()", "search", "-r",
                                str(path), "--workers", "2"], cwd=Path(__file__).resolve().parents[1],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     children = Path(f"/proc/{parent.pid}/task/{parent.pid}/children")
+    log = run_dir / "workers" / "worker-1.log"
     end = time.monotonic() + 300
-    while not children.read_text().split():
-        assert parent.poll() is None and time.monotonic() < end, "no worker was started"
+    while not (log.is_file() and "trials: started" in log.read_text()):
+        assert parent.poll() is None and time.monotonic() < end, "the worker never started its trials"
         time.sleep(0.05)
     victim = int(children.read_text().split()[0])
     os.kill(victim, signal.SIGKILL)

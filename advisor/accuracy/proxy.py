@@ -18,6 +18,8 @@ from typing import Any
 
 import torch
 
+from advisor.models.replicas import Ranks
+
 
 @dataclass(frozen=True)
 class ProxyScore:
@@ -61,15 +63,32 @@ class ProxyEvaluator:
     """Holds the BF16 reference log-probs (computed once) and scores any model against them."""
 
     def __init__(
-        self, reference_model: torch.nn.Module, heldout: torch.Tensor, batch_size: int = 4, layers: str | None = None
+        self, reference_model: torch.nn.Module, heldout: torch.Tensor, batch_size: int = 4, layers: str | None = None,
+        ranks: Ranks | None = None,
     ) -> None:
+        """``ranks`` spread over a node: each rank computes every ``world``-th batch of the reference and receives
+        the others' (the same batches as one process, so the same numbers, bit for bit)."""
         self.heldout = heldout
         self.batch_size = batch_size
         self.layers = layers
         self._layer_outputs: list[list[Any]] = []  # [layer][batch], when ``layers`` is given
-        with self._recording(reference_model):
-            self._ref_logprobs = list(self._logprobs(reference_model))
+        if ranks is not None and ranks.spread:
+            if layers is not None:
+                raise ValueError("a reference spread over ranks records no layer outputs; give layers=None")
+            self._ref_logprobs = self._spread_reference(reference_model, ranks)
+        else:
+            with self._recording(reference_model):
+                self._ref_logprobs = list(self._logprobs(reference_model))
         self.ppl_bf16 = math.exp(self._nll(self._ref_logprobs))
+
+    def _spread_reference(self, model: torch.nn.Module, ranks: Ranks) -> list[torch.Tensor]:
+        n = -(-self.heldout.shape[0] // self.batch_size)
+        mine = ranks.indices(n)
+        with ranks.busy("reference"):
+            own = dict(zip(mine, self._logprobs(model, batches=mine), strict=True))
+        shapes = ranks.merged({b: tuple(lp.shape) for b, lp in own.items()})
+        return [ranks.broadcast_(own[b] if b in own else torch.empty(shapes[b], dtype=torch.float32), ranks.owner(b))
+                for b in range(n)]
 
     @contextmanager
     def _recording(self, model: torch.nn.Module) -> Iterator[None]:
@@ -105,9 +124,12 @@ class ProxyEvaluator:
                 stack[i] = layer
 
     @torch.no_grad()
-    def _logprobs(self, model: torch.nn.Module, stand_ins: Sequence[_RecordedLayer] = ()) -> Iterator[torch.Tensor]:
+    def _logprobs(self, model: torch.nn.Module, stand_ins: Sequence[_RecordedLayer] = (),
+                  batches: Sequence[int] | None = None) -> Iterator[torch.Tensor]:
         device = next(model.parameters()).device
-        for batch, i in enumerate(range(0, self.heldout.shape[0], self.batch_size)):
+        starts = range(0, self.heldout.shape[0], self.batch_size)
+        for batch in range(len(starts)) if batches is None else batches:
+            i = starts[batch]
             for stand_in in stand_ins:
                 stand_in.batch = batch
             ids = self.heldout[i : i + self.batch_size].to(device)

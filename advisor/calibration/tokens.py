@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -222,13 +223,21 @@ def build_token_sets(model: Any, tokenizer: Any, spec: CalibrationSpec) -> Token
     return TokenSets(calib, held, f"self-sampled (seed {spec.seed})")
 
 
-def forward_loop(tokens: torch.Tensor, batch_size: int = 8):
-    """A ModelOpt calibration loop over ``tokens`` in batches."""
+def batch_count(tokens: torch.Tensor, batch_size: int = 8) -> int:
+    return -(-tokens.shape[0] // batch_size)
+
+
+def forward_loop(tokens: torch.Tensor, batch_size: int = 8, batches: Sequence[int] | None = None):
+    """A ModelOpt calibration loop over ``tokens`` in batches; with ``batches``, only those (by index: the share
+    of one rank of a node, whose ranges are then combined with the others', ``quantize.modelopt_config``)."""
+    starts = range(0, tokens.shape[0], batch_size)
+    if batches is not None:
+        starts = [starts[b] for b in batches]
 
     @torch.no_grad()
     def loop(model: torch.nn.Module) -> None:
         device = next(model.parameters()).device
-        for i in range(0, tokens.shape[0], batch_size):
+        for i in starts:
             model(input_ids=tokens[i : i + batch_size].to(device))
 
     return loop

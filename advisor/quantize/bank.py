@@ -26,7 +26,9 @@ import torch
 
 from advisor.errors import SetupError
 from advisor.formats import Format
+from advisor.models.replicas import Ranks
 from advisor.plan import LayerGroup, Plan
+from advisor.quantize.bank_ranks import fold_and_pack_spread
 from advisor.quantize.export_rounding import round_fp8_weights_as_exported
 from advisor.quantize.modelopt_config import (
     KV_QUANTIZERS,
@@ -59,7 +61,9 @@ class FormatBank:
     codes, NVFP4 codes and block scales), folded module by module and decoded as each module
     runs, with the same values; without it, as BF16 (one model's worth of weights per format).
     ``fold_weights=False`` shares the BF16 weight tensors and re-quantizes weights in every
-    forward (with the fake quantizer's rounding).
+    forward (with the fake quantizer's rounding). ``ranks`` spread over a node: each rank calibrates on its
+    share of the batches (``forward_loop``'s) and the ranges are combined, and each packs its share of the
+    modules (:mod:`advisor.quantize.bank_ranks`); every rank ends with the whole bank, one process's bit for bit.
     """
 
     def __init__(
@@ -72,7 +76,9 @@ class FormatBank:
         fold_weights: bool = True,
         kv_cache: Iterable[Format] = (Format.BF16,),
         packed: bool = True,
+        ranks: Ranks | None = None,
     ) -> None:
+        ranks = ranks or Ranks()
         self.groups = tuple(groups)
         self.formats = tuple(formats)
         self.kv_cache = tuple(kv_cache)
@@ -92,9 +98,12 @@ class FormatBank:
             own = fold_weights and not packed  # a whole copy of the weights, else module by module
             copy_ = copy.deepcopy(model) if own else _share_weights_copy(model)
             t = time.perf_counter()
-            calibrated = quantize_plan(copy_, Plan.uniform(self.groups, fmt), self.groups, forward_loop)
+            with ranks.busy("calibration"):
+                calibrated = quantize_plan(copy_, Plan.uniform(self.groups, fmt), self.groups, forward_loop, ranks)
             self.seconds["calibration"] += time.perf_counter() - t
-            if own:  # round FP8 weights as the export will, then fold
+            if fold_weights and packed and ranks.spread:  # each rank packs its share of the modules
+                fold_and_pack_spread(calibrated, swapped, fmt, self.pack_stats, ranks)
+            elif own:  # round FP8 weights as the export will, then fold
                 round_fp8_weights_as_exported(calibrated)
                 modelopt_quantization().fold_weight(calibrated)
             elif fold_weights:
@@ -113,7 +122,8 @@ class FormatBank:
                 on_format(Format.FP8)
             kv_plan = Plan.uniform(self.groups, Format.BF16, kv_cache=Format.FP8)
             t = time.perf_counter()
-            self.model = quantize_plan(self.model, kv_plan, self.groups, forward_loop)
+            with ranks.busy("calibration"):
+                self.model = quantize_plan(self.model, kv_plan, self.groups, forward_loop, ranks)
             self.seconds["calibration"] += time.perf_counter() - t
             self.calibrations += 1
             for m in swapped:  # the BF16 modules themselves, as in a bank without a KV cache

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import math
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -17,6 +18,7 @@ import torch
 from advisor.errors import SetupError
 from advisor.formats import Format
 from advisor.models.adapters import GroupInfo, quant_cfg_entries
+from advisor.models.replicas import Ranks
 from advisor.plan import LayerGroup, Plan
 from advisor.quantize.quiet import quiet
 
@@ -159,12 +161,51 @@ def tie_fused_scales(model: torch.nn.Module, plan: Plan, infos: Iterable[GroupIn
                     q.amax = shared.to(q.amax.dtype).reshape(q.amax.shape).clone()
 
 
-def quantize_plan(model: torch.nn.Module, plan: Plan, groups: Iterable[LayerGroup], forward_loop: ForwardLoop):
-    """Quantize ``model`` in place with ModelOpt for ``plan`` (calibrates once) and return it."""
+def quantize_plan(model: torch.nn.Module, plan: Plan, groups: Iterable[LayerGroup], forward_loop: ForwardLoop,
+                  ranks: Ranks | None = None):
+    """Quantize ``model`` in place with ModelOpt for ``plan`` (calibrates once) and return it. With ``ranks``
+    spread over a node, each rank's ``forward_loop`` runs its share of the calibration batches and the ranges are
+    then the maximum over the ranks (:func:`sync_ranges`)."""
     infos = plan_group_table(model, plan, groups)
     prepare_device(next(model.parameters()).device)
     mtq = modelopt_quantization()
+    config = plan_quant_config(plan, infos)
+    spread = ranks is not None and ranks.spread
+    if spread:  # ModelOpt's own sync skips a quantizer a rank saw no data for, and the ranks' calls then pair wrongly
+        config["algorithm"] = {"method": "max", "distributed_sync": False}
     with quiet():
-        model = mtq.quantize(model, plan_quant_config(plan, infos), forward_loop)
+        model = mtq.quantize(model, config, forward_loop)
+    if spread:
+        sync_ranges(model, ranks)
     tie_fused_scales(model, plan, infos)
     return model
+
+
+def sync_ranges(model: torch.nn.Module, ranks: Ranks) -> None:
+    """Every quantizer's calibrated amax made the maximum over the ranks' amax, as one process calibrating on
+    every rank's batches would have it (a maximum is exact in any order). A quantizer that saw no data on one
+    rank (no batch there, an expert no token of its batches reached) takes the others'; one without an amax on
+    every rank keeps none. One all-reduce of every amax, in float32 (which holds BF16 and float32 exactly)."""
+    from modelopt.torch.quantization.nn import TensorQuantizer
+
+    quantizers = {n: m for n, m in model.named_modules() if isinstance(m, TensorQuantizer)}
+    have = {n: (tuple(q._amax.shape), str(q._amax.dtype).removeprefix("torch."))
+            for n, q in quantizers.items() if getattr(q, "_amax", None) is not None}
+    shapes = ranks.merged(have)
+    names = [n for n in quantizers if n in shapes]
+    sizes = [math.prod(shapes[n][0]) for n in names]
+    flat = torch.full((sum(sizes),), -math.inf, dtype=torch.float32)
+    for n, piece in zip(names, flat.split(sizes), strict=True):
+        if n in have:
+            piece.copy_(quantizers[n]._amax.detach().float().reshape(-1).cpu())
+    ranks.max_(flat)
+    device = next(model.parameters()).device
+    with torch.no_grad():
+        for n, piece in zip(names, flat.split(sizes), strict=True):
+            shape, dtype = shapes[n]
+            value = piece.reshape(shape).to(getattr(torch, dtype))
+            q = quantizers[n]
+            if n in have:
+                q._amax.copy_(value.to(q._amax.device))
+            else:
+                q.amax = value.to(device)

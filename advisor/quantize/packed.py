@@ -278,12 +278,20 @@ def _release(module: torch.nn.Module, _args: Any, _output: Any) -> None:
             module._parameters[name] = _placeholder(module._parameters[name])
 
 
+@dataclass
+class Folded:
+    """One weight of a module after folding: the folded values, the weight before folding where NVFP4's block
+    scales are read from it, and its quantizers' per-tensor amax (one per view; None where there is none)."""
+
+    folded: torch.Tensor
+    rounded: torch.Tensor | None
+    amaxes: list[torch.Tensor | None]
+
+
 @torch.no_grad()
-def fold_and_pack(module: torch.nn.Module, fmt: Format, name: str, stats: PackStats,
-                  decode_hooks: bool = True) -> None:
+def fold_weights(module: torch.nn.Module, fmt: Format) -> dict[str, Folded]:
     """Give ``module`` (calibrated for ``fmt``, its weights shared with the BF16 model) its own folded weights,
-    rounded as the export will, and hold them as ``fmt``'s codes where they decode exactly. ``decode_hooks``:
-    register the forward hooks that decode them (else the caller does, :mod:`advisor.quantize.streamed`)."""
+    rounded as the export will (ModelOpt's ``fold_weight`` disables its weight quantizers)."""
     from advisor.quantize.export_rounding import round_fp8_weights_as_exported
     from advisor.quantize.modelopt_config import modelopt_quantization
 
@@ -295,31 +303,63 @@ def fold_and_pack(module: torch.nn.Module, fmt: Format, name: str, stats: PackSt
     round_fp8_weights_as_exported(module)
     rounded = {w: module._parameters[w].detach().clone() for w in quantizers} if fmt == Format.NVFP4 else {}
     modelopt_quantization().fold_weight(module)
-    packed = torch.nn.ModuleDict()
-    for w, amax in amaxes.items():
-        folded = module._parameters[w].detach()
-        if fmt not in (Format.FP8, Format.NVFP4) or any(a is None for a in amax):
-            stats.kept_bf16.append(f"{name}.{w} ({fmt.value}: no per-tensor scale)")
+    return {w: Folded(module._parameters[w].detach(), rounded.get(w), amax) for w, amax in amaxes.items()}
+
+
+@torch.no_grad()
+def pack_folded(fmt: Format, name: str, weights: dict[str, Folded]) -> dict[str, _Packed | str]:
+    """Each folded weight of module ``name`` as ``fmt``'s codes that decode to it bit for bit, or why it stays
+    BF16 (``"name.weight (format: why)"``)."""
+    out: dict[str, _Packed | str] = {}
+    for w, f in weights.items():
+        folded = f.folded
+        if fmt not in (Format.FP8, Format.NVFP4) or any(a is None for a in f.amaxes):
+            out[w] = f"{name}.{w} ({fmt.value}: no per-tensor scale)"
+        elif folded.element_size() not in _INT_OF_WIDTH:  # the codes' checks compare the values' bits
+            out[w] = f"{name}.{w} ({fmt.value}: {folded.dtype} weights)"
+        elif fmt == Format.NVFP4 and folded.shape[-1] % _BLOCK:
+            out[w] = f"{name}.{w} ({fmt.value}: rows not in blocks of {_BLOCK})"
+        else:
+            entry, wrong = pack_exact(fmt, f.rounded, folded, f.amaxes)
+            out[w] = entry if entry is not None else (
+                f"{name}.{w} ({fmt.value}: {wrong} of {folded.numel()} values decode otherwise)")
+    return out
+
+
+def drop_packed_weights(module: torch.nn.Module, packed: dict[str, _Packed | str]) -> None:
+    """Replace each weight held as codes by a placeholder (its folded values are freed)."""
+    for w, entry in packed.items():
+        if not isinstance(entry, str):
+            module._parameters[w] = _placeholder(module._parameters[w])
+
+
+def install_packed(module: torch.nn.Module, packed: dict[str, _Packed | str], stats: PackStats,
+                   decode_hooks: bool = True) -> None:
+    """Hold ``module``'s packed weights as codes (the others stay its folded BF16 weights), counted in ``stats``.
+    ``decode_hooks``: register the forward hooks that decode them (else the caller does,
+    :mod:`advisor.quantize.streamed`)."""
+    drop_packed_weights(module, packed)
+    entries = torch.nn.ModuleDict()
+    for w, entry in packed.items():
+        if isinstance(entry, str):
+            stats.kept_bf16.append(entry)
             continue
-        if folded.element_size() not in _INT_OF_WIDTH:  # the codes' checks compare the values' bits
-            stats.kept_bf16.append(f"{name}.{w} ({fmt.value}: {folded.dtype} weights)")
-            continue
-        if fmt == Format.NVFP4 and folded.shape[-1] % _BLOCK:
-            stats.kept_bf16.append(f"{name}.{w} ({fmt.value}: rows not in blocks of {_BLOCK})")
-            continue
-        entry, wrong = pack_exact(fmt, rounded.get(w), folded, amax)
-        if entry is None:
-            stats.kept_bf16.append(f"{name}.{w} ({fmt.value}: {wrong} of {folded.numel()} values decode otherwise)")
-            continue
-        packed[w] = entry
-        stats.patched += wrong
-        module._parameters[w] = _placeholder(folded)
+        entries[w] = entry
+        stats.patched += entry.patch_index.numel()
         stats.packed += 1
-    if len(packed):
-        module.packed_weights = packed
+    if len(entries):
+        module.packed_weights = entries
         if decode_hooks:
             module.register_forward_pre_hook(_materialize)
             module.register_forward_hook(_release)
+
+
+@torch.no_grad()
+def fold_and_pack(module: torch.nn.Module, fmt: Format, name: str, stats: PackStats,
+                  decode_hooks: bool = True) -> None:
+    """Fold ``module``'s weights (:func:`fold_weights`) and hold them as ``fmt``'s codes where they decode
+    exactly (:func:`pack_folded`, :func:`install_packed`)."""
+    install_packed(module, pack_folded(fmt, name, fold_weights(module, fmt)), stats, decode_hooks)
 
 
 def bank_bytes(modules: dict[str, torch.nn.Module]) -> int:

@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Protocol
 
 from advisor.files import write_text_atomically
 from advisor.formats import Format
@@ -43,6 +44,15 @@ class Sensitivity:
         return sorted(rows, key=lambda r: -r[2])[:n]
 
 
+class Split(Protocol):
+    """The ranks of a node sharing the probes (``advisor.models.replicas.Ranks``): which probes this process
+    scores, and every rank's results put together."""
+
+    def indices(self, n: int) -> Sequence[int]: ...
+
+    def merged(self, part: dict[Any, Any]) -> dict[Any, Any]: ...
+
+
 def measure(
     groups: Sequence[LayerGroup],
     formats: Sequence[Format],
@@ -50,9 +60,12 @@ def measure(
     energy_of: Callable[[Plan], float],
     on_step: Callable[[int, int], None] | None = None,
     kv_cache: Sequence[Format] = (Format.BF16,),
+    split: Split | None = None,
 ) -> Sensitivity:
     """One evaluation per (group, non-BF16 format), all other groups BF16; and, when the KV cache
-    is searched, one per non-BF16 KV-cache format with every group BF16 (the ``kv_cache`` row)."""
+    is searched, one per non-BF16 KV-cache format with every group BF16 (the ``kv_cache`` row).
+    With ``split``, this process scores its share of them (``on_step`` counts that share) and the
+    tables hold every rank's."""
     t0 = time.perf_counter()
     base = {g.name: Format.BF16 for g in groups}
     e_bf16 = energy_of(Plan(base))
@@ -64,11 +77,17 @@ def measure(
     if kv_lower:
         damage[KV_CACHE_KEY], energy[KV_CACHE_KEY] = {Format.BF16: 0.0}, {Format.BF16: 0.0}
     steps = one_group + [(KV_CACHE_KEY, f, Plan(base, f)) for f in kv_lower]
-    for done, (row, f, plan) in enumerate(steps, start=1):
-        damage[row][f] = max(damage_of(plan), 0.0)
-        energy[row][f] = energy_of(plan) - e_bf16
+    mine = range(len(steps)) if split is None else split.indices(len(steps))
+    scored: dict[int, tuple[float, float]] = {}
+    for done, i in enumerate(mine, start=1):
+        plan = steps[i][2]
+        scored[i] = (max(damage_of(plan), 0.0), energy_of(plan) - e_bf16)
         if on_step:
-            on_step(done, len(steps))
+            on_step(done, len(mine))
+    if split is not None:
+        scored = split.merged(scored)
+    for i, (row, f, _) in enumerate(steps):
+        damage[row][f], energy[row][f] = scored[i]
     return Sensitivity(damage, energy, 0, time.perf_counter() - t0)
 
 
@@ -90,11 +109,22 @@ def first_changed_layer(plan: Plan) -> int:
     return min(layers, default=0)
 
 
-def load_or_measure(path: Path, key: dict, compute: Callable[[], Sensitivity]) -> Sensitivity:
+def load_cached(path: Path, key: dict) -> Sensitivity | None:
+    """The tables stored at ``path`` when they were measured under ``key``."""
     if path.exists():
         data = json.loads(path.read_text())
         if data.get("key") == key:
             return Sensitivity.from_json(data["sensitivity"])
-    sens = compute()
+    return None
+
+
+def store(path: Path, key: dict, sens: Sensitivity) -> None:
     write_text_atomically(path, json.dumps({"key": key, "sensitivity": sens.to_json()}, indent=2))
+
+
+def load_or_measure(path: Path, key: dict, compute: Callable[[], Sensitivity]) -> Sensitivity:
+    sens = load_cached(path, key)
+    if sens is None:
+        sens = compute()
+        store(path, key, sens)
     return sens

@@ -10,12 +10,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from advisor.calibration.tokens import TokenSets, build_token_sets, forward_loop
+from advisor.calibration.tokens import TokenSets, batch_count, build_token_sets, forward_loop
 from advisor.estimate import PredictedModel
 from advisor.files import write_text_atomically
 from advisor.formats import Format
 from advisor.models.arithmetic import BF16, scoring_place, to_scoring_arithmetic
 from advisor.models.loading import LoadedModel, load_model
+from advisor.models.replicas import Ranks
 from advisor.plan import Plan
 from advisor.recipe.schema import Recipe
 from advisor.search.measured import MeasuredTier
@@ -94,6 +95,7 @@ class RunContext:
     trial_times_s: list[float] = field(default_factory=list)
     measured_model: MeasuredTier | None = None  # the measured tier, for the baselines and the front
     arithmetic: str = BF16  # what accuracy is computed in (models.arithmetic)
+    ranks: Ranks = field(default_factory=Ranks)  # this process's place in a node (one process: alone)
 
     @property
     def scoring_place(self) -> str:
@@ -115,10 +117,11 @@ class RunContext:
         return self.bank.assemble(plan)
 
     def sensitivity(self, on_step: Callable[[int, int], None] | None = None) -> Sensitivity:
-        """Per-group damage and energy tables (cached in the run dir)."""
+        """Per-group damage and energy tables (cached in the run dir). On a node every rank calls this at once:
+        rank 0 reads the cache, and else each rank scores every ``world``-th probe (``search.sensitivity``)."""
         from advisor.accuracy.proxy import ProxyEvaluator
         from advisor.models.groups import decoder_layers_path
-        from advisor.search.sensitivity import first_changed_layer, load_or_measure, measure
+        from advisor.search.sensitivity import first_changed_layer, load_cached, measure, store
 
         n = min(self.recipe.search.sensitivity_samples, self.tokens.heldout.shape[0])
         groups = self.loaded.shape.groups
@@ -129,21 +132,28 @@ class RunContext:
             key["kv_cache"] = [f.value for f in self.recipe.kv_cache]
         if self.arithmetic != BF16:  # likewise
             key["arithmetic"] = self.arithmetic
+        path, ranks = self.recipe.run_dir / "sensitivity.json", self.ranks
+        cached = ranks.broadcast(load_cached(path, key) if ranks.rank == 0 else None)
+        if cached is not None:
+            return cached
 
-        def compute() -> Sensitivity:
-            # Each one-group plan reuses the reference outputs of the BF16 layers before its group.
+        def damage_of(p: Plan) -> float:
+            with ranks.busy("sensitivity"):
+                return small.score(self.bank.assemble(p), reuse_layers=first_changed_layer(p)).kl
+
+        # Each one-group plan reuses the reference outputs of the BF16 layers before its group.
+        with ranks.busy("sensitivity"):
             small = ProxyEvaluator(self.bank.assemble(Plan.uniform(groups, Format.BF16)), self.tokens.heldout[:n],
                                    layers=decoder_layers_path(self.loaded.model))
-            sens = measure(
-                groups, self.recipe.formats,
-                damage_of=lambda p: small.score(self.bank.assemble(p), reuse_layers=first_changed_layer(p)).kl,
-                energy_of=lambda p: self.energy_model.estimate(p, self.recipe.workloads[0]).j_per_token,
-                on_step=on_step, kv_cache=self.recipe.kv_cache,
-            )
-            sens.tokens = int(self.tokens.heldout[:n].numel())
-            return sens
-
-        return load_or_measure(self.recipe.run_dir / "sensitivity.json", key, compute)
+        sens = measure(
+            groups, self.recipe.formats, damage_of=damage_of,
+            energy_of=lambda p: self.energy_model.estimate(p, self.recipe.workloads[0]).j_per_token,
+            on_step=on_step, kv_cache=self.recipe.kv_cache, split=ranks if ranks.spread else None,
+        )
+        sens.tokens = int(self.tokens.heldout[:n].numel())
+        if ranks.rank == 0:
+            store(path, key, sens)
+        return sens
 
     def evaluate(self, plan: Plan) -> Evaluation:
         t0 = time.perf_counter()
@@ -173,10 +183,13 @@ def prepare(
     status: Status = lambda _msg: None,
     energy_model: PredictedModel | None = None,
     stored_fingerprint: str | None = None,
+    ranks: Ranks | None = None,
 ) -> RunContext:
     """Load, sample tokens, calibrate each format once, and compute the BF16 reference. ``stored_fingerprint``:
     the model fingerprint of the run being continued or re-checked (an older advisor's is kept when it is this
-    model's)."""
+    model's). ``ranks``: this process's place in a node (:mod:`advisor.workflows.node`), every rank calling this
+    at once: each loads its replica; rank 0 builds the tokens and gives them to the others; the calibration
+    batches, the bank's modules and the reference's batches are shared out (:mod:`advisor.models.replicas`)."""
     from advisor.accuracy.proxy import ProxyEvaluator
     from advisor.quantize.bank import FormatBank
     from advisor.quantize.modelopt_config import prepare_device
@@ -200,7 +213,9 @@ def prepare(
         if recipe.calibration.source == "self":  # 6.5 min of a 14B's search capped at 24 GiB on an H100
             status("the tokens sampled from the model stream those layers once per token (minutes); a text file "
                    "as calibration.source skips the sampling")
-    loaded = load_model(recipe.model, device, device_map=device_map)
+    ranks = ranks or Ranks()
+    with ranks.busy("load"):
+        loaded = load_model(recipe.model, device, device_map=device_map)
     timings["load_s"] = time.perf_counter() - t
     t = time.perf_counter()
     fingerprint = model_fingerprint(loaded, stored_fingerprint)  # of the BF16 weights, before any float32 copy
@@ -210,8 +225,15 @@ def prepare(
         status(f"scoring in {arithmetic}: {why}")
 
     t = time.perf_counter()
+    check_same_replicas(ranks, fingerprint, scoring_place(device, arithmetic))  # on a node: every replica loaded
+    timings["load_s"] += time.perf_counter() - t
+    t = time.perf_counter()
     status("building calibration and held-out tokens")
-    tokens = load_or_build_tokens(recipe, loaded, run_dir, fingerprint)
+    ranks.stage = "tokens"
+    if ranks.rank == 0:
+        with ranks.busy("tokens"):
+            tokens = load_or_build_tokens(recipe, loaded, run_dir, fingerprint)
+    tokens = ranks.broadcast(tokens if ranks.rank == 0 else None)  # rank 0's, sampled alone (distributed.md)
     timings["tokens_s"] = time.perf_counter() - t
 
     if loaded.shape.is_moe:  # the energy models price the experts a batch touches under this routing
@@ -224,8 +246,9 @@ def prepare(
 
     t = time.perf_counter()
     bank = FormatBank(
-        loaded.model, loaded.shape.groups, recipe.formats, forward_loop(tokens.calibration),
+        loaded.model, loaded.shape.groups, recipe.formats, calibration_loop(tokens, ranks),
         on_format=lambda f: status(f"calibrating {f.value} (once for every trial)"), kv_cache=recipe.kv_cache,
+        ranks=ranks,
     )
     timings["calibration_s"] = bank.seconds["calibration"]  # ModelOpt's calibration, every format
     timings["bank_s"] = time.perf_counter() - t - bank.seconds["calibration"]  # folding, packing, copies
@@ -237,7 +260,7 @@ def prepare(
 
     t = time.perf_counter()
     status("scoring the BF16 reference on held-out tokens")
-    proxy = ProxyEvaluator(bank.assemble(Plan.uniform(loaded.shape.groups, Format.BF16)), tokens.heldout)
+    proxy = ProxyEvaluator(bank.assemble(Plan.uniform(loaded.shape.groups, Format.BF16)), tokens.heldout, ranks=ranks)
     timings["reference_s"] = time.perf_counter() - t
 
     measured_model = None
@@ -268,4 +291,29 @@ def prepare(
         status(f"energy source: {energy_model.label}" + (" (the front measured with NVML)" if measured_model else ""))
         timings["energy_models_s"] = time.perf_counter() - t  # a per-model profile built here takes minutes
     return RunContext(recipe, loaded, tokens, bank, proxy, energy_model, device, fingerprint, timings,
-                      measured_model=measured_model, arithmetic=arithmetic)
+                      measured_model=measured_model, arithmetic=arithmetic, ranks=ranks)
+
+
+def calibration_loop(tokens: TokenSets, ranks: Ranks) -> Callable[[torch.nn.Module], None]:
+    """ModelOpt's calibration loop over the calibration tokens; on a node, over this rank's batches."""
+    if not ranks.spread:
+        return forward_loop(tokens.calibration)
+    return forward_loop(tokens.calibration, batches=ranks.indices(batch_count(tokens.calibration)))
+
+
+def check_same_replicas(ranks: Ranks, fingerprint: str, place: str) -> None:
+    """Every rank of a node must hold the same weights and score the same way on the same kind of GPU, or their
+    shares would not add up to one process's numbers; each rank raises the same error, so none waits for another."""
+    if not ranks.spread:
+        return
+    if place.startswith("cuda"):
+        import torch
+
+        place = f"{place} on {torch.cuda.get_device_name()}"
+    seen = ranks.gather((fingerprint, place))
+    odd = [f"rank {r}: {p}, weights {f[:12]}" for r, (f, p) in enumerate(seen) if (f, p) != seen[0]]
+    if odd:
+        from advisor.errors import SetupError
+
+        raise SetupError(f"the node's processes differ from rank 0 ({seen[0][1]}, weights {seen[0][0][:12]}): "
+                         f"{'; '.join(odd)}; run --workers on GPUs of one kind, with one model path")

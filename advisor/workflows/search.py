@@ -30,6 +30,7 @@ from advisor.search.study import (
     Proposer,
     check_same_model,
     check_same_scoring,
+    enqueue_opening,
     finished_trials,
     open_owned_study,
     run_search,
@@ -40,6 +41,7 @@ from advisor.search.trial_record import label_of, record_benchmark
 from advisor.versions import package_versions
 from advisor.workflows.context import RunContext, tokens_key
 from advisor.workflows.measured_tier import energy_stage
+from advisor.workflows.node import finish_node, rank_failures, report_trials, start_workers, worker_recipe
 from advisor.workflows.operating import (
     measured_operating_stage,
     operating_stage,
@@ -48,9 +50,10 @@ from advisor.workflows.operating import (
 from advisor.workflows.progress import ProgressReporter
 from advisor.workflows.run_lock import run_folder_lock
 from advisor.workflows.run_settings import energy_tier, priced_engine, resolved
-from advisor.workflows.spawn import describe_exit, spawn_workers, stop_workers, wait_workers
+from advisor.workflows.spawn import describe_exit, stop_workers, wait_workers
 
 if TYPE_CHECKING:
+    from advisor.models.replicas import Ranks
     from advisor.search.proposals import KnapsackProposer
 
 
@@ -96,21 +99,28 @@ def _run_owned(study: optuna.Study, recipe: Recipe, resume: bool, progress: Prog
         if not resume:
             write_run_file(recipe)
         window = EnergyWindow("search").begin()
-        ctx = prepare_model_side(recipe, progress, study.user_attrs.get("model", {}).get("fingerprint"))
-        check_same_model(study.user_attrs.get("model", {}).get("fingerprint"), ctx.fingerprint, recipe.name)
-        check_same_scoring(study.user_attrs.get("device"), ctx.scoring_place, recipe.name, "--resume")
-        save_run_meta(study, run_meta(recipe, ctx))
-        share_tokens(study, recipe.run_dir / "tokens.pt", tokens_key(recipe, ctx.fingerprint),
-                     recipe.run_dir / "artifacts")
-        measuring = ctx.measured_model is not None
-        if measuring:
-            set_round(study, "pending")  # workers that finish their trials wait for the measurement queue
-        if workers > 1:
-            children += spawn_workers(workers - 1, recipe.storage_url, recipe.name, recipe.run_dir)
-            progress.print(f"workers: {workers - 1} more on this host (logs in {recipe.run_dir / 'workers'})")
-        proposer = sensitivity_stage(study, ctx, recipe, progress) if recipe.search.sampler == "guided" else None
+        node = start_workers(recipe, workers, children, progress.print, resumed=resume)
+        with rank_failures(node, resumed=resume):
+            if node:
+                node.ranks.broadcast(worker_recipe(recipe))
+            ctx = prepare_model_side(recipe, progress, study.user_attrs.get("model", {}).get("fingerprint"),
+                                     node.ranks if node else None)
+            check_same_model(study.user_attrs.get("model", {}).get("fingerprint"), ctx.fingerprint, recipe.name)
+            check_same_scoring(study.user_attrs.get("device"), ctx.scoring_place, recipe.name, "--resume")
+            save_run_meta(study, run_meta(recipe, ctx))
+            share_tokens(study, recipe.run_dir / "tokens.pt", tokens_key(recipe, ctx.fingerprint),
+                         recipe.run_dir / "artifacts")
+            measuring = ctx.measured_model is not None
+            if measuring:
+                set_round(study, "pending")  # workers that finish their trials wait for the measurement queue
+            proposer = sensitivity_stage(study, ctx, recipe, progress) if recipe.search.sampler == "guided" else None
+            if node:  # the workers start their trials once the node closes: the baselines and proposals first
+                enqueue_opening(study, recipe, ctx.loaded.shape.groups, proposer)
+                finish_node(node, ctx.timings_s, progress.print)
         with timed(ctx, "trials_s"):
             trials_stage(study, ctx, recipe, progress, proposer)
+        if node:
+            report_trials(study, node, ctx.timings_s, progress.print)
         codes = [p.poll() for p in children] if measuring else wait_workers(children)  # None: still running
         check_workers(study, recipe, children, codes, progress)
         check_some_trial_finished(study, recipe)
@@ -204,7 +214,8 @@ def write_run_file(recipe: Recipe) -> None:
     write_text_atomically(recipe.run_dir / "recipe.json", json.dumps(data, indent=2))
 
 
-def prepare_model_side(recipe: Recipe, progress: ProgressReporter, stored_fingerprint: str | None = None) -> RunContext:
+def prepare_model_side(recipe: Recipe, progress: ProgressReporter, stored_fingerprint: str | None = None,
+                       ranks: Ranks | None = None) -> RunContext:
     from advisor.workflows.context import prepare
 
     with progress.stage("prepare") as stage:
@@ -212,7 +223,7 @@ def prepare_model_side(recipe: Recipe, progress: ProgressReporter, stored_finger
             stage.advance(note=msg)
             progress.step(f"  {msg}")
 
-        return prepare(recipe, status=status, stored_fingerprint=stored_fingerprint)
+        return prepare(recipe, status=status, stored_fingerprint=stored_fingerprint, ranks=ranks)
 
 
 def run_meta(recipe: Recipe, ctx: RunContext) -> dict[str, Any]:

@@ -1,6 +1,7 @@
 """Worker processes on this host for `advisor search --workers N`: N-1 `advisor worker` children
 beside the coordinator, one GPU each when there are enough (CUDA_VISIBLE_DEVICES), logs in
-RUN_DIR/workers/. The storage URL travels in the environment, never on a command line.
+RUN_DIR/workers/, each a rank of the coordinator's node (:mod:`advisor.workflows.node`). The storage URL
+travels in the environment, never on a command line.
 
 Each child is reaped the moment it ends (a thread waits on it): a killed child never lingers
 as a zombie, which a signal probe of its pid would take for a live worker and whose trial would
@@ -14,6 +15,7 @@ import signal
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 from advisor.deploy import engine_slots
@@ -29,14 +31,16 @@ def visible_gpus() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
-def spawn_workers(n: int, url: str, study: str, run_dir: Path) -> list[subprocess.Popen]:
-    """Start ``n`` workers; with at least n+1 GPUs, worker i gets GPU i+1 (the coordinator keeps 0)."""
+def spawn_workers(n: int, url: str, study: str, run_dir: Path,
+                  env_of: Callable[[int], dict[str, str]] | None = None) -> list[subprocess.Popen]:
+    """Start ``n`` workers; with at least n+1 GPUs, worker i gets GPU i+1 (the coordinator keeps 0). ``env_of(i)``:
+    more environment for worker i (1-based), e.g. its place in the node (:mod:`advisor.workflows.node`)."""
     gpus = visible_gpus()
     logs = run_dir / "workers"
     logs.mkdir(parents=True, exist_ok=True)
     procs = []
     for i in range(n):
-        env = {**os.environ, STORAGE_ENV: url}
+        env = {**os.environ, STORAGE_ENV: url, **(env_of(i + 1) if env_of else {})}
         if gpus > n:  # by UUID: an index would name another GPU where this process was started with a mapping
             env["CUDA_VISIBLE_DEVICES"] = engine_slots.device_id(i + 1)
         cmd = [sys.executable, "-c", "from advisor.console import main; main()", "worker", "--study", study,

@@ -1,7 +1,9 @@
 """`advisor worker`, top to bottom: join a study from any host, check that this worker's numbers
 would be comparable, fetch the shared token sets, prepare the model side, run trials from
 the study's shared budget until it is used, meter plans from the measurement queue on this GPU
-(``--energy measured``), then leave.
+(``--energy measured``), then leave. A child of `advisor search --workers N` (``ADVISOR_NODE`` set) is a rank of
+its coordinator's node instead: it receives the recipe and the tokens from rank 0 and prepares the model side
+and the sensitivity tables with the other ranks (:mod:`advisor.workflows.node`), then runs trials the same way.
 
 The coordinator (`advisor search`) enqueues baselines and proposals, runs the lm-eval and
 report stages and owns the run folder; a worker only evaluates trials and meters plans.
@@ -11,6 +13,8 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import optuna
@@ -34,6 +38,7 @@ from advisor.search.study import (
 )
 from advisor.search.trial_record import label_of
 from advisor.versions import package_versions
+from advisor.workflows.node import NODE_ENV, Node, finish_node, join_node
 from advisor.workflows.progress import ProgressReporter
 from advisor.workflows.run_settings import energy_tier, priced_engine
 
@@ -60,24 +65,39 @@ def _run_worker(url: str, study_name: str, work_dir: Path, artifacts: Path | Non
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     silence_interrupt_tracebacks()
     url = absolute_url(url)
-    attrs = _study_attrs(url, study_name)
     work_dir = Path(work_dir)
-    recipe = validate_recipe({**attrs["recipe"], "name": study_name, "out": str(work_dir), "storage": url},
-                             f"recipe stored in study {study_name!r}")
-    key = study_key(recipe, package_versions(), energy_tier(recipe), priced_engine(recipe))
-    check_same_key(attrs.get(KEY_ATTR), key, study_name, "advisor worker", asked_energy=recipe.energy)
-    storage = open_storage(url, heartbeat_s=recipe.search.heartbeat_s)
-    sampler = make_sampler(recipe.search.sampler, (recipe.search.seed + os.getpid()) % 2**32)
-    study = optuna.load_study(study_name=study_name, storage=storage, sampler=sampler)
+    spec = os.environ.get(NODE_ENV)
+    node = join_node(spec) if spec else None  # a child of `advisor search --workers`: a rank of its node
+    with rank_failures_here(node):
+        if node is not None:
+            progress.print(f"joined the node as rank {node.ranks.rank} of {node.ranks.world} ({node.backend})")
+            attrs = _study_attrs(url, study_name, need_recipe=False)
+            attrs["recipe"] = node.ranks.broadcast(None)  # the coordinator's, before it stores it in the study
+        else:
+            attrs = _study_attrs(url, study_name)
+        recipe = validate_recipe({**attrs["recipe"], "name": study_name, "out": str(work_dir), "storage": url},
+                                 f"recipe stored in study {study_name!r}")
+        key = study_key(recipe, package_versions(), energy_tier(recipe), priced_engine(recipe))
+        check_same_key(attrs.get(KEY_ATTR), key, study_name, "advisor worker", asked_energy=recipe.energy)
+        storage = open_storage(url, heartbeat_s=recipe.search.heartbeat_s)
+        sampler = make_sampler(recipe.search.sampler, (recipe.search.seed + os.getpid()) % 2**32)
+        study = optuna.load_study(study_name=study_name, storage=storage, sampler=sampler)
 
-    with progress.stage("fetch shared token sets"):
-        key = fetch_tokens(study, recipe.run_dir / "tokens.pt", artifacts)
-        (recipe.run_dir / "tokens.key.json").write_text(json.dumps(key, indent=2))
-    from advisor.workflows.context import prepare
+        if node is None:
+            with progress.stage("fetch shared token sets"):
+                key = fetch_tokens(study, recipe.run_dir / "tokens.pt", artifacts)
+                (recipe.run_dir / "tokens.key.json").write_text(json.dumps(key, indent=2))
+        from advisor.workflows.context import prepare
 
-    with progress.stage("prepare") as stage:
-        ctx = prepare(recipe, status=lambda msg: (stage.advance(note=msg), progress.step(f"  {msg}")),
-                      stored_fingerprint=study.user_attrs.get("model", {}).get("fingerprint"))
+        with progress.stage("prepare") as stage:
+            ctx = prepare(recipe, status=lambda msg: (stage.advance(note=msg), progress.step(f"  {msg}")),
+                          stored_fingerprint=study.user_attrs.get("model", {}).get("fingerprint"),
+                          ranks=node.ranks if node else None)
+        if node is not None:
+            if recipe.search.sampler == "guided":
+                with progress.stage("sensitivity") as stage:
+                    ctx.sensitivity(on_step=lambda done, total: stage.advance(done, total))
+            finish_node(node)  # the coordinator has stored the model and queued the baselines and proposals
     check_same_model(study.user_attrs.get("model", {}).get("fingerprint"), ctx.fingerprint, study_name)
     check_same_scoring(study.user_attrs.get("device"), ctx.scoring_place, study_name, "advisor worker")
     with progress.stage("trials", total=recipe.search.trials) as stage:
@@ -96,14 +116,25 @@ def _run_worker(url: str, study_name: str, work_dir: Path, artifacts: Path | Non
     return finished
 
 
-def _study_attrs(url: str, study_name: str) -> dict:
+@contextmanager
+def rank_failures_here(node: Node | None) -> Iterator[None]:
+    """A worker of a node leaves the group at once when it fails, so that no other rank waits for it."""
+    try:
+        yield
+    except BaseException:
+        if node is not None:
+            node.abort()
+        raise
+
+
+def _study_attrs(url: str, study_name: str, need_recipe: bool = True) -> dict:
     try:
         study = optuna.load_study(study_name=study_name, storage=open_storage(url))
     except KeyError:
         raise InputError(f"advisor worker: no study named {study_name!r} in {redact_url(url)}; start it with "
                          "`advisor search ... --storage URL` first") from None
-    attrs = study.user_attrs
-    if "recipe" not in attrs:
+    attrs = dict(study.user_attrs)
+    if need_recipe and "recipe" not in attrs:
         raise InputError(f"advisor worker: study {study_name!r} has no recipe yet (its coordinator is still "
                          "preparing, or it was made by an older advisor); retry in a minute")
     return attrs

@@ -25,6 +25,7 @@ from advisor.search.study._study import (
     baseline_plans,
     benchmark_budget,
     candidates,
+    enqueue_opening,
     finished_trials,
     run_search,
     save_run_meta,
@@ -33,6 +34,7 @@ from advisor.search.study._study import (
 __all__ = [
     "KEY_ATTR", "Evaluation", "PlanEvaluator", "Proposer", "absolute_local_path", "baseline_plans",
     "benchmark_budget", "candidates", "check_same_key", "check_same_model", "check_same_scoring",
-    "enqueue_baselines", "finished_trials", "key_differences", "make_sampler", "open_owned_study", "open_study",
+    "enqueue_baselines", "enqueue_opening", "finished_trials", "key_differences", "make_sampler",
+    "open_owned_study", "open_study",
     "run_search", "save_run_meta", "silence_interrupt_tracebacks", "study_key",
 ]

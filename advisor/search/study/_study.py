@@ -250,16 +250,27 @@ def run_search(
     with deferred():  # the study's bookkeeping is never cut in the middle; trials are checked between
         reap(study)
         if coordinator:
-            requeue_failed_trials(study)
-            enqueue_baselines(study, baseline_plans(groups, recipe.formats, recipe.kv_cache), kv_dimension)
+            enqueue_opening(study, recipe, groups, proposer)
             if proposer is not None:
-                enqueue_new(study, proposer.propose(1.0), kv_dimension)
                 run(waiting_only=True)
                 enqueue_new(study, proposer.propose(_second_sweep_scale(study, proposer)), kv_dimension)
                 run(waiting_only=True)
         run(waiting_only=False)
     check()
     return len(finished_here)
+
+
+def enqueue_opening(study: optuna.Study, recipe: Recipe, groups: Sequence[LayerGroup],
+                    proposer: Proposer | None = None) -> None:
+    """What the coordinator queues before its first trial: failed trials again (a resume), the baselines, the
+    first knapsack proposals. Each step leaves what the study already holds, so calling this again (a node's
+    coordinator does, before its workers start their trials with it) queues nothing twice."""
+    kv_dimension = len(recipe.kv_cache) > 1
+    with deferred():
+        requeue_failed_trials(study)
+        enqueue_baselines(study, baseline_plans(groups, recipe.formats, recipe.kv_cache), kv_dimension)
+        if proposer is not None:
+            enqueue_new(study, proposer.propose(1.0), kv_dimension)
 
 
 def _second_sweep_scale(study: optuna.Study, proposer: Proposer) -> float:
