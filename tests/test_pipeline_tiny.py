@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import optuna
 import yaml
 from conftest import TINY_TEXT, need
 from typer.testing import CliRunner
@@ -48,7 +49,11 @@ def test_search_report_show_on_the_trained_tiny_model(tmp_path, tiny_recipe):
 
     resumed = runner.invoke(app, ["search", "-r", str(path), "--trials", "8", "--resume"])
     assert resumed.exit_code == 0, resumed.output
-    assert len(json.loads((run_dir / "summary.json").read_text())["trials"]) == 8
+    rows = json.loads((run_dir / "summary.json").read_text())["trials"]
+    study = optuna.load_study(study_name=run_dir.name, storage=f"sqlite:///{run_dir / 'study.db'}")
+    complete = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+    assert len(complete) == 8  # the budget raised to 8: two more trials
+    assert sorted(r["plan_id"] for r in rows) == sorted({t.user_attrs["plan_id"] for t in complete})  # a row a plan
     timings = json.loads((run_dir / "summary.json").read_text())["timings_s"]
     for stage in ("load_s", "fingerprint_s", "tokens_s", "calibration_s", "bank_s", "reference_s", "sensitivity_s",
                   "trials_s", "measured_s", "operating_s", "total_s"):
