@@ -201,10 +201,14 @@ def kill_run(after: int | None, recipe: Path, base: Path, code: Path, timeout_s:
         parent.kill()
         _, err = parent.communicate()
         hung = True
-    trials = study_states(url)["trials"]
+    try:
+        trials = study_states(url)["trials"]
+    except KeyError:  # no study: a run that ended before its first trial discards the empty study it made
+        trials = []
     states = [t.state for t in trials]
     complete = states.count(optuna.trial.TrialState.COMPLETE)
     row = {"moment": moment or "no kill (the run ended first)", "exit_code": None if hung else parent.returncode,
+           "study_kept": bool(trials),
            "hung": hung, "seconds_to_finish_after_kill": None if t_kill is None or hung else
            round(time.monotonic() - t_kill, 1),
            "complete": complete, "running": states.count(optuna.trial.TrialState.RUNNING),
@@ -308,11 +312,12 @@ def markdown(data: dict[str, Any]) -> str:
                      f"{p['runs'][0]['loser_error'] if p['runs'] else ''} |")
     if data["kills"]:
         lines += ["", f"## kill -9 of one child of `--workers 3` ({KILL_TRIALS} trials, journal storage)", "",
-                  "| moment | exit | hung | s to finish after kill | complete | running | failed | retried | lost |",
-                  "|---|---|---|---|---|---|---|---|---|"]
+                  "| moment | exit | its line | hung | s to finish after kill | complete | running | failed | retried "
+                  "| lost |", "|---|---|---|---|---|---|---|---|---|---|"]
     for k in data["kills"]:
-        lines.append(f"| {k['moment']} | {k['exit_code']} | {k['hung']} | {k['seconds_to_finish_after_kill']} | "
-                     f"{k['complete']} | {k['running']} | {k['failed']} | {k['retried']} | {k['lost']} |")
+        lines.append(f"| {k['moment']} | {k['exit_code']} | {k.get('warning') or ''} | {k['hung']} | "
+                     f"{k['seconds_to_finish_after_kill']} | {k['complete']} | {k['running']} | {k['failed']} | "
+                     f"{k['retried']} | {k['lost']} |")
     if data.get("interrupts"):
         lines += interrupts_markdown(data["interrupts"])
     return "\n".join(lines) + "\n"

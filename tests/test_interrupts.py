@@ -29,6 +29,18 @@ TRIALS = 8
 SIGNALS = [signal.SIGINT, signal.SIGTERM]
 
 
+@pytest.fixture(autouse=True)
+def ctrl_c_as_a_terminal_gives_it():
+    """pytest started as a background job of a non-interactive shell has SIGINT ignored, and the handlers rightly
+    leave an ignored signal ignored: these tests send Ctrl-C as a terminal would deliver it."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        yield
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    else:
+        yield
+
+
 @pytest.fixture
 def recipe(tmp_path):
     recipe = validate_recipe({"name": "s", "target": "b200", "out": str(tmp_path), "accuracy": {"max_kl": 0.1},
