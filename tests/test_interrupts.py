@@ -262,3 +262,23 @@ def test_a_signal_while_the_command_line_loads_exits_130_with_one_line(sig):
                           preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     assert done.returncode == 130, done
     assert done.stderr.splitlines() == [f"Error: {console.INTERRUPTED_STARTING}"]
+
+
+def test_a_retry_another_process_has_just_taken_is_not_failed_as_its_dead_predecessor(recipe):
+    """Optuna's retry copies the failed trial's user attributes; the dead process's name must not come with it, or
+    a reaper that looks before the taker's objective names itself fails a running trial (seen in CI: the taker then
+    broke with "Cannot tell a FAIL trial")."""
+    from advisor.search.storage import WORKER_ATTR, reap, this_worker
+
+    study = open_study(recipe, resume=False)
+    dead = {**this_worker(), "pid": 2**22 + 7, "start_ticks": 1}  # no such process on this host
+    study.enqueue_trial(Plan.uniform(GROUPS, Format.FP8).params())
+    stranded = study.ask()
+    stranded.set_user_attr(WORKER_ATTR, dead)
+    study.tell(stranded, state=TrialState.FAIL)
+    retry_callback(None)(study, study.get_trials()[stranded.number])
+    taken = study.ask()  # another process takes the retry; its objective has not named it yet
+    frozen = study.get_trials()[taken.number]
+    assert frozen.system_attrs["failed_trial"] == stranded.number and WORKER_ATTR not in frozen.user_attrs
+    reap(study)  # what every worker does before it takes a trial
+    assert study.get_trials()[taken.number].state == TrialState.RUNNING

@@ -16,6 +16,7 @@ trial before its parameters were set), by the resume. A retry replaces its trial
 
 from __future__ import annotations
 
+import copy
 import os
 import socket
 import warnings
@@ -32,11 +33,23 @@ PLAN_ERROR_ATTR = "error"  # why a trial's own evaluation failed (the objective 
 UNNAMED_GRACE_S = 60.0  # a RUNNING trial that has not named its worker after this is dead
 
 
+class _Retry(RetryHeartbeatStaleTrialCallback):
+    """Optuna's retry, except that the retry does not inherit the failed trial's worker (Optuna copies every user
+    attribute): a retry another process has just taken would name the dead process until its objective names its
+    own, and a reaper in that moment failed it as dead while it ran ("Cannot tell a FAIL trial")."""
+
+    def __call__(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
+        own = copy.copy(trial)
+        own.user_attrs = {k: v for k, v in trial.user_attrs.items() if k != WORKER_ATTR}
+        super().__call__(study, own)
+
+
 def retry_callback(max_retry: int | None = 2) -> RetryHeartbeatStaleTrialCallback:
-    """Optuna's retry of a failed trial (same params, ``failed_trial`` system attr; None: no limit); experimental."""
+    """Optuna's retry of a failed trial (same params, ``failed_trial`` system attr; None: no limit; the worker not
+    inherited: :class:`_Retry`); experimental."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        return RetryHeartbeatStaleTrialCallback(max_retry=max_retry)
+        return _Retry(max_retry=max_retry)
 
 
 def this_worker(gpu_uuid: str | None = None) -> dict[str, object]:
