@@ -282,3 +282,22 @@ def test_a_retry_another_process_has_just_taken_is_not_failed_as_its_dead_predec
     assert frozen.system_attrs["failed_trial"] == stranded.number and WORKER_ATTR not in frozen.user_attrs
     reap(study)  # what every worker does before it takes a trial
     assert study.get_trials()[taken.number].state == TrialState.RUNNING
+
+
+def test_an_error_a_library_raises_for_the_interrupt_outside_a_trial_is_the_interrupt(recipe):
+    """A signal that lands inside an import's C initialisation comes out as ``ImportError: initialization failed``
+    (seen in CI in the report stage, as exit 1 "a bug"): with the signal pending it is the interrupt, exit 130 and
+    the resume line; without one, the error stands."""
+    from advisor.errors import Interrupted
+    from advisor.interrupts import deferred
+    from advisor.workflows.search import interrupts_as_errors
+
+    study = open_study(recipe, resume=False)
+    resume = "advisor search -r r.yaml --resume"
+    with signals_handled():
+        with pytest.raises(Interrupted, match=f"continue with: {resume}"), interrupts_as_errors(study, recipe, resume):
+            with deferred():
+                os.kill(os.getpid(), signal.SIGTERM)  # noted
+            raise ImportError("initialization failed")
+        with pytest.raises(ImportError), interrupts_as_errors(study, recipe, resume):
+            raise ImportError("initialization failed")

@@ -9,7 +9,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import optuna
 from rich.console import Console
@@ -19,7 +19,7 @@ from advisor.deploy.verification import tokenizer_fingerprint
 from advisor.energy.meter import EnergyWindow
 from advisor.errors import AdvisorError, InputError, Interrupted
 from advisor.files import write_text_atomically
-from advisor.interrupts import check, deferred, signals_handled, stop_taken
+from advisor.interrupts import check, deferred, pending, signals_handled, stop_taken
 from advisor.recipe.schema import Recipe
 from advisor.report.schema import Summary
 from advisor.report.summary import write_report
@@ -197,12 +197,22 @@ def interrupts_as_errors(study: optuna.Study, recipe: Recipe, resume_command: st
         check()  # a signal noted while the study was being opened
         yield
         check()  # at the latest: a signal whose raise Python swallowed (in a finalizer) is not lost
+    except Exception:
+        if not pending():
+            raise
+        # the interrupt, surfaced by a library as an error of its own: an import cut off in its C initialisation
+        # ("ImportError: initialization failed", the report stage's plotting), a callback's RuntimeError
+        _stop(study, recipe, resume_command)
     except KeyboardInterrupt:
-        with deferred():
-            done = finished_trials(study)
-        stop_taken()
-        raise Interrupted(f"interrupted: {done} finished trials are kept in {redact_url(recipe.storage_url)}; "
-                          f"continue with: {resume_command}") from None
+        _stop(study, recipe, resume_command)
+
+
+def _stop(study: optuna.Study, recipe: Recipe, resume_command: str) -> NoReturn:
+    with deferred():
+        done = finished_trials(study)
+    stop_taken()
+    raise Interrupted(f"interrupted: {done} finished trials are kept in {redact_url(recipe.storage_url)}; "
+                      f"continue with: {resume_command}") from None
 
 
 def write_run_file(recipe: Recipe) -> None:
