@@ -33,22 +33,12 @@ sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
 
 from _report import md_table  # noqa: E402
 from large_models import SHAPES, GpuMemoryPeak, make_checkpoint  # noqa: E402
+from large_models_multi_gpu import machine  # noqa: E402  (this script's folder)
 
 ADVISOR = [sys.executable, "-c", "from advisor.cli import main; main()"]
 STEPS = ("checkpoint", "plan", "search")
 REPORT = "node_search"
 STAGES = ("load", "tokens", "calibration", "bank", "reference", "sensitivity", "trials")
-
-
-def machine() -> dict[str, Any]:
-    """``gpu``, GPU count and ``driver`` (nvidia-smi), or the CPU stand-in of a dry run."""
-    try:
-        rows = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
-                              capture_output=True, text=True, check=True).stdout.strip().splitlines()
-    except (OSError, subprocess.CalledProcessError):
-        return {"gpu": "none (dry run on CPU)", "gpu_count": 0, "driver": "none"}
-    name, driver = (v.strip() for v in rows[0].split(","))
-    return {"gpu": name, "gpu_count": len(rows), "driver": driver}
 
 
 def load(out: Path) -> dict[str, Any]:
