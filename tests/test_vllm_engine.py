@@ -403,6 +403,27 @@ def test_the_start_s_stages_are_read_from_vllm_s_log():
     assert start_seconds("INFO Loaded AOT compiled function from /root/.cache/vllm/x")["compile_cache_hit"] is True
 
 
+def test_the_kernel_warm_up_after_graph_capture_is_timed_from_the_clock_of_vllm_s_lines():
+    from advisor.deploy.vllm import start_seconds, start_words
+
+    # an H200's first engine on a fresh machine, 2026-11-29 (reports/benchmarks/verify_time_data/after): nothing
+    # is logged while the V2 model runner compiles its Triton kernels
+    log = "\n".join([
+        "(EngineCore pid=1513) INFO 11-29 10:33:57 [model_runner.py:747] Graph capturing finished in 2 secs, took "
+        "0.36 GiB",
+        "(EngineCore pid=1513) INFO 11-29 10:35:36 [jit_monitor.py:79] Kernel JIT monitor activated; monitored JIT "
+        "compilations during inference will use mode=warn.",
+        "(EngineCore pid=1513) INFO 11-29 10:35:37 [core.py:340] init engine (profile, create kv cache, warmup "
+        "model) took 133.78 s (compilation: 27.78 s)"])
+    stages = start_seconds(log)
+    assert stages["kernel_warmup_s"] == 99.0
+    assert "kernel warm-up 99 s" in start_words(stages)
+    # across midnight; and one line alone names no warm-up
+    late = log.replace("10:33:57", "23:59:30").replace("10:35:36", "00:00:10")
+    assert start_seconds(late)["kernel_warmup_s"] == 40.0
+    assert "kernel_warmup_s" not in start_seconds(log.splitlines()[0])
+
+
 def test_a_child_s_output_passes_through_and_its_start_lines_are_kept(capfd):
     import subprocess
     import time as _time
@@ -419,6 +440,23 @@ def test_a_child_s_output_passes_through_and_its_start_lines_are_kept(capfd):
     assert start == {"compile_s": 12.5, "graph_capture_s": 3.0}
     seen = capfd.readouterr()
     assert "torch.compile took 12.5 s" in seen.out and "Graph capturing finished" in seen.err
+
+
+def test_the_kernel_warm_up_is_timed_from_two_lines_as_they_pass():
+    import subprocess
+    import time as _time
+
+    from advisor.deploy.vllm import watch_output
+
+    lines = ("INFO 11-29 10:42:21 [model_runner.py:747] Graph capturing finished in 1 secs",
+             "INFO 11-29 10:42:28 [jit_monitor.py:79] Kernel JIT monitor activated; ...")
+    with watch_output() as start:
+        subprocess.run([sys.executable, "-c", f"print({lines[0]!r}, flush=True); print({lines[1]!r})"], check=True)
+        for _ in range(100):
+            if "kernel_warmup_s" in start:
+                break
+            _time.sleep(0.01)
+    assert start["kernel_warmup_s"] == 7.0 and start["graph_capture_s"] == 1.0
 
 
 def test_two_workloads_of_one_load_are_metered_once(tmp_path, monkeypatch):

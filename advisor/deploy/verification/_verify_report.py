@@ -235,14 +235,15 @@ def time_section(result: dict[str, Any]) -> list[str]:
         return []
     lines = ["", "### Time", "", f"{t['total_s'] / 60:.1f} min in all" + (" (--quick)" if result.get("quick") else "")
              + f"; the model's load and tokens {t['load_s']:.0f} s.", "",
-             "| plan | export s | engine start s | compile cache | served KL s | meterings | metering s |",
-             "|---|---|---|---|---|---|---|"]
+             "| plan | export s | engine start s | kernel warm-up s | compile cache | served KL s | meterings | "
+             "metering s |", "|---|---|---|---|---|---|---|---|"]
     for role, p in (t.get("plans") or {}).items():
         p = p or {}
         m = p.get("meterings") or []
         start = p.get("engine_start") or {}
         hit = "read" if start.get("compile_cache_hit") else ("compiled" if "compile_s" in start else "")
-        lines.append(f"| {role} | {t['export_s'].get(role, 0):.0f} | {num_s(p.get('engine_start_s'))} | {hit} | "
+        lines.append(f"| {role} | {t['export_s'].get(role, 0):.0f} | {num_s(p.get('engine_start_s'))} | "
+                     f"{num_s(start.get('kernel_warmup_s'))} | {hit} | "
                      f"{num_s(p.get('served_kl_s'))} | {len(m)} | {sum(x['seconds'] for x in m):.0f} |")
     return lines
 

@@ -27,6 +27,13 @@ START_LINES: dict[str, re.Pattern[str]] = {
     "graph_capture_s": re.compile(r"Graph capturing finished in ([\d.]+) secs"),
     "engine_init_s": re.compile(r"init engine \(profile, create kv cache, warmup model\) took ([\d.]+) s"),
 }
+# The clock time of two lines, for the kernel warm-up between them: after CUDA-graph capture vLLM's V2 model runner
+# runs a step to compile its Triton kernels (99 s on a fresh H200, 7-8 s once ~/.triton/cache holds them:
+# reports/benchmarks/verify_time.md), and logs nothing until its JIT monitor starts
+STAMPED_LINES: dict[str, re.Pattern[str]] = {
+    "graph_capture_at": re.compile(r"INFO \S+ (\d\d):(\d\d):(\d\d) .*Graph capturing finished"),
+    "warmed_at": re.compile(r"INFO \S+ (\d\d):(\d\d):(\d\d) .*Kernel JIT monitor activated"),
+}
 COMPILE_CACHE_HIT = re.compile(r"Directly load the compiled graph|Loading the AOT compiled|loaded AOT compiled",
                                re.IGNORECASE)
 
@@ -40,9 +47,23 @@ def start_seconds(text: str) -> dict[str, float | bool]:
             found = pattern.search(line)
             if found:
                 out[key] = float(found.group(1))
+        for key, pattern in STAMPED_LINES.items():
+            found = pattern.search(line)
+            if found:
+                h, m, sec = (int(g) for g in found.groups())
+                out[key] = float(h * 3600 + m * 60 + sec)
         if COMPILE_CACHE_HIT.search(line):
             out["compile_cache_hit"] = True
-    return out
+    return with_warmup(out)
+
+
+def with_warmup(stages: dict[str, float | bool]) -> dict[str, float | bool]:
+    """``stages`` with ``kernel_warmup_s`` (the clock seconds from CUDA-graph capture to vLLM's JIT monitor) where
+    both lines were seen."""
+    start, end = stages.get("graph_capture_at"), stages.get("warmed_at")
+    if isinstance(start, float) and isinstance(end, float):
+        stages["kernel_warmup_s"] = (end - start) % 86400
+    return stages
 
 
 @contextmanager
@@ -80,6 +101,7 @@ def _pump(read_end: int, original: int, found: dict[str, float | bool]) -> None:
             *lines, pending = pending.split(b"\n")
             for line in lines:
                 found.update(start_seconds(line.decode("utf-8", "replace")))
+                with_warmup(found)
 
 
 def say(message: str) -> None:
@@ -89,7 +111,7 @@ def say(message: str) -> None:
 
 def start_words(start: dict[str, Any]) -> str:
     names = {"weights_s": "weights", "compile_s": "torch.compile", "graph_capture_s": "CUDA graphs",
-             "engine_init_s": "engine init"}
+             "kernel_warmup_s": "kernel warm-up", "engine_init_s": "engine init"}
     parts = [f"{names[k]} {start[k]:.0f} s" for k in names if k in start]
     if start.get("compile_cache_hit"):
         parts.append("compiled graph read from vLLM's cache")

@@ -180,7 +180,8 @@ def serve(job: ServeJob, make_counter: Callable[[], EnergyCounter] | None = None
                        max_model_len=longest, max_logprobs=-1 if job.reference_logprobs else 1,
                        gpu_memory_utilization=job.gpu_memory_utilization, tensor_parallel_size=tp, **options)
     load_s = time.perf_counter() - t0
-    timings: dict[str, Any] = {"engine_start_s": load_s, "engine_start": dict(start), "meterings": []}
+    stages = {k: v for k, v in start.items() if not k.endswith("_at")}  # clock times: only for the warm-up
+    timings: dict[str, Any] = {"engine_start_s": load_s, "engine_start": stages, "meterings": []}
     say(f"vLLM engine started in {load_s:.0f} s ({start_words(start)})")
     out: dict[str, Any] = {"vllm_version": getattr(vllm, "__version__", "unknown"), "load_s": load_s,
                            "llm_options": options, "tensor_parallel_size": tp, "timings_s": timings}
