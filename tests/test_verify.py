@@ -105,6 +105,13 @@ def test_verify_serves_the_recommendation_and_bf16(run_dir, engine, tmp_path):
         assert op["vllm"]["source"].startswith("measured (vLLM 0.0-fake, Fake GPU")
     assert {llm.kwargs["max_num_seqs"] for llm in engine.instances} == {6}
     assert "### Operating points as served" in (run_dir / "verify.md").read_text()
+    # each operating point states the prediction's error against what vLLM served there
+    for r in data["plans"]:
+        (op,) = r["operating"]
+        want = 100 * (op["predicted"]["j_per_token"] - op["vllm"]["j_per_token"]) / op["vllm"]["j_per_token"]
+        (row,) = [x for x in (run_dir / "verify.md").read_text().splitlines()
+                  if x.startswith(f"| `{r['plan_id']}` | chat | 6 |")]
+        assert f"| {want:+.1f}% |" in row
     report = (run_dir / "report.md").read_text()
     assert report.count("## Verified in vLLM 0.0-fake") == 1 and "Energy as served" in report
     # the frontier as served: the served plans' predicted curves with vLLM's points, drawn and linked
@@ -392,11 +399,21 @@ def test_the_decision_as_served_compares_each_plan_at_its_largest_batch_that_met
 
     # all-BF16 missed at its predicted batch 40 and met at 30 after the search; the recommendation met at 90
     rec, bf16 = _at(90, 0.07, True), _at(30, 0.12, True)
-    result = {"plans": [_served_plan("bf16", "b", _at(40, 0.11, False), searched=bf16),
+    searched = {**bf16, "trail": [_at(40, 0.11, False), bf16]}
+    result = {"plans": [_served_plan("bf16", "b", _at(40, 0.11, False), searched=searched),
                         _served_plan("recommendation", "r", rec)]}
     (line,) = [x for x in _decision(result) if x.startswith("- ")]
     assert "batch 90 at 0.07 J/token" in line and "batch 30 at 0.12 J/token" in line and "batch 40" not in line
     assert f"{percent_less(0.07, 0.12)} less energy per token" in line
+    # all-BF16 searched around its prediction, the recommendation met at its predicted batch with nothing larger
+    # served: each basis is named
+    assert "the recommendation at its predicted operating batch, which met the objective in vLLM (no larger batch " \
+        "was served), all-BF16 at its largest batch that met the objective in vLLM" in line
+    # both met at their predicted batches, nothing larger served: not called the largest that met
+    result["plans"][0] = _served_plan("bf16", "b", bf16, searched={**bf16, "trail": [bf16]})
+    (line,) = [x for x in _decision(result) if x.startswith("- ")]
+    assert line.endswith("each at its predicted operating batch, which met the objective in vLLM (no larger batch "
+                         "was served).") and "largest" not in line
 
     # the recommendation costs more than BF16 as served: said, and no saving
     result["plans"][1]["operating"][0]["vllm"] = _at(90, 0.13, True)

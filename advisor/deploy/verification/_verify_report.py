@@ -116,6 +116,19 @@ def _as_served(operating: dict[str, Any]) -> dict[str, Any]:
     return operating.get("vllm_search") or operating["vllm"]
 
 
+def _basis(operating: dict[str, Any]) -> str:
+    """Which batch a plan is compared at: the largest that met where vLLM also served batches around the predicted
+    one, else the predicted batch (met there; larger batches were not served, so the plan may serve more)."""
+    search = operating.get("vllm_search") or {}
+    return "largest batch that met the objective in vLLM" if len(search.get("trail") or []) > 1 else \
+        "predicted operating batch, which met the objective in vLLM (no larger batch was served)"
+
+
+def _bases(mine: dict[str, Any], theirs: dict[str, Any]) -> str:
+    a, b = _basis(mine), _basis(theirs)
+    return f"each at its {a}" if a == b else f"the recommendation at its {a}, all-BF16 at its {b}"
+
+
 def _point(p: dict[str, Any]) -> str:
     tpot = f", TPOT {p['tpot_ms']:.4g} ms" if p.get("tpot_ms") is not None else ""
     return f"batch {p['batch']} at {p['j_per_token']:.4g} J/token{tpot}"
@@ -128,16 +141,18 @@ def served_decision(result: VerifyResult) -> list[str]:
 
 def _served_decision(result: dict[str, Any]) -> list[str]:
     """Per latency objective: the recommendation against all-BF16, each at the largest batch that met the objective
-    in vLLM, and the saving as served; where either met it at no batch served, or the recommendation costs more
-    than BF16 as served, that is said instead of a saving."""
+    in vLLM (or at its predicted batch, where that met and nothing larger was served: :func:`_basis`), and the
+    saving as served; where either met it at no batch served, or the recommendation costs more than BF16 as served,
+    that is said instead of a saving."""
     roles = {part: r for r in result["plans"] for part in r["role"].split("+")}
     rec, bf16 = roles.get("recommendation"), roles.get("bf16")
     if rec is None or bf16 is None or not rec.get("operating"):
         return []
-    theirs_by = {o["workload"]: _as_served(o) for o in bf16.get("operating") or []}
+    bf16_by = {o["workload"]: o for o in bf16.get("operating") or []}
     lines = ["", "### The decision as served", ""]
     for o in rec["operating"]:
-        w, mine, theirs = o["workload"], _as_served(o), theirs_by.get(o["workload"])
+        w, mine, their_o = o["workload"], _as_served(o), bf16_by.get(o["workload"])
+        theirs = _as_served(their_o) if their_o else None
         if rec is bf16:
             met = "meets" if mine.get("meets") else "does not meet"
             lines.append(f"- '{w}': the recommendation is all-BF16; vLLM serves it at {_point(mine)} ({met} the "
@@ -155,7 +170,7 @@ def _served_decision(result: dict[str, Any]) -> list[str]:
         else:
             lines.append(f"- '{w}': the recommendation `{rec['plan_id']}` at {_point(mine)} against all-BF16 at "
                          f"{_point(theirs)}: **{percent_less(mine['j_per_token'], theirs['j_per_token'])} less "
-                         "energy per token**, each at its largest batch that met the objective in vLLM.")
+                         f"energy per token**, {_bases(o, their_o or {})}.")
     if rec is not bf16 and rec.get("devices") and bf16.get("devices") and rec["devices"] != bf16["devices"]:
         lines.append(f"- The two were served on different GPUs of this node ({', '.join(rec['devices'])}; "
                      f"{', '.join(bf16['devices'])}): units of one kind differ by a few percent, not checked here.")
@@ -166,6 +181,12 @@ def _meets(m: Any) -> str:
     return {True: "yes", False: "**no**", None: "not timed"}[m]
 
 
+def _error(predicted: dict[str, Any], served: dict[str, Any], key: str) -> str:
+    """The prediction against what vLLM served at the same batch, in percent of the served value."""
+    p, v = predicted.get(key), served.get(key)
+    return "" if p is None or not v else f"{100 * (p - v) / v:+.1f}%"
+
+
 def _operating_lines(result: dict[str, Any]) -> list[str]:
     """Each plan at its own operating batch under each objective: predicted, built-in runtime (where the search
     measured it) and vLLM, with the objective met as each says."""
@@ -174,15 +195,17 @@ def _operating_lines(result: dict[str, Any]) -> list[str]:
         return []
     lines = ["", "### Operating points as served", "",
              "Each plan at its largest batch under the workload's latency objective (predicted by the search), "
-             "served there by vLLM; TPOT/TTFT at the objective's percentile.", "",
-             "| plan | workload | batch | J/token predicted | J/token built-in | J/token vLLM | TPOT ms predicted | "
-             "TPOT ms vLLM | TTFT ms vLLM | tokens/s vLLM | meets: predicted | meets: vLLM |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "served there by vLLM; TPOT/TTFT at the objective's percentile; the prediction's error is the predicted "
+             "value against vLLM's at that batch, in percent of vLLM's.", "",
+             "| plan | workload | batch | J/token predicted | J/token built-in | J/token vLLM | prediction's error | "
+             "TPOT ms predicted | TPOT ms vLLM | prediction's error | TTFT ms vLLM | tokens/s vLLM | meets: predicted "
+             "| meets: vLLM |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r, o in rows:
         p, v, rt = o["predicted"], o["vllm"], o.get("runtime") or {}
         lines.append(f"| `{r['plan_id']}` | {o['workload']} | {o['batch']} | {num(p['j_per_token'])} | "
-                     f"{num(rt.get('j_per_token'))} | {num(v['j_per_token'])} | {num(p['tpot_ms'], '.3g')} | "
-                     f"{num(v['tpot_ms'], '.3g')} | {num(v['ttft_ms'], '.3g')} | {num(v['tokens_per_s'], '.0f')} "
+                     f"{num(rt.get('j_per_token'))} | {num(v['j_per_token'])} | {_error(p, v, 'j_per_token')} | "
+                     f"{num(p['tpot_ms'], '.3g')} | {num(v['tpot_ms'], '.3g')} | {_error(p, v, 'tpot_ms')} | "
+                     f"{num(v['ttft_ms'], '.3g')} | {num(v['tokens_per_s'], '.0f')} "
                      f"| {'yes' if p['meets'] else '**no**'} | {_meets(v['meets'])} |")
     searched = [(r, o, s) for r, o in rows if (s := o.get("vllm_search")) and len(s.get("trail") or []) > 1]
     if searched:
