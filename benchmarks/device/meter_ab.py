@@ -1,7 +1,7 @@
 """The fast meter against the classic one on the same engine (GPU, vLLM): one exported checkpoint served once, each
 batch metered with ``deploy.vllm.STEADY_LOAD_METER`` (2 s windows until three agree) and ``MeterConfig()`` (three 5 s
 windows, the series taken again when unstable), alternating fast, classic, fast, so that drift shows. Writes JSON
-for ``benchmarks/verify_time.py`` (reports/benchmarks/verify_time.md).
+for ``benchmarks/device/verify_time_collect.py`` (reports/benchmarks/verify_time.md).
 
     python3 benchmarks/device/meter_ab.py CHECKPOINT --batches 16 64 128 --out meter_ab.json
 """

@@ -1,10 +1,12 @@
-"""reports/benchmarks/verify_time.{json,md}: where `advisor verify`'s time goes, per stage, from a GPU round's files
-(benchmarks/device/verify_time.sh copied back into reports/benchmarks/verify_time_data/): each plan's kept serving
+"""reports/benchmarks/verify_time.{json,md}: where `advisor verify`'s time goes, per stage, from GPU rounds' files
+(benchmarks/device/verify_time.sh copied back into reports/benchmarks/verify_time_data/, one folder a round: the
+folder itself holds the first round, ``after/`` the one after the fixes): each plan's kept serving
 (verify_served/*.json: its engine start, served KL and every metering, timed inside the engine's process), the
-round's progress lines and vLLM's own log (engine start stages, with their clock times), and the run's predicted
-operating points beside the batches vLLM served.
+round's progress lines and vLLM's own log (engine start stages, with their clock times), the run's predicted
+operating points beside the batches vLLM served, and where the round ran it, meter_ab.json (the fast meter against
+the classic one on one engine).
 
-    python benchmarks/device/verify_time_collect.py --notes reports/benchmarks/verify_time_data/notes.json
+    python benchmarks/device/verify_time_collect.py
 """
 
 from __future__ import annotations
@@ -20,8 +22,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from advisor.deploy.vllm import start_seconds  # noqa: E402
 
-COMMAND = ("STEPS='B V' bash benchmarks/device/verify_time.sh (setsid, polled), then "
-           "python benchmarks/device/verify_time_collect.py")
+COMMAND = ("STEPS='B V' bash benchmarks/device/verify_time.sh (setsid, polled; STEPS='B V M' for the round after), "
+           "then python benchmarks/device/verify_time_collect.py")
 
 
 def engine_starts(log: str) -> list[dict[str, Any]]:
@@ -65,51 +67,105 @@ def plan_rows(data: Path, summary: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
-def render(result: dict[str, Any]) -> str:
-    lines = [f"# `advisor verify`'s time, per stage ({result['gpu']}, {result['date']})", "",
-             f"GPU {result['gpu']}, driver {result['driver']}, power limit {result['power_limit']}, vLLM "
-             f"{result['vllm_version']}. Command: `{result['command']}`. A random-weight Llama-3.1-8B; three TPOT "
-             "objectives (8, 12, 20 ms; 512 in / 256 out) whose batch_size gives the fixed batches 16 and 64; "
-             "`advisor verify RUN --engine vllm --plan <all-FP8>`: all-BF16, all-FP8 and the recommendation.", "",
-             "## Per plan", "",
-             "| plan | engine start s | served KL s | meterings | metering s | windows at the 30 s ceiling |",
-             "|---|---|---|---|---|---|"]
-    for r in result["plans"]:
-        lines.append(f"| `{r['plan_id']}` | {r['engine_start_s']:.0f} | {r['served_kl_s']:.0f} | "
-                     f"{len(r['meterings'])} | {r['metering_s']:.0f} | {', '.join(r['unstable']) or 'none'} |")
-    lines += ["", "## vLLM's engine starts (its own log)", "", "| engine | first line (UTC) | weights s | Dynamo s | "
-              "torch.compile s | CUDA graphs s | engine init s |", "|---|---|---|---|---|---|---|"]
-    for i, e in enumerate(result["engine_starts"], 1):
+def collect(data: Path, name: str) -> dict[str, Any]:
+    """One round's files (module docstring) as the report's record."""
+    gpu, driver, limit = (data / "gpu.csv").read_text().splitlines()[1].split(", ")
+    summary = json.loads((data / "summary_excerpt.json").read_text())
+    verify = data / "verify.json"
+    ab = data / "meter_ab.json"
+    notes = data / "notes.json"
+    return {"round": name, "data": str(data), "gpu": gpu, "driver": driver, "power_limit": limit,
+            "vllm_version": (data / "vllm_version.txt").read_text().strip(), "date": "2026-11-29",
+            "progress": (data / "progress").read_text().split(),
+            "engine_starts": engine_starts((data / "v_verify.log").read_text()),
+            "plans": plan_rows(data, summary),
+            "verify_timings_s": json.loads(verify.read_text()).get("timings_s") if verify.is_file() else None,
+            "meter_ab": json.loads(ab.read_text()) if ab.is_file() else None,
+            "notes": json.loads(notes.read_text()) if notes.is_file() else []}
+
+
+def render_round(r: dict[str, Any]) -> list[str]:
+    lines = [f"## {r['round']}", "", f"Files: `{r['data']}`. Progress: {' '.join(r['progress'])}.", ""]
+    t = r.get("verify_timings_s")
+    if t:
+        exports = ", ".join(f"{k} {v:.0f} s" for k, v in t["export_s"].items())
+        lines += [f"verify took {t['total_s'] / 60:.1f} min: the model's load and tokens {t['load_s']:.0f} s; "
+                  f"exports {exports}; serving {t['serving_s'] / 60:.1f} min.", ""]
+    lines += ["| plan | engine start s | served KL s | meterings | metering s | windows at the 30 s ceiling |",
+              "|---|---|---|---|---|---|"]
+    for p in r["plans"]:
+        lines.append(f"| `{p['plan_id']}` | {p['engine_start_s']:.0f} | {p['served_kl_s']:.0f} | "
+                     f"{len(p['meterings'])} | {p['metering_s']:.0f} | {', '.join(p['unstable']) or 'none'} |")
+    lines += ["", "vLLM's engine starts (its own log):", "", "| engine | first line (UTC) | weights s | Dynamo s | "
+              "torch.compile s | CUDA graphs s | kernel warm-up s | engine init s |",
+              "|---|---|---|---|---|---|---|---|"]
+    for i, e in enumerate(r["engine_starts"], 1):
         s = e["stages_s"]
         lines.append(f"| {i} | {e['first_line']} | {s.get('weights_s', '')} | {s.get('dynamo_s', '')} | "
-                     f"{s.get('compile_s', '')} | {s.get('graph_capture_s', '')} | {s.get('engine_init_s', '')} |")
-    lines += ["", "## The operating batch as vLLM served it, beside the prediction", "",
-              "| plan | objective | predicted batch | predicted TPOT ms | served TPOT ms there | largest met | "
-              "meterings | search |", "|---|---|---|---|---|---|---|---|"]
-    for r in result["plans"]:
-        for s in r["searches"]:
-            lines.append(f"| `{r['plan_id']}` | {s['objective']} | {s['predicted_batch']} | "
-                         f"{s['predicted_tpot_ms']:.2f} | {s['served_tpot_ms_at_predicted']:.2f} | "
+                     f"{s.get('compile_s', '')} | {s.get('graph_capture_s', '')} | {s.get('kernel_warmup_s', '')} | "
+                     f"{s.get('engine_init_s', '')} |")
+    lines += ["", "The operating batch as vLLM served it, beside the prediction:", "",
+              "| plan | objective | predicted batch | predicted TPOT ms | served TPOT ms there | TPOT error | "
+              "predicted J/token | served J/token there | J/token error | largest met | meterings | search |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for p in r["plans"]:
+        for s in p["searches"]:
+            pt, st = s["predicted_tpot_ms"], s["served_tpot_ms_at_predicted"]
+            pj, sj = s["predicted_j_per_token"], s["served_j_per_token_at_predicted"]
+            lines.append(f"| `{p['plan_id']}` | {s['objective']} | {s['predicted_batch']} | {pt:.2f} | {st:.2f} | "
+                         f"{100 * (pt - st) / st:+.1f}% | {pj:.4g} | {sj:.4g} | {100 * (pj - sj) / sj:+.1f}% | "
                          f"{s['largest_batch_met']} | {s['meterings']} | {s['search']} |")
-    lines += ["", "## Notes", ""] + [f"- {n}" for n in result["notes"]]
-    return "\n".join(lines) + "\n"
+    if r.get("meter_ab"):
+        lines += render_meter_ab(r["meter_ab"])
+    if r["notes"]:
+        lines += ["", "Notes:", ""] + [f"- {n}" for n in r["notes"]]
+    return lines + [""]
+
+
+def render_meter_ab(ab: dict[str, Any]) -> list[str]:
+    """The fast meter against the classic one, alternating fast, classic, fast at each batch on one engine."""
+    lines = ["", f"The fast meter against the classic one (`benchmarks/device/meter_ab.py`, one engine: "
+             f"`{Path(ab['checkpoint']).name}`, options {json.dumps(ab['llm_options'])}; fast, classic, fast at "
+             "each batch):", "",
+             "| batch | meter | s | J/token | tokens/s | TPOT p50 ms | windows taken | cv | unstable | classic vs the "
+             "fasts' mean |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for b in sorted({row["batch"] for row in ab["rows"]}):
+        rows = [row for row in ab["rows"] if row["batch"] == b]
+        fasts = [row["j_per_token"] for row in rows if row["meter"] == "fast"]
+        for row in rows:
+            vs = (f"{100 * (row['j_per_token'] / (sum(fasts) / len(fasts)) - 1):+.1f}%"
+                  if row["meter"] == "classic" and fasts else "")
+            lines.append(f"| {b} | {row['meter']} | {row['seconds']:.1f} | {row['j_per_token']:.5f} | "
+                         f"{row['tokens_per_s']:.0f} | {row['tpot_ms_p50']:.2f} | {row['windows_taken']} | "
+                         f"{row['cv']:.4f} | {'yes' if row['unstable'] else 'no'} | {vs} |")
+    return lines
+
+
+def render(result: dict[str, Any]) -> str:
+    first = result["rounds"][0]
+    lines = [f"# `advisor verify`'s time, per stage ({first['gpu']}, {first['date']})", "",
+             f"GPU {first['gpu']}, driver {first['driver']}, power limit {first['power_limit']}, vLLM "
+             f"{first['vllm_version']}. Command: `{result['command']}`. A random-weight Llama-3.1-8B; three TPOT "
+             "objectives (8, 12, 20 ms; 512 in / 256 out) whose batch_size gives the fixed batches 16 and 64; "
+             "`advisor verify RUN --engine vllm --plan <all-FP8>`: all-BF16, all-FP8 and the recommendation.", ""]
+    lines += [f"- {n}" for n in result["notes"]] + [""]
+    for r in result["rounds"]:
+        lines += render_round(r)
+    return "\n".join(lines)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--data", default="reports/benchmarks/verify_time_data")
     ap.add_argument("--out", default="reports/benchmarks/verify_time")
-    ap.add_argument("--notes", help="a JSON list of notes for the report")
     args = ap.parse_args()
     data = Path(args.data)
-    name, driver, limit = (data / "gpu.csv").read_text().splitlines()[1].split(", ")
-    summary = json.loads((data / "summary_excerpt.json").read_text())
-    progress = (data / "progress").read_text().split()
-    result = {"gpu": name, "driver": driver, "power_limit": limit, "vllm_version": (data / "vllm_version.txt")
-              .read_text().strip(), "date": "2026-11-29", "command": COMMAND, "progress": progress,
-              "engine_starts": engine_starts((data / "v_verify.log").read_text()),
-              "plans": plan_rows(data, summary),
-              "notes": json.loads(Path(args.notes).read_text()) if args.notes else []}
+    rounds = [collect(data, "Round 1: before the window, log and search fixes (04:29 UTC)")]
+    if (data / "after").is_dir():
+        rounds.append(collect(data / "after", "Round 2: after them (10:30 UTC)"))
+    notes = data / "summary_notes.json"
+    result = {"command": COMMAND, "rounds": rounds,
+              "notes": json.loads(notes.read_text()) if notes.is_file() else []}
     Path(args.out + ".json").write_text(json.dumps(result, indent=2))
     Path(args.out + ".md").write_text(render(result))
 
