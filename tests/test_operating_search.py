@@ -241,3 +241,59 @@ def test_two_misses_by_a_hair_do_not_send_the_next_metering_far_down():
     assert len(tier.metered) >= 3 and not any(tpot(b) <= 12.0 for b in tier.metered[:2])
     assert tier.metered[2] >= tier.metered[1] // 2  # one step at most halves the batch
     assert got["meets"] is True and got["batch"] >= 60
+
+
+@pytest.mark.parametrize("objective", [8.0, 12.0, 20.0])
+@pytest.mark.parametrize("error", [0.02, 0.05, 0.08])
+def test_a_predicted_batch_that_meets_is_followed_by_a_larger_one_where_the_search_may_step_up(objective, error):
+    """verify's search: a prediction that overstates the engine's TPOT leaves headroom at the predicted batch; the
+    search steps up to the largest batch the scaled curve puts under the objective, so the batch compared is within
+    one CUDA-graph size of the largest that meets, never above the ceiling the engine was sized for."""
+    from advisor.deploy.checkpoint import decode_graph_sizes
+    from advisor.search.measured import step_up_ceiling
+
+    grid = decode_graph_sizes(1024)
+
+    def tpot(b: float) -> float:
+        return 6.1 + 0.0615 * b
+
+    curve = [(b, tpot(b) * (1 + error), 1.0 / b) for b in (1, 8, 16, 32, 64, 128, 192, 256, 384, 512)]
+    predicted = max(g for g in grid if curve_batch(curve, objective) >= g)
+    tier = FakeTier(tpot)
+    ceiling = step_up_ceiling(predicted)
+    got = search_batches(tier, PLAN, [BatchSearch(Workload(name="o", tpot_ms=objective), predicted, curve, grid=grid,
+                                                  step_up_to=ceiling)])[0]
+    best = max(g for g in grid if tpot(g) <= objective)
+    assert tier.metered[0] == predicted and len(tier.metered) <= 1 + EXTRA_METERINGS
+    assert all(b in grid and b <= ceiling for b in tier.metered)
+    assert got["meets"] is True and got["batch"] >= [g for g in grid if g <= best][-2]
+    without = search_batches(FakeTier(tpot), PLAN, [BatchSearch(Workload(name="o", tpot_ms=objective), predicted,
+                                                                curve, grid=grid)])[0]
+    assert got["batch"] >= without["batch"]
+    if got["batch"] > predicted:
+        assert got["search"].startswith(f"batch {got['batch']} meets as measured (predicted {predicted})")
+
+
+def test_a_step_up_that_misses_brackets_the_largest_batch_in_two_meterings():
+    from advisor.search.measured import step_up_ceiling
+
+    def tpot(b: int) -> float:  # steeper above 100 than the curve says: the step up misses
+        return 3 + 0.08 * b if b <= 100 else 11 + 0.3 * (b - 100)
+
+    curve = [(b, 4.0 + 0.08 * b, 1.0 / b) for b in (1, 32, 64, 96, 100, 128, 160)]
+    tier = FakeTier(tpot)
+    got = search_batches(tier, PLAN, [BatchSearch(Workload(name="chat", tpot_ms=12.0), 100, curve,
+                                                  step_up_to=step_up_ceiling(100))])[0]
+    assert tier.metered[0] == 100 and len(tier.metered) == 2 and tier.metered[1] > 100
+    assert tpot(tier.metered[1]) > 12.0 and got["batch"] == 100 and got["meets"] is True
+    assert got["search"] == (f"batch 100 meets as measured and {tier.metered[1]} misses (predicted 100; bracketed "
+                             "in 2 meterings)")
+
+
+def test_no_step_up_where_the_headroom_does_not_reach_the_next_graph_size():
+    from advisor.deploy.checkpoint import decode_graph_sizes
+
+    tier = FakeTier(lambda b: 3 + 0.07 * b)  # 120 gives 11.4 ms under 12: the aim reaches 127, short of 128
+    got = search_batches(tier, PLAN, [BatchSearch(Workload(name="chat", tpot_ms=12.0), 120, CURVE,
+                                                  grid=decode_graph_sizes(1024), step_up_to=150)])[0]
+    assert tier.metered == [120] and got["search"] == "meets at the predicted batch 120"

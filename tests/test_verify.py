@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 
 from advisor.cli import app
 from advisor.deploy.vllm import serve
+from advisor.search.measured import step_up_ceiling
 from advisor.testing_vllm import ConstantPowerCounter, fake_vllm
 
 runner = CliRunner()
@@ -103,7 +104,10 @@ def test_verify_serves_the_recommendation_and_bf16(run_dir, engine, tmp_path):
         assert op["predicted"]["j_per_token"] == points[r["plan_id"]]["j_per_token"]
         assert op["vllm"]["batch"] == 6 and op["vllm"]["j_per_token"] > 0 and op["batch_full"]
         assert op["vllm"]["source"].startswith("measured (vLLM 0.0-fake, Fake GPU")
-    assert {llm.kwargs["max_num_seqs"] for llm in engine.instances} == {6}
+    # each engine sized, and its CUDA graphs captured, for a step up from the operating batch 6 (to 8 at most)
+    assert {llm.kwargs["max_num_seqs"] for llm in engine.instances} == {step_up_ceiling(6)} == {8}
+    sizes = engine.instances[0].kwargs["compilation_config"]["cudagraph_capture_sizes"]
+    assert {1, 2, 4, 8} <= set(sizes)  # every decode size up to 8 (batch 6 runs padded to 8, as vLLM pads it)
     assert "### Operating points as served" in (run_dir / "verify.md").read_text()
     # each operating point states the prediction's error against what vLLM served there
     for r in data["plans"]:
@@ -213,7 +217,7 @@ def test_verify_searches_an_operating_point_vllm_misses_in_the_same_engine(run_d
     assert res.exit_code == 0, res.output
     data = json.loads((copy / "verify.json").read_text())
     # each plan in one engine: its verify serving, then the search's smaller batches
-    assert [llm.kwargs["max_num_seqs"] for llm in engine.instances] == [6] * len(data["plans"])
+    assert [llm.kwargs["max_num_seqs"] for llm in engine.instances] == [step_up_ceiling(6)] * len(data["plans"])
     for r in data["plans"]:
         (op,) = r["operating"]
         found = op["vllm_search"]
@@ -221,7 +225,8 @@ def test_verify_searches_an_operating_point_vllm_misses_in_the_same_engine(run_d
         assert found["meets"] is True and found["batch"] < 6 and found["tpot_ms"] <= 2.8
         assert found["source"].startswith("measured (vLLM 0.0-fake, Fake GPU")
     text = (copy / "verify.md").read_text()
-    assert "smaller batches were served in the same engine until the largest that meets" in text
+    assert "(smaller after a miss, larger after a batch that met with room to spare), until the largest that " \
+        "meets" in text
     assert "on 'chat': batches 6 (" in text
     # the recommendation (all-BF16 on this run) at the batch the search found, in verify.md and on the screen
     rec = next(r for r in data["plans"] if "recommendation" in r["role"].split("+"))
@@ -628,3 +633,5 @@ def test_quick_serves_the_recommendation_and_bf16_with_fewer_kl_positions_and_sa
         assert p["engine_start_s"] >= 0 and p["meterings"] and all(m["seconds"] > 0 for m in p["meterings"])
     text = (run_dir / "verify.md").read_text()
     assert "### Time" in text and "(--quick)" in text and "took " in res.output
+    # --quick proves the predicted operating batch only: no step up, so the engine is sized for that batch
+    assert {llm.kwargs["max_num_seqs"] for llm in engine.instances[-len(data["plans"]):]} == {6}

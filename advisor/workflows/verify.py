@@ -315,7 +315,7 @@ def verify_run(run_dir: Path, engine: str = "vllm", plan_ids: Sequence[str] = ()
                     items=tuple(items), meter=asdict(meter or STEADY_LOAD_METER), tensor_parallel_size=n_gpus,
                     prefill=False)
     serving = Serving(run_dir, summary, base, energy, version, here, runner or run_in_child,
-                      rounds_runner, status)
+                      rounds_runner, status, step_up=not quick)
     t = time.perf_counter()
     try:
         served = serve_plans(plans, paths, serving, workers)

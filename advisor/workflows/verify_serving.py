@@ -19,7 +19,7 @@ from advisor.deploy.vllm import ServeJob, VllmEnergyModel, run_in_child
 from advisor.energy.meter import MeterConfig
 from advisor.plan import Plan
 from advisor.recipe.schema import Workload
-from advisor.search.measured import BatchSearch, search_batches
+from advisor.search.measured import BatchSearch, search_batches, step_up_ceiling
 from advisor.search.operating import at_batch
 
 
@@ -30,19 +30,29 @@ def operating_workloads(summary: dict[str, Any], plan: Plan) -> list[Workload]:
             if p["plan_id"] == plan.id and p["workload"] in stated]
 
 
-def operating_searches(summary: dict[str, Any], plan: Plan) -> list[BatchSearch]:
-    """The plan's operating points of the run as searches that start at their predicted batch."""
+def operating_searches(summary: dict[str, Any], plan: Plan, step_up: bool = False) -> list[BatchSearch]:
+    """The plan's operating points of the run as searches that start at their predicted batch; with ``step_up``, a
+    predicted batch that meets is followed by a larger one (:func:`~advisor.search.measured.step_up_ceiling`)."""
     stated = {w["name"]: Workload(**w) for w in summary["workloads"]}
-    return [BatchSearch(stated[p["workload"]], p["batch"], p.get("curve") or (), predicted=p)
+    return [BatchSearch(stated[p["workload"]], p["batch"], p.get("curve") or (), predicted=p,
+                        step_up_to=step_up_ceiling(p["batch"]) if step_up else 0)
             for p in summary.get("operating_points") or [] if p["plan_id"] == plan.id and p["workload"] in stated]
 
 
-def serve_and_search(plan: Plan, job: ServeJob, summary: dict[str, Any], model: Any) -> dict[str, Any]:
+def search_ceiling(summary: dict[str, Any], plan: Plan, step_up: bool) -> int:
+    """The largest batch the plan's operating searches may serve: its engine is sized, and its CUDA graphs captured,
+    for every batch up to it (a batch the engine did not capture would run padded to a larger one)."""
+    return max((max(s.predicted_batch, s.step_up_to) for s in operating_searches(summary, plan, step_up)),
+               default=0)
+
+
+def serve_and_search(plan: Plan, job: ServeJob, summary: dict[str, Any], model: Any, step_up: bool = False
+                     ) -> dict[str, Any]:
     """``job`` served, and per objective (workload name, under ``searches``) vLLM's largest batch that meets it
     (:mod:`advisor.search.measured._batch_search`): the job's rows at the predicted batches are the first round, and a
     miss there serves the smaller batches in the same engine (``model``: a
     :class:`~advisor.deploy.vllm._engine.VllmEnergyModel` of the plan's checkpoint)."""
-    searches = operating_searches(summary, plan)
+    searches = operating_searches(summary, plan, step_up)
     model.open_with(plan, job)
     found = search_batches(model, plan, searches)
     return {**model.served(plan), "searches": {s.workload.name: f for s, f in zip(searches, found, strict=True)}}
@@ -61,6 +71,7 @@ class Serving:
     runner: Callable[[ServeJob], dict[str, Any]] | None = None
     rounds_runner: Callable[[ServeJob, Any], dict[str, Any]] | None = None
     status: Callable[[str], None] = lambda _m: None
+    step_up: bool = True  # a predicted operating batch that meets is followed by a larger one (not under --quick)
 
 
 def serve_plans(plans: Mapping[str, Plan], paths: Mapping[str, Path], s: Serving, workers: int = 1
@@ -69,7 +80,8 @@ def serve_plans(plans: Mapping[str, Plan], paths: Mapping[str, Path], s: Serving
     jobs, keys, served = {}, {}, {}
     for role, plan in plans.items():
         workloads = [*s.summary["workloads"], *(w.model_dump() for w in operating_workloads(s.summary, plan))]
-        jobs[role] = replace(s.base, checkpoint=str(paths[role]), workloads=tuple(workloads) if s.energy else ())
+        jobs[role] = replace(s.base, checkpoint=str(paths[role]), workloads=tuple(workloads) if s.energy else (),
+                             max_batch=search_ceiling(s.summary, plan, s.step_up) if _searched(s, plan) else 0)
         keys[role] = serving_key(jobs[role], s.vllm_version, s.gpu, searched=_searched(s, plan))
         kept = read_serving(s.run_dir, plan.id, keys[role])
         if kept is not None:
@@ -88,7 +100,7 @@ def serve_plans(plans: Mapping[str, Plan], paths: Mapping[str, Path], s: Serving
             model = VllmEnergyModel(lambda _plan, path=paths[role]: path, [], s.base.vocab_size,
                                     meter=MeterConfig(**s.base.meter), gpu_label=s.gpu, vllm_version=s.vllm_version,
                                     gpus=gpus, rounds_runner=s.rounds_runner)
-            answer = serve_and_search(plan, job, s.summary, model)
+            answer = serve_and_search(plan, job, s.summary, model, s.step_up)
         else:
             answer = (s.runner or run_in_child)(job)
         answer["devices"] = list(job.devices)

@@ -209,8 +209,8 @@ def _operating_lines(result: dict[str, Any]) -> list[str]:
                      f"| {'yes' if p['meets'] else '**no**'} | {_meets(v['meets'])} |")
     searched = [(r, o, s) for r, o in rows if (s := o.get("vllm_search")) and len(s.get("trail") or []) > 1]
     if searched:
-        lines += ["", "Where vLLM missed the objective at the predicted batch, smaller batches were served in the same "
-                  "engine until the largest that meets:", ""]
+        lines += ["", "Where vLLM served batches beside the predicted one in the same engine (smaller after a miss, "
+                  "larger after a batch that met with room to spare), until the largest that meets:", ""]
     for r, o, s in searched:
         steps = ", ".join(f"{t['batch']} ({num(t.get('tpot_ms'), '.4g')} ms, {_meets(t.get('meets'))})"
                           for t in s["trail"])

@@ -13,6 +13,7 @@ from advisor.search.measured._batch_search import (
     curve_batch,
     search_batches,
     searches_from_points,
+    step_up_ceiling,
 )
 from advisor.search.measured._contract import MeasuredTier, NextRound
 from advisor.search.measured._queue import (
@@ -43,6 +44,6 @@ __all__ = [
     "EXTRA_METERINGS", "QUEUE_SUFFIX", "RESOLUTION", "BatchSearch", "MeasuredTier", "Measurer", "Merged",
     "NextRound", "Unit", "curve_batch", "enqueue", "failed_plans", "joins", "largest_drift_pct",
     "measured_on_one_scale", "merge", "near_ties", "on_one_unit", "open_queue", "point_on_one_unit",
-    "prediction_errors", "round_of", "search_batches", "searches_from_points", "set_round", "unit_factors",
-    "unit_of",
+    "prediction_errors", "round_of", "search_batches", "searches_from_points", "set_round", "step_up_ceiling",
+    "unit_factors", "unit_of",
 ]

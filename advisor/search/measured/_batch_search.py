@@ -1,6 +1,10 @@
 """The largest batch that meets a latency objective AS MEASURED: where the measured tier meters a plan at its
 predicted operating batch and that point misses the objective, smaller batches are metered until the largest
-one that meets is found, or the metering budget is spent.
+one that meets is found, or the metering budget is spent. Where it meets and the search may step up
+(``step_up_to``: ``advisor verify``), a larger batch is metered too, aimed :data:`MARGIN` under the objective from
+the predicted curve scaled by the measured headroom, so that the batch compared is the largest that met, not
+only the predicted one; no step is taken where that aim does not reach the next batch the engine runs
+differently.
 
 Every metered batch splits the batches: those known to meet and those known to miss. The search keeps the
 largest batch known to meet (``lo``, 0 when none: batch 1 is the floor) and the smallest known miss above it
@@ -49,6 +53,15 @@ BRACKET_AFTER = 2  # meterings after which a batch that meets and one that misse
 # as the spread allows.
 MARGIN = 0.01
 RESOLUTION = 0.02
+# how far above its predicted batch a step up may go: the step model's TPOT was within 7% of vLLM's at the
+# predicted batch on an H200 (reports/benchmarks/verify_time.md, round 2), a batch or two grid sizes further at most
+STEP_UP_LIMIT = 1.25
+
+
+def step_up_ceiling(predicted_batch: int) -> int:
+    """The largest batch a step up from ``predicted_batch`` may meter (the engine is sized and its graphs captured
+    up to it)."""
+    return max(predicted_batch + 1, math.ceil(predicted_batch * STEP_UP_LIMIT))
 
 
 def excess(workload: Workload, point: MeasuredPoint) -> float | None:
@@ -93,6 +106,7 @@ class BatchSearch:
     trail: list[MeasuredPoint] = field(default_factory=list)
     grid: Sequence[int] = ()  # the batches the engine runs differently (module docstring); () for every batch
     bracket_after: int = BRACKET_AFTER
+    step_up_to: int = 0  # where the predicted batch meets, meter larger batches up to this one (0: never)
 
     def first(self) -> Workload:
         return at_batch(self.workload, self.predicted_batch)
@@ -120,7 +134,9 @@ class BatchSearch:
         if not judged or len(self.trail) - 1 >= self.budget:
             return None
         lo, hi = self._ends(judged)
-        if hi is None or self._bracketed(lo, hi) or self._bracketed_enough(lo, hi):
+        if hi is None:
+            return self._step_up(lo, judged[lo]) if lo else None
+        if self._bracketed(lo, hi) or self._bracketed_enough(lo, hi):
             return None
         aim = 1.0 if lo else 1.0 - MARGIN
         last = [p.batch for p in self.trail[-2:]]
@@ -133,6 +149,16 @@ class BatchSearch:
         batch = min(max(int(math.floor(guess)), lo + 1), hi - 1)
         between = [b for b in self.grid if lo < b < hi]
         return max((b for b in between if b <= batch), default=min(between)) if between else batch
+
+    def _step_up(self, lo: int, over: float) -> int | None:
+        """The batch above ``lo`` (which met, ``over`` its excess) to meter next: the largest the engine runs
+        differently at or under the aim (module docstring), at most ``step_up_to``; None where none lies above
+        ``lo``."""
+        if not self.step_up_to or lo >= self.step_up_to:
+            return None
+        guess = min(self._scaled(lo, over / (1.0 - MARGIN)), float(self.step_up_to))
+        above = [b for b in (self.grid or range(lo + 1, self.step_up_to + 1)) if lo < b <= guess]
+        return max(above) if above else None
 
     def _bracketed_enough(self, lo: int, hi: int | None) -> bool:
         return bool(self.bracket_after) and len(self.trail) >= self.bracket_after and lo > 0 and hi is not None
@@ -171,8 +197,11 @@ class BatchSearch:
         if judged is None:
             return self._record(first, trail, "the engine does not time the objective's terms: not searched")
         lo, hi = self._ends(judged)
-        if lo == self.predicted_batch or (lo and hi is None):
+        if lo == self.predicted_batch and extra == 0:
             return self._record(self._at(lo), trail, f"meets at the predicted batch {lo}")
+        if lo >= self.predicted_batch and hi is None:
+            return self._record(self._at(lo), trail, f"batch {lo} meets as measured (predicted "
+                                f"{self.predicted_batch}); no larger batch was metered ({extra} extra meterings)")
         if lo == 0:
             smallest = min(self.trail, key=lambda p: p.batch)
             got = f"batch {smallest.batch} gives {self._terms(smallest)}"
@@ -243,5 +272,6 @@ def search_batches(model: MeasuredTier, plan: Plan, searches: Sequence[BatchSear
             by_name[p.workload].add(p)
         return [at_batch(s.workload, b) for s in searches if (b := s.next_batch()) is not None]
 
-    model.measure_rounds(plan, [s.first() for s in searches], next_round, max(s.predicted_batch for s in searches))
+    model.measure_rounds(plan, [s.first() for s in searches], next_round,
+                         max(max(s.predicted_batch, s.step_up_to) for s in searches))
     return [s.outcome() for s in searches]
