@@ -9,6 +9,9 @@
 #      served, timed per stage (verify.json's timings_s)
 #   M  benchmarks/device/meter_ab.py: the all-FP8 export metered at batches 16, 64 and 128 in one engine with the
 #      fast meter (vllm_load.STEADY_LOAD_METER) and the classic one (MeterConfig()), alternating
+#   R  `advisor recheck --recommendation RUN --model <the same BF16 checkpoint> --engine vllm`: the CI job's check of
+#      a new model version, timed (issue 57's target: at most 5 minutes; the run's BF16 is predicted, so both the
+#      recommendation and all-BF16 are served)
 #   S  benchmarks/device/engine_true_sweep.py over ${SHAPES:-qwen2.5-7b}: shapes outside the step model's fit served
 #      at batches 16-256 (reports/benchmarks/engine_true.md's served side)
 # Poll with back-to-back calls that return within 600 s:
@@ -43,6 +46,10 @@ print(next(t["plan_id"] for t in s["trials"] if t["trial"] == n))' $run/summary.
 print(next(t["plan_id"] for t in s["trials"] if t["trial"] == n))' $run/summary.json)
        python3 benchmarks/device/meter_ab.py $run/engine_checkpoints/$fp8 --batches 16 64 128 \
          --out $out/meter_ab.json > $out/m.log 2>&1 ;;
+    R) /usr/bin/time -v -o $out/r_time.txt python3 -c 'from advisor.cli import main; main()' recheck \
+         --recommendation $run --model /tmp/s44/base --engine vllm -o $run/recheck > $out/r_recheck.log 2>&1
+       echo "recheck rc=$?" >> $out/progress
+       cp $run/recheck/recheck.json $run/recheck/recheck.md $out/ 2>/dev/null ;;
     S) rm -rf $ck /tmp/s44/base  # the disk holds 64 GiB: the 8B's checkpoints go first
        python3 benchmarks/device/engine_true_sweep.py --shapes ${SHAPES:-qwen2.5-7b} --work /tmp/s44/et \
          --out $out/engine_true_sweep.json > $out/s.log 2>&1 ;;
