@@ -1,6 +1,7 @@
 """The fast meter against the classic one on the same engine (GPU, vLLM): one exported checkpoint served once, each
 batch metered with ``deploy.vllm.STEADY_LOAD_METER`` (2 s windows until three agree) and ``MeterConfig()`` (three 5 s
-windows, the series taken again when unstable), alternating fast, classic, fast, so that drift shows. Writes JSON
+windows, the series taken again when unstable), alternating fast, classic, fast (``--rounds N``: N classic meterings
+a batch, each between two fast ones), so that drift shows. Writes JSON
 for ``benchmarks/device/verify_time_collect.py`` (reports/benchmarks/verify_time.md).
 
     python3 benchmarks/device/meter_ab.py CHECKPOINT --batches 16 64 128 --out meter_ab.json
@@ -23,6 +24,8 @@ def main() -> None:
     ap.add_argument("--batches", type=int, nargs="+", default=[16, 64, 128])
     ap.add_argument("--input-tokens", type=int, default=512)
     ap.add_argument("--output-tokens", type=int, default=256)
+    ap.add_argument("--rounds", type=int, default=1, help="classic meterings a batch, each between two fast ones "
+                    "(more rounds tell the meters apart from the engine's drift)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     import vllm
@@ -37,7 +40,7 @@ def main() -> None:
     meters = {"fast": STEADY_LOAD_METER, "classic": MeterConfig()}
     rows = []
     for b in args.batches:
-        for name in ("fast", "classic", "fast"):
+        for name in ("fast", "classic") * args.rounds + ("fast",):
             t = time.perf_counter()
             m, fewest, latency = measure_load(vllm, llm, counter, replace(meters[name]), b, prompt,
                                               args.output_tokens, vocab, f"{name} b{b}")
