@@ -274,3 +274,14 @@ def test_the_fit_reads_a_plans_kept_serving_with_the_graphs_it_captured(monkeypa
     serving = VllmServing(201, 16384, None, tuple(rows[0].capture_sizes))
     assert padded(88, serving.sizes) == 104 and padded(152, serving.sizes) == 208  # not vLLM's grid's 88 and 152
     assert padded(152, VllmServing(201, 16384).sizes) == 152
+
+
+def test_a_kept_serving_s_copy_of_one_load_for_two_objectives_is_one_row(monkeypatch):
+    """Two objectives stated at one batch are metered once (the second row says ``same_load_as``): the fit and its
+    checks read that measurement once, not twice."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks" / "engine_true"))
+    from served_rows import read_manifest
+
+    rows = [r for r in read_manifest(str(ROOT / "benchmarks" / "engine_true" / "h200_round2_inputs.json"))
+            if r.source.endswith("b8a644eb41f0.json")]
+    assert sorted(r.batch for r in rows) == [16, 40, 64, 88, 176]

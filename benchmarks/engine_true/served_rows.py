@@ -172,7 +172,7 @@ def from_kept(data: dict[str, Any], source: str, recipe: str, plan: str, formats
     graphs = options.get("compilation_config") or {}
     sizes = graphs.get("cudagraph_capture_sizes")
     rows = [(name.split(" at batch ")[0], e) for name, e in served["energy"].items()
-            if e.get("batch_full", True) and e.get("fewest_inflight")]
+            if e.get("batch_full", True) and e.get("fewest_inflight") and not e.get("same_load_as")]  # a copy
     seqs = max(e["fewest_inflight"] for _, e in rows)
     out: list[ServedRow] = []
     for workload, e in rows:

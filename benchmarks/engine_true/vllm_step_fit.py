@@ -144,7 +144,8 @@ def summary(errors: list[dict[str, Any]], key: str) -> dict[str, Any]:
 def markdown(report: dict[str, Any]) -> str:
     p = report["profile"]
     head = (f"# vLLM step profile, {p['gpu_kind'].upper()} ({p['gpu']}, driver {p['driver']}, vLLM "
-            f"{p['vllm_version']}, {p['date']})")
+            f"{p['vllm_version']}, {p['date']})" + (f", checked on rows of {report['date']} it was not fitted on"
+                                                    if report.get("checked") else ""))
     lines = [head, "", f"Command: `{report['command']}`", "",
              "Engine terms (advisor/energy/prediction/_vllm_step.py): " + ", ".join(
                  f"{k} {v:.4g}" for k, v in p["params"].items()) + ".", "", p["source"], "",
@@ -172,6 +173,27 @@ def markdown(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def check(profile_path: str, rows: list[ServedRow], gap: float, report_stem: str, command: str) -> None:
+    """Every row priced with a shipped profile's terms, none fitted (reported as checks)."""
+    profile = json.loads(Path(profile_path).read_text())
+    params = profile["params"]
+    data = Rows(rows, params.get("gap_power_w", gap))
+    errors = [{**e, "fitted": False} for e in error_rows(data, rows, terms_of({**START, "gap_power_w": gap,
+                                                                                **params}))]
+    first = rows[0]
+    checked = {**profile, "source": f"Checked, not fitted: {profile_path} ({profile['source']}) on {len(rows)} rows "
+               f"from {', '.join(sorted({r.source for r in rows}))}."}
+    report = {"gpu": first.gpu, "driver": first.driver, "date": max(r.date for r in rows), "command": command,
+              "vllm_version": first.vllm_version, "checked": True, "profile": checked,
+              "rms_pct": summary(errors, "error_pct"), "builtin_rms_pct": summary(errors, "builtin_error_pct"),
+              "rows": errors}
+    stem = Path(report_stem)
+    dump_json(stem.with_suffix(".json"), report)
+    stem.with_suffix(".md").write_text(markdown(report))
+    print(json.dumps({"checked": profile_path, "rms_pct": report["rms_pct"],
+                      "builtin_rms_pct": report["builtin_rms_pct"]}, indent=1))
+
+
 def main(argv: list[str] | None = None) -> None:
     a = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     a.add_argument("--gpu", required=True, choices=[g.value for g in GPU])
@@ -187,7 +209,11 @@ def main(argv: list[str] | None = None) -> None:
                    "idle power the shipped per-model profile of the Llama-3.1-8B shape metered, else the datasheet)")
     a.add_argument("--profile-out", default=None, help="default advisor/energy/profiles/vllm/<gpu>.json")
     a.add_argument("--report", default=None, help="default reports/benchmarks/vllm_step_fit_<gpu> (.json, .md)")
+    a.add_argument("--check", metavar="PROFILE", help="fit nothing: price every row with this vLLM step profile's "
+                   "terms (rows it was not fitted on: an out-of-sample check) and write only --report")
     args = a.parse_args(argv)
+    if args.check and not args.report:
+        raise SystemExit("--check writes a report of its own: give --report")
 
     rows = [r for m in args.manifest for r in read_manifest(m)]
     for spec in args.input:
@@ -210,6 +236,9 @@ def main(argv: list[str] | None = None) -> None:
         gap = float(getattr(getattr(builtin, "primary", builtin), "idle_w", GPU_SPECS[GPU(args.gpu)].idle_w))
     carried = json.loads(Path(args.carry_from).read_text())["params"] if args.carry_from else {}
     fixed = {**START, **{k: v for k, v in carried.items() if k in START}, "gap_power_w": gap}
+    if args.check:
+        check(args.check, rows, gap, args.report, command_line(argv))
+        return
     data = Rows(rows, gap)
     fitted_rows = [r for r in rows if r.as_served_now]
     params = fit(data, fitted_rows, args.free, fixed)
