@@ -45,6 +45,17 @@ def check_safetensors_complete(path: Path, source: str) -> dict[str, tuple[int, 
     return shapes
 
 
+def tensor_dtypes(path: Path) -> set[str]:
+    """The dtypes (``BF16``, ``F32``...) a .safetensors file's header gives its tensors, its weights unread; OSError or
+    ValueError where it has no readable header."""
+    with path.open("rb") as f:
+        (header_len,) = struct.unpack("<Q", f.read(8))
+        if header_len > MAX_HEADER_BYTES:
+            raise ValueError(f"{path.name}: a header of {header_len} bytes")
+        header = json.loads(f.read(header_len))
+    return {str(t["dtype"]) for name, t in header.items() if name != "__metadata__"}
+
+
 def check_weight_files(folder: Path, source: str) -> None:
     """Every .safetensors file in ``folder`` (one file or the shards of an index)."""
     for path in sorted(folder.glob("*.safetensors")):
