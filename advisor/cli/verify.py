@@ -34,7 +34,8 @@ def verify(
     workers: Annotated[int, typer.Option(min=1, help="Plans served at once, each engine on GPUs of its own "
                                          "(workers x --gpus GPUs of this node).")] = 1,
     quick: Annotated[bool, typer.Option(help="The recommendation and all-BF16 only, at the stated workloads and "
-                                        "objectives, the served KL on fewer held-out positions: minutes, for CI.")]
+                                        "objectives, the served KL on fewer held-out positions, no larger batch "
+                                        "after a predicted one that meets: minutes, for CI.")]
     = False,
 ) -> None:
     """Serve the run's recommendation and BF16 in vLLM (GPU): the decision, formats, KL, items and J/token as
