@@ -285,3 +285,13 @@ def test_a_kept_serving_s_copy_of_one_load_for_two_objectives_is_one_row(monkeyp
     rows = [r for r in read_manifest(str(ROOT / "benchmarks" / "engine_true" / "h200_round2_inputs.json"))
             if r.source.endswith("b8a644eb41f0.json")]
     assert sorted(r.batch for r in rows) == [16, 40, 64, 88, 176]
+
+
+def test_the_sweep_knows_the_moe_held_out_of_the_fit(monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks" / "engine_true"))
+    from served_rows import shape_of
+
+    shape, config = shape_of("qwen3-30b-a3b")
+    assert type(config).__name__ == "Qwen3MoeConfig" and config.num_experts == 128
+    assert config.num_experts_per_tok == 8 and config.num_hidden_layers == 48
+    assert shape.is_moe and {(g.num_experts, g.top_k, g.moe_intermediate) for g in shape.layers} == {(128, 8, 768)}

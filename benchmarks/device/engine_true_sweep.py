@@ -5,6 +5,10 @@ output token, TPOT and TTFT (p50, p90) and tokens/s per batch. The rows are the 
 reports/benchmarks/engine_true.md; the predicted side is priced on the CPU from the same shapes.
 
     python3 benchmarks/device/engine_true_sweep.py --shapes qwen2.5-7b --work /tmp/s44/et --out et.json
+
+The MoE (``qwen3-30b-a3b``, an H200) is 61 GB in BF16 and 31 GB in FP8 against a lent machine's 64 GB disk: sweep
+one plan a call (``--plans all-fp8``, then ``--plans all-bf16 --work /dev/shm/et``), each call's checkpoint removed
+after it.
 """
 
 from __future__ import annotations
@@ -45,6 +49,15 @@ def shape_config(name: str) -> Any:
                              num_attention_heads=32, num_key_value_heads=8, head_dim=128, sliding_window=None,
                              max_position_embeddings=32768, rope_theta=1000000.0, rms_norm_eps=1e-5,
                              architectures=["MistralForCausalLM"])
+    if name == "qwen3-30b-a3b":  # the MoE held out of the fit: Qwen3-30B-A3B's published values, kept in one place
+        import transformers
+        from engine_true.mlenergy_shapes import MODELS
+
+        spec = MODELS["Qwen/Qwen3-30B-A3B-Instruct-2507"]
+        assert spec is not None
+        cls, values = spec
+        return getattr(transformers, cls)(**{**values, "max_position_embeddings": 40960,
+                                             "architectures": ["Qwen3MoeForCausalLM"]})
     raise SystemExit(f"unknown shape {name}")
 
 
