@@ -1,10 +1,15 @@
 """vLLM as it serves shapes outside the step model's fit (GPU): random-weight checkpoints of real shapes exported by
 the advisor (all-BF16, all-FP8), each served once by vLLM in a process of its own (the advisor's serving: prefix
 caching off, the export's options, the fast meter) and metered at a sweep of batches (512 tokens in, 256 out): J per
-output token, TPOT and TTFT (p50, p90) and tokens/s per batch. The rows are the served side of
-reports/benchmarks/engine_true.md; the predicted side is priced on the CPU from the same shapes.
+output token, TPOT and TTFT (p50, p90) and tokens/s per batch. In the same engine, each TPOT objective (8, 12 and
+20 ms) is searched as ``advisor verify`` searches it: from the largest batch the vLLM step model predicts on this
+GPU, smaller batches after a miss, a larger one after a batch that met with room to spare. The rows are the served
+side of reports/benchmarks/engine_true.md; the predicted side is priced on the CPU from the same shapes.
 
     python3 benchmarks/device/engine_true_sweep.py --shapes qwen2.5-7b --work /tmp/s44/et --out et.json
+    # then, on the CPU, every row and objective against the shipped step profile of that GPU kind:
+    python benchmarks/engine_true/vllm_step_fit.py --gpu h200 --input et.json \
+        --check advisor/energy/profiles/vllm/h200.json --report reports/benchmarks/engine_true_heldout_h200
 
 The MoE (``qwen3-30b-a3b``, an H200) is 61 GB in BF16 and 31 GB in FP8 against a lent machine's 64 GB disk: sweep
 one plan a call (``--plans all-fp8``, then ``--plans all-bf16 --work /dev/shm/et``), each call's checkpoint removed
@@ -26,6 +31,62 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 BATCHES = (16, 32, 64, 128, 192, 256)
+OBJECTIVES_MS = (8.0, 12.0, 20.0)
+MAX_CONCURRENCY = 1024  # the service's bound on each objective's batch (benchmarks/device/verify_time_8b.yaml's)
+
+
+def objective_searches(shape: Any, config: Any, plan: Any, kind: str) -> list[Any]:
+    """Per TPOT objective, the batch search ``advisor verify`` runs, from the operating point the vLLM step model
+    (the shipped profile of GPU kind ``kind``) predicts for ``plan``."""
+    from advisor.energy.prediction import as_served, make_predicted_model
+    from advisor.formats import GPU, GPU_SPECS
+    from advisor.recipe.schema import Workload
+    from advisor.search.measured import BatchSearch, step_up_ceiling
+    from advisor.search.operating import operating_point
+
+    gpu = GPU(kind)
+    model = as_served(make_predicted_model(shape, gpu, model_config=config), shape, gpu, "vllm")
+    out = []
+    for ms in OBJECTIVES_MS:
+        w = Workload(name=f"tpot{ms:g}", batch_size=1, input_tokens=512, output_tokens=256, tpot_ms=ms,
+                     max_concurrency=MAX_CONCURRENCY)
+        op = operating_point(model, shape, GPU_SPECS[gpu], plan, w, "predicted (vLLM step model)")
+        out.append(BatchSearch(w, op.state.batch, op.curve, predicted=op.to_dict(),
+                               step_up_to=step_up_ceiling(op.state.batch)))
+    return out
+
+
+def serve_and_search(path: Path, vocab: int, plan: Any, batches: list[int], searches: list[Any]) -> dict[str, Any]:
+    """One engine for ``path``: the fixed ``batches`` (workloads ``b{N}``) and each search's rounds."""
+    from advisor.deploy.vllm import STEADY_LOAD_METER, ServeJob, VllmEnergyModel
+    from advisor.recipe.schema import Workload
+    from advisor.search.measured import search_batches
+
+    fixed = [Workload(name=f"b{b}", batch_size=b, input_tokens=512, output_tokens=256) for b in batches]
+    ceiling = max([*batches, *(max(s.predicted_batch, s.step_up_to) for s in searches)])
+    job = ServeJob(str(path), vocab_size=vocab, workloads=tuple(w.model_dump() for w in [*fixed, *(s.first() for s in
+                   searches)]), formats=False, prefill=False, meter=asdict(STEADY_LOAD_METER), max_batch=ceiling)
+    tier = VllmEnergyModel(lambda _plan: path, [], vocab, meter=STEADY_LOAD_METER)
+    tier.open_with(plan, job)
+    found = search_batches(tier, plan, searches)
+    return {**tier.served(plan), "max_num_seqs": ceiling,
+            "searches": {s.workload.name: f for s, f in zip(searches, found, strict=True)}}
+
+
+def batch_rows(energy: dict[str, Any]) -> dict[str, Any]:
+    """Every metered batch once, as ``b{N}`` (a search's batch the sweep also metered is kept as the sweep's)."""
+    out: dict[str, Any] = {}
+    for name, r in energy.items():
+        if r.get("same_load_as"):
+            continue
+        key = name if name.startswith("b") and name[1:].isdigit() else f"b{name.rsplit(' at batch ', 1)[-1]}"
+        if key not in out:
+            out[key] = {k: r.get(k) for k in ("j_per_token", "tokens_per_s", "tpot_ms_p50", "tpot_ms_p90",
+                                              "ttft_ms_p50", "ttft_ms_p90", "batch_full")} | {
+                "cv": r["measurement"]["cv"], "unstable": r["measurement"]["unstable"]}
+    return out
+
+
 
 
 def shape_config(name: str) -> Any:
@@ -68,14 +129,20 @@ def main() -> None:
     ap.add_argument("--batches", type=int, nargs="+", default=list(BATCHES))
     ap.add_argument("--work", required=True)
     ap.add_argument("--out", required=True)
+    ap.add_argument("--device", default="cuda", help="where the random checkpoints are built")
     args = ap.parse_args()
     import torch
     from vllm_verify import build_checkpoints, standard_plans
 
-    from advisor.deploy.vllm import STEADY_LOAD_METER, ServeJob, run_in_child
+    from advisor.deploy.vllm import STEADY_LOAD_METER
+    from advisor.energy.prediction import gpu_here
     from advisor.models.groups import model_shape
 
-    out: dict[str, Any] = {"date": time.strftime("%Y-%m-%d"), "meter": asdict(STEADY_LOAD_METER), "rows": []}
+    kind, gpu_name = gpu_here()
+    if kind is None:
+        raise SystemExit(f"no GPU the step model has a profile for here ({gpu_name})")
+    out: dict[str, Any] = {"date": time.strftime("%Y-%m-%d"), "gpu": gpu_name, "gpu_kind": kind.value,
+                           "meter": asdict(STEADY_LOAD_METER), "rows": []}
     for name in args.shapes:
         config = shape_config(name)
         from transformers import AutoModelForCausalLM
@@ -85,25 +152,25 @@ def main() -> None:
         plans = standard_plans(shape.groups, [g.name for g in shape.groups])
         root = Path(args.work) / name
         t = time.perf_counter()
-        paths = build_checkpoints(config, {k: plans[k] for k in args.plans}, root, "cuda")
+        paths = build_checkpoints(config, {k: plans[k] for k in args.plans}, root, args.device)
         print(f"{name}: exported in {time.perf_counter() - t:.0f} s", flush=True)
         for plan_name, path in paths.items():
-            workloads = tuple({"name": f"b{b}", "batch_size": b, "input_tokens": 512, "output_tokens": 256}
-                              for b in args.batches)
-            job = ServeJob(str(path), vocab_size=config.vocab_size, workloads=workloads, formats=False, prefill=False,
-                           meter=asdict(STEADY_LOAD_METER))
             t = time.perf_counter()
             try:
-                answer = run_in_child(job)
+                searches = objective_searches(shape, config, plans[plan_name], kind.value)
+                answer = serve_and_search(path, config.vocab_size, plans[plan_name], args.batches, searches)
             except Exception as exc:  # noqa: BLE001 (a shape vLLM cannot serve is a finding)
                 answer = {"error": f"{type(exc).__name__}: {exc}"}
             row = {"shape": name, "plan": plan_name, "wall_s": time.perf_counter() - t,
                    "vllm_version": answer.get("vllm_version"), "llm_options": answer.get("llm_options"),
+                   "max_num_seqs": answer.get("max_num_seqs"),
                    "timings_s": answer.get("timings_s"), "error": answer.get("error"),
-                   "batches": {w: {k: r.get(k) for k in ("j_per_token", "tokens_per_s", "tpot_ms_p50", "tpot_ms_p90",
-                                                         "ttft_ms_p50", "ttft_ms_p90", "batch_full")}
-                               | {"cv": r["measurement"]["cv"], "unstable": r["measurement"]["unstable"]}
-                               for w, r in (answer.get("energy") or {}).items()}}
+                   "batches": batch_rows(answer.get("energy") or {}),
+                   "objectives": {k: {"predicted_batch": f["predicted_batch"], "batch": f["batch"], "meets": f["meets"],
+                                      "tpot_ms": f["tpot_ms"], "j_per_token": f["j_per_token"],
+                                      "prediction_error_pct": f.get("prediction_error_pct"), "search": f["search"],
+                                      "trail": f["trail"]}
+                                  for k, f in (answer.get("searches") or {}).items()}}
             out["rows"].append(row)
             print(json.dumps(row), flush=True)
             Path(args.out).write_text(json.dumps(out, indent=2))

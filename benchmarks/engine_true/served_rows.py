@@ -137,17 +137,23 @@ def from_verify(data: dict[str, Any], source: str, recipe: str, shape: str = "Ll
     return out
 
 
-def from_sweep(data: dict[str, Any], source: str, gpu: str, driver: str = "unknown", **over: Any) -> list[ServedRow]:
+def from_sweep(data: dict[str, Any], source: str, gpu: str | None = None, driver: str = "unknown",
+               **over: Any) -> list[ServedRow]:
     """Rows of ``engine_true_sweep.py``: each shape and plan served once, sized for its largest batch (512 in, 256
-    out), on ``gpu`` (the file does not name it)."""
+    out), with the CUDA-graph sizes it was told to capture, on ``gpu`` (the file names it since the objectives'
+    searches joined the sweep; ``--gpu-name`` for older files)."""
+    gpu = gpu or data.get("gpu")
+    if not gpu:
+        raise ValueError(f"{source} names no GPU: give it (--gpu-name)")
     out: list[ServedRow] = []
     for r in data["rows"]:
         if r.get("error") or not r.get("batches"):
             continue
         options = r.get("llm_options") or {}
-        capture = (options.get("compilation_config") or {}).get("max_cudagraph_capture_size")
+        graphs = options.get("compilation_config") or {}
+        capture, sizes = graphs.get("max_cudagraph_capture_size"), graphs.get("cudagraph_capture_sizes")
         batches = {k: int(k.removeprefix("b")) for k in r["batches"]}
-        seqs = max(batches.values())
+        seqs = r.get("max_num_seqs") or max(batches.values())
         date = over.get("date", data["date"])
         for key, e in r["batches"].items():
             if e.get("unstable") or not e.get("batch_full", True):
@@ -156,7 +162,7 @@ def from_sweep(data: dict[str, Any], source: str, gpu: str, driver: str = "unkno
                 source, gpu, _kind(gpu), driver, date, r["vllm_version"], r["shape"], r["plan"], None,
                 _kernel(r["plan"], None, options.get("linear_backend", "vllm's own"), date), batches[key], 512, 256,
                 seqs, _budget(seqs, 768), over.get("max_capture_size", capture), e["j_per_token"], e["tokens_per_s"],
-                e.get("tpot_ms_p50"), e.get("ttft_ms_p50")))
+                e.get("tpot_ms_p50"), e.get("ttft_ms_p50"), sorted(sizes) if sizes else None))
     return out
 
 

@@ -173,8 +173,42 @@ def markdown(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def check(profile_path: str, rows: list[ServedRow], gap: float, report_stem: str, command: str) -> None:
-    """Every row priced with a shipped profile's terms, none fitted (reported as checks)."""
+BATCH_TOLERANCE_PCT = 10.0  # issue 56: the predicted largest batch within 10% of the largest that met as served
+
+
+def objective_rows(paths: list[str]) -> list[dict[str, Any]]:
+    """The operating-batch searches of engine_true_sweep.py files among ``paths``: per shape, plan and objective, the
+    batch the step model predicted against the largest that met as vLLM served it (the prediction's error in % of
+    that batch)."""
+    out = []
+    for path in paths:
+        data = json.loads(Path(path).read_text())
+        for r in data.get("rows", []) if isinstance(data, dict) else []:
+            for name, o in (r.get("objectives") or {}).items():
+                met = o["batch"] if o.get("meets") else None
+                out.append({"shape": r["shape"], "plan": r["plan"], "objective": name,
+                            "predicted_batch": o["predicted_batch"], "largest_met": met,
+                            "batch_error_pct": 100.0 * (o["predicted_batch"] - met) / met if met else None,
+                            "search": o["search"], "source": path})
+    return out
+
+
+def objectives_markdown(rows: list[dict[str, Any]]) -> list[str]:
+    if not rows:
+        return []
+    within = [r for r in rows if r["batch_error_pct"] is not None and abs(r["batch_error_pct"]) <= BATCH_TOLERANCE_PCT]
+    body = [[r["shape"], r["plan"], r["objective"], str(r["predicted_batch"]), str(r["largest_met"] or "none"),
+             "-" if r["batch_error_pct"] is None else f"{r['batch_error_pct']:+.1f}", r["search"]] for r in rows]
+    return ["", "## The operating batch: predicted against the largest that met as vLLM served it", "",
+            f"Within {BATCH_TOLERANCE_PCT:.0f}%: {len(within)} of {len(rows)} (the search meters vLLM's CUDA-graph "
+            "sizes only, so one graph size is the finest it resolves).", "",
+            *md_table(["shape", "plan", "objective", "predicted batch", "largest met", "error %", "search"], body)]
+
+
+def check(profile_path: str, rows: list[ServedRow], gap: float, report_stem: str, command: str,
+          objectives: list[dict[str, Any]] | None = None) -> None:
+    """Every row priced with a shipped profile's terms, none fitted (reported as checks); with ``objectives``
+    (:func:`objective_rows`), the operating batches too."""
     profile = json.loads(Path(profile_path).read_text())
     params = profile["params"]
     data = Rows(rows, params.get("gap_power_w", gap))
@@ -186,10 +220,10 @@ def check(profile_path: str, rows: list[ServedRow], gap: float, report_stem: str
     report = {"gpu": first.gpu, "driver": first.driver, "date": max(r.date for r in rows), "command": command,
               "vllm_version": first.vllm_version, "checked": True, "profile": checked,
               "rms_pct": summary(errors, "error_pct"), "builtin_rms_pct": summary(errors, "builtin_error_pct"),
-              "rows": errors}
+              "rows": errors, "objectives": objectives or []}
     stem = Path(report_stem)
     dump_json(stem.with_suffix(".json"), report)
-    stem.with_suffix(".md").write_text(markdown(report))
+    stem.with_suffix(".md").write_text(markdown(report) + "\n".join(objectives_markdown(objectives or [])) + "\n")
     print(json.dumps({"checked": profile_path, "rms_pct": report["rms_pct"],
                       "builtin_rms_pct": report["builtin_rms_pct"]}, indent=1))
 
@@ -223,9 +257,9 @@ def main(argv: list[str] | None = None) -> None:
         if isinstance(data, dict) and "plans" in data and args.recipe:
             over = {"recipe": args.recipe}
         elif isinstance(data, dict) and "rows" in data and "vllm" not in data:
-            if not args.gpu_name:
+            if not args.gpu_name and not data.get("gpu"):
                 raise SystemExit(f"{path} names no GPU: give --gpu-name (and --driver)")
-            over = {"gpu": args.gpu_name, "driver": args.driver}
+            over = {"gpu": args.gpu_name or data["gpu"], "driver": args.driver}
         rows += read_input(path, key=key or None, **over)
     rows = [r for r in rows if r.gpu_kind == args.gpu]
     if not rows:
@@ -237,7 +271,9 @@ def main(argv: list[str] | None = None) -> None:
     carried = json.loads(Path(args.carry_from).read_text())["params"] if args.carry_from else {}
     fixed = {**START, **{k: v for k, v in carried.items() if k in START}, "gap_power_w": gap}
     if args.check:
-        check(args.check, rows, gap, args.report, command_line(argv))
+        inputs = [spec.partition(":")[0] for spec in args.input] + [
+            entry["path"] for m in args.manifest for entry in json.loads(Path(m).read_text())]
+        check(args.check, rows, gap, args.report, command_line(argv), objective_rows(inputs))
         return
     data = Rows(rows, gap)
     fitted_rows = [r for r in rows if r.as_served_now]
