@@ -53,7 +53,7 @@ def test_the_sweep_serves_each_plan_once_and_searches_each_objective_from_the_pr
     assert row["error"] is None and len(vllm.instances) == 1  # one engine: the batches and every search's rounds
     assert {"b4", "b8"} <= set(row["batches"]) and row["max_num_seqs"] == vllm.instances[0].kwargs["max_num_seqs"]
     assert set(row["objectives"]) == {"tpot8", "tpot12", "tpot20"}
-    for name, o in row["objectives"].items():
+    for o in row["objectives"].values():
         assert o["trail"][0]["batch"] == o["predicted_batch"] >= 1 and f"b{o['batch']}" in row["batches"]
         assert o["search"] and o["prediction_error_pct"]["tpot_ms"] is not None
     assert row["max_num_seqs"] >= max(o["predicted_batch"] for o in row["objectives"].values())
