@@ -39,9 +39,17 @@ def md_table(header: Sequence[str], rows: Sequence[Sequence[str]], align: str = 
     return ["| " + " | ".join(header) + " |", "|" + rule, *["| " + " | ".join(r) + " |" for r in rows]]
 
 
-def write_report(out: Path, d: dict, render: Callable[[dict], str], *, newline: bool = True) -> None:
-    """``d`` to ``out`` (JSON) and its rendering next to it (``.md``), and the rendering to stdout."""
+def write_report(out: Path, d: dict, render: Callable[[dict], str], *, newline: bool = True, echo: bool = True
+                 ) -> None:
+    """``d`` to ``out`` (JSON) and its rendering next to it (``.md``), and (``echo``) the rendering to stdout."""
+    out.parent.mkdir(parents=True, exist_ok=True)
     dump_json(out, d, newline=newline)
     text = render(d)
     out.with_suffix(".md").write_text(text)
-    print(text)
+    if echo:
+        print(text)
+
+
+def read_report(out: Path) -> dict[str, Any]:
+    """The report ``out`` holds so far (a run cut off and started again adds to it); {} where there is none."""
+    return json.loads(out.read_text()) if out.is_file() else {}

@@ -31,7 +31,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
 
-from _report import md_table  # noqa: E402
+from _report import md_table, read_report, write_report  # noqa: E402
 from large_models import SHAPES, GpuMemoryPeak, make_checkpoint  # noqa: E402
 from large_models_multi_gpu import machine  # noqa: E402  (this script's folder)
 
@@ -42,14 +42,11 @@ STAGES = ("load", "tokens", "calibration", "bank", "reference", "sensitivity", "
 
 
 def load(out: Path) -> dict[str, Any]:
-    path = out / f"{REPORT}.json"
-    return json.loads(path.read_text()) if path.is_file() else {}
+    return read_report(out / f"{REPORT}.json")
 
 
 def save(out: Path, data: dict[str, Any]) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"{REPORT}.json").write_text(json.dumps(data, indent=1) + "\n")
-    (out / f"{REPORT}.md").write_text(render(data))
+    write_report(out / f"{REPORT}.json", data, render, echo=False)
 
 
 def folder(args: argparse.Namespace) -> Path:
