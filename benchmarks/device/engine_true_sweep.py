@@ -112,7 +112,11 @@ def shape_config(name: str) -> Any:
                              architectures=["MistralForCausalLM"])
     if name == "qwen3-30b-a3b":  # the MoE held out of the fit: Qwen3-30B-A3B's published values, kept in one place
         import transformers
-        from engine_true.mlenergy_shapes import MODELS
+
+        here = str(Path(__file__).resolve().parents[1] / "engine_true")  # whatever sys.path held when imported
+        if here not in sys.path:
+            sys.path.insert(0, here)
+        from mlenergy_shapes import MODELS
 
         spec = MODELS["Qwen/Qwen3-30B-A3B-Instruct-2507"]
         assert spec is not None

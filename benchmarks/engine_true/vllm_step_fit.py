@@ -205,6 +205,17 @@ def objectives_markdown(rows: list[dict[str, Any]]) -> list[str]:
             *md_table(["shape", "plan", "objective", "predicted batch", "largest met", "error %", "search"], body)]
 
 
+def write_report(stem: Path, first: ServedRow, date: str, command: str, profile: dict[str, Any],
+                 errors: list[dict[str, Any]], extra: dict[str, Any] | None = None, tail: str = "") -> dict[str, Any]:
+    """The rows' report (``stem``.json, ``stem``.md; ``tail`` ends the Markdown), with their RMS errors."""
+    report = {"gpu": first.gpu, "driver": first.driver, "date": date, "command": command,
+              "vllm_version": first.vllm_version, "profile": profile, "rms_pct": summary(errors, "error_pct"),
+              "builtin_rms_pct": summary(errors, "builtin_error_pct"), "rows": errors, **(extra or {})}
+    dump_json(stem.with_suffix(".json"), report)
+    stem.with_suffix(".md").write_text(markdown(report) + tail)
+    return report
+
+
 def check(profile_path: str, rows: list[ServedRow], gap: float, report_stem: str, command: str,
           objectives: list[dict[str, Any]] | None = None) -> None:
     """Every row priced with a shipped profile's terms, none fitted (reported as checks); with ``objectives``
@@ -217,13 +228,9 @@ def check(profile_path: str, rows: list[ServedRow], gap: float, report_stem: str
     first = rows[0]
     checked = {**profile, "source": f"Checked, not fitted: {profile_path} ({profile['source']}) on {len(rows)} rows "
                f"from {', '.join(sorted({r.source for r in rows}))}."}
-    report = {"gpu": first.gpu, "driver": first.driver, "date": max(r.date for r in rows), "command": command,
-              "vllm_version": first.vllm_version, "checked": True, "profile": checked,
-              "rms_pct": summary(errors, "error_pct"), "builtin_rms_pct": summary(errors, "builtin_error_pct"),
-              "rows": errors, "objectives": objectives or []}
-    stem = Path(report_stem)
-    dump_json(stem.with_suffix(".json"), report)
-    stem.with_suffix(".md").write_text(markdown(report) + "\n".join(objectives_markdown(objectives or [])) + "\n")
+    report = write_report(Path(report_stem), first, max(r.date for r in rows), command, checked, errors,
+                          {"checked": True, "objectives": objectives or []},
+                          "".join(line + "\n" for line in objectives_markdown(objectives or [])))
     print(json.dumps({"checked": profile_path, "rms_pct": report["rms_pct"],
                       "builtin_rms_pct": report["builtin_rms_pct"]}, indent=1))
 
@@ -296,12 +303,8 @@ def main(argv: list[str] | None = None) -> None:
     out = Path(args.profile_out or f"advisor/energy/profiles/vllm/{args.gpu}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     dump_json(out, profile, indent=1, newline=True)
-    report = {"gpu": first.gpu, "driver": first.driver, "date": profile["date"], "command": command,
-              "vllm_version": first.vllm_version, "profile": profile, "rms_pct": summary(errors, "error_pct"),
-              "builtin_rms_pct": summary(errors, "builtin_error_pct"), "rows": errors}
-    stem = Path(args.report or f"reports/benchmarks/vllm_step_fit_{args.gpu}")
-    dump_json(stem.with_suffix(".json"), report)
-    stem.with_suffix(".md").write_text(markdown(report))
+    report = write_report(Path(args.report or f"reports/benchmarks/vllm_step_fit_{args.gpu}"), first,
+                          profile["date"], command, profile, errors)
     print(json.dumps({"profile": str(out), "params": profile["params"], "rms_pct": report["rms_pct"],
                       "builtin_rms_pct": report["builtin_rms_pct"]}, indent=1))
 
