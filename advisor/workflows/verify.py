@@ -221,7 +221,7 @@ def verify_run(run_dir: Path, engine: str = "vllm", plan_ids: Sequence[str] = ()
     (:mod:`advisor.deploy.serving_gpus`; the run's recipe's when None), ``workers`` plans at once on GPUs of their
     own (:mod:`advisor.workflows.verify_serving`), and write verify.json / verify.md / report.md's section. ``quick``:
     the recommendation and all-BF16 only, the served KL on fewer positions (:data:`QUICK_KL_ENTRIES`)."""
-    from advisor.deploy.checkpoint import bf16_served_as_is, checkpoint_exporter, load_exported
+    from advisor.deploy.checkpoint import bf16_served_as_is, checkpoint_exporter, folder_serving, load_exported
     from advisor.deploy.verification import (
         read_summary,
         render_verify,
@@ -294,9 +294,9 @@ def verify_run(run_dir: Path, engine: str = "vllm", plan_ids: Sequence[str] = ()
     timings: dict[str, Any] = {"load_s": time.perf_counter() - started, "export_s": {}}
     as_is = bf16_served_as_is(recipe)
     for role, plan in plans.items():
-        if as_is is not None and plan.uniform_format() is Format.BF16:
-            status(f"plan {plan.id} ({shown_role(role, plan.id)}): served from {as_is} as it is (its weights are "
-                   "BF16 already): nothing to export")
+        if (served_from := folder_serving(plan, as_is)) is not None:
+            status(f"plan {plan.id} ({shown_role(role, plan.id)}): served from {served_from} as it is (its weights "
+                   "are BF16 already): nothing to export")
         else:
             status(f"exporting plan {plan.id} ({shown_role(role, plan.id)}) if not exported, on the {export_device}")
         t = time.perf_counter()

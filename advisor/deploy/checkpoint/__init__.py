@@ -11,7 +11,12 @@ Modules that touch models import torch and ModelOpt inside their functions. Impo
 ``_engine_checkpoint``.
 """
 
-from advisor.deploy.checkpoint._engine_checkpoint import bf16_served_as_is, bf16_source, checkpoint_exporter
+from advisor.deploy.checkpoint._engine_checkpoint import (
+    bf16_served_as_is,
+    bf16_source,
+    checkpoint_exporter,
+    folder_serving,
+)
 from advisor.deploy.checkpoint._export import ROUNDTRIP_KL_ABS_TOL, export_plan, write_checkpoint
 from advisor.deploy.checkpoint._quant_config import (
     kv_cache_format_from_quant_config,
@@ -31,7 +36,7 @@ from advisor.deploy.checkpoint._vllm_config import (
 
 __all__ = [
     "ROUNDTRIP_KL_ABS_TOL", "ExportResult", "bf16_served_as_is", "bf16_source", "capture_bound",
-    "checkpoint_exporter", "decode_graph_sizes",
+    "checkpoint_exporter", "decode_graph_sizes", "folder_serving",
     "export_plan", "graph_sizes_for", "kv_cache_format_from_quant_config", "layer_formats_from_quant_config",
     "llm_api_options", "load_exported", "options_yaml", "scaled_modules", "vllm_options", "vllm_options_yaml",
     "weight_formats_from_quant_config", "write_checkpoint",

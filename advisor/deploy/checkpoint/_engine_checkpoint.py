@@ -48,6 +48,11 @@ def bf16_served_as_is(recipe: Any) -> Path | None:
     return bf16_source(path) if path.is_dir() else None
 
 
+def folder_serving(plan: Plan, as_is: Path | None) -> Path | None:
+    """``as_is`` (:func:`bf16_served_as_is`) where it serves ``plan``: all-BF16 weights and a BF16 KV cache."""
+    return as_is if as_is is not None and plan.uniform_format() is Format.BF16 else None
+
+
 def checkpoint_exporter(recipe: Any, loaded: Any, tokens: Any, smoke: bool = False) -> Callable[[Plan], Path]:
     """``plan -> folder``: the plan exported once (``advisor export``'s code) into
     ``RUN_DIR/engine_checkpoints/<plan id>``, reused when its export finished before; all-BF16 (BF16 KV cache too)
@@ -59,8 +64,9 @@ def checkpoint_exporter(recipe: Any, loaded: Any, tokens: Any, smoke: bool = Fal
     as_is = bf16_served_as_is(recipe)
 
     def checkpoint_for(plan: Plan) -> Path:
-        if as_is is not None and plan.uniform_format() is Format.BF16:
-            return as_is
+        served = folder_serving(plan, as_is)
+        if served is not None:
+            return served
         out = folder / plan.id
         if not (out / "export.json").is_file():
             if out.exists():  # what an interrupted export of this run left
