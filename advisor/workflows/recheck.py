@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import time
+from contextlib import nullcontext
 from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
@@ -27,6 +28,7 @@ from advisor.deploy.verification import (
     stored_plan,
     summary_recipe,
 )
+from advisor.deploy.vllm import engine_architectures, processes_ahead
 from advisor.errors import InputError
 from advisor.files import write_text_atomically
 from advisor.formats import Format
@@ -176,24 +178,26 @@ def run_recheck(
         raise InputError(f"the new model's layers differ from the stored plan's ({exc}); "
                          "the plan cannot be applied: run `advisor search` on the new model") from None
     bf16 = Plan.uniform(groups, Format.BF16)
-    status("scoring the stored plan and BF16 on the new model")
-    ev_bf16 = ctx.evaluate(bf16)
-    ev = ctx.evaluate(plan)
-    predicted = {"energy": [e.to_dict() for e in ev.energy], "bf16_energy": [e.to_dict() for e in ev_bf16.energy]}
-    objective, operating, untimed = [], [], []
-    if engine is not None and ctx.measured_model is not None:
-        model = ctx.measured_model
-        stored_bf16 = reused_bf16(summary, model.label, ctx.loaded.shape, recipe.workloads)
-        starts = 1 if stored_bf16 else 2
-        loads = len({(w.batch_size, w.input_tokens, w.output_tokens) for w in recipe.workloads})
-        meterings = loads * starts + len(operating_batches(summary, plan.id))
-        status(f"metering the stored plan{'' if stored_bf16 else ' and BF16'} ({model.label}): {starts} engine "
-               f"start(s) and {meterings} meterings, expected about {expected_minutes(starts, meterings):.0f} min; "
-               + ("BF16 is the run's own measurement (same shape, engine and GPU)" if stored_bf16 else
-                  "the run holds no BF16 measurement of this engine and GPU to reuse"))
-        objective, operating, untimed = meter_objectives(model, plan, summary, recipe.workloads, status)
-        ev = replace(ev, energy=[model.estimate(plan, w) for w in recipe.workloads])
-        ev_bf16 = replace(ev_bf16, energy=stored_bf16 or [model.estimate(bf16, w) for w in recipe.workloads])
+    # vLLM's engine processes start one ahead: the first imports vLLM while the plans are scored here
+    with processes_ahead(engine_architectures(ctx.loaded.model)) if engine == "vllm" else nullcontext():
+        status("scoring the stored plan and BF16 on the new model")
+        ev_bf16 = ctx.evaluate(bf16)
+        ev = ctx.evaluate(plan)
+        predicted = {"energy": [e.to_dict() for e in ev.energy], "bf16_energy": [e.to_dict() for e in ev_bf16.energy]}
+        objective, operating, untimed = [], [], []
+        if engine is not None and ctx.measured_model is not None:
+            model = ctx.measured_model
+            stored_bf16 = reused_bf16(summary, model.label, ctx.loaded.shape, recipe.workloads)
+            starts = 1 if stored_bf16 else 2
+            loads = len({(w.batch_size, w.input_tokens, w.output_tokens) for w in recipe.workloads})
+            meterings = loads * starts + len(operating_batches(summary, plan.id))
+            status(f"metering the stored plan{'' if stored_bf16 else ' and BF16'} ({model.label}): {starts} engine "
+                   f"start(s) and {meterings} meterings, expected about {expected_minutes(starts, meterings):.0f} min; "
+                   + ("BF16 is the run's own measurement (same shape, engine and GPU)" if stored_bf16 else
+                      "the run holds no BF16 measurement of this engine and GPU to reuse"))
+            objective, operating, untimed = meter_objectives(model, plan, summary, recipe.workloads, status)
+            ev = replace(ev, energy=[model.estimate(plan, w) for w in recipe.workloads])
+            ev_bf16 = replace(ev_bf16, energy=stored_bf16 or [model.estimate(bf16, w) for w in recipe.workloads])
     status("lm-eval tasks")
     bench = score_benchmark(ctx, plan, bf16, out_dir)
     checks = recheck_checks(recipe, ev, ev_bf16, bench) + objective

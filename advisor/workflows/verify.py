@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Sequence
+from contextlib import ExitStack
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -35,8 +36,10 @@ from advisor.deploy.vllm import (
     MAX_ENTRIES,
     STEADY_LOAD_METER,
     ServeJob,
+    engine_architectures,
     kl_sum,
     logprobs_per_sequence,
+    processes_ahead,
     run_in_child,
     served_formats,
     within_budget,
@@ -268,65 +271,73 @@ def verify_run(run_dir: Path, engine: str = "vllm", plan_ids: Sequence[str] = ()
     recipe = recipe.model_copy(update={"out": run_dir.parent, "name": run_dir.name})
     status(f"loading model {recipe.model.source}")
     loaded = load_model(recipe.model, "cpu")
-    fingerprint = model_fingerprint(loaded, (summary.get("model") or {}).get("fingerprint"))
-    export_device = exports_device(loaded.model)
-    if export_device == "cuda":  # in BF16, as a search on the GPU scored; minutes faster than the CPU
-        loaded.model.to("cuda")
-    else:
-        to_scoring_arithmetic(loaded.model, "cpu")
-    tokens = run_tokens(run_dir, recipe, loaded, fingerprint)
-    roles: dict[str, Plan] = {}  # one serving per plan: a role that names a plan already there joins its name
-    for role, plan in {"bf16": Plan.uniform(loaded.shape.groups, Format.BF16), **plans}.items():
-        same = next((r for r, p in roles.items() if p.id == plan.id), None)
-        roles[f"{same}+{role}" if same else role] = roles.pop(same) if same else plan
-    plans = roles
-    members = {g.name: g.members for g in loaded.shape.groups}
-    heldout = [tuple(int(t) for t in row) for row in tokens.heldout]
-    items = lambada_items(lambada_docs, loaded.tokenizer)
-    checkpoint_for = checkpoint_exporter(recipe, loaded, tokens)
-    vocab = int(loaded.model.config.get_text_config().vocab_size)
-    records = {r["plan_id"]: r for r in summary["trials"]}
-    n_gpus = serving_gpus_for(gpus if gpus is not None else recipe.gpus, loaded.shape, recipe.workloads)
-    if workers > 1:  # before any export: each engine needs GPUs of its own
-        engine_slots(workers, n_gpus, serving_gpus.visible_gpus()[0])
-
-    paths: dict[str, Path] = {}
-    timings: dict[str, Any] = {"load_s": time.perf_counter() - started, "export_s": {}}
-    as_is = bf16_served_as_is(recipe)
-    for role, plan in plans.items():
-        if (served_from := folder_serving(plan, as_is)) is not None:
-            status(f"plan {plan.id} ({shown_role(role, plan.id)}): served from {served_from} as it is (its weights "
-                   "are BF16 already): nothing to export")
-        else:
-            status(f"exporting plan {plan.id} ({shown_role(role, plan.id)}) if not exported, on the {export_device}")
-        t = time.perf_counter()
-        paths[role] = checkpoint_for(plan)
-        timings["export_s"][role] = time.perf_counter() - t
-    import torch
-
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    # vLLM answers every token's log-probability: bounded
-    scored = within_budget(heldout, vocab, QUICK_KL_ENTRIES if quick else MAX_ENTRIES)
-    status(f"scoring the BF16 reference on {len(scored)} of the {len(heldout)} held-out sequences")
-    reference = logprobs_per_sequence(loaded.model.to(device).eval(), scored)
-    reference_file = write_reference(run_dir / REFERENCE_FILE, reference)
-    if device == "cuda":  # the engines' processes need the GPU's memory, the cached blocks too
-        loaded.model.to("cpu")
-        status(f"GPU memory for the engines: {free_gpu_memory()}")
-    version = getattr(vllm, "__version__", "unknown")
-    # prefill=False: verify reports J/token, tokens/s, TPOT and TTFT per workload, never prefill J per input token,
-    # and a prefill metering would double every workload's time on the GPU
-    base = ServeJob(checkpoint="", vocab_size=vocab, sequences=tuple(scored), reference_logprobs=str(reference_file),
-                    items=tuple(items), meter=asdict(meter or STEADY_LOAD_METER), tensor_parallel_size=n_gpus,
-                    prefill=False)
-    serving = Serving(run_dir, summary, base, energy, version, here, runner or run_in_child,
-                      rounds_runner, status, step_up=not quick)
-    t = time.perf_counter()
+    # the first engine's process imports vLLM while this one exports and scores; each next one while one serves
+    ahead = ExitStack()
     try:
-        served = serve_plans(plans, paths, serving, workers)
+        if runner is None and rounds_runner is None and workers <= 1:
+            ahead.enter_context(processes_ahead(engine_architectures(loaded.model)))
+        fingerprint = model_fingerprint(loaded, (summary.get("model") or {}).get("fingerprint"))
+        export_device = exports_device(loaded.model)
+        if export_device == "cuda":  # in BF16, as a search on the GPU scored; minutes faster than the CPU
+            loaded.model.to("cuda")
+        else:
+            to_scoring_arithmetic(loaded.model, "cpu")
+        tokens = run_tokens(run_dir, recipe, loaded, fingerprint)
+        roles: dict[str, Plan] = {}  # one serving per plan: a role that names a plan already there joins its name
+        for role, plan in {"bf16": Plan.uniform(loaded.shape.groups, Format.BF16), **plans}.items():
+            same = next((r for r, p in roles.items() if p.id == plan.id), None)
+            roles[f"{same}+{role}" if same else role] = roles.pop(same) if same else plan
+        plans = roles
+        members = {g.name: g.members for g in loaded.shape.groups}
+        heldout = [tuple(int(t) for t in row) for row in tokens.heldout]
+        items = lambada_items(lambada_docs, loaded.tokenizer)
+        checkpoint_for = checkpoint_exporter(recipe, loaded, tokens)
+        vocab = int(loaded.model.config.get_text_config().vocab_size)
+        records = {r["plan_id"]: r for r in summary["trials"]}
+        n_gpus = serving_gpus_for(gpus if gpus is not None else recipe.gpus, loaded.shape, recipe.workloads)
+        if workers > 1:  # before any export: each engine needs GPUs of its own
+            engine_slots(workers, n_gpus, serving_gpus.visible_gpus()[0])
+
+        paths: dict[str, Path] = {}
+        timings: dict[str, Any] = {"load_s": time.perf_counter() - started, "export_s": {}}
+        as_is = bf16_served_as_is(recipe)
+        for role, plan in plans.items():
+            if (served_from := folder_serving(plan, as_is)) is not None:
+                status(f"plan {plan.id} ({shown_role(role, plan.id)}): served from {served_from} as it is (its weights "
+                       "are BF16 already): nothing to export")
+            else:
+                status(f"exporting plan {plan.id} ({shown_role(role, plan.id)}) if not exported, on the "
+                       f"{export_device}")
+            t = time.perf_counter()
+            paths[role] = checkpoint_for(plan)
+            timings["export_s"][role] = time.perf_counter() - t
+        import torch
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        # vLLM answers every token's log-probability: bounded
+        scored = within_budget(heldout, vocab, QUICK_KL_ENTRIES if quick else MAX_ENTRIES)
+        status(f"scoring the BF16 reference on {len(scored)} of the {len(heldout)} held-out sequences")
+        reference = logprobs_per_sequence(loaded.model.to(device).eval(), scored)
+        reference_file = write_reference(run_dir / REFERENCE_FILE, reference)
+        if device == "cuda":  # the engines' processes need the GPU's memory, the cached blocks too
+            loaded.model.to("cpu")
+            status(f"GPU memory for the engines: {free_gpu_memory()}")
+        version = getattr(vllm, "__version__", "unknown")
+        # prefill=False: verify reports J/token, tokens/s, TPOT and TTFT per workload, never prefill J per input token,
+        # and a prefill metering would double every workload's time on the GPU
+        base = ServeJob(checkpoint="", vocab_size=vocab, sequences=tuple(scored),
+                        reference_logprobs=str(reference_file), items=tuple(items),
+                        meter=asdict(meter or STEADY_LOAD_METER), tensor_parallel_size=n_gpus, prefill=False)
+        serving = Serving(run_dir, summary, base, energy, version, here, runner or run_in_child,
+                          rounds_runner, status, step_up=not quick)
+        t = time.perf_counter()
+        try:
+            served = serve_plans(plans, paths, serving, workers)
+        finally:
+            reference_file.unlink(missing_ok=True)
+        timings["serving_s"] = time.perf_counter() - t
     finally:
-        reference_file.unlink(missing_ok=True)
-    timings["serving_s"] = time.perf_counter() - t
+        ahead.close()
 
     status("scoring the advisor's own models on the same tokens")
     dtype = next(loaded.model.parameters()).dtype

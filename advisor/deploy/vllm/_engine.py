@@ -11,7 +11,6 @@ what the parent makes of it:
 from __future__ import annotations
 
 import math
-import multiprocessing
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict
@@ -22,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from advisor.deploy.checkpoint import decode_graph_sizes
 from advisor.deploy.serving_gpus import engine_memory_share
 from advisor.deploy.vllm._load import STEADY_LOAD_METER
-from advisor.deploy.vllm._rounds import child_answer, pin_devices
+from advisor.deploy.vllm._rounds import child_answer, one_child, start_child
 from advisor.deploy.vllm._serve import ServeJob, serve
 from advisor.energy.meter import MeterConfig
 from advisor.errors import AdvisorError, SetupError, UnsupportedError
@@ -59,26 +58,11 @@ def import_vllm() -> ModuleType:
 
 
 # ----------------------------------------------------------------------------------- one engine per process
-def _child(target: Callable[[ServeJob], dict[str, Any]], job: ServeJob, conn: Any) -> None:
-    pin_devices(job)
-    try:
-        conn.send(("ok", target(job)))
-    except BaseException as exc:  # noqa: BLE001 (sent to the parent, which decides)
-        text = str(exc).strip().splitlines()
-        conn.send(("error", f"{type(exc).__name__}: {text[0] if text else ''}", isinstance(exc, ImportError)))
-    finally:
-        conn.close()
-
-
 def run_in_child(job: ServeJob, target: Callable[[ServeJob], dict[str, Any]] = serve,
                  timeout_s: float = 3600.0) -> dict[str, Any]:
     """``target(job)`` in a fresh (spawned) process, so the engine's GPU memory is freed when it ends.
     A checkpoint vLLM cannot load or serve is an UnsupportedError naming vLLM's own first line."""
-    ctx = multiprocessing.get_context("spawn")
-    parent, child = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=_child, args=(target, job, child), daemon=False)
-    proc.start()
-    child.close()
+    proc, parent = start_child(one_child, target, job)
     try:
         if not parent.poll(timeout_s):
             proc.kill()

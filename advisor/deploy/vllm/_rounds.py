@@ -6,13 +6,18 @@ The child runs :func:`advisor.deploy.vllm._serve.serve` with ``more``: after eac
 far (``("rows", rows)``) and waits for the next round's workloads (an empty list ends it); at the end it sends
 ``("ok", result)``, or ``("error", first line, is an import error)`` as
 :func:`advisor.deploy.vllm._engine.run_in_child`'s child does.
+
+Within :func:`processes_ahead`, every engine process is started one job ahead: a spare process imports vLLM (and has
+vLLM's registry look at the model's architectures, a subprocess of its own on a machine that has not cached it)
+while the parent exports, scores or serves the job before, and the next job is handed to it.
 """
 
 from __future__ import annotations
 
 import multiprocessing
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager, suppress
 from typing import Any
 
 from advisor.deploy.vllm._serve import ServeJob, serve
@@ -25,6 +30,18 @@ def pin_devices(job: ServeJob) -> None:
     """In an engine's own (spawned) process, before CUDA starts: see only the job's GPUs, where it names them."""
     if job.devices:
         os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(job.devices)
+
+
+def one_child(target: Callable[[ServeJob], dict[str, Any]], job: ServeJob, conn: Any) -> None:
+    """A child that serves one job and answers once."""
+    pin_devices(job)
+    try:
+        conn.send(("ok", target(job)))
+    except BaseException as exc:  # noqa: BLE001 (sent to the parent, which decides)
+        text = str(exc).strip().splitlines()
+        conn.send(("error", f"{type(exc).__name__}: {text[0] if text else ''}", isinstance(exc, ImportError)))
+    finally:
+        conn.close()
 
 
 def _rounds_child(target: Callable[..., dict[str, Any]], job: ServeJob, conn: Any) -> None:
@@ -48,11 +65,7 @@ def run_rounds_in_child(job: ServeJob, more: More, install_hint: str, target: Ca
     """``target(job, more=...)`` in a fresh (spawned) process whose ``more`` asks ``more`` here; each round gets
     ``timeout_s``. Errors as :func:`advisor.deploy.vllm._engine.run_in_child` raises them (``install_hint``: how
     to install vLLM, for an import error)."""
-    ctx = multiprocessing.get_context("spawn")
-    parent, child = ctx.Pipe(duplex=True)
-    proc = ctx.Process(target=_rounds_child, args=(target, job, child), daemon=False)
-    proc.start()
-    child.close()
+    proc, parent = start_child(_rounds_child, target, job)
     try:
         while True:
             if not parent.poll(timeout_s):
@@ -84,3 +97,94 @@ def child_answer(reply: tuple[Any, ...], checkpoint: str, install_hint: str) -> 
     if reply[2]:
         raise SetupError(f"--engine vllm: {reply[1]}; {install_hint}")
     raise UnsupportedError(f"vLLM could not serve {checkpoint} ({reply[1]})")
+
+
+# ----------------------------------------------------------------------------------- processes started ahead
+_ahead: dict[str, Any] = {}  # within processes_ahead: "devices", "architectures" and the "spare" (process, pipe)
+
+
+def _spare(conn: Any, devices: tuple[str, ...], architectures: tuple[str, ...]) -> None:
+    if devices:
+        os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(devices)
+    warm_imports(architectures)
+    try:
+        handed = conn.recv()
+    except EOFError:  # the parent ended without a job for it
+        return
+    if handed is not None:
+        child, target, job = handed
+        child(target, job, conn)
+
+
+def warm_imports(architectures: Sequence[str]) -> None:
+    """vLLM imported and its registry's look at each of ``architectures`` done, as an engine's start would; what
+    fails here fails again in the job, which says why."""
+    with suppress(Exception):
+        from vllm import LLM  # noqa: F401 (the import is the work)
+        from vllm.model_executor.models import ModelRegistry
+
+        for arch in architectures:
+            ModelRegistry._try_inspect_model_cls(arch)  # cached on disk by vLLM; a subprocess when not
+
+
+def _spawn_spare() -> None:
+    ctx = multiprocessing.get_context("spawn")
+    parent, child = ctx.Pipe(duplex=True)
+    proc = ctx.Process(target=_spare, args=(child, _ahead["devices"], _ahead["architectures"]), daemon=False)
+    proc.start()
+    child.close()
+    _ahead["spare"] = (proc, parent)
+
+
+def _close_spare() -> None:
+    spare = _ahead.pop("spare", None)
+    if spare is not None:
+        proc, conn = spare
+        with suppress(OSError):  # the spare has ended already
+            conn.send(None)
+        conn.close()
+        proc.join(timeout=10)
+        if proc.is_alive():
+            proc.kill()
+            proc.join()
+
+
+def start_child(child: Callable[..., None], target: Callable[..., dict[str, Any]], job: ServeJob
+                ) -> tuple[Any, Any]:
+    """``child(target, job, conn)`` in an engine process of its own: the spare started ahead where
+    :func:`processes_ahead` holds one for the job's GPUs (and the next spare started at once), else a fresh one.
+    Returns the process and the parent's end of its duplex pipe."""
+    spare = _ahead.get("spare")
+    if spare is not None and tuple(job.devices) == _ahead["devices"] and spare[0].is_alive():
+        del _ahead["spare"]
+        proc, conn = spare
+        conn.send((child, target, job))
+        _spawn_spare()
+        return proc, conn
+    ctx = multiprocessing.get_context("spawn")
+    parent, end = ctx.Pipe(duplex=True)
+    proc = ctx.Process(target=child, args=(target, job, end), daemon=False)
+    proc.start()
+    end.close()
+    return proc, parent
+
+
+def engine_architectures(model: Any) -> tuple[str, ...]:
+    """The architectures a transformers ``model``'s config names (what vLLM's registry looks up), or none."""
+    return tuple(getattr(getattr(model, "config", None), "architectures", None) or ())
+
+
+@contextmanager
+def processes_ahead(architectures: Sequence[str] = (), devices: Sequence[str] = ()) -> Iterator[None]:
+    """Within the block, each engine process for ``devices`` (the jobs' own, empty for the GPUs this process sees)
+    is started one job ahead (the module's docstring); the spare left over is ended with the block."""
+    if "devices" in _ahead:  # nested: the outer block's spares serve
+        yield
+        return
+    _ahead.update(devices=tuple(devices), architectures=tuple(architectures))
+    try:
+        _spawn_spare()
+        yield
+    finally:
+        _close_spare()
+        _ahead.clear()

@@ -1,0 +1,48 @@
+"""Engine processes started one job ahead (advisor.deploy.vllm._rounds.processes_ahead): the job runs in a process
+that was waiting with vLLM (here the fake) imported, the next one is started as a job is handed over, a job for
+other GPUs gets a fresh process, and the spare left over ends with the block."""
+
+from __future__ import annotations
+
+import multiprocessing
+import sys
+
+from advisor.deploy.vllm import ServeJob, processes_ahead, run_in_child, run_rounds_in_child
+
+
+def where_it_ran(job, more=None):
+    """A child's target (module level, so a spawned process finds it): its process, and whether vLLM was imported
+    before the job came."""
+    import os
+
+    if more is not None:
+        assert more({}) == []
+    return {"pid": os.getpid(), "vllm_ready": "vllm" in sys.modules, "visible": os.environ.get("CUDA_VISIBLE_DEVICES")}
+
+
+def waiting() -> set[int]:
+    return {p.pid for p in multiprocessing.active_children()}
+
+
+def test_each_job_runs_in_a_process_started_ahead_with_vllm_imported(tmp_path, monkeypatch):
+    (tmp_path / "pkgs" / "vllm").mkdir(parents=True)
+    (tmp_path / "pkgs" / "vllm" / "__init__.py").write_text(
+        "import sys\nfrom advisor.testing_vllm import fake_vllm\nsys.modules[__name__] = fake_vllm()\n")
+    monkeypatch.syspath_prepend(str(tmp_path / "pkgs"))
+    job = ServeJob(str(tmp_path), vocab_size=64)
+
+    fresh = run_in_child(job, target=where_it_ran)  # outside the block: a process of its own, nothing imported
+    assert not fresh["vllm_ready"] and not multiprocessing.active_children()
+
+    with processes_ahead(("LlamaForCausalLM",)):
+        ahead = waiting()
+        assert len(ahead) == 1
+        first = run_in_child(job, target=where_it_ran)
+        assert first["pid"] in ahead and first["vllm_ready"]
+        ahead = waiting()  # the next one, started when the first job was handed over
+        assert len(ahead) == 1 and first["pid"] not in ahead
+        second = run_rounds_in_child(job, lambda rows: [], "pip install vllm", target=where_it_ran)
+        assert second["pid"] in ahead and second["vllm_ready"]
+        other = run_in_child(ServeJob(str(tmp_path), vocab_size=64, devices=("1",)), target=where_it_ran)
+        assert other["pid"] not in waiting() | ahead and other["visible"] == "1" and not other["vllm_ready"]
+    assert not multiprocessing.active_children()  # the spare left over ended with the block
