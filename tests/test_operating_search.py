@@ -297,3 +297,20 @@ def test_no_step_up_where_the_headroom_does_not_reach_the_next_graph_size():
     got = search_batches(tier, PLAN, [BatchSearch(Workload(name="chat", tpot_ms=12.0), 120, CURVE,
                                                   grid=decode_graph_sizes(1024), step_up_to=150)])[0]
     assert tier.metered == [120] and got["search"] == "meets at the predicted batch 120"
+
+
+def test_verify_steps_up_only_under_the_plan_s_largest_predicted_batch():
+    # the engine keeps the max_num_seqs the team's serving config sets for the largest objective: an FP8 8B's engine
+    # sized 300 for a step up from 240 served batches 80-240 7-12% slower than one sized 240 (H200, 2026-11-29)
+    from advisor.workflows.verify_serving import operating_searches, search_ceiling
+
+    chat = {"name": "chat", "batch_size": 16, "input_tokens": 512, "output_tokens": 256, "tpot_ms": 8.0}
+    long = {**chat, "name": "long", "tpot_ms": 12.0}
+    summary = {"workloads": [chat, long], "operating_points": [
+        {"plan_id": "p", "workload": "chat", "batch": 80}, {"plan_id": "p", "workload": "long", "batch": 136},
+        {"plan_id": "q", "workload": "chat", "batch": 300}]}
+    plan = type("P", (), {"id": "p"})()
+    found = {s.workload.name: s.step_up_to for s in operating_searches(summary, plan, step_up=True)}
+    assert found == {"chat": 100, "long": 136}  # 80 may step up to 80 x 1.25; 136 is the largest: no step up
+    assert search_ceiling(summary, plan, True) == 136 == search_ceiling(summary, plan, False)
+    assert {s.step_up_to for s in operating_searches(summary, plan, step_up=False)} == {0}

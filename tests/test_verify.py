@@ -104,10 +104,11 @@ def test_verify_serves_the_recommendation_and_bf16(run_dir, engine, tmp_path):
         assert op["predicted"]["j_per_token"] == points[r["plan_id"]]["j_per_token"]
         assert op["vllm"]["batch"] == 6 and op["vllm"]["j_per_token"] > 0 and op["batch_full"]
         assert op["vllm"]["source"].startswith("measured (vLLM 0.0-fake, Fake GPU")
-    # each engine sized, and its CUDA graphs captured, for a step up from the operating batch 6 (to 8 at most)
-    assert {llm.kwargs["max_num_seqs"] for llm in engine.instances} == {step_up_ceiling(6)} == {8}
+    # each engine sized for its largest operating batch, 6, as the team's serving config sizes it (a step up from
+    # the largest stays under it: none here), its CUDA graphs captured for every batch up to it
+    assert {llm.kwargs["max_num_seqs"] for llm in engine.instances} == {6} and step_up_ceiling(6) == 8
     sizes = engine.instances[0].kwargs["compilation_config"]["cudagraph_capture_sizes"]
-    assert {1, 2, 4, 8} <= set(sizes)  # every decode size up to 8 (batch 6 runs padded to 8, as vLLM pads it)
+    assert {1, 2, 4, 8} <= set(sizes)  # every decode size up to 6 and the one it pads to (8, as vLLM pads it)
     assert "### Operating points as served" in (run_dir / "verify.md").read_text()
     # each operating point states the prediction's error against what vLLM served there
     for r in data["plans"]:
@@ -217,7 +218,7 @@ def test_verify_searches_an_operating_point_vllm_misses_in_the_same_engine(run_d
     assert res.exit_code == 0, res.output
     data = json.loads((copy / "verify.json").read_text())
     # each plan in one engine: its verify serving, then the search's smaller batches
-    assert [llm.kwargs["max_num_seqs"] for llm in engine.instances] == [step_up_ceiling(6)] * len(data["plans"])
+    assert [llm.kwargs["max_num_seqs"] for llm in engine.instances] == [6] * len(data["plans"])
     for r in data["plans"]:
         (op,) = r["operating"]
         found = op["vllm_search"]
