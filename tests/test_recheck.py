@@ -307,3 +307,29 @@ def test_recheck_reuses_the_run_s_bf16_measurement_of_the_same_engine_gpu_and_sh
     _invoke("--recommendation", str(path), "--model", str(TINY_MODEL), "--out", str(tmp_path / "rc2"),
             "--engine", "vllm")
     assert len(fake_vllm_gpu.instances) == 3  # the plan and BF16 served this time
+
+
+def test_recheck_reuses_all_bf16_as_the_run_s_verify_served_it_on_the_same_vllm_and_gpu(run_dir, fake_vllm_gpu,
+                                                                                         tmp_path):
+    (tmp_path / "summary.json").write_text((run_dir / "summary.json").read_text())
+    row = {"workload": "chat", "vllm_j_per_token": 0.3, "vllm_tokens_per_s": 900.0, "batch_full": True,
+           "vllm_unstable": False}
+    verify = {"engine": "vllm", "vllm_version": "0.0-fake", "gpu": "Fake GPU", "gpus": 1, "date": "2026-11-20",
+              "plans": [{"role": "bf16", "energy": [row]}]}
+    (tmp_path / "verify.json").write_text(json.dumps(verify))
+    res = _invoke("--recommendation", str(tmp_path), "--model", str(TINY_MODEL), "--out", str(tmp_path / "rc"),
+                  "--engine", "vllm")
+    new = json.loads((tmp_path / "rc" / "recheck.json").read_text())
+    assert [str(llm.model.name) for llm in fake_vllm_gpu.instances] == [new["plan_id"]]  # BF16 not served again
+    (e,) = new["new"]["bf16_energy"]
+    assert e["j_per_token"] == 0.3 and e["decode_tokens_per_s"] == 900.0
+    assert e["source"] == ("measured (vLLM 0.0-fake, Fake GPU, 2026-11-20); the run's own `advisor verify`, reused: "
+                           "same shape, engine and GPU")
+    assert "1 engine start(s)" in res.output
+    for change in ({"gpu": "Other GPU"}, {"vllm_version": "0.1-fake"},
+                   {"plans": [{"role": "bf16", "energy": [{**row, "vllm_unstable": True}]}]}):
+        (tmp_path / "verify.json").write_text(json.dumps({**verify, **change}))
+        served = len(fake_vllm_gpu.instances)
+        _invoke("--recommendation", str(tmp_path), "--model", str(TINY_MODEL), "--out", str(tmp_path / "rc"),
+                "--engine", "vllm")
+        assert len(fake_vllm_gpu.instances) == served + 2, change  # the plan and BF16 served this time

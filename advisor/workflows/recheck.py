@@ -109,16 +109,22 @@ def expected_minutes(starts: int, meterings: int) -> float:
     return max(1.0, (starts * START_S + meterings * METERING_S) / 60.0)
 
 
+def same_shape(summary: dict[str, Any], shape: Any) -> bool:
+    """The run's layer shape is ``shape`` (energy does not depend on the weights' values)."""
+    from advisor.models.shape import ModelShape
+
+    return "shape" in summary and ModelShape.from_dict(summary["shape"]) == shape
+
+
 def reused_bf16(summary: dict[str, Any], label: str, shape: Any, workloads: Any) -> list[Any] | None:
     """The run's own all-BF16 energy per stated workload where it can stand for the new model's: measured by the
     same engine on a GPU of the same name (``label`` up to its date), the same layer shape (energy does not depend
     on the weights' values), every workload measured. None where any of that does not hold."""
     from advisor.estimate import EnergyEstimate
-    from advisor.models.shape import ModelShape
 
     number = (summary.get("baselines") or {}).get("all-bf16")
     record = next((t for t in summary.get("trials", []) if t.get("trial") == number), None)
-    if record is None or "shape" not in summary or ModelShape.from_dict(summary["shape"]) != shape:
+    if record is None or not same_shape(summary, shape):
         return None
     engine = label.rpartition(",")[0]
     rows = {e["workload"]: e for e in record.get("energy", [])
@@ -135,6 +141,46 @@ def reused_bf16(summary: dict[str, Any], label: str, shape: Any, workloads: Any)
                                   source=e["source"] + "; the run's own, reused: same shape, engine and GPU",
                                   measured=True))
     return out
+
+
+def run_folder(summary_path: Path | str) -> Path:
+    """The run's folder, from its summary.json or the folder itself (``--recommendation`` takes either)."""
+    path = Path(summary_path)
+    return path if path.is_dir() else path.parent
+
+
+def verified_bf16(summary: dict[str, Any], verify_path: Path, model: Any, shape: Any, workloads: Any
+                  ) -> list[Any] | None:
+    """All-BF16 as the run's ``advisor verify --engine vllm`` served it (``verify_path``), where it can stand for the
+    new model's: the same vLLM version on as many GPUs of the same name as ``model`` (the recheck's vLLM tier) serves
+    on, the same layer shape, every workload of ``workloads`` stated as the run stated it and metered steady with
+    its batch full. None where any of that does not hold. Its prefill was not metered apart (NaN)."""
+    from advisor.estimate import EnergyEstimate
+    from advisor.recipe.schema import Workload
+
+    try:
+        verify = json.loads(Path(verify_path).read_text())
+    except (OSError, ValueError):
+        return None
+    gpu, version = str(verify.get("gpu") or ""), verify.get("vllm_version")
+    stated = {w["name"]: Workload(**w) for w in summary.get("workloads") or []}
+    bf16 = next((p for p in verify.get("plans") or [] if "bf16" in str(p.get("role", "")).split("+")), None)
+    if (bf16 is None or verify.get("engine") != "vllm" or version != getattr(model, "vllm_version", None)
+            or not gpu or not str(getattr(model, "gpu_label", "")).startswith(gpu)
+            or verify.get("gpus", 1) != getattr(model, "gpus", 1) or not same_shape(summary, shape)
+            or any(stated.get(w.name) != w for w in workloads)):
+        return None
+    rows = {e["workload"]: e for e in bf16.get("energy") or []
+            if e.get("vllm_j_per_token") and e.get("batch_full") and not e.get("vllm_unstable")}
+    if not all(w.name in rows for w in workloads):
+        return None
+    source = (f"measured (vLLM {version}, {gpu}, {verify.get('date')}); the run's own `advisor verify`, reused: "
+              "same shape, engine and GPU")
+    return [EnergyEstimate(workload=w.name, j_per_token=rows[w.name]["vllm_j_per_token"],
+                           decode_j_per_token=rows[w.name]["vllm_j_per_token"],
+                           prefill_j_per_input_token=float("nan"),
+                           decode_tokens_per_s=rows[w.name]["vllm_tokens_per_s"], source=source, measured=True)
+            for w in workloads]
 
 
 def run_recheck(
@@ -187,7 +233,9 @@ def run_recheck(
         objective, operating, untimed = [], [], []
         if engine is not None and ctx.measured_model is not None:
             model = ctx.measured_model
-            stored_bf16 = reused_bf16(summary, model.label, ctx.loaded.shape, recipe.workloads)
+            stored_bf16 = (reused_bf16(summary, model.label, ctx.loaded.shape, recipe.workloads)
+                       or verified_bf16(summary, run_folder(summary_path) / "verify.json", model,
+                                        ctx.loaded.shape, recipe.workloads))
             starts = 1 if stored_bf16 else 2
             loads = len({(w.batch_size, w.input_tokens, w.output_tokens) for w in recipe.workloads})
             meterings = loads * starts + len(operating_batches(summary, plan.id))

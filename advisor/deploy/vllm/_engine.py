@@ -121,11 +121,11 @@ class VllmEnergyModel(MeasuredTier):
                  rounds_runner: Callable[[ServeJob, Any], dict[str, Any]] | None = None) -> None:
         self.checkpoint_for, self.workloads, self.vocab_size = checkpoint_for, list(workloads), vocab_size
         self.meter, self.runner = meter or STEADY_LOAD_METER, runner or run_in_child
-        self.gpus = gpus
+        self.gpus, self.gpu_label = gpus, gpu_label
         self.rounds_runner = rounds_runner or _run_rounds
         self._served: dict[str, dict[str, Any]] = {}
         self._opening: dict[str, ServeJob] = {}
-        version = vllm_version or getattr(import_vllm(), "__version__", "unknown")
+        self.vllm_version = version = vllm_version or getattr(import_vllm(), "__version__", "unknown")
         where = f", {gpu_label}" if gpu_label else ""
         tp = f", tp={gpus}" if gpus > 1 else ""
         self.label = f"measured (vLLM {version}{where}{tp}, {time.strftime('%Y-%m-%d')})"
