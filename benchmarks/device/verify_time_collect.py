@@ -41,12 +41,28 @@ def engine_starts(log: str) -> list[dict[str, Any]]:
     return out
 
 
+def kept_servings(data: Path) -> list[tuple[str, dict[str, Any]]]:
+    """(plan id, what vLLM answered serving it): the run's kept servings (verify_served/*.json) where the round copied
+    them, else rebuilt from verify.json (its timings per plan, and each operating point's search)."""
+    kept = sorted((data / "verify_served").glob("*.json"))
+    if kept:
+        return [(path.stem, json.loads(path.read_text())["served"]) for path in kept]
+    verify = json.loads((data / "verify.json").read_text())
+    out = []
+    for plan in verify["plans"]:
+        flags = [(e["workload"], e) for e in plan["energy"]]
+        flags += [(f"{o['workload']} at batch {o['batch']}", o) for o in plan["operating"]]
+        unstable = {name: {"measurement": {"unstable": bool(row.get("vllm_unstable"))}} for name, row in flags}
+        out.append((plan["plan_id"], {"timings_s": verify["timings_s"]["plans"][plan["role"]], "energy": unstable,
+                                      "searches": {o["workload"]: o["vllm_search"] for o in plan["operating"]
+                                                   if o.get("vllm_search")}}))
+    return sorted(out)
+
+
 def plan_rows(data: Path, summary: dict[str, Any]) -> list[dict[str, Any]]:
     predicted = {(p["plan_id"], p["workload"]): p for p in summary.get("operating_points") or []}
     rows = []
-    for path in sorted((data / "verify_served").glob("*.json")):
-        kept = json.loads(path.read_text())
-        served, plan_id = kept["served"], path.stem
+    for plan_id, served in kept_servings(data):
         t = served.get("timings_s") or {}
         meterings = t.get("meterings") or []
         searches = []
@@ -59,8 +75,7 @@ def plan_rows(data: Path, summary: dict[str, Any]) -> list[dict[str, Any]]:
                              "served_j_per_token_at_predicted": first["j_per_token"],
                              "largest_batch_met": s["batch"] if s.get("meets") else None,
                              "meterings": len(s["trail"]), "search": s["search"]})
-        rows.append({"plan_id": plan_id, "served_at": kept.get("served_at"),
-                     "engine_start_s": t.get("engine_start_s"), "served_kl_s": t.get("served_kl_s"),
+        rows.append({"plan_id": plan_id, "engine_start_s": t.get("engine_start_s"), "served_kl_s": t.get("served_kl_s"),
                      "meterings": meterings, "metering_s": sum(m["seconds"] for m in meterings),
                      "unstable": [n for n, r in served["energy"].items() if r["measurement"]["unstable"]],
                      "searches": searches})
@@ -163,6 +178,9 @@ def main() -> None:
     rounds = [collect(data, "Round 1: before the window, log and search fixes (04:29 UTC)")]
     if (data / "after").is_dir():
         rounds.append(collect(data / "after", "Round 2: after them (10:30 UTC)"))
+    if (data / "round3").is_dir():
+        rounds.append(collect(data / "round3", "Round 3: engines started ahead, BF16 served as it is, step ups "
+                                               "(13:01 UTC)"))
     notes = data / "summary_notes.json"
     result = {"command": COMMAND, "rounds": rounds,
               "notes": json.loads(notes.read_text()) if notes.is_file() else []}
