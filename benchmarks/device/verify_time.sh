@@ -10,8 +10,8 @@
 #   M  benchmarks/device/meter_ab.py: the all-FP8 export metered at batches 16, 64 and 128 in one engine with the
 #      fast meter (vllm_load.STEADY_LOAD_METER) and the classic one (MeterConfig()), alternating
 #   R  `advisor recheck --recommendation RUN --model <the same BF16 checkpoint> --engine vllm`: the CI job's check of
-#      a new model version, timed (issue 57's target: at most 5 minutes; the run's BF16 is predicted, so both the
-#      recommendation and all-BF16 are served)
+#      a new model version, timed (issue 57's target: at most 5 minutes; after V, all-BF16 is read from V's
+#      verify.json and only the recommendation is served; without V both are)
 #   S  benchmarks/device/engine_true_sweep.py over ${SHAPES:-qwen2.5-7b}: shapes outside the step model's fit served
 #      at batches 16-256 (reports/benchmarks/engine_true.md's served side)
 # Poll with back-to-back calls that return within 600 s:
