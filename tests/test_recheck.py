@@ -183,6 +183,7 @@ def test_recheck_meters_the_plan_and_bf16_through_vllm(run_dir, fake_vllm_gpu, t
     for key in ("energy", "bf16_energy"):
         (e,) = data["new"][key]
         assert e["measured"] and e["source"].startswith("measured (vLLM 0.0-fake, Fake GPU, driver 0")
+        assert e["prefill_j_per_input_token"] != e["prefill_j_per_input_token"]  # NaN: no prefill metered apart
         (p,) = data["new"]["predicted"][key]
         assert not p["measured"] and p["j_per_token"] != e["j_per_token"]
     check = next(c for c in data["checks"] if c["name"].startswith("J/token"))

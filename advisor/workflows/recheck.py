@@ -233,6 +233,8 @@ def run_recheck(
         objective, operating, untimed = [], [], []
         if engine is not None and ctx.measured_model is not None:
             model = ctx.measured_model
+            if hasattr(model, "prefill"):  # the checks read J/token only: no prefill metered apart
+                model.prefill = False
             stored_bf16 = (reused_bf16(summary, model.label, ctx.loaded.shape, recipe.workloads)
                        or verified_bf16(summary, run_folder(summary_path) / "verify.json", model,
                                         ctx.loaded.shape, recipe.workloads))

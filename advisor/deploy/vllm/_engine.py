@@ -122,6 +122,9 @@ class VllmEnergyModel(MeasuredTier):
         self.checkpoint_for, self.workloads, self.vocab_size = checkpoint_for, list(workloads), vocab_size
         self.meter, self.runner = meter or STEADY_LOAD_METER, runner or run_in_child
         self.gpus, self.gpu_label = gpus, gpu_label
+        # each stated workload's prefill metered apart too (a batch-1 load): the search keeps decode and prefill J
+        # apart; a caller that reads J/token only (recheck) turns it off and saves a metering per load
+        self.prefill = True
         self.rounds_runner = rounds_runner or _run_rounds
         self._served: dict[str, dict[str, Any]] = {}
         self._opening: dict[str, ServeJob] = {}
@@ -144,7 +147,7 @@ class VllmEnergyModel(MeasuredTier):
         return ServeJob(checkpoint=checkpoint, vocab_size=self.vocab_size,
                         workloads=tuple(w.model_dump() for w in workloads), formats=False, meter=asdict(self.meter),
                         tensor_parallel_size=self.gpus, gpu_memory_utilization=engine_memory_share(self.gpus),
-                        **fields)
+                        **{"prefill": self.prefill, **fields})
 
     def serve_plan(self, plan: Plan) -> dict[str, Any]:
         if plan.id not in self._served:
