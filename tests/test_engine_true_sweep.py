@@ -56,7 +56,9 @@ def test_the_sweep_serves_each_plan_once_and_searches_each_objective_from_the_pr
     for o in row["objectives"].values():
         assert o["trail"][0]["batch"] == o["predicted_batch"] >= 1 and f"b{o['batch']}" in row["batches"]
         assert o["search"] and o["prediction_error_pct"]["tpot_ms"] is not None
-    assert row["max_num_seqs"] >= max(o["predicted_batch"] for o in row["objectives"].values())
+    # sized for the largest batch served anyway: a step up stays under it (as verify sizes a plan's engine)
+    assert row["max_num_seqs"] == max(4, 8, *(o["predicted_batch"] for o in row["objectives"].values()))
+    assert all(b <= row["max_num_seqs"] for o in row["objectives"].values() for b in (t["batch"] for t in o["trail"]))
 
     # the fit reads every metered batch once, on the GPU the file names
     monkeypatch.syspath_prepend(str(ROOT / "benchmarks" / "engine_true"))
