@@ -236,8 +236,8 @@ def run_recheck(
             if hasattr(model, "prefill"):  # the checks read J/token only: no prefill metered apart
                 model.prefill = False
             stored_bf16 = (reused_bf16(summary, model.label, ctx.loaded.shape, recipe.workloads)
-                       or verified_bf16(summary, run_folder(summary_path) / "verify.json", model,
-                                        ctx.loaded.shape, recipe.workloads))
+                           or verified_bf16(summary, run_folder(summary_path) / "verify.json", model,
+                                            ctx.loaded.shape, recipe.workloads))
             starts = 1 if stored_bf16 else 2
             loads = len({(w.batch_size, w.input_tokens, w.output_tokens) for w in recipe.workloads})
             meterings = loads * starts + len(operating_batches(summary, plan.id))

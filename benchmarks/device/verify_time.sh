@@ -41,7 +41,8 @@ print(next(t["plan_id"] for t in s["trials"] if t["trial"] == n))' $run/summary.
        /usr/bin/time -v -o $out/v_time.txt python3 -c 'from advisor.cli import main; main()' verify $run \
          --engine vllm --plan $fp8 > $out/v_verify.log 2>&1
        echo "verify rc=$?" >> $out/progress
-       cp $run/verify.json $out/vt8b_verify.json; cp $run/verify.md $out/vt8b_verify.md ;;
+       cp $run/verify.json $out/vt8b_verify.json; cp $run/verify.md $out/vt8b_verify.md
+       cp -r $run/verify_served $out/ 2>/dev/null ;;
     M) fp8=$(python3 -c 'import json, sys; s = json.load(open(sys.argv[1])); n = s["baselines"]["all-fp8"]
 print(next(t["plan_id"] for t in s["trials"] if t["trial"] == n))' $run/summary.json)
        python3 benchmarks/device/meter_ab.py $run/engine_checkpoints/$fp8 --batches 16 64 128 \
