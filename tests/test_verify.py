@@ -94,7 +94,8 @@ def test_verify_serves_the_recommendation_and_bf16(run_dir, engine, tmp_path):
     # "here" is an H100: the FP8 plan's GEMMs are served by cuBLASLt, as its export's vllm_config.yaml asks, and
     # verify.md names the options each plan ran with
     assert roles[fp8]["vllm_options"]["linear_backend"] == "torch" and "linear_backend" not in bf16["vllm_options"]
-    assert re.search(rf'`{fp8}` compilation_config={{"cudagraph_capture_sizes": \[[\d, ]+\]}}, linear_backend="torch"',
+    assert re.search(rf'`{fp8}` compilation_config={{"cudagraph_capture_sizes": \[[\d, ]+\]}}, linear_backend="torch", '
+                     'max_num_seqs=6',
                      (run_dir / "verify.md").read_text())
     # the objective's operating point: each plan served at its own largest batch under it (here the service's 6)
     points = {p["plan_id"]: p for p in summary["operating_points"]}

@@ -54,7 +54,7 @@ from advisor.formats import GPU, Format
 from advisor.plan import Plan
 from advisor.report.verify_record import ServedAccuracy, ServedEnergy, ServedOperatingPoint, VerifiedPlan, VerifyResult
 from advisor.search.operating import from_timed, objective_name
-from advisor.workflows.verify_serving import Serving, operating_workloads, serve_plans
+from advisor.workflows.verify_serving import Serving, engine_options, operating_workloads, serve_plans
 
 EXPORT_HEADROOM_BYTES = 4 * 2**30  # calibration and proxy batches, CUDA context
 REFERENCE_FILE = "verify_reference.pt"  # the reference's log-probabilities, for the engines' processes; deleted after
@@ -366,7 +366,7 @@ def verify_run(run_dir: Path, engine: str = "vllm", plan_ids: Sequence[str] = ()
             accuracy=accuracy_as_served(reference, mine, served[role], scored, items, len(heldout)),
             energy=energy_as_served(record, served[role], over_gpus(plan)),
             operating=operating_as_served(summary, plan, served[role], served_label),
-            vllm_options=served[role].get("llm_options") or {}, vllm_load_s=served[role].get("load_s"),
+            vllm_options=engine_options(served[role]), vllm_load_s=served[role].get("load_s"),
             read_back_from=served[role].get("read_back_from"), devices=served[role].get("devices") or [],
         ))
         del mine

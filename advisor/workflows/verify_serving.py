@@ -128,5 +128,13 @@ def serve_plans(plans: Mapping[str, Plan], paths: Mapping[str, Path], s: Serving
     return {role: served[role] for role in plans}
 
 
+def engine_options(served: dict[str, Any]) -> dict[str, Any]:
+    """The ``vllm.LLM`` options a plan was served with beyond its lengths: its ``max_num_seqs`` (vLLM served an FP8
+    8B's batches 80-240 7-12% slower in an engine sized 300 than in one sized 240: reports/benchmarks/verify_time.md)
+    and the export's options (CUDA-graph sizes, FP8 GEMM backend)."""
+    sized = {"max_num_seqs": served["max_num_seqs"]} if served.get("max_num_seqs") else {}
+    return {**sized, **(served.get("llm_options") or {})}
+
+
 def _searched(s: Serving, plan: Plan) -> bool:
     return s.energy and bool(operating_searches(s.summary, plan))

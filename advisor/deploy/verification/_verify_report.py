@@ -97,8 +97,9 @@ def render_verify(verified: VerifyResult) -> str:
 
 
 def served_options(result: dict[str, Any]) -> list[str]:
-    """The ``vllm.LLM`` options beyond the sizes that each plan was served with (the export's ``vllm_config.yaml``:
-    its CUDA-graph bound, and on Hopper cuBLASLt for FP8 GEMMs), since vLLM's J/token depends on them."""
+    """The ``vllm.LLM`` options beyond the lengths that each plan was served with (its ``max_num_seqs``, and the
+    export's ``vllm_config.yaml``: its CUDA-graph bound, and on Hopper cuBLASLt for FP8 GEMMs), since vLLM's
+    J/token depends on them."""
     said = [f"`{r['plan_id']}` " + ", ".join(f"{k}={json.dumps(v)}" for k, v in sorted(r["vllm_options"].items()))
             for r in result["plans"] if r.get("vllm_options")]
     return ["", "vLLM options each plan was served with: " + "; ".join(said) + "."] if said else []

@@ -184,7 +184,8 @@ def serve(job: ServeJob, make_counter: Callable[[], EnergyCounter] | None = None
     timings: dict[str, Any] = {"engine_start_s": load_s, "engine_start": stages, "meterings": []}
     say(f"vLLM engine started in {load_s:.0f} s ({start_words(start)})")
     out: dict[str, Any] = {"vllm_version": getattr(vllm, "__version__", "unknown"), "load_s": load_s,
-                           "llm_options": options, "tensor_parallel_size": tp, "timings_s": timings}
+                           "llm_options": options, "max_num_seqs": batch, "tensor_parallel_size": tp,
+                           "timings_s": timings}
     if job.formats:
         out["served"] = served_methods(llm)
     if job.sequences and job.reference_logprobs:
