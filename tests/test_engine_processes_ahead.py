@@ -20,8 +20,9 @@ def where_it_ran(job, more=None):
     return {"pid": os.getpid(), "vllm_ready": "vllm" in sys.modules, "visible": os.environ.get("CUDA_VISIBLE_DEVICES")}
 
 
-def waiting() -> set[int]:
-    return {p.pid for p in multiprocessing.active_children()}
+def waiting(before: frozenset[int] = frozenset()) -> set[int]:
+    """This process's live children, less ``before`` (another test's that are still ending)."""
+    return {p.pid for p in multiprocessing.active_children()} - before
 
 
 def test_each_job_runs_in_a_process_started_ahead_with_vllm_imported(tmp_path, monkeypatch):
@@ -30,19 +31,20 @@ def test_each_job_runs_in_a_process_started_ahead_with_vllm_imported(tmp_path, m
         "import sys\nfrom advisor.testing_vllm import fake_vllm\nsys.modules[__name__] = fake_vllm()\n")
     monkeypatch.syspath_prepend(str(tmp_path / "pkgs"))
     job = ServeJob(str(tmp_path), vocab_size=64)
+    before = frozenset(waiting())
 
     fresh = run_in_child(job, target=where_it_ran)  # outside the block: a process of its own, nothing imported
-    assert not fresh["vllm_ready"] and not multiprocessing.active_children()
+    assert not fresh["vllm_ready"] and not waiting(before)
 
     with processes_ahead(("LlamaForCausalLM",)):
-        ahead = waiting()
+        ahead = waiting(before)
         assert len(ahead) == 1
         first = run_in_child(job, target=where_it_ran)
         assert first["pid"] in ahead and first["vllm_ready"]
-        ahead = waiting()  # the next one, started when the first job was handed over
+        ahead = waiting(before)  # the next one, started when the first job was handed over
         assert len(ahead) == 1 and first["pid"] not in ahead
         second = run_rounds_in_child(job, lambda rows: [], "pip install vllm", target=where_it_ran)
         assert second["pid"] in ahead and second["vllm_ready"]
         other = run_in_child(ServeJob(str(tmp_path), vocab_size=64, devices=("1",)), target=where_it_ran)
-        assert other["pid"] not in waiting() | ahead and other["visible"] == "1" and not other["vllm_ready"]
-    assert not multiprocessing.active_children()  # the spare left over ended with the block
+        assert other["pid"] not in waiting(before) | ahead and other["visible"] == "1" and not other["vllm_ready"]
+    assert not waiting(before)  # the spare left over ended with the block
