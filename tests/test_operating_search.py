@@ -301,7 +301,7 @@ def test_no_step_up_where_the_headroom_does_not_reach_the_next_graph_size():
 
 def test_verify_steps_up_only_under_the_plan_s_largest_predicted_batch():
     # the engine keeps the max_num_seqs the team's serving config sets for the largest objective: an FP8 8B's engine
-    # sized 300 for a step up from 240 served batches 80-240 7-12% slower than one sized 240 (H200, 2026-11-29)
+    # sized 300 for a step up from 240 served batches 80-240 6-11% slower than one sized 240 (H200, 2026-11-29)
     from advisor.workflows.verify_serving import operating_searches, search_ceiling
 
     chat = {"name": "chat", "batch_size": 16, "input_tokens": 512, "output_tokens": 256, "tpot_ms": 8.0}

@@ -34,7 +34,7 @@ def operating_searches(summary: dict[str, Any], plan: Plan, step_up: bool = Fals
     """The plan's operating points of the run as searches that start at their predicted batch; with ``step_up``, a
     predicted batch that meets is followed by a larger one (:func:`~advisor.search.measured.step_up_ceiling`), no
     larger than the plan's largest predicted operating batch: the engine's ``max_num_seqs`` stays what the team's
-    serving config sets for that objective (an 8B's FP8 engines sized 300 for a step up served batch 80-240 7-12%
+    serving config sets for that objective (an 8B's FP8 engines sized 300 for a step up served batch 80-240 6-11%
     slower than the same checkpoint in an engine sized 240, on one H200: reports/benchmarks/verify_time.md)."""
     stated = {w["name"]: Workload(**w) for w in summary["workloads"]}
     points = [p for p in summary.get("operating_points") or [] if p["plan_id"] == plan.id and p["workload"] in stated]
@@ -130,7 +130,7 @@ def serve_plans(plans: Mapping[str, Plan], paths: Mapping[str, Path], s: Serving
 
 def engine_options(served: dict[str, Any]) -> dict[str, Any]:
     """The ``vllm.LLM`` options a plan was served with beyond its lengths: its ``max_num_seqs`` (vLLM served an FP8
-    8B's batches 80-240 7-12% slower in an engine sized 300 than in one sized 240: reports/benchmarks/verify_time.md)
+    8B's batches 80-240 6-11% slower in an engine sized 300 than in one sized 240: reports/benchmarks/verify_time.md)
     and the export's options (CUDA-graph sizes, FP8 GEMM backend)."""
     sized = {"max_num_seqs": served["max_num_seqs"]} if served.get("max_num_seqs") else {}
     return {**sized, **(served.get("llm_options") or {})}

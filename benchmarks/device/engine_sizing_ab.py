@@ -1,5 +1,5 @@
 """Does an engine's sizing move what vLLM serves? In round 3 of reports/benchmarks/verify_time.md an 8B's FP8 plans
-served batches 80, 136 and 240 7-12% slower in verify's engines (max_num_seqs 300, CUDA graphs to 304) than the
+served batches 80, 136 and 240 6-11% slower in verify's engines (max_num_seqs 300, CUDA graphs to 304) than the
 same plan in recheck's engine on the same GPU (max_num_seqs 240, graphs to 240). This serves one checkpoint in one
 engine per arm, each in a fresh process, and meters the same batches with the fast meter
 (``deploy.vllm.STEADY_LOAD_METER``):

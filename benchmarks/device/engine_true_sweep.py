@@ -64,7 +64,7 @@ def serve_and_search(path: Path, vocab: int, plan: Any, batches: list[int], sear
 
     fixed = [Workload(name=f"b{b}", batch_size=b, input_tokens=512, output_tokens=256) for b in batches]
     # sized as verify sizes a plan's engine: a step up stays under the largest batch served anyway (an FP8 8B engine
-    # sized 300 served batches 80-240 7-12% slower than one sized 240: reports/benchmarks/verify_time.md, round 3)
+    # sized 300 served batches 80-240 6-11% slower than one sized 240: reports/benchmarks/verify_time.md, round 3)
     ceiling = max([*batches, *(s.predicted_batch for s in searches)])
     searches = [replace(s, step_up_to=min(s.step_up_to, ceiling)) for s in searches]
     job = ServeJob(str(path), vocab_size=vocab, workloads=tuple(w.model_dump() for w in [*fixed, *(s.first() for s in

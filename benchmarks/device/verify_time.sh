@@ -13,7 +13,7 @@
 #      a new model version, timed (issue 57's target: at most 5 minutes; after V, all-BF16 is read from V's
 #      verify.json and only the recommendation is served; without V both are)
 #   Z  benchmarks/device/engine_sizing_ab.py on the all-FP8 export (after V): batches 80, 136 and 240 in engines sized
-#      max_num_seqs 240 and 300 with their own and each other's CUDA graphs (round 3's 7-12% between the two sizings)
+#      max_num_seqs 240 and 300 with their own and each other's CUDA graphs (round 3's 6-11% between the two sizings)
 #   S  benchmarks/device/engine_true_sweep.py over ${SHAPES:-qwen2.5-7b}: shapes outside the step model's fit served
 #      at batches 16-256 (reports/benchmarks/engine_true.md's served side)
 # Poll with back-to-back calls that return within 600 s:
