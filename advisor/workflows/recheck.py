@@ -28,7 +28,6 @@ from advisor.deploy.verification import (
     stored_plan,
     summary_recipe,
 )
-from advisor.deploy.vllm import engine_architectures, processes_ahead
 from advisor.errors import InputError
 from advisor.files import write_text_atomically
 from advisor.formats import Format
@@ -149,12 +148,13 @@ def run_folder(summary_path: Path | str) -> Path:
     return path if path.is_dir() else path.parent
 
 
-def verified_bf16(summary: dict[str, Any], verify_path: Path, model: Any, shape: Any, workloads: Any
-                  ) -> list[Any] | None:
-    """All-BF16 as the run's ``advisor verify --engine vllm`` served it (``verify_path``), where it can stand for the
-    new model's: the same vLLM version on as many GPUs of the same name as ``model`` (the recheck's vLLM tier) serves
-    on, the same layer shape, every workload of ``workloads`` stated as the run stated it and metered steady with
-    its batch full. None where any of that does not hold. Its prefill was not metered apart (NaN)."""
+def verified_bf16(summary: dict[str, Any], verify_path: Path, engine: str, tier: MeasuredTier, shape: Any,
+                  workloads: Any) -> list[Any] | None:
+    """All-BF16 as the run's ``advisor verify`` served it (``verify_path``), where it can stand for the new model's:
+    served through ``engine``, by the version and on as many GPUs of the same name as ``tier`` (the recheck's
+    measured tier: its label names them) meters on, the same layer shape, every workload of ``workloads`` stated as
+    the run stated it and metered steady with its batch full. None where any of that does not hold. Its prefill was
+    not metered apart (NaN)."""
     from advisor.estimate import EnergyEstimate
     from advisor.recipe.schema import Workload
 
@@ -162,20 +162,19 @@ def verified_bf16(summary: dict[str, Any], verify_path: Path, model: Any, shape:
         verify = json.loads(Path(verify_path).read_text())
     except (OSError, ValueError):
         return None
-    gpu, version = str(verify.get("gpu") or ""), verify.get("vllm_version")
+    served_by = f"measured (vLLM {verify.get('vllm_version')}, {verify.get('gpu')},"  # verify's own label, up to it
     stated = {w["name"]: Workload(**w) for w in summary.get("workloads") or []}
     bf16 = next((p for p in verify.get("plans") or [] if "bf16" in str(p.get("role", "")).split("+")), None)
-    if (bf16 is None or verify.get("engine") != "vllm" or version != getattr(model, "vllm_version", None)
-            or not gpu or not str(getattr(model, "gpu_label", "")).startswith(gpu)
-            or verify.get("gpus", 1) != getattr(model, "gpus", 1) or not same_shape(summary, shape)
+    if (bf16 is None or verify.get("engine") != engine or not tier.label.startswith(served_by)
+            or verify.get("gpus", 1) != tier.gpus or not same_shape(summary, shape)
             or any(stated.get(w.name) != w for w in workloads)):
         return None
     rows = {e["workload"]: e for e in bf16.get("energy") or []
             if e.get("vllm_j_per_token") and e.get("batch_full") and not e.get("vllm_unstable")}
     if not all(w.name in rows for w in workloads):
         return None
-    source = (f"measured (vLLM {version}, {gpu}, {verify.get('date')}); the run's own `advisor verify`, reused: "
-              "same shape, engine and GPU")
+    source = (f"{served_by.rstrip(',')}, {verify.get('date')}); the run's own `advisor verify`, reused: same shape, "
+              "engine and GPU")
     return [EnergyEstimate(workload=w.name, j_per_token=rows[w.name]["vllm_j_per_token"],
                            decode_j_per_token=rows[w.name]["vllm_j_per_token"],
                            prefill_j_per_input_token=float("nan"),
@@ -224,19 +223,20 @@ def run_recheck(
         raise InputError(f"the new model's layers differ from the stored plan's ({exc}); "
                          "the plan cannot be applied: run `advisor search` on the new model") from None
     bf16 = Plan.uniform(groups, Format.BF16)
-    # vLLM's engine processes start one ahead: the first imports vLLM while the plans are scored here
-    with processes_ahead(engine_architectures(ctx.loaded.model)) if engine == "vllm" else nullcontext():
+    tier = ctx.measured_model if engine is not None else None
+    architectures = getattr(ctx.loaded.model.config, "architectures", None) or ()
+    # an engine's processes start one ahead: the first imports the engine while the plans are scored here
+    with tier.started_ahead(architectures) if tier is not None else nullcontext():
         status("scoring the stored plan and BF16 on the new model")
         ev_bf16 = ctx.evaluate(bf16)
         ev = ctx.evaluate(plan)
         predicted = {"energy": [e.to_dict() for e in ev.energy], "bf16_energy": [e.to_dict() for e in ev_bf16.energy]}
         objective, operating, untimed = [], [], []
-        if engine is not None and ctx.measured_model is not None:
-            model = ctx.measured_model
-            if hasattr(model, "prefill"):  # the checks read J/token only: no prefill metered apart
-                model.prefill = False
+        if engine is not None and tier is not None:
+            model = tier
+            model.prefill_apart = False  # the checks read J/token only
             stored_bf16 = (reused_bf16(summary, model.label, ctx.loaded.shape, recipe.workloads)
-                           or verified_bf16(summary, run_folder(summary_path) / "verify.json", model,
+                           or verified_bf16(summary, run_folder(summary_path) / "verify.json", engine, model,
                                             ctx.loaded.shape, recipe.workloads))
             starts = 1 if stored_bf16 else 2
             loads = len({(w.batch_size, w.input_tokens, w.output_tokens) for w in recipe.workloads})

@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import asdict
 from pathlib import Path
 from types import ModuleType
@@ -21,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from advisor.deploy.checkpoint import decode_graph_sizes
 from advisor.deploy.serving_gpus import engine_memory_share
 from advisor.deploy.vllm._load import STEADY_LOAD_METER
-from advisor.deploy.vllm._rounds import child_answer, one_child, start_child
+from advisor.deploy.vllm._rounds import child_answer, one_child, processes_ahead, start_child
 from advisor.deploy.vllm._serve import ServeJob, serve
 from advisor.energy.meter import MeterConfig
 from advisor.errors import AdvisorError, SetupError, UnsupportedError
@@ -121,14 +122,11 @@ class VllmEnergyModel(MeasuredTier):
                  rounds_runner: Callable[[ServeJob, Any], dict[str, Any]] | None = None) -> None:
         self.checkpoint_for, self.workloads, self.vocab_size = checkpoint_for, list(workloads), vocab_size
         self.meter, self.runner = meter or STEADY_LOAD_METER, runner or run_in_child
-        self.gpus, self.gpu_label = gpus, gpu_label
-        # each stated workload's prefill metered apart too (a batch-1 load): the search keeps decode and prefill J
-        # apart; a caller that reads J/token only (recheck) turns it off and saves a metering per load
-        self.prefill = True
+        self.gpus = gpus
         self.rounds_runner = rounds_runner or _run_rounds
         self._served: dict[str, dict[str, Any]] = {}
         self._opening: dict[str, ServeJob] = {}
-        self.vllm_version = version = vllm_version or getattr(import_vllm(), "__version__", "unknown")
+        version = vllm_version or getattr(import_vllm(), "__version__", "unknown")
         where = f", {gpu_label}" if gpu_label else ""
         tp = f", tp={gpus}" if gpus > 1 else ""
         self.label = f"measured (vLLM {version}{where}{tp}, {time.strftime('%Y-%m-%d')})"
@@ -147,7 +145,7 @@ class VllmEnergyModel(MeasuredTier):
         return ServeJob(checkpoint=checkpoint, vocab_size=self.vocab_size,
                         workloads=tuple(w.model_dump() for w in workloads), formats=False, meter=asdict(self.meter),
                         tensor_parallel_size=self.gpus, gpu_memory_utilization=engine_memory_share(self.gpus),
-                        **{"prefill": self.prefill, **fields})
+                        **{"prefill": self.prefill_apart, **fields})
 
     def serve_plan(self, plan: Plan) -> dict[str, Any]:
         if plan.id not in self._served:
@@ -178,6 +176,10 @@ class VllmEnergyModel(MeasuredTier):
         :meth:`estimate` reads the stated rows from it."""
         self.open_with(plan, self._job(plan, [*self.workloads, *operating],
                                        no_prefill=tuple(w.name for w in operating)))
+
+    def started_ahead(self, architectures: Sequence[str]) -> AbstractContextManager[None]:
+        """Each engine process is started one job ahead (:func:`~advisor.deploy.vllm._rounds.processes_ahead`)."""
+        return processes_ahead(architectures)
 
     def forget(self, plan: Plan) -> None:
         """The next estimate of ``plan`` serves it again (a unit's drift check measures all-BF16 afresh)."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 
 from advisor.errors import UnsupportedError
 from advisor.estimate import EnergyEstimate
@@ -40,6 +41,10 @@ class MeasuredTier(abc.ABC):
     #: True: :meth:`open_for` opens a plan's serving with its operating searches' first round beside the stated
     #: workloads, so the searches run in the engine that meters the plan (one engine start a plan)
     searches_in_serving: bool = False
+    #: True: each stated workload's prefill is also metered as a load of its own (J per input token, kept apart);
+    #: a caller that reads J/token only sets it False (a tier whose J/token is built from its prefill metering
+    #: meters it anyway)
+    prefill_apart: bool = True
 
     @property
     def batch_grid(self) -> tuple[int, ...]:
@@ -74,6 +79,12 @@ class MeasuredTier(abc.ABC):
         them, for :meth:`measure_rounds` and :meth:`estimate` to read; only where :attr:`searches_in_serving`."""
         raise UnsupportedError(f"{self.label} meters a plan's operating points apart from its stated workloads "
                                "(searches_in_serving is False)")
+
+    def started_ahead(self, architectures: Sequence[str]) -> AbstractContextManager[None]:
+        """Within it, the tier's engine processes (where it starts any) are started one job ahead, importing the
+        engine while the caller works (``architectures``: the model's, for an engine that looks them up at start).
+        This default starts nothing."""
+        return nullcontext()
 
     def forget(self, plan: Plan) -> None:
         """The next estimate of ``plan`` measures it afresh (a unit's drift check). A tier that keeps nothing it
