@@ -12,8 +12,9 @@
 #   R  `advisor recheck --recommendation RUN --model <the same BF16 checkpoint> --engine vllm`: the CI job's check of
 #      a new model version, timed (issue 57's target: at most 5 minutes; after V, all-BF16 is read from V's
 #      verify.json and only the recommendation is served; without V both are)
-#   Z  benchmarks/device/engine_sizing_ab.py on the all-FP8 export (after V): batches 80, 136 and 240 in engines sized
-#      max_num_seqs 240 and 300 with their own and each other's CUDA graphs (round 3's 6-11% between the two sizings)
+#   Z  benchmarks/device/engine_sizing_ab.py on the all-FP8 export (V's, else the random 8B's, built here): batches 80,
+#      136 and 240 in engines sized max_num_seqs 240 and 300 with their own and each other's CUDA graphs (round 3's
+#      6-11% between the two sizings); about 10 min alone
 #   S  benchmarks/device/engine_true_sweep.py over ${SHAPES:-qwen2.5-7b}: shapes outside the step model's fit served
 #      at batches 16-256 (reports/benchmarks/engine_true.md's served side)
 # Poll with back-to-back calls that return within 600 s:
@@ -50,8 +51,13 @@ print(next(t["plan_id"] for t in s["trials"] if t["trial"] == n))' $run/summary.
        python3 benchmarks/device/meter_ab.py $run/engine_checkpoints/$fp8 --batches 16 64 128 \
          --out $out/meter_ab.json > $out/m.log 2>&1 ;;
     Z) fp8=$(python3 -c 'import json, sys; s = json.load(open(sys.argv[1])); n = s["baselines"]["all-fp8"]
-print(next(t["plan_id"] for t in s["trials"] if t["trial"] == n))' $run/summary.json)
-       python3 benchmarks/device/engine_sizing_ab.py $run/engine_checkpoints/$fp8 --batches 80 136 240 \
+print(next(t["plan_id"] for t in s["trials"] if t["trial"] == n))' $run/summary.json 2>/dev/null)
+       zck=$run/engine_checkpoints/$fp8
+       if [ -z "$fp8" ] || [ ! -f $zck/config.json ]; then  # without B and V: the random 8B's all-FP8 export
+         python3 benchmarks/vllm_verify.py checkpoints --checkpoints $ck --plans all-fp8 > $out/z_ck.log 2>&1
+         zck=$ck/all-fp8
+       fi
+       python3 benchmarks/device/engine_sizing_ab.py $zck --batches 80 136 240 \
          --out $out/engine_sizing_ab.json > $out/z.log 2>&1 ;;
     R) /usr/bin/time -v -o $out/r_time.txt python3 -c 'from advisor.cli import main; main()' recheck \
          --recommendation $run --model /tmp/s44/base --engine vllm -o $run/recheck > $out/r_recheck.log 2>&1
