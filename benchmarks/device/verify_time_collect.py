@@ -1,10 +1,10 @@
 """reports/benchmarks/verify_time.{json,md}: where `advisor verify`'s time goes, per stage, from GPU rounds' files
 (benchmarks/device/verify_time.sh copied back into reports/benchmarks/verify_time_data/, one folder a round: the
-folder itself holds the first round, ``after/`` the one after the fixes): each plan's kept serving
-(verify_served/*.json: its engine start, served KL and every metering, timed inside the engine's process), the
-round's progress lines and vLLM's own log (engine start stages, with their clock times), the run's predicted
-operating points beside the batches vLLM served, and where the round ran it, meter_ab.json (the fast meter against
-the classic one on one engine).
+folder itself holds the first round, ``after/`` the second, ``roundN/`` the N-th, its heading in ``title.txt``):
+each plan's kept serving (verify_served/*.json, else verify.json: its engine start, served KL and every metering,
+timed inside the engine's process), the round's progress lines and vLLM's own log (engine start stages, with their
+clock times), the run's predicted operating points beside the batches vLLM served, and where the round ran it,
+meter_ab.json (the fast meter against the classic one on one engine).
 
     python benchmarks/device/verify_time_collect.py
 """
@@ -178,9 +178,10 @@ def main() -> None:
     rounds = [collect(data, "Round 1: before the window, log and search fixes (04:29 UTC)")]
     if (data / "after").is_dir():
         rounds.append(collect(data / "after", "Round 2: after them (10:30 UTC)"))
-    if (data / "round3").is_dir():
-        rounds.append(collect(data / "round3", "Round 3: engines started ahead, BF16 served as it is, step ups "
-                                               "(13:01 UTC)"))
+    for folder in sorted(data.glob("round[0-9]*"), key=lambda f: int(f.name[5:])):  # round3/, round4/, ...
+        title = folder / "title.txt"
+        rounds.append(collect(folder, f"Round {folder.name[5:]}: "
+                                      + (title.read_text().strip() if title.is_file() else folder.name)))
     notes = data / "summary_notes.json"
     result = {"command": COMMAND, "rounds": rounds,
               "notes": json.loads(notes.read_text()) if notes.is_file() else []}
