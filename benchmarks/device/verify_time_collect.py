@@ -88,6 +88,7 @@ def collect(data: Path, name: str) -> dict[str, Any]:
     summary = json.loads((data / "summary_excerpt.json").read_text())
     verify = data / "verify.json"
     ab = data / "meter_ab.json"
+    sizing = data / "engine_sizing_ab.json"
     notes = data / "notes.json"
     return {"round": name, "data": str(data), "gpu": gpu, "driver": driver, "power_limit": limit,
             "vllm_version": (data / "vllm_version.txt").read_text().strip(), "date": "2026-11-29",
@@ -96,6 +97,7 @@ def collect(data: Path, name: str) -> dict[str, Any]:
             "plans": plan_rows(data, summary),
             "verify_timings_s": json.loads(verify.read_text()).get("timings_s") if verify.is_file() else None,
             "meter_ab": json.loads(ab.read_text()) if ab.is_file() else None,
+            "sizing_ab": json.loads(sizing.read_text()) if sizing.is_file() else None,
             "notes": json.loads(notes.read_text()) if notes.is_file() else []}
 
 
@@ -132,6 +134,8 @@ def render_round(r: dict[str, Any]) -> list[str]:
                          f"{s['largest_batch_met']} | {s['meterings']} | {s['search']} |")
     if r.get("meter_ab"):
         lines += render_meter_ab(r["meter_ab"])
+    if r.get("sizing_ab"):
+        lines += render_sizing_ab(r["sizing_ab"])
     if r["notes"]:
         lines += ["", "Notes:", ""] + [f"- {n}" for n in r["notes"]]
     return lines + [""]
@@ -153,6 +157,27 @@ def render_meter_ab(ab: dict[str, Any]) -> list[str]:
             lines.append(f"| {b} | {row['meter']} | {row['seconds']:.1f} | {row['j_per_token']:.5f} | "
                          f"{row['tokens_per_s']:.0f} | {row['tpot_ms_p50']:.2f} | {row['windows_taken']} | "
                          f"{row['cv']:.4f} | {'yes' if row['unstable'] else 'no'} | {vs} |")
+    return lines
+
+
+def render_sizing_ab(ab: dict[str, Any]) -> list[str]:
+    """One checkpoint in engines sized apart (benchmarks/device/engine_sizing_ab.py), each arm in order."""
+    low = ab["arms"]["A"]["max_num_seqs"]
+    lines = ["", f"One checkpoint in engines sized apart (`benchmarks/device/engine_sizing_ab.py`, "
+             f"`{Path(ab['checkpoint']).name}`, {ab['gpu']}, {ab['date']}; the fast meter, one metering a batch):", "",
+             f"| arm | max_num_seqs | decode graphs above {low} | engine start s | batch | TPOT p50 ms | J/token | "
+             "tokens/s | unstable |", "|---|---|---|---|---|---|---|---|---|"]
+    for run in ab["runs"]:
+        arm = ab["arms"][run["arm"]]
+        above = [g for g in arm["graphs"] if low < g < 512]
+        head = f"| {run['arm']} | {arm['max_num_seqs']} | {', '.join(map(str, above)) or 'none'} | "
+        if run.get("error"):
+            lines.append(head + f"| {run['error']} | | | | |")
+            continue
+        for row in run["rows"]:
+            unstable = "yes" if row["unstable"] else "no"
+            lines.append(head + f"{run['engine_start_s']:.0f} | {row['batch']} | {row['tpot_ms_p50']:.2f} | "
+                         f"{row['j_per_token']:.5f} | {row['tokens_per_s']:.0f} | {unstable} |")
     return lines
 
 
