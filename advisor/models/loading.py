@@ -32,6 +32,11 @@ class LoadedModel:
     shape: ModelShape
     fingerprint: str = ""  # advisor.models.fingerprint, taken while the shards were read
 
+    @property
+    def architectures(self) -> tuple[str, ...]:
+        """The architectures the model's config names (what a serving engine's registry looks up), or none."""
+        return tuple(getattr(getattr(self.model, "config", None), "architectures", None) or ())
+
 
 def _demo_location() -> tuple[str, str]:
 

@@ -224,9 +224,8 @@ def run_recheck(
                          "the plan cannot be applied: run `advisor search` on the new model") from None
     bf16 = Plan.uniform(groups, Format.BF16)
     tier = ctx.measured_model if engine is not None else None
-    architectures = getattr(ctx.loaded.model.config, "architectures", None) or ()
     # an engine's processes start one ahead: the first imports the engine while the plans are scored here
-    with tier.started_ahead(architectures) if tier is not None else nullcontext():
+    with tier.started_ahead(ctx.loaded.architectures) if tier is not None else nullcontext():
         status("scoring the stored plan and BF16 on the new model")
         ev_bf16 = ctx.evaluate(bf16)
         ev = ctx.evaluate(plan)

@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Sequence
-from contextlib import ExitStack
+from contextlib import nullcontext
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -36,7 +36,6 @@ from advisor.deploy.vllm import (
     MAX_ENTRIES,
     STEADY_LOAD_METER,
     ServeJob,
-    engine_architectures,
     kl_sum,
     logprobs_per_sequence,
     processes_ahead,
@@ -272,10 +271,9 @@ def verify_run(run_dir: Path, engine: str = "vllm", plan_ids: Sequence[str] = ()
     status(f"loading model {recipe.model.source}")
     loaded = load_model(recipe.model, "cpu")
     # the first engine's process imports vLLM while this one exports and scores; each next one while one serves
-    ahead = ExitStack()
-    try:
-        if runner is None and rounds_runner is None and workers <= 1:
-            ahead.enter_context(processes_ahead(engine_architectures(loaded.model)))
+    ahead = processes_ahead(loaded.architectures) if runner is None and rounds_runner is None and workers <= 1 \
+        else nullcontext()
+    with ahead:
         fingerprint = model_fingerprint(loaded, (summary.get("model") or {}).get("fingerprint"))
         export_device = exports_device(loaded.model)
         if export_device == "cuda":  # in BF16, as a search on the GPU scored; minutes faster than the CPU
@@ -336,8 +334,6 @@ def verify_run(run_dir: Path, engine: str = "vllm", plan_ids: Sequence[str] = ()
         finally:
             reference_file.unlink(missing_ok=True)
         timings["serving_s"] = time.perf_counter() - t
-    finally:
-        ahead.close()
 
     status("scoring the advisor's own models on the same tokens")
     dtype = next(loaded.model.parameters()).dtype

@@ -32,16 +32,22 @@ def pin_devices(job: ServeJob) -> None:
         os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(job.devices)
 
 
-def one_child(target: Callable[[ServeJob], dict[str, Any]], job: ServeJob, conn: Any) -> None:
-    """A child that serves one job and answers once."""
-    pin_devices(job)
+def _answer(conn: Any, serving: Callable[[], dict[str, Any]]) -> None:
+    """``serving``'s result sent as ``("ok", result)``, or what stopped it as ``("error", first line, is an import
+    error)``; the pipe closed either way."""
     try:
-        conn.send(("ok", target(job)))
+        conn.send(("ok", serving()))
     except BaseException as exc:  # noqa: BLE001 (sent to the parent, which decides)
         text = str(exc).strip().splitlines()
         conn.send(("error", f"{type(exc).__name__}: {text[0] if text else ''}", isinstance(exc, ImportError)))
     finally:
         conn.close()
+
+
+def one_child(target: Callable[[ServeJob], dict[str, Any]], job: ServeJob, conn: Any) -> None:
+    """A child that serves one job and answers once."""
+    pin_devices(job)
+    _answer(conn, lambda: target(job))
 
 
 def _rounds_child(target: Callable[..., dict[str, Any]], job: ServeJob, conn: Any) -> None:
@@ -51,13 +57,7 @@ def _rounds_child(target: Callable[..., dict[str, Any]], job: ServeJob, conn: An
         conn.send(("rows", rows))
         return list(conn.recv())
 
-    try:
-        conn.send(("ok", target(job, more=more)))
-    except BaseException as exc:  # noqa: BLE001 (sent to the parent, which decides)
-        text = str(exc).strip().splitlines()
-        conn.send(("error", f"{type(exc).__name__}: {text[0] if text else ''}", isinstance(exc, ImportError)))
-    finally:
-        conn.close()
+    _answer(conn, lambda: target(job, more=more))
 
 
 def run_rounds_in_child(job: ServeJob, more: More, install_hint: str, target: Callable[..., dict[str, Any]] = serve,
@@ -103,7 +103,7 @@ def child_answer(reply: tuple[Any, ...], checkpoint: str, install_hint: str) -> 
 _ahead: dict[str, Any] = {}  # within processes_ahead: "devices", "architectures" and the "spare" (process, pipe)
 
 
-def _spare(conn: Any, devices: tuple[str, ...], architectures: tuple[str, ...]) -> None:
+def _spare(devices: tuple[str, ...], architectures: tuple[str, ...], conn: Any) -> None:
     if devices:
         os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(devices)
     warm_imports(architectures)
@@ -127,13 +127,19 @@ def warm_imports(architectures: Sequence[str]) -> None:
             ModelRegistry._try_inspect_model_cls(arch)  # cached on disk by vLLM; a subprocess when not
 
 
-def _spawn_spare() -> None:
+def _spawn(function: Callable[..., None], *args: Any) -> tuple[Any, Any]:
+    """``function(*args, conn)`` in a spawned process (not a daemon: vLLM starts processes of its own); the process
+    and the parent's end of the duplex pipe ``conn`` is the other end of."""
     ctx = multiprocessing.get_context("spawn")
-    parent, child = ctx.Pipe(duplex=True)
-    proc = ctx.Process(target=_spare, args=(child, _ahead["devices"], _ahead["architectures"]), daemon=False)
+    parent, end = ctx.Pipe(duplex=True)
+    proc = ctx.Process(target=function, args=(*args, end), daemon=False)
     proc.start()
-    child.close()
-    _ahead["spare"] = (proc, parent)
+    end.close()
+    return proc, parent
+
+
+def _spawn_spare() -> None:
+    _ahead["spare"] = _spawn(_spare, _ahead["devices"], _ahead["architectures"])
 
 
 def _close_spare() -> None:
@@ -161,17 +167,7 @@ def start_child(child: Callable[..., None], target: Callable[..., dict[str, Any]
         conn.send((child, target, job))
         _spawn_spare()
         return proc, conn
-    ctx = multiprocessing.get_context("spawn")
-    parent, end = ctx.Pipe(duplex=True)
-    proc = ctx.Process(target=child, args=(target, job, end), daemon=False)
-    proc.start()
-    end.close()
-    return proc, parent
-
-
-def engine_architectures(model: Any) -> tuple[str, ...]:
-    """The architectures a transformers ``model``'s config names (what vLLM's registry looks up), or none."""
-    return tuple(getattr(getattr(model, "config", None), "architectures", None) or ())
+    return _spawn(child, target, job)
 
 
 @contextmanager
