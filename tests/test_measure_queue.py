@@ -39,20 +39,37 @@ ROOT = Path(__file__).resolve().parents[1]
 GROUPS = tuple(LayerGroup(f"layers.{i}.{r}", (f"m{i}{r}",), ((64, 64),)) for i in range(3) for r in ("qkv", "down"))
 
 WORKER = textwrap.dedent("""
-    import sys, optuna
+    import sys, time, optuna
     from advisor.recipe import validate_recipe
+    from advisor.search.measured import QUEUE_SUFFIX
     from advisor.search.storage import open_storage
     from advisor.testing import FakeMeasuredGPU
     from advisor.workflows.measured_tier import worker_stage
     from advisor.workflows.progress import ProgressReporter
     from rich.console import Console
 
-    url, out, delay = sys.argv[1], sys.argv[2], float(sys.argv[3])
+    url, out, delay, gated = sys.argv[1], sys.argv[2], float(sys.argv[3]), sys.argv[4] == "gated"
     recipe = validate_recipe({"name": "m", "target": "b200", "out": out, "storage": url})
     storage = open_storage(url)
     study = optuna.load_study(study_name="m", storage=storage)
+
+
+    class Gated(FakeMeasuredGPU):
+        # holds its first plan until the coordinator has taken one: on a busy machine the coordinator can
+        # otherwise be late enough to find the queue empty, and the split would depend on the machine's load
+        def estimate(self, plan, workload):
+            global gated
+            end = time.monotonic() + 60
+            while gated and time.monotonic() < end and not any(
+                    t.user_attrs.get("kind") == "plan" and t.user_attrs.get("unit", {}).get("gpu_uuid") == "GPU-a"
+                    for t in optuna.load_study(study_name="m" + QUEUE_SUFFIX, storage=storage).get_trials()):
+                time.sleep(0.02)
+            gated = False
+            return super().estimate(plan, workload)
+
+
     print("ready", flush=True)
-    n = worker_stage(study, storage, FakeMeasuredGPU("GPU-b", delay_s=delay), recipe,
+    n = worker_stage(study, storage, Gated("GPU-b", delay_s=delay), recipe,
                      ProgressReporter(Console(stderr=True), heartbeat=False), poll_s=0.02)
     print(n, flush=True)
 """)
@@ -103,8 +120,10 @@ def _queue_trials(recipe):
         return []
 
 
-def _start_worker(recipe, tmp_path: Path, delay_s: float) -> subprocess.Popen:
-    proc = subprocess.Popen([sys.executable, "-c", WORKER, recipe.storage_url, str(tmp_path / "w"), str(delay_s)],
+def _start_worker(recipe, tmp_path: Path, delay_s: float, gated: bool = False) -> subprocess.Popen:
+    """A worker process on GPU-b; ``gated``: it holds its first plan until the coordinator has taken one."""
+    proc = subprocess.Popen([sys.executable, "-c", WORKER, recipe.storage_url, str(tmp_path / "w"), str(delay_s),
+                             "gated" if gated else "free"],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert proc.stdout.readline().strip() == "ready", proc.stderr.read()
     return proc
@@ -138,7 +157,7 @@ def test_one_process_measures_what_and_in_the_order_the_stage_always_did(searche
 def test_two_workers_measure_disjoint_plans_each_on_its_gpu_and_the_coordinator_merges(searched, tmp_path):
     study, recipe = searched
     set_round(study, "pending")
-    worker = _start_worker(recipe, tmp_path, 0.2)
+    worker = _start_worker(recipe, tmp_path, 0.2, gated=True)
     coordinator = FakeMeasuredGPU("GPU-a", delay_s=0.2)
     _stage(study, recipe, coordinator)
     out, err = worker.communicate(timeout=60)
