@@ -215,12 +215,13 @@ def test_units_whose_all_bf16_disagree_beyond_the_drift_are_reported_and_put_on_
     study, recipe = searched
     set_round(study, "pending")
     storage = open_storage(recipe.storage_url)
-    other = FakeMeasuredGPU("GPU-b", scale=1.1, delay_s=0.05)
+    coordinator = _Signalling("GPU-a", delay_s=0.2)
+    other = _WaitsFor(coordinator.took_a_plan, "GPU-b", scale=1.1, delay_s=0.05)
     worker = threading.Thread(target=worker_stage, args=(study, storage, other, recipe,
                                                          ProgressReporter(Console(file=io.StringIO()))),
                               kwargs={"poll_s": 0.01})
     worker.start()
-    printed = _stage(study, recipe, FakeMeasuredGPU("GPU-a", delay_s=0.2))
+    printed = _stage(study, recipe, coordinator)
     worker.join(timeout=60)
     assert other.calls  # both units measured
     assert "differ by 10.0% on 'chat'" in printed and "put on GPU-a's scale" in printed
@@ -245,6 +246,30 @@ def test_units_whose_all_bf16_disagree_beyond_the_drift_are_reported_and_put_on_
         assert chosen[plan_id].energy("chat") == raw[plan_id][0].j_per_token
     records = {r["plan_id"]: r for r in build_summary(study).model_dump(mode="json")["trials"]}
     assert all("put on GPU-a's scale" in records[p]["energy"][0]["source"] for p in units["GPU-b"].plans)
+
+
+class _Signalling(FakeMeasuredGPU):
+    """A coordinator's fake GPU that says when it has taken a plan (its first estimate)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.took_a_plan = threading.Event()
+
+    def estimate(self, plan, workload):
+        self.took_a_plan.set()
+        return super().estimate(plan, workload)
+
+
+class _WaitsFor(FakeMeasuredGPU):
+    """A worker's fake GPU holding its first plan until ``event``: both units measure, however busy the machine."""
+
+    def __init__(self, event: threading.Event, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.event = event
+
+    def estimate(self, plan, workload):
+        self.event.wait(timeout=60)
+        return super().estimate(plan, workload)
 
 
 def test_a_worker_on_the_coordinators_gpu_stays_out(searched):
