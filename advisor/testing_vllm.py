@@ -2,7 +2,9 @@
 ``LLM(model=..., **kwargs)``, ``llm.llm_engine.add_request/step/abort_request/get_num_unfinished_requests``,
 ``llm.generate(prompts, SamplingParams(prompt_logprobs=k))`` (k=-1: every token, as ``FlatLogprobs`` where
 ``flat_logprobs``; vLLM's cap ``max_logprobs`` enforced), ``llm.apply_model(fn)``,
-``SamplingParams`` and ``sampling_params.RequestOutputKind``.
+``SamplingParams`` and ``sampling_params.RequestOutputKind``. Prompt log-probabilities reach the output as vLLM
+hands them over: a ``LogprobsTensors`` per prefill chunk (``module.prompt_chunk`` tokens) to
+``vllm.v1.engine.logprobs.LogprobsProcessor._update_prompt_logprobs``, which makes the Python lists.
 
 The fake "model" is a bigram table: the next-token distribution after token ``t`` is
 ``softmax(table[t])`` (:func:`bigram_table`, the same on both sides of a test). A checkpoint is read
@@ -24,7 +26,7 @@ import types
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 VOCAB = 64
 
@@ -73,6 +75,32 @@ class FlatLogprobs:
             self.logprobs.append(lp)
             self.ranks.append(r)
         self.end_indices.append(len(self.token_ids))
+
+
+class LogprobsTensors(NamedTuple):
+    """vLLM's: per position, the token ids and log-probabilities (the prompt's token first, then the top k)."""
+
+    logprob_token_ids: Any
+    logprobs: Any
+    selected_token_ranks: Any
+    cu_num_generated_tokens: list[int] | None = None
+
+
+class LogprobsProcessor:
+    """vLLM's per-request output side: it turns each chunk's tensors into Python lists, a position at a time."""
+
+    def __init__(self, flat: bool) -> None:
+        self.prompt_logprobs: Any = FlatLogprobs([], [], [], [], []) if flat else []
+        self.prompt_logprobs.append([] if flat else None)  # the first position has none
+
+    def _update_prompt_logprobs(self, tensors: LogprobsTensors) -> None:
+        ids, lps, ranks = tensors[0].tolist(), tensors[1].tolist(), tensors[2].tolist()
+        for pos_ids, pos_lps, rank in zip(ids, lps, ranks, strict=True):
+            entries = [(t, lp, rank if j == 0 else j) for j, (t, lp) in enumerate(zip(pos_ids, pos_lps, strict=True))]
+            if isinstance(self.prompt_logprobs, FlatLogprobs):
+                self.prompt_logprobs.append(entries)
+            else:
+                self.prompt_logprobs.append({t: Logprob(lp, r) for t, lp, r in entries})
 
 
 class _Linear:
@@ -170,6 +198,8 @@ def fake_vllm(step_s: float = 0.002, noise: float = 0.5, step_s_per_seq: float =
     sp = types.ModuleType("vllm.sampling_params")
     sp.RequestOutputKind, sp.SamplingParams = RequestOutputKind, SamplingParams
     module.sampling_params, module.SamplingParams = sp, SamplingParams
+    logprobs_module = types.ModuleType("vllm.v1.engine.logprobs")
+    logprobs_module.LogprobsProcessor = type("LogprobsProcessor", (LogprobsProcessor,), {})  # patchable per module
     class LLM:
         def __init__(self, model: str, **kwargs: Any) -> None:
             self.model, self.kwargs = Path(model), kwargs
@@ -197,23 +227,29 @@ def fake_vllm(step_s: float = 0.002, noise: float = 0.5, step_s_per_seq: float =
                     raise ValueError(f"The decoder prompt (length {len(ids)}) plus the number of requested output "
                                      "tokens is longer than the maximum model length of "
                                      f"{self.kwargs['max_model_len']}")
-                positions: Any = FlatLogprobs([], [], [], [], []) if params.flat_logprobs else []
-                positions.append([] if params.flat_logprobs else None)
-                for j in range(1, len(ids)):
-                    lp = torch.log_softmax(self.logits[ids[j - 1]], -1)
-                    order = torch.argsort(lp, descending=True).tolist()
-                    rank = {t: r + 1 for r, t in enumerate(order)}
-                    keep = [ids[j]] + order[: vocab if k == -1 else k]  # vLLM's order: the prompt's token first
-                    if params.flat_logprobs:
-                        positions.append([(t, float(lp[t]), rank[t]) for t in keep])
-                    else:
-                        positions.append({t: Logprob(float(lp[t]), rank[t]) for t in keep})
                 out = _Output(str(i), [0], True)
-                out.prompt_logprobs = positions
+                if k is not None:
+                    out.prompt_logprobs = self._prompt_logprobs(ids, vocab if k == -1 else k, params.flat_logprobs)
                 outs.append(out)
             return outs
 
+        def _prompt_logprobs(self, ids: list[int], k: int, flat: bool) -> Any:
+            lp = torch.log_softmax(self.logits[torch.tensor(ids[:-1], dtype=torch.long)], -1)
+            top = torch.topk(lp, k, dim=-1)
+            nxt = torch.tensor(ids[1:], dtype=torch.long)[:, None]
+            token_ids = torch.cat([nxt, top.indices], 1)  # vLLM's order: the prompt's token first
+            values = torch.cat([lp.gather(1, nxt), top.values], 1)
+            ranks = (lp > lp.gather(1, nxt)).sum(1) + 1
+            processor = logprobs_module.LogprobsProcessor(flat)
+            for start in range(0, len(ids) - 1, module.prompt_chunk):
+                end = start + module.prompt_chunk
+                processor._update_prompt_logprobs(LogprobsTensors(token_ids[start:end], values[start:end],
+                                                                  ranks[start:end]))
+            return processor.prompt_logprobs
+
     module.LLM = LLM
+    module.prompt_chunk = 1 << 30
+    module.v1 = types.SimpleNamespace(engine=types.SimpleNamespace(logprobs=logprobs_module))
     return module
 
 

@@ -175,6 +175,52 @@ def test_served_kl_is_the_full_kl_and_grows_with_the_quantized_share(tmp_path, m
     assert kls[0] == pytest.approx(0.0, abs=1e-9) and 0 < kls[1] < kls[2]
 
 
+def test_the_served_kl_reads_vllms_tensors_chunk_by_chunk_and_gets_what_its_lists_give(tmp_path):
+    """vLLM's output side makes Python lists of 16M entries a sequence at a 128k vocabulary; the served KL takes the
+    tensors it is handed instead, one per prefill chunk, and scores the same KL as from the lists. The hook is gone
+    after the scoring, and a vLLM without it is read from the lists."""
+    from advisor.testing_vllm import bigram_table
+
+    vllm = fake_vllm(noise=1.0)
+    llm = vllm.LLM(str(checkpoint(tmp_path / "ck", "FP8")), max_logprobs=-1)
+    seqs = [tuple(range(0, 40)), (5, 9, 63, 2, 2, 17)]
+    ref_table = torch.log_softmax(bigram_table(64), -1)
+    reference = str(write_reference(tmp_path / "ref.pt", [ref_table[list(s[:-1])] for s in seqs]))
+    processor = vllm.v1.engine.logprobs.LogprobsProcessor
+    original = processor._update_prompt_logprobs
+    outs = {}
+    for chunk in (1 << 30, 7, 1):  # one chunk a prompt, several, one a position
+        vllm.prompt_chunk = chunk
+        outs[chunk] = served_kl(vllm, llm, seqs, reference, 64)
+        assert processor._update_prompt_logprobs is original
+    del vllm.v1  # a vLLM whose output side has no such method (the fake still serves through its own)
+    lists = served_kl(vllm, llm, seqs, reference, 64)
+    assert lists["read"] == "lists" and all(o["read"] == "tensors" for o in outs.values())
+    for out in outs.values():
+        assert out["positions"] == lists["positions"] == [39, 5]
+        assert out["kl_sums"] == pytest.approx(lists["kl_sums"], rel=1e-12) and out["kl"] > 0
+
+
+def test_the_served_kl_refuses_tensors_that_disagree_with_vllms_own_lists(tmp_path):
+    """A vLLM whose output side makes of the tensors something else than 0.26 does (here: it negates them) is
+    caught by the check against its own lists, and the hook is gone after the error."""
+    vllm = fake_vllm()
+    processor = vllm.v1.engine.logprobs.LogprobsProcessor
+    lists_of = processor._update_prompt_logprobs
+
+    def otherwise(self, tensors):
+        lists_of(self, type(tensors)(tensors[0], -tensors[1], tensors[2]))
+
+    processor._update_prompt_logprobs = otherwise
+    llm = vllm.LLM(str(checkpoint(tmp_path / "ck")), max_logprobs=-1)
+    seq = (1, 2, 3, 4)
+    ref = torch.zeros(3, 64)
+    reference = str(write_reference(tmp_path / "ref.pt", [ref]))
+    with pytest.raises(AdvisorError, match=r"tensors disagree with the lists vLLM made of them: this vLLM \(0\.0-fake"):
+        served_kl(vllm, llm, [seq], reference, 64)
+    assert processor._update_prompt_logprobs is otherwise
+
+
 def test_the_engine_runs_in_a_child_process(tmp_path, monkeypatch):
     (tmp_path / "pkgs" / "vllm").mkdir(parents=True)
     (tmp_path / "pkgs" / "vllm" / "__init__.py").write_text(

@@ -192,6 +192,8 @@ def serve(job: ServeJob, make_counter: Callable[[], EnergyCounter] | None = None
         t = time.perf_counter()
         out["served_kl"] = served_kl(vllm, llm, job.sequences, job.reference_logprobs, job.vocab_size, say=say)
         timings["served_kl_s"] = time.perf_counter() - t
+        say(f"served KL: {len(job.sequences)} held-out sequences scored in {timings['served_kl_s']:.0f} s "
+            f"(read from vLLM's {out['served_kl']['read']})")
     if job.items:
         t = time.perf_counter()
         out["items"] = greedy_hits(vllm, llm, job.items)

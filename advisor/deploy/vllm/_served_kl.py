@@ -6,12 +6,20 @@ vLLM returns every token's log-probability at every prompt position when asked f
 sequence is asked for alone and folded into its KL at once (``flat_logprobs``: lists, not a dict per position).
 The reference's log-softmax travels to the engine's process as a file (:func:`write_reference`), since what vLLM
 answers is too large to send back whole.
+
+vLLM's engine hands the output side each prompt's log-probabilities as tensors, and its output side turns them
+into Python lists a token at a time (``LogprobsProcessor._update_prompt_logprobs``: four list appends per entry,
+16M entries a sequence of 128 tokens at a 128k vocabulary). vLLM has no public way to have the tensors, so
+:func:`prompt_logprob_tensors` takes them at that method while the KL is scored and lets vLLM build its lists for
+each chunk's first position only; every sequence's tensors are checked against those lists. Where a vLLM has no
+such method, the lists are read as before.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -99,27 +107,94 @@ def dense_logprobs(positions: Any, vocab: int) -> Any:
     return torch.from_numpy(dense)
 
 
+def dense_from_tensors(chunks: Sequence[Any], vocab: int) -> tuple[Any, list[int]]:
+    """One sequence's prompt log-probability tensors as vLLM's engine sent them (a ``LogprobsTensors`` per prefill
+    chunk: per position, the prompt's token, then the top k) as a [positions, vocabulary] float32 tensor, and the
+    row each chunk starts at."""
+    import torch
+
+    ids = torch.cat([c[0] for c in chunks]).long()
+    values = torch.cat([c[1] for c in chunks]).float()
+    if ids.numel() and int(ids.max()) >= vocab:
+        raise AdvisorError(f"vLLM returned log-probabilities of token {int(ids.max())}, past the run's vocabulary "
+                           f"of {vocab}: the served model's vocabulary is not the run's model's")
+    dense = torch.full((ids.shape[0], vocab), float("nan")).scatter_(1, ids, values)
+    missing = int(dense.isnan().any(dim=1).sum())
+    if missing:
+        raise AdvisorError(f"vLLM returned fewer than all {vocab} log-probabilities at {missing} of "
+                           f"{ids.shape[0]} positions; the served KL needs every token's")
+    starts = [0]
+    for c in chunks[:-1]:
+        starts.append(starts[-1] + int(c[0].shape[0]))
+    return dense, starts
+
+
+@contextmanager
+def prompt_logprob_tensors(vllm: Any) -> Iterator[list[Any] | None]:
+    """While open, each prompt's log-probability tensors as vLLM's output side receives them, one entry a prefill
+    chunk, in the list this yields (emptied by the caller between sequences); vLLM makes its Python lists of each
+    chunk's first position only. Yields None where this vLLM's output side has no such method (module docstring)."""
+    try:
+        processor = vllm.v1.engine.logprobs.LogprobsProcessor
+        original = processor._update_prompt_logprobs
+    except AttributeError:
+        yield None
+        return
+    chunks: list[Any] = []
+
+    def update(self: Any, tensors: Any) -> None:
+        chunks.append(tensors)
+        original(self, type(tensors)(*(t[:1] for t in tensors[:3]), *tensors[3:]))
+
+    processor._update_prompt_logprobs = update
+    try:
+        yield chunks
+    finally:
+        processor._update_prompt_logprobs = original
+
+
+def _served_rows(out: Any, chunks: list[Any] | None, vocab: int, version: str) -> Any:
+    """One sequence's served log-probabilities: from the tensors where they were taken, checked against vLLM's
+    own lists of each chunk's first position; else from vLLM's lists."""
+    import torch
+
+    listed = dense_logprobs(out.prompt_logprobs, vocab)
+    if not chunks:
+        return listed
+    dense, starts = dense_from_tensors(chunks, vocab)
+    if not torch.equal(dense[starts], listed):
+        raise AdvisorError("vLLM's prompt log-probability tensors disagree with the lists vLLM made of them: this "
+                           f"vLLM ({version}) hands them over otherwise "
+                           "than 0.26 did; the served KL cannot be read from them")
+    return dense
+
+
 def served_kl(vllm: Any, llm: Any, sequences: Sequence[Sequence[int]], reference_path: str, vocab: int,
               say: Callable[[str], None] = lambda _m: None, every_s: float = 30.0) -> dict[str, Any]:
     """Full-vocabulary KL of the served model against the reference file's, per sequence (sum and positions) and
-    in all (the mean per position, as the proxy's). ``say`` hears how far it got every ``every_s`` seconds (a
-    sequence takes about 14 s at a 128k vocabulary)."""
+    in all (the mean per position, as the proxy's); ``read`` says whether vLLM's tensors or its lists were read.
+    ``say`` hears how far it got every ``every_s`` seconds (read from the lists, a sequence took about 5 s at a
+    128k vocabulary)."""
     import torch
 
     reference = torch.load(reference_path, mmap=True)
     t0 = last = time.monotonic()
     params = vllm.SamplingParams(max_tokens=1, prompt_logprobs=-1, temperature=0.0, detokenize=False,
                                  flat_logprobs=True)
-    sums, counts = [], []
-    for seq, ref in zip(sequences, reference, strict=True):
-        out = llm.generate([{"prompt_token_ids": list(seq)}], params, use_tqdm=False)[0]
-        served = dense_logprobs(out.prompt_logprobs, vocab)
-        if served.shape != ref.shape:
-            raise AdvisorError(f"vLLM's log-probabilities are {tuple(served.shape)}, the reference's "
-                               f"{tuple(ref.shape)}: the served model's vocabulary is not the run's model's")
-        sums.append(kl_sum(ref, served))
-        counts.append(int(ref.shape[0]))
-        if time.monotonic() - last >= every_s:
-            last = time.monotonic()
-            say(f"served KL: {len(sums)} of {len(sequences)} held-out sequences scored ({last - t0:.0f} s)")
-    return {"kl": sum(sums) / sum(counts) if counts else None, "kl_sums": sums, "positions": counts}
+    sums, counts, read = [], [], "lists"
+    with prompt_logprob_tensors(vllm) as chunks:
+        for seq, ref in zip(sequences, reference, strict=True):
+            if chunks is not None:
+                chunks.clear()
+            out = llm.generate([{"prompt_token_ids": list(seq)}], params, use_tqdm=False)[0]
+            served = _served_rows(out, chunks, vocab, vllm.__version__)
+            read = "tensors" if chunks else read
+            if served.shape != ref.shape:
+                raise AdvisorError(f"vLLM's log-probabilities are {tuple(served.shape)}, the reference's "
+                                   f"{tuple(ref.shape)}: the served model's vocabulary is not the run's model's")
+            sums.append(kl_sum(ref, served))
+            counts.append(int(ref.shape[0]))
+            if time.monotonic() - last >= every_s:
+                last = time.monotonic()
+                say(f"served KL: {len(sums)} of {len(sequences)} held-out sequences scored ({last - t0:.0f} s)")
+    return {"kl": sum(sums) / sum(counts) if counts else None, "kl_sums": sums, "positions": counts, "read": read}
