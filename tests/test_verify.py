@@ -138,6 +138,37 @@ def test_verify_serves_the_recommendation_and_bf16(run_dir, engine, tmp_path):
     assert (run_dir / "engine_checkpoints" / bf16["plan_id"] / "export.json").stat().st_mtime == stamp
 
 
+def test_the_advisors_own_models_are_scored_as_their_exports_reload_them(run_dir, engine, tmp_path, monkeypatch):
+    """A plan exported in this verify is scored (KL against the reference, items) on the model its export's round
+    trip reloaded: no export is read from disk again after the serving. Exported before, it is read back from its
+    folder, and scores the same."""
+    from advisor.deploy import checkpoint
+
+    lambada = tmp_path / "lambada.jsonl"
+    lambada.write_text("\n".join(json.dumps({"text": t}) for t in (
+        "Once upon a time there was a little girl named Lily", "The dog ran to the park and saw a big tree")))
+    fp8 = next(t["plan_id"] for t in json.loads((run_dir / "summary.json").read_text())["trials"]
+               if set(t["formats"].values()) == {"fp8"})
+    shutil.rmtree(run_dir / "engine_checkpoints", ignore_errors=True)
+    reads, real = [], checkpoint.load_exported
+    monkeypatch.setattr(checkpoint, "load_exported", lambda path, **kw: reads.append(path.name) or real(path, **kw))
+    scores, said = [], []
+    for _ in range(2):
+        res = runner.invoke(app, ["verify", str(run_dir), "--lambada", str(lambada), "--plan", fp8, "--no-energy"])
+        assert res.exit_code == 0, res.output
+        data = json.loads((run_dir / "verify.json").read_text())
+        scores.append({r["plan_id"]: r["accuracy"] for r in data["plans"]})
+        said.append(res.output.count("scoring the advisor's own model of"))
+        if len(scores) == 1:  # the first verify exported every plan (this model's folder is not served as it is)
+            assert reads == [] and said == [0]
+    assert sorted(reads) == sorted(scores[1]) and said[1] == len(scores[1])  # read back from their folders
+    first, again = scores
+    assert first[fp8]["advisor_kl"] > 0
+    for pid, acc in first.items():
+        assert acc["advisor_kl"] == pytest.approx(again[pid]["advisor_kl"], rel=1e-6, abs=1e-9)
+        assert acc["items"]["advisor_accuracy"] == again[pid]["items"]["advisor_accuracy"]
+
+
 def test_a_group_served_otherwise_is_an_error_named(run_dir, engine):
     engine.misserve = {"model.layers.1.mlp.down_proj": "ModelOptNvFp4W4A16LinearMethod"}
     res = runner.invoke(app, ["verify", str(run_dir), "--no-energy"])

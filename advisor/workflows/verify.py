@@ -20,7 +20,6 @@ serving is kept as it finishes (:mod:`advisor.deploy.verification._served_store`
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
@@ -36,7 +35,6 @@ from advisor.deploy.vllm import (
     MAX_ENTRIES,
     STEADY_LOAD_METER,
     ServeJob,
-    kl_sum,
     logprobs_per_sequence,
     processes_ahead,
     run_in_child,
@@ -48,85 +46,23 @@ from advisor.energy.meter import MeterConfig
 from advisor.energy.prediction import predicted_for_gpus
 from advisor.errors import InputError, SetupError
 from advisor.estimate import EnergyEstimate
-from advisor.files import check_regular_file
 from advisor.formats import GPU, Format
 from advisor.plan import Plan
-from advisor.report.verify_record import ServedAccuracy, ServedEnergy, ServedOperatingPoint, VerifiedPlan, VerifyResult
+from advisor.report.verify_record import ServedEnergy, ServedOperatingPoint, VerifiedPlan, VerifyResult
 from advisor.search.operating import from_timed, objective_name
+from advisor.workflows.verify_accuracy import (
+    OwnModelScore,
+    accuracy_as_served,
+    lambada_items,
+    own_model_scorer,
+    read_lambada,
+    score_own_model,
+)
 from advisor.workflows.verify_serving import Serving, engine_options, operating_workloads, serve_plans
 
 EXPORT_HEADROOM_BYTES = 4 * 2**30  # calibration and proxy batches, CUDA context
 REFERENCE_FILE = "verify_reference.pt"  # the reference's log-probabilities, for the engines' processes; deleted after
 QUICK_KL_ENTRIES = MAX_ENTRIES // 8  # --quick: the served KL on fewer held-out positions (vLLM's answer is slow)
-
-
-def read_lambada(path: Path, count: int) -> list[tuple[str, str]]:
-    """The first ``count`` items of a LAMBADA JSONL file ({"text": ...}, or {"context": ..., "continuation":
-    last word}) as (context, last word): read before anything is served, so a bad file is named first."""
-    check_regular_file(path, "--lambada:", "give a LAMBADA JSONL file")
-    try:
-        lines = path.read_text().splitlines()
-    except OSError as exc:
-        raise InputError(f"--lambada: cannot read {path} ({exc.strerror or exc}); give a LAMBADA JSONL file") from None
-    except UnicodeDecodeError:
-        raise InputError(f"--lambada: {path} is not UTF-8 text; give a LAMBADA JSONL file") from None
-    docs = []
-    for line in lines[:count]:
-        try:
-            doc = json.loads(line)
-            docs.append(doc["text"].rpartition(" ")[::2] if "text" in doc
-                        else (doc["context"].rstrip(" "), doc["continuation"].strip()))
-        except (ValueError, KeyError, TypeError, AttributeError):
-            raise InputError(f"--lambada: {path} has a line that is not JSON with a \"text\" field "
-                             "(or \"context\" and \"continuation\"); give a LAMBADA JSONL file") from None
-    return docs
-
-
-def lambada_items(docs: Sequence[tuple[str, str]], tokenizer: Any) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
-    """LAMBADA items (:func:`read_lambada`) as (context, target) token ids: the target is the last word with its
-    leading space, as lm-eval's lambada_openai splits it."""
-    items = []
-    for context, word in docs:
-        ctx = tokenizer(context, add_special_tokens=False)["input_ids"]
-        whole = tokenizer(context + " " + word, add_special_tokens=False)["input_ids"]
-        # lm-eval's split (what follows the context's tokens); a tokenizer that merges across the boundary
-        # gets the word encoded on its own
-        cont = (whole[len(ctx):] if whole[:len(ctx)] == ctx
-                else tokenizer(" " + word, add_special_tokens=False)["input_ids"])
-        if ctx and cont:
-            items.append((tuple(ctx), tuple(cont)))
-    return items
-
-
-def greedy_hits(model: Any, items: Sequence[tuple[Sequence[int], Sequence[int]]]) -> list[bool]:
-    """The advisor's model on the same items and rule as :func:`advisor.deploy.vllm._serve.greedy_hits`."""
-    hits = []
-    for context, target in items:
-        (lp,) = logprobs_per_sequence(model, [tuple(context) + tuple(target)])
-        start = len(context) - 1  # lp[i] predicts token i + 1
-        hits.append(all(int(lp[start + j].argmax()) == int(t) for j, t in enumerate(target)))
-    return hits
-
-
-def accuracy_as_served(reference: Sequence[Any], advisor_model: Any, served: dict[str, Any],
-                       heldout: Sequence[Sequence[int]], items: Sequence[Any], heldout_count: int = 0
-                       ) -> ServedAccuracy:
-    """The served model's full-vocabulary KL against ``reference`` (the reference's log-probabilities per held-out
-    sequence scored, the first of the run's ``heldout_count``) and the advisor's own model's on the same positions;
-    item accuracy."""
-    mine = logprobs_per_sequence(advisor_model, heldout)
-    positions = sum(int(r.shape[0]) for r in reference)
-    kl = served.get("served_kl") or {}
-    advisor_kl = sum(kl_sum(r, m) for r, m in zip(reference, mine, strict=True)) / positions if positions else None
-    out: dict[str, Any] = {"served_kl": kl.get("kl"), "advisor_kl": advisor_kl, "sequences": len(heldout),
-                           "positions": positions, "heldout_sequences": heldout_count or len(heldout)}
-    if items:
-        vllm_hits = served.get("items", [])
-        hits = greedy_hits(advisor_model, items)
-        out["items"] = {"n": len(items), "vllm_accuracy": sum(vllm_hits) / len(items),
-                        "advisor_accuracy": sum(hits) / len(items),
-                        "disagree": sum(a != b for a, b in zip(vllm_hits, hits, strict=False))}
-    return ServedAccuracy.model_validate(out)
 
 
 def operating_as_served(summary: dict[str, Any], plan: Plan, served: dict[str, Any], label: str
@@ -289,15 +225,26 @@ def verify_run(run_dir: Path, engine: str = "vllm", plan_ids: Sequence[str] = ()
         members = {g.name: g.members for g in loaded.shape.groups}
         heldout = [tuple(int(t) for t in row) for row in tokens.heldout]
         items = lambada_items(lambada_docs, loaded.tokenizer)
-        checkpoint_for = checkpoint_exporter(recipe, loaded, tokens)
         vocab = int(loaded.model.config.get_text_config().vocab_size)
         records = {r["plan_id"]: r for r in summary["trials"]}
         n_gpus = serving_gpus_for(gpus if gpus is not None else recipe.gpus, loaded.shape, recipe.workloads)
         if workers > 1:  # before any export: each engine needs GPUs of its own
             engine_slots(workers, n_gpus, serving_gpus.visible_gpus()[0])
+        timings: dict[str, Any] = {"load_s": time.perf_counter() - started, "export_s": {}}
+        import torch
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        # vLLM answers every token's log-probability: bounded
+        scored = within_budget(heldout, vocab, QUICK_KL_ENTRIES if quick else MAX_ENTRIES)
+        status(f"scoring the BF16 reference on {len(scored)} of the {len(heldout)} held-out sequences")
+        reference = logprobs_per_sequence(loaded.model.to(device).eval(), scored)
+        if export_device != device:
+            loaded.model.to(export_device)
+        own: dict[str, OwnModelScore] = {}  # the advisor's own models, scored as their exports reload them
+        checkpoint_for = checkpoint_exporter(recipe, loaded, tokens, on_reloaded=own_model_scorer(
+            reference, scored, items, own) if export_device == device else None)
 
         paths: dict[str, Path] = {}
-        timings: dict[str, Any] = {"load_s": time.perf_counter() - started, "export_s": {}}
         as_is = bf16_served_as_is(recipe)
         for role, plan in plans.items():
             if (served_from := folder_serving(plan, as_is)) is not None:
@@ -309,13 +256,6 @@ def verify_run(run_dir: Path, engine: str = "vllm", plan_ids: Sequence[str] = ()
             t = time.perf_counter()
             paths[role] = checkpoint_for(plan)
             timings["export_s"][role] = time.perf_counter() - t
-        import torch
-
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-        # vLLM answers every token's log-probability: bounded
-        scored = within_budget(heldout, vocab, QUICK_KL_ENTRIES if quick else MAX_ENTRIES)
-        status(f"scoring the BF16 reference on {len(scored)} of the {len(heldout)} held-out sequences")
-        reference = logprobs_per_sequence(loaded.model.to(device).eval(), scored)
         reference_file = write_reference(run_dir / REFERENCE_FILE, reference)
         if device == "cuda":  # the engines' processes need the GPU's memory, the cached blocks too
             loaded.model.to("cpu")
@@ -335,8 +275,15 @@ def verify_run(run_dir: Path, engine: str = "vllm", plan_ids: Sequence[str] = ()
             reference_file.unlink(missing_ok=True)
         timings["serving_s"] = time.perf_counter() - t
 
-    status("scoring the advisor's own models on the same tokens")
-    dtype = next(loaded.model.parameters()).dtype
+    t = time.perf_counter()
+    for role, plan in plans.items():  # the advisor's own models not scored as their exports reloaded them
+        if plan.id not in own:
+            status(f"scoring the advisor's own model of {plan.id} on the same tokens")
+            model = loaded.model.to(device) if folder_serving(plan, as_is) is not None else load_exported(
+                paths[role], device=device, dtype=next(loaded.model.parameters()).dtype)
+            own[plan.id] = score_own_model(reference, model.eval(), scored, items)
+            del model
+    timings["own_models_s"] = time.perf_counter() - t
     where = f"{n_gpus}x {here}, tp={n_gpus}" if n_gpus > 1 else here
     # the run priced its plans for its target on one GPU; served on another kind or over several, the energy rows'
     # prediction is re-priced for what served them (the run's own kept beside)
@@ -352,20 +299,18 @@ def verify_run(run_dir: Path, engine: str = "vllm", plan_ids: Sequence[str] = ()
     for role, plan in plans.items():
         when = (served[role].get("served_at") or time.strftime("%Y-%m-%d"))[:10]  # a read-back serving: its day
         served_label = f"measured (vLLM {version}, {where}, {when})"
-        mine = load_exported(paths[role], device=device, dtype=dtype).eval()
         formats, differ = served_formats(served[role].get("served", {}), plan, members)
         record = records.get(plan.id)
         rows.append(VerifiedPlan(
             role=role, plan_id=plan.id, label=plan.label(), checkpoint=str(paths[role]),
             formats_match=differ or True, served_formats=formats, proxy_kl=record.get("kl") if record else None,
             acceptance=record.get("acceptance") if record else None,
-            accuracy=accuracy_as_served(reference, mine, served[role], scored, items, len(heldout)),
+            accuracy=accuracy_as_served(reference, own[plan.id], served[role], len(scored), len(items), len(heldout)),
             energy=energy_as_served(record, served[role], over_gpus(plan)),
             operating=operating_as_served(summary, plan, served[role], served_label),
             vllm_options=engine_options(served[role]), vllm_load_s=served[role].get("load_s"),
             read_back_from=served[role].get("read_back_from"), devices=served[role].get("devices") or [],
         ))
-        del mine
     result = VerifyResult(
         run=summary["run"], engine="vllm", vllm_version=getattr(vllm, "__version__", "unknown"), gpu=here,
         gpus=n_gpus, date=time.strftime("%Y-%m-%d"), plans=rows, target=recipe.target.value,

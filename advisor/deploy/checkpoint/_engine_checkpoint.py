@@ -53,10 +53,12 @@ def folder_serving(plan: Plan, as_is: Path | None) -> Path | None:
     return as_is if as_is is not None and plan.uniform_format() is Format.BF16 else None
 
 
-def checkpoint_exporter(recipe: Any, loaded: Any, tokens: Any, smoke: bool = False) -> Callable[[Plan], Path]:
+def checkpoint_exporter(recipe: Any, loaded: Any, tokens: Any, smoke: bool = False,
+                        on_reloaded: Callable[[Plan, Any], None] | None = None) -> Callable[[Plan], Path]:
     """``plan -> folder``: the plan exported once (``advisor export``'s code) into
     ``RUN_DIR/engine_checkpoints/<plan id>``, reused when its export finished before; all-BF16 (BF16 KV cache too)
-    is the model's own folder where :func:`bf16_source` takes it."""
+    is the model's own folder where :func:`bf16_source` takes it. ``on_reloaded`` sees each plan exported here and
+    the model its round trip reloaded."""
     from advisor.deploy.checkpoint._export import export_plan
 
     folder = Path(recipe.run_dir) / "engine_checkpoints"
@@ -71,7 +73,8 @@ def checkpoint_exporter(recipe: Any, loaded: Any, tokens: Any, smoke: bool = Fal
         if not (out / "export.json").is_file():
             if out.exists():  # what an interrupted export of this run left
                 shutil.rmtree(out)
-            export_plan(loaded, plan, tokens, out, workloads, target=recipe.target.value, smoke=smoke)
+            export_plan(loaded, plan, tokens, out, workloads, target=recipe.target.value, smoke=smoke,
+                        on_reloaded=None if on_reloaded is None else lambda model: on_reloaded(plan, model))
         return out
 
     return checkpoint_for

@@ -37,6 +37,7 @@ import copy
 import json
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -181,8 +182,10 @@ def export_plan(
     abs_tol: float = ROUNDTRIP_KL_ABS_TOL,
     smoke: bool = True,
     extra_warnings: tuple[str, ...] = (),
+    on_reloaded: Callable[[Any], None] | None = None,
 ) -> ExportResult:
-    """Quantize ``loaded.model`` for ``plan``, export it, reload it and compare proxy KL.
+    """Quantize ``loaded.model`` for ``plan``, export it, reload it and compare proxy KL (``on_reloaded`` sees the
+    reloaded model too: `advisor verify` scores it there rather than read the export again).
 
     ``tokens`` is a :class:`advisor.calibration.tokens.TokenSets` (calibration for ModelOpt,
     held-out for the proxy). ``loaded.model`` stays as it is (a copy is quantized): BF16, or float32 where the
@@ -237,6 +240,8 @@ def export_plan(
     reloaded = load_exported(out_dir, device=str(device), dtype=next(loaded.model.parameters()).dtype)  # as scored
     rt = proxy.score(reloaded)
     weights = _compare_weights(fake_weights, reloaded, infos)
+    if on_reloaded is not None:
+        on_reloaded(reloaded)
     timings["reload_and_score_s"] = time.perf_counter() - t
     diff = abs(rt.kl - mem.kl)
     tol = rel_tol * mem.kl + abs_tol
