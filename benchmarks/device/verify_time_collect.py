@@ -106,8 +106,9 @@ def render_round(r: dict[str, Any]) -> list[str]:
     t = r.get("verify_timings_s")
     if t:
         exports = ", ".join(f"{k} {v:.0f} s" for k, v in t["export_s"].items())
+        own = f"; the advisor's own models scored after it {t['own_models_s']:.0f} s" if "own_models_s" in t else ""
         lines += [f"verify took {t['total_s'] / 60:.1f} min: the model's load and tokens {t['load_s']:.0f} s; "
-                  f"exports {exports}; serving {t['serving_s'] / 60:.1f} min.", ""]
+                  f"exports {exports}; serving {t['serving_s'] / 60:.1f} min{own}.", ""]
     lines += ["| plan | engine start s | served KL s | meterings | metering s | windows at the 30 s ceiling |",
               "|---|---|---|---|---|---|"]
     for p in r["plans"]:
