@@ -76,6 +76,7 @@ def plan_rows(data: Path, summary: dict[str, Any]) -> list[dict[str, Any]]:
                              "largest_batch_met": s["batch"] if s.get("meets") else None,
                              "meterings": len(s["trail"]), "search": s["search"]})
         rows.append({"plan_id": plan_id, "engine_start_s": t.get("engine_start_s"), "served_kl_s": t.get("served_kl_s"),
+                     "served_kl_read": (served.get("served_kl") or {}).get("read", "lists"),
                      "meterings": meterings, "metering_s": sum(m["seconds"] for m in meterings),
                      "unstable": [n for n, r in served["energy"].items() if r["measurement"]["unstable"]],
                      "searches": searches})
@@ -91,7 +92,8 @@ def collect(data: Path, name: str) -> dict[str, Any]:
     sizing = data / "engine_sizing_ab.json"
     notes = data / "notes.json"
     return {"round": name, "data": str(data), "gpu": gpu, "driver": driver, "power_limit": limit,
-            "vllm_version": (data / "vllm_version.txt").read_text().strip(), "date": "2026-11-29",
+            "vllm_version": (data / "vllm_version.txt").read_text().strip(),
+            "date": json.loads(verify.read_text())["date"] if verify.is_file() else "2026-11-29",  # the first rounds
             "progress": (data / "progress").read_text().split(),
             "engine_starts": engine_starts((data / "v_verify.log").read_text()),
             "plans": plan_rows(data, summary),
@@ -109,11 +111,12 @@ def render_round(r: dict[str, Any]) -> list[str]:
         own = f"; the advisor's own models scored after it {t['own_models_s']:.0f} s" if "own_models_s" in t else ""
         lines += [f"verify took {t['total_s'] / 60:.1f} min: the model's load and tokens {t['load_s']:.0f} s; "
                   f"exports {exports}; serving {t['serving_s'] / 60:.1f} min{own}.", ""]
-    lines += ["| plan | engine start s | served KL s | meterings | metering s | windows at the 30 s ceiling |",
-              "|---|---|---|---|---|---|"]
+    lines += ["| plan | engine start s | served KL s (read from vLLM's) | meterings | metering s | windows at the 30 s "
+              "ceiling |", "|---|---|---|---|---|---|"]
     for p in r["plans"]:
-        lines.append(f"| `{p['plan_id']}` | {p['engine_start_s']:.0f} | {p['served_kl_s']:.0f} | "
-                     f"{len(p['meterings'])} | {p['metering_s']:.0f} | {', '.join(p['unstable']) or 'none'} |")
+        lines.append(f"| `{p['plan_id']}` | {p['engine_start_s']:.0f} | {p['served_kl_s']:.0f} "
+                     f"({p['served_kl_read']}) | {len(p['meterings'])} | {p['metering_s']:.0f} | "
+                     f"{', '.join(p['unstable']) or 'none'} |")
     lines += ["", "vLLM's engine starts (its own log):", "", "| engine | first line (UTC) | weights s | Dynamo s | "
               "torch.compile s | CUDA graphs s | kernel warm-up s | engine init s |",
               "|---|---|---|---|---|---|---|---|"]
