@@ -48,3 +48,22 @@ def test_each_job_runs_in_a_process_started_ahead_with_vllm_imported(tmp_path, m
         other = run_in_child(ServeJob(str(tmp_path), vocab_size=64, devices=("1",)), target=where_it_ran)
         assert other["pid"] not in waiting(before) | ahead and other["visible"] == "1" and not other["vllm_ready"]
     assert not waiting(before)  # the spare left over ended with the block
+
+
+def test_no_process_is_started_ahead_past_the_jobs_the_block_said(tmp_path, monkeypatch):
+    """Two jobs said: the second runs in the spare started ahead of it, and none waits beside it (a spare importing
+    vLLM during the last engine's start only slows that start)."""
+    (tmp_path / "pkgs" / "vllm").mkdir(parents=True)
+    (tmp_path / "pkgs" / "vllm" / "__init__.py").write_text(
+        "import sys\nfrom advisor.testing_vllm import fake_vllm\nsys.modules[__name__] = fake_vllm()\n")
+    monkeypatch.syspath_prepend(str(tmp_path / "pkgs"))
+    job = ServeJob(str(tmp_path), vocab_size=64)
+    before = frozenset(waiting())
+    with processes_ahead(("LlamaForCausalLM",), jobs=2):
+        first = run_in_child(job, target=where_it_ran)
+        (ahead,) = waiting(before)
+        second = run_in_child(job, target=where_it_ran)
+        assert second["pid"] == ahead and second["vllm_ready"] and first["vllm_ready"]
+        assert not waiting(before)
+    with processes_ahead(jobs=0):
+        assert not waiting(before)

@@ -224,8 +224,13 @@ def run_recheck(
                          "the plan cannot be applied: run `advisor search` on the new model") from None
     bf16 = Plan.uniform(groups, Format.BF16)
     tier = ctx.measured_model if engine is not None else None
+    stored_bf16 = None if engine is None or tier is None else (
+        reused_bf16(summary, tier.label, ctx.loaded.shape, recipe.workloads)
+        or verified_bf16(summary, run_folder(summary_path) / "verify.json", engine, tier, ctx.loaded.shape,
+                         recipe.workloads))
+    starts = 1 if stored_bf16 else 2
     # an engine's processes start one ahead: the first imports the engine while the plans are scored here
-    with tier.started_ahead(ctx.loaded.architectures) if tier is not None else nullcontext():
+    with tier.started_ahead(ctx.loaded.architectures, jobs=starts) if tier is not None else nullcontext():
         status("scoring the stored plan and BF16 on the new model")
         ev_bf16 = ctx.evaluate(bf16)
         ev = ctx.evaluate(plan)
@@ -234,10 +239,6 @@ def run_recheck(
         if engine is not None and tier is not None:
             model = tier
             model.prefill_apart = False  # the checks read J/token only
-            stored_bf16 = (reused_bf16(summary, model.label, ctx.loaded.shape, recipe.workloads)
-                           or verified_bf16(summary, run_folder(summary_path) / "verify.json", engine, model,
-                                            ctx.loaded.shape, recipe.workloads))
-            starts = 1 if stored_bf16 else 2
             loads = len({(w.batch_size, w.input_tokens, w.output_tokens) for w in recipe.workloads})
             meterings = loads * starts + len(operating_batches(summary, plan.id))
             status(f"metering the stored plan{'' if stored_bf16 else ' and BF16'} ({model.label}): {starts} engine "

@@ -206,9 +206,14 @@ def verify_run(run_dir: Path, engine: str = "vllm", plan_ids: Sequence[str] = ()
     recipe = recipe.model_copy(update={"out": run_dir.parent, "name": run_dir.name})
     status(f"loading model {recipe.model.source}")
     loaded = load_model(recipe.model, "cpu")
+    roles: dict[str, Plan] = {}  # one serving per plan: a role that names a plan already there joins its name
+    for role, plan in {"bf16": Plan.uniform(loaded.shape.groups, Format.BF16), **plans}.items():
+        same = next((r for r, p in roles.items() if p.id == plan.id), None)
+        roles[f"{same}+{role}" if same else role] = roles.pop(same) if same else plan
+    plans = roles
     # the first engine's process imports vLLM while this one exports and scores; each next one while one serves
-    ahead = processes_ahead(loaded.architectures) if runner is None and rounds_runner is None and workers <= 1 \
-        else nullcontext()
+    ahead = processes_ahead(loaded.architectures, jobs=len(plans)) \
+        if runner is None and rounds_runner is None and workers <= 1 else nullcontext()
     with ahead:
         fingerprint = model_fingerprint(loaded, (summary.get("model") or {}).get("fingerprint"))
         export_device = exports_device(loaded.model)
@@ -217,11 +222,6 @@ def verify_run(run_dir: Path, engine: str = "vllm", plan_ids: Sequence[str] = ()
         else:
             to_scoring_arithmetic(loaded.model, "cpu")
         tokens = run_tokens(run_dir, recipe, loaded, fingerprint)
-        roles: dict[str, Plan] = {}  # one serving per plan: a role that names a plan already there joins its name
-        for role, plan in {"bf16": Plan.uniform(loaded.shape.groups, Format.BF16), **plans}.items():
-            same = next((r for r, p in roles.items() if p.id == plan.id), None)
-            roles[f"{same}+{role}" if same else role] = roles.pop(same) if same else plan
-        plans = roles
         members = {g.name: g.members for g in loaded.shape.groups}
         heldout = [tuple(int(t) for t in row) for row in tokens.heldout]
         items = lambada_items(lambada_docs, loaded.tokenizer)

@@ -177,9 +177,9 @@ class VllmEnergyModel(MeasuredTier):
         self.open_with(plan, self._job(plan, [*self.workloads, *operating],
                                        no_prefill=tuple(w.name for w in operating)))
 
-    def started_ahead(self, architectures: Sequence[str]) -> AbstractContextManager[None]:
+    def started_ahead(self, architectures: Sequence[str], jobs: int | None = None) -> AbstractContextManager[None]:
         """Each engine process is started one job ahead (:func:`~advisor.deploy.vllm._rounds.processes_ahead`)."""
-        return processes_ahead(architectures)
+        return processes_ahead(architectures, jobs=jobs)
 
     def forget(self, plan: Plan) -> None:
         """The next estimate of ``plan`` serves it again (a unit's drift check measures all-BF16 afresh)."""

@@ -100,7 +100,8 @@ def child_answer(reply: tuple[Any, ...], checkpoint: str, install_hint: str) -> 
 
 
 # ----------------------------------------------------------------------------------- processes started ahead
-_ahead: dict[str, Any] = {}  # within processes_ahead: "devices", "architectures" and the "spare" (process, pipe)
+# within processes_ahead: "devices", "architectures", the jobs "left" (None: not said) and the "spare" (process, pipe)
+_ahead: dict[str, Any] = {}
 
 
 def _spare(devices: tuple[str, ...], architectures: tuple[str, ...], conn: Any) -> None:
@@ -161,25 +162,32 @@ def start_child(child: Callable[..., None], target: Callable[..., dict[str, Any]
     :func:`processes_ahead` holds one for the job's GPUs (and the next spare started at once), else a fresh one.
     Returns the process and the parent's end of its duplex pipe."""
     spare = _ahead.get("spare")
+    if _ahead.get("left") is not None:
+        _ahead["left"] -= 1
     if spare is not None and tuple(job.devices) == _ahead["devices"] and spare[0].is_alive():
         del _ahead["spare"]
         proc, conn = spare
         conn.send((child, target, job))
-        _spawn_spare()
+        if _ahead["left"] is None or _ahead["left"] > 0:
+            _spawn_spare()
         return proc, conn
     return _spawn(child, target, job)
 
 
 @contextmanager
-def processes_ahead(architectures: Sequence[str] = (), devices: Sequence[str] = ()) -> Iterator[None]:
+def processes_ahead(architectures: Sequence[str] = (), devices: Sequence[str] = (), jobs: int | None = None
+                    ) -> Iterator[None]:
     """Within the block, each engine process for ``devices`` (the jobs' own, empty for the GPUs this process sees)
-    is started one job ahead (the module's docstring); the spare left over is ended with the block."""
+    is started one job ahead (the module's docstring), none past the block's ``jobs`` (where it says how many it
+    starts at most: a spare importing vLLM beside the last engine's start only slows it); the spare left over is
+    ended with the block."""
     if "devices" in _ahead:  # nested: the outer block's spares serve
         yield
         return
-    _ahead.update(devices=tuple(devices), architectures=tuple(architectures))
+    _ahead.update(devices=tuple(devices), architectures=tuple(architectures), left=jobs)
     try:
-        _spawn_spare()
+        if jobs is None or jobs > 0:
+            _spawn_spare()
         yield
     finally:
         _close_spare()

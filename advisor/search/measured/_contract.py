@@ -80,10 +80,10 @@ class MeasuredTier(abc.ABC):
         raise UnsupportedError(f"{self.label} meters a plan's operating points apart from its stated workloads "
                                "(searches_in_serving is False)")
 
-    def started_ahead(self, architectures: Sequence[str]) -> AbstractContextManager[None]:
+    def started_ahead(self, architectures: Sequence[str], jobs: int | None = None) -> AbstractContextManager[None]:
         """Within it, the tier's engine processes (where it starts any) are started one job ahead, importing the
-        engine while the caller works (``architectures``: the model's, for an engine that looks them up at start).
-        This default starts nothing."""
+        engine while the caller works (``architectures``: the model's, for an engine that looks them up at start;
+        ``jobs``: how many engines the caller starts at most, where it knows). This default starts nothing."""
         return nullcontext()
 
     def forget(self, plan: Plan) -> None:
