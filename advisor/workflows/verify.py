@@ -148,6 +148,35 @@ def free_gpu_memory() -> str:
     return f"{free / 2**30:.1f} of {total / 2**30:.1f} GiB free on cuda:0, {held / 2**30:.1f} GiB held by this process"
 
 
+def export_plans(plans: dict[str, Plan], checkpoint_for: Callable[[Plan], Path], as_is: Path | None, device: str,
+                 seconds: dict[str, float], status: Callable[[str], None]) -> dict[str, Path]:
+    """Each role's plan exported where not yet (on ``device``; all-BF16 served from ``as_is`` where the model's
+    folder serves it), its seconds into ``seconds``; the folder each role is served from."""
+    from advisor.deploy.checkpoint import folder_serving
+
+    paths: dict[str, Path] = {}
+    for role, plan in plans.items():
+        if (served_from := folder_serving(plan, as_is)) is not None:
+            status(f"plan {plan.id} ({shown_role(role, plan.id)}): served from {served_from} as it is (its weights "
+                   "are BF16 already): nothing to export")
+        else:
+            status(f"exporting plan {plan.id} ({shown_role(role, plan.id)}) if not exported, on the {device}")
+        t = time.perf_counter()
+        paths[role] = checkpoint_for(plan)
+        seconds[role] = time.perf_counter() - t
+    return paths
+
+
+def own_model(loaded: Any, path: Path, as_is: Path | None, plan: Plan, device: str) -> Any:
+    """The advisor's own model of ``plan``'s export at ``path`` on ``device``, in eval mode: the loaded model itself
+    where the plan is all-BF16 served from the model's folder, else the export read back."""
+    from advisor.deploy.checkpoint import folder_serving, load_exported
+
+    if folder_serving(plan, as_is) is not None:
+        return loaded.model.to(device).eval()
+    return load_exported(path, device=device, dtype=next(loaded.model.parameters()).dtype).eval()
+
+
 def verify_run(run_dir: Path, engine: str = "vllm", plan_ids: Sequence[str] = (), lambada: Path | None = None,
                lambada_count: int = 200, energy: bool = True, meter: MeterConfig | None = None,
                runner: Callable[[ServeJob], dict[str, Any]] | None = None,
@@ -159,7 +188,7 @@ def verify_run(run_dir: Path, engine: str = "vllm", plan_ids: Sequence[str] = ()
     (:mod:`advisor.deploy.serving_gpus`; the run's recipe's when None), ``workers`` plans at once on GPUs of their
     own (:mod:`advisor.workflows.verify_serving`), and write verify.json / verify.md / report.md's section. ``quick``:
     the recommendation and all-BF16 only, the served KL on fewer positions (:data:`QUICK_KL_ENTRIES`)."""
-    from advisor.deploy.checkpoint import bf16_served_as_is, checkpoint_exporter, folder_serving, load_exported
+    from advisor.deploy.checkpoint import bf16_served_as_is, checkpoint_exporter
     from advisor.deploy.verification import (
         read_summary,
         render_verify,
@@ -244,18 +273,8 @@ def verify_run(run_dir: Path, engine: str = "vllm", plan_ids: Sequence[str] = ()
         checkpoint_for = checkpoint_exporter(recipe, loaded, tokens, on_reloaded=own_model_scorer(
             reference, scored, items, own) if export_device == device else None)
 
-        paths: dict[str, Path] = {}
         as_is = bf16_served_as_is(recipe)
-        for role, plan in plans.items():
-            if (served_from := folder_serving(plan, as_is)) is not None:
-                status(f"plan {plan.id} ({shown_role(role, plan.id)}): served from {served_from} as it is (its weights "
-                       "are BF16 already): nothing to export")
-            else:
-                status(f"exporting plan {plan.id} ({shown_role(role, plan.id)}) if not exported, on the "
-                       f"{export_device}")
-            t = time.perf_counter()
-            paths[role] = checkpoint_for(plan)
-            timings["export_s"][role] = time.perf_counter() - t
+        paths = export_plans(plans, checkpoint_for, as_is, export_device, timings["export_s"], status)
         reference_file = write_reference(run_dir / REFERENCE_FILE, reference)
         if device == "cuda":  # the engines' processes need the GPU's memory, the cached blocks too
             loaded.model.to("cpu")
@@ -279,10 +298,8 @@ def verify_run(run_dir: Path, engine: str = "vllm", plan_ids: Sequence[str] = ()
     for role, plan in plans.items():  # the advisor's own models not scored as their exports reloaded them
         if plan.id not in own:
             status(f"scoring the advisor's own model of {plan.id} on the same tokens")
-            model = loaded.model.to(device) if folder_serving(plan, as_is) is not None else load_exported(
-                paths[role], device=device, dtype=next(loaded.model.parameters()).dtype)
-            own[plan.id] = score_own_model(reference, model.eval(), scored, items)
-            del model
+            own[plan.id] = score_own_model(reference, own_model(loaded, paths[role], as_is, plan, device), scored,
+                                           items)
     timings["own_models_s"] = time.perf_counter() - t
     where = f"{n_gpus}x {here}, tp={n_gpus}" if n_gpus > 1 else here
     # the run priced its plans for its target on one GPU; served on another kind or over several, the energy rows'
