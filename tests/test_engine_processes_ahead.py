@@ -25,11 +25,16 @@ def waiting(before: frozenset[int] = frozenset()) -> set[int]:
     return {p.pid for p in multiprocessing.active_children()} - before
 
 
-def test_each_job_runs_in_a_process_started_ahead_with_vllm_imported(tmp_path, monkeypatch):
+def importable_fake_vllm(tmp_path, monkeypatch) -> None:
+    """A ``vllm`` package a spawned process imports: the fake."""
     (tmp_path / "pkgs" / "vllm").mkdir(parents=True)
     (tmp_path / "pkgs" / "vllm" / "__init__.py").write_text(
         "import sys\nfrom advisor.testing_vllm import fake_vllm\nsys.modules[__name__] = fake_vllm()\n")
     monkeypatch.syspath_prepend(str(tmp_path / "pkgs"))
+
+
+def test_each_job_runs_in_a_process_started_ahead_with_vllm_imported(tmp_path, monkeypatch):
+    importable_fake_vllm(tmp_path, monkeypatch)
     job = ServeJob(str(tmp_path), vocab_size=64)
     before = frozenset(waiting())
 
@@ -53,10 +58,7 @@ def test_each_job_runs_in_a_process_started_ahead_with_vllm_imported(tmp_path, m
 def test_no_process_is_started_ahead_past_the_jobs_the_block_said(tmp_path, monkeypatch):
     """Two jobs said: the second runs in the spare started ahead of it, and none waits beside it (a spare importing
     vLLM during the last engine's start only slows that start)."""
-    (tmp_path / "pkgs" / "vllm").mkdir(parents=True)
-    (tmp_path / "pkgs" / "vllm" / "__init__.py").write_text(
-        "import sys\nfrom advisor.testing_vllm import fake_vllm\nsys.modules[__name__] = fake_vllm()\n")
-    monkeypatch.syspath_prepend(str(tmp_path / "pkgs"))
+    importable_fake_vllm(tmp_path, monkeypatch)
     job = ServeJob(str(tmp_path), vocab_size=64)
     before = frozenset(waiting())
     with processes_ahead(("LlamaForCausalLM",), jobs=2):
