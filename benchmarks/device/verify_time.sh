@@ -14,7 +14,7 @@
 #      verify.json and only the recommendation is served; without V both are)
 #   Z  benchmarks/device/engine_sizing_ab.py on the all-FP8 export (V's, else the random 8B's, built here): batches 80,
 #      136 and 240 in engines sized max_num_seqs 240 and 300 with their own and each other's CUDA graphs (round 3's
-#      6-11% between the two sizings); about 10 min alone
+#      6-11% between the two sizings); about 10 min alone; ZARMS='A B D A' leaves out C (about 8 min)
 #   S  benchmarks/device/engine_true_sweep.py over ${SHAPES:-qwen2.5-7b}: shapes outside the step model's fit served
 #      at batches 16-256 (reports/benchmarks/engine_true.md's served side)
 # Poll with back-to-back calls that return within 600 s:
@@ -57,7 +57,7 @@ print(next(t["plan_id"] for t in s["trials"] if t["trial"] == n))' $run/summary.
          python3 benchmarks/vllm_verify.py checkpoints --checkpoints $ck --plans all-fp8 > $out/z_ck.log 2>&1
          zck=$ck/all-fp8
        fi
-       python3 benchmarks/device/engine_sizing_ab.py $zck --batches 80 136 240 \
+       python3 benchmarks/device/engine_sizing_ab.py $zck --batches 80 136 240 --arms ${ZARMS:-A B C D A} \
          --out $out/engine_sizing_ab.json > $out/z.log 2>&1 ;;
     R) /usr/bin/time -v -o $out/r_time.txt python3 -c 'from advisor.cli import main; main()' recheck \
          --recommendation $run --model /tmp/s44/base --engine vllm -o $run/recheck > $out/r_recheck.log 2>&1
