@@ -144,7 +144,8 @@ def prompt_logprob_tensors(vllm: Any) -> Iterator[list[Any] | None]:
 
     def update(self: Any, tensors: Any) -> None:
         chunks.append(tensors)
-        original(self, type(tensors)(*(t[:1] for t in tensors[:3]), *tensors[3:]))
+        first_rows = [t[:1] for t in tensors[:3]] + list(tensors[3:])
+        original(self, tensors._make(first_rows) if hasattr(tensors, "_make") else tuple(first_rows))
 
     processor._update_prompt_logprobs = update
     try:
