@@ -70,6 +70,15 @@ def greedy_hits(model: Any, items: Sequence[tuple[Sequence[int], Sequence[int]]]
     return hits
 
 
+@dataclass(frozen=True)
+class OwnModelScore:
+    """The advisor's own model of an export on verify's tokens: its KL against the reference (the mean per
+    position; None on no position) and its greedy hits on the items."""
+
+    kl: float | None
+    hits: list[bool] = field(default_factory=list)
+
+
 def accuracy_as_served(reference: Sequence[Any], own: OwnModelScore, served: dict[str, Any], sequences: int,
                        items: int, heldout_count: int = 0) -> ServedAccuracy:
     """The served model's full-vocabulary KL against ``reference`` (the reference's log-probabilities on the first
@@ -85,15 +94,6 @@ def accuracy_as_served(reference: Sequence[Any], own: OwnModelScore, served: dic
                         "advisor_accuracy": sum(own.hits) / items,
                         "disagree": sum(a != b for a, b in zip(vllm_hits, own.hits, strict=False))}
     return ServedAccuracy.model_validate(out)
-
-
-@dataclass(frozen=True)
-class OwnModelScore:
-    """The advisor's own model of an export on verify's tokens: its KL against the reference (the mean per
-    position; None on no position) and its greedy hits on the items."""
-
-    kl: float | None
-    hits: list[bool] = field(default_factory=list)
 
 
 def score_own_model(reference: Sequence[Any], model: Any, heldout: Sequence[Sequence[int]],
