@@ -184,13 +184,15 @@ def test_a_worker_killed_mid_measurement_has_its_plan_measured_again(searched, t
     study, recipe = searched
     set_round(study, "pending")
     victim = _start_worker(recipe, tmp_path, 3.0)  # long measurements: the kill lands inside one
-    holder = threading.Thread(target=_stage, args=(study, recipe, FakeMeasuredGPU("GPU-a", delay_s=0.3)))
+    victim_took_one = threading.Event()  # the coordinator holds its first plan until then: a late worker has one
+    holder = threading.Thread(target=_stage, args=(study, recipe, _WaitsFor(victim_took_one, "GPU-a", delay_s=0.3)))
     holder.start()
     end = time.monotonic() + 60
     while not any(t.state == TrialState.RUNNING and t.user_attrs.get("worker", {}).get("pid") == victim.pid
                   for t in _queue_trials(recipe)):
         assert time.monotonic() < end, "the worker never took a plan"
         time.sleep(0.05)
+    victim_took_one.set()
     victim.send_signal(signal.SIGKILL)
     victim.wait()
     holder.join(timeout=120)
@@ -261,7 +263,7 @@ class _Signalling(FakeMeasuredGPU):
 
 
 class _WaitsFor(FakeMeasuredGPU):
-    """A worker's fake GPU holding its first plan until ``event``: both units measure, however busy the machine."""
+    """A fake GPU holding its first plan until ``event``: both units measure, however busy the machine."""
 
     def __init__(self, event: threading.Event, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
