@@ -36,7 +36,15 @@ WORKER = textwrap.dedent("""
     url, role, out, delay, trials = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4]), int(sys.argv[5])
 
     class Slow(AdditiveEvaluator):
+        held = role == "coordinator"  # its first trial waits for another process's: the work is shared however late
+
         def evaluate(self, plan):
+            end = time.monotonic() + 60
+            while Slow.held and time.monotonic() < end and not any(
+                    t.state == optuna.trial.TrialState.RUNNING and t.user_attrs.get("worker", {}).get("pid")
+                    not in (None, os.getpid()) for t in study.get_trials()):
+                time.sleep(0.05)
+            Slow.held = False
             time.sleep(delay)
             return super().evaluate(plan)
 
