@@ -34,9 +34,11 @@ WORKER = textwrap.dedent("""
     from advisor.search.storage import open_storage
 
     url, role, out, delay, trials = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4]), int(sys.argv[5])
+    hold = sys.argv[6:] == ["hold"]
 
     class Slow(AdditiveEvaluator):
-        held = role == "coordinator"  # its first trial waits for another process's: the work is shared however late
+        # "hold": the coordinator's first trial waits for another process's, so the work is shared however late
+        held = hold and role == "coordinator"
 
         def evaluate(self, plan):
             end = time.monotonic() + 60
@@ -68,9 +70,9 @@ WORKER = textwrap.dedent("""
 """)
 
 
-def _start(url: str, role: str, out: Path, delay: float) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-c", WORKER, url, role, str(out), str(delay), str(TRIALS)], cwd=ROOT,
-                            stderr=subprocess.PIPE, text=True)
+def _start(url: str, role: str, out: Path, delay: float, hold: bool = False) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", WORKER, url, role, str(out), str(delay), str(TRIALS),
+                             *(["hold"] if hold else [])], cwd=ROOT, stderr=subprocess.PIPE, text=True)
 
 
 def _load(url: str) -> optuna.Study:
@@ -94,7 +96,7 @@ def storage_url(request, tmp_path):
 
 
 def test_three_workers_share_one_budget_and_run_each_baseline_once(storage_url, tmp_path):
-    procs = [_start(storage_url, "coordinator", tmp_path, 0.1)]
+    procs = [_start(storage_url, "coordinator", tmp_path, 0.1, hold=True)]
     procs += [_start(storage_url, "worker", tmp_path, 0.1) for _ in range(2)]
     errors = [p.communicate(timeout=180)[1] for p in procs]
     assert all(p.returncode == 0 for p in procs), errors
