@@ -45,7 +45,10 @@ print(next(t["plan_id"] for t in s["trials"] if t["trial"] == n))' $run/summary.
          --engine vllm --plan $fp8 > $out/v_verify.log 2>&1
        echo "verify rc=$?" >> $out/progress
        cp $run/verify.json $out/vt8b_verify.json; cp $run/verify.md $out/vt8b_verify.md
-       cp -r $run/verify_served $out/ 2>/dev/null ;;
+       cp -r $run/verify_served $out/ 2>/dev/null
+       for d in $run/engine_checkpoints/*/; do  # each export's own timings (quantize, write, reload)
+         cp $d/export.json $out/export_$(basename $d).json 2>/dev/null
+       done ;;
     M) fp8=$(python3 -c 'import json, sys; s = json.load(open(sys.argv[1])); n = s["baselines"]["all-fp8"]
 print(next(t["plan_id"] for t in s["trials"] if t["trial"] == n))' $run/summary.json)
        python3 benchmarks/device/meter_ab.py $run/engine_checkpoints/$fp8 --batches 16 64 128 \
@@ -62,7 +65,10 @@ print(next(t["plan_id"] for t in s["trials"] if t["trial"] == n))' $run/summary.
     R) /usr/bin/time -v -o $out/r_time.txt python3 -c 'from advisor.cli import main; main()' recheck \
          --recommendation $run --model /tmp/s44/base --engine vllm -o $run/recheck > $out/r_recheck.log 2>&1
        echo "recheck rc=$?" >> $out/progress
-       cp $run/recheck/recheck.json $run/recheck/recheck.md $out/ 2>/dev/null ;;
+       cp $run/recheck/recheck.json $run/recheck/recheck.md $out/ 2>/dev/null
+       for d in $run/recheck/recheck/engine_checkpoints/*/; do
+         cp $d/export.json $out/r_export_$(basename $d).json 2>/dev/null
+       done ;;
     S) rm -rf $ck /tmp/s44/base  # the disk holds 64 GiB: the 8B's checkpoints go first
        python3 benchmarks/device/engine_true_sweep.py --shapes ${SHAPES:-qwen2.5-7b} --work /tmp/s44/et \
          --out $out/engine_true_sweep.json > $out/s.log 2>&1 ;;
