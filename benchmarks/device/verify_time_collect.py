@@ -100,6 +100,8 @@ def collect(data: Path, name: str) -> dict[str, Any]:
             "verify_timings_s": json.loads(verify.read_text()).get("timings_s") if verify.is_file() else None,
             "meter_ab": json.loads(ab.read_text()) if ab.is_file() else None,
             "sizing_ab": json.loads(sizing.read_text()) if sizing.is_file() else None,
+            "exports": {f.stem.removeprefix("export_"): json.loads(f.read_text()).get("timings_s")
+                        for f in sorted(data.glob("*export_*.json"))},
             "notes": json.loads(notes.read_text()) if notes.is_file() else []}
 
 
@@ -111,6 +113,11 @@ def render_round(r: dict[str, Any]) -> list[str]:
         own = f"; the advisor's own models scored after it {t['own_models_s']:.0f} s" if "own_models_s" in t else ""
         lines += [f"verify took {t['total_s'] / 60:.1f} min: the model's load and tokens {t['load_s']:.0f} s; "
                   f"exports {exports}; serving {t['serving_s'] / 60:.1f} min{own}.", ""]
+    for name, e in (r.get("exports") or {}).items():  # r_export_*: recheck's
+        lines.append(f"- export `{name}`: " + ", ".join(f"{k.removesuffix('_s').replace('_', ' ')} {v:.0f} s"
+                                                         for k, v in (e or {}).items()))
+    if r.get("exports"):
+        lines.append("")
     lines += ["| plan | engine start s | served KL s (read from vLLM's) | meterings | metering s | windows at the 30 s "
               "ceiling |", "|---|---|---|---|---|---|"]
     for p in r["plans"]:
