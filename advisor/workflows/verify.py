@@ -62,7 +62,7 @@ from advisor.workflows.verify_serving import Serving, engine_options, operating_
 
 EXPORT_HEADROOM_BYTES = 4 * 2**30  # calibration and proxy batches, CUDA context
 REFERENCE_FILE = "verify_reference.pt"  # the reference's log-probabilities, for the engines' processes; deleted after
-QUICK_KL_ENTRIES = MAX_ENTRIES // 8  # --quick: the served KL on fewer held-out positions (vLLM's answer is slow)
+QUICK_KL_ENTRIES = MAX_ENTRIES // 8  # --quick: the served KL on fewer held-out positions (a smaller reference file)
 
 
 def operating_as_served(summary: dict[str, Any], plan: Plan, served: dict[str, Any], label: str

@@ -26,7 +26,8 @@ from typing import Any
 from advisor.errors import AdvisorError
 
 # vLLM's answer holds every token's log-probability at every position: at most this many entries a plan (2 GiB of
-# float32; 16 sequences of 256 tokens at a 128k vocabulary took 3.7 min on an H200, reports/benchmarks/vllm_verify.md)
+# float32 in the reference file; read from vLLM's lists, 16 sequences of 256 tokens at a 128k vocabulary took 3.7 min
+# on an H200, reports/benchmarks/vllm_verify.md)
 MAX_ENTRIES = 2**29
 
 
