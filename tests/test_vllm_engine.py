@@ -201,6 +201,51 @@ def test_the_served_kl_reads_vllms_tensors_chunk_by_chunk_and_gets_what_its_list
         assert out["kl_sums"] == pytest.approx(lists["kl_sums"], rel=1e-12) and out["kl"] > 0
 
 
+def test_two_threads_scoring_at_once_each_read_their_own_tensors(tmp_path):
+    """verify --workers serves plans at once; where they share a process (threads), each scoring reads the tensors
+    of its own prompts, and a thread that does not score gets vLLM's own lists. Both threads are held inside
+    vLLM's method at the same time."""
+    import threading
+
+    from advisor.testing_vllm import bigram_table
+
+    vllm = fake_vllm(noise=1.0)
+    processor = vllm.v1.engine.logprobs.LogprobsProcessor
+    lists_of, inside = processor._update_prompt_logprobs, threading.Barrier(3, timeout=30)
+
+    def held(self, tensors):
+        inside.wait()
+        lists_of(self, tensors)
+
+    processor._update_prompt_logprobs = held
+    ref_table = torch.log_softmax(bigram_table(64), -1)
+    seqs = {"a": tuple(range(0, 40)), "b": (5, 9, 63, 2, 2, 17)}
+    refs = {k: str(write_reference(tmp_path / f"{k}.pt", [ref_table[list(s[:-1])]])) for k, s in seqs.items()}
+    llms = {k: vllm.LLM(str(checkpoint(tmp_path / k, "FP8")), max_logprobs=-1) for k in seqs}
+    got: dict[str, object] = {}
+
+    def score(k):
+        got[k] = served_kl(vllm, llms[k], [seqs[k]], refs[k], 64)
+
+    def lists():  # not scoring: vLLM's lists of every position
+        params = vllm.SamplingParams(max_tokens=1, prompt_logprobs=-1, flat_logprobs=True)
+        got["lists"] = dense_logprobs(llms["a"].generate([{"prompt_token_ids": seqs["a"]}], params)[0].prompt_logprobs,
+                                      64)
+
+    threads = [threading.Thread(target=score, args=(k,)) for k in seqs] + [threading.Thread(target=lists)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert processor._update_prompt_logprobs is held
+    processor._update_prompt_logprobs = lists_of
+    for k in seqs:  # alone, afterwards
+        alone = served_kl(vllm, llms[k], [seqs[k]], refs[k], 64)
+        assert got[k]["read"] == "tensors" and got[k]["positions"] == [len(seqs[k]) - 1]
+        assert got[k]["kl_sums"] == pytest.approx(alone["kl_sums"], rel=1e-12)
+    assert got["lists"].shape == (39, 64)
+
+
 def test_the_served_kl_refuses_tensors_that_disagree_with_vllms_own_lists(tmp_path):
     """A vLLM whose output side makes of the tensors something else than 0.26 does (here: it negates them) is
     caught by the check against its own lists, and the hook is gone after the error."""

@@ -17,6 +17,7 @@ such method, the lists are read as before.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -130,29 +131,61 @@ def dense_from_tensors(chunks: Sequence[Any], vocab: int) -> tuple[Any, list[int
     return dense, starts
 
 
+# the hook on each LogprobsProcessor class: its own method and how many scorings hold it; what a thread scores into
+_hooks: dict[Any, list[Any]] = {}
+_hooks_lock = threading.Lock()
+_scoring = threading.local()
+
+
+def _hook(processor: Any) -> None:
+    """``processor``'s method wrapped (once, however many threads score): a call in a thread that scores takes the
+    tensors and lets vLLM list each chunk's first position only; any other call is vLLM's own."""
+    with _hooks_lock:
+        if processor not in _hooks:
+            original = processor._update_prompt_logprobs
+
+            def update(self: Any, tensors: Any) -> None:
+                chunks = getattr(_scoring, "chunks", None)
+                if chunks is None:
+                    return original(self, tensors)
+                chunks.append(tensors)
+                first_rows = [t[:1] for t in tensors[:3]] + list(tensors[3:])
+                return original(self, tensors._make(first_rows) if hasattr(tensors, "_make") else tuple(first_rows))
+
+            processor._update_prompt_logprobs = update
+            _hooks[processor] = [original, 0]
+        _hooks[processor][1] += 1
+
+
+def _unhook(processor: Any) -> None:
+    with _hooks_lock:
+        entry = _hooks[processor]
+        entry[1] -= 1
+        if entry[1] == 0:
+            processor._update_prompt_logprobs = entry[0]
+            del _hooks[processor]
+
+
 @contextmanager
 def prompt_logprob_tensors(vllm: Any) -> Iterator[list[Any] | None]:
-    """While open, each prompt's log-probability tensors as vLLM's output side receives them, one entry a prefill
-    chunk, in the list this yields (emptied by the caller between sequences); vLLM makes its Python lists of each
-    chunk's first position only. Yields None where this vLLM's output side has no such method (module docstring)."""
+    """While open, each prompt's log-probability tensors as vLLM's output side receives them in this thread (vLLM's
+    offline engine runs its output side in the thread that calls ``generate``), one entry a prefill chunk, in the
+    list this yields (emptied by the caller between sequences); vLLM makes its Python lists of each chunk's first
+    position only. Other threads' calls are vLLM's own. Yields None where this vLLM's output side has no such
+    method (module docstring)."""
     try:
         processor = vllm.v1.engine.logprobs.LogprobsProcessor
-        original = processor._update_prompt_logprobs
+        processor._update_prompt_logprobs  # noqa: B018 (a vLLM without it is read from its lists)
     except AttributeError:
         yield None
         return
-    chunks: list[Any] = []
-
-    def update(self: Any, tensors: Any) -> None:
-        chunks.append(tensors)
-        first_rows = [t[:1] for t in tensors[:3]] + list(tensors[3:])
-        original(self, tensors._make(first_rows) if hasattr(tensors, "_make") else tuple(first_rows))
-
-    processor._update_prompt_logprobs = update
+    _hook(processor)
+    before, _scoring.chunks = getattr(_scoring, "chunks", None), []
     try:
-        yield chunks
+        yield _scoring.chunks
     finally:
-        processor._update_prompt_logprobs = original
+        _scoring.chunks = before
+        _unhook(processor)
 
 
 def _served_rows(out: Any, chunks: list[Any] | None, vocab: int, version: str) -> Any:
