@@ -72,14 +72,14 @@ def research_around(ctx: Any, plan: Plan, groups: tuple[LayerGroup, ...], trials
     return out
 
 
-def meter_objectives(model: MeasuredTier, plan: Plan, summary: dict[str, Any], workloads: Any, status: Any
+def meter_objectives(model: MeasuredTier, plan: Plan, batches: dict[str, Any], workloads: Any, status: Any
                      ) -> tuple[list[Check], list[dict[str, Any]], list[str]]:
-    """The plan metered at its operating batch from the run under each workload's objective, checked against it
-    as measured (:func:`advisor.deploy.verification.objective_checks`). Metered first: an engine that serves a plan
-    once (vLLM) serves these batches and the stated workloads in one start."""
+    """The plan metered at its operating batch from the run under each workload's objective (``batches``:
+    :func:`advisor.deploy.verification.operating_batches`), checked against it as measured
+    (:func:`advisor.deploy.verification.objective_checks`). Metered first: an engine that serves a plan once (vLLM)
+    serves these batches and the stated workloads in one start."""
     from advisor.search.operating import at_batch
 
-    batches = operating_batches(summary, plan.id)
     wanted = [(w, *batches[w.name]) for w in workloads if w.has_objective and w.name in batches]
     if not wanted:
         return [], [], []
@@ -148,14 +148,12 @@ def run_folder(summary_path: Path | str) -> Path:
     return path if path.is_dir() else path.parent
 
 
-def verified_bf16(summary: dict[str, Any], verify_path: Path, engine: str, tier: MeasuredTier, shape: Any,
-                  workloads: Any) -> list[Any] | None:
-    """All-BF16 as the run's ``advisor verify`` served it (``verify_path``), where it can stand for the new model's:
-    served through ``engine``, by the version and on as many GPUs of the same name as ``tier`` (the recheck's
-    measured tier: its label names them) meters on, the same layer shape, every workload of ``workloads`` stated as
-    the run stated it and metered steady with its batch full. None where any of that does not hold. Its prefill was
-    not metered apart (NaN)."""
-    from advisor.estimate import EnergyEstimate
+def matching_verify(summary: dict[str, Any], verify_path: Path, engine: str, tier: MeasuredTier, shape: Any,
+                    workloads: Any) -> dict[str, Any] | None:
+    """The run's ``advisor verify`` (its verify.json at ``verify_path``) where what it served can stand for what this
+    recheck would serve: through ``engine``, by the version and on as many GPUs of the same name as ``tier`` (the
+    recheck's measured tier: its label names them) meters on, the same layer shape, every workload of ``workloads``
+    stated as the run stated it. None where any of that does not hold."""
     from advisor.recipe.schema import Workload
 
     try:
@@ -164,17 +162,28 @@ def verified_bf16(summary: dict[str, Any], verify_path: Path, engine: str, tier:
         return None
     served_by = f"measured (vLLM {verify.get('vllm_version')}, {verify.get('gpu')},"  # verify's own label, up to it
     stated = {w["name"]: Workload(**w) for w in summary.get("workloads") or []}
-    bf16 = next((p for p in verify.get("plans") or [] if "bf16" in str(p.get("role", "")).split("+")), None)
-    if (bf16 is None or verify.get("engine") != engine or not tier.label.startswith(served_by)
+    if (verify.get("engine") != engine or not tier.label.startswith(served_by)
             or verify.get("gpus", 1) != tier.gpus or not same_shape(summary, shape)
             or any(stated.get(w.name) != w for w in workloads)):
+        return None
+    return verify
+
+
+def verified_bf16(verify: dict[str, Any] | None, workloads: Any) -> list[Any] | None:
+    """All-BF16 as the run's ``advisor verify`` served it (``verify``: :func:`matching_verify`'s), every workload of
+    ``workloads`` metered steady with its batch full. None where it is not. Its prefill was not metered apart
+    (NaN)."""
+    from advisor.estimate import EnergyEstimate
+
+    bf16 = next((p for p in (verify or {}).get("plans") or [] if "bf16" in str(p.get("role", "")).split("+")), None)
+    if verify is None or bf16 is None:
         return None
     rows = {e["workload"]: e for e in bf16.get("energy") or []
             if e.get("vllm_j_per_token") and e.get("batch_full") and not e.get("vllm_unstable")}
     if not all(w.name in rows for w in workloads):
         return None
-    source = (f"{served_by.rstrip(',')}, {verify.get('date')}); the run's own `advisor verify`, reused: same shape, "
-              "engine and GPU")
+    source = (f"measured (vLLM {verify.get('vllm_version')}, {verify.get('gpu')}, {verify.get('date')}); the run's "
+              "own `advisor verify`, reused: same shape, engine and GPU")
     return [EnergyEstimate(workload=w.name, j_per_token=rows[w.name]["vllm_j_per_token"],
                            decode_j_per_token=rows[w.name]["vllm_j_per_token"],
                            prefill_j_per_input_token=float("nan"),
@@ -224,10 +233,11 @@ def run_recheck(
                          "the plan cannot be applied: run `advisor search` on the new model") from None
     bf16 = Plan.uniform(groups, Format.BF16)
     tier = ctx.measured_model if engine is not None else None
+    verify = None if engine is None or tier is None else matching_verify(
+        summary, run_folder(summary_path) / "verify.json", engine, tier, ctx.loaded.shape, recipe.workloads)
     stored_bf16 = None if engine is None or tier is None else (
-        reused_bf16(summary, tier.label, ctx.loaded.shape, recipe.workloads)
-        or verified_bf16(summary, run_folder(summary_path) / "verify.json", engine, tier, ctx.loaded.shape,
-                         recipe.workloads))
+        reused_bf16(summary, tier.label, ctx.loaded.shape, recipe.workloads) or verified_bf16(verify, recipe.workloads))
+    batches = operating_batches(summary, plan.id, verify)
     starts = 1 if stored_bf16 else 2
     # an engine's processes start one ahead: the first imports the engine while the plans are scored here
     with tier.started_ahead(ctx.loaded.architectures, jobs=starts) if tier is not None else nullcontext():
@@ -240,12 +250,12 @@ def run_recheck(
             model = tier
             model.prefill_apart = False  # the checks read J/token only
             loads = len({(w.batch_size, w.input_tokens, w.output_tokens) for w in recipe.workloads})
-            meterings = loads * starts + len(operating_batches(summary, plan.id))
+            meterings = loads * starts + len(batches)
             status(f"metering the stored plan{'' if stored_bf16 else ' and BF16'} ({model.label}): {starts} engine "
                    f"start(s) and {meterings} meterings, expected about {expected_minutes(starts, meterings):.0f} min; "
                    + ("BF16 is the run's own measurement (same shape, engine and GPU)" if stored_bf16 else
                       "the run holds no BF16 measurement of this engine and GPU to reuse"))
-            objective, operating, untimed = meter_objectives(model, plan, summary, recipe.workloads, status)
+            objective, operating, untimed = meter_objectives(model, plan, batches, recipe.workloads, status)
             ev = replace(ev, energy=[model.estimate(plan, w) for w in recipe.workloads])
             ev_bf16 = replace(ev_bf16, energy=stored_bf16 or [model.estimate(bf16, w) for w in recipe.workloads])
     status("lm-eval tasks")
