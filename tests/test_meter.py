@@ -230,7 +230,7 @@ def test_until_stable_closes_once_the_last_windows_agree_on_a_steady_load():
     gpu = SimulatedGPU(clock, step_s=0.01, busy_w=500.0)
     m = _meter(gpu, clock, UNTIL_STABLE).measure(gpu.launch)
     assert not m.unstable and m.j_per_step == pytest.approx(5.0, rel=0.005)
-    assert m.windows_taken == 3 and len(m.windows) == 3
+    assert m.windows_taken == 3 and len(m.windows) == 3 and m.series == ()  # nothing beyond the kept windows
     assert clock.t < 0.3 + 0.2 + 4 * 1.0 + 1.0  # idle, warm-up, three 1 s windows and the edges: no second series
 
 
@@ -252,6 +252,11 @@ def test_until_stable_stops_at_its_ceiling_on_a_ragged_load_and_says_unstable():
     assert sum(w.time_s for w in m.windows) < UNTIL_STABLE.until_stable_s
     assert m.windows_taken >= UNTIL_STABLE.until_stable_s / 1.2  # it kept metering up to the ceiling
     assert clock.t < UNTIL_STABLE.until_stable_s + 3.0  # and no further: one series, no attempts after it
+    # every window it metered is kept as a series: the ragged power shows, the throughput does not move
+    assert len(m.series) == m.windows_taken
+    energies = [j for j, _ in m.series]
+    assert max(energies) / min(energies) > 1.05
+    assert all(rate == pytest.approx(100.0, rel=0.05) for _, rate in m.series)
 
 
 def test_a_window_holds_at_least_its_steps_where_steps_are_long():

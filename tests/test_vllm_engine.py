@@ -5,6 +5,7 @@ full-vocabulary served KL, the child process, and the verify command's exits and
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 import pytest
@@ -87,6 +88,10 @@ def test_steady_load_keeps_the_batch_full_with_fresh_prompts(tmp_path, monkeypat
     assert row["latency_requests"] > 5
     assert 2.0 <= row["tpot_ms_p50"] <= row["tpot_ms_p90"] < 20.0
     assert 0.0 < row["ttft_ms_p50"] <= row["ttft_ms_p90"] < 40.0
+    # the host the engine's steps ran on, and how busy it was before and after the meterings
+    host = out["host"]
+    assert host["cpus"] == os.cpu_count() and host["cpu"] and host["cpu"] != "unknown"
+    assert host["load_1m"] >= 0 and host["load_1m_after"] >= 0
 
 
 def test_formats_as_served_name_every_group_served_otherwise(tmp_path, monkeypatch):

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -153,6 +154,19 @@ def gpu_kind() -> GPU | None:
     return gpu_here()[0]
 
 
+def host_facts() -> dict[str, Any]:
+    """The host CPU the engine's own steps run on, and how busy it is: an engine whose GPU step is short (FP8 at a
+    large batch) can wait on it, so rounds on different hosts are compared with it in view."""
+    cpu, load = "", None
+    try:
+        cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                    if line.startswith("model name")), "")
+        load = round(os.getloadavg()[0], 2)
+    except OSError:
+        pass
+    return {"cpu": cpu or platform.processor() or "unknown", "cpus": os.cpu_count(), "load_1m": load}
+
+
 def serve(job: ServeJob, make_counter: Callable[[], EnergyCounter] | None = None,
           more: Callable[[dict[str, Any]], Sequence[dict[str, Any]]] | None = None) -> dict[str, Any]:
     """Load ``job.checkpoint`` in vLLM and return what the job asks for (module docstring). The energy is that of
@@ -185,7 +199,7 @@ def serve(job: ServeJob, make_counter: Callable[[], EnergyCounter] | None = None
     say(f"vLLM engine started in {load_s:.0f} s ({start_words(start)})")
     out: dict[str, Any] = {"vllm_version": getattr(vllm, "__version__", "unknown"), "load_s": load_s,
                            "llm_options": options, "max_num_seqs": batch, "tensor_parallel_size": tp,
-                           "timings_s": timings}
+                           "timings_s": timings, "host": host_facts()}
     if job.formats:
         out["served"] = served_methods(llm)
     if job.sequences and job.reference_logprobs:
@@ -218,4 +232,5 @@ def serve(job: ServeJob, make_counter: Callable[[], EnergyCounter] | None = None
             if not todo and more is not None:
                 todo = list(more(energy))
         out["energy"] = energy
+        out["host"]["load_1m_after"] = host_facts()["load_1m"]
     return out

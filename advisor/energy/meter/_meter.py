@@ -141,6 +141,9 @@ class Measurement:
     date: str = field(default_factory=lambda: time.strftime("%Y-%m-%d"))
     depth: int = 0  # steps kept in flight
     windows_taken: int = 0  # windows metered in all (more than ``windows`` where the meter waited for stability)
+    # (J/step, steps/s) of every window metered, in order, where more were metered than kept: what a series that
+    # would not settle looked like (a drift, or the throughput itself jittering)
+    series: tuple[tuple[float, float], ...] = ()
 
     @property
     def j_per_token(self) -> float:
@@ -332,6 +335,8 @@ class EnergyMeter:
             t0, e0, c0 = t, e, done
         self._drain(inflight)
         taken = len(windows)
+        series = tuple((w.j_per_step, w.steps / w.time_s) for w in windows if w.steps and w.time_s) \
+            if taken > cfg.repeats else ()
         windows = steadiest_run(windows, cfg.repeats)
         after = self.counter.state()
         if any(w.steps == 0 for w in windows):
@@ -355,6 +360,7 @@ class EnergyMeter:
             gpu_after=after,
             depth=depth,
             windows_taken=taken,
+            series=series,
         )
 
 
