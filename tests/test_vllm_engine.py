@@ -92,6 +92,7 @@ def test_steady_load_keeps_the_batch_full_with_fresh_prompts(tmp_path, monkeypat
     host = out["host"]
     assert host["cpus"] == os.cpu_count() and host["cpu"] and host["cpu"] != "unknown"
     assert host["load_1m"] >= 0 and host["load_1m_after"] >= 0
+    assert host["torch"] == torch.__version__ and host["cuda"] == torch.version.cuda
 
 
 def test_formats_as_served_name_every_group_served_otherwise(tmp_path, monkeypatch):

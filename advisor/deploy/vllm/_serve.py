@@ -155,8 +155,11 @@ def gpu_kind() -> GPU | None:
 
 
 def host_facts() -> dict[str, Any]:
-    """The host CPU the engine's own steps run on, and how busy it is: an engine whose GPU step is short (FP8 at a
-    large batch) can wait on it, so rounds on different hosts are compared with it in view."""
+    """The host CPU the engine's own steps run on, how busy it is, and the torch and CUDA builds under the engine's
+    kernels: an engine whose GPU step is short (FP8) moved up to 34% between two H200 hosts where BF16 moved 3%
+    (reports/benchmarks/verify_time.md, round 4), so rounds are compared with these in view."""
+    import torch
+
     cpu, load = "", None
     try:
         cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
@@ -164,7 +167,8 @@ def host_facts() -> dict[str, Any]:
         load = round(os.getloadavg()[0], 2)
     except OSError:
         pass
-    return {"cpu": cpu or platform.processor() or "unknown", "cpus": os.cpu_count(), "load_1m": load}
+    return {"cpu": cpu or platform.processor() or "unknown", "cpus": os.cpu_count(), "load_1m": load,
+            "torch": torch.__version__, "cuda": torch.version.cuda}
 
 
 def serve(job: ServeJob, make_counter: Callable[[], EnergyCounter] | None = None,
