@@ -14,12 +14,14 @@ import torch
 from advisor.deploy.engines import measured_tier
 from advisor.deploy.vllm import (
     ServeJob,
+    cpu_ticks,
     dense_logprobs,
     kl_sum,
     run_in_child,
     serve,
     served_formats,
     served_kl,
+    steal_pct,
     write_reference,
 )
 from advisor.engines import ENGINE_TABLE, import_engine
@@ -93,6 +95,14 @@ def test_steady_load_keeps_the_batch_full_with_fresh_prompts(tmp_path, monkeypat
     assert host["cpus"] == os.cpu_count() and host["cpu"] and host["cpu"] != "unknown"
     assert host["load_1m"] >= 0 and host["load_1m_after"] >= 0
     assert host["torch"] == torch.__version__ and host["cuda"] == torch.version.cuda
+    assert 0.0 <= host["steal_pct"] <= 100.0  # the CPU time the hypervisor took over the meterings
+
+
+def test_steal_is_the_share_of_all_cpu_ticks_the_hypervisor_took():
+    assert steal_pct((10, 1000), (60, 2000)) == 5.0
+    assert steal_pct(None, (60, 2000)) is None and steal_pct((10, 1000), (10, 1000)) is None
+    stolen, total = cpu_ticks()  # this machine's own /proc/stat
+    assert 0 <= stolen <= total
 
 
 def test_formats_as_served_name_every_group_served_otherwise(tmp_path, monkeypatch):

@@ -79,7 +79,7 @@ def plan_rows(data: Path, summary: dict[str, Any]) -> list[dict[str, Any]]:
                      "served_kl_read": (served.get("served_kl") or {}).get("read", "lists"),
                      "meterings": meterings, "metering_s": sum(m["seconds"] for m in meterings),
                      "unstable": [n for n, r in served["energy"].items() if r["measurement"]["unstable"]],
-                     "searches": searches})
+                     "searches": searches, "host": served.get("host")})
     return rows
 
 
@@ -124,6 +124,12 @@ def render_round(r: dict[str, Any]) -> list[str]:
         lines.append(f"| `{p['plan_id']}` | {p['engine_start_s']:.0f} | {p['served_kl_s']:.0f} "
                      f"({p['served_kl_read']}) | {len(p['meterings'])} | {p['metering_s']:.0f} | "
                      f"{', '.join(p['unstable']) or 'none'} |")
+    hosts = [(p["plan_id"], p["host"]) for p in r["plans"] if p.get("host")]  # recorded from round 5 on
+    if hosts:
+        lines += ["", "| plan | host CPU | cores | load before, after | CPU stolen over the meterings | torch, CUDA |",
+                  "|---|---|---|---|---|---|"]
+        lines += [f"| `{plan}` | {h['cpu']} | {h['cpus']} | {h['load_1m']}, {h.get('load_1m_after')} | "
+                  f"{h.get('steal_pct')}% | {h.get('torch')}, {h.get('cuda')} |" for plan, h in hosts]
     lines += ["", "vLLM's engine starts (its own log):", "", "| engine | first line (UTC) | weights s | Dynamo s | "
               "torch.compile s | CUDA graphs s | kernel warm-up s | engine init s |",
               "|---|---|---|---|---|---|---|---|"]

@@ -171,6 +171,25 @@ def host_facts() -> dict[str, Any]:
             "torch": torch.__version__, "cuda": torch.version.cuda}
 
 
+def cpu_ticks() -> tuple[int, int] | None:
+    """(ticks stolen from this machine by its hypervisor, all ticks) over all CPUs since boot (/proc/stat), or None
+    where the file does not say: a virtual machine whose neighbours take its CPUs slows a host-bound engine."""
+    try:
+        fields = Path("/proc/stat").read_text().splitlines()[0].split()
+    except (OSError, IndexError):
+        return None
+    if len(fields) < 9 or fields[0] != "cpu":
+        return None
+    ticks = [int(x) for x in fields[1:9]]  # user nice system idle iowait irq softirq steal
+    return ticks[7], sum(ticks)
+
+
+def steal_pct(before: tuple[int, int] | None, after: tuple[int, int] | None) -> float | None:
+    if before is None or after is None or after[1] <= before[1]:
+        return None
+    return round(100.0 * (after[0] - before[0]) / (after[1] - before[1]), 2)
+
+
 def serve(job: ServeJob, make_counter: Callable[[], EnergyCounter] | None = None,
           more: Callable[[dict[str, Any]], Sequence[dict[str, Any]]] | None = None) -> dict[str, Any]:
     """Load ``job.checkpoint`` in vLLM and return what the job asks for (module docstring). The energy is that of
@@ -217,6 +236,7 @@ def serve(job: ServeJob, make_counter: Callable[[], EnergyCounter] | None = None
         out["items"] = greedy_hits(vllm, llm, job.items)
         timings["items_s"] = time.perf_counter() - t
     if job.workloads:
+        ticks = cpu_ticks()
         counter = make_counter() if make_counter is not None else open_gpus_counter(tp)
         config = summed_config(MeterConfig(**job.meter), tp)
         energy: dict[str, Any] = {}
@@ -236,5 +256,5 @@ def serve(job: ServeJob, make_counter: Callable[[], EnergyCounter] | None = None
             if not todo and more is not None:
                 todo = list(more(energy))
         out["energy"] = energy
-        out["host"]["load_1m_after"] = host_facts()["load_1m"]
+        out["host"].update(load_1m_after=host_facts()["load_1m"], steal_pct=steal_pct(ticks, cpu_ticks()))
     return out
