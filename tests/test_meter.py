@@ -143,6 +143,32 @@ def test_no_driver_is_a_setup_error(monkeypatch):
         nvml.NvmlDevice(0)
 
 
+def test_busy_is_nvmls_utilization_and_none_where_the_driver_does_not_say(monkeypatch):
+    import types
+
+    from advisor.energy.meter import _nvml as nvml
+
+    class NVMLError(Exception):
+        pass
+
+    said = iter([types.SimpleNamespace(gpu=87, memory=40), NVMLError("Not Supported")])
+
+    def utilization(handle):
+        value = next(said)
+        if isinstance(value, Exception):
+            raise value
+        return value
+
+    fake = types.SimpleNamespace(
+        NVMLError=NVMLError, nvmlInit=lambda: None, nvmlDeviceGetCount=lambda: 1,
+        nvmlDeviceGetHandleByIndex=lambda i: "h0", nvmlDeviceGetName=lambda h: b"Fake GPU",
+        nvmlSystemGetDriverVersion=lambda: b"0", nvmlDeviceGetTotalEnergyConsumption=lambda h: 0,
+        nvmlDeviceGetUtilizationRates=utilization)
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    device = nvml.NvmlDevice(0)
+    assert device.busy_pct() == 87.0 and device.busy_pct() is None
+
+
 class _SlowReads:
     """A simulated GPU whose energy reads take ``read_s`` of host time, as NVML's do (2-18 ms on an H200)."""
 

@@ -96,6 +96,17 @@ def test_steady_load_keeps_the_batch_full_with_fresh_prompts(tmp_path, monkeypat
     assert host["load_1m"] >= 0 and host["load_1m_after"] >= 0
     assert host["torch"] == torch.__version__ and host["cuda"] == torch.version.cuda
     assert 0.0 <= host["steal_pct"] <= 100.0  # the CPU time the hypervisor took over the meterings
+    assert row["gpu_busy_pct"] is None and row["gpu_busy_pct_low"] is None  # a counter given alone: no utilization
+
+
+def test_each_row_says_how_busy_the_gpu_was_over_its_load(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "vllm", fake_vllm(step_s=0.002))
+    readings = iter([60.0, None, 100.0] * 10_000)  # NVML's utilization, once in a while not said
+    job = ServeJob(str(checkpoint(tmp_path / "ck")), vocab_size=64, formats=False, meter=FAST, prefill=False,
+                   workloads=({"name": "chat", "batch_size": 4, "input_tokens": 8, "output_tokens": 16},))
+    out = serve(job, make_counter=lambda: ConstantPowerCounter(300.0), make_busy=lambda: lambda: next(readings))
+    row = out["energy"]["chat"]
+    assert row["gpu_busy_pct_low"] == 60.0 and 60.0 < row["gpu_busy_pct"] < 100.0  # the readings said, averaged
 
 
 def test_steal_is_the_share_of_all_cpu_ticks_the_hypervisor_took():

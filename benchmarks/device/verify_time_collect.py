@@ -79,7 +79,9 @@ def plan_rows(data: Path, summary: dict[str, Any]) -> list[dict[str, Any]]:
                      "served_kl_read": (served.get("served_kl") or {}).get("read", "lists"),
                      "meterings": meterings, "metering_s": sum(m["seconds"] for m in meterings),
                      "unstable": [n for n, r in served["energy"].items() if r["measurement"]["unstable"]],
-                     "searches": searches, "host": served.get("host")})
+                     "searches": searches, "host": served.get("host"),
+                     "gpu_busy_pct": {n: r.get("gpu_busy_pct") for n, r in served["energy"].items()
+                                      if r.get("gpu_busy_pct") is not None}})
     return rows
 
 
@@ -130,6 +132,11 @@ def render_round(r: dict[str, Any]) -> list[str]:
                   "|---|---|---|---|---|---|"]
         lines += [f"| `{plan}` | {h['cpu']} | {h['cpus']} | {h['load_1m']}, {h.get('load_1m_after')} | "
                   f"{h.get('steal_pct')}% | {h.get('torch')}, {h.get('cuda')} |" for plan, h in hosts]
+    busy = [(p["plan_id"], p["gpu_busy_pct"]) for p in r["plans"] if p.get("gpu_busy_pct")]
+    if busy:
+        lines += ["", "How busy the GPU was over each load (NVML utilization, mean %): "
+                  + "; ".join(f"`{plan}` " + ", ".join(f"{n} {v:.0f}" for n, v in b.items()) for plan, b in busy)
+                  + "."]
     lines += ["", "vLLM's engine starts (its own log):", "", "| engine | first line (UTC) | weights s | Dynamo s | "
               "torch.compile s | CUDA graphs s | kernel warm-up s | engine init s |",
               "|---|---|---|---|---|---|---|---|"]

@@ -8,6 +8,7 @@ import random
 import statistics
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
 
@@ -153,6 +154,41 @@ class SteadyLoad:
         self.inflight.clear()
 
 
+class BusySampler:
+    """The GPU's utilization (``read``: a % or None) sampled every ``interval_s`` from a thread while the block runs:
+    its mean and its lowest reading (None without a reader, or where it never said)."""
+
+    def __init__(self, read: Callable[[], float | None] | None, interval_s: float = 0.1) -> None:
+        self.read, self.interval_s = read, interval_s
+        self.readings: list[float] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            value = self.read() if self.read is not None else None
+            if value is not None:
+                self.readings.append(value)
+
+    def __enter__(self) -> BusySampler:
+        if self.read is not None:
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+
+    @property
+    def mean(self) -> float | None:
+        return statistics.fmean(self.readings) if self.readings else None
+
+    @property
+    def low(self) -> float | None:
+        return min(self.readings) if self.readings else None
+
+
 def _percentile(sorted_values: list[float], q: int) -> float:
     if len(sorted_values) == 1:
         return sorted_values[0]
@@ -178,17 +214,22 @@ def measure_load(vllm: Any, llm: Any, counter: EnergyCounter, config: MeterConfi
 
 
 def meter_workload(vllm: Any, llm: Any, counter: EnergyCounter, config: MeterConfig, w: dict[str, Any],
-                   vocab_size: int, seed: int, prefill: bool, meterings: list[dict[str, Any]]) -> dict[str, Any]:
+                   vocab_size: int, seed: int, prefill: bool, meterings: list[dict[str, Any]],
+                   busy: Callable[[], float | None] | None = None) -> dict[str, Any]:
     """One workload's energy row (:func:`measure_load`; with ``prefill``, also J per input token of a batch-1
-    prefill load); what it took is added to ``meterings``."""
+    prefill load); what it took is added to ``meterings``. With ``busy`` (the GPUs' NVML utilization), the row says
+    how busy they were over the load, its settling included: well under 100 at a steady load, the GPU waited on the
+    engine's host side."""
     b, lin, lout = w["batch_size"], w["input_tokens"], w["output_tokens"]
     t = time.perf_counter()
-    full, fewest, latency = measure_load(vllm, llm, counter, config, b, lin, lout, vocab_size,
-                                         f"vllm {w['name']}", seed)
+    with BusySampler(busy) as sampler:
+        full, fewest, latency = measure_load(vllm, llm, counter, config, b, lin, lout, vocab_size,
+                                             f"vllm {w['name']}", seed)
     meterings.append({"workload": w["name"], "batch": b, "seconds": time.perf_counter() - t,
                       "windows": full.windows_taken})
     row = {"j_per_token": full.j_per_token, "tokens_per_s": full.tokens_per_s, "fewest_inflight": fewest,
-           "batch_full": fewest >= b, "measurement": full.to_dict(), **latency}
+           "batch_full": fewest >= b, "measurement": full.to_dict(), **latency,
+           "gpu_busy_pct": sampler.mean, "gpu_busy_pct_low": sampler.low}
     if prefill:
         pre, _, _ = measure_load(vllm, llm, counter, config, 1, lin, 1, vocab_size, f"vllm {w['name']} prefill",
                                  seed + 1)

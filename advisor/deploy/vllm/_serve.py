@@ -191,12 +191,14 @@ def steal_pct(before: tuple[int, int] | None, after: tuple[int, int] | None) -> 
 
 
 def serve(job: ServeJob, make_counter: Callable[[], EnergyCounter] | None = None,
-          more: Callable[[dict[str, Any]], Sequence[dict[str, Any]]] | None = None) -> dict[str, Any]:
+          more: Callable[[dict[str, Any]], Sequence[dict[str, Any]]] | None = None,
+          make_busy: Callable[[], Callable[[], float | None]] | None = None) -> dict[str, Any]:
     """Load ``job.checkpoint`` in vLLM and return what the job asks for (module docstring). The energy is that of
     every GPU the engine uses (``make_counter``; default: the first ``tensor_parallel_size`` GPUs' NVML counters,
-    summed). ``more`` (the energy rows so far -> the next workloads, none to stop) meters further rounds of
-    workloads in the same engine."""
-    from advisor.energy.meter import open_gpus_counter, summed_config
+    summed), and so is the utilization each row states (``make_busy``; default: theirs through NVML, none where
+    ``make_counter`` is given alone). ``more`` (the energy rows so far -> the next workloads, none to stop) meters
+    further rounds of workloads in the same engine."""
+    from advisor.energy.meter import open_gpus_busy, open_gpus_counter, summed_config
 
     os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # apply_model sends a function
     tp = job.tensor_parallel_size
@@ -238,6 +240,7 @@ def serve(job: ServeJob, make_counter: Callable[[], EnergyCounter] | None = None
     if job.workloads:
         ticks = cpu_ticks()
         counter = make_counter() if make_counter is not None else open_gpus_counter(tp)
+        busy = make_busy() if make_busy is not None else None if make_counter is not None else open_gpus_busy(tp)
         config = summed_config(MeterConfig(**job.meter), tp)
         energy: dict[str, Any] = {}
         todo = list(job.workloads)
@@ -251,7 +254,7 @@ def serve(job: ServeJob, make_counter: Callable[[], EnergyCounter] | None = None
             else:
                 say(metering_line(w, timings["meterings"], len(todo)))
                 energy[w["name"]] = meter_workload(vllm, llm, counter, config, w, job.vocab_size, job.seed, prefill,
-                                                         timings["meterings"])
+                                                   timings["meterings"], busy)
                 loads[key] = w["name"]
             if not todo and more is not None:
                 todo = list(more(energy))

@@ -17,7 +17,13 @@ from advisor.energy.meter._meter import (
     torch_device_uuid,
 )
 from advisor.energy.meter._nvml import GPUState, NvmlDevice, normalize_uuid
-from advisor.energy.meter._summed import SummedCounter, combined_state, open_gpus_counter, summed_config
+from advisor.energy.meter._summed import (
+    SummedCounter,
+    combined_state,
+    open_gpus_busy,
+    open_gpus_counter,
+    summed_config,
+)
 from advisor.energy.meter._window import CPU_WATTS_PER_CORE, EnergyWindow, WindowEnergy, visible_gpu_count
 
 __all__ = [
@@ -38,6 +44,7 @@ __all__ = [
     "coefficient_of_variation",
     "combined_state",
     "normalize_uuid",
+    "open_gpus_busy",
     "open_gpus_counter",
     "open_meter",
     "queue_depth",

@@ -97,6 +97,14 @@ class NvmlDevice:
         except self._nv.NVMLError as exc:
             raise SetupError(f"NVML energy read failed on GPU {self.index}: {exc}") from exc
 
+    def busy_pct(self) -> float | None:
+        """NVML's GPU utilization: the share of its last sample period (1/6 s to 1 s) in which a kernel ran, in %;
+        None where the driver does not say. Below 100 under a steady load, the GPU waited on something else."""
+        try:
+            return float(self._nv.nvmlDeviceGetUtilizationRates(self._h).gpu)
+        except self._nv.NVMLError:
+            return None
+
     def power_w(self) -> float:
         try:
             return self._nv.nvmlDeviceGetPowerUsage(self._h) / 1000.0

@@ -9,7 +9,7 @@ edge, a share of the window that the length keeps small).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 from advisor.energy.meter._meter import EnergyCounter, MeterConfig, torch_device_uuid
@@ -63,3 +63,17 @@ def open_gpus_counter(gpus: int) -> EnergyCounter:
 
     devices = [NvmlDevice(i, uuid=torch_device_uuid(i)) for i in range(gpus)]
     return devices[0] if gpus == 1 else SummedCounter(devices)
+
+
+def open_gpus_busy(gpus: int) -> Callable[[], float | None]:
+    """The mean NVML utilization (%) of torch's ``cuda:0`` .. ``cuda:{gpus-1}`` as one reading (None where any GPU
+    does not say)."""
+    from advisor.energy.meter._nvml import NvmlDevice
+
+    devices = [NvmlDevice(i, uuid=torch_device_uuid(i)) for i in range(gpus)]
+
+    def read() -> float | None:
+        values = [d.busy_pct() for d in devices]
+        return None if any(v is None for v in values) else sum(values) / len(values)  # type: ignore[arg-type]
+
+    return read
