@@ -54,12 +54,14 @@ def search_ceiling(summary: dict[str, Any], plan: Plan, step_up: bool) -> int:
 def serve_and_search(plan: Plan, job: ServeJob, summary: dict[str, Any], model: Any, step_up: bool = False
                      ) -> dict[str, Any]:
     """``job`` served, and per objective (workload name, under ``searches``) vLLM's largest batch that meets it
-    (:mod:`advisor.search.measured._batch_search`): the job's rows at the predicted batches are the first round, and a
-    miss there serves the smaller batches in the same engine (``model``: a
+    (:mod:`advisor.search.measured._batch_search`): the job's rows at the predicted batches are the first round, with
+    its stated workloads' rows beside them, and a miss there serves the smaller batches in the same engine
+    (``model``: a
     :class:`~advisor.deploy.vllm._engine.VllmEnergyModel` of the plan's checkpoint)."""
     searches = operating_searches(summary, plan, step_up)
     model.open_with(plan, job)
-    found = search_batches(model, plan, searches)
+    stated = [Workload(**w) for w in summary["workloads"]]  # in the job: their rows bound the searches of their load
+    found = search_batches(model, plan, searches, alongside=stated)
     return {**model.served(plan), "searches": {s.workload.name: f for s, f in zip(searches, found, strict=True)}}
 
 

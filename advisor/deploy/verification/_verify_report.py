@@ -208,10 +208,12 @@ def _operating_lines(result: dict[str, Any]) -> list[str]:
                      f"{num(p['tpot_ms'], '.3g')} | {num(v['tpot_ms'], '.3g')} | {_error(p, v, 'tpot_ms')} | "
                      f"{num(v['ttft_ms'], '.3g')} | {num(v['tokens_per_s'], '.0f')} "
                      f"| {'yes' if p['meets'] else '**no**'} | {_meets(v['meets'])} |")
-    searched = [(r, o, s) for r, o in rows if (s := o.get("vllm_search")) and len(s.get("trail") or []) > 1]
+    searched = [(r, o, s) for r, o in rows if (s := o.get("vllm_search")) and s.get("trail")
+                and (len(s["trail"]) > 1 or s.get("batch") != s["trail"][0]["batch"])]
     if searched:
         lines += ["", "Where vLLM served batches beside the predicted one in the same engine (smaller after a miss, "
-                  "larger after a batch that met with room to spare), until the largest that meets:", ""]
+                  "larger after a batch that met with room to spare), until the largest that meets; a batch of the "
+                  "same load served there for another workload counts too:", ""]
     for r, o, s in searched:
         steps = ", ".join(f"{t['batch']} ({num(t.get('tpot_ms'), '.4g')} ms, {_meets(t.get('meets'))})"
                           for t in s["trail"])

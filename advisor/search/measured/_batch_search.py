@@ -30,13 +30,19 @@ metered only where the first two do not bracket the objective), or after :data:`
 beyond the predicted batch (the budget; the best batch found is kept and the report says the search stopped).
 A step time that is not monotone in the batch can make a batch above ``lo`` meet too; the search answers with the
 largest batch it metered that meets, never one it did not meter.
+
+Points of the same load (input and output lengths, percentile) metered in the same engine for another objective or
+for a stated workload (``shared``: an FP8 8B's stated batches 16 and 64 beside its operating batches 80, 136 and
+240) bound the search too: once its own batch misses, the largest of them that meets is ``lo`` and a smaller miss is
+``hi``, so the step down is a line between two measured points rather than the predicted curve scaled, and one of
+them may be the answer; a step up never meters a batch that one of them shows missing.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from advisor.plan import Plan
@@ -107,6 +113,7 @@ class BatchSearch:
     grid: Sequence[int] = ()  # the batches the engine runs differently (module docstring); () for every batch
     bracket_after: int = BRACKET_AFTER
     step_up_to: int = 0  # where the predicted batch meets, meter larger batches up to this one (0: never)
+    shared: list[MeasuredPoint] = field(default_factory=list)  # the same load, metered for others (docstring)
 
     def first(self) -> Workload:
         return at_batch(self.workload, self.predicted_batch)
@@ -114,13 +121,25 @@ class BatchSearch:
     def add(self, point: MeasuredPoint) -> None:
         self.trail.append(point)
 
-    def _judged(self) -> dict[int, float] | None:
+    def same_load(self, other: Workload) -> bool:
+        """``other`` runs the load this search's batches run (its points' TPOT and TTFT compare with them)."""
+        mine = self.workload
+        return (other.input_tokens, other.output_tokens, other.quantile) == (mine.input_tokens, mine.output_tokens,
+                                                                            mine.quantile)
+
+    def _judged(self, shared: bool = True) -> dict[int, float] | None:
+        """Batch -> excess over the objective: the search's own points (None where one was not timed), then, with
+        ``shared``, the same load's other points at batches it did not meter."""
         out = {}
         for p in self.trail:
             e = excess(self.workload, p)
             if e is None:
                 return None
             out[p.batch] = e
+        for p in self.shared if shared else ():
+            e = excess(self.workload, p)
+            if e is not None:
+                out.setdefault(p.batch, e)
         return out
 
     def _ends(self, judged: dict[int, float]) -> tuple[int, int | None]:
@@ -130,13 +149,15 @@ class BatchSearch:
 
     def next_batch(self) -> int | None:
         """The next batch to meter, or None when the search is over."""
-        judged = self._judged()
-        if not judged or len(self.trail) - 1 >= self.budget:
+        own, judged = self._judged(shared=False), self._judged()
+        if not own or not judged or len(self.trail) - 1 >= self.budget:
             return None
+        lo, hi = self._ends(own)
+        if hi is None:  # every batch it metered met: a step up, below any batch the same load missed at
+            missed = min((b for b, e in judged.items() if e > 1.0 and b > lo), default=None)
+            return self._step_up(lo, own[lo], below=missed) if lo else None
         lo, hi = self._ends(judged)
-        if hi is None:
-            return self._step_up(lo, judged[lo]) if lo else None
-        if self._bracketed(lo, hi) or self._bracketed_enough(lo, hi):
+        if hi is None or self._bracketed(lo, hi) or self._bracketed_enough(lo, hi):
             return None
         aim = 1.0 if lo else 1.0 - MARGIN
         last = [p.batch for p in self.trail[-2:]]
@@ -150,14 +171,15 @@ class BatchSearch:
         between = [b for b in self.grid if lo < b < hi]
         return max((b for b in between if b <= batch), default=min(between)) if between else batch
 
-    def _step_up(self, lo: int, over: float) -> int | None:
+    def _step_up(self, lo: int, over: float, below: int | None = None) -> int | None:
         """The batch above ``lo`` (which met, ``over`` its excess) to meter next: the largest the engine runs
-        differently at or under the aim (module docstring), at most ``step_up_to``; None where none lies above
-        ``lo``."""
+        differently at or under the aim (module docstring), at most ``step_up_to`` and under ``below``; None where
+        none lies above ``lo``."""
         if not self.step_up_to or lo >= self.step_up_to:
             return None
         guess = min(self._scaled(lo, over / (1.0 - MARGIN)), float(self.step_up_to))
-        above = [b for b in (self.grid or range(lo + 1, self.step_up_to + 1)) if lo < b <= guess]
+        above = [b for b in (self.grid or range(lo + 1, self.step_up_to + 1)) if lo < b <= guess
+                 and (below is None or b < below)]
         return max(above) if above else None
 
     def _bracketed_enough(self, lo: int, hi: int | None) -> bool:
@@ -197,6 +219,15 @@ class BatchSearch:
         if judged is None:
             return self._record(first, trail, "the engine does not time the objective's terms: not searched")
         lo, hi = self._ends(judged)
+        if lo and not any(p.batch == lo for p in self.trail):  # the answer is the same load metered for another
+            record = self.outcome_words(lo, hi, extra, trail)
+            return {**record, "search": record["search"] + f" (batch {lo} metered for '{self._at(lo).workload}' in "
+                                                           "the same engine)"}
+        return self.outcome_words(lo, hi, extra, trail)
+
+    def outcome_words(self, lo: int, hi: int | None, extra: int, trail: list[dict[str, Any]]) -> dict[str, Any]:
+        """The outcome's record (:meth:`outcome`) for the largest batch known to meet ``lo`` and the smallest miss
+        above it ``hi``."""
         if lo == self.predicted_batch and extra == 0:
             return self._record(self._at(lo), trail, f"meets at the predicted batch {lo}")
         if lo >= self.predicted_batch and hi is None:
@@ -225,7 +256,7 @@ class BatchSearch:
                             f"predicted {self.predicted_batch}; {extra} extra meterings)")
 
     def _at(self, batch: int) -> MeasuredPoint:
-        return next(p for p in reversed(self.trail) if p.batch == batch)
+        return next(p for p in [*reversed(self.trail), *reversed(self.shared)] if p.batch == batch)
 
     def _objective(self) -> str:
         w = self.workload
@@ -239,6 +270,9 @@ class BatchSearch:
         return ", ".join(x for x in parts if x)
 
     def _record(self, point: MeasuredPoint, trail: list[dict[str, Any]], words: str) -> dict[str, Any]:
+        if point not in self.trail:  # the same load metered for another: judged against this objective
+            over = excess(self.workload, point)
+            point = replace(point, workload=self.workload.name, meets=None if over is None else over <= 1.0)
         return {**point.to_dict(), "predicted_batch": self.predicted_batch, "trail": trail, "search": words,
                 "prediction_error_pct": self._errors()}
 
@@ -259,19 +293,30 @@ def searches_from_points(points: Sequence[Mapping[str, Any]], workloads: Mapping
             for p in points if p["workload"] in workloads]
 
 
-def search_batches(model: MeasuredTier, plan: Plan, searches: Sequence[BatchSearch]) -> list[dict[str, Any]]:
+def search_batches(model: MeasuredTier, plan: Plan, searches: Sequence[BatchSearch],
+                   alongside: Sequence[Workload] = ()) -> list[dict[str, Any]]:
     """Each search run to its end for ``plan``, all objectives' rounds together (``model.measure_rounds``: in one
-    engine where the tier keeps one, vLLM, else round by round); their :meth:`BatchSearch.outcome`, in order."""
-    by_name = {s.workload.name: s for s in searches}
+    engine where the tier keeps one, vLLM, else round by round); their :meth:`BatchSearch.outcome`, in order.
+    ``alongside``: the plan's stated workloads, served in the first round beside the searches' predicted batches
+    (an engine that already served them reads them back); every point is shared with the searches of the same load
+    (module docstring)."""
     grid = tuple(model.batch_grid)
     for s in searches:
         s.grid = s.grid or grid
+    stated = [w for w in alongside if any(s.same_load(w) for s in searches)]
+    asked: list[tuple[BatchSearch | None, Workload]] = [*((s, s.first()) for s in searches),
+                                                        *((None, w) for w in stated)]
 
     def next_round(points: list[MeasuredPoint]) -> list[Workload]:
-        for p in points:
-            by_name[p.workload].add(p)
-        return [at_batch(s.workload, b) for s in searches if (b := s.next_batch()) is not None]
+        for (owner, w), p in zip(asked, points, strict=True):
+            if owner is not None:
+                owner.add(p)
+            for s in searches:
+                if s is not owner and s.same_load(w):
+                    s.shared.append(p)
+        asked[:] = [(s, at_batch(s.workload, b)) for s in searches if (b := s.next_batch()) is not None]
+        return [w for _, w in asked]
 
-    model.measure_rounds(plan, [s.first() for s in searches], next_round,
+    model.measure_rounds(plan, [w for _, w in asked], next_round,
                          max(max(s.predicted_batch, s.step_up_to) for s in searches))
     return [s.outcome() for s in searches]
