@@ -506,6 +506,29 @@ def test_verify_md_sets_served_kl_beside_the_proxy_and_names_a_plan_over_the_bud
     assert "Over the accuracy budget" not in render_verify(VerifyResult.model_validate(result))
 
 
+def test_verify_md_says_how_busy_the_gpu_was_and_when_the_host_held_it_back():
+    from advisor.deploy.verification import render_verify
+    from advisor.report import VerifyResult
+
+    def row(busy):
+        return {"workload": "chat", "vllm_j_per_token": 0.07, "vllm_unstable": False, "batch_full": True,
+                "vllm_tokens_per_s": 9e3, "gpu_busy_pct": busy}
+
+    def result(busy):
+        return VerifyResult.model_validate({
+            "run": "r", "engine": "vllm", "vllm_version": "0.26.0", "gpu": "H200", "date": "2026-11-29",
+            "max_kl": 0.1, "verified": True,
+            "plans": [{"role": "recommendation", "plan_id": "r", "label": "r", "checkpoint": "/ckpt/r",
+                       "formats_match": True, "served_formats": {}, "accuracy": {}, "proxy_kl": 0.01,
+                       "energy": [row(busy)]}]})
+
+    text = render_verify(result(78.4))
+    assert "| predicted J/token | vs vLLM | steady | GPU busy % |" in text and "| yes | 78 |" in text
+    assert "GPU busy under 90% (NVML's utilization over the load): the GPU waited on the engine's host side" in text
+    assert "GPU busy under" not in render_verify(result(99.0))
+    assert "| yes | n/a |" in render_verify(result(None))  # not read (a run before it was recorded)
+
+
 # ------------------------------------------------------------- several plans at once, each engine on GPUs of its own
 def test_verify_with_workers_serves_plans_at_once_each_on_its_own_gpu(run_dir, engine, monkeypatch):
     import threading

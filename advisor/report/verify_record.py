@@ -47,6 +47,7 @@ class ServedEnergy(_Record):
     predicted_j_per_token: float | None = None
     predicted_source: str | None = None
     predicted_run_j_per_token: float | None = None  # the run's own prediction, where re-priced for what served
+    gpu_busy_pct: float | None = None  # NVML's utilization over the load (None: not read)
 
 
 class PredictedAt(MeteredBatch):

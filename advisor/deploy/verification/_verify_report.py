@@ -15,6 +15,11 @@ from advisor.search.frontier import percent_less
 BEGIN, END = "<!-- advisor verify: begin -->", "<!-- advisor verify: end -->"
 
 
+# A steady load that keeps a GPU fed reads near 100% busy in NVML; under this, the report says the host side held it
+# back part of the time. Not calibrated yet: no GPU round has recorded the utilization (it is recorded from round 5).
+BUSY_BELOW = 90.0
+
+
 def num(x: Any, fmt: str = ".4g") -> str:
     return "n/a" if x is None else format(x, fmt)
 
@@ -83,7 +88,7 @@ def render_verify(verified: VerifyResult) -> str:
                   "greedy (every target token the top-1 next token)."]
     lines += ["", "### Energy as served", "",
               "| plan | workload | vLLM J/token (measured) | built-in runtime J/token (measured) | vs vLLM | "
-              "predicted J/token | vs vLLM | steady |", "|---|---|---|---|---|---|---|---|"]
+              "predicted J/token | vs vLLM | steady | GPU busy % |", "|---|---|---|---|---|---|---|---|---|"]
     for r in result["plans"]:
         for e in r["energy"]:
             steady = "yes" if e["batch_full"] and not e["vllm_unstable"] else (
@@ -91,7 +96,12 @@ def render_verify(verified: VerifyResult) -> str:
             lines.append(f"| `{r['plan_id']}` | {e['workload']} | {num(e['vllm_j_per_token'])} | "
                          f"{num(e['runtime_j_per_token'])} | {_pct(e['runtime_j_per_token'], e['vllm_j_per_token'])} "
                          f"| {num(e['predicted_j_per_token'])} | "
-                         f"{_pct(e['predicted_j_per_token'], e['vllm_j_per_token'])} | {steady} |")
+                         f"{_pct(e['predicted_j_per_token'], e['vllm_j_per_token'])} | {steady} | "
+                         f"{num(e.get('gpu_busy_pct'), '.0f')} |")
+    if any((e.get("gpu_busy_pct") or 100.0) < BUSY_BELOW for r in result["plans"] for e in r["energy"]):
+        lines += ["", f"GPU busy under {BUSY_BELOW:.0f}% (NVML's utilization over the load): the GPU waited on the "
+                  "engine's host side (its scheduler, its output processing) part of the time, so these numbers "
+                  "depend on the host's CPU as well as on the GPU."]
     lines += served_options(result)
     return "\n".join(lines + _operating_lines(result)) + "\n"
 
