@@ -169,6 +169,27 @@ def test_busy_is_nvmls_utilization_and_none_where_the_driver_does_not_say(monkey
     assert device.busy_pct() == 87.0 and device.busy_pct() is None
 
 
+def test_the_gpus_busy_are_the_counters_own_nvml_devices_averaged(monkeypatch):
+    import types
+
+    from advisor.energy.meter import SummedCounter, gpus_busy
+    from advisor.energy.meter import _nvml as nvml
+
+    class NVMLError(Exception):
+        pass
+
+    busy = {"h0": 90, "h1": 60}
+    fake = types.SimpleNamespace(
+        NVMLError=NVMLError, nvmlInit=lambda: None, nvmlDeviceGetCount=lambda: 2,
+        nvmlDeviceGetHandleByIndex=lambda i: f"h{i}", nvmlDeviceGetName=lambda h: b"Fake GPU",
+        nvmlSystemGetDriverVersion=lambda: b"0", nvmlDeviceGetTotalEnergyConsumption=lambda h: 0,
+        nvmlDeviceGetUtilizationRates=lambda h: types.SimpleNamespace(gpu=busy[h]))
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    one, two = nvml.NvmlDevice(0), nvml.NvmlDevice(1)
+    assert gpus_busy(one)() == 90.0 and gpus_busy(SummedCounter([one, two]))() == 75.0
+    assert gpus_busy(SimulatedGPU(VirtualClock(), step_s=0.01)) is None  # not NVML's: nothing to read
+
+
 class _SlowReads:
     """A simulated GPU whose energy reads take ``read_s`` of host time, as NVML's do (2-18 ms on an H200)."""
 

@@ -166,7 +166,10 @@ class BusySampler:
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
-            value = self.read() if self.read is not None else None
+            try:
+                value = self.read() if self.read is not None else None
+            except Exception:  # noqa: BLE001 (a diagnostic: a failed read ends the sampling, never the metering)
+                return
             if value is not None:
                 self.readings.append(value)
 

@@ -195,10 +195,10 @@ def serve(job: ServeJob, make_counter: Callable[[], EnergyCounter] | None = None
           make_busy: Callable[[], Callable[[], float | None]] | None = None) -> dict[str, Any]:
     """Load ``job.checkpoint`` in vLLM and return what the job asks for (module docstring). The energy is that of
     every GPU the engine uses (``make_counter``; default: the first ``tensor_parallel_size`` GPUs' NVML counters,
-    summed), and so is the utilization each row states (``make_busy``; default: theirs through NVML, none where
-    ``make_counter`` is given alone). ``more`` (the energy rows so far -> the next workloads, none to stop) meters
+    summed), and so is the utilization each row states (``make_busy``; default: that counter's GPUs' through NVML,
+    none for a counter that is not NVML's). ``more`` (the energy rows so far -> the next workloads, none to stop) meters
     further rounds of workloads in the same engine."""
-    from advisor.energy.meter import open_gpus_busy, open_gpus_counter, summed_config
+    from advisor.energy.meter import gpus_busy, open_gpus_counter, summed_config
 
     os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # apply_model sends a function
     tp = job.tensor_parallel_size
@@ -240,7 +240,7 @@ def serve(job: ServeJob, make_counter: Callable[[], EnergyCounter] | None = None
     if job.workloads:
         ticks = cpu_ticks()
         counter = make_counter() if make_counter is not None else open_gpus_counter(tp)
-        busy = make_busy() if make_busy is not None else None if make_counter is not None else open_gpus_busy(tp)
+        busy = make_busy() if make_busy is not None else gpus_busy(counter)
         config = summed_config(MeterConfig(**job.meter), tp)
         energy: dict[str, Any] = {}
         todo = list(job.workloads)

@@ -20,7 +20,7 @@ from advisor.energy.meter._nvml import GPUState, NvmlDevice, normalize_uuid
 from advisor.energy.meter._summed import (
     SummedCounter,
     combined_state,
-    open_gpus_busy,
+    gpus_busy,
     open_gpus_counter,
     summed_config,
 )
@@ -43,8 +43,8 @@ __all__ = [
     "check_formats_supported",
     "coefficient_of_variation",
     "combined_state",
+    "gpus_busy",
     "normalize_uuid",
-    "open_gpus_busy",
     "open_gpus_counter",
     "open_meter",
     "queue_depth",

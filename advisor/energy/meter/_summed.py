@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 from advisor.energy.meter._meter import EnergyCounter, MeterConfig, torch_device_uuid
-from advisor.energy.meter._nvml import GPUState
+from advisor.energy.meter._nvml import GPUState, NvmlDevice
 from advisor.errors import SetupError
 
 
@@ -65,15 +65,16 @@ def open_gpus_counter(gpus: int) -> EnergyCounter:
     return devices[0] if gpus == 1 else SummedCounter(devices)
 
 
-def open_gpus_busy(gpus: int) -> Callable[[], float | None]:
-    """The mean NVML utilization (%) of torch's ``cuda:0`` .. ``cuda:{gpus-1}`` as one reading (None where any GPU
-    does not say)."""
-    from advisor.energy.meter._nvml import NvmlDevice
-
-    devices = [NvmlDevice(i, uuid=torch_device_uuid(i)) for i in range(gpus)]
+def gpus_busy(counter: EnergyCounter) -> Callable[[], float | None] | None:
+    """The mean NVML utilization (%) of the GPUs behind ``counter`` (:func:`open_gpus_counter`'s: one
+    :class:`NvmlDevice` or a :class:`SummedCounter` of them) as one reading (None where any GPU does not say);
+    None for a counter that is not NVML's."""
+    devices = counter.counters if isinstance(counter, SummedCounter) else [counter]
+    if not all(isinstance(d, NvmlDevice) for d in devices):
+        return None
 
     def read() -> float | None:
-        values = [d.busy_pct() for d in devices]
+        values = [d.busy_pct() for d in devices]  # type: ignore[union-attr]
         return None if any(v is None for v in values) else sum(values) / len(values)  # type: ignore[arg-type]
 
     return read
