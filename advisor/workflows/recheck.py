@@ -98,10 +98,10 @@ def meter_objectives(model: MeasuredTier, plan: Plan, batches: dict[str, Any], w
 
 
 # What one engine start and one metering took serving an 8B through vLLM on an H200 (2026-11-29,
-# reports/benchmarks/verify_time.md, after the window and start fixes): 57-62 s a start with vLLM's and Triton's
-# caches warm (178 s the first on a fresh machine, 99 s of it the kernel warm-up), 9-38 s a metering, 17 s on
-# average. A recheck's line says what to expect from them; the model's size moves both.
-START_S, METERING_S = 90.0, 17.0
+# reports/benchmarks/verify_time.md, round 4): 73-82 s a start with vLLM's and Triton's caches warm (144 s the first
+# on a fresh machine, 105 s of it the kernel warm-up), 9-43 s a metering, 21 s on average (23 in 493 s; recheck's 5
+# took 117 s). A recheck's line says what to expect from them; the model's size moves both.
+START_S, METERING_S = 90.0, 21.0
 
 
 def expected_minutes(starts: int, meterings: int) -> float:
