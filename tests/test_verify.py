@@ -7,6 +7,7 @@ import json
 import re
 import shutil
 import sys
+from pathlib import Path
 
 import pytest
 from conftest import TINY_MODEL, need
@@ -691,3 +692,24 @@ def test_quick_serves_the_recommendation_and_bf16_with_fewer_kl_positions_and_sa
     assert "### Time" in text and "(--quick)" in text and "took " in res.output
     # --quick proves the predicted operating batch only: no step up, so the engine is sized for that batch
     assert {llm.kwargs["max_num_seqs"] for llm in engine.instances[-len(data["plans"]):]} == {6}
+
+
+def test_a_batch_served_for_a_stated_workload_is_compared_as_the_largest_that_met():
+    """The search's answer can be a batch of the same load served for a stated workload (its own trail holds only
+    the predicted batch, which missed): the decision then compares it as the largest batch that met, never as the
+    predicted one. Round 4's verify.json (an FP8 8B on an H200), its recommendation's tpot8 answer so replaced."""
+    from advisor.deploy.verification import render_verify
+    from advisor.report import VerifyResult
+
+    data = json.loads((Path(__file__).resolve().parents[1] / "reports/benchmarks/verify_time_data/round4/verify.json")
+                      .read_text())
+    rec = next(p for p in data["plans"] if p["role"] == "recommendation")
+    o = next(o for o in rec["operating"] if o["workload"] == "tpot8")
+    first = o["vllm_search"]["trail"][0]
+    o["vllm_search"].update(batch=64, tpot_ms=7.9, j_per_token=0.0744, meets=True, trail=[first],
+                            search="batch 64 meets as measured and 80 misses, no batch between them runs differently "
+                                   "(batch 64 metered for 'tpot12' in the same engine)")
+    text = render_verify(VerifyResult.model_validate(data))
+    line = next(x for x in text.splitlines() if x.startswith("- 'tpot8': the recommendation"))
+    assert "at batch 64" in line and "the recommendation at its largest batch that met the objective in vLLM" in line
+    assert "- `fe6b6a3cd096` on 'tpot8': batches 80 (" in text  # listed among the searched, with what answered it

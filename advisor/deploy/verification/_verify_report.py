@@ -131,7 +131,9 @@ def _basis(operating: dict[str, Any]) -> str:
     """Which batch a plan is compared at: the largest that met where vLLM also served batches around the predicted
     one, else the predicted batch (met there; larger batches were not served, so the plan may serve more)."""
     search = operating.get("vllm_search") or {}
-    return "largest batch that met the objective in vLLM" if len(search.get("trail") or []) > 1 else \
+    trail = search.get("trail") or []
+    searched = len(trail) > 1 or bool(trail) and search.get("batch") != trail[0].get("batch")  # or a shared batch
+    return "largest batch that met the objective in vLLM" if searched else \
         "predicted operating batch, which met the objective in vLLM (no larger batch was served)"
 
 
