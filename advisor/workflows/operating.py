@@ -90,7 +90,7 @@ def measured_operating_stage(study: optuna.Study, ctx: RunContext, recipe: Recip
                 got = [{"plan_id": plan_id, "workload": s.workload.name, "batch": s.predicted_batch,
                         "predicted_batch": s.predicted_batch, "not_measured": str(exc)} for s in searches]
             for g in got:
-                if g.get("trail") and len(g["trail"]) > 1:
+                if g.get("trail") and (len(g["trail"]) > 1 or g.get("batch") != g["trail"][0]["batch"]):
                     progress.print(f"  {plan.label()} on '{g['workload']}': {g['search']}")
             record_measured_points(study, plan_id, kept + got)
         stage.advance(len(todo))
