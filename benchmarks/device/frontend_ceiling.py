@@ -42,7 +42,6 @@ class InstantEngine:
         self.encoder, self.decoder = MsgpackEncoder(), MsgpackDecoder(EngineCoreOutputs)
         self.left: dict[str, int] = {}
         self.token = 0
-        self.steps = 0
 
     def add_request(self, request_id: str, prompt: dict[str, Any], params: Any) -> None:
         request = self.kinds.request(request_id=request_id, prompt_token_ids=prompt["prompt_token_ids"],
@@ -62,7 +61,6 @@ class InstantEngine:
                 del self.left[rid]
             outs.append(self.kinds.output(request_id=rid, new_token_ids=[self.token],
                                           finish_reason=self.kinds.length if done else None))
-        self.steps += 1
         got = self.decoder.decode(self.encoder.encode(self.kinds.outputs(outputs=outs)))  # the engine core's pipe
         return self.processor.process_outputs(got.outputs, got.timestamp).request_outputs
 

@@ -21,6 +21,7 @@ the job's largest workload) and does what the job asks, returning plain data:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
@@ -160,15 +161,20 @@ def host_facts() -> dict[str, Any]:
     (reports/benchmarks/verify_time.md, round 4), so rounds are compared with these in view."""
     import torch
 
-    cpu, load = "", None
-    try:
+    cpu = ""
+    with contextlib.suppress(OSError):
         cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
                     if line.startswith("model name")), "")
-        load = round(os.getloadavg()[0], 2)
-    except OSError:
-        pass
-    return {"cpu": cpu or platform.processor() or "unknown", "cpus": os.cpu_count(), "load_1m": load,
+    return {"cpu": cpu or platform.processor() or "unknown", "cpus": os.cpu_count(), "load_1m": load_1m(),
             "torch": torch.__version__, "cuda": torch.version.cuda}
+
+
+def load_1m() -> float | None:
+    """The host's one-minute load average (None where the system does not say)."""
+    try:
+        return round(os.getloadavg()[0], 2)
+    except OSError:
+        return None
 
 
 def cpu_ticks() -> tuple[int, int] | None:
@@ -259,5 +265,5 @@ def serve(job: ServeJob, make_counter: Callable[[], EnergyCounter] | None = None
             if not todo and more is not None:
                 todo = list(more(energy))
         out["energy"] = energy
-        out["host"].update(load_1m_after=host_facts()["load_1m"], steal_pct=steal_pct(ticks, cpu_ticks()))
+        out["host"].update(load_1m_after=load_1m(), steal_pct=steal_pct(ticks, cpu_ticks()))
     return out

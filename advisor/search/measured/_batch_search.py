@@ -220,12 +220,12 @@ class BatchSearch:
             return self._record(first, trail, "the engine does not time the objective's terms: not searched")
         lo, hi = self._ends(judged)
         if lo and not any(p.batch == lo for p in self.trail):  # the answer is the same load metered for another
-            record = self.outcome_words(lo, hi, extra, trail)
+            record = self._outcome_at(lo, hi, extra, trail)
             return {**record, "search": record["search"] + f" (batch {lo} metered for '{self._at(lo).workload}' in "
                                                            "the same engine)"}
-        return self.outcome_words(lo, hi, extra, trail)
+        return self._outcome_at(lo, hi, extra, trail)
 
-    def outcome_words(self, lo: int, hi: int | None, extra: int, trail: list[dict[str, Any]]) -> dict[str, Any]:
+    def _outcome_at(self, lo: int, hi: int | None, extra: int, trail: list[dict[str, Any]]) -> dict[str, Any]:
         """The outcome's record (:meth:`outcome`) for the largest batch known to meet ``lo`` and the smallest miss
         above it ``hi``."""
         if lo == self.predicted_batch and extra == 0:
