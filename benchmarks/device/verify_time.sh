@@ -15,6 +15,7 @@
 #   Z  benchmarks/device/engine_sizing_ab.py on the all-FP8 export (V's, else the random 8B's, built here): batches 80,
 #      136 and 240 in engines sized max_num_seqs 240 and 300 with their own and each other's CUDA graphs (round 3's
 #      6-11% between the two sizings); about 10 min alone; ZARMS='A B D A' leaves out C (about 8 min)
+#   G  benchmarks/device/fp8_gemm_scaling.py: one 8B layer's linears in BF16 and FP8 at 16-4096 tokens a step (1 min)
 #   S  benchmarks/device/engine_true_sweep.py over ${SHAPES:-qwen2.5-7b}: shapes outside the step model's fit served
 #      at batches 16-256 (reports/benchmarks/engine_true.md's served side)
 # Poll with back-to-back calls that return within 600 s:
@@ -69,6 +70,7 @@ print(next(t["plan_id"] for t in s["trials"] if t["trial"] == n))' $run/summary.
        for d in $run/recheck/recheck/engine_checkpoints/*/; do
          cp $d/export.json $out/r_export_$(basename $d).json 2>/dev/null
        done ;;
+    G) python3 benchmarks/device/fp8_gemm_scaling.py --out $out/fp8_gemm.json > $out/g.log 2>&1 ;;
     S) rm -rf $ck /tmp/s44/base  # the disk holds 64 GiB: the 8B's checkpoints go first
        python3 benchmarks/device/engine_true_sweep.py --shapes ${SHAPES:-qwen2.5-7b} --work /tmp/s44/et \
          --out $out/engine_true_sweep.json > $out/s.log 2>&1 ;;
