@@ -99,17 +99,25 @@ def main() -> None:
         from vllm import _custom_ops as ops
     except ImportError:
         ops = None
-    smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,power.limit,clocks.max.sm",
-                          "--format=csv,noheader"], capture_output=True, text=True).stdout.strip()
+    smi = subprocess.run(
+        ["nvidia-smi", "--query-gpu=name,driver_version,power.limit,clocks.max.sm", "--format=csv,noheader"],
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
     rows = []
     for m in args.tokens:
         rows.append(measure(m, ops))
         print(json.dumps(rows[-1]), flush=True)
     record = {
-        "gpu": smi, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "gpu": smi,
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "command": "python benchmarks/device/fp8_gemm_scaling.py --out " + args.out,
-        "torch": torch.__version__, "cuda": torch.version.cuda, "host": platform.node(),
-        "vllm_ops": ops is not None, "layer": [list(x) for x in LAYER], "reps_in_graph": REPS_IN_GRAPH,
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "host": platform.node(),
+        "vllm_ops": ops is not None,
+        "layer": [list(x) for x in LAYER],
+        "reps_in_graph": REPS_IN_GRAPH,
         "rows": rows,
     }
     with open(args.out, "w") as f:
