@@ -1,5 +1,6 @@
 """Time one Llama-3.1-8B decoder layer's four linears at M tokens a step in BF16 and in FP8 as vLLM serves a ModelOpt
-FP8 export on Hopper (static per-tensor activation quant, then CUTLASS scaled_mm; torch._scaled_mm beside it), each
+FP8 export on Hopper (vLLM's static per-tensor activation quant, then cuBLASLt through torch._scaled_mm, the
+linear backend the advisor serves with; vLLM's CUTLASS scaled_mm beside it), each
 captured in a CUDA graph so launch time is out. Answers whether FP8's served tokens/s stops growing with the batch
 because its GEMMs do (reports/benchmarks/fp8_gemm_scaling_*.md). Needs a GPU and vLLM on the path.
 
@@ -74,7 +75,7 @@ def measure(m: int, ops) -> dict:
 
     def fp8_torch() -> None:
         for x, w, s in zip(xs, w8, scales, strict=True):
-            q = (x / s).to(torch.float8_e4m3fn)
+            q = ops.scaled_fp8_quant(x, s)[0] if ops is not None else (x / s).to(torch.float8_e4m3fn)
             torch._scaled_mm(q, w, scale_a=s, scale_b=s, out_dtype=torch.bfloat16)
 
     flops = 2 * m * sum(k * n for _, k, n in LAYER)
