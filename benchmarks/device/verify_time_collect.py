@@ -23,7 +23,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from advisor.deploy.vllm import start_seconds  # noqa: E402
 
 COMMAND = ("STEPS='B V' bash benchmarks/device/verify_time.sh (setsid, polled; STEPS='B V M' for round 2, "
-           "STEPS='B V R' for rounds 3 and 4), then python benchmarks/device/verify_time_collect.py")
+           "STEPS='B V R' for rounds 3 and 4, STEPS='G B V R' for round 5), "
+           "then python benchmarks/device/verify_time_collect.py")
 
 
 def engine_starts(log: str) -> list[dict[str, Any]]:
