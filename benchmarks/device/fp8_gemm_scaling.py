@@ -5,6 +5,7 @@ captured in a CUDA graph so launch time is out. Answers whether FP8's served tok
 because its GEMMs do (reports/benchmarks/fp8_gemm_scaling_*.md). Needs a GPU and vLLM on the path.
 
     python benchmarks/device/fp8_gemm_scaling.py --out fp8_gemm.json
+    python benchmarks/device/fp8_gemm_scaling.py --render fp8_gemm.json --report report.md   # no GPU needed
 """
 
 from __future__ import annotations
@@ -90,11 +91,46 @@ def measure(m: int, ops) -> dict:
     return row
 
 
+def render(record: dict, source: str) -> str:
+    """The record as a Markdown report."""
+    lines = [
+        "# One Llama-3.1-8B layer's linears, BF16 against FP8 as vLLM serves it on Hopper",
+        "",
+        f"GPU: {record['gpu']}; torch {record['torch']} (CUDA {record['cuda']}); {record['date']}. "
+        f"Command: `{record['command']}`; data: `{source}`.",
+        "",
+        "Per step of M tokens, the qkv, o, gate_up and down projections (in x out: "
+        + ", ".join(f"{n} {k}x{o}" for n, k, o in record["layer"])
+        + f"), captured {record['reps_in_graph']} times in one CUDA graph and replayed. FP8 served: vLLM's static "
+        "per-tensor activation quant, then cuBLASLt through torch._scaled_mm (the linear backend the advisor "
+        "serves with); CUTLASS: vLLM's own scaled_mm after the same quant.",
+        "",
+        "| tokens | BF16 ms | BF16 TFLOPS | FP8 served ms | FP8 served TFLOPS | FP8 / BF16 | CUTLASS ms "
+        "| CUTLASS TFLOPS |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in record["rows"]:
+        lines.append(
+            f"| {r['tokens']} | {r['bf16_ms']:.4f} | {r['bf16_tflops']:.0f} | {r['fp8_torch_scaled_mm_ms']:.4f} | "
+            f"{r['fp8_torch_scaled_mm_tflops']:.0f} | {r['served_fp8_over_bf16']:.2f} | "
+            f"{r.get('fp8_cutlass_ms', float('nan')):.4f} | {r.get('fp8_cutlass_tflops', float('nan')):.0f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", required=True)
+    parser.add_argument("--out", help="where the measured record (JSON) goes")
     parser.add_argument("--tokens", type=int, nargs="*", default=list(TOKENS))
+    parser.add_argument("--render", help="a record written before: render it as Markdown, measure nothing")
+    parser.add_argument("--report", help="where --render's Markdown goes")
     args = parser.parse_args()
+    if args.render:
+        with open(args.render) as f:
+            text = render(json.load(f), args.render)
+        with open(args.report, "w") as f:
+            f.write(text)
+        return
     try:
         from vllm import _custom_ops as ops
     except ImportError:
