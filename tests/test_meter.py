@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import json
 import math
 import sys
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
-from advisor.energy.meter import EnergyMeter, MeterConfig, coefficient_of_variation
+from advisor.energy.meter import EnergyMeter, MeterConfig, Window, coefficient_of_variation
+from advisor.energy.meter._series import fed_windows, steadiest_run
 from advisor.errors import InputError, SetupError
 from advisor.testing import ReplayCounter, SimulatedGPU, VirtualClock
 
@@ -311,3 +314,44 @@ def test_a_window_holds_at_least_its_steps_where_steps_are_long():
     gpu = SimulatedGPU(clock, step_s=0.05)  # 20 steps a second: a 1 s window would hold 20
     m = _meter(gpu, clock, replace(UNTIL_STABLE, min_window_steps=60)).measure(gpu.launch)
     assert all(w.steps >= 60 for w in m.windows) and all(w.time_s >= 2.9 for w in m.windows)
+
+
+def test_until_stable_leaves_out_the_windows_a_host_stall_starved():
+    """Round 5's stall (reports/benchmarks/verify_time.md): a load whose windows jitter (they never settle), then a
+    host stall from which the GPU draws less at less throughput, steadily, so the last three windows agree."""
+    clock = VirtualClock()
+    stall_at = 8.0
+    gpu = SimulatedGPU(clock, step_s=0.01, busy_w=500.0, idle_w=80.0,
+                       noise=lambda tick: 1.0 + 0.08 * ((tick // 7) % 2) if tick * 0.1 < stall_at else 1.0)
+
+    def launch():  # from stall_at on the host is late with every step: the GPU idles 5 ms before each
+        if clock.t >= stall_at:
+            gpu.busy_until = max(gpu.busy_until, clock.t) + 0.005
+        return gpu.launch()
+
+    m = _meter(gpu, clock, UNTIL_STABLE).measure(launch)
+    assert clock.t < UNTIL_STABLE.until_stable_s  # it settled: on the stalled level
+    stalled = [rate for _, rate in m.series if rate < 90]
+    assert len(stalled) >= 3 and m.starved_windows == len(stalled)
+    # the windows kept are the fed ones: 10 ms a step at 5.1-5.3 J, not the stall's 15 ms at 5.4 J
+    assert m.s_per_step == pytest.approx(0.01, rel=0.01)
+    assert m.j_per_step == pytest.approx(5.2, rel=0.015)
+
+
+def test_a_load_whose_throughput_jitters_at_one_power_loses_no_window():
+    """A power-capped load: the windows' throughput moves 10% while the power stays; none is starved."""
+    windows = [Window(energy_j=690.0 * 2, time_s=2.0, steps=int(2 * rate), ticks=20)
+               for rate in (11360, 11349, 12519, 10064, 11113, 11461, 10966, 10704, 10102, 10582)]
+    assert fed_windows(windows, 3) == windows
+
+
+def test_round_5s_stalled_metering_keeps_its_fed_windows():
+    """The recommendation's batch-64 metering of round 5, as its series recorded it (J/token, tokens/s a window)."""
+    served = json.loads((Path(__file__).resolve().parents[1] / "reports/benchmarks/verify_time_data/round5"
+                         / "verify_served/fe6b6a3cd096.json").read_text())["served"]
+    series = served["energy"]["tpot12"]["measurement"]["series"]
+    windows = [Window(energy_j=j * rate * 2.0, time_s=2.0, steps=round(rate * 2.0), ticks=20) for j, rate in series]
+    fed = fed_windows(windows, 3)
+    assert len(windows) - len(fed) == 6  # the drop's window and the five after it
+    kept = steadiest_run(fed, 3)
+    assert all(w.steps / w.time_s > 9000 for w in kept)  # the 9.1-9.5k tokens/s level, not the stall's 6.1k

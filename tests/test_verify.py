@@ -528,6 +528,9 @@ def test_verify_md_says_how_busy_the_gpu_was_and_when_the_host_held_it_back():
     assert "GPU busy under 90% (NVML's utilization over the load): the GPU waited on the engine's host side" in text
     assert "GPU busy under" not in render_verify(result(99.0))
     assert "| yes | n/a |" in render_verify(result(None))  # not read (a run before it was recorded)
+    stalled = result(84.1)
+    stalled.plans[0].energy[0].vllm_starved_windows = 6  # round 5's stall: the meter left six windows out
+    assert "| yes (6 starved windows left out) | 84 |" in render_verify(stalled)
 
 
 # ------------------------------------------------------------- several plans at once, each engine on GPUs of its own

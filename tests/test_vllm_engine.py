@@ -587,3 +587,16 @@ def test_two_workloads_of_one_load_are_metered_once(tmp_path, monkeypatch):
     e = out["energy"]
     assert e["tpot20"]["same_load_as"] == "tpot12" and e["tpot20"]["j_per_token"] == e["tpot12"]["j_per_token"]
     assert [m["workload"] for m in out["timings_s"]["meterings"]] == ["tpot12"]
+
+
+def test_a_label_says_when_the_meter_left_out_windows_a_host_stall_starved():
+    from advisor.deploy.vllm._engine import _steadiness
+    from advisor.recipe.schema import Workload
+
+    w = Workload(name="chat", input_tokens=512, output_tokens=256, batch_size=64)
+    row = {"measurement": {"unstable": False, "starved_windows": 6}, "batch_full": True, "fewest_inflight": 64}
+    assert _steadiness(row, w) == "; 6 starved window(s) left out (less power at less throughput: the host stalled)"
+    row["measurement"]["starved_windows"] = 0
+    assert _steadiness(row, w) == ""
+    del row["measurement"]["starved_windows"]  # a serving kept before the meter counted them
+    assert _steadiness(row, w) == ""

@@ -93,6 +93,8 @@ def render_verify(verified: VerifyResult) -> str:
         for e in r["energy"]:
             steady = "yes" if e["batch_full"] and not e["vllm_unstable"] else (
                 "unstable" if e["vllm_unstable"] else "batch not full")
+            if e.get("vllm_starved_windows"):
+                steady += f" ({e['vllm_starved_windows']} starved windows left out)"
             lines.append(f"| `{r['plan_id']}` | {e['workload']} | {num(e['vllm_j_per_token'])} | "
                          f"{num(e['runtime_j_per_token'])} | {_pct(e['runtime_j_per_token'], e['vllm_j_per_token'])} "
                          f"| {num(e['predicted_j_per_token'])} | "

@@ -246,6 +246,9 @@ def _run_rounds(job: ServeJob, more: Any) -> dict[str, Any]:
 def _steadiness(row: Mapping[str, Any], workload: Workload) -> str:
     """What the label adds for a window that was unstable or a batch that was not kept full."""
     unstable = " (unstable)" if row["measurement"].get("unstable") else ""
+    starved = row["measurement"].get("starved_windows") or 0
+    unstable += f"; {starved} starved window(s) left out (less power at less throughput: the host stalled)" \
+        if starved else ""
     return unstable + ("" if row["batch_full"] else f"; batch not full: {row['fewest_inflight']} of "
                        f"{workload.batch_size}")
 

@@ -24,6 +24,9 @@ How a measurement runs (``EnergyMeter.measure``):
    measurement ends there) or the ceiling is reached (the steadiest ``repeats`` consecutive
    windows are kept, marked unstable where they still disagree): a steady load is metered as
    long as it needs and no longer, and a disturbed window costs one window, not a new series.
+   A window that drew ``STARVED_DROP`` less power with ``STARVED_DROP`` less throughput than the series' steadiest
+   level is a starved one (the GPU waited on something outside the load: the host stalled) and is left out of the
+   kept windows while ``repeats`` others remain (``starved_windows`` counts them).
 
 The GPU's state (name, driver, power limit, clocks, temperature) is read before
 and after, and the idle power once per meter. Nothing here changes the GPU.
@@ -42,6 +45,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Protocol
 
 from advisor.energy.meter._nvml import GPUState
+from advisor.energy.meter._series import Window, coefficient_of_variation, fed_windows, steadiest_run, window_cv
 from advisor.errors import InputError, SetupError
 
 
@@ -102,28 +106,6 @@ class MeterConfig:
 
 
 @dataclass(frozen=True)
-class Window:
-    """One tick-aligned window: ``energy_j`` over ``time_s`` while ``steps`` finished."""
-
-    energy_j: float
-    time_s: float
-    steps: int
-    ticks: int
-
-    @property
-    def j_per_step(self) -> float:
-        return self.energy_j / self.steps if self.steps else float("nan")
-
-    @property
-    def s_per_step(self) -> float:
-        return self.time_s / self.steps if self.steps else float("nan")
-
-    @property
-    def power_w(self) -> float:
-        return self.energy_j / self.time_s
-
-
-@dataclass(frozen=True)
 class Measurement:
     """Median and spread of ``repeats`` windows of one step. Units in the names."""
 
@@ -144,6 +126,7 @@ class Measurement:
     # (J/step, steps/s) of every window metered, in order, where more were metered than kept: what a series that
     # would not settle looked like (a drift, or the throughput itself jittering)
     series: tuple[tuple[float, float], ...] = ()
+    starved_windows: int = 0  # windows left out for drawing less power at less throughput (module docstring)
 
     @property
     def j_per_token(self) -> float:
@@ -178,13 +161,6 @@ def queue_depth(cfg: MeterConfig, step_s: float) -> int:
     if cfg.queued_s <= 0 or step_s <= 0:
         return cfg.depth
     return max(cfg.depth, min(cfg.max_depth, math.ceil(cfg.queued_s / step_s)))
-
-
-def coefficient_of_variation(values: Sequence[float]) -> float:
-    if len(values) < 2:
-        return 0.0
-    mean = statistics.fmean(values)
-    return statistics.stdev(values) / mean if mean else float("inf")
 
 
 class EnergyMeter:
@@ -293,7 +269,7 @@ class EnergyMeter:
             return False
         if not cfg.until_stable_s:
             return True
-        return (_window_cv(windows[-cfg.repeats:]) <= cfg.max_cv
+        return (window_cv(windows[-cfg.repeats:]) <= cfg.max_cv
                 or sum(w.time_s for w in windows) >= cfg.until_stable_s)
 
     def _measure_once(self, step: Step, label: str, tokens_per_step: float) -> Measurement:
@@ -337,7 +313,8 @@ class EnergyMeter:
         taken = len(windows)
         series = tuple((w.j_per_step, w.steps / w.time_s) for w in windows if w.steps and w.time_s) \
             if taken > cfg.repeats else ()
-        windows = steadiest_run(windows, cfg.repeats)
+        fed = fed_windows(windows, cfg.repeats)
+        windows = steadiest_run(fed, cfg.repeats)
         after = self.counter.state()
         if any(w.steps == 0 for w in windows):
             raise SetupError(
@@ -361,20 +338,8 @@ class EnergyMeter:
             depth=depth,
             windows_taken=taken,
             series=series,
+            starved_windows=taken - len(fed),
         )
-
-
-def _window_cv(windows: Sequence[Window]) -> float:
-    return coefficient_of_variation([w.j_per_step for w in windows if w.steps]) if all(w.steps for w in windows) \
-        else float("inf")
-
-
-def steadiest_run(windows: Sequence[Window], n: int) -> list[Window]:
-    """The ``n`` consecutive windows of the lowest spread (the last such run where several tie)."""
-    if len(windows) <= n:
-        return list(windows)
-    runs = [list(windows[i:i + n]) for i in range(len(windows) - n + 1)]
-    return min(reversed(runs), key=_window_cv)
 
 
 def open_meter(index: int = 0, config: MeterConfig | None = None) -> EnergyMeter:
