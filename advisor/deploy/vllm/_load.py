@@ -224,12 +224,12 @@ def meter_workload(vllm: Any, llm: Any, counter: EnergyCounter, config: MeterCon
     how busy they were over the load, its settling included: well under 100 at a steady load, the GPU waited on the
     engine's host side."""
     b, lin, lout = w["batch_size"], w["input_tokens"], w["output_tokens"]
-    t = time.perf_counter()
+    t, began = time.perf_counter(), time.strftime("%H:%M:%S", time.gmtime())
     with BusySampler(busy) as sampler:
         full, fewest, latency = measure_load(vllm, llm, counter, config, b, lin, lout, vocab_size,
                                              f"vllm {w['name']}", seed)
     meterings.append({"workload": w["name"], "batch": b, "seconds": time.perf_counter() - t,
-                      "windows": full.windows_taken})
+                      "windows": full.windows_taken, "began_utc": began})
     row = {"j_per_token": full.j_per_token, "tokens_per_s": full.tokens_per_s, "fewest_inflight": fewest,
            "batch_full": fewest >= b, "measurement": full.to_dict(), **latency,
            "gpu_busy_pct": sampler.mean, "gpu_busy_pct_low": sampler.low}

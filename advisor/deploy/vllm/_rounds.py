@@ -16,10 +16,12 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from typing import Any
 
+from advisor.deploy.vllm._progress import say
 from advisor.deploy.vllm._serve import ServeJob, serve
 from advisor.errors import SetupError, UnsupportedError
 
@@ -107,7 +109,11 @@ _ahead: dict[str, Any] = {}
 def _spare(devices: tuple[str, ...], architectures: tuple[str, ...], conn: Any) -> None:
     if devices:
         os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(devices)
+    began = time.perf_counter()
     warm_imports(architectures)
+    # when this process's own work ended, beside the meterings' clock times: a host stall during one is suspected of it
+    say(f"the next engine's process has vLLM imported ({time.perf_counter() - began:.0f} s, "
+        f"{time.strftime('%H:%M:%S', time.gmtime())} UTC)")
     try:
         handed = conn.recv()
     except EOFError:  # the parent ended without a job for it
