@@ -82,7 +82,9 @@ def plan_rows(data: Path, summary: dict[str, Any]) -> list[dict[str, Any]]:
                      "unstable": [n for n, r in served["energy"].items() if r["measurement"]["unstable"]],
                      "searches": searches, "host": served.get("host"),
                      "gpu_busy_pct": {n: r.get("gpu_busy_pct") for n, r in served["energy"].items()
-                                      if r.get("gpu_busy_pct") is not None}})
+                                      if r.get("gpu_busy_pct") is not None},
+                     "starved_windows": {n: r["measurement"]["starved_windows"] for n, r in served["energy"].items()
+                                         if r["measurement"].get("starved_windows")}})
     return rows
 
 
@@ -138,6 +140,15 @@ def render_round(r: dict[str, Any]) -> list[str]:
         lines += ["", "How busy the GPU was over each load (NVML utilization, mean %): "
                   + "; ".join(f"`{plan}` " + ", ".join(f"{n} {v:.0f}" for n, v in b.items()) for plan, b in busy)
                   + "."]
+    began = [(p["plan_id"], p["meterings"]) for p in r["plans"] if any("began_utc" in m for m in p["meterings"])]
+    if began:  # recorded from round 6 on, beside the spare engine process's import line in v_verify.log
+        lines += ["", "Meterings began (UTC): " + "; ".join(
+            f"`{plan}` " + ", ".join(f"{m['workload']} {m.get('began_utc', '?')}" for m in ms) for plan, ms in began)
+            + "."]
+    starved = [(p["plan_id"], p["starved_windows"]) for p in r["plans"] if p.get("starved_windows")]
+    if starved:
+        lines += ["", "Windows the meter left out as starved (a host stall): " + "; ".join(
+            f"`{plan}` " + ", ".join(f"{n} {k}" for n, k in s.items()) for plan, s in starved) + "."]
     lines += ["", "vLLM's engine starts (its own log):", "", "| engine | first line (UTC) | weights s | Dynamo s | "
               "torch.compile s | CUDA graphs s | kernel warm-up s | engine init s |",
               "|---|---|---|---|---|---|---|---|"]
