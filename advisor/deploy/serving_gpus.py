@@ -139,3 +139,30 @@ def gpus_label(gpus: int) -> str:
 
     state = meter.NvmlDevice(0).state() if gpus == 1 else meter.open_gpus_counter(gpus).state()
     return f"{state.name}, driver {state.driver}"
+
+
+#: an engine's CUDA context, CUDA graphs and the activations of its profile run (a chunk of 16k tokens) beside its
+#: weights and KV pool, where nothing measures them first: an 8B's were 1.8 GiB of activations and 0.6 GiB of graphs
+#: on an H200 (vLLM 0.26.0's log, reports/benchmarks/verify_time_data/round5)
+EARLY_ENGINE_RESERVE_BYTES = 8 * GIB
+#: vLLM's KV blocks hold this many tokens each: a sequence takes whole blocks
+KV_BLOCK_TOKENS = 16
+
+
+def engine_beside(shape: ModelShape, batch: int, longest: int, beside_bytes: int) -> tuple[float, int] | None:
+    """(gpu_memory_utilization, kv_cache_memory_bytes) of an all-BF16 engine for ``batch`` sequences of ``longest``
+    tokens started on ``cuda:0`` while this process still needs ``beside_bytes`` more than it holds (an export's
+    working set), where both fit in what is free now with :data:`ENGINE_HEADROOM_BYTES` to spare; None where they
+    do not, or without a GPU. The KV pool is sized, not profiled: vLLM's memory profile assumes no other process
+    changes its GPU memory while it runs."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    kv = int(1.1 * batch * -(-longest // KV_BLOCK_TOKENS) * KV_BLOCK_TOKENS * shape.kv_bytes_per_token()) + GIB
+    need = bf16_weight_bytes(shape) + kv + EARLY_ENGINE_RESERVE_BYTES
+    release_gpu_memory()
+    free, total = torch.cuda.mem_get_info(0)
+    if need + beside_bytes + ENGINE_HEADROOM_BYTES > free:
+        return None
+    return min(SERVE_MEMORY_SHARE, need / total), kv

@@ -58,6 +58,7 @@ from advisor.workflows.verify_accuracy import (
     read_lambada,
     score_own_model,
 )
+from advisor.workflows.verify_early import start_early_bf16
 from advisor.workflows.verify_serving import Serving, engine_options, operating_workloads, serve_plans
 
 EXPORT_HEADROOM_BYTES = 4 * 2**30  # calibration and proxy batches, CUDA context
@@ -136,6 +137,14 @@ def exports_device(model: Any) -> str:
     bf16_bytes = 2 * sum(p.numel() for p in model.parameters())
     free, _ = torch.cuda.mem_get_info(0)
     return "cuda" if 4 * bf16_bytes + EXPORT_HEADROOM_BYTES <= free else "cpu"
+
+
+def export_working_set(model: Any, export_device: str) -> int:
+    """What exporting the plans on ``export_device`` needs on the GPU beyond the model it holds already: its quantized
+    copy, the fake-quantized weights and the reloaded checkpoint (:func:`exports_device`'s sum), none on the CPU."""
+    if export_device != "cuda":
+        return 0
+    return 3 * 2 * sum(p.numel() for p in model.parameters()) + EXPORT_HEADROOM_BYTES
 
 
 def free_gpu_memory() -> str:
@@ -276,11 +285,7 @@ def verify_run(run_dir: Path, engine: str = "vllm", plan_ids: Sequence[str] = ()
             reference, scored, items, own) if export_device == device else None)
 
         as_is = bf16_served_as_is(recipe)
-        paths = export_plans(plans, checkpoint_for, as_is, export_device, timings["export_s"], status)
         reference_file = write_reference(run_dir / REFERENCE_FILE, reference)
-        if device == "cuda":  # the engines' processes need the GPU's memory, the cached blocks too
-            loaded.model.to("cpu")
-            status(f"GPU memory for the engines: {free_gpu_memory()}")
         version = getattr(vllm, "__version__", "unknown")
         # prefill=False: verify reports J/token, tokens/s, TPOT and TTFT per workload, never prefill J per input token,
         # and a prefill metering would double every workload's time on the GPU
@@ -289,9 +294,24 @@ def verify_run(run_dir: Path, engine: str = "vllm", plan_ids: Sequence[str] = ()
                         meter=asdict(meter or STEADY_LOAD_METER), tensor_parallel_size=n_gpus, prefill=False)
         serving = Serving(run_dir, summary, base, energy, version, here, runner or run_in_child,
                           rounds_runner, status, step_up=not quick)
+        # all-BF16's engine starts while the others export, where it fits beside them (verify_early's docstring)
+        early = start_early_bf16(plans, as_is, serving, loaded.shape, export_working_set(loaded.model, export_device)) \
+            if energy and runner is None and rounds_runner is None and workers <= 1 and n_gpus == 1 else None
+        try:
+            paths = export_plans(plans, checkpoint_for, as_is, export_device, timings["export_s"], status)
+            if device == "cuda":  # the engines' processes need the GPU's memory, the cached blocks too
+                loaded.model.to("cpu")
+                status(f"GPU memory for the engines: {free_gpu_memory()}")
+        except BaseException:
+            if early is not None:
+                early.stop()
+            reference_file.unlink(missing_ok=True)
+            raise
+        if early is not None:
+            early.go()
         t = time.perf_counter()
         try:
-            served = serve_plans(plans, paths, serving, workers)
+            served = serve_plans(plans, paths, serving, workers, early=early)
         finally:
             reference_file.unlink(missing_ok=True)
         timings["serving_s"] = time.perf_counter() - t

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from advisor.deploy import serving_gpus
 from advisor.deploy.engine_slots import Slot, engine_slots, run_on_slots
@@ -21,6 +21,9 @@ from advisor.plan import Plan
 from advisor.recipe.schema import Workload
 from advisor.search.measured import BatchSearch, search_batches, step_up_ceiling
 from advisor.search.operating import at_batch
+
+if TYPE_CHECKING:
+    from advisor.workflows.verify_early import EarlyServing
 
 
 def operating_workloads(summary: dict[str, Any], plan: Plan) -> list[Workload]:
@@ -51,15 +54,15 @@ def search_ceiling(summary: dict[str, Any], plan: Plan, step_up: bool) -> int:
                default=0)
 
 
-def serve_and_search(plan: Plan, job: ServeJob, summary: dict[str, Any], model: Any, step_up: bool = False
-                     ) -> dict[str, Any]:
+def serve_and_search(plan: Plan, job: ServeJob, summary: dict[str, Any], model: Any, step_up: bool = False,
+                     hold: Callable[[], None] | None = None) -> dict[str, Any]:
     """``job`` served, and per objective (workload name, under ``searches``) vLLM's largest batch that meets it
     (:mod:`advisor.search.measured._batch_search`): the job's rows at the predicted batches are the first round, with
     its stated workloads' rows beside them, and a miss there serves the smaller batches in the same engine
     (``model``: a
     :class:`~advisor.deploy.vllm._engine.VllmEnergyModel` of the plan's checkpoint)."""
     searches = operating_searches(summary, plan, step_up)
-    model.open_with(plan, job)
+    model.open_with(plan, job, hold=hold)
     stated = [Workload(**w) for w in summary["workloads"]]  # in the job: their rows bound the searches of their load
     found = search_batches(model, plan, searches, alongside=stated)
     return {**model.served(plan), "searches": {s.workload.name: f for s, f in zip(searches, found, strict=True)}}
@@ -81,19 +84,55 @@ class Serving:
     step_up: bool = True  # a predicted operating batch that meets is followed by a larger one (not under --quick)
 
 
-def serve_plans(plans: Mapping[str, Plan], paths: Mapping[str, Path], s: Serving, workers: int = 1
-                ) -> dict[str, dict[str, Any]]:
-    """Role -> what vLLM answered serving that role's plan (read back where a serving of the same job was kept)."""
+def role_job(role: str, plan: Plan, path: Path, s: Serving) -> tuple[ServeJob, str]:
+    """The job serving ``role``'s plan from ``path``, and its key among kept servings."""
+    workloads = [*s.summary["workloads"], *(w.model_dump() for w in operating_workloads(s.summary, plan))]
+    job = replace(s.base, checkpoint=str(path), workloads=tuple(workloads) if s.energy else (),
+                  max_batch=search_ceiling(s.summary, plan, s.step_up) if _searched(s, plan) else 0)
+    return job, serving_key(job, s.vllm_version, s.gpu, searched=_searched(s, plan))
+
+
+def kept_serving(role: str, plan: Plan, key: str, s: Serving) -> dict[str, Any] | None:
+    kept = read_serving(s.run_dir, plan.id, key)
+    if kept is not None:
+        s.status(f"plan {plan.id} ({shown_role(role, plan.id)}): served by vLLM at {kept['served_at']}, read back "
+                 f"from {kept['read_back_from']} (delete it to serve again)")
+    return kept
+
+
+def serve_role(role: str, plan: Plan, path: Path, job: ServeJob, key: str, s: Serving,
+               hold: Callable[[], None] | None = None) -> dict[str, Any]:
+    """``job`` served (and its plan's batch searches, in the same engine), then kept for a resumed verify; with
+    ``hold``, a held job (:class:`~advisor.deploy.vllm.ServeJob`'s ``hold``) meters once ``hold()`` returns."""
+    if _searched(s, plan):  # one engine for the serving and the batch search's further rounds
+        model = VllmEnergyModel(lambda _plan: path, [], s.base.vocab_size, meter=MeterConfig(**s.base.meter),
+                                gpu_label=s.gpu, vllm_version=s.vllm_version, gpus=s.base.tensor_parallel_size,
+                                rounds_runner=s.rounds_runner)
+        answer = serve_and_search(plan, job, s.summary, model, s.step_up, hold=hold)
+    else:
+        answer = (s.runner or run_in_child)(job)
+    answer["devices"] = list(job.devices)
+    try:
+        write_serving(s.run_dir, plan.id, key, answer)
+    except (OSError, TypeError, ValueError) as exc:  # keeping it only saves a re-serving; the run goes on
+        s.status(f"plan {plan.id}: its serving was not kept for a resumed verify ({type(exc).__name__}: {exc})")
+    return answer
+
+
+def serve_plans(plans: Mapping[str, Plan], paths: Mapping[str, Path], s: Serving, workers: int = 1,
+                early: EarlyServing | None = None) -> dict[str, dict[str, Any]]:
+    """Role -> what vLLM answered serving that role's plan (read back where a serving of the same job was kept;
+    ``early``'s role from the engine started during the exports, or afresh where that one failed)."""
     jobs, keys, served = {}, {}, {}
     for role, plan in plans.items():
-        workloads = [*s.summary["workloads"], *(w.model_dump() for w in operating_workloads(s.summary, plan))]
-        jobs[role] = replace(s.base, checkpoint=str(paths[role]), workloads=tuple(workloads) if s.energy else (),
-                             max_batch=search_ceiling(s.summary, plan, s.step_up) if _searched(s, plan) else 0)
-        keys[role] = serving_key(jobs[role], s.vllm_version, s.gpu, searched=_searched(s, plan))
-        kept = read_serving(s.run_dir, plan.id, keys[role])
+        jobs[role], keys[role] = role_job(role, plan, paths[role], s)
+        if early is not None and role == early.role:
+            answer = early.result()
+            if answer is not None:
+                served[role] = answer
+                continue
+        kept = kept_serving(role, plan, keys[role], s)
         if kept is not None:
-            s.status(f"plan {plan.id} ({shown_role(role, plan.id)}): served by vLLM at {kept['served_at']}, read back "
-                     f"from {kept['read_back_from']} (delete it to serve again)")
             served[role] = kept
     todo = [role for role in plans if role not in served]
 
@@ -103,19 +142,7 @@ def serve_plans(plans: Mapping[str, Plan], paths: Mapping[str, Path], s: Serving
         job = replace(job, gpu_memory_utilization=engine_memory_share(gpus, first=slot.first if slot else 0))
         s.status(f"serving plan {plan.id} ({shown_role(role, plan.id)}) in vLLM"
                  + (f" on {', '.join(slot.devices)}" if slot else ""))
-        if _searched(s, plan):  # one engine for the serving and the batch search's further rounds
-            model = VllmEnergyModel(lambda _plan, path=paths[role]: path, [], s.base.vocab_size,
-                                    meter=MeterConfig(**s.base.meter), gpu_label=s.gpu, vllm_version=s.vllm_version,
-                                    gpus=gpus, rounds_runner=s.rounds_runner)
-            answer = serve_and_search(plan, job, s.summary, model, s.step_up)
-        else:
-            answer = (s.runner or run_in_child)(job)
-        answer["devices"] = list(job.devices)
-        try:
-            write_serving(s.run_dir, plan.id, keys[role], answer)
-        except (OSError, TypeError, ValueError) as exc:  # keeping it only saves a re-serving; the run goes on
-            s.status(f"plan {plan.id}: its serving was not kept for a resumed verify ({type(exc).__name__}: {exc})")
-        return answer
+        return serve_role(role, plan, paths[role], job, keys[role], s)
 
     # all-BF16 and the recommendation on one unit, one after the other: the decision compares the two, and units of
     # one kind differ by a few percent; every other plan on a slot of its own

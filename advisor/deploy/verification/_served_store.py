@@ -2,8 +2,8 @@
 back by a later ``advisor verify`` of the same job: a verify cut off after its second engine (a lent GPU's time
 ran out, the process was killed) starts again at its third. A serving is read back only where everything that
 shapes it is the same: the job (checkpoint, workloads, tokens, meter), the engine's version, the GPU and
-their count; the memory share an engine got (what the GPU had free) and which unit of the node served it do not
-count."""
+their count; the memory share an engine got (what the GPU had free), its KV pool's size, whether it started during
+the exports and which unit of the node served it do not count."""
 
 from __future__ import annotations
 
@@ -21,7 +21,8 @@ FOLDER = "verify_served"
 
 def serving_key(job: ServeJob, vllm_version: str, gpu: str, searched: bool) -> str:
     """What makes two servings the same, hashed."""
-    fields = {k: v for k, v in asdict(job).items() if k not in ("gpu_memory_utilization", "devices")}
+    fields = {k: v for k, v in asdict(job).items()
+              if k not in ("gpu_memory_utilization", "devices", "hold", "kv_cache_bytes")}
     whole = {"job": fields, "vllm": vllm_version, "gpu": gpu, "searched": searched}
     return hashlib.sha256(json.dumps(whole, sort_keys=True, default=str).encode()).hexdigest()[:16]
 

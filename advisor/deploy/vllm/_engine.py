@@ -126,6 +126,7 @@ class VllmEnergyModel(MeasuredTier):
         self.rounds_runner = rounds_runner or _run_rounds
         self._served: dict[str, dict[str, Any]] = {}
         self._opening: dict[str, ServeJob] = {}
+        self._holds: dict[str, Callable[[], None]] = {}
         version = vllm_version or getattr(import_vllm(), "__version__", "unknown")
         where = f", {gpu_label}" if gpu_label else ""
         tp = f", tp={gpus}" if gpus > 1 else ""
@@ -163,11 +164,14 @@ class VllmEnergyModel(MeasuredTier):
             rows = self.runner(self._job(plan, workloads, prefill=False))["energy"]
         return [from_timed(plan, w, rows[w.name], self.label + _steadiness(rows[w.name], w)) for w in workloads]
 
-    def open_with(self, plan: Plan, job: ServeJob) -> None:
+    def open_with(self, plan: Plan, job: ServeJob, hold: Callable[[], None] | None = None) -> None:
         """``job`` (``advisor verify``'s whole serving of ``plan``: formats, log-probabilities, every workload, the
         first round's among them) opens the engine that :meth:`measure_rounds` then keeps for its further rounds,
-        so a plan costs one engine start, not two; :meth:`served` gives the job's answer afterwards."""
+        so a plan costs one engine start, not two; :meth:`served` gives the job's answer afterwards. A job that
+        holds (``job.hold``) meters its first round once ``hold()`` returns (it raises to stop the engine)."""
         self._opening[plan.id] = job
+        if hold is not None:
+            self._holds[plan.id] = hold
 
     def open_for(self, plan: Plan, operating: Sequence[Workload]) -> None:
         """The measured tier's serving of ``plan`` (its stated workloads, prefill included) opened with the first
@@ -201,12 +205,16 @@ class VllmEnergyModel(MeasuredTier):
             return [from_timed(plan, w, rows[w.name], self.label + _steadiness(rows[w.name], w)) for w in ws]
 
         rounds, served = [list(first)], self._served.get(plan.id, {}).get("energy", {})
+        opening, hold = self._opening.pop(plan.id, None), self._holds.pop(plan.id, None)
 
         def more(rows: dict[str, Any]) -> list[dict[str, Any]]:
+            if not rows and opening is not None and opening.hold:  # a held engine's go: its own workloads
+                if hold is not None:
+                    hold()
+                return [dict(w) for w in opening.workloads]
             rounds.append(next_round(points(rows, rounds[-1])))
             return [w.model_dump() for w in rounds[-1]]
 
-        opening = self._opening.pop(plan.id, None)
         if opening is not None:  # its workloads hold ``first``: its rows answer the first round
             self._served[plan.id] = self.rounds_runner(opening, more)
             rows = self._served[plan.id]["energy"]

@@ -69,6 +69,12 @@ class ServeJob:
     needed_graphs_only: bool = True
     # the GPUs the engine's process sees (CUDA_VISIBLE_DEVICES entries, GPU-<uuid>); empty: this process's
     devices: tuple[str, ...] = ()
+    # started while the parent still works on the GPU (verify's exports): the engine starts and scores, then meters
+    # only once ``more({})`` answers (with the first round's workloads)
+    hold: bool = False
+    # vLLM's kv_cache_memory_bytes (0: vLLM sizes the KV cache from a memory profile, which assumes no other process
+    # changes its GPU memory meanwhile; an engine started beside the exports gets a pool of this size instead)
+    kv_cache_bytes: int = 0
 
 
 # ----------------------------------------------------------------------------------- what vLLM built
@@ -196,6 +202,16 @@ def steal_pct(before: tuple[int, int] | None, after: tuple[int, int] | None) -> 
     return round(100.0 * (after[0] - before[0]) / (after[1] - before[1]), 2)
 
 
+def engine_sizes(job: ServeJob) -> tuple[int, int]:
+    """(max_num_seqs, max_model_len) of the engine serving ``job``: its largest batch (or ``max_batch``, the later
+    rounds'), and its longest request (a sequence scored by its prompt log-probabilities is a prompt of one output
+    token)."""
+    longest = max([w["input_tokens"] + w["output_tokens"] for w in job.workloads]
+                  + [len(s) + 1 for s in job.sequences] + [len(c) + len(t) + 1 for c, t in job.items] + [16])
+    batch = max([w["batch_size"] for w in job.workloads] + ([job.max_batch] if job.max_batch else []) or [16])
+    return batch, longest
+
+
 def serve(job: ServeJob, make_counter: Callable[[], EnergyCounter] | None = None,
           more: Callable[[dict[str, Any]], Sequence[dict[str, Any]]] | None = None,
           make_busy: Callable[[], Callable[[], float | None]] | None = None) -> dict[str, Any]:
@@ -212,13 +228,10 @@ def serve(job: ServeJob, make_counter: Callable[[], EnergyCounter] | None = None
         os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # NVLink multicast off on the lent machines (their notes)
     import vllm
 
-    # a sequence scored by its prompt log-probabilities is a prompt of one output token
-    longest = max([w["input_tokens"] + w["output_tokens"] for w in job.workloads]
-                  + [len(s) + 1 for s in job.sequences] + [len(c) + len(t) + 1 for c, t in job.items] + [16])
-    batch = max([w["batch_size"] for w in job.workloads] + ([job.max_batch] if job.max_batch else []) or [16])
+    batch, longest = engine_sizes(job)
     prompt = max([w["input_tokens"] for w in job.workloads] or [0])
     options = {**(exported_options(job.checkpoint, batch, prompt, job_batches(job)) if job.as_exported else {}),
-               **job.llm_options}
+               **({"kv_cache_memory_bytes": job.kv_cache_bytes} if job.kv_cache_bytes else {}), **job.llm_options}
     t0 = time.perf_counter()
     with watch_output() as start:
         llm = vllm.LLM(model=job.checkpoint, enable_prefix_caching=False, seed=job.seed, max_num_seqs=batch,
@@ -244,12 +257,17 @@ def serve(job: ServeJob, make_counter: Callable[[], EnergyCounter] | None = None
         out["items"] = greedy_hits(vllm, llm, job.items)
         timings["items_s"] = time.perf_counter() - t
     if job.workloads:
+        todo = list(job.workloads)
+        if job.hold and more is not None:
+            say("vLLM engine ready: it meters once the GPU is its alone (this verify's exports)")
+            t = time.perf_counter()
+            todo = list(more({}))
+            timings["held_s"] = time.perf_counter() - t
         ticks = cpu_ticks()
         counter = make_counter() if make_counter is not None else open_gpus_counter(tp)
         busy = make_busy() if make_busy is not None else gpus_busy(counter)
         config = summed_config(MeterConfig(**job.meter), tp)
         energy: dict[str, Any] = {}
-        todo = list(job.workloads)
         loads: dict[tuple[int, int, int, bool], str] = {}  # a load already metered in this engine, by its sizes
         while todo:
             w = todo.pop(0)

@@ -1,0 +1,175 @@
+"""`advisor verify`'s all-BF16 engine started while the other plans export (advisor.workflows.verify_early), on a
+run of a BF16 copy of the tiny model (served from its own folder as it is), with the fake vllm module served
+in-process: it meters only once the exports are done, a failed export stops it, and a failed early engine is served
+again after the exports."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import threading
+import time
+
+import pytest
+from conftest import TINY_MODEL, need
+from typer.testing import CliRunner
+
+from advisor.cli import app
+from advisor.deploy.vllm import serve
+from advisor.errors import InputError
+from advisor.testing_vllm import ConstantPowerCounter, fake_vllm
+
+runner = CliRunner()
+FAST = {"warmup_s": 0.5, "min_window_s": 0.3, "min_ticks": 20, "repeats": 3, "idle_s": 0.05, "max_cv": 0.5}
+KV = 2**30
+
+
+@pytest.fixture(scope="module")
+def bf16_run(tmp_path_factory):
+    """A search over a BF16 copy of the tiny model (its folder serves all-BF16 as it is)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from advisor.recipe.schema import validate_recipe
+    from advisor.workflows.search import run
+
+    folder = tmp_path_factory.mktemp("bf16") / "tiny-bf16"
+    AutoModelForCausalLM.from_pretrained(need(TINY_MODEL), dtype=torch.bfloat16).save_pretrained(folder)
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        shutil.copy(TINY_MODEL / name, folder / name)
+    recipe = validate_recipe({
+        "name": "tiny-bf16", "model": {"source": str(folder)}, "target": "h100",
+        "workloads": [{"name": "chat", "batch_size": 4, "input_tokens": 16, "output_tokens": 8, "tpot_ms": 1000.0,
+                       "max_concurrency": 6}],
+        "calibration": {"num_samples": 4, "seq_len": 32, "heldout_samples": 2, "heldout_seq_len": 32},
+        "search": {"trials": 3, "seed": 0}, "out": str(tmp_path_factory.mktemp("runs")), "device": "cpu",
+        "energy": "predicted",
+    })
+    run(recipe)
+    return recipe.run_dir, folder
+
+
+@pytest.fixture
+def served(monkeypatch, bf16_run):
+    """The fake engine served in-process; every job it got, and when a held one was let meter."""
+    from advisor.deploy.verification import FOLDER
+    from advisor.energy.meter import MeterConfig
+    from advisor.workflows import verify as verify_module
+
+    shutil.rmtree(bf16_run[0] / FOLDER, ignore_errors=True)
+    monkeypatch.setitem(sys.modules, "vllm", fake_vllm(step_s=0.002))
+    monkeypatch.setattr("advisor.energy.prediction.gpu_here", lambda: ("h100", "Fake GPU"))
+    monkeypatch.setattr(verify_module, "STEADY_LOAD_METER", MeterConfig(**FAST))
+    monkeypatch.setattr("advisor.workflows.verify_early.engine_beside", lambda shape, batch, longest, beside: (0.3, KV))
+    record = {"jobs": [], "went_at": None, "exported_at": None}
+
+    def rounds(job, more):
+        record["jobs"].append(job)
+
+        def asked(rows):
+            answer = more(rows)
+            if not rows:
+                record["went_at"] = time.perf_counter()
+            return answer
+
+        return serve(job, make_counter=ConstantPowerCounter, more=asked)
+
+    monkeypatch.setattr("advisor.deploy.vllm._engine._run_rounds", rounds)
+    exports = verify_module.export_plans
+
+    def timed_exports(*args, **kwargs):
+        time.sleep(0.3)  # the held engine is waiting by now
+        paths = exports(*args, **kwargs)
+        record["exported_at"] = time.perf_counter()
+        return paths
+
+    monkeypatch.setattr(verify_module, "export_plans", timed_exports)
+    return record
+
+
+def _fp8(run_dir):
+    return next(t["plan_id"] for t in json.loads((run_dir / "summary.json").read_text())["trials"]
+                if set(t["formats"].values()) == {"fp8"})
+
+
+def test_all_bf16s_engine_starts_during_the_exports_and_meters_after_them(bf16_run, served):
+    run_dir, folder = bf16_run
+    res = runner.invoke(app, ["verify", str(run_dir), "--plan", _fp8(run_dir)])
+    assert res.exit_code == 0, res.output
+    assert "its engine starts while the plans export, and meters once they are done" in res.output
+    held = [j for j in served["jobs"] if j.hold]
+    assert [j.checkpoint for j in held] == [str(folder)]  # all-BF16, from the model's own folder
+    assert held[0].kv_cache_bytes == KV and held[0].gpu_memory_utilization == 0.3
+    assert all(j.kv_cache_bytes == 0 for j in served["jobs"] if not j.hold)  # the later engines: as before
+    assert served["went_at"] >= served["exported_at"]  # no metering beside an export
+    data = json.loads((run_dir / "verify.json").read_text())
+    bf16 = next(r for r in data["plans"] if "bf16" in r["role"].split("+"))
+    assert bf16["energy"][0]["vllm_j_per_token"] > 0
+    role = bf16["role"]
+    assert data["timings_s"]["plans"][role]["held_s"] >= 0
+    assert f"{role}'s engine started while the plans exported, then waited" in (run_dir / "verify.md").read_text()
+
+
+def test_a_failed_export_stops_the_held_engine_unmetered(bf16_run, served, monkeypatch):
+    from advisor.workflows import verify as verify_module
+
+    def failing(*_args, **_kwargs):
+        time.sleep(0.3)
+        raise InputError("the export failed")
+
+    monkeypatch.setattr(verify_module, "export_plans", failing)
+    res = runner.invoke(app, ["verify", str(bf16_run[0]), "--plan", _fp8(bf16_run[0])])
+    assert res.exit_code == 2 and "the export failed" in res.output
+    assert served["went_at"] is None  # it never metered
+    assert not any(t.name == "verify-early-engine" for t in threading.enumerate())
+
+
+def test_an_early_engine_that_fails_is_served_again_after_the_exports(bf16_run, served, monkeypatch):
+    def no_room(job, more):
+        served["jobs"].append(job)
+        if job.hold:
+            raise RuntimeError("CUDA out of memory")
+        return serve(job, make_counter=ConstantPowerCounter, more=more)
+
+    monkeypatch.setattr("advisor.deploy.vllm._engine._run_rounds", no_room)
+    res = runner.invoke(app, ["verify", str(bf16_run[0]), "--plan", _fp8(bf16_run[0])])
+    assert res.exit_code == 0, res.output
+    assert "the engine started during the exports failed (RuntimeError: CUDA out of memory); serving" in res.output
+    folder = str(bf16_run[1])
+    assert [j.hold for j in served["jobs"] if j.checkpoint == folder] == [True, False]
+
+
+def test_an_engine_starts_beside_the_exports_only_where_both_fit(monkeypatch):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from advisor.deploy import serving_gpus
+    from advisor.models.adapters.geometry import model_shape
+
+    gib = 2**30
+    shape = model_shape(AutoModelForCausalLM.from_pretrained(need(TINY_MODEL)))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(serving_gpus, "release_gpu_memory", lambda: None)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda _i=0: (100 * gib, 140 * gib))
+    share, kv = serving_gpus.engine_beside(shape, 240, 768, beside_bytes=40 * gib)
+    per_token = shape.kv_bytes_per_token()
+    assert kv >= 240 * 768 * per_token and kv <= 1.1 * 240 * 768 * per_token + gib + 1  # the pool the loads need
+    assert share == pytest.approx((serving_gpus.bf16_weight_bytes(shape) + kv
+                                   + serving_gpus.EARLY_ENGINE_RESERVE_BYTES) / (140 * gib))
+    assert serving_gpus.engine_beside(shape, 240, 768, beside_bytes=95 * gib) is None  # the exports need it
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert serving_gpus.engine_beside(shape, 240, 768, beside_bytes=0) is None
+
+
+def test_a_kept_serving_is_the_same_job_whether_its_engine_started_early_or_not():
+    from dataclasses import replace
+
+    from advisor.deploy.verification import serving_key
+    from advisor.deploy.vllm import ServeJob
+
+    job = ServeJob(checkpoint="/m", vocab_size=64, workloads=({"name": "chat", "batch_size": 4},))
+    early = replace(job, hold=True, kv_cache_bytes=KV, gpu_memory_utilization=0.3)
+    assert serving_key(job, "0.26.0", "H200", True) == serving_key(early, "0.26.0", "H200", True)
+    assert serving_key(job, "0.26.0", "H200", True) != serving_key(replace(job, checkpoint="/n"), "0.26.0", "H200",
+                                                                   True)
