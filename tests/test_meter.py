@@ -10,8 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from advisor.energy.meter import EnergyMeter, MeterConfig, Window, coefficient_of_variation
-from advisor.energy.meter._series import fed_windows, steadiest_run
+from advisor.energy.meter import (
+    EnergyMeter,
+    MeterConfig,
+    Window,
+    coefficient_of_variation,
+    fed_windows,
+    steadiest_run,
+)
 from advisor.errors import InputError, SetupError
 from advisor.testing import ReplayCounter, SimulatedGPU, VirtualClock
 

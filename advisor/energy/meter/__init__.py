@@ -17,6 +17,7 @@ from advisor.energy.meter._meter import (
     torch_device_uuid,
 )
 from advisor.energy.meter._nvml import GPUState, NvmlDevice, normalize_uuid
+from advisor.energy.meter._series import STARVED_DROP, fed_windows, steadiest_run
 from advisor.energy.meter._summed import (
     SummedCounter,
     combined_state,
@@ -28,6 +29,7 @@ from advisor.energy.meter._window import CPU_WATTS_PER_CORE, EnergyWindow, Windo
 
 __all__ = [
     "CPU_WATTS_PER_CORE",
+    "STARVED_DROP",
     "EnergyCounter",
     "EnergyMeter",
     "EnergyWindow",
@@ -42,6 +44,7 @@ __all__ = [
     "WindowEnergy",
     "check_formats_supported",
     "coefficient_of_variation",
+    "fed_windows",
     "combined_state",
     "gpus_busy",
     "normalize_uuid",
@@ -49,6 +52,7 @@ __all__ = [
     "open_meter",
     "queue_depth",
     "require_gpu",
+    "steadiest_run",
     "summed_config",
     "torch_device_uuid",
     "visible_gpu_count",
