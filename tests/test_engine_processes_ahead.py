@@ -71,12 +71,10 @@ def test_no_process_is_started_ahead_past_the_jobs_the_block_said(tmp_path, monk
         assert not waiting(before)
 
 
-def test_a_spare_says_when_its_import_ended(capsys):
+def test_a_spare_says_when_its_import_ended(tmp_path, monkeypatch, capfd):
     """The clock time beside the meterings' (a host stall during one was suspected of a spare's import)."""
-    from advisor.deploy.vllm._rounds import _spare
-
-    parent, end = multiprocessing.Pipe()
-    parent.close()  # no job will come: the spare ends after its import
-    _spare((), (), end)
-    line = capsys.readouterr().err.strip().splitlines()[-1]
-    assert line.startswith("the next engine's process has vLLM imported (") and line.endswith(" UTC)")
+    importable_fake_vllm(tmp_path, monkeypatch)
+    with processes_ahead(jobs=1):
+        run_in_child(ServeJob(str(tmp_path), vocab_size=64), target=where_it_ran)
+    said = [x for x in capfd.readouterr().err.splitlines() if x.startswith("the next engine's process has vLLM")]
+    assert len(said) == 1 and said[0].endswith(" UTC)")  # the one spare the block started

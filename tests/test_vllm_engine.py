@@ -14,6 +14,7 @@ import torch
 from advisor.deploy.engines import measured_tier
 from advisor.deploy.vllm import (
     ServeJob,
+    VllmEnergyModel,
     cpu_ticks,
     dense_logprobs,
     kl_sum,
@@ -589,14 +590,21 @@ def test_two_workloads_of_one_load_are_metered_once(tmp_path, monkeypatch):
     assert [m["workload"] for m in out["timings_s"]["meterings"]] == ["tpot12"]
 
 
-def test_a_label_says_when_the_meter_left_out_windows_a_host_stall_starved():
-    from advisor.deploy.vllm._engine import _steadiness
+def test_a_label_says_when_the_meter_left_out_windows_a_host_stall_starved(tmp_path):
+    from advisor.formats import Format
+    from advisor.plan import Plan
     from advisor.recipe.schema import Workload
 
     w = Workload(name="chat", input_tokens=512, output_tokens=256, batch_size=64)
-    row = {"measurement": {"unstable": False, "starved_windows": 6}, "batch_full": True, "fewest_inflight": 64}
-    assert _steadiness(row, w) == "; 6 starved window(s) left out (less power at less throughput: the host stalled)"
-    row["measurement"]["starved_windows"] = 0
-    assert _steadiness(row, w) == ""
-    del row["measurement"]["starved_windows"]  # a serving kept before the meter counted them
-    assert _steadiness(row, w) == ""
+    row = {"j_per_token": 0.07, "tokens_per_s": 9e3, "fewest_inflight": 64, "batch_full": True,
+           "measurement": {"unstable": False, "starved_windows": 6}}
+
+    def estimate(measurement):
+        served = {"energy": {"chat": {**row, "measurement": measurement}}}
+        model = VllmEnergyModel(lambda _plan: tmp_path, [w], 64, runner=lambda _job: served, vllm_version="0.26.0")
+        return model.estimate(Plan.uniform((), Format.BF16), w).source
+
+    assert estimate(row["measurement"]).endswith(
+        "; 6 starved window(s) left out (less power at less throughput: the host stalled)")
+    assert "starved" not in estimate({"unstable": False, "starved_windows": 0})
+    assert "starved" not in estimate({"unstable": False})  # a serving kept before the meter counted them

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from advisor.deploy import serving_gpus
 from advisor.deploy.engine_slots import Slot, engine_slots, run_on_slots
@@ -22,8 +22,14 @@ from advisor.recipe.schema import Workload
 from advisor.search.measured import BatchSearch, search_batches, step_up_ceiling
 from advisor.search.operating import at_batch
 
-if TYPE_CHECKING:
-    from advisor.workflows.verify_early import EarlyServing
+
+class StartedServing(Protocol):
+    """A role's serving started before :func:`serve_plans` (:class:`~advisor.workflows.verify_early.EarlyServing`):
+    its answer, None where it failed."""
+
+    role: str
+
+    def result(self) -> dict[str, Any] | None: ...
 
 
 def operating_workloads(summary: dict[str, Any], plan: Plan) -> list[Workload]:
@@ -120,7 +126,7 @@ def serve_role(role: str, plan: Plan, path: Path, job: ServeJob, key: str, s: Se
 
 
 def serve_plans(plans: Mapping[str, Plan], paths: Mapping[str, Path], s: Serving, workers: int = 1,
-                early: EarlyServing | None = None) -> dict[str, dict[str, Any]]:
+                early: StartedServing | None = None) -> dict[str, dict[str, Any]]:
     """Role -> what vLLM answered serving that role's plan (read back where a serving of the same job was kept;
     ``early``'s role from the engine started during the exports, or afresh where that one failed)."""
     jobs, keys, served = {}, {}, {}
