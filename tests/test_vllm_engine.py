@@ -608,3 +608,12 @@ def test_a_label_says_when_the_meter_left_out_windows_a_host_stall_starved(tmp_p
         "; 6 starved window(s) left out (less power at less throughput: the host stalled)")
     assert "starved" not in estimate({"unstable": False, "starved_windows": 0})
     assert "starved" not in estimate({"unstable": False})  # a serving kept before the meter counted them
+
+
+def test_a_held_serving_without_a_go_is_refused_before_it_meters(tmp_path, monkeypatch):
+    """A held job meters only once more({}) answers; without more it would meter beside the exports."""
+    monkeypatch.setitem(sys.modules, "vllm", fake_vllm())
+    job = ServeJob(str(checkpoint(tmp_path / "ck")), vocab_size=64, formats=False, hold=True,
+                   workloads=({"name": "chat", "batch_size": 2, "input_tokens": 8, "output_tokens": 4},))
+    with pytest.raises(SetupError, match="a held serving meters only once"):
+        serve(job, make_counter=ConstantPowerCounter)

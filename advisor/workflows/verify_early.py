@@ -17,7 +17,7 @@ from advisor.deploy.verification import read_serving, shown_role
 from advisor.deploy.vllm import engine_sizes
 from advisor.models.shape import ModelShape
 from advisor.plan import Plan
-from advisor.workflows.verify_serving import Serving, role_job, serve_role
+from advisor.workflows.verify_serving import Serving, role_job, searched_in_serving, serve_role
 
 
 class _Stopped(Exception):
@@ -75,6 +75,8 @@ def start_early(role: str, plan: Plan, path: Path, s: Serving, shape: ModelShape
     """``role``'s serving started now in an engine held before metering (module docstring); None where its serving
     was kept before, or the engine does not fit beside ``beside_bytes`` more of this process's GPU memory."""
     job, key = role_job(role, plan, path, s)
+    if not searched_in_serving(s, plan):  # only a serving in rounds can hold before its first
+        return None
     if read_serving(s.run_dir, plan.id, key) is not None:  # serve_plans reads it back, and says so
         return None
     fits = engine_beside(shape, *engine_sizes(job), beside_bytes)

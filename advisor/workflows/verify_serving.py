@@ -94,8 +94,8 @@ def role_job(role: str, plan: Plan, path: Path, s: Serving) -> tuple[ServeJob, s
     """The job serving ``role``'s plan from ``path``, and its key among kept servings."""
     workloads = [*s.summary["workloads"], *(w.model_dump() for w in operating_workloads(s.summary, plan))]
     job = replace(s.base, checkpoint=str(path), workloads=tuple(workloads) if s.energy else (),
-                  max_batch=search_ceiling(s.summary, plan, s.step_up) if _searched(s, plan) else 0)
-    return job, serving_key(job, s.vllm_version, s.gpu, searched=_searched(s, plan))
+                  max_batch=search_ceiling(s.summary, plan, s.step_up) if searched_in_serving(s, plan) else 0)
+    return job, serving_key(job, s.vllm_version, s.gpu, searched=searched_in_serving(s, plan))
 
 
 def kept_serving(role: str, plan: Plan, key: str, s: Serving) -> dict[str, Any] | None:
@@ -110,7 +110,7 @@ def serve_role(role: str, plan: Plan, path: Path, job: ServeJob, key: str, s: Se
                hold: Callable[[], None] | None = None) -> dict[str, Any]:
     """``job`` served (and its plan's batch searches, in the same engine), then kept for a resumed verify; with
     ``hold``, a held job (:class:`~advisor.deploy.vllm.ServeJob`'s ``hold``) meters once ``hold()`` returns."""
-    if _searched(s, plan):  # one engine for the serving and the batch search's further rounds
+    if searched_in_serving(s, plan):  # one engine for the serving and the batch search's further rounds
         model = VllmEnergyModel(lambda _plan: path, [], s.base.vocab_size, meter=MeterConfig(**s.base.meter),
                                 gpu_label=s.gpu, vllm_version=s.vllm_version, gpus=s.base.tensor_parallel_size,
                                 rounds_runner=s.rounds_runner)
@@ -171,5 +171,6 @@ def engine_options(served: dict[str, Any]) -> dict[str, Any]:
     return {**sized, **(served.get("llm_options") or {})}
 
 
-def _searched(s: Serving, plan: Plan) -> bool:
+def searched_in_serving(s: Serving, plan: Plan) -> bool:
+    """Whether ``plan``'s serving runs its operating searches too (in rounds, one engine)."""
     return s.energy and bool(operating_searches(s.summary, plan))

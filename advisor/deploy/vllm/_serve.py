@@ -37,6 +37,7 @@ from advisor.deploy.vllm._load import meter_workload
 from advisor.deploy.vllm._progress import metering_line, say, start_words, watch_output
 from advisor.deploy.vllm._served_kl import served_kl
 from advisor.energy.meter import EnergyCounter, MeterConfig
+from advisor.errors import SetupError
 from advisor.formats import GPU
 from advisor.serving import vllm_linear_backend
 
@@ -258,7 +259,9 @@ def serve(job: ServeJob, make_counter: Callable[[], EnergyCounter] | None = None
         timings["items_s"] = time.perf_counter() - t
     if job.workloads:
         todo = list(job.workloads)
-        if job.hold and more is not None:
+        if job.hold:
+            if more is None:
+                raise SetupError("a held serving meters only once more({}) answers; none was given")
             say("vLLM engine ready: it meters once the GPU is its alone (this verify's exports)")
             t = time.perf_counter()
             todo = list(more({}))
