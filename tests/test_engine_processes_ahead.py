@@ -78,3 +78,44 @@ def test_a_spare_says_when_its_import_ended(tmp_path, monkeypatch, capfd):
         run_in_child(ServeJob(str(tmp_path), vocab_size=64), target=where_it_ran)
     said = [x for x in capfd.readouterr().err.splitlines() if x.startswith("the next engine's process has vLLM")]
     assert len(said) == 1 and said[0].endswith(" UTC)")  # the one spare the block started
+
+
+def busy_a_long_while(job, more=None):
+    """A child's target that takes long before its first round, as an engine starting or metering does."""
+    import time
+
+    time.sleep(120)
+    return {}
+
+
+def test_an_engine_killed_from_another_thread_ends_the_serving_thread_with_it(tmp_path, monkeypatch):
+    """What stops a verify's early engine (verify_early.EarlyServing.stop): its process killed while its serving
+    thread waits on it, so neither is left behind."""
+    import threading
+    import time
+
+    from advisor.deploy.vllm import kill_engines
+    from advisor.errors import UnsupportedError
+
+    importable_fake_vllm(tmp_path, monkeypatch)
+    before, outcome = frozenset(waiting()), {}
+
+    def serving():
+        try:
+            run_rounds_in_child(ServeJob(str(tmp_path), vocab_size=64), lambda _rows: [], "pip install vllm",
+                                target=busy_a_long_while)
+        except UnsupportedError as exc:
+            outcome["error"] = str(exc)
+
+    thread = threading.Thread(target=serving)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while not waiting(before) and time.monotonic() < deadline:  # the engine's process is up
+        time.sleep(0.1)
+    started = time.monotonic()
+    while thread.is_alive() and time.monotonic() - started < 30:  # its thread may not have listed it yet
+        kill_engines()
+        thread.join(timeout=0.5)
+    assert not thread.is_alive()  # within 30 s, not the child's 120
+    assert "died" in outcome["error"]
+    assert not waiting(before)

@@ -312,6 +312,10 @@ def verify_run(run_dir: Path, engine: str = "vllm", plan_ids: Sequence[str] = ()
         t = time.perf_counter()
         try:
             served = serve_plans(plans, paths, serving, workers, early=early)
+        except BaseException:  # stopped (Ctrl-C) while the early engine served: it is killed, not left waiting
+            if early is not None:
+                early.stop()
+            raise
         finally:
             reference_file.unlink(missing_ok=True)
         timings["serving_s"] = time.perf_counter() - t

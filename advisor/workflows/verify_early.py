@@ -14,10 +14,12 @@ from typing import Any
 
 from advisor.deploy.serving_gpus import engine_beside
 from advisor.deploy.verification import read_serving, shown_role
-from advisor.deploy.vllm import engine_sizes
+from advisor.deploy.vllm import engine_sizes, kill_engines
 from advisor.models.shape import ModelShape
 from advisor.plan import Plan
 from advisor.workflows.verify_serving import Serving, role_job, searched_in_serving, serve_role
+
+STOP_WAIT_S = 60.0  # for the engine's thread to end once its engine is killed
 
 
 class _Stopped(Exception):
@@ -54,10 +56,12 @@ class EarlyServing:
         self._go.set()
 
     def stop(self) -> None:
-        """No metering: the engine is stopped (the exports failed) and the thread ends."""
+        """No metering, or no more of it: the engine is killed (the exports failed, or the verify was stopped) and
+        the thread ends with it."""
         self._stopped = True
         self._go.set()
-        self._thread.join()
+        kill_engines()
+        self._thread.join(timeout=STOP_WAIT_S)
 
     def result(self) -> dict[str, Any] | None:
         """What the engine answered; None where it failed (said, and the role is served afresh after)."""

@@ -62,12 +62,25 @@ def _rounds_child(target: Callable[..., dict[str, Any]], job: ServeJob, conn: An
     _answer(conn, lambda: target(job, more=more))
 
 
+# the engine processes serving a job in rounds now, from any thread (kill_engines ends them)
+_engines: set[Any] = set()
+
+
+def kill_engines() -> None:
+    """Every engine process this process serves a job in rounds with, killed: a verify stopped while an engine
+    served in a thread of its own (its thread then ends with the engine's death)."""
+    for proc in list(_engines):
+        with suppress(OSError, ValueError):
+            proc.kill()
+
+
 def run_rounds_in_child(job: ServeJob, more: More, install_hint: str, target: Callable[..., dict[str, Any]] = serve,
                         timeout_s: float = 3600.0) -> dict[str, Any]:
     """``target(job, more=...)`` in a fresh (spawned) process whose ``more`` asks ``more`` here; each round gets
     ``timeout_s``. Errors as :func:`advisor.deploy.vllm._engine.run_in_child` raises them (``install_hint``: how
     to install vLLM, for an import error)."""
     proc, parent = start_child(_rounds_child, target, job)
+    _engines.add(proc)
     try:
         while True:
             if not parent.poll(timeout_s):
@@ -86,6 +99,7 @@ def run_rounds_in_child(job: ServeJob, more: More, install_hint: str, target: Ca
         raise UnsupportedError(f"vLLM's process serving {job.checkpoint} died (exit code {proc.exitcode}) "
                                "before answering; its log above says why") from None
     finally:
+        _engines.discard(proc)
         proc.join(timeout=60)
         if proc.is_alive():
             proc.kill()
