@@ -18,14 +18,21 @@
 #   G  benchmarks/device/fp8_gemm_scaling.py: one 8B layer's linears in BF16 and FP8 at 16-4096 tokens a step (1 min)
 #   S  benchmarks/device/engine_true_sweep.py over ${SHAPES:-qwen2.5-7b}: shapes outside the step model's fit served
 #      at batches 16-256 (reports/benchmarks/engine_true.md's served side)
-# Poll with back-to-back calls that return within 600 s:
+# Poll with back-to-back calls that return within 600 s, each copying the small files back: /tmp/s44/out.tgz, packed
+# after every step, or mid-step the same two folders by name (a tar of the whole run folder took 7 device minutes on
+# 2026-11-29, its 16 GB checkpoint with it):
 #   for i in $(seq 1 110); do sleep 5; grep -q DONE /tmp/s44/out/progress && break; done; cat /tmp/s44/out/progress
+#   tar czf $OUT/out.tgz -C /tmp/s44 out runs/vt8b/verify_served
 set -u
 cd /tmp/s44/code
 export PYTHONPATH=/tmp/s44/code:/tmp/vsite:/tmp/site PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 out=/tmp/s44/out ck=/tmp/s44/ck run=/tmp/s44/runs/vt8b
 mkdir -p $out
 log() { echo "$1 $(date -u +%T)" >> $out/progress; }
+pack() {  # out/ and the run's kept servings, no checkpoint: what reports/benchmarks/verify_time_data/roundN holds
+  tar czf /tmp/s44/out.tgz.part -C /tmp/s44 out $(cd /tmp/s44 && ls -d runs/vt8b/verify_served 2>/dev/null) \
+    && mv /tmp/s44/out.tgz.part /tmp/s44/out.tgz
+}
 nvidia-smi --query-gpu=name,driver_version,power.limit --format=csv > $out/gpu.csv
 python3 -c "import vllm; print(vllm.__version__)" > $out/vllm_version.txt 2>&1
 advisor() { python3 -c 'from advisor.cli import main; main()' "$@"; }
@@ -76,5 +83,7 @@ print(next(t["plan_id"] for t in s["trials"] if t["trial"] == n))' $run/summary.
          --out $out/engine_true_sweep.json > $out/s.log 2>&1 ;;
   esac
   log "$s rc=$?"
+  pack
 done
 log DONE
+pack
