@@ -342,6 +342,9 @@ def test_until_stable_leaves_out_the_windows_a_host_stall_starved():
     # the windows kept are the fed ones: 10 ms a step at 5.1-5.3 J, not the stall's 15 ms at 5.4 J
     assert m.s_per_step == pytest.approx(0.01, rel=0.01)
     assert m.j_per_step == pytest.approx(5.2, rel=0.015)
+    # where the starved windows lay, on the meter's clock (a load leaves its requests then out of its latencies)
+    assert len(m.starved_spans) == m.starved_windows
+    assert all(stall_at < end <= clock.t and end - start >= 0.9 for start, end in m.starved_spans)
 
 
 def test_a_load_whose_throughput_jitters_at_one_power_loses_no_window():

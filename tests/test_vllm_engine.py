@@ -617,3 +617,20 @@ def test_a_held_serving_without_a_go_is_refused_before_it_meters(tmp_path, monke
                    workloads=({"name": "chat", "batch_size": 2, "input_tokens": 8, "output_tokens": 4},))
     with pytest.raises(SetupError, match="a held serving meters only once"):
         serve(job, make_counter=ConstantPowerCounter)
+
+
+def test_a_loads_latencies_leave_out_the_requests_a_host_stall_slowed():
+    """Requests that decoded while the meter's windows were starved are left out of TTFT and TPOT, unless none
+    would be left."""
+    from advisor.deploy.vllm import SteadyLoad
+
+    load = SteadyLoad(None, None, batch=4, input_tokens=16, output_tokens=8, vocab_size=64)
+    # (TTFT s, TPOT s, first token at, finished at): two before the stall, two during it
+    load.latencies = [(0.010, 0.005, 1.0, 2.0), (0.012, 0.005, 2.0, 3.0), (0.030, 0.009, 4.8, 5.8),
+                      (0.031, 0.009, 5.5, 6.5)]
+    fed = load.latency_ms([(5.0, 7.0)])
+    assert fed["tpot_ms_p50"] == pytest.approx(5.0) and fed["latency_requests"] == 2
+    assert fed["latency_requests_left_out"] == 2
+    whole = load.latency_ms()
+    assert whole["tpot_ms_p50"] == pytest.approx(7.0) and "latency_requests_left_out" not in whole
+    assert load.latency_ms([(0.0, 100.0)]) == whole  # every request in the stall: all of them, not none

@@ -15,7 +15,7 @@ from advisor.deploy.vllm._engine import (
     served_formats,
     vllm_tier,
 )
-from advisor.deploy.vllm._load import STEADY_LOAD_METER, measure_load
+from advisor.deploy.vllm._load import STEADY_LOAD_METER, SteadyLoad, measure_load
 from advisor.deploy.vllm._progress import start_seconds, start_words, watch_output
 from advisor.deploy.vllm._rounds import kill_engines, pin_devices, processes_ahead, run_rounds_in_child
 from advisor.deploy.vllm._serve import (
@@ -38,9 +38,34 @@ from advisor.deploy.vllm._served_kl import (
 )
 
 __all__ = [
-    "MAX_ENTRIES", "STEADY_LOAD_METER", "ServeJob", "VllmEnergyModel", "checkpoint_tier", "cpu_ticks", "dense_logprobs",
-    "engine_sizes", "exported_options", "host_facts", "import_vllm", "kill_engines", "kl_sum", "logprobs_per_sequence",
-    "measure_load", "pin_devices", "processes_ahead", "run_in_child", "run_rounds_in_child", "serve", "served_formats",
-    "served_kl", "start_seconds", "start_words", "steal_pct", "vllm_tier", "watch_output", "within_budget",
+    "MAX_ENTRIES",
+    "STEADY_LOAD_METER",
+    "ServeJob",
+    "SteadyLoad",
+    "VllmEnergyModel",
+    "checkpoint_tier",
+    "cpu_ticks",
+    "dense_logprobs",
+    "engine_sizes",
+    "exported_options",
+    "host_facts",
+    "import_vllm",
+    "kill_engines",
+    "kl_sum",
+    "logprobs_per_sequence",
+    "measure_load",
+    "pin_devices",
+    "processes_ahead",
+    "run_in_child",
+    "run_rounds_in_child",
+    "serve",
+    "served_formats",
+    "served_kl",
+    "start_seconds",
+    "start_words",
+    "steal_pct",
+    "vllm_tier",
+    "watch_output",
+    "within_budget",
     "write_reference",
 ]

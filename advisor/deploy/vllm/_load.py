@@ -8,7 +8,7 @@ import random
 import statistics
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from typing import Any
 
@@ -63,7 +63,8 @@ class SteadyLoad:
         self.inflight: set[str] = set()
         self.first_round: set[str] = set()
         self.fewest_inflight = batch
-        self.latencies: list[tuple[float, float]] = []  # (TTFT s, TPOT s) of requests added after the first round
+        # (TTFT s, TPOT s, first token at, finished at) of requests added after the first round
+        self.latencies: list[tuple[float, float, float, float]] = []
         self._added: dict[str, float] = {}
         self._first_token: dict[str, float] = {}
         self._issued = 0
@@ -95,7 +96,7 @@ class SteadyLoad:
         added, first = self._added.pop(rid, None), self._first_token.pop(rid, None)
         if rid in self.first_round or added is None or first is None or self.output_tokens < 2:
             return
-        self.latencies.append((first - added, (now - first) / (self.output_tokens - 1)))
+        self.latencies.append((first - added, (now - first) / (self.output_tokens - 1), first, now))
 
     def start(self) -> SteadyLoad:
         for i in range(self.batch):
@@ -134,14 +135,20 @@ class SteadyLoad:
         self._issued += 1
         return t
 
-    def latency_ms(self) -> dict[str, float | None]:
-        """p50 and p90 of TTFT and TPOT (ms) over the finished requests that were not in the first round."""
+    def latency_ms(self, left_out: Sequence[tuple[float, float]] = ()) -> dict[str, float | None]:
+        """p50 and p90 of TTFT and TPOT (ms) over the finished requests that were not in the first round, less those
+        that decoded during a span of ``left_out`` (the meter's starved windows: a host stall lengthens them as it
+        starves the GPU), unless that leaves none."""
+        kept = [v for v in self.latencies if not any(v[2] < end and v[3] > start for start, end in left_out)]
+        kept = kept or list(self.latencies)
         out: dict[str, float | None] = {}
         for i, name in ((0, "ttft"), (1, "tpot")):
-            values = sorted(v[i] * 1e3 for v in self.latencies)
+            values = sorted(v[i] * 1e3 for v in kept)
             for q in (50, 90):
                 out[f"{name}_ms_p{q}"] = _percentile(values, q) if values else None
-        out["latency_requests"] = len(self.latencies)
+        out["latency_requests"] = len(kept)
+        if len(kept) < len(self.latencies):
+            out["latency_requests_left_out"] = len(self.latencies) - len(kept)
         return out
 
     def stop(self) -> None:
@@ -213,7 +220,7 @@ def measure_load(vllm: Any, llm: Any, counter: EnergyCounter, config: MeterConfi
         m = EnergyMeter(counter, cfg).measure(load.ticket, label, 1.0)
     finally:
         load.stop()
-    return m, load.fewest_inflight, load.latency_ms()
+    return m, load.fewest_inflight, load.latency_ms(m.starved_spans)
 
 
 def meter_workload(vllm: Any, llm: Any, counter: EnergyCounter, config: MeterConfig, w: dict[str, Any],

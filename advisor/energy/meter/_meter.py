@@ -127,6 +127,8 @@ class Measurement:
     # would not settle looked like (a drift, or the throughput itself jittering)
     series: tuple[tuple[float, float], ...] = ()
     starved_windows: int = 0  # windows left out for drawing less power at less throughput (module docstring)
+    # (opened, closed) on the meter's clock of each starved window: a load's requests then are left out of its latencies
+    starved_spans: tuple[tuple[float, float], ...] = ()
 
     @property
     def j_per_token(self) -> float:
@@ -307,13 +309,15 @@ class EnergyMeter:
                 long_enough = (t - t0 >= cfg.min_window_s or ticks >= cfg.min_ticks) and ticks >= 2
                 if long_enough and (done - c0 >= cfg.min_window_steps or t - t0 >= 10 * cfg.min_window_s):
                     break
-            windows.append(Window((e - e0) / 1000.0, t - t0, done - c0, ticks))
+            windows.append(Window((e - e0) / 1000.0, t - t0, done - c0, ticks, began_s=t0))
             t0, e0, c0 = t, e, done
         self._drain(inflight)
         taken = len(windows)
         series = tuple((w.j_per_step, w.steps / w.time_s) for w in windows if w.steps and w.time_s) \
             if taken > cfg.repeats else ()
         fed = fed_windows(windows, cfg.repeats)
+        kept_ids = {id(w) for w in fed}
+        starved = tuple((w.began_s, w.began_s + w.time_s) for w in windows if id(w) not in kept_ids)
         windows = steadiest_run(fed, cfg.repeats)
         after = self.counter.state()
         if any(w.steps == 0 for w in windows):
@@ -339,6 +343,7 @@ class EnergyMeter:
             windows_taken=taken,
             series=series,
             starved_windows=taken - len(fed),
+            starved_spans=starved,
         )
 
 

@@ -21,6 +21,7 @@ class Window:
     time_s: float
     steps: int
     ticks: int
+    began_s: float = 0.0  # the meter's clock when it opened (where a starved window lay, for the load's latencies)
 
     @property
     def j_per_step(self) -> float:
