@@ -295,3 +295,23 @@ def test_the_sweep_knows_the_moe_held_out_of_the_fit(monkeypatch):
     assert type(config).__name__ == "Qwen3MoeConfig" and config.num_experts == 128
     assert config.num_experts_per_tok == 8 and config.num_hidden_layers == 48
     assert shape.is_moe and {(g.num_experts, g.top_k, g.moe_intermediate) for g in shape.layers} == {(128, 8, 768)}
+
+
+def test_rows_the_host_held_back_are_checks_never_fitted(monkeypatch):
+    """Round 5's stalled recommendation rows (GPU 75% and 84% busy) are disturbed: checks, never fitted, with the
+    checks' RMS given without them too."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks" / "engine_true"))
+    monkeypatch.chdir(ROOT)
+    from served_rows import disturbance, read_manifest
+    from vllm_step_fit import summary
+
+    rows = read_manifest("benchmarks/engine_true/h200_round5_inputs.json")
+    disturbed = {(r.plan, r.batch): r.disturbed for r in rows if r.disturbed}
+    mixed = "mixed (3 bf16, 125 fp8)"
+    assert disturbed == {(mixed, 64): "GPU 84% busy", (mixed, 16): "GPU 75% busy"}
+    assert not any(r.fittable for r in rows if r.disturbed) and all(r.fittable for r in rows if not r.disturbed)
+    assert disturbance({"gpu_busy_pct": 99.0, "measurement": {"starved_windows": 6}}) == "6 starved windows"
+    errors = [{"fitted": False, "disturbed": r.disturbed, "error_pct": {"tpot_ms": 20.0 if r.disturbed else 2.0}}
+              for r in rows]
+    rms = summary(errors, "error_pct")
+    assert rms["checks, undisturbed"]["tpot_ms"] == pytest.approx(2.0) and rms["checks"]["tpot_ms"] > 2.0

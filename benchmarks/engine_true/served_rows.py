@@ -20,6 +20,8 @@ from typing import Any
 
 import yaml
 
+from advisor.deploy.verification import BUSY_BELOW
+
 #: vLLM 0.26's offline LLM class: max_num_batched_tokens on a GPU of >= 70 GiB (advisor/energy/prediction/_vllm_step.py)
 LLM_CLASS_BUDGET = 16384
 #: the day advisor's vLLM serving switched its FP8 layers to cuBLASLt on Hopper (reports/benchmarks/vllm_verify.md)
@@ -50,11 +52,18 @@ class ServedRow:
     tpot_ms: float | None
     ttft_ms: float | None
     capture_sizes: list[int] | None = None  # the CUDA-graph sizes where the engine was told which (else the bound)
+    # why the row says more of its host than of its GPU (GPU busy under BUSY_BELOW, starved windows); None: it does not
+    disturbed: str | None = None
 
     @property
     def as_served_now(self) -> bool:
         """Served as the advisor serves FP8 today (cuBLASLt on Hopper), or with no FP8 layer."""
         return self.fp8_kernel != "cutlass"
+
+    @property
+    def fittable(self) -> bool:
+        """Served as the advisor serves today, with the GPU fed: a disturbed row is a check, never fitted."""
+        return self.as_served_now and self.disturbed is None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -190,8 +199,18 @@ def from_kept(data: dict[str, Any], source: str, recipe: str, plan: str, formats
             served["vllm_version"], shape, plan, formats,
             _kernel(plan, formats, options.get("linear_backend", "vllm's own"), date), e["fewest_inflight"], lin,
             lout, seqs, _budget(seqs, lin + lout), graphs.get("max_cudagraph_capture_size"), e["j_per_token"],
-            e["tokens_per_s"], e.get("tpot_ms_p50"), e.get("ttft_ms_p50"), sorted(sizes) if sizes else None))
+            e["tokens_per_s"], e.get("tpot_ms_p50"), e.get("ttft_ms_p50"), sorted(sizes) if sizes else None,
+            disturbance(e)))
     return out
+
+
+def disturbance(row: dict[str, Any]) -> str | None:
+    """Why a kept serving's energy row says more of the host than of the GPU: the GPU under BUSY_BELOW busy over
+    the load (recorded from verify_time round 5), or windows the meter left out as starved; None where neither."""
+    busy, starved = row.get("gpu_busy_pct"), row["measurement"].get("starved_windows")
+    why = ([f"GPU {busy:.0f}% busy"] if busy is not None and busy < BUSY_BELOW else []) \
+        + ([f"{starved} starved windows"] if starved else [])
+    return ", ".join(why) or None
 
 
 def from_rows(data: list[dict[str, Any]], source: str) -> list[ServedRow]:

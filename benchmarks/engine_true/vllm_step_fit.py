@@ -127,7 +127,7 @@ def error_rows(data: Rows, rows: list[ServedRow], terms: EngineTerms) -> list[di
         vllm, builtin = data.predict(r, terms), data.predict(r, None)
         err = {k: 100 * (vllm[k] / getattr(r, k) - 1) for k in OBSERVED if getattr(r, k)}
         before = {k: 100 * (builtin[k] / getattr(r, k) - 1) for k in OBSERVED if getattr(r, k)}
-        out.append({**r.to_dict(), "fitted": r.as_served_now, "predicted": vllm, "error_pct": err,
+        out.append({**r.to_dict(), "fitted": r.fittable, "predicted": vllm, "error_pct": err,
                     "builtin_predicted": builtin, "builtin_error_pct": before})
     return out
 
@@ -137,8 +137,13 @@ def _rms(values: list[float]) -> float | None:
 
 
 def summary(errors: list[dict[str, Any]], key: str) -> dict[str, Any]:
-    return {part: {k: _rms([e[key][k] for e in errors if e["fitted"] is fitted and k in e[key]]) for k in OBSERVED}
-            for part, fitted in (("fitted", True), ("checks", False))}
+    """RMS per observed quantity of the fitted rows and of the checks; where some rows were disturbed (the host
+    held the GPU back: ServedRow.disturbed), of the checks without them too."""
+    parts = [("fitted", lambda e: e["fitted"]), ("checks", lambda e: not e["fitted"])]
+    if any(e.get("disturbed") for e in errors):
+        parts.append(("checks, undisturbed", lambda e: not e["fitted"] and not e.get("disturbed")))
+    return {part: {k: _rms([e[key][k] for e in errors if keep(e) and k in e[key]]) for k in OBSERVED}
+            for part, keep in parts}
 
 
 def markdown(report: dict[str, Any]) -> str:
@@ -154,7 +159,7 @@ def markdown(report: dict[str, Any]) -> str:
         return "-" if v is None else f"{v:.1f}"
 
     rms = [[part] + [f"{pct(report['rms_pct'][part][k])} \\| {pct(report['builtin_rms_pct'][part][k])}"
-                     for k in OBSERVED] for part in ("fitted", "checks")]
+                     for k in OBSERVED] for part in report["rms_pct"]]
     lines += md_table(["rows", *OBSERVED], rms) + ["", "## Rows", ""]
     body = []
     for e in report["rows"]:
@@ -162,8 +167,9 @@ def markdown(report: dict[str, Any]) -> str:
         err = [f"{e['error_pct'][k]:+.1f} ({e['builtin_error_pct'][k]:+.1f})" if k in e["error_pct"] else "-"
                for k in OBSERVED]
         graph = e["max_capture_size"] if e["max_capture_size"] else "default"
-        body.append([e["plan"], str(e["batch"]), e["fp8_kernel"] or "-", str(graph), "yes" if e["fitted"] else
-                     "check", *cell, *err, Path(e["source"].split(" [")[0]).name])
+        role = "yes" if e["fitted"] else "check" + (f" (disturbed: {e['disturbed']})" if e.get("disturbed") else "")
+        body.append([e["plan"], str(e["batch"]), e["fp8_kernel"] or "-", str(graph), role, *cell, *err,
+                     Path(e["source"].split(" [")[0]).name])
     lines += md_table(["plan", "batch", "FP8 kernel", "graph bound", "fitted", "tokens/s", "J/token", "TPOT ms",
                        "TTFT ms", "tokens/s err % (built-in)", "J/token err %", "TPOT err %", "TTFT err %",
                        "file"], body)
@@ -283,7 +289,7 @@ def main(argv: list[str] | None = None) -> None:
         check(args.check, rows, gap, args.report, command_line(argv), objective_rows(inputs))
         return
     data = Rows(rows, gap)
-    fitted_rows = [r for r in rows if r.as_served_now]
+    fitted_rows = [r for r in rows if r.fittable]
     params = fit(data, fitted_rows, args.free, fixed)
     errors = error_rows(data, rows, terms_of(params))
     first = fitted_rows[0]

@@ -24,6 +24,7 @@ from advisor.deploy.verification._recheck import (
 )
 from advisor.deploy.verification._served_store import FOLDER, read_serving, serving_key, write_serving
 from advisor.deploy.verification._verify_report import (
+    BUSY_BELOW,
     num,
     over_budget,
     render_verify,
@@ -34,7 +35,7 @@ from advisor.deploy.verification._verify_report import (
 )
 
 __all__ = [
-    "FOLDER", "Check", "RecheckResult", "architecture", "check_new_version", "neighbours", "num",
+    "BUSY_BELOW", "FOLDER", "Check", "RecheckResult", "architecture", "check_new_version", "neighbours", "num",
     "objective_checks", "operating_batches", "over_budget", "read_serving", "read_summary", "recheck_checks",
     "render_markdown", "render_verify", "score_benchmark", "served_decision", "served_operating_summary",
     "serving_key", "shown_role", "stored_numbers", "stored_plan", "summary_recipe", "tokenizer_fingerprint",

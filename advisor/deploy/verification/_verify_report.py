@@ -16,7 +16,8 @@ BEGIN, END = "<!-- advisor verify: begin -->", "<!-- advisor verify: end -->"
 
 
 # A steady load that keeps a GPU fed reads near 100% busy in NVML; under this, the report says the host side held it
-# back part of the time. Not calibrated yet: no GPU round has recorded the utilization (it is recorded from round 5).
+# back part of the time. One GPU round so far: an 8B's loads on an H200 read 90.6-100%, and the two a host stall
+# slowed 75% and 84% (reports/benchmarks/verify_time.md, round 5).
 BUSY_BELOW = 90.0
 
 
