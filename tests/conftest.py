@@ -42,6 +42,18 @@ def tiny_recipe_dict(out: Path, **search: object) -> dict:
     }
 
 
+def verify_recipe_dict(source: Path, out: Path, name: str = "tiny") -> dict:
+    """A run for `advisor verify`'s tests: one workload with a TPOT objective the fake engine meets, small
+    calibration, three trials, predicted energy."""
+    return {
+        "name": name, "model": {"source": str(source)}, "target": "h100",
+        "workloads": [{"name": "chat", "batch_size": 4, "input_tokens": 16, "output_tokens": 8, "tpot_ms": 1000.0,
+                       "max_concurrency": 6}],
+        "calibration": {"num_samples": 4, "seq_len": 32, "heldout_samples": 2, "heldout_seq_len": 32},
+        "search": {"trials": 3, "seed": 0}, "out": str(out), "device": "cpu", "energy": "predicted",
+    }
+
+
 @pytest.fixture
 def tiny_recipe(tmp_path, tiny_model_dir):
     """A recipe dict for the trained tiny model, writing into tmp_path."""

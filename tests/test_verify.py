@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import TINY_MODEL, need
+from conftest import TINY_MODEL, need, verify_recipe_dict
 from typer.testing import CliRunner
 
 from advisor.cli import app
@@ -27,14 +27,7 @@ def run_dir(tmp_path_factory):
     from advisor.recipe.schema import validate_recipe
     from advisor.workflows.search import run
 
-    recipe = validate_recipe({
-        "name": "tiny", "model": {"source": str(need(TINY_MODEL))}, "target": "h100",
-        "workloads": [{"name": "chat", "batch_size": 4, "input_tokens": 16, "output_tokens": 8, "tpot_ms": 1000.0,
-                       "max_concurrency": 6}],
-        "calibration": {"num_samples": 4, "seq_len": 32, "heldout_samples": 2, "heldout_seq_len": 32},
-        "search": {"trials": 3, "seed": 0}, "out": str(tmp_path_factory.mktemp("runs")), "device": "cpu",
-        "energy": "predicted",
-    })
+    recipe = validate_recipe(verify_recipe_dict(need(TINY_MODEL), tmp_path_factory.mktemp("runs")))
     run(recipe)
     return recipe.run_dir
 

@@ -12,7 +12,7 @@ import threading
 import time
 
 import pytest
-from conftest import TINY_MODEL, need
+from conftest import TINY_MODEL, need, verify_recipe_dict
 from typer.testing import CliRunner
 
 from advisor.cli import app
@@ -38,14 +38,7 @@ def bf16_run(tmp_path_factory):
     AutoModelForCausalLM.from_pretrained(need(TINY_MODEL), dtype=torch.bfloat16).save_pretrained(folder)
     for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
         shutil.copy(TINY_MODEL / name, folder / name)
-    recipe = validate_recipe({
-        "name": "tiny-bf16", "model": {"source": str(folder)}, "target": "h100",
-        "workloads": [{"name": "chat", "batch_size": 4, "input_tokens": 16, "output_tokens": 8, "tpot_ms": 1000.0,
-                       "max_concurrency": 6}],
-        "calibration": {"num_samples": 4, "seq_len": 32, "heldout_samples": 2, "heldout_seq_len": 32},
-        "search": {"trials": 3, "seed": 0}, "out": str(tmp_path_factory.mktemp("runs")), "device": "cpu",
-        "energy": "predicted",
-    })
+    recipe = validate_recipe(verify_recipe_dict(folder, tmp_path_factory.mktemp("runs"), name="tiny-bf16"))
     run(recipe)
     return recipe.run_dir, folder
 
