@@ -14,7 +14,7 @@ from advisor.errors import InputError, UnsupportedError
 from advisor.formats import GPU_SPECS
 from advisor.plan import Plan
 from advisor.recipe.schema import Recipe
-from advisor.search.measured import BatchSearch, search_batches, searches_from_points
+from advisor.search.measured import BatchSearch, search_batches, searches_from_points, went_past_prediction
 from advisor.search.operating import SearchEnergy, operating_points
 from advisor.search.study import candidates
 from advisor.search.trial_record import (
@@ -90,7 +90,7 @@ def measured_operating_stage(study: optuna.Study, ctx: RunContext, recipe: Recip
                 got = [{"plan_id": plan_id, "workload": s.workload.name, "batch": s.predicted_batch,
                         "predicted_batch": s.predicted_batch, "not_measured": str(exc)} for s in searches]
             for g in got:
-                if g.get("trail") and (len(g["trail"]) > 1 or g.get("batch") != g["trail"][0]["batch"]):
+                if went_past_prediction(g):
                     progress.print(f"  {plan.label()} on '{g['workload']}': {g['search']}")
             record_measured_points(study, plan_id, kept + got)
         stage.advance(len(todo))

@@ -134,17 +134,18 @@ def exports_device(model: Any) -> str:
 
     if not torch.cuda.is_available():
         return "cpu"
-    bf16_bytes = 2 * sum(p.numel() for p in model.parameters())
     free, _ = torch.cuda.mem_get_info(0)
-    return "cuda" if 4 * bf16_bytes + EXPORT_HEADROOM_BYTES <= free else "cpu"
+    return "cuda" if _bf16_bytes(model) + export_working_set(model, "cuda") <= free else "cpu"
 
 
 def export_working_set(model: Any, export_device: str) -> int:
     """What exporting the plans on ``export_device`` needs on the GPU beyond the model it holds already: its quantized
     copy, the fake-quantized weights and the reloaded checkpoint (:func:`exports_device`'s sum), none on the CPU."""
-    if export_device != "cuda":
-        return 0
-    return 3 * 2 * sum(p.numel() for p in model.parameters()) + EXPORT_HEADROOM_BYTES
+    return 3 * _bf16_bytes(model) + EXPORT_HEADROOM_BYTES if export_device == "cuda" else 0
+
+
+def _bf16_bytes(model: Any) -> int:
+    return 2 * sum(p.numel() for p in model.parameters())
 
 
 def free_gpu_memory() -> str:
@@ -302,23 +303,17 @@ def verify_run(run_dir: Path, engine: str = "vllm", plan_ids: Sequence[str] = ()
             if device == "cuda":  # the engines' processes need the GPU's memory, the cached blocks too
                 loaded.model.to("cpu")
                 status(f"GPU memory for the engines: {free_gpu_memory()}")
-        except BaseException:
             if early is not None:
-                early.stop()
-            reference_file.unlink(missing_ok=True)
-            raise
-        if early is not None:
-            early.go()
-        t = time.perf_counter()
-        try:
+                early.go()
+            t = time.perf_counter()
             served = serve_plans(plans, paths, serving, workers, early=early)
-        except BaseException:  # stopped (Ctrl-C) while the early engine served: it is killed, not left waiting
+            timings["serving_s"] = time.perf_counter() - t
+        except BaseException:  # a failed export, or a stop (Ctrl-C): the early engine is killed, not left waiting
             if early is not None:
                 early.stop()
             raise
         finally:
             reference_file.unlink(missing_ok=True)
-        timings["serving_s"] = time.perf_counter() - t
 
     t = time.perf_counter()
     for role, plan in plans.items():  # the advisor's own models not scored as their exports reloaded them

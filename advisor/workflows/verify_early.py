@@ -8,6 +8,7 @@ starts only where it fits beside the exports' working set (:func:`~advisor.deplo
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -29,7 +30,8 @@ class _Stopped(Exception):
 class EarlyServing:
     """One role's serving in a thread of its own, its engine held before metering until :meth:`go`."""
 
-    def __init__(self, role: str, serve: Any, status: Any) -> None:
+    def __init__(self, role: str, serve: Callable[[Callable[[], None]], dict[str, Any]],
+                 status: Callable[[str], None]) -> None:
         self.role, self._serve, self._status = role, serve, status
         self._go, self._stopped = threading.Event(), False
         self._answer: dict[str, Any] | None = None

@@ -11,6 +11,7 @@ from advisor.deploy.vllm import MAX_ENTRIES
 from advisor.report import VerifyResult
 from advisor.report.verify_record import VerifiedPlan
 from advisor.search.frontier import percent_less
+from advisor.search.measured import went_past_prediction
 
 BEGIN, END = "<!-- advisor verify: begin -->", "<!-- advisor verify: end -->"
 
@@ -133,11 +134,9 @@ def _as_served(operating: dict[str, Any]) -> dict[str, Any]:
 def _basis(operating: dict[str, Any]) -> str:
     """Which batch a plan is compared at: the largest that met where vLLM also served batches around the predicted
     one, else the predicted batch (met there; larger batches were not served, so the plan may serve more)."""
-    search = operating.get("vllm_search") or {}
-    trail = search.get("trail") or []
-    searched = len(trail) > 1 or bool(trail) and search.get("batch") != trail[0].get("batch")  # or a shared batch
-    return "largest batch that met the objective in vLLM" if searched else \
-        "predicted operating batch, which met the objective in vLLM (no larger batch was served)"
+    if went_past_prediction(operating.get("vllm_search") or {}):
+        return "largest batch that met the objective in vLLM"
+    return "predicted operating batch, which met the objective in vLLM (no larger batch was served)"
 
 
 def _bases(mine: dict[str, Any], theirs: dict[str, Any]) -> str:

@@ -17,7 +17,7 @@ from advisor.energy.meter._meter import (
     torch_device_uuid,
 )
 from advisor.energy.meter._nvml import GPUState, NvmlDevice, normalize_uuid
-from advisor.energy.meter._series import STARVED_DROP, fed_windows, steadiest_run
+from advisor.energy.meter._series import fed_windows, steadiest_run
 from advisor.energy.meter._summed import (
     SummedCounter,
     combined_state,
@@ -29,7 +29,6 @@ from advisor.energy.meter._window import CPU_WATTS_PER_CORE, EnergyWindow, Windo
 
 __all__ = [
     "CPU_WATTS_PER_CORE",
-    "STARVED_DROP",
     "EnergyCounter",
     "EnergyMeter",
     "EnergyWindow",

@@ -14,6 +14,7 @@ from advisor.search.measured._batch_search import (
     search_batches,
     searches_from_points,
     step_up_ceiling,
+    went_past_prediction,
 )
 from advisor.search.measured._contract import MeasuredTier, NextRound
 from advisor.search.measured._queue import (
@@ -45,5 +46,5 @@ __all__ = [
     "NextRound", "Unit", "curve_batch", "enqueue", "failed_plans", "joins", "largest_drift_pct",
     "measured_on_one_scale", "merge", "near_ties", "on_one_unit", "open_queue", "point_on_one_unit",
     "prediction_errors", "round_of", "search_batches", "searches_from_points", "set_round", "step_up_ceiling",
-    "unit_factors", "unit_of",
+    "unit_factors", "unit_of", "went_past_prediction",
 ]

@@ -285,6 +285,13 @@ class BatchSearch:
         return out or None
 
 
+def went_past_prediction(outcome: Mapping[str, Any]) -> bool:
+    """Whether a search's outcome record (:meth:`BatchSearch.outcome`) rests on more than its predicted batch's first
+    metering: batches served around it, or a batch of the same load served for another workload."""
+    trail = outcome.get("trail") or []
+    return len(trail) > 1 or bool(trail) and outcome.get("batch") != trail[0].get("batch")
+
+
 def searches_from_points(points: Sequence[Mapping[str, Any]], workloads: Mapping[str, Workload]
                          ) -> list[BatchSearch]:
     """One search per stored predicted operating point (``operating_points`` of the study) whose workload is
