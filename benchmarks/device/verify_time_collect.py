@@ -23,8 +23,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from advisor.deploy.vllm import start_seconds  # noqa: E402
 
 COMMAND = ("STEPS='B V' bash benchmarks/device/verify_time.sh (setsid, polled; STEPS='B V M' for round 2, "
-           "STEPS='B V R' for rounds 3 and 4, STEPS='G B V R' for round 5), "
+           "STEPS='B V R' for rounds 3 and 4, STEPS='G B V R' for round 5, "
+           "STEPS='B V R S' for round 6), "
            "then python benchmarks/device/verify_time_collect.py")
+SPARE_IMPORT = re.compile(r"the next engine's process has vLLM imported \((\d+) s, (\S+) UTC\)")
 
 
 def engine_starts(log: str) -> list[dict[str, Any]]:
@@ -101,6 +103,7 @@ def collect(data: Path, name: str) -> dict[str, Any]:
             "date": json.loads(verify.read_text())["date"] if verify.is_file() else "2026-11-29",  # the first rounds
             "progress": (data / "progress").read_text().split(),
             "engine_starts": engine_starts((data / "v_verify.log").read_text()),
+            "spare_imports": SPARE_IMPORT.findall((data / "v_verify.log").read_text()),
             "plans": plan_rows(data, summary),
             "verify_timings_s": json.loads(verify.read_text()).get("timings_s") if verify.is_file() else None,
             "meter_ab": json.loads(ab.read_text()) if ab.is_file() else None,
@@ -145,18 +148,27 @@ def render_round(r: dict[str, Any]) -> list[str]:
         lines += ["", "Meterings began (UTC): " + "; ".join(
             f"`{plan}` " + ", ".join(f"{m['workload']} {m.get('began_utc', '?')}" for m in ms) for plan, ms in began)
             + "."]
+    if r.get("spare_imports"):
+        lines += ["", "The next engine's process had vLLM imported (its own line in v_verify.log): "
+                  + ", ".join(f"{s} s, {t} UTC" for s, t in r["spare_imports"]) + "."]
     starved = [(p["plan_id"], p["starved_windows"]) for p in r["plans"] if p.get("starved_windows")]
     if starved:
         lines += ["", "Windows the meter left out as starved (a host stall): " + "; ".join(
             f"`{plan}` " + ", ".join(f"{n} {k}" for n, k in s.items()) for plan, s in starved) + "."]
+    elif began:  # the rule ran from round 6 on
+        lines += ["", "Windows the meter left out as starved (a host stall): none."]
+    held = {plan: p["held_s"] for plan, p in (t or {}).get("plans", {}).items() if "held_s" in p}
+    if held:  # the early all-BF16 engine (round 6 on): how long it waited, ready, for the exports
+        lines += ["", "The engine started during the exports waited for them, ready: "
+                  + ", ".join(f"`{plan}` {s:.0f} s" for plan, s in held.items()) + "."]
     lines += ["", "vLLM's engine starts (its own log):", "", "| engine | first line (UTC) | weights s | Dynamo s | "
               "torch.compile s | CUDA graphs s | kernel warm-up s | engine init s |",
               "|---|---|---|---|---|---|---|---|"]
     for i, e in enumerate(r["engine_starts"], 1):
         s = e["stages_s"]
-        lines.append(f"| {i} | {e['first_line']} | {s.get('weights_s', '')} | {s.get('dynamo_s', '')} | "
-                     f"{s.get('compile_s', '')} | {s.get('graph_capture_s', '')} | {s.get('kernel_warmup_s', '')} | "
-                     f"{s.get('engine_init_s', '')} |")
+        stages = ("weights_s", "dynamo_s", "compile_s", "graph_capture_s", "kernel_warmup_s", "engine_init_s")
+        lines.append(f"| {i} | {e['first_line']} | "
+                     + " | ".join(f"{s[k]:.0f}" if k in s else "" for k in stages) + " |")
     lines += ["", "The operating batch as vLLM served it, beside the prediction:", "",
               "| plan | objective | predicted batch | predicted TPOT ms | served TPOT ms there | TPOT error | "
               "predicted J/token | served J/token there | J/token error | largest met | meterings | search |",
