@@ -11,7 +11,8 @@ The fake "model" is a bigram table: the next-token distribution after token ``t`
 the way vLLM reads it: ``hf_quant_config.json``'s ``quant_algo`` and ``exclude_modules`` decide each
 linear layer's method, and a layer served in FP8 adds noise to the logits, so served KL grows with
 the quantized share. ``module.misserve`` forces a layer's method (a group served otherwise than
-planned); ``module.instances`` keeps every LLM made. Steps take ``module.step_s`` seconds of real time
+planned); ``module.instances`` keeps every LLM made (with the environment it was made in, ``environ``), and
+``module.params_made`` every ``SamplingParams``. Steps take ``module.step_s`` seconds of real time
 (and ``module.step_s_per_seq`` more per request in the step). ``linear_backend="torch"`` is refused for a
 checkpoint with NVFP4 layers, as vLLM refuses it.
 """
@@ -21,6 +22,7 @@ from __future__ import annotations
 import fnmatch
 import json
 import math
+import os
 import time
 import types
 from dataclasses import dataclass
@@ -195,14 +197,21 @@ def fake_vllm(step_s: float = 0.002, noise: float = 0.5, step_s_per_seq: float =
     module = types.ModuleType("vllm")
     module.__version__ = "0.0-fake"
     module.instances, module.misserve, module.step_s, module.step_s_per_seq = [], {}, step_s, step_s_per_seq
+    made: list[SamplingParams] = []
+
+    class RecordedParams(SamplingParams):  # every SamplingParams made through this module, in module.params_made
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            made.append(self)
+
     sp = types.ModuleType("vllm.sampling_params")
-    sp.RequestOutputKind, sp.SamplingParams = RequestOutputKind, SamplingParams
-    module.sampling_params, module.SamplingParams = sp, SamplingParams
+    sp.RequestOutputKind, sp.SamplingParams = RequestOutputKind, RecordedParams
+    module.sampling_params, module.SamplingParams, module.params_made = sp, RecordedParams, made
     logprobs_module = types.ModuleType("vllm.v1.engine.logprobs")
     logprobs_module.LogprobsProcessor = type("LogprobsProcessor", (LogprobsProcessor,), {})  # patchable per module
     class LLM:
         def __init__(self, model: str, **kwargs: Any) -> None:
-            self.model, self.kwargs = Path(model), kwargs
+            self.model, self.kwargs, self.environ = Path(model), kwargs, dict(os.environ)
             _check_linear_backend(self.model, kwargs.get("linear_backend", "auto"))
             table = bigram_table(json.loads((self.model / "config.json").read_text())["vocab_size"])
             self.methods = _layer_methods(self.model, dict(module.misserve))

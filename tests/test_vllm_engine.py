@@ -634,3 +634,29 @@ def test_a_loads_latencies_leave_out_the_requests_a_host_stall_slowed():
     whole = load.latency_ms()
     assert whole["tpot_ms_p50"] == pytest.approx(7.0) and "latency_requests_left_out" not in whole
     assert load.latency_ms([(0.0, 100.0)]) == whole  # every request in the stall: all of them, not none
+
+
+def test_every_request_is_greedy_so_the_engine_goes_without_flashinfer_s_sampler(tmp_path, monkeypatch):
+    # the premise of VLLM_USE_FLASHINFER_SAMPLER=0: vLLM never samples a greedy request through FlashInfer
+    vllm = fake_vllm()
+    monkeypatch.setitem(sys.modules, "vllm", vllm)
+    monkeypatch.setenv("VLLM_USE_FLASHINFER_SAMPLER", "unset below")  # so that the test's end restores it
+    monkeypatch.delenv("VLLM_USE_FLASHINFER_SAMPLER")
+    seqs = (tuple(range(1, 21)),)
+    reference = write_reference(tmp_path / "ref.pt", [torch.log_softmax(torch.zeros(19, 64), -1)])
+    out = serve(ServeJob(str(checkpoint(tmp_path / "ck")), vocab_size=64, sequences=seqs,
+                         reference_logprobs=str(reference), items=((tuple(range(1, 10)), (10, 11)),), meter=FAST,
+                         workloads=({"name": "chat", "batch_size": 2, "input_tokens": 8, "output_tokens": 16},)),
+                make_counter=lambda: ConstantPowerCounter(300.0))
+    assert vllm.params_made and {p.temperature for p in vllm.params_made} == {0.0}
+    assert vllm.instances[0].environ["VLLM_USE_FLASHINFER_SAMPLER"] == "0"
+    assert out["engine_env"]["VLLM_USE_FLASHINFER_SAMPLER"] == "0"
+
+
+def test_a_user_s_own_sampler_setting_stands(tmp_path, monkeypatch):
+    vllm = fake_vllm()
+    monkeypatch.setitem(sys.modules, "vllm", vllm)
+    monkeypatch.setenv("VLLM_USE_FLASHINFER_SAMPLER", "1")
+    out = serve(ServeJob(str(checkpoint(tmp_path / "ck")), vocab_size=64, formats=False, prefill=False))
+    assert vllm.instances[0].environ["VLLM_USE_FLASHINFER_SAMPLER"] == "1"
+    assert out["engine_env"]["VLLM_USE_FLASHINFER_SAMPLER"] == "1"

@@ -41,6 +41,13 @@ from advisor.errors import SetupError
 from advisor.formats import GPU
 from advisor.serving import vllm_linear_backend
 
+#: Each engine process's environment, unless the user set these. Every request the advisor sends is greedy
+#: (temperature 0), and vLLM's sampler never uses FlashInfer's top-k/top-p for a greedy request
+#: (vllm/v1/worker/gpu/sample/sampler.py); its start-up warm-up still runs every sampling feature, which builds
+#: FlashInfer's sampling kernels with nvcc on a machine without their cache (reports/benchmarks/verify_time.md).
+ENGINE_ENV = {"VLLM_ALLOW_INSECURE_SERIALIZATION": "1",  # apply_model sends a function
+              "VLLM_USE_FLASHINFER_SAMPLER": "0"}
+
 
 @dataclass(frozen=True)
 class ServeJob:
@@ -223,7 +230,8 @@ def serve(job: ServeJob, make_counter: Callable[[], EnergyCounter] | None = None
     further rounds of workloads in the same engine."""
     from advisor.energy.meter import gpus_busy, open_gpus_counter, summed_config
 
-    os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # apply_model sends a function
+    for name, value in ENGINE_ENV.items():  # a user's own setting stands
+        os.environ.setdefault(name, value)
     tp = job.tensor_parallel_size
     if tp > 1:
         os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # NVLink multicast off on the lent machines (their notes)
@@ -244,7 +252,8 @@ def serve(job: ServeJob, make_counter: Callable[[], EnergyCounter] | None = None
     say(f"vLLM engine started in {load_s:.0f} s ({start_words(start)})")
     out: dict[str, Any] = {"vllm_version": getattr(vllm, "__version__", "unknown"), "load_s": load_s,
                            "llm_options": options, "max_num_seqs": batch, "tensor_parallel_size": tp,
-                           "timings_s": timings, "host": host_facts()}
+                           "timings_s": timings, "host": host_facts(),
+                           "engine_env": {name: os.environ[name] for name in ENGINE_ENV}}
     if job.formats:
         out["served"] = served_methods(llm)
     if job.sequences and job.reference_logprobs:
