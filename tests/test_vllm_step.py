@@ -315,3 +315,65 @@ def test_rows_the_host_held_back_are_checks_never_fitted(monkeypatch):
               for r in rows]
     rms = summary(errors, "error_pct")
     assert rms["checks, undisturbed"]["tpot_ms"] == pytest.approx(2.0) and rms["checks"]["tpot_ms"] > 2.0
+
+
+class Hot(Affine):
+    """An :class:`Affine` whose prompt passes draw ``prompt_watts`` and decode steps ``watts``."""
+
+    def __init__(self, watts=400.0, prompt_watts=1200.0, **kw):
+        super().__init__(watts=watts, **kw)
+        self.prompt_watts = prompt_watts
+
+    def prefill(self, plan, length):
+        ms = self.prompt * length
+        return ms, self.prompt_watts * ms / 1e3
+
+
+def _unlimited(model):
+    model.power_limit_w = 1e12
+    return model
+
+
+def test_the_power_limit_holds_the_served_mix_not_each_step():
+    w = Workload(name="w", batch_size=64, input_tokens=512, output_tokens=256)
+    # a prompt's pass draws 1200 W of an H100's 700, the decodes 400: the mix's mean stays under the limit
+    mixed = VllmServedModel(Hot(), SHAPE, GPU.H100, _profile()).served_state(BF16, w, 64)
+    free = _unlimited(VllmServedModel(Hot(), SHAPE, GPU.H100, _profile())).served_state(BF16, w, 64)
+    assert mixed.power_w < 700.0 and mixed == free
+    # every step at 900 W: the whole mix runs at the limit, each step (900 / 700)^(1/3) longer
+    hot = VllmServedModel(Hot(watts=900.0, prompt_watts=900.0), SHAPE, GPU.H100, _profile())
+    ref = _unlimited(VllmServedModel(Hot(watts=900.0, prompt_watts=900.0), SHAPE, GPU.H100, _profile()))
+    held, raw = hot.served_state(BF16, w, 64), ref.served_state(BF16, w, 64)
+    slow = (raw.power_w / 700.0) ** (1 / 3)
+    assert raw.power_w > 700.0 and held.power_w == pytest.approx(700.0)
+    assert held.tpot_ms == pytest.approx(raw.tpot_ms * slow) and held.ttft_ms == pytest.approx(raw.ttft_ms * slow)
+    assert held.tokens_per_s == pytest.approx(raw.tokens_per_s / slow)
+    assert held.j_per_token == pytest.approx(raw.j_per_token * slow * 700.0 / raw.power_w)
+    ms, j = hot.decode_step(BF16, 64, 640)  # one step repeated is its own mix
+    assert j / (ms / 1e3) == pytest.approx(700.0)
+    # over two GPUs the steps' energy is of both, and so is the limit
+    from advisor.energy.prediction import TensorParallelEnergyModel
+
+    def over_two():
+        return VllmServedModel(TensorParallelEnergyModel(Hot(), 2, SHAPE.hidden_size, SHAPE.num_layers),
+                               SHAPE, GPU.H100, _profile())
+
+    two = over_two()
+    state = two.served_state(BF16, w, 64)
+    assert two.power_limit_w == 1400.0 and 700.0 < state.power_w < 1400.0
+    assert state == _unlimited(over_two()).served_state(BF16, w, 64)
+
+
+def test_the_held_out_check_reads_every_metering_that_met_and_prices_the_batch_now(monkeypatch):
+    for sub in ("engine_true", "device", ""):
+        monkeypatch.syspath_prepend(str(ROOT / "benchmarks" / sub))
+    from engine_true_sweep import predicted_batches
+    from vllm_step_fit import objective_rows
+
+    sweep = ROOT / "reports" / "benchmarks" / "engine_true_data" / "qwen2.5-7b_h200_bf16.json"
+    rows = {r["objective"]: r for r in objective_rows([str(sweep)])}
+    assert rows["tpot12"]["largest_met"] == 128  # the sweep's fixed batch 128 met 12 ms; its search stopped at 120
+    assert rows["tpot12"]["search"].startswith("search stopped") and rows["tpot12"]["predicted_when_served"] == 104
+    now = predicted_batches("qwen2.5-7b", "all-bf16", "h200")
+    assert {k: r["predicted_batch"] for k, r in rows.items()} == now
+    assert all(b in graph_batches(10**6) for b in now.values())

@@ -56,6 +56,26 @@ def objective_searches(shape: Any, config: Any, plan: Any, kind: str) -> list[An
     return out
 
 
+def shape_and_plans(name: str) -> tuple[Any, Any, dict[str, Any]]:
+    """(config, the advisor's shape of it, the standard plans) of the named published shape."""
+    import torch
+    from transformers import AutoModelForCausalLM
+    from vllm_verify import standard_plans
+
+    from advisor.models.groups import model_shape
+
+    config = shape_config(name)
+    with torch.device("meta"):
+        shape = model_shape(AutoModelForCausalLM.from_config(config))
+    return config, shape, standard_plans(shape.groups, [g.name for g in shape.groups])
+
+
+def predicted_batches(name: str, plan_name: str, kind: str) -> dict[str, int]:
+    """Per TPOT objective, the operating batch this code's vLLM step model predicts for the shape and plan (CPU)."""
+    config, shape, plans = shape_and_plans(name)
+    return {s.workload.name: s.predicted_batch for s in objective_searches(shape, config, plans[plan_name], kind)}
+
+
 def serve_and_search(path: Path, vocab: int, plan: Any, batches: list[int], searches: list[Any]) -> dict[str, Any]:
     """One engine for ``path``: the fixed ``batches`` (workloads ``b{N}``) and each search's rounds."""
     from advisor.deploy.vllm import STEADY_LOAD_METER, ServeJob, VllmEnergyModel
@@ -138,12 +158,10 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     ap.add_argument("--device", default="cuda", help="where the random checkpoints are built")
     args = ap.parse_args()
-    import torch
-    from vllm_verify import build_checkpoints, standard_plans
+    from vllm_verify import build_checkpoints
 
     from advisor.deploy.vllm import STEADY_LOAD_METER
     from advisor.energy.prediction import gpu_here
-    from advisor.models.groups import model_shape
 
     kind, gpu_name = gpu_here()
     if kind is None:
@@ -151,12 +169,7 @@ def main() -> None:
     out: dict[str, Any] = {"date": time.strftime("%Y-%m-%d"), "gpu": gpu_name, "gpu_kind": kind.value,
                            "meter": asdict(STEADY_LOAD_METER), "rows": []}
     for name in args.shapes:
-        config = shape_config(name)
-        from transformers import AutoModelForCausalLM
-
-        with torch.device("meta"):
-            shape = model_shape(AutoModelForCausalLM.from_config(config))
-        plans = standard_plans(shape.groups, [g.name for g in shape.groups])
+        config, shape, plans = shape_and_plans(name)
         root = Path(args.work) / name
         t = time.perf_counter()
         paths = build_checkpoints(config, {k: plans[k] for k in args.plans}, root, args.device)

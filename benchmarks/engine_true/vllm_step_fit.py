@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
-sys.path[:0] = [str(HERE), str(HERE.parent), str(HERE.parents[1])]
+sys.path[:0] = [str(HERE), str(HERE.parent), str(HERE.parent / "device"), str(HERE.parents[1])]
 os.environ.setdefault("ADVISOR_PROFILE_DIR", tempfile.mkdtemp())  # the shipped profiles only, never a user's
 
 from _report import command_line, dump_json, md_table  # noqa: E402
@@ -184,17 +184,25 @@ BATCH_TOLERANCE_PCT = 10.0  # issue 56: the predicted largest batch within 10% o
 
 def objective_rows(paths: list[str]) -> list[dict[str, Any]]:
     """The operating-batch searches of engine_true_sweep.py files among ``paths``: per shape, plan and objective, the
-    batch the step model predicted against the largest that met as vLLM served it (the prediction's error in % of
-    that batch)."""
+    batch this code's step model predicts (and the one predicted when it was served) against the largest batch any
+    metering of that engine met the objective at, the sweep's fixed batches included (the error in % of that
+    batch)."""
+    from engine_true_sweep import predicted_batches
+
     out = []
     for path in paths:
         data = json.loads(Path(path).read_text())
         for r in data.get("rows", []) if isinstance(data, dict) else []:
+            now = predicted_batches(r["shape"], r["plan"], data["gpu_kind"]) if r.get("objectives") else {}
             for name, o in (r.get("objectives") or {}).items():
-                met = o["batch"] if o.get("meets") else None
+                ms = float(name.removeprefix("tpot"))
+                met = max([o["batch"]] if o.get("meets") else [], default=None)
+                fixed = [int(k[1:]) for k, b in (r.get("batches") or {}).items() if b["tpot_ms_p50"] <= ms]
+                met = max([*([met] if met else []), *fixed], default=None)
                 out.append({"shape": r["shape"], "plan": r["plan"], "objective": name,
-                            "predicted_batch": o["predicted_batch"], "largest_met": met,
-                            "batch_error_pct": 100.0 * (o["predicted_batch"] - met) / met if met else None,
+                            "predicted_batch": now[name], "predicted_when_served": o["predicted_batch"],
+                            "largest_met": met,
+                            "batch_error_pct": 100.0 * (now[name] - met) / met if met else None,
                             "search": o["search"], "source": path})
     return out
 
@@ -203,12 +211,16 @@ def objectives_markdown(rows: list[dict[str, Any]]) -> list[str]:
     if not rows:
         return []
     within = [r for r in rows if r["batch_error_pct"] is not None and abs(r["batch_error_pct"]) <= BATCH_TOLERANCE_PCT]
-    body = [[r["shape"], r["plan"], r["objective"], str(r["predicted_batch"]), str(r["largest_met"] or "none"),
-             "-" if r["batch_error_pct"] is None else f"{r['batch_error_pct']:+.1f}", r["search"]] for r in rows]
+    body = [[r["shape"], r["plan"], r["objective"], str(r["predicted_batch"]), str(r["predicted_when_served"]),
+             str(r["largest_met"] or "none"), "-" if r["batch_error_pct"] is None else f"{r['batch_error_pct']:+.1f}",
+             r["search"]] for r in rows]
     return ["", "## The operating batch: predicted against the largest that met as vLLM served it", "",
             f"Within {BATCH_TOLERANCE_PCT:.0f}%: {len(within)} of {len(rows)} (the search meters vLLM's CUDA-graph "
-            "sizes only, so one graph size is the finest it resolves).", "",
-            *md_table(["shape", "plan", "objective", "predicted batch", "largest met", "error %", "search"], body)]
+            "sizes only, so one graph size is the finest it resolves). 'Largest met': the largest batch any metering "
+            "of the engine met the objective at (TPOT p50), the sweep's fixed batches included; the error is this "
+            "code's prediction's.", "",
+            *md_table(["shape", "plan", "objective", "predicted batch", "predicted when served", "largest met",
+                       "error %", "search (as served)"], body)]
 
 
 def write_report(stem: Path, first: ServedRow, date: str, command: str, profile: dict[str, Any],

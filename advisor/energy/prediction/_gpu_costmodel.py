@@ -22,6 +22,7 @@ cube root of the excess (:func:`at_power_limit`). torch-free; numpy and scipy fi
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from typing import Any
 
@@ -127,6 +128,14 @@ def at_power_limit(t_ms: float, energy_j: float, limit_w: float) -> tuple[float,
     return t, limit_w * t / 1e3
 
 
+def without_step_cap(model: Any) -> Any:
+    """``model`` with each step's cost as fitted, not held to the power limit one step at a time, where it holds
+    steps to it (:meth:`GpuProfileCostModel.without_step_cap`); else ``model`` itself. For a caller that holds a
+    mix of steps to the limit once, over their mean, as the GPU's power limiter does over many short steps."""
+    uncap = getattr(model, "without_step_cap", None)
+    return uncap() if uncap is not None else model
+
+
 def outside_anchors(geo: Geometry, sizes: list[float]) -> str:
     """A label note for a model whose layers are smaller or larger than every anchor's (``sizes``: their weights
     per layer): the fitted floors and power split are extrapolated there (reports/benchmarks/energy_transfer*.md)."""
@@ -153,6 +162,7 @@ class GpuProfileCostModel:
     def __init__(self, profile: dict[str, Any], shape: ModelShape, features: EnergyFeatures = energy_features) -> None:
         self.p = validate_gpu_profile(profile)
         self.features = features
+        self.cap_steps = True  # each step held to the power limit (:func:`at_power_limit`)
         self.fit = profile.get("fit") or fit_gpu_profile(profile, features)
         self.geo = Geometry.from_shape(shape)
         self.table = GemmTable(profile)
@@ -205,13 +215,20 @@ class GpuProfileCostModel:
             ng += parts["share"][f] * sum(a * b for a, b in zip(coef, feats, strict=True))
         t = parts["gemm_ms"] + ng
         energy = sum(a * b for a, b in zip(self.fit["energy"], self.features(t, parts), strict=True))
-        t, energy = at_power_limit(t, energy, self.p["power_limit_w"])
+        if self.cap_steps:
+            t, energy = at_power_limit(t, energy, self.p["power_limit_w"])
         if self.gemm_energy is not None:  # metered as they ran, at the power limit where they reached it
             rest = self.p["gemm_energy"]["rest"]
             metered = self.gemm_energy.step_j(self.geo, dict(plan.formats), phase, x) + sum(
                 a * b for a, b in zip(rest, rest_features(t, parts), strict=True))
             energy = (energy + metered) / 2 if self.blend else metered
         return t, energy
+
+    def without_step_cap(self) -> GpuProfileCostModel:
+        """This model with no step held to the power limit on its own (:func:`without_step_cap`)."""
+        other = copy.copy(self)
+        other.cap_steps = False
+        return other
 
     def decode_step(self, plan: Plan, batch: int, context: float) -> tuple[float, float]:
         return self._step(plan, "decode", batch, context)

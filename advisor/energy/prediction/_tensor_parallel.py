@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
+from advisor.energy.prediction._gpu_costmodel import without_step_cap
 from advisor.errors import InputError
 from advisor.estimate import EnergyEstimate, PredictedModel
 from advisor.formats import GPU
@@ -124,6 +125,12 @@ class TensorParallelEnergyModel:
         return (f"predicted for {n} GPUs (tensor parallel, tp={n}: one GPU's shard, 1/{n} of every GEMM, of the "
                 f"attention heads and of the KV cache, priced by {per_gpu}; times {n} GPUs' energy; "
                 f"{self.allreduce.describe()})")
+
+    def without_step_cap(self) -> TensorParallelEnergyModel:
+        """This model over a per-GPU model with no step held to the power limit on its own
+        (:func:`~advisor.energy.prediction._gpu_costmodel.without_step_cap`)."""
+        return TensorParallelEnergyModel(without_step_cap(self.per_gpu), self.gpus, self.hidden, self.layers,
+                                         self.allreduce)
 
     def _allreduces(self, rows: float) -> tuple[float, float]:
         """(ms, J) of a step's all-reduces over ``rows`` tokens' hidden states."""

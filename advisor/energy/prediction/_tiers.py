@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from advisor.energy.prediction._gpu_costmodel import GpuProfileCostModel
+from advisor.energy.prediction._gpu_costmodel import GpuProfileCostModel, without_step_cap
 from advisor.energy.prediction._layer_costmodel import ProfileCostModel
 from advisor.energy.prediction._model_costmodel import ModelProfileCostModel
 from advisor.energy.prediction._roofline import RooflineEnergyModel
@@ -85,6 +85,10 @@ class WithFallback:
         except UnsupportedError as exc:
             est = self.fallback.estimate(plan, workload)
             return replace(est, source=f"{est.source} [not in {self.primary.label}: {exc}]")
+
+    def without_step_cap(self) -> WithFallback:
+        """Both models without a per-step power limit where they hold one (:func:`without_step_cap`)."""
+        return WithFallback(without_step_cap(self.primary), without_step_cap(self.fallback))
 
     def decode_step(self, plan: Plan, batch: int, context: float) -> tuple[float, float]:
         """(ms, J) of one decode step, from the model that prices ``plan`` (see :meth:`estimate`)."""

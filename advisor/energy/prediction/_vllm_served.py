@@ -13,7 +13,11 @@ steps admits ``B n / L_out`` prompts on average, ``n`` averaged over the cycles 
   TPOT for a step linear in ``k``);
 - TTFT at quantile q: the wait for the step in flight (q of one) and the engine's scheduling lag
   (``admission_steps``), then the cycle that carries the prompt with the ``Poisson_q(lambda)`` others admitted
-  with it.
+  with it;
+- the GPU's power limit holds the mix, not each step: where the mean power ``sum p_k J_k / sum p_k T_k`` exceeds
+  it, every step runs longer by ``(P / limit)^(1/3)`` at the limit (:func:`at_power_limit` once, over the mean).
+  The limiter averages over many steps of a few ms, so a prompt's step above the limit among decodes below it
+  is not slowed on its own; the device costs come uncapped (:func:`without_step_cap`).
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from importlib import metadata
 import numpy as np
 from scipy.stats import norm, poisson
 
+from advisor.energy.prediction._gpu_costmodel import at_power_limit, without_step_cap
 from advisor.energy.prediction._vllm_step import (
     EngineTerms,
     StepCost,
@@ -80,7 +85,8 @@ class VllmServedModel:
         self.profile = profile
         params = profile["params"]
         self.terms = EngineTerms(**{k: float(params[k]) for k in (*EngineTerms.NAMES, "gap_power_w")})
-        self.steps = VllmSteps(builtin, self.terms, shape.num_layers)
+        self.steps = VllmSteps(without_step_cap(builtin), self.terms, shape.num_layers)
+        self.power_limit_w = self.gpu.tdp_w * getattr(builtin, "gpus", 1)  # every GPU the steps' energy is of
         self.vllm_version = str(profile["vllm_version"])
         self.installed = installed
         self.label = self._words(builtin.label)
@@ -140,14 +146,15 @@ class VllmServedModel:
             lam = batch / lout * steps_per_cycle
             weights = poisson_weights(lam)
             steps_per_cycle = sum(w * at(k)[2] for k, w in enumerate(weights))
-        e_ms = sum(w * at(k)[0] for k, w in enumerate(weights))
-        e_j = sum(w * at(k)[1] for k, w in enumerate(weights))
+        e_ms, e_j = at_power_limit(sum(w * at(k)[0] for k, w in enumerate(weights)),
+                                   sum(w * at(k)[1] for k, w in enumerate(weights)), self.power_limit_w)
+        slow = e_ms / sum(w * at(k)[0] for k, w in enumerate(weights))  # 1 below the power limit
         mean_step = e_ms / steps_per_cycle
-        spread = sum(w * (at(k)[0] - mean_step * at(k)[2]) ** 2 for k, w in enumerate(weights))
+        spread = sum(w * (slow * at(k)[0] - mean_step * at(k)[2]) ** 2 for k, w in enumerate(weights))
         q = QUANTILE[workload.quantile]
         tpot = mean_step + float(norm.ppf(q)) * math.sqrt(spread / (steps_per_cycle * lout))
         others = int(poisson.ppf(q, lam))
-        ttft = (q + self.terms.admission_steps) * mean_step + at(1 + others)[0]
+        ttft = (q + self.terms.admission_steps) * mean_step + slow * at(1 + others)[0]
         return SteadyState(batch=batch, tpot_ms=tpot, ttft_ms=ttft, j_per_token=e_j / (batch * steps_per_cycle),
                            tokens_per_s=batch / (mean_step / 1e3), power_w=e_j / (e_ms / 1e3))
 
@@ -159,7 +166,7 @@ class VllmServedModel:
     def decode_step(self, plan: Plan, batch: int, context: float) -> tuple[float, float]:
         """(ms, J) of one step of ``batch`` decodes at ``context`` (a FULL graph, padded), engine terms included."""
         s = self.steps.step(plan, batch, context, [], VllmServing.as_advisor_serves(batch, 0, int(context), self.gpu))
-        return s.ms, s.joules
+        return at_power_limit(s.ms, s.joules, self.power_limit_w)  # the step repeated: its own mean
 
     def prefill(self, plan: Plan, length: int) -> tuple[float, float]:
         """(ms, J) of one ``length``-token prompt run alone (its chunks' steps), engine terms included."""
@@ -168,7 +175,7 @@ class VllmServedModel:
         for chunks in split_prompts(1, length, serving.max_num_batched_tokens):
             s = self.steps.step(plan, 0, 0.0, chunks, serving)
             ms, joules = ms + s.ms, joules + s.joules
-        return ms, joules
+        return at_power_limit(ms, joules, self.power_limit_w)
 
     def step_source(self, plan: Plan) -> str:
         """The label of what prices ``plan``'s steps (the built-in tier's fallback named where it takes over)."""
