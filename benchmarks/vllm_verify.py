@@ -138,10 +138,16 @@ def checkpoints_only(args: argparse.Namespace) -> None:
 
     from advisor.models.groups import model_shape
 
-    config = llama31_8b_config(args.dry_run)
-    with torch.device("meta"):
-        shape = model_shape(LlamaForCausalLM(config))
-    plans = standard_plans(shape.groups, [g.name for g in shape.groups])
+    if args.shape == "llama-3.1-8b":
+        config = llama31_8b_config(args.dry_run)
+        with torch.device("meta"):
+            shape = model_shape(LlamaForCausalLM(config))
+        plans = standard_plans(shape.groups, [g.name for g in shape.groups])
+    else:  # a published shape of the held-out sweep's (device/engine_true_sweep.py)
+        sys.path.insert(0, str(Path(__file__).resolve().parent / "device"))
+        from engine_true_sweep import shape_and_plans
+
+        config, _, plans = shape_and_plans(args.shape)
     build_checkpoints(config, {k: plans[k] for k in args.plans}, Path(args.checkpoints),
                       "cpu" if args.dry_run else "cuda")
 
@@ -506,6 +512,8 @@ def main(argv: list[str] | None = None) -> int:
     k = sub.add_parser("checkpoints", help="only build and export the random-weight 8B plans (GPU)")
     k.add_argument("--checkpoints", required=True, help="folder; a plan already exported there is kept")
     k.add_argument("--plans", nargs="+", default=["all-bf16"], choices=["all-bf16", "all-fp8", "mixed"])
+    k.add_argument("--shape", default="llama-3.1-8b",
+                   help="llama-3.1-8b, or a shape of device/engine_true_sweep.py (e.g. qwen3-4b)")
     k.add_argument("--dry-run", action="store_true")
     c = sub.add_parser("operating-collect", help="operating points from an `advisor verify` run folder")
     c.add_argument("verify", help="RUN_DIR/verify.json (advisor verify RUN_DIR --engine vllm --plan ...)")

@@ -128,6 +128,13 @@ def shape_config(name: str) -> Any:
                            num_attention_heads=28, num_key_value_heads=4, max_position_embeddings=32768,
                            rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=False,
                            architectures=["Qwen2ForCausalLM"])
+    if name == "qwen3-4b":  # issue 57's 4B-class case (verify_time.sh, step Q)
+        from transformers import Qwen3Config
+
+        return Qwen3Config(vocab_size=151936, hidden_size=2560, intermediate_size=9728, num_hidden_layers=36,
+                           num_attention_heads=32, num_key_value_heads=8, head_dim=128, tie_word_embeddings=True,
+                           max_position_embeddings=40960, rope_theta=1000000.0, rms_norm_eps=1e-6,
+                           architectures=["Qwen3ForCausalLM"])
     if name == "mistral-7b-v0.3":
         return MistralConfig(vocab_size=32768, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
                              num_attention_heads=32, num_key_value_heads=8, head_dim=128, sliding_window=None,

@@ -15,9 +15,13 @@
 #   Z  benchmarks/device/engine_sizing_ab.py on the all-FP8 export (V's, else the random 8B's, built here): batches 80,
 #      136 and 240 in engines sized max_num_seqs 240 and 300 with their own and each other's CUDA graphs (round 3's
 #      6-11% between the two sizings); about 10 min alone; ZARMS='A B D A' leaves out C (about 8 min)
+#   Q  issue 57's 4B-class case: a random Qwen3-4B-shaped checkpoint, `advisor search` (verify_time_4b.yaml), then
+#      `advisor verify RUN --engine vllm --plan <all-FP8>`, timed (target: three plans well inside 30 minutes, at most
+#      4 minutes a plan after the first); writes out/q_*; about 12 min
 #   G  benchmarks/device/fp8_gemm_scaling.py: one 8B layer's linears in BF16 and FP8 at 16-4096 tokens a step (1 min)
-#   S  benchmarks/device/engine_true_sweep.py over ${SHAPES:-qwen2.5-7b}: shapes outside the step model's fit served
-#      at batches 16-256 (reports/benchmarks/engine_true.md's served side)
+#   S  benchmarks/device/engine_true_sweep.py over ${SHAPES:-qwen2.5-7b} (plans ${SPLANS:-all-bf16 all-fp8}): shapes
+#      outside the step model's fit served at batches 16-256, about 6.5 min a plan
+#      (reports/benchmarks/engine_true_heldout_h200.md)
 # Poll with back-to-back calls that return within 600 s, each copying the small files back: /tmp/s44/out.tgz, packed
 # after every step, or mid-step the same two folders by name (a tar of the whole run folder took 7 device minutes on
 # 2026-11-29, its 16 GB checkpoint with it):
@@ -30,7 +34,7 @@ out=/tmp/s44/out ck=/tmp/s44/ck run=/tmp/s44/runs/vt8b
 mkdir -p $out
 log() { echo "$1 $(date -u +%T)" >> $out/progress; }
 pack() {  # out/ and the run's kept servings, no checkpoint: what reports/benchmarks/verify_time_data/roundN holds
-  tar czf /tmp/s44/out.tgz.part -C /tmp/s44 out $(cd /tmp/s44 && ls -d runs/vt8b/verify_served 2>/dev/null) \
+  tar czf /tmp/s44/out.tgz.part -C /tmp/s44 out $(cd /tmp/s44 && ls -d runs/vt*/verify_served 2>/dev/null) \
     && mv /tmp/s44/out.tgz.part /tmp/s44/out.tgz
 }
 nvidia-smi --query-gpu=name,driver_version,power.limit --format=csv > $out/gpu.csv
@@ -77,10 +81,26 @@ print(next(t["plan_id"] for t in s["trials"] if t["trial"] == n))' $run/summary.
        for d in $run/recheck/recheck/engine_checkpoints/*/; do
          cp $d/export.json $out/r_export_$(basename $d).json 2>/dev/null
        done ;;
+    Q) q4=/tmp/s44/runs/vt4b
+       python3 benchmarks/vllm_verify.py checkpoints --shape qwen3-4b --checkpoints /tmp/s44/q4ck --plans all-bf16 \
+         > $out/q_ck.log 2>&1
+       mkdir -p /tmp/s44/q4base
+       for f in /tmp/s44/q4ck/all-bf16/*; do ln -sf $f /tmp/s44/q4base/; done
+       cp ../shared/models/tinystories-656k/tokenizer* ../shared/models/tinystories-656k/special_tokens* \
+         /tmp/s44/q4base/ 2>/dev/null
+       [ -f $q4/summary.json ] || advisor search -r benchmarks/device/verify_time_4b.yaml > $out/q_search.log 2>&1
+       echo "4B search rc=$?" >> $out/progress
+       cp $q4/summary.json $out/vt4b_summary.json
+       fp8=$(python3 -c 'import json, sys; s = json.load(open(sys.argv[1])); n = s["baselines"]["all-fp8"]
+print(next(t["plan_id"] for t in s["trials"] if t["trial"] == n))' $q4/summary.json)
+       /usr/bin/time -v -o $out/q_time.txt python3 -c 'from advisor.cli import main; main()' verify $q4 \
+         --engine vllm --plan $fp8 > $out/q_verify.log 2>&1
+       echo "4B verify rc=$?" >> $out/progress
+       cp $q4/verify.json $out/vt4b_verify.json; cp $q4/verify.md $out/vt4b_verify.md ;;
     G) python3 benchmarks/device/fp8_gemm_scaling.py --out $out/fp8_gemm.json > $out/g.log 2>&1 ;;
     S) rm -rf $ck /tmp/s44/base  # the disk holds 64 GiB: the 8B's checkpoints go first
        python3 benchmarks/device/engine_true_sweep.py --shapes ${SHAPES:-qwen2.5-7b} --work /tmp/s44/et \
-         --out $out/engine_true_sweep.json > $out/s.log 2>&1 ;;
+         --plans ${SPLANS:-all-bf16 all-fp8} --out $out/engine_true_sweep.json > $out/s.log 2>&1 ;;
   esac
   log "$s rc=$?"
   pack
