@@ -146,9 +146,9 @@ class VllmServedModel:
             lam = batch / lout * steps_per_cycle
             weights = poisson_weights(lam)
             steps_per_cycle = sum(w * at(k)[2] for k, w in enumerate(weights))
-        e_ms, e_j = at_power_limit(sum(w * at(k)[0] for k, w in enumerate(weights)),
-                                   sum(w * at(k)[1] for k, w in enumerate(weights)), self.power_limit_w)
-        slow = e_ms / sum(w * at(k)[0] for k, w in enumerate(weights))  # 1 below the power limit
+        raw_ms = sum(w * at(k)[0] for k, w in enumerate(weights))
+        e_ms, e_j = at_power_limit(raw_ms, sum(w * at(k)[1] for k, w in enumerate(weights)), self.power_limit_w)
+        slow = e_ms / raw_ms  # 1 below the power limit
         mean_step = e_ms / steps_per_cycle
         spread = sum(w * (slow * at(k)[0] - mean_step * at(k)[2]) ** 2 for k, w in enumerate(weights))
         q = QUANTILE[workload.quantile]
