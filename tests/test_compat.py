@@ -45,9 +45,9 @@ def test_the_engines_are_the_tables_checkpoint_servers_and_one_without_facts_is_
 
 def test_fp8_plan_is_served_everywhere_and_the_fused_scales_are_the_engines_own():
     plan = Plan.uniform(DENSE, Format.FP8)
-    # vLLM serves it as planned (measured), with the caveat on operating batches measured with its CUTLASS kernel
+    # vLLM serves it as planned (measured), with the caveat on operating batches checked on one shape
     assert _verdicts(plan, "h100") == {**dict.fromkeys(ENGINES, "serves"), "vLLM": "serves, with caveats"}
-    assert _sources(plan, "h100") == {"reports/benchmarks/operating_points_8b.md"}
+    assert _sources(plan, "h100") == {"reports/benchmarks/verify_time.md"}
     # on Hopper the export's vllm_config.yaml picks cuBLASLt for the FP8 GEMMs (measured); not on Blackwell
     backend = {t: any("linear-backend: torch" in f.text for v in engine_compatibility(plan, t) for f in v.facts)
                for t in ("h100", "h200", "b200")}
