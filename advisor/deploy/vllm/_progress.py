@@ -28,8 +28,9 @@ START_LINES: dict[str, re.Pattern[str]] = {
     "engine_init_s": re.compile(r"init engine \(profile, create kv cache, warmup model\) took ([\d.]+) s"),
 }
 # The clock time of two lines, for the kernel warm-up between them: after CUDA-graph capture vLLM's V2 model runner
-# runs a step to compile its Triton kernels (99 s on a fresh H200, 7-8 s once ~/.triton/cache holds them:
-# reports/benchmarks/verify_time.md), and logs nothing until its JIT monitor starts
+# runs steps with every sampling feature, which JIT-compiles their kernels (FlashInfer's top-k/top-p sampler built
+# with nvcc unless VLLM_USE_FLASHINFER_SAMPLER=0, Triton's: reports/benchmarks/verify_time.md), and logs nothing
+# until its JIT monitor starts
 STAMPED_LINES: dict[str, re.Pattern[str]] = {
     "graph_capture_at": re.compile(r"INFO \S+ (\d\d):(\d\d):(\d\d) .*Graph capturing finished"),
     "warmed_at": re.compile(r"INFO \S+ (\d\d):(\d\d):(\d\d) .*Kernel JIT monitor activated"),
