@@ -134,3 +134,11 @@ class PredictedModel(EnergyModel, Protocol):
     def prefill(self, plan: Plan, length: int) -> tuple[float, float]: ...
 
     def step_source(self, plan: Plan) -> str: ...
+
+    #: the GPUs a step's costs are of (its energy summed over them): tensor parallelism's N, else 1
+    gpus: int
+
+    def without_step_cap(self) -> PredictedModel:
+        """This model with no step held to the GPU's power limit on its own (itself where it holds none): for a
+        caller that holds a mix of steps to the limit once, over their mean, as the GPU's limiter does."""
+        ...

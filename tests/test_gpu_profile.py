@@ -377,19 +377,18 @@ def test_a_gpu_profile_the_user_measured_is_stored_and_priced_before_the_shipped
 
 def test_a_caller_that_holds_the_mix_to_the_limit_gets_each_step_as_fitted(profile):
     from advisor.energy.prediction import RooflineEnergyModel, TensorParallelEnergyModel, WithFallback
-    from advisor.energy.prediction._gpu_costmodel import without_step_cap
 
     low = {**profile, "fit": fit_gpu_profile(profile), "power_limit_w": 1.0}  # every step is above this limit
     capped = GpuProfileCostModel(low, TEST.shape(3))
     plan = Plan.uniform(TEST.shape(3).groups, Format.BF16)
-    uncapped = without_step_cap(capped)
+    uncapped = capped.without_step_cap()
     (t_cap, j_cap), (t, j) = capped.decode_step(plan, 16, 512), uncapped.decode_step(plan, 16, 512)
     assert j_cap / (t_cap / 1e3) == pytest.approx(1.0) and t_cap > t
     assert (t_cap, j_cap) == at_power_limit(t, j, 1.0)  # the same step, held to the limit on its own
     assert capped.cap_steps and not uncapped.cap_steps  # a copy: the built-in tier keeps its rule
-    wrapped = without_step_cap(WithFallback(capped, RooflineEnergyModel(TEST.shape(3), GPU.H100)))
-    assert wrapped.decode_step(plan, 16, 512) == (t, j)
-    tp = without_step_cap(TensorParallelEnergyModel(capped, 2, 64, 3))
-    assert not tp.per_gpu.cap_steps
+    wrapped = WithFallback(capped, RooflineEnergyModel(TEST.shape(3), GPU.H100)).without_step_cap()
+    assert wrapped.decode_step(plan, 16, 512) == (t, j) and wrapped.gpus == 1
+    tp = TensorParallelEnergyModel(capped, 2, 64, 3).without_step_cap()
+    assert not tp.per_gpu.cap_steps and tp.gpus == 2
     roofline = RooflineEnergyModel(TEST.shape(3), GPU.H100)
-    assert without_step_cap(roofline) is roofline  # nothing to take off
+    assert roofline.without_step_cap() is roofline  # nothing to take off

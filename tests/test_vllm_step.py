@@ -46,6 +46,7 @@ class Affine:
     everything at ``watts``."""
 
     label = "predicted (affine)"
+    gpus = 1
 
     def __init__(self, base=4.0, per_token=0.01, prompt_per_token=0.02, attn=1e-5, watts=400.0):
         self.base, self.per_token, self.prompt, self.attn, self.watts = base, per_token, prompt_per_token, attn, watts
@@ -60,6 +61,9 @@ class Affine:
 
     def step_source(self, plan):
         return self.label
+
+    def without_step_cap(self):
+        return self
 
 
 def rows_ms(n, m=None):

@@ -128,14 +128,6 @@ def at_power_limit(t_ms: float, energy_j: float, limit_w: float) -> tuple[float,
     return t, limit_w * t / 1e3
 
 
-def without_step_cap(model: Any) -> Any:
-    """``model`` with each step's cost as fitted, not held to the power limit one step at a time, where it holds
-    steps to it (:meth:`GpuProfileCostModel.without_step_cap`); else ``model`` itself. For a caller that holds a
-    mix of steps to the limit once, over their mean, as the GPU's power limiter does over many short steps."""
-    uncap = getattr(model, "without_step_cap", None)
-    return uncap() if uncap is not None else model
-
-
 def outside_anchors(geo: Geometry, sizes: list[float]) -> str:
     """A label note for a model whose layers are smaller or larger than every anchor's (``sizes``: their weights
     per layer): the fitted floors and power split are extrapolated there (reports/benchmarks/energy_transfer*.md)."""
@@ -158,6 +150,7 @@ class GpuProfileCostModel:
     """An :class:`~advisor.estimate.EnergyModel` from a shipped GPU profile (no per-model profile)."""
 
     measured = False
+    gpus = 1
 
     def __init__(self, profile: dict[str, Any], shape: ModelShape, features: EnergyFeatures = energy_features) -> None:
         self.p = validate_gpu_profile(profile)
@@ -225,7 +218,8 @@ class GpuProfileCostModel:
         return t, energy
 
     def without_step_cap(self) -> GpuProfileCostModel:
-        """This model with no step held to the power limit on its own (:func:`without_step_cap`)."""
+        """This model with each step's cost as fitted, not held to the power limit on its own (a copy: the tier's
+        own rule stands)."""
         other = copy.copy(self)
         other.cap_steps = False
         return other

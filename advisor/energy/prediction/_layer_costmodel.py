@@ -116,6 +116,7 @@ class ProfileCostModel:
     """An :class:`~advisor.estimate.EnergyModel` backed by a measured (or derived) profile."""
 
     measured = False
+    gpus = 1
 
     def __init__(self, profile: dict[str, Any], shape: ModelShape) -> None:
         if shape.num_layers < 1 or shape.hidden_size < 1 or not shape.groups:
@@ -256,6 +257,10 @@ class ProfileCostModel:
         d = self.p["prefill"]
         step_ms = {Format(f): interp(d["lengths"], v, length) for f, v in d["step_ms"].items()}
         return self._step(d, plan, length, step_ms)
+
+    def without_step_cap(self) -> ProfileCostModel:
+        """Itself: it holds no step to the power limit."""
+        return self
 
     def step_source(self, plan: Plan) -> str:
         """The label of the model whose step times price ``plan``: this one's."""

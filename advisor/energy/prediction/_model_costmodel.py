@@ -68,6 +68,7 @@ class ModelProfileCostModel:
     """An :class:`~advisor.estimate.EnergyModel` backed by this model's own measured profile."""
 
     measured = False
+    gpus = 1
     #: whether the mixing point bends decode steps too, as it did until 2026-11-23
     #: (benchmarks/profile_point_trials.py compares both)
     bend_decode = False
@@ -319,6 +320,10 @@ class ModelProfileCostModel:
         step_ms = {p: self._interp_step(d, p, ms, length) for p, ms in self._profiled_steps(d).items()}
         power = {p: self._watts(d["lengths"], *self._measured(d, p), length) for p in step_ms}
         return self._step(d, plan, length, step_ms, power)
+
+    def without_step_cap(self) -> ModelProfileCostModel:
+        """Itself: it holds no step to the power limit."""
+        return self
 
     def step_source(self, plan: Plan) -> str:
         """The label of the model whose step times price ``plan``: this one's."""

@@ -94,6 +94,7 @@ class RooflineEnergyModel:
     """Datasheet roofline predictor. Every estimate it gives is labelled predicted."""
 
     measured = False
+    gpus = 1
 
     def __init__(self, shape: ModelShape, target: GPU, note: str = "") -> None:
         self.shape = shape
@@ -123,6 +124,10 @@ class RooflineEnergyModel:
         self._check(plan)
         cost = prefill_cost(self.shape, plan, length)
         return cost.time_s(self.gpu) * 1e3, cost.energy_j(self.gpu)
+
+    def without_step_cap(self) -> RooflineEnergyModel:
+        """Itself: it holds no step to the power limit."""
+        return self
 
     def step_source(self, plan: Plan) -> str:
         """The label of the model whose step times price ``plan``: this one's."""

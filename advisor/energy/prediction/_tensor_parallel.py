@@ -17,7 +17,6 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from advisor.energy.prediction._gpu_costmodel import without_step_cap
 from advisor.errors import InputError
 from advisor.estimate import EnergyEstimate, PredictedModel
 from advisor.formats import GPU
@@ -127,9 +126,8 @@ class TensorParallelEnergyModel:
                 f"{self.allreduce.describe()})")
 
     def without_step_cap(self) -> TensorParallelEnergyModel:
-        """This model over a per-GPU model with no step held to the power limit on its own
-        (:func:`~advisor.energy.prediction._gpu_costmodel.without_step_cap`)."""
-        return TensorParallelEnergyModel(without_step_cap(self.per_gpu), self.gpus, self.hidden, self.layers,
+        """This model over its per-GPU model with no step held to the power limit on its own."""
+        return TensorParallelEnergyModel(self.per_gpu.without_step_cap(), self.gpus, self.hidden, self.layers,
                                          self.allreduce)
 
     def _allreduces(self, rows: float) -> tuple[float, float]:

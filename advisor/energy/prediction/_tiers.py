@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from advisor.energy.prediction._gpu_costmodel import GpuProfileCostModel, without_step_cap
+from advisor.energy.prediction._gpu_costmodel import GpuProfileCostModel
 from advisor.energy.prediction._layer_costmodel import ProfileCostModel
 from advisor.energy.prediction._model_costmodel import ModelProfileCostModel
 from advisor.energy.prediction._roofline import RooflineEnergyModel
@@ -86,9 +86,13 @@ class WithFallback:
             est = self.fallback.estimate(plan, workload)
             return replace(est, source=f"{est.source} [not in {self.primary.label}: {exc}]")
 
+    @property
+    def gpus(self) -> int:
+        return self.primary.gpus
+
     def without_step_cap(self) -> WithFallback:
-        """Both models without a per-step power limit where they hold one (:func:`without_step_cap`)."""
-        return WithFallback(without_step_cap(self.primary), without_step_cap(self.fallback))
+        """Both models without a per-step power limit where they hold one."""
+        return WithFallback(self.primary.without_step_cap(), self.fallback.without_step_cap())
 
     def decode_step(self, plan: Plan, batch: int, context: float) -> tuple[float, float]:
         """(ms, J) of one decode step, from the model that prices ``plan`` (see :meth:`estimate`)."""

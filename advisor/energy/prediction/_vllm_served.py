@@ -17,7 +17,7 @@ steps admits ``B n / L_out`` prompts on average, ``n`` averaged over the cycles 
 - the GPU's power limit holds the mix, not each step: where the mean power ``sum p_k J_k / sum p_k T_k`` exceeds
   it, every step runs longer by ``(P / limit)^(1/3)`` at the limit (:func:`at_power_limit` once, over the mean).
   The limiter averages over many steps of a few ms, so a prompt's step above the limit among decodes below it
-  is not slowed on its own; the device costs come uncapped (:func:`without_step_cap`).
+  is not slowed on its own; the device costs come uncapped (``without_step_cap``).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from importlib import metadata
 import numpy as np
 from scipy.stats import norm, poisson
 
-from advisor.energy.prediction._gpu_costmodel import at_power_limit, without_step_cap
+from advisor.energy.prediction._gpu_costmodel import at_power_limit
 from advisor.energy.prediction._vllm_step import (
     EngineTerms,
     StepCost,
@@ -85,8 +85,9 @@ class VllmServedModel:
         self.profile = profile
         params = profile["params"]
         self.terms = EngineTerms(**{k: float(params[k]) for k in (*EngineTerms.NAMES, "gap_power_w")})
-        self.steps = VllmSteps(without_step_cap(builtin), self.terms, shape.num_layers)
-        self.power_limit_w = self.gpu.tdp_w * getattr(builtin, "gpus", 1)  # every GPU the steps' energy is of
+        self.steps = VllmSteps(builtin.without_step_cap(), self.terms, shape.num_layers)
+        self.gpus = builtin.gpus
+        self.power_limit_w = self.gpu.tdp_w * self.gpus  # every GPU the steps' energy is of
         self.vllm_version = str(profile["vllm_version"])
         self.installed = installed
         self.label = self._words(builtin.label)
@@ -176,6 +177,10 @@ class VllmServedModel:
             s = self.steps.step(plan, 0, 0.0, chunks, serving)
             ms, joules = ms + s.ms, joules + s.joules
         return at_power_limit(ms, joules, self.power_limit_w)
+
+    def without_step_cap(self) -> VllmServedModel:
+        """Itself: its steady state holds the mix of steps to the power limit, no step on its own."""
+        return self
 
     def step_source(self, plan: Plan) -> str:
         """The label of what prices ``plan``'s steps (the built-in tier's fallback named where it takes over)."""
