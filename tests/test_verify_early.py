@@ -166,3 +166,54 @@ def test_a_kept_serving_is_the_same_job_whether_its_engine_started_early_or_not(
     assert serving_key(job, "0.26.0", "H200", True) == serving_key(early, "0.26.0", "H200", True)
     assert serving_key(job, "0.26.0", "H200", True) != serving_key(replace(job, checkpoint="/n"), "0.26.0", "H200",
                                                                    True)
+
+
+def test_the_first_engine_s_process_is_started_before_the_model_loads(bf16_run, monkeypatch):
+    # vLLM's import in that process (20-46 s on the lent H200s) overlaps the model's load, not only the exports
+    import contextlib
+
+    from advisor.workflows import verify as verify_module
+
+    run_dir, folder = bf16_run
+    summary = json.loads((run_dir / "summary.json").read_text())
+    seen: dict = {}
+
+    @contextlib.contextmanager
+    def ahead(architectures, jobs=None):
+        seen.update(architectures=architectures, jobs=jobs, entered=True)
+        yield
+
+    class Loaded(Exception):
+        pass
+
+    def load(spec, device="cpu"):
+        seen["loaded_inside"] = seen.get("entered", False)
+        raise Loaded
+
+    monkeypatch.setitem(sys.modules, "vllm", fake_vllm())
+    monkeypatch.setattr("advisor.energy.prediction.gpu_here", lambda: ("h100", "Fake GPU"))
+    monkeypatch.setattr(verify_module, "processes_ahead", ahead)
+    monkeypatch.setattr("advisor.models.loading.load_model", load)
+    with pytest.raises(Loaded):
+        verify_module.verify_run(run_dir)
+    assert seen["loaded_inside"] and seen["architectures"] == tuple(
+        json.loads((folder / "config.json").read_text())["architectures"])
+    rec = summary["recommendation"]["plan_id"]
+    bf16 = next(t["plan_id"] for t in summary["trials"] if t["trial"] == summary["baselines"]["all-bf16"])
+    assert seen["jobs"] == len({rec, bf16})
+
+
+def test_engines_to_start_and_the_architectures_read_without_a_load(tmp_path):
+    from advisor.plan import Plan
+    from advisor.recipe.schema import ModelSpec
+    from advisor.workflows.verify import config_architectures, engines_to_start
+
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text(json.dumps({"architectures": ["Qwen2ForCausalLM"]}))
+    assert config_architectures(ModelSpec(source=str(tmp_path / "m"))) == ("Qwen2ForCausalLM",)
+    assert config_architectures(ModelSpec(source=str(tmp_path / "missing"))) == ()  # the load says what is wrong
+    a, b = Plan({"g": "bf16"}), Plan({"g": "fp8"})
+    summary = {"baselines": {"all-bf16": 3}, "trials": [{"trial": 3, "plan_id": a.id}]}
+    assert engines_to_start(summary, {"recommendation": b, "x": b}) == 2
+    assert engines_to_start(summary, {"recommendation": a}) == 1  # the recommendation is all-BF16
+    assert engines_to_start({"trials": []}, {"recommendation": b}) is None

@@ -127,6 +127,30 @@ def energy_as_served(record: dict[str, Any] | None, served: dict[str, Any],
     return [ServedEnergy.model_validate(r) for r in rows]
 
 
+def config_architectures(spec: Any) -> tuple[str, ...]:
+    """The architectures the model's config.json lists, read without loading the model (what an engine's process
+    started ahead looks up in vLLM's registry); none where no config.json can be read yet (a GGUF file; the load
+    then says what is wrong)."""
+    from advisor.models.config_fields import raw_config
+    from advisor.models.loading import resolve_source
+
+    try:
+        where, gguf_file = resolve_source(spec)
+    except InputError:
+        return ()
+    raw = None if gguf_file else raw_config(where, spec.revision)
+    return tuple((raw or {}).get("architectures") or ())
+
+
+def engines_to_start(summary: dict[str, Any], plans: dict[str, Plan]) -> int | None:
+    """How many engines this verify starts, one a distinct plan, all-BF16 among them (the run's all-BF16 trial); None
+    where the run names none (then no bound on the processes started ahead)."""
+    trial = (summary.get("baselines") or {}).get("all-bf16")
+    bf16 = next((t["plan_id"] for t in summary.get("trials") or [] if t.get("trial") == trial), None) \
+        if trial is not None else None
+    return None if bf16 is None else len({bf16, *(p.id for p in plans.values())})
+
+
 def exports_device(model: Any) -> str:
     """Where verify exports the plans: the GPU where the model, its quantized copy, the fake-quantized weights and the
     reloaded checkpoint fit at once (:func:`~advisor.deploy.checkpoint._export.export_plan`), else the CPU."""
@@ -245,17 +269,17 @@ def verify_run(run_dir: Path, engine: str = "vllm", plan_ids: Sequence[str] = ()
 
     recipe = summary_recipe(summary)
     recipe = recipe.model_copy(update={"out": run_dir.parent, "name": run_dir.name})
-    status(f"loading model {recipe.model.source}")
-    loaded = load_model(recipe.model, "cpu")
-    roles: dict[str, Plan] = {}  # one serving per plan: a role that names a plan already there joins its name
-    for role, plan in {"bf16": Plan.uniform(loaded.shape.groups, Format.BF16), **plans}.items():
-        same = next((r for r, p in roles.items() if p.id == plan.id), None)
-        roles[f"{same}+{role}" if same else role] = roles.pop(same) if same else plan
-    plans = roles
-    # the first engine's process imports vLLM while this one exports and scores; each next one while one serves
-    ahead = processes_ahead(loaded.architectures, jobs=len(plans)) \
+    # the first engine's process imports vLLM while this one loads, exports and scores; each next one while one serves
+    ahead = processes_ahead(config_architectures(recipe.model), jobs=engines_to_start(summary, plans)) \
         if runner is None and rounds_runner is None and workers <= 1 else nullcontext()
     with ahead:
+        status(f"loading model {recipe.model.source}")
+        loaded = load_model(recipe.model, "cpu")
+        roles: dict[str, Plan] = {}  # one serving per plan: a role that names a plan already there joins its name
+        for role, plan in {"bf16": Plan.uniform(loaded.shape.groups, Format.BF16), **plans}.items():
+            same = next((r for r, p in roles.items() if p.id == plan.id), None)
+            roles[f"{same}+{role}" if same else role] = roles.pop(same) if same else plan
+        plans = roles
         fingerprint = model_fingerprint(loaded, (summary.get("model") or {}).get("fingerprint"))
         export_device = exports_device(loaded.model)
         if export_device == "cuda":  # in BF16, as a search on the GPU scored; minutes faster than the CPU
