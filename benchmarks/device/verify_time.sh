@@ -16,8 +16,8 @@
 #      136 and 240 in engines sized max_num_seqs 240 and 300 with their own and each other's CUDA graphs (round 3's
 #      6-11% between the two sizings); about 10 min alone; ZARMS='A B D A' leaves out C (about 8 min)
 #   Q  issue 57's 4B-class case: a random Qwen3-4B-shaped checkpoint, `advisor search` (verify_time_4b.yaml), then
-#      `advisor verify RUN --engine vllm --plan <all-FP8>`, timed (target: three plans well inside 30 minutes, at most
-#      4 minutes a plan after the first); writes out/q_*; about 12 min
+#      `advisor verify RUN --engine vllm --plan <all-FP8>`, timed (issue 57: the plans within 30 minutes of one GPU,
+#      at most 4 minutes a plan after the first); writes out/q_*; about 12 min
 #   G  benchmarks/device/fp8_gemm_scaling.py: one 8B layer's linears in BF16 and FP8 at 16-4096 tokens a step (1 min)
 #   S  benchmarks/device/engine_true_sweep.py over ${SHAPES:-qwen2.5-7b} (plans ${SPLANS:-all-bf16 all-fp8}): shapes
 #      outside the step model's fit served at batches 16-256, about 6.5 min a plan

@@ -196,9 +196,8 @@ def objective_rows(paths: list[str]) -> list[dict[str, Any]]:
             now = predicted_batches(r["shape"], r["plan"], data["gpu_kind"]) if r.get("objectives") else {}
             for name, o in (r.get("objectives") or {}).items():
                 ms = float(name.removeprefix("tpot"))
-                met = max([o["batch"]] if o.get("meets") else [], default=None)
                 fixed = [int(k[1:]) for k, b in (r.get("batches") or {}).items() if b["tpot_ms_p50"] <= ms]
-                met = max([*([met] if met else []), *fixed], default=None)
+                met = max([*([o["batch"]] if o.get("meets") else []), *fixed], default=None)
                 out.append({"shape": r["shape"], "plan": r["plan"], "objective": name,
                             "predicted_batch": now[name], "predicted_when_served": o["predicted_batch"],
                             "largest_met": met,
