@@ -16,10 +16,17 @@ def _objective(w: dict[str, Any]) -> str:
         f"{w.get('max_concurrency') or MAX_CONCURRENCY} in flight"
 
 
-def _vllm_step_model(source: str) -> bool:
-    """Whether a predicted point's label names the vLLM step model (:class:`~advisor.energy.prediction.
-    VllmServedModel`'s label) rather than the built-in runtime's steps."""
-    return source.startswith("predicted") and " step model: " in source and "vLLM " in source
+def _predicted_from(source: str) -> str:
+    """What predicted batches rest on, by their label: the vLLM step model (:class:`~advisor.energy.prediction.
+    VllmServedModel`'s label) or the built-in runtime's steps."""
+    if source.startswith("predicted") and " step model: " in source and "vLLM " in source:
+        return ("These batches come from a step model of vLLM as it serves (one pass a step over the decodes and the "
+                "prompt chunks joining them, on its CUDA-graph sizes), fitted on one shape: on it, 14 of 18 predicted "
+                "batches met their objective as vLLM served them and the other 4 one graph size below "
+                "(reports/benchmarks/verify_time.md in the advisor's repository).")
+    return ("These batches come from the built-in runtime's step times, prefill and decode apart. An engine that runs "
+            "a prefill and the decodes as one step can be slower there: in vLLM the measured TPOT at such predicted "
+            "batches was above the objective (reports/benchmarks/operating_points_8b.md in the advisor's repository).")
 
 
 def _table(rows: list[list[str]], header: list[str]) -> list[str]:
@@ -61,19 +68,9 @@ def operating_section(summary: dict[str, Any]) -> list[str]:
         if len(here) > 12:
             out += [f"({len(here) - 12} more plans in summary.json)", ""]
         out += [f"{'Predicted' if measured else 'All predicted'}: {here[0]['source']}.", ""]
-        if not measured and _vllm_step_model(here[0]["source"]):
-            out += ["These batches come from a step model of vLLM as it serves (one pass a step over the decodes "
-                    "and the prompt chunks joining them, on its CUDA-graph sizes), fitted on one shape: on it, 14 of "
-                    "18 predicted batches met their objective as vLLM served them and the other 4 one graph size "
-                    "below (reports/benchmarks/verify_time.md in the advisor's repository). Meter them before "
-                    "serving at this concurrency: `advisor verify RUN_DIR --engine vllm` on the GPU serves each plan "
-                    "there and, where one misses, finds its largest batch that meets in vLLM.", ""]
-        elif not measured:
-            out += ["These batches come from the built-in runtime's step times, prefill and decode apart. An engine "
-                    "that runs a prefill and the decodes as one step can be slower there: in vLLM the measured TPOT "
-                    "at such predicted batches was above the objective (reports/benchmarks/operating_points_8b.md in "
-                    "the advisor's repository). Meter them before serving at this concurrency: `advisor verify "
-                    "RUN_DIR --engine vllm` on the GPU serves each plan there and, where one misses, finds its "
+        if not measured:
+            out += [_predicted_from(here[0]["source"]) + " Meter them before serving at this concurrency: `advisor "
+                    "verify RUN_DIR --engine vllm` on the GPU serves each plan there and, where one misses, finds its "
                     "largest batch that meets in vLLM.", ""]
         out += _measured_sources(here) + _searches(here) + _basis_lines(summary, name)
         out += _recommendation_as_measured(next((p for p in here if p["plan_id"] == rec), None))
