@@ -19,10 +19,14 @@
 #      `advisor verify RUN --engine vllm --plan <all-FP8>`, timed (issue 57: the plans within 30 minutes of one GPU,
 #      at most 4 minutes a plan after the first); writes out/q_*; about 12 min
 #   G  benchmarks/device/fp8_gemm_scaling.py: one 8B layer's linears in BF16 and FP8 at 16-4096 tokens a step (1 min)
+#   q  step Q's checkpoint and search only (Q then skips them): run beside B on a second GPU
+#   w  wait until ${WAIT_FILE:-/tmp/s44/out/progress} holds ${WAIT_FOR:-V rc=}: a second GPU's verify starts only
+#      after the first's timed verify has ended, so that V's stages are not shared with another job
 #   S  benchmarks/device/engine_true_sweep.py over ${SHAPES:-qwen2.5-7b} (plans ${SPLANS:-all-bf16 all-fp8}): shapes
 #      outside the step model's fit served at batches 16-256, about 6.5 min a plan
 #      (reports/benchmarks/engine_true_heldout_h200.md)
-# Poll with back-to-back calls that return within 600 s, each copying the small files back: /tmp/s44/out.tgz, packed
+# On two GPUs, two copies run, each with CUDA_VISIBLE_DEVICES and VT_OUT of its own (default /tmp/s44/out); each packs
+# ${VT_OUT}.tgz. Poll with back-to-back calls that return within 600 s, each copying the small files back: /tmp/s44/out.tgz, packed
 # after every step, or mid-step the same two folders by name (a tar of the whole run folder took 7 device minutes on
 # 2026-11-29, its 16 GB checkpoint with it):
 #   for i in $(seq 1 110); do sleep 5; grep -q DONE /tmp/s44/out/progress && break; done; cat /tmp/s44/out/progress
@@ -30,12 +34,12 @@
 set -u
 cd /tmp/s44/code
 export PYTHONPATH=/tmp/s44/code:/tmp/vsite:/tmp/site PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
-out=/tmp/s44/out ck=/tmp/s44/ck run=/tmp/s44/runs/vt8b
+out=${VT_OUT:-/tmp/s44/out} ck=/tmp/s44/ck run=/tmp/s44/runs/vt8b
 mkdir -p $out
 log() { echo "$1 $(date -u +%T)" >> $out/progress; }
 pack() {  # out/ and the run's kept servings, no checkpoint: what reports/benchmarks/verify_time_data/roundN holds
-  tar czf /tmp/s44/out.tgz.part -C /tmp/s44 out $(cd /tmp/s44 && ls -d runs/vt*/verify_served 2>/dev/null) \
-    && mv /tmp/s44/out.tgz.part /tmp/s44/out.tgz
+  tar czf $out.tgz.part -C /tmp/s44 $(basename $out) $(cd /tmp/s44 && ls -d runs/vt*/verify_served 2>/dev/null) \
+    && mv $out.tgz.part $out.tgz
 }
 nvidia-smi --query-gpu=name,driver_version,power.limit --format=csv > $out/gpu.csv
 python3 -c "import vllm; print(vllm.__version__)" > $out/vllm_version.txt 2>&1
@@ -81,22 +85,26 @@ print(next(t["plan_id"] for t in s["trials"] if t["trial"] == n))' $run/summary.
        for d in $run/recheck/recheck/engine_checkpoints/*/; do
          cp $d/export.json $out/r_export_$(basename $d).json 2>/dev/null
        done ;;
-    Q) q4=/tmp/s44/runs/vt4b
-       python3 benchmarks/vllm_verify.py checkpoints --shape qwen3-4b --checkpoints /tmp/s44/q4ck --plans all-bf16 \
-         > $out/q_ck.log 2>&1
-       mkdir -p /tmp/s44/q4base
-       for f in /tmp/s44/q4ck/all-bf16/*; do ln -sf $f /tmp/s44/q4base/; done
-       cp ../shared/models/tinystories-656k/tokenizer* ../shared/models/tinystories-656k/special_tokens* \
-         /tmp/s44/q4base/ 2>/dev/null
-       [ -f $q4/summary.json ] || advisor search -r benchmarks/device/verify_time_4b.yaml > $out/q_search.log 2>&1
-       echo "4B search rc=$?" >> $out/progress
-       cp $q4/summary.json $out/vt4b_summary.json
+    q|Q) q4=/tmp/s44/runs/vt4b
+       if [ ! -f $q4/summary.json ]; then
+         python3 benchmarks/vllm_verify.py checkpoints --shape qwen3-4b --checkpoints /tmp/s44/q4ck \
+           --plans all-bf16 > $out/q_ck.log 2>&1
+         mkdir -p /tmp/s44/q4base
+         for f in /tmp/s44/q4ck/all-bf16/*; do ln -sf $f /tmp/s44/q4base/; done
+         cp ../shared/models/tinystories-656k/tokenizer* ../shared/models/tinystories-656k/special_tokens* \
+           /tmp/s44/q4base/ 2>/dev/null
+         advisor search -r benchmarks/device/verify_time_4b.yaml > $out/q_search.log 2>&1
+         echo "4B search rc=$?" >> $out/progress
+         cp $q4/summary.json $out/vt4b_summary.json
+       fi
+       [ $s = q ] && { log "$s rc=0"; pack; continue; }
        fp8=$(python3 -c 'import json, sys; s = json.load(open(sys.argv[1])); n = s["baselines"]["all-fp8"]
 print(next(t["plan_id"] for t in s["trials"] if t["trial"] == n))' $q4/summary.json)
        /usr/bin/time -v -o $out/q_time.txt python3 -c 'from advisor.cli import main; main()' verify $q4 \
          --engine vllm --plan $fp8 > $out/q_verify.log 2>&1
        echo "4B verify rc=$?" >> $out/progress
        cp $q4/verify.json $out/vt4b_verify.json; cp $q4/verify.md $out/vt4b_verify.md ;;
+    w) for i in $(seq 1 720); do grep -q "${WAIT_FOR:-V rc=}" ${WAIT_FILE:-/tmp/s44/out/progress} && break; sleep 5; done ;;
     G) python3 benchmarks/device/fp8_gemm_scaling.py --out $out/fp8_gemm.json > $out/g.log 2>&1 ;;
     S) rm -rf $ck /tmp/s44/base  # the disk holds 64 GiB: the 8B's checkpoints go first
        python3 benchmarks/device/engine_true_sweep.py --shapes ${SHAPES:-qwen2.5-7b} --work /tmp/s44/et \
