@@ -24,7 +24,8 @@ from advisor.deploy.vllm import start_seconds  # noqa: E402
 
 COMMAND = ("STEPS='B V' bash benchmarks/device/verify_time.sh (setsid, polled; STEPS='B V M' for round 2, "
            "STEPS='B V R' for rounds 3 and 4, STEPS='G B V R' for round 5, "
-           "STEPS='B V R S' for round 6), "
+           "STEPS='B V R S' for round 6; round 7 on a two-GPU host: CUDA_VISIBLE_DEVICES=0 STEPS='B V R S' "
+           "SPLANS=all-fp8 beside CUDA_VISIBLE_DEVICES=1 VT_OUT=/tmp/s44/out2 STEPS='q w Q', the 4B case), "
            "then python benchmarks/device/verify_time_collect.py")
 SPARE_IMPORT = re.compile(r"the next engine's process has vLLM imported \((\d+) s, (\S+) UTC\)")
 
@@ -235,7 +236,8 @@ def render(result: dict[str, Any]) -> str:
              f"GPU {first['gpu']}, driver {first['driver']}, power limit {first['power_limit']}, vLLM "
              f"{first['vllm_version']}. Command: `{result['command']}`. A random-weight Llama-3.1-8B; three TPOT "
              "objectives (8, 12, 20 ms; 512 in / 256 out) whose batch_size gives the fixed batches 16 and 64; "
-             "`advisor verify RUN --engine vllm --plan <all-FP8>`: all-BF16, all-FP8 and the recommendation.", ""]
+             "`advisor verify RUN --engine vllm --plan <all-FP8>`: all-BF16, all-FP8 and the recommendation (the last "
+             "section: a random-weight Qwen3-4B, the same objectives).", ""]
     lines += [f"- {n}" for n in result["notes"]] + [""]
     for r in result["rounds"]:
         lines += render_round(r)
@@ -255,6 +257,9 @@ def main() -> None:
         title = folder / "title.txt"
         rounds.append(collect(folder, f"Round {folder.name[5:]}: "
                                       + (title.read_text().strip() if title.is_file() else folder.name)))
+    if (data / "qwen3_4b").is_dir():  # issue 57's 4B-class case (verify_time.sh's steps q and Q)
+        rounds.append(collect(data / "qwen3_4b", "The 4B-class case: "
+                              + (data / "qwen3_4b" / "title.txt").read_text().strip()))
     notes = data / "summary_notes.json"
     result = {"command": COMMAND, "rounds": rounds,
               "notes": json.loads(notes.read_text()) if notes.is_file() else []}
