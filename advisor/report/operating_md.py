@@ -21,9 +21,9 @@ def _predicted_from(source: str) -> str:
     VllmServedModel`'s label) or the built-in runtime's steps."""
     if source.startswith("predicted") and " step model: " in source and "vLLM " in source:
         return ("These batches come from a step model of vLLM as it serves (one pass a step over the decodes and the "
-                "prompt chunks joining them, on its CUDA-graph sizes), fitted on one shape: on it, 14 of 18 predicted "
-                "batches met their objective as vLLM served them and the other 4 one graph size below "
-                "(reports/benchmarks/verify_time.md in the advisor's repository).")
+                "prompt chunks joining them, on its CUDA-graph sizes), fitted on one shape: on it, 21 of 27 predicted "
+                "batches met their objective as vLLM served them and the other 6 one graph size below; on two shapes "
+                "outside the fit, 8 of 9 and 1 (reports/benchmarks/verify_time.md in the advisor's repository).")
     return ("These batches come from the built-in runtime's step times, prefill and decode apart. An engine that runs "
             "a prefill and the decodes as one step can be slower there: in vLLM the measured TPOT at such predicted "
             "batches was above the objective (reports/benchmarks/operating_points_8b.md in the advisor's repository).")
