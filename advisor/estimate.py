@@ -142,3 +142,9 @@ class PredictedModel(EnergyModel, Protocol):
         """This model with no step held to the GPU's power limit on its own (itself where it holds none): for a
         caller that holds a mix of steps to the limit once, over their mean, as the GPU's limiter does."""
         ...
+
+    def pass_is_decode_step(self, plan: Plan) -> bool:
+        """Whether one pass over n tokens (no KV cache read) costs what this model's decode step of n rows does: true
+        where that step's GEMMs are read at n rows from a table measured into the compute-bound regime; false where
+        decode steps were profiled at decode batches only, so a prompt of n tokens bounds the pass from above."""
+        ...

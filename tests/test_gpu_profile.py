@@ -392,3 +392,8 @@ def test_a_caller_that_holds_the_mix_to_the_limit_gets_each_step_as_fitted(profi
     assert not tp.per_gpu.cap_steps and tp.gpus == 2
     roofline = RooflineEnergyModel(TEST.shape(3), GPU.H100)
     assert roofline.without_step_cap() is roofline  # nothing to take off
+    # a pass over n tokens is the GPU profile's decode step of n rows (its GEMMs read at n rows from the table), a
+    # roofline's the slower of that and a prompt; wrappers answer as the model that prices the plan
+    assert capped.pass_is_decode_step(plan) and wrapped.pass_is_decode_step(plan) and tp.pass_is_decode_step(plan)
+    assert not roofline.pass_is_decode_step(plan)
+    assert not WithFallback(roofline, capped).pass_is_decode_step(plan)

@@ -65,6 +65,17 @@ class Affine:
     def without_step_cap(self):
         return self
 
+    def pass_is_decode_step(self, plan):
+        return False
+
+
+class AffineTable(Affine):
+    """The same costs from a model whose decode step reads its GEMMs at n rows from a measured table (the GPU
+    profile's): a pass over n tokens is that step, its prefill's larger cost a prompt's alone."""
+
+    def pass_is_decode_step(self, plan):
+        return True
+
 
 def rows_ms(n, m=None):
     m = m or Affine()
@@ -106,6 +117,19 @@ def test_a_decode_step_is_the_padded_pass_plus_attention_plus_the_engines_terms(
     assert s.ms == pytest.approx(device + 0.5 + 10.0 * 69 / 1e3)
     # host time costs the gap power; the device's energy over it is the built-in model's
     assert s.joules == pytest.approx(400.0 * device / 1e3 + 100.0 * (0.5 + 0.69) / 1e3)
+
+
+def test_a_pass_is_the_decode_step_where_the_built_in_model_reads_its_gemms_from_a_table():
+    # a pass over 400 tokens: 8 ms as a decode step at no context, 8 ms as a prompt (prompt_per_token 0.02)
+    # with 500 tokens the prompt (10 ms) is slower than the decode step (9 ms)
+    profiled, table = VllmSteps(Affine(), EngineTerms(), 4), VllmSteps(AffineTable(), EngineTerms(), 4)
+    assert profiled.rows(BF16, 500)[0] == pytest.approx(10.0)  # a decode profile stops short: the prompt bounds it
+    assert table.rows(BF16, 500)[0] == pytest.approx(9.0)  # the table's decode step is the pass
+    assert table.rows(BF16, 16)[0] == profiled.rows(BF16, 16)[0] == pytest.approx(4.16)
+    # what a whole prompt costs beyond the pass, carried by its chunks, is then larger: the prompt pays it, not the
+    # decodes it rides with
+    assert table.prompt_beyond_rows(BF16, 500)[0] == pytest.approx(1.0)
+    assert profiled.prompt_beyond_rows(BF16, 500)[0] == pytest.approx(0.0)
 
 
 def test_a_prompt_joins_the_decode_pass_and_an_oversized_step_runs_eagerly():

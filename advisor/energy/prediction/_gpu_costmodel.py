@@ -224,6 +224,12 @@ class GpuProfileCostModel:
         other.cap_steps = False
         return other
 
+    def pass_is_decode_step(self, plan: Plan) -> bool:
+        """True: a decode step's GEMMs come from the measured table at its row count, however many rows; its
+        prefill adds a non-GEMM floor fitted on prompts (larger per layer than the decode fit's, FP8's most), which a
+        pass of decodes does not pay (reports/energy_model.md, the held-out Qwen2.5-7B)."""
+        return True
+
     def decode_step(self, plan: Plan, batch: int, context: float) -> tuple[float, float]:
         return self._step(plan, "decode", batch, context)
 

@@ -129,6 +129,10 @@ class RooflineEnergyModel:
         """Itself: it holds no step to the power limit."""
         return self
 
+    def pass_is_decode_step(self, plan: Plan) -> bool:
+        """False: a pass over as many tokens as a prompt costs at least that prompt's prefill."""
+        return False
+
     def step_source(self, plan: Plan) -> str:
         """The label of the model whose step times price ``plan``: this one's."""
         return self.label

@@ -125,6 +125,10 @@ class TensorParallelEnergyModel:
                 f"attention heads and of the KV cache, priced by {per_gpu}; times {n} GPUs' energy; "
                 f"{self.allreduce.describe()})")
 
+    def pass_is_decode_step(self, plan: Plan) -> bool:
+        """Its per-GPU model's answer (the all-reduces are the same either way)."""
+        return self.per_gpu.pass_is_decode_step(plan)
+
     def without_step_cap(self) -> TensorParallelEnergyModel:
         """This model over its per-GPU model with no step held to the power limit on its own."""
         return TensorParallelEnergyModel(self.per_gpu.without_step_cap(), self.gpus, self.hidden, self.layers,

@@ -94,6 +94,14 @@ class WithFallback:
         """Both models without a per-step power limit where they hold one."""
         return WithFallback(self.primary.without_step_cap(), self.fallback.without_step_cap())
 
+    def pass_is_decode_step(self, plan: Plan) -> bool:
+        """The answer of the model that prices ``plan``."""
+        try:
+            self.primary.prefill(plan, 1)
+        except UnsupportedError:
+            return self.fallback.pass_is_decode_step(plan)
+        return self.primary.pass_is_decode_step(plan)
+
     def decode_step(self, plan: Plan, batch: int, context: float) -> tuple[float, float]:
         """(ms, J) of one decode step, from the model that prices ``plan`` (see :meth:`estimate`)."""
         try:

@@ -182,6 +182,10 @@ class VllmServedModel:
         """Itself: its steady state holds the mix of steps to the power limit, no step on its own."""
         return self
 
+    def pass_is_decode_step(self, plan: Plan) -> bool:
+        """Its built-in tier's answer: the passes it prices are that tier's."""
+        return self.steps.builtin.pass_is_decode_step(plan)
+
     def step_source(self, plan: Plan) -> str:
         """The label of what prices ``plan``'s steps (the built-in tier's fallback named where it takes over)."""
         return self._words(self.builtin.step_source(plan))

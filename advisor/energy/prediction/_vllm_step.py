@@ -10,10 +10,13 @@ size it runs eagerly. The sizes and the padding rule are vLLM 0.26.0's own (:fun
 
 From the built-in model ``M`` (a predicted tier's ``decode_step`` and ``prefill``):
 
-* ``R(n)``, a pass over ``n`` tokens: the slower of ``M.decode_step(n, context=0)`` (the weights read once, the
-  launch floors and what grows with the rows; a MoE layer's experts as ``n`` tokens touch them,
-  :mod:`advisor.energy.prediction._routing`) and ``M.prefill(n)`` (the pass where its multiply-adds bound it: a
-  decode step's profile never reaches that regime, a prompt's does);
+* ``R(n)``, a pass over ``n`` tokens: ``M.decode_step(n, context=0)`` (the weights read once, the launch floors
+  and what grows with the rows; a MoE layer's experts as ``n`` tokens touch them,
+  :mod:`advisor.energy.prediction._routing`), or, where ``M``'s decode steps were profiled at decode batches only
+  (``M.pass_is_decode_step`` false: a per-model profile), the slower of it and ``M.prefill(n)`` (the pass where its
+  multiply-adds bound it: such a decode profile never reaches that regime, a prompt's does). The GPU profile's
+  decode step reads its GEMMs at ``n`` rows from a table measured into that regime already, and its prefill's
+  non-GEMM floor, fitted on prompts, is no decode pass's;
 * the decodes' attention ``M.decode_step(B, C) - M.decode_step(B, 0)``;
 * a chunk of ``l`` tokens of an ``L``-token prompt carries ``l / L`` of ``M.prefill(L) - R(L)`` (what the prompt
   costs beyond a pass over as many tokens: zero where the prefill bounds ``R``);
@@ -161,6 +164,7 @@ class VllmSteps:
     layers: int
     _calls: dict[tuple, tuple[float, float]] = field(default_factory=dict, repr=False)
     _ids: dict[int, tuple[Plan, str]] = field(default_factory=dict, repr=False)
+    _passes: dict[tuple, bool] = field(default_factory=dict, repr=False)
 
     def _id(self, plan: Plan) -> str:
         """``plan.id`` (a hash of its content, costly at thousands of calls), remembered with the plan itself so
@@ -195,12 +199,21 @@ class VllmSteps:
         return self._on_grid(("prefill", self._id(plan)), n, lambda m: self.builtin.prefill(plan, m))
 
     def rows(self, plan: Plan, n: int) -> tuple[float, float]:
-        """``R(n)``: a pass over ``n`` tokens with no KV cache read (ms, J): the slower of a decode step at no
-        context and a prompt of ``n`` tokens, never below zero."""
+        """``R(n)``: a pass over ``n`` tokens with no KV cache read (ms, J): a decode step at no context, or, where
+        the built-in model's decode steps stop short of the compute-bound regime (``pass_is_decode_step``), the
+        slower of it and a prompt of ``n`` tokens; never below zero."""
         if n <= 0:
             return 0.0, 0.0
-        ms, j = max(self._decode(plan, n, 0.0), self._prefill(plan, n))
+        ms, j = self._decode(plan, n, 0.0)
+        if not self._pass_is_decode_step(plan):
+            ms, j = max((ms, j), self._prefill(plan, n))
         return max(ms, 0.0), max(j, 0.0)
+
+    def _pass_is_decode_step(self, plan: Plan) -> bool:
+        key = ("pass", self._id(plan))
+        if key not in self._passes:
+            self._passes[key] = self.builtin.pass_is_decode_step(plan)
+        return self._passes[key]
 
     def decode_attention(self, plan: Plan, batch: int, context: float) -> tuple[float, float]:
         """What reading the KV cache of ``batch`` sequences at ``context`` adds to a pass (ms, J)."""
