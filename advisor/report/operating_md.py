@@ -23,7 +23,8 @@ def _predicted_from(source: str) -> str:
         return ("These batches come from a step model of vLLM as it serves (one pass a step over the decodes and the "
                 "prompt chunks joining them, on its CUDA-graph sizes), fitted on one shape: on it, 21 of 27 predicted "
                 "batches met their objective as vLLM served them and the other 6 one graph size below; on two shapes "
-                "outside the fit, 8 of 9 and 1 (reports/benchmarks/verify_time.md in the advisor's repository).")
+                "outside it, TPOT was within -3% to +7% of what vLLM served (reports/benchmarks/verify_time.md and "
+                "energy_model.md in the advisor's repository).")
     return ("These batches come from the built-in runtime's step times, prefill and decode apart. An engine that runs "
             "a prefill and the decodes as one step can be slower there: in vLLM the measured TPOT at such predicted "
             "batches was above the objective (reports/benchmarks/operating_points_8b.md in the advisor's repository).")
