@@ -9,6 +9,9 @@
 #      served, timed per stage (verify.json's timings_s)
 #   M  benchmarks/device/meter_ab.py: the all-FP8 export metered at batches 16, 64 and 128 in one engine with the
 #      fast meter (vllm_load.STEADY_LOAD_METER) and the classic one (MeterConfig()), alternating
+#   P  the slow path beside V's fast one (issue 57: speed must not buy different numbers): benchmarks/device/meter_ab.py
+#      --around RUN meters the recommendation's found operating batches and the CUDA-graph sizes either side with the
+#      classic meter in an engine sized as V's was (about 5 min); writes out/slow_path.json
 #   R  `advisor recheck --recommendation RUN --model <the same BF16 checkpoint> --engine vllm`: the CI job's check of
 #      a new model version, timed (issue 57's target: at most 5 minutes; after V, all-BF16 is read from V's
 #      verify.json and only the recommendation is served; without V both are)
@@ -69,6 +72,7 @@ print(next(t["plan_id"] for t in s["trials"] if t["trial"] == n))' $run/summary.
 print(next(t["plan_id"] for t in s["trials"] if t["trial"] == n))' $run/summary.json)
        python3 benchmarks/device/meter_ab.py $run/engine_checkpoints/$fp8 --batches 16 64 128 \
          --out $out/meter_ab.json > $out/m.log 2>&1 ;;
+    P) python3 benchmarks/device/meter_ab.py --around $run --out $out/slow_path.json > $out/p.log 2>&1 ;;
     Z) fp8=$(python3 -c 'import json, sys; s = json.load(open(sys.argv[1])); n = s["baselines"]["all-fp8"]
 print(next(t["plan_id"] for t in s["trials"] if t["trial"] == n))' $run/summary.json 2>/dev/null)
        zck=$run/engine_checkpoints/$fp8

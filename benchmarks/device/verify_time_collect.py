@@ -97,6 +97,7 @@ def collect(data: Path, name: str) -> dict[str, Any]:
     summary = json.loads((data / "summary_excerpt.json").read_text())
     verify = data / "verify.json"
     ab = data / "meter_ab.json"
+    slow = data / "slow_path.json"
     sizing = data / "engine_sizing_ab.json"
     notes = data / "notes.json"
     return {"round": name, "data": str(data), "gpu": gpu, "driver": driver, "power_limit": limit,
@@ -108,6 +109,7 @@ def collect(data: Path, name: str) -> dict[str, Any]:
             "plans": plan_rows(data, summary),
             "verify_timings_s": json.loads(verify.read_text()).get("timings_s") if verify.is_file() else None,
             "meter_ab": json.loads(ab.read_text()) if ab.is_file() else None,
+            "slow_path": json.loads(slow.read_text()) if slow.is_file() else None,
             "sizing_ab": json.loads(sizing.read_text()) if sizing.is_file() else None,
             "exports": {f.stem.removeprefix("export_"): json.loads(f.read_text()).get("timings_s")
                         for f in sorted(data.glob("*export_*.json"))},
@@ -185,6 +187,8 @@ def render_round(r: dict[str, Any]) -> list[str]:
         lines += render_meter_ab(r["meter_ab"])
     if r.get("sizing_ab"):
         lines += render_sizing_ab(r["sizing_ab"])
+    if r.get("slow_path"):
+        lines += render_slow_path(r["slow_path"])
     if r["notes"]:
         lines += ["", "Notes:", ""] + [f"- {n}" for n in r["notes"]]
     return lines + [""]
@@ -206,6 +210,28 @@ def render_meter_ab(ab: dict[str, Any]) -> list[str]:
             lines.append(f"| {b} | {row['meter']} | {row['seconds']:.1f} | {row['j_per_token']:.5f} | "
                          f"{row['tokens_per_s']:.0f} | {row['tpot_ms_p50']:.2f} | {row['windows_taken']} | "
                          f"{row['cv']:.4f} | {'yes' if row['unstable'] else 'no'} | {vs} |")
+    return lines
+
+
+def render_slow_path(ab: dict[str, Any]) -> list[str]:
+    """The slow path beside verify's fast one (meter_ab.py --around): per objective, the largest batch that met by the
+    classic meter among verify's found batch and the graph sizes either side, and the J/token at the found batch."""
+    slow = ab["slow_path"]
+    rows = {row["batch"]: row for row in ab["rows"] if row["meter"] == "classic"}
+    lines = ["", f"The slow path beside verify's (`benchmarks/device/meter_ab.py --around`, `{slow['plan_id']}` "
+             f"({slow['role']}), the classic meter, an engine sized as verify's: max_num_seqs "
+             f"{slow['options']['max_num_seqs']}; {ab['date']}):", "",
+             "| objective | verify's batch (fast) | its TPOT ms, J/token | classic TPOT ms at the batches metered | "
+             "largest met (classic) | J/token at verify's batch (classic) | J/token, classic vs fast |",
+             "|---|---|---|---|---|---|---|"]
+    for name, o in slow["objectives"].items():
+        met = [b for b in o["batches"] if b in rows and rows[b]["tpot_ms_p50"] <= o["tpot_ms"]]
+        fast, at = o["fast"], rows.get(o["found"])
+        tpots = ", ".join(f"{b}: {rows[b]['tpot_ms_p50']:.2f}" for b in o["batches"] if b in rows)
+        vs = f"{100 * (at['j_per_token'] / fast['j_per_token'] - 1):+.1f}%" if at else "-"
+        lines.append(f"| {name} (TPOT {o['tpot_ms']:g} ms) | {o['found']} | {fast['tpot_ms']:.2f}, "
+                     f"{fast['j_per_token']:.5f} | {tpots} | {max(met) if met else 'none'} | "
+                     f"{at['j_per_token']:.5f} | {vs} |" if at else f"| {name} | {o['found']} | | {tpots} | | | |")
     return lines
 
 

@@ -19,6 +19,7 @@ from advisor.deploy.vllm._load import STEADY_LOAD_METER, SteadyLoad, measure_loa
 from advisor.deploy.vllm._progress import start_seconds, start_words, watch_output
 from advisor.deploy.vllm._rounds import kill_engines, pin_devices, processes_ahead, run_rounds_in_child
 from advisor.deploy.vllm._serve import (
+    ENGINE_ENV,
     ServeJob,
     cpu_ticks,
     engine_sizes,
@@ -38,6 +39,7 @@ from advisor.deploy.vllm._served_kl import (
 )
 
 __all__ = [
+    "ENGINE_ENV",
     "MAX_ENTRIES",
     "STEADY_LOAD_METER",
     "ServeJob",
