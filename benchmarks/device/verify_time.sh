@@ -47,10 +47,12 @@ pack() {  # out/ and the run's kept servings, no checkpoint: what reports/benchm
 nvidia-smi --query-gpu=name,driver_version,power.limit --format=csv > $out/gpu.csv
 python3 -c "import vllm; print(vllm.__version__)" > $out/vllm_version.txt 2>&1
 advisor() { python3 -c 'from advisor.cli import main; main()' "$@"; }
+ran_b=""
 for s in ${STEPS:-B V M}; do
   log "$s start"
   case $s in
-    B) python3 benchmarks/vllm_verify.py checkpoints --checkpoints $ck --plans all-bf16 > $out/b_ck.log 2>&1
+    B) ran_b=1
+       python3 benchmarks/vllm_verify.py checkpoints --checkpoints $ck --plans all-bf16 > $out/b_ck.log 2>&1
        mkdir -p /tmp/s44/base
        for f in $ck/all-bf16/*; do ln -sf $f /tmp/s44/base/; done
        cp ../shared/models/tinystories-656k/tokenizer* /tmp/s44/base/ 2>/dev/null
@@ -110,8 +112,8 @@ print(next(t["plan_id"] for t in s["trials"] if t["trial"] == n))' $q4/summary.j
        cp $q4/verify.json $out/vt4b_verify.json; cp $q4/verify.md $out/vt4b_verify.md ;;
     w) for i in $(seq 1 720); do grep -q "${WAIT_FOR:-V rc=}" ${WAIT_FILE:-/tmp/s44/out/progress} && break; sleep 5; done ;;
     G) python3 benchmarks/device/fp8_gemm_scaling.py --out $out/fp8_gemm.json > $out/g.log 2>&1 ;;
-    S) rm -rf $ck /tmp/s44/base  # the disk holds 64 GiB: the 8B's checkpoints go first
-       python3 benchmarks/device/engine_true_sweep.py --shapes ${SHAPES:-qwen2.5-7b} --work /tmp/s44/et \
+    S) [ -n "$ran_b" ] && rm -rf $ck /tmp/s44/base  # the disk holds 64 GiB: this copy's 8B checkpoints go first
+       python3 benchmarks/device/engine_true_sweep.py --shapes ${SHAPES:-qwen2.5-7b} --work /tmp/s44/et_$(basename $out) \
          --plans ${SPLANS:-all-bf16 all-fp8} --out $out/engine_true_sweep.json > $out/s.log 2>&1 ;;
   esac
   log "$s rc=$?"
