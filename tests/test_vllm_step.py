@@ -269,6 +269,20 @@ def test_the_fit_reads_which_fp8_kernel_served_each_row(monkeypatch):
     assert capture == {None}  # vLLM's default bound: recorded as such, priced as 2 x max_num_seqs
 
 
+def test_a_kept_serving_read_as_another_shape_is_refused(monkeypatch):
+    """The 4B case's kept serving names no shape: read as the default (the 8B) it was priced as the 8B, 32-57% off,
+    without a word; its served modules tell the layers apart."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks" / "engine_true"))
+    from served_rows import read_input
+
+    kept = str(ROOT / "reports/benchmarks/verify_time_data/qwen3_4b/verify_served/4e969af36196.json")
+    recipe = str(ROOT / "benchmarks/device/verify_time_4b.yaml")
+    with pytest.raises(SystemExit, match="36 decoder layers, the shape Llama-3.1-8B has 32"):
+        read_input(kept, recipe=recipe, plan="all-fp8")
+    rows = read_input(kept, recipe=recipe, plan="all-fp8", shape="qwen3-4b")
+    assert {r.shape for r in rows} == {"qwen3-4b"} and len(rows) == 7
+
+
 def test_the_fit_takes_the_gpu_sweep_of_shapes_outside_it(monkeypatch, tmp_path):
     monkeypatch.syspath_prepend(str(ROOT / "benchmarks" / "engine_true"))
     from served_rows import read_input

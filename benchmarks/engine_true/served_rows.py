@@ -14,6 +14,7 @@ the inputs of one fit.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -183,6 +184,7 @@ def from_kept(data: dict[str, Any], source: str, recipe: str, plan: str, formats
     (``all-bf16``...) or, with ``formats`` (group -> format), any label."""
     workloads = {w["name"]: w for w in yaml.safe_load(Path(recipe).read_text())["workloads"]}
     served = data["served"]
+    check_layers(source, served.get("served") or {}, shape)
     options = served.get("llm_options") or {}
     graphs = options.get("compilation_config") or {}
     sizes = graphs.get("cudagraph_capture_sizes")
@@ -202,6 +204,15 @@ def from_kept(data: dict[str, Any], source: str, recipe: str, plan: str, formats
             e["tokens_per_s"], e.get("tpot_ms_p50"), e.get("ttft_ms_p50"), sorted(sizes) if sizes else None,
             disturbance(e)))
     return out
+
+
+def check_layers(source: str, modules: dict[str, Any], shape: str) -> None:
+    """Exit where the served model's decoder layers (the modules vLLM reported serving) are not ``shape``'s: a
+    kept serving names no shape, and one read as another shape's is priced as that shape without a word."""
+    indices = {int(m.group(1)) for name in modules if (m := re.search(r"\.layers\.(\d+)\.", name))}
+    if indices and max(indices) + 1 != shape_of(shape)[0].num_layers:
+        raise SystemExit(f"{source}: vLLM served {max(indices) + 1} decoder layers, the shape {shape} has "
+                         f"{shape_of(shape)[0].num_layers}: name the rows' shape (a manifest entry's \"shape\")")
 
 
 def disturbance(row: dict[str, Any]) -> str | None:
