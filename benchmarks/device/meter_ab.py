@@ -45,9 +45,12 @@ def around(run: Path, plan_id: str | None) -> tuple[str, dict[str, Any], list[in
         found = (o.get("vllm_search") or {}).get("batch")
         if not found or not bounds.get(o["workload"]):
             continue
-        grid = decode_graph_sizes(max(2 * found, 16))
-        i = grid.index(found) if found in grid else min(range(len(grid)), key=lambda k: abs(grid[k] - found))
-        near = [b for b in grid[max(i - 1, 0):i + 2] if b <= options["max_num_seqs"]]
+        # the engine's own decode graph sizes (verify captured those its loads need), else vLLM's grid up to its bound
+        captured = (options.get("compilation_config") or {}).get("cudagraph_capture_sizes")
+        grid = sorted({b for b in captured or decode_graph_sizes(options["max_num_seqs"])
+                       if b <= options["max_num_seqs"]} | {found})
+        i = grid.index(found)
+        near = grid[max(i - 1, 0):i + 2]
         objectives[o["workload"]] = {"tpot_ms": bounds[o["workload"]], "found": found, "batches": list(near),
                                      "fast": o["vllm_search"]}
         batches.update(near)

@@ -228,10 +228,10 @@ def render_slow_path(ab: dict[str, Any]) -> list[str]:
         met = [b for b in o["batches"] if b in rows and rows[b]["tpot_ms_p50"] <= o["tpot_ms"]]
         fast, at = o["fast"], rows.get(o["found"])
         tpots = ", ".join(f"{b}: {rows[b]['tpot_ms_p50']:.2f}" for b in o["batches"] if b in rows)
-        vs = f"{100 * (at['j_per_token'] / fast['j_per_token'] - 1):+.1f}%" if at else "-"
+        slow_j, vs = (f"{at['j_per_token']:.5f}", f"{100 * (at['j_per_token'] / fast['j_per_token'] - 1):+.1f}%") \
+            if at else ("-", "-")
         lines.append(f"| {name} (TPOT {o['tpot_ms']:g} ms) | {o['found']} | {fast['tpot_ms']:.2f}, "
-                     f"{fast['j_per_token']:.5f} | {tpots} | {max(met) if met else 'none'} | "
-                     f"{at['j_per_token']:.5f} | {vs} |" if at else f"| {name} | {o['found']} | | {tpots} | | | |")
+                     f"{fast['j_per_token']:.5f} | {tpots} | {max(met) if met else 'none'} | {slow_j} | {vs} |")
     return lines
 
 

@@ -210,9 +210,10 @@ def check_layers(source: str, modules: dict[str, Any], shape: str) -> None:
     """Exit where the served model's decoder layers (the modules vLLM reported serving) are not ``shape``'s: a
     kept serving names no shape, and one read as another shape's is priced as that shape without a word."""
     indices = {int(m.group(1)) for name in modules if (m := re.search(r"\.layers\.(\d+)\.", name))}
-    if indices and max(indices) + 1 != shape_of(shape)[0].num_layers:
-        raise SystemExit(f"{source}: vLLM served {max(indices) + 1} decoder layers, the shape {shape} has "
-                         f"{shape_of(shape)[0].num_layers}: name the rows' shape (a manifest entry's \"shape\")")
+    layers = shape_of(shape)[0].num_layers if indices else None
+    if indices and max(indices) + 1 != layers:
+        raise SystemExit(f"{source}: vLLM served {max(indices) + 1} decoder layers, the shape {shape} has {layers}: "
+                         "name the rows' shape (a manifest entry's \"shape\")")
 
 
 def disturbance(row: dict[str, Any]) -> str | None:

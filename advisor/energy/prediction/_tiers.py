@@ -96,11 +96,8 @@ class WithFallback:
 
     def pass_is_decode_step(self, plan: Plan) -> bool:
         """The answer of the model that prices ``plan``."""
-        try:
-            self.primary.prefill(plan, 1)
-        except UnsupportedError:
-            return self.fallback.pass_is_decode_step(plan)
-        return self.primary.pass_is_decode_step(plan)
+        model = self.fallback if self._not_priced(plan) else self.primary
+        return model.pass_is_decode_step(plan)
 
     def decode_step(self, plan: Plan, batch: int, context: float) -> tuple[float, float]:
         """(ms, J) of one decode step, from the model that prices ``plan`` (see :meth:`estimate`)."""
@@ -118,11 +115,16 @@ class WithFallback:
 
     def step_source(self, plan: Plan) -> str:
         """The label of the model whose step times price ``plan``."""
+        exc = self._not_priced(plan)
+        return f"{self.fallback.label} [not in {self.primary.label}: {exc}]" if exc else self.primary.label
+
+    def _not_priced(self, plan: Plan) -> UnsupportedError | None:
+        """Why ``primary`` cannot price ``plan`` (None where it can)."""
         try:
             self.primary.prefill(plan, 1)
         except UnsupportedError as exc:
-            return f"{self.fallback.label} [not in {self.primary.label}: {exc}]"
-        return self.primary.label
+            return exc
+        return None
 
 
 def dims_or_none(shape: ModelShape, model_config: Any):
