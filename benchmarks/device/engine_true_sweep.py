@@ -88,7 +88,8 @@ def serve_and_search(path: Path, vocab: int, plan: Any, batches: list[int], sear
     ceiling = max([*batches, *(s.predicted_batch for s in searches)])
     searches = [replace(s, step_up_to=min(s.step_up_to, ceiling)) for s in searches]
     job = ServeJob(str(path), vocab_size=vocab, workloads=tuple(w.model_dump() for w in [*fixed, *(s.first() for s in
-                   searches)]), formats=False, prefill=False, meter=asdict(STEADY_LOAD_METER), max_batch=ceiling)
+                   searches)]), formats=False, prefill=False, meter=asdict(STEADY_LOAD_METER), max_batch=ceiling,
+                   llm_options={"skip_tokenizer_init": True})  # the random checkpoints carry no tokenizer
     tier = VllmEnergyModel(lambda _plan: path, [], vocab, meter=STEADY_LOAD_METER)
     tier.open_with(plan, job)
     found = search_batches(tier, plan, searches)
