@@ -25,7 +25,9 @@ from advisor.deploy.vllm import start_seconds  # noqa: E402
 COMMAND = ("STEPS='B V' bash benchmarks/device/verify_time.sh (setsid, polled; STEPS='B V M' for round 2, "
            "STEPS='B V R' for rounds 3 and 4, STEPS='G B V R' for round 5, "
            "STEPS='B V R S' for round 6; round 7 on a two-GPU host: CUDA_VISIBLE_DEVICES=0 STEPS='B V R S' "
-           "SPLANS=all-fp8 beside CUDA_VISIBLE_DEVICES=1 VT_OUT=/tmp/s44/out2 STEPS='q w Q', the 4B case), "
+           "SPLANS=all-fp8 beside CUDA_VISIBLE_DEVICES=1 VT_OUT=/tmp/s44/out2 STEPS='q w Q', the 4B case; round 8: "
+           "CUDA_VISIBLE_DEVICES=0 STEPS='B V P' taskset -c 0-15 beside CUDA_VISIBLE_DEVICES=1 VT_OUT=/tmp/s44/out2 "
+           "STEPS='q Q S' SHAPES=llama-3.2-3b taskset -c 16-31), "
            "then python benchmarks/device/verify_time_collect.py")
 SPARE_IMPORT = re.compile(r"the next engine's process has vLLM imported \((\d+) s, (\S+) UTC\)")
 
@@ -283,9 +285,8 @@ def main() -> None:
         title = folder / "title.txt"
         rounds.append(collect(folder, f"Round {folder.name[5:]}: "
                                       + (title.read_text().strip() if title.is_file() else folder.name)))
-    if (data / "qwen3_4b").is_dir():  # issue 57's 4B-class case (verify_time.sh's steps q and Q)
-        rounds.append(collect(data / "qwen3_4b", "The 4B-class case: "
-                              + (data / "qwen3_4b" / "title.txt").read_text().strip()))
+    for folder in sorted(data.glob("qwen3_4b*")):  # issue 57's 4B-class case (verify_time.sh's steps q and Q), a round
+        rounds.append(collect(folder, "The 4B-class case: " + (folder / "title.txt").read_text().strip()))
     notes = data / "summary_notes.json"
     result = {"command": COMMAND, "rounds": rounds,
               "notes": json.loads(notes.read_text()) if notes.is_file() else []}
