@@ -54,7 +54,7 @@ def test_the_sweep_serves_each_plan_once_and_searches_each_objective_from_the_pr
     assert {"b4", "b8"} <= set(row["batches"]) and row["max_num_seqs"] == vllm.instances[0].kwargs["max_num_seqs"]
     # the random exports carry no tokenizer: served from token ids (a Llama-3.2-3B export was refused without this)
     assert vllm.instances[0].kwargs["skip_tokenizer_init"] is True
-    assert all({"gpu_busy_pct", "starved_windows"} <= set(b) for b in row["batches"].values())
+    assert all({"gpu_busy_pct", "other_gpus_busy_pct", "starved_windows"} <= set(b) for b in row["batches"].values())
     assert set(row["objectives"]) == {"tpot8", "tpot12", "tpot20"}
     for o in row["objectives"].values():
         assert o["trail"][0]["batch"] == o["predicted_batch"] >= 1 and f"b{o['batch']}" in row["batches"]

@@ -199,6 +199,38 @@ def test_the_gpus_busy_are_the_counters_own_nvml_devices_averaged(monkeypatch):
     assert gpus_busy(SimulatedGPU(VirtualClock(), step_s=0.01)) is None  # not NVML's: nothing to read
 
 
+def test_the_other_gpus_busy_is_the_busiest_gpu_of_the_host_beside_the_counters(monkeypatch):
+    import types
+
+    from advisor.energy.meter import SummedCounter, other_gpus_busy
+    from advisor.energy.meter import _nvml as nvml
+
+    class NVMLError(Exception):
+        pass
+
+    busy = {"h0": 100, "h1": 35, "h2": 80, "h3": 5}
+
+    def energy(handle):
+        if handle == "h3":  # a GPU whose counters NVML does not expose: left out, not an error
+            raise NVMLError("Not Supported")
+        return 0
+
+    fake = types.SimpleNamespace(
+        NVMLError=NVMLError, nvmlInit=lambda: None, nvmlDeviceGetCount=lambda: 4,
+        nvmlDeviceGetHandleByIndex=lambda i: f"h{i}", nvmlDeviceGetName=lambda h: b"Fake GPU",
+        nvmlSystemGetDriverVersion=lambda: b"0", nvmlDeviceGetTotalEnergyConsumption=energy,
+        nvmlDeviceGetUtilizationRates=lambda h: types.SimpleNamespace(gpu=busy[h]))
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    zero, two = nvml.NvmlDevice(0), nvml.NvmlDevice(2)
+    assert other_gpus_busy(zero)() == 80.0  # GPUs 1 and 2 beside it: the busier
+    assert other_gpus_busy(SummedCounter([zero, two]))() == 35.0  # a two-GPU engine: GPU 1 beside it
+    busy["h1"] = 0
+    assert other_gpus_busy(SummedCounter([zero, two]))() == 0.0  # read each time
+    monkeypatch.setattr(fake, "nvmlDeviceGetCount", lambda: 1)
+    assert other_gpus_busy(zero) is None  # a host of one GPU: nothing beside it
+    assert other_gpus_busy(SimulatedGPU(VirtualClock(), step_s=0.01)) is None  # not NVML's
+
+
 class _SlowReads:
     """A simulated GPU whose energy reads take ``read_s`` of host time, as NVML's do (2-18 ms on an H200)."""
 

@@ -525,6 +525,14 @@ def test_verify_md_says_how_busy_the_gpu_was_and_when_the_host_held_it_back():
     stalled.plans[0].energy[0].vllm_starved_windows = 6  # round 5's stall: the meter left six windows out
     assert "| yes (6 starved windows left out) | 84 |" in render_verify(stalled)
 
+    assert "Another GPU of this host" not in render_verify(stalled)  # nothing read beside it
+    beside = result(99.0)
+    beside.plans[0].energy[0].other_gpus_busy_pct = 62.4  # round 8: another verify on the host's other GPU
+    assert ("Another GPU of this host was busy during 1 of these 1 meterings (up to 62%, NVML's utilization)"
+            in render_verify(beside))
+    beside.plans[0].energy[0].other_gpus_busy_pct = 3.0  # an idle neighbour's housekeeping
+    assert "Another GPU of this host" not in render_verify(beside)
+
 
 # ------------------------------------------------------------- several plans at once, each engine on GPUs of its own
 def test_verify_with_workers_serves_plans_at_once_each_on_its_own_gpu(run_dir, engine, monkeypatch):

@@ -48,6 +48,7 @@ class ServedEnergy(_Record):
     predicted_source: str | None = None
     predicted_run_j_per_token: float | None = None  # the run's own prediction, where re-priced for what served
     gpu_busy_pct: float | None = None  # NVML's utilization over the load (None: not read)
+    other_gpus_busy_pct: float | None = None  # the busiest other GPU of the host over the load (None: none read)
     vllm_starved_windows: int = 0  # the meter's windows left out for a host stall (EnergyMeter's starved windows)
 
 

@@ -117,7 +117,7 @@ def energy_as_served(record: dict[str, Any] | None, served: dict[str, Any],
             "batch_full": row["batch_full"], "vllm_tokens_per_s": row["tokens_per_s"],
             "runtime_j_per_token": m["j_per_token"] if m else None, "runtime_source": m["source"] if m else None,
             "predicted_j_per_token": p["j_per_token"] if p else None, "predicted_source": p["source"] if p else None,
-            "gpu_busy_pct": row.get("gpu_busy_pct"),
+            "gpu_busy_pct": row.get("gpu_busy_pct"), "other_gpus_busy_pct": row.get("other_gpus_busy_pct"),
             "vllm_starved_windows": row["measurement"].get("starved_windows") or 0,
         })
         if over_gpus is not None:

@@ -106,7 +106,8 @@ def batch_rows(energy: dict[str, Any]) -> dict[str, Any]:
         key = name if name.startswith("b") and name[1:].isdigit() else f"b{name.rsplit(' at batch ', 1)[-1]}"
         if key not in out:
             out[key] = {k: r.get(k) for k in ("j_per_token", "tokens_per_s", "tpot_ms_p50", "tpot_ms_p90",
-                                              "ttft_ms_p50", "ttft_ms_p90", "batch_full", "gpu_busy_pct")} | {
+                                              "ttft_ms_p50", "ttft_ms_p90", "batch_full", "gpu_busy_pct",
+                                              "other_gpus_busy_pct")} | {
                 "cv": r["measurement"]["cv"], "unstable": r["measurement"]["unstable"],
                 "starved_windows": r["measurement"].get("starved_windows", 0)}
     return out

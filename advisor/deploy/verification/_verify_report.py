@@ -20,6 +20,8 @@ BEGIN, END = "<!-- advisor verify: begin -->", "<!-- advisor verify: end -->"
 # back part of the time. One GPU round so far: an 8B's loads on an H200 read 90.6-100%, and the two a host stall
 # slowed 75% and 84% (reports/benchmarks/verify_time.md, round 5).
 BUSY_BELOW = 90.0
+#: another GPU of the host at least this busy (%, NVML) over a metering: the report says that a job ran beside it
+OTHERS_BUSY = 10.0
 
 
 def num(x: Any, fmt: str = ".4g") -> str:
@@ -106,8 +108,21 @@ def render_verify(verified: VerifyResult) -> str:
         lines += ["", f"GPU busy under {BUSY_BELOW:.0f}% (NVML's utilization over the load): the GPU waited on the "
                   "engine's host side (its scheduler, its output processing) part of the time, so these numbers "
                   "depend on the host's CPU as well as on the GPU."]
+    lines += _beside_line(result)
     lines += served_options(result)
     return "\n".join(lines + _operating_lines(result)) + "\n"
+
+
+def _beside_line(result: dict[str, Any]) -> list[str]:
+    """A line where another GPU of the host was busy during the energy rows' meterings (none otherwise)."""
+    rows = [e for r in result["plans"] for e in r["energy"]]
+    beside = [e["other_gpus_busy_pct"] for e in rows if (e.get("other_gpus_busy_pct") or 0.0) >= OTHERS_BUSY]
+    if not beside:
+        return []
+    return ["", f"Another GPU of this host was busy during {len(beside)} of these {len(rows)} meterings (up to "
+            f"{max(beside):.0f}%, NVML's utilization): a job there shares the host's CPUs, memory and PCIe with this "
+            "engine and can slow its serving (beside another verify on an H200 host, a 4B FP8 engine served 20-35% "
+            "slower). Serve it again alone before comparing these numbers with another run's."]
 
 
 def served_options(result: dict[str, Any]) -> list[str]:

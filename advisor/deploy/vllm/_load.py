@@ -225,21 +225,23 @@ def measure_load(vllm: Any, llm: Any, counter: EnergyCounter, config: MeterConfi
 
 def meter_workload(vllm: Any, llm: Any, counter: EnergyCounter, config: MeterConfig, w: dict[str, Any],
                    vocab_size: int, seed: int, prefill: bool, meterings: list[dict[str, Any]],
-                   busy: Callable[[], float | None] | None = None) -> dict[str, Any]:
+                   busy: Callable[[], float | None] | None = None,
+                   others: Callable[[], float | None] | None = None) -> dict[str, Any]:
     """One workload's energy row (:func:`measure_load`; with ``prefill``, also J per input token of a batch-1
     prefill load); what it took is added to ``meterings``. With ``busy`` (the GPUs' NVML utilization), the row says
     how busy they were over the load, its settling included: well under 100 at a steady load, the GPU waited on the
-    engine's host side."""
+    engine's host side. With ``others`` (the busiest other GPU of the host), how busy the host's other GPUs were: a
+    job there disturbs this engine's serving (reports/benchmarks/verify_time.md, round 8)."""
     b, lin, lout = w["batch_size"], w["input_tokens"], w["output_tokens"]
     t, began = time.perf_counter(), time.strftime("%H:%M:%S", time.gmtime())
-    with BusySampler(busy) as sampler:
+    with BusySampler(busy) as sampler, BusySampler(others) as beside:
         full, fewest, latency = measure_load(vllm, llm, counter, config, b, lin, lout, vocab_size,
                                              f"vllm {w['name']}", seed)
     meterings.append({"workload": w["name"], "batch": b, "seconds": time.perf_counter() - t,
                       "windows": full.windows_taken, "began_utc": began})
     row = {"j_per_token": full.j_per_token, "tokens_per_s": full.tokens_per_s, "fewest_inflight": fewest,
            "batch_full": fewest >= b, "measurement": full.to_dict(), **latency,
-           "gpu_busy_pct": sampler.mean, "gpu_busy_pct_low": sampler.low}
+           "gpu_busy_pct": sampler.mean, "gpu_busy_pct_low": sampler.low, "other_gpus_busy_pct": beside.mean}
     if prefill:
         pre, _, _ = measure_load(vllm, llm, counter, config, 1, lin, 1, vocab_size, f"vllm {w['name']} prefill",
                                  seed + 1)

@@ -222,13 +222,15 @@ def engine_sizes(job: ServeJob) -> tuple[int, int]:
 
 def serve(job: ServeJob, make_counter: Callable[[], EnergyCounter] | None = None,
           more: Callable[[dict[str, Any]], Sequence[dict[str, Any]]] | None = None,
-          make_busy: Callable[[], Callable[[], float | None]] | None = None) -> dict[str, Any]:
+          make_busy: Callable[[], Callable[[], float | None]] | None = None,
+          make_others: Callable[[], Callable[[], float | None] | None] | None = None) -> dict[str, Any]:
     """Load ``job.checkpoint`` in vLLM and return what the job asks for (module docstring). The energy is that of
     every GPU the engine uses (``make_counter``; default: the first ``tensor_parallel_size`` GPUs' NVML counters,
     summed), and so is the utilization each row states (``make_busy``; default: that counter's GPUs' through NVML,
-    none for a counter that is not NVML's). ``more`` (the energy rows so far -> the next workloads, none to stop) meters
-    further rounds of workloads in the same engine."""
-    from advisor.energy.meter import gpus_busy, open_gpus_counter, summed_config
+    none for a counter that is not NVML's), and how busy the host's other GPUs were (``make_others``; default: the
+    busiest of the GPUs NVML sees beside the counter's). ``more`` (the energy rows so far -> the next workloads, none
+    to stop) meters further rounds of workloads in the same engine."""
+    from advisor.energy.meter import gpus_busy, open_gpus_counter, other_gpus_busy, summed_config
 
     for name, value in ENGINE_ENV.items():  # a user's own setting stands
         os.environ.setdefault(name, value)
@@ -278,6 +280,7 @@ def serve(job: ServeJob, make_counter: Callable[[], EnergyCounter] | None = None
         ticks = cpu_ticks()
         counter = make_counter() if make_counter is not None else open_gpus_counter(tp)
         busy = make_busy() if make_busy is not None else gpus_busy(counter)
+        others = make_others() if make_others is not None else other_gpus_busy(counter)
         config = summed_config(MeterConfig(**job.meter), tp)
         energy: dict[str, Any] = {}
         loads: dict[tuple[int, int, int, bool], str] = {}  # a load already metered in this engine, by its sizes
@@ -290,7 +293,7 @@ def serve(job: ServeJob, make_counter: Callable[[], EnergyCounter] | None = None
             else:
                 say(metering_line(w, timings["meterings"], len(todo)))
                 energy[w["name"]] = meter_workload(vllm, llm, counter, config, w, job.vocab_size, job.seed, prefill,
-                                                   timings["meterings"], busy)
+                                                   timings["meterings"], busy, others)
                 loads[key] = w["name"]
             if not todo and more is not None:
                 todo = list(more(energy))

@@ -23,6 +23,7 @@ from advisor.energy.meter._summed import (
     combined_state,
     gpus_busy,
     open_gpus_counter,
+    other_gpus_busy,
     summed_config,
 )
 from advisor.energy.meter._window import CPU_WATTS_PER_CORE, EnergyWindow, WindowEnergy, visible_gpu_count
@@ -46,6 +47,7 @@ __all__ = [
     "fed_windows",
     "combined_state",
     "gpus_busy",
+    "other_gpus_busy",
     "normalize_uuid",
     "open_gpus_counter",
     "open_meter",

@@ -58,6 +58,16 @@ def _index_of_uuid(nv: Any, count: int, uuid: str) -> int:
     raise SetupError(f"NVML sees no GPU with UUID {uuid} (the one torch uses); the energy counter cannot be read")
 
 
+def gpu_count() -> int:
+    """How many GPUs NVML sees on this host (every one, whatever CUDA_VISIBLE_DEVICES hides from torch)."""
+    nv = _pynvml()
+    try:
+        nv.nvmlInit()
+        return int(nv.nvmlDeviceGetCount())
+    except nv.NVMLError as exc:
+        raise SetupError(f"NVML could not count this host's GPUs ({exc})") from exc
+
+
 class NvmlDevice:
     """One GPU seen through NVML. ``energy_mj()`` is the total-energy counter."""
 

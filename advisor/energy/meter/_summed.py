@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 from advisor.energy.meter._meter import EnergyCounter, MeterConfig, torch_device_uuid
-from advisor.energy.meter._nvml import GPUState, NvmlDevice
+from advisor.energy.meter._nvml import GPUState, NvmlDevice, gpu_count
 from advisor.errors import SetupError
 
 
@@ -76,5 +76,29 @@ def gpus_busy(counter: EnergyCounter) -> Callable[[], float | None] | None:
     def read() -> float | None:
         values = [d.busy_pct() for d in devices]  # type: ignore[union-attr]
         return None if any(v is None for v in values) else sum(values) / len(values)  # type: ignore[arg-type]
+
+    return read
+
+
+def other_gpus_busy(counter: EnergyCounter) -> Callable[[], float | None] | None:
+    """The busiest NVML utilization (%) among this host's GPUs that ``counter`` does not meter, as one reading (None
+    where none says): another job there shares the host's CPUs, memory and PCIe with the metered engine. None for a
+    counter that is not NVML's, or a host with no other GPU NVML can read."""
+    devices = counter.counters if isinstance(counter, SummedCounter) else [counter]
+    if not all(isinstance(d, NvmlDevice) for d in devices):
+        return None
+    mine = {d.index for d in devices}  # type: ignore[union-attr]
+    others = []
+    for index in sorted(set(range(gpu_count())) - mine):
+        try:
+            others.append(NvmlDevice(index))
+        except SetupError:  # a GPU whose counters NVML does not expose: nothing to read there
+            continue
+    if not others:
+        return None
+
+    def read() -> float | None:
+        values = [v for v in (d.busy_pct() for d in others) if v is not None]
+        return max(values) if values else None
 
     return read
