@@ -28,6 +28,11 @@
 #   S  benchmarks/device/engine_true_sweep.py over ${SHAPES:-qwen2.5-7b} (plans ${SPLANS:-all-bf16 all-fp8}): shapes
 #      outside the step model's fit served at batches 16-256, about 6.5 min a plan
 #      (reports/benchmarks/engine_true_heldout_h200.md)
+# Two copies on one host disturb each other's serving, even pinned to disjoint cores (round 8, 2026-11-30: a 4B FP8
+# engine served 20-35% slower beside the 8B's verify): time a target alone. Environment variables the engines should
+# see are set on the command line (ENGINE_ENV's are defaults only), e.g. VLLM_USE_AOT_COMPILE=0, which leaves
+# Inductor's FX-graph cache shared by every engine of the run (vLLM's AOT path gives each plan's hash a cache of its
+# own: vllm/compilation/decorators.py), the experiment for issue 57's later engine starts (31-46 s of torch.compile).
 # On two GPUs, two copies run, each with CUDA_VISIBLE_DEVICES and VT_OUT of its own (default /tmp/s44/out); each packs
 # ${VT_OUT}.tgz. Poll with back-to-back calls that return within 600 s, each copying the small files back: /tmp/s44/out.tgz, packed
 # after every step, or mid-step the same two folders by name (a tar of the whole run folder took 7 device minutes on
