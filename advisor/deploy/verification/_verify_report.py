@@ -120,9 +120,10 @@ def _beside_line(result: dict[str, Any]) -> list[str]:
     if not beside:
         return []
     return ["", f"Another GPU of this host was busy during {len(beside)} of these {len(rows)} meterings (up to "
-            f"{max(beside):.0f}%, NVML's utilization): a job there shares the host's CPUs, memory and PCIe with this "
-            "engine and can slow its serving (beside another verify on an H200 host, a 4B FP8 engine served 20-35% "
-            "slower). Serve it again alone before comparing these numbers with another run's."]
+            f"{max(beside):.0f}%, NVML's utilization): a job there (this verify's own workers count too) shares "
+            "the host's CPUs, memory and PCIe with this engine and can slow its serving (beside another verify on "
+            "an H200 host, a 4B FP8 engine served 20-35% slower). Serve it again alone before comparing these "
+            "numbers with another run's."]
 
 
 def served_options(result: dict[str, Any]) -> list[str]:
