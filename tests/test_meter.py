@@ -46,6 +46,23 @@ def test_steady_state_energy_per_step_matches_the_simulated_power():
     assert m.to_dict()["gpu_before"]["name"] == "Fake GPU"
 
 
+def test_idle_s_zero_reads_no_idle_power_and_spends_no_time_on_it():
+    # the steady-load meter opens beside a live serving load: its "idle" would be the load's own draw
+    times = {}
+    for idle_s in (1.0, 0.0):
+        clock = VirtualClock()
+        gpu = SimulatedGPU(clock, step_s=0.007, busy_w=500.0, idle_w=80.0)
+        m = _meter(gpu, clock, replace(FAST, idle_s=idle_s)).measure(gpu.launch, "sim", tokens_per_step=16)
+        assert m.j_per_step == pytest.approx(3.5, rel=0.005)  # the reading itself is the same
+        times[idle_s] = clock.t
+        assert (m.idle_power_w is None) == (idle_s == 0.0) and json.dumps(m.to_dict())
+    assert times[1.0] - times[0.0] >= 1.0  # the second of idle reading, gone
+    meter = _meter(SimulatedGPU(clock := VirtualClock(), step_s=0.007, idle_w=80.0), clock, replace(FAST, idle_s=0.0))
+    assert meter.idle_power_w() == pytest.approx(80.0, rel=0.05)  # asked for explicitly: one tick's span at least
+    with pytest.raises(InputError, match="idle_s >= 0"):
+        MeterConfig(idle_s=-1.0)
+
+
 def test_windows_are_back_to_back_and_tick_aligned():
     clock = VirtualClock()
     gpu = SimulatedGPU(clock, step_s=0.013)

@@ -109,6 +109,7 @@ def test_each_row_says_how_busy_the_gpu_was_over_its_load(tmp_path, monkeypatch)
     row = out["energy"]["chat"]
     assert row["gpu_busy_pct_low"] == 60.0 and 60.0 < row["gpu_busy_pct"] < 100.0  # the readings said, averaged
     assert row["other_gpus_busy_pct"] is None  # the fake counter is not NVML's: no other GPU read
+    assert row["measurement"]["idle_power_w"] is None  # not read beside the live load (it cost a second a metering)
 
     beside = iter([40.0, 20.0] * 10_000)  # another job on the host's other GPU
     out = serve(job, make_counter=lambda: ConstantPowerCounter(300.0), make_busy=lambda: lambda: 100.0,

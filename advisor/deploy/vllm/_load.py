@@ -214,7 +214,9 @@ def measure_load(vllm: Any, llm: Any, counter: EnergyCounter, config: MeterConfi
     load = SteadyLoad(vllm, llm.llm_engine, batch, input_tokens, output_tokens, vocab_size, seed).start()
     try:
         load.settle()
-        cfg = MeterConfig(**{**asdict(config), "depth": TICKET_STEPS * batch, "queued_s": 0.0,
+        # idle_s 0: the load runs while the meter opens, so an "idle" reading would be the load's own draw (it cost
+        # a second of every metering until 2026-11-30)
+        cfg = MeterConfig(**{**asdict(config), "depth": TICKET_STEPS * batch, "queued_s": 0.0, "idle_s": 0.0,
                              "min_window_steps": max(config.min_window_steps, WINDOW_ENGINE_STEPS * batch
                                                      if config.until_stable_s else 0)})
         m = EnergyMeter(counter, cfg).measure(load.ticket, label, 1.0)

@@ -86,6 +86,8 @@ class MeterConfig:
     # Host sleep between counter polls: polling NVML in a tight loop slows a CUDA-graph
     # decode step, and 1 ms is a negligible part of a window.
     poll_s: float = 0.001
+    # How long the idle power is read before the first measurement (0: not read; a meter that opens beside a live
+    # load, whose "idle" would be that load's own draw)
     idle_s: float = 1.0
     # Give up waiting for a counter tick after this long (a stuck counter).
     tick_timeout_s: float = 2.0
@@ -100,9 +102,9 @@ class MeterConfig:
 
     def __post_init__(self) -> None:
         if (self.repeats < 1 or self.attempts < 1 or self.min_window_s <= 0 or self.depth < 1 or self.queued_s < 0
-                or self.soak_s < 0 or self.until_stable_s < 0):
+                or self.soak_s < 0 or self.until_stable_s < 0 or self.idle_s < 0):
             raise InputError(f"meter config needs repeats >= 1, attempts >= 1, min_window_s > 0, depth >= 1, "
-                             f"queued_s >= 0, soak_s >= 0, until_stable_s >= 0 (got {self})")
+                             f"queued_s >= 0, soak_s >= 0, until_stable_s >= 0, idle_s >= 0 (got {self})")
 
 
 @dataclass(frozen=True)
@@ -117,7 +119,7 @@ class Measurement:
     power_w: float
     cv: float
     unstable: bool
-    idle_power_w: float
+    idle_power_w: float | None  # None: the meter did not read it (MeterConfig.idle_s 0)
     gpu_before: GPUState
     gpu_after: GPUState
     date: str = field(default_factory=lambda: time.strftime("%Y-%m-%d"))
@@ -204,7 +206,7 @@ class EnergyMeter:
         if self._idle_w is None:
             t0, e0 = self._wait_edge(lambda: None)
             t1, e1 = t0, e0
-            while t1 - t0 < self.config.idle_s:
+            while t1 - t0 < self.config.idle_s or t1 == t0:  # one tick's span at least
                 t1, e1 = self._wait_edge(lambda: None)
             self._idle_w = (e1 - e0) / 1000.0 / (t1 - t0)
         return self._idle_w
@@ -276,7 +278,7 @@ class EnergyMeter:
 
     def _measure_once(self, step: Step, label: str, tokens_per_step: float) -> Measurement:
         cfg = self.config
-        idle_w = self.idle_power_w()
+        idle_w = self.idle_power_w() if cfg.idle_s > 0 else None
         before = self.counter.state()
         inflight: deque[StepHandle] = deque()
         done = 0
