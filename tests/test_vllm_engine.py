@@ -98,6 +98,14 @@ def test_steady_load_keeps_the_batch_full_with_fresh_prompts(tmp_path, monkeypat
     assert host["torch"] == torch.__version__ and host["cuda"] == torch.version.cuda
     assert 0.0 <= host["steal_pct"] <= 100.0  # the CPU time the hypervisor took over the meterings
     assert row["gpu_busy_pct"] is None and row["gpu_busy_pct_low"] is None  # a counter given alone: no utilization
+    # the load's own token count per 0.1 s, on the meter's clock: each window's tokens are the trace's over its span
+    trace = row["token_trace"]
+    bins, start, width = trace["tokens"], trace["start_s"], trace["bin_s"]
+    assert width == 0.1 and all(n >= 0 for n in bins) and sum(bins) > 0
+    for w in row["measurement"]["windows"]:
+        first, last = (int((w["began_s"] - start) / width), int((w["began_s"] + w["time_s"] - start) / width))
+        inside, around = sum(bins[first + 1:last]), sum(bins[first:last + 1])
+        assert inside - 8 <= w["steps"] <= around + 8  # to a bin's edge and a step's 4 tokens, either side
 
 
 def test_each_row_says_how_busy_the_gpu_was_over_its_load(tmp_path, monkeypatch):

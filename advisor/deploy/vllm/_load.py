@@ -28,6 +28,11 @@ WINDOW_ENGINE_STEPS = 200
 # prefill load, were 4096 steps of waiting for tokens nothing reads).
 TICKET_STEPS = 64
 
+#: the load's own count of the output tokens reaching it, in bins of this many seconds (``SteadyLoad.trace``), kept
+#: beside the meter's windows (their ``began_s`` on the same clock): where a window's tokens came from. A first window
+#: read 1.7-3x the tokens of the rest at the same power in 5 meterings (reports/benchmarks/verify_time.md, round 8)
+TRACE_BIN_S = 0.1
+
 
 class _Ticket:
     """One output token the meter waits for: finished once the engine has produced that many tokens."""
@@ -69,6 +74,8 @@ class SteadyLoad:
         self._first_token: dict[str, float] = {}
         self._issued = 0
         self._next_id = 0
+        self.trace_start = 0.0  # time.perf_counter() at start()
+        self.trace: list[int] = []  # output tokens that reached the load in each TRACE_BIN_S from trace_start
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -99,6 +106,7 @@ class SteadyLoad:
         self.latencies.append((first - added, (now - first) / (self.output_tokens - 1), first, now))
 
     def start(self) -> SteadyLoad:
+        self.trace_start = time.perf_counter()
         for i in range(self.batch):
             self.first_round.add(self._add(max(1, round(self.output_tokens * (i + 1) / self.batch))))
         self._thread.start()
@@ -107,9 +115,11 @@ class SteadyLoad:
     def _run(self) -> None:
         try:
             while not self._stop.is_set():
+                stepped = 0
                 for out in self.engine.step():
                     produced = len(out.outputs[0].token_ids) if out.outputs else 0
                     self.tokens += produced
+                    stepped += produced
                     self._timed(out, produced)
                     if out.finished:
                         self.inflight.discard(out.request_id)
@@ -117,8 +127,18 @@ class SteadyLoad:
                         self._add(self.output_tokens)
                 if not self.first_round:
                     self.fewest_inflight = min(self.fewest_inflight, len(self.inflight))
+                self._bin(stepped)
         except BaseException as exc:  # noqa: BLE001 (re-raised in the meter's thread by _Ticket.query)
             self.error = exc
+
+    def _bin(self, produced: int) -> None:
+        i = int((time.perf_counter() - self.trace_start) / TRACE_BIN_S)
+        if i >= len(self.trace):
+            self.trace.extend([0] * (i + 1 - len(self.trace)))
+        self.trace[i] += produced
+
+    def token_trace(self) -> dict[str, Any]:
+        return {"start_s": self.trace_start, "bin_s": TRACE_BIN_S, "tokens": list(self.trace)}
 
     def settle(self, timeout_s: float = 600.0) -> None:
         """Wait until the staggered first round has finished (the load is steady from then on)."""
@@ -207,10 +227,10 @@ def _percentile(sorted_values: list[float], q: int) -> float:
 
 def measure_load(vllm: Any, llm: Any, counter: EnergyCounter, config: MeterConfig, batch: int, input_tokens: int,
                  output_tokens: int, vocab_size: int, label: str,
-                 seed: int = 0) -> tuple[Measurement, int, dict[str, float | None]]:
+                 seed: int = 0) -> tuple[Measurement, int, dict[str, Any]]:
     """J per output token of a steady load (the meter's step is one token), the fewest requests
     that were in flight after it settled (the batch was full when that equals ``batch``), and the
-    load's request latencies (:meth:`SteadyLoad.latency_ms`)."""
+    load's request latencies (:meth:`SteadyLoad.latency_ms`) with its token trace (``token_trace``)."""
     load = SteadyLoad(vllm, llm.llm_engine, batch, input_tokens, output_tokens, vocab_size, seed).start()
     try:
         load.settle()
@@ -222,7 +242,7 @@ def measure_load(vllm: Any, llm: Any, counter: EnergyCounter, config: MeterConfi
         m = EnergyMeter(counter, cfg).measure(load.ticket, label, 1.0)
     finally:
         load.stop()
-    return m, load.fewest_inflight, load.latency_ms(m.starved_spans)
+    return m, load.fewest_inflight, {**load.latency_ms(m.starved_spans), "token_trace": load.token_trace()}
 
 
 def meter_workload(vllm: Any, llm: Any, counter: EnergyCounter, config: MeterConfig, w: dict[str, Any],
