@@ -668,6 +668,20 @@ def test_every_request_is_greedy_so_the_engine_goes_without_flashinfer_s_sampler
     assert out["engine_env"]["VLLM_USE_FLASHINFER_SAMPLER"] == "0"
 
 
+def test_every_engine_shares_triton_s_own_cache_unless_the_user_set_one(tmp_path, monkeypatch):
+    # vLLM's AOT compile would otherwise leave each plan's engine a Triton cache of its own (ENGINE_ENV's comment)
+    vllm = fake_vllm()
+    monkeypatch.setitem(sys.modules, "vllm", vllm)
+    monkeypatch.setenv("TRITON_CACHE_DIR", "unset below")  # so that the test's end restores it
+    monkeypatch.delenv("TRITON_CACHE_DIR")
+    out = serve(ServeJob(str(checkpoint(tmp_path / "ck")), vocab_size=64, formats=False, prefill=False))
+    shared = os.path.join(os.path.expanduser("~"), ".triton", "cache")
+    assert vllm.instances[0].environ["TRITON_CACHE_DIR"] == shared == out["engine_env"]["TRITON_CACHE_DIR"]
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "mine"))
+    out = serve(ServeJob(str(checkpoint(tmp_path / "ck2")), vocab_size=64, formats=False, prefill=False))
+    assert out["engine_env"]["TRITON_CACHE_DIR"] == str(tmp_path / "mine")
+
+
 def test_a_user_s_own_sampler_setting_stands(tmp_path, monkeypatch):
     vllm = fake_vllm()
     monkeypatch.setitem(sys.modules, "vllm", vllm)

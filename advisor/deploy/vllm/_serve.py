@@ -45,8 +45,13 @@ from advisor.serving import vllm_linear_backend
 #: (temperature 0), and vLLM's sampler never uses FlashInfer's top-k/top-p for a greedy request
 #: (vllm/v1/worker/gpu/sample/sampler.py); its start-up warm-up still runs every sampling feature, which builds
 #: FlashInfer's sampling kernels with nvcc on a machine without their cache (reports/benchmarks/verify_time.md).
+#: Triton's cache: vLLM's AOT compile points Inductor's cache at a folder of each plan's own (vllm/compilation/
+#: decorators.py), and Inductor then points Triton's there too where it is unset (torch/_inductor/runtime/
+#: triton_heuristics.py), so every plan's engine built vLLM's own Triton kernels (its sampler's, its input
+#: preparation's) again in its warm-up. Triton's own default folder, shared by every engine and run.
 ENGINE_ENV = {"VLLM_ALLOW_INSECURE_SERIALIZATION": "1",  # apply_model sends a function
-              "VLLM_USE_FLASHINFER_SAMPLER": "0"}
+              "VLLM_USE_FLASHINFER_SAMPLER": "0",
+              "TRITON_CACHE_DIR": str(Path.home() / ".triton" / "cache")}
 
 
 @dataclass(frozen=True)
