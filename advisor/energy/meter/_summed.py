@@ -65,16 +65,23 @@ def open_gpus_counter(gpus: int) -> EnergyCounter:
     return devices[0] if gpus == 1 else SummedCounter(devices)
 
 
-def gpus_busy(counter: EnergyCounter) -> Callable[[], float | None] | None:
-    """The mean NVML utilization (%) of the GPUs behind ``counter`` (:func:`open_gpus_counter`'s: one
-    :class:`NvmlDevice` or a :class:`SummedCounter` of them) as one reading (None where any GPU does not say);
-    None for a counter that is not NVML's."""
+def nvml_devices(counter: EnergyCounter) -> list[NvmlDevice] | None:
+    """The NVML devices behind ``counter`` (:func:`open_gpus_counter`'s: one :class:`NvmlDevice` or a
+    :class:`SummedCounter` of them); None for a counter that is not NVML's."""
     devices = counter.counters if isinstance(counter, SummedCounter) else [counter]
-    if not all(isinstance(d, NvmlDevice) for d in devices):
+    nvml = [d for d in devices if isinstance(d, NvmlDevice)]
+    return nvml if len(nvml) == len(devices) else None
+
+
+def gpus_busy(counter: EnergyCounter) -> Callable[[], float | None] | None:
+    """The mean NVML utilization (%) of the GPUs behind ``counter`` (:func:`nvml_devices`) as one reading (None where
+    any GPU does not say); None for a counter that is not NVML's."""
+    devices = nvml_devices(counter)
+    if devices is None:
         return None
 
     def read() -> float | None:
-        values = [d.busy_pct() for d in devices]  # type: ignore[union-attr]
+        values = [d.busy_pct() for d in devices]
         return None if any(v is None for v in values) else sum(values) / len(values)  # type: ignore[arg-type]
 
     return read
@@ -84,10 +91,10 @@ def other_gpus_busy(counter: EnergyCounter) -> Callable[[], float | None] | None
     """The busiest NVML utilization (%) among this host's GPUs that ``counter`` does not meter, as one reading (None
     where none says): another job there shares the host's CPUs, memory and PCIe with the metered engine. None for a
     counter that is not NVML's, or a host with no other GPU NVML can read."""
-    devices = counter.counters if isinstance(counter, SummedCounter) else [counter]
-    if not all(isinstance(d, NvmlDevice) for d in devices):
+    devices = nvml_devices(counter)
+    if devices is None:
         return None
-    mine = {d.index for d in devices}  # type: ignore[union-attr]
+    mine = {d.index for d in devices}
     others = []
     for index in sorted(set(range(gpu_count())) - mine):
         try:
