@@ -355,3 +355,23 @@ def test_a_step_up_never_meters_a_batch_the_same_load_missed_at():
                                                   step_up_to=120)], alongside=stated)[0]
     assert tier.metered == [96, 112, 104]  # the step up aimed at 120; 112 missed for 'chat': the grid below it
     assert got["meets"] is True and got["batch"] == 104
+
+
+def test_a_batch_that_met_for_another_objective_far_below_two_misses_is_no_bracket_to_stop_at():
+    """A Qwen3-4B's all-BF16 on an H200 (reports/benchmarks/verify_time.md, the 4B's round 9): its 12 ms search
+    missed at the predicted 144 and at 136 (a noisy 13.4 ms), then stopped at 80, the batch tpot8 had met at, seven
+    graph sizes below. Its own two misses bracket nothing: a third metering aims between the measured points."""
+    from advisor.deploy.checkpoint import decode_graph_sizes
+
+    grid = decode_graph_sizes(1024)
+
+    def tpot(b: int) -> float:
+        return 13.4 if b == 136 else 3.0 + 0.065 * b  # 144: 12.36 ms, 120: 10.8 ms
+
+    curve = [(b, 2.5 + 0.065 * b, 1.0 / b) for b in (1, 16, 64, 80, 144, 160)]  # predicted: 12 ms at 146
+    tier = FakeTier(tpot)
+    got = search_batches(tier, PLAN, [BatchSearch(Workload(name="tpot12", tpot_ms=12.0), 144, curve, grid=grid)],
+                         alongside=[Workload(name="tpot8 at batch 80", batch_size=80)])[0]
+    assert tier.metered == [144, 80, 136, 120]  # the line from 80 through 136 at 12 ms: 121, the grid's 120
+    assert got["meets"] is True and got["batch"] == 120
+    assert [t["batch"] for t in got["trail"]] == [144, 136, 120]
