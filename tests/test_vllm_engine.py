@@ -535,6 +535,10 @@ def test_the_start_s_stages_are_read_from_vllm_s_log():
     assert start_seconds(log) == {"weights_s": 5.64424, "dynamo_s": 17.77, "compile_s": 40.76,
                                   "graph_capture_s": 6.0, "engine_init_s": 61.14}
     assert start_seconds("INFO Loaded AOT compiled function from /root/.cache/vllm/x")["compile_cache_hit"] is True
+    # VLLM_USE_AOT_COMPILE=0 (an H200, 2026-11-30: reports/benchmarks/verify_time_data/qwen3_4b_round9)
+    no_aot = ("(EngineCore pid=1944) INFO 11-30 08:49:23 [monitor.py:53] torch.compile and initial profiling/warmup "
+              "run together took 36.83 s in total")
+    assert start_seconds(no_aot) == {"compile_s": 36.83}
 
 
 def test_the_kernel_warm_up_after_graph_capture_is_timed_from_the_clock_of_vllm_s_lines():

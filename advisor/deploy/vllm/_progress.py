@@ -23,7 +23,8 @@ from typing import Any
 START_LINES: dict[str, re.Pattern[str]] = {
     "weights_s": re.compile(r"Model loading took .*? and ([\d.]+) seconds"),
     "dynamo_s": re.compile(r"Dynamo bytecode transform time: ([\d.]+) s"),
-    "compile_s": re.compile(r"torch\.compile took ([\d.]+) s in total"),
+    # with VLLM_USE_AOT_COMPILE=0 vLLM names the same span "torch.compile and initial profiling/warmup run together"
+    "compile_s": re.compile(r"torch\.compile (?:and initial profiling/warmup run together )?took ([\d.]+) s in total"),
     "graph_capture_s": re.compile(r"Graph capturing finished in ([\d.]+) secs"),
     "engine_init_s": re.compile(r"init engine \(profile, create kv cache, warmup model\) took ([\d.]+) s"),
 }
