@@ -27,7 +27,8 @@ COMMAND = ("STEPS='B V' bash benchmarks/device/verify_time.sh (setsid, polled; S
            "STEPS='B V R S' for round 6; round 7 on a two-GPU host: CUDA_VISIBLE_DEVICES=0 STEPS='B V R S' "
            "SPLANS=all-fp8 beside CUDA_VISIBLE_DEVICES=1 VT_OUT=/tmp/s44/out2 STEPS='q w Q', the 4B case; round 8: "
            "CUDA_VISIBLE_DEVICES=0 STEPS='B V P' taskset -c 0-15 beside CUDA_VISIBLE_DEVICES=1 VT_OUT=/tmp/s44/out2 "
-           "STEPS='q Q S' SHAPES=llama-3.2-3b taskset -c 16-31), "
+           "STEPS='q Q S' SHAPES=llama-3.2-3b taskset -c 16-31; round 9, the 4B alone on one H200: "
+           "VLLM_USE_AOT_COMPILE=0 STEPS='q Q S' SHAPES=llama-3.2-3b SPLANS=all-fp8), "
            "then python benchmarks/device/verify_time_collect.py")
 SPARE_IMPORT = re.compile(r"the next engine's process has vLLM imported \((\d+) s, (\S+) UTC\)")
 
