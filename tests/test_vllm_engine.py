@@ -125,6 +125,29 @@ def test_each_row_says_how_busy_the_gpu_was_over_its_load(tmp_path, monkeypatch)
     assert 20.0 <= out["energy"]["chat"]["other_gpus_busy_pct"] <= 40.0
 
 
+def test_every_metering_runs_with_the_heap_frozen_as_vllm_s_own_server_runs(tmp_path, monkeypatch):
+    import gc
+
+    monkeypatch.setitem(sys.modules, "vllm", fake_vllm(step_s=0.002))
+    frozen_while_metered: list[int] = []
+
+    class Watching(ConstantPowerCounter):  # reads the collector's frozen objects each time the meter reads energy
+        def energy_mj(self) -> int:
+            frozen_while_metered.append(gc.get_freeze_count())
+            return super().energy_mj()
+
+    workloads = ({"name": "chat", "batch_size": 4, "input_tokens": 8, "output_tokens": 16},
+                 {"name": "long", "batch_size": 2, "input_tokens": 8, "output_tokens": 16})
+    job = ServeJob(str(checkpoint(tmp_path / "ck")), vocab_size=64, formats=False, meter=FAST, prefill=False,
+                   workloads=workloads)
+    assert gc.get_freeze_count() == 0
+    out = serve(job, make_counter=lambda: Watching(300.0))
+    frozen = out["host"]["gc_frozen_objects"]
+    # torch's and the advisor's imports, through both loads (a frozen object that is freed leaves the count)
+    assert frozen > 1000 and frozen_while_metered and min(frozen_while_metered) > 0.9 * frozen
+    assert gc.get_freeze_count() == 0  # given back once the meterings are over
+
+
 def test_steal_is_the_share_of_all_cpu_ticks_the_hypervisor_took():
     assert steal_pct((10, 1000), (60, 2000)) == 5.0
     assert steal_pct(None, (60, 2000)) is None and steal_pct((10, 1000), (10, 1000)) is None

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from advisor.deploy.checkpoint import decode_graph_sizes
-from advisor.deploy.vllm import ENGINE_ENV, STEADY_LOAD_METER, exported_options, measure_load
+from advisor.deploy.vllm import ENGINE_ENV, STEADY_LOAD_METER, exported_options, measure_load, static_heap
 from advisor.energy.meter import MeterConfig, open_gpus_counter
 
 
@@ -95,16 +95,17 @@ def main() -> None:
     counter = open_gpus_counter(1)
     meters = {"fast": STEADY_LOAD_METER, "classic": MeterConfig()}
     rows = []
-    for b in batches:
-        for name in order:
-            t = time.perf_counter()
-            m, fewest, latency = measure_load(vllm, llm, counter, replace(meters[name]), b, prompt,
-                                              args.output_tokens, vocab, f"{name} b{b}")
-            rows.append({"batch": b, "meter": name, "seconds": time.perf_counter() - t, "j_per_token": m.j_per_token,
-                         "tokens_per_s": m.tokens_per_s, "cv": m.cv, "unstable": m.unstable,
-                         "windows": len(m.windows), "windows_taken": m.windows_taken, "batch_full": fewest >= b,
-                         **latency})
-            print(json.dumps(rows[-1]), flush=True)
+    with static_heap():  # as verify's engines meter (advisor/deploy/vllm/_serve.py)
+        for b in batches:
+            for name in order:
+                t = time.perf_counter()
+                m, fewest, latency = measure_load(vllm, llm, counter, replace(meters[name]), b, prompt,
+                                                  args.output_tokens, vocab, f"{name} b{b}")
+                rows.append({"batch": b, "meter": name, "seconds": time.perf_counter() - t,
+                             "j_per_token": m.j_per_token, "tokens_per_s": m.tokens_per_s, "cv": m.cv,
+                             "unstable": m.unstable, "windows": len(m.windows), "windows_taken": m.windows_taken,
+                             "batch_full": fewest >= b, **latency})
+                print(json.dumps(rows[-1]), flush=True)
     with open(args.out, "w") as f:
         json.dump({"checkpoint": checkpoint, "vllm_version": vllm.__version__, "llm_options": options,
                    "meters": {k: asdict(v) for k, v in meters.items()}, "rows": rows, "slow_path": slow,

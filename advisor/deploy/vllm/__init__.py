@@ -15,7 +15,7 @@ from advisor.deploy.vllm._engine import (
     served_formats,
     vllm_tier,
 )
-from advisor.deploy.vllm._load import STEADY_LOAD_METER, SteadyLoad, measure_load
+from advisor.deploy.vllm._load import STEADY_LOAD_METER, SteadyLoad, measure_load, static_heap
 from advisor.deploy.vllm._progress import start_seconds, start_words, watch_output
 from advisor.deploy.vllm._rounds import kill_engines, pin_devices, processes_ahead, run_rounds_in_child
 from advisor.deploy.vllm._serve import (
@@ -65,6 +65,7 @@ __all__ = [
     "served_kl",
     "start_seconds",
     "start_words",
+    "static_heap",
     "steal_pct",
     "vllm_tier",
     "watch_output",

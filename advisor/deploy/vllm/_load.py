@@ -4,11 +4,13 @@ and a workload's energy row from it (:func:`meter_workload`)."""
 
 from __future__ import annotations
 
+import gc
 import random
 import statistics
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict
 from typing import Any
 
@@ -223,6 +225,23 @@ def _percentile(sorted_values: list[float], q: int) -> float:
     if len(sorted_values) == 1:
         return sorted_values[0]
     return statistics.quantiles(sorted_values, n=100, method="inclusive")[q - 1]
+
+
+@contextmanager
+def static_heap() -> Iterator[int]:
+    """Every object alive now marked static for Python's garbage collector over the block (``gc.freeze``), as vLLM's
+    own API server and benchmark client do once started (vllm/utils/gc_utils.py, freeze_gc_heap); yields how many
+    it froze. A full collection otherwise walks the whole imported heap (vLLM, torch, transformers: 0.2 s for the
+    advisor's own imports on one CI core). The load's thread, which hands vLLM its requests and reads its tokens,
+    received none for 0.3-0.5 s every 9-13 s at batches 152-288 and then all of them at once (the token traces of the
+    4B's round 9 on an H200, reports/benchmarks/verify_time.md), and the windows over such a pause were left out as
+    starved: such collections, by their length and period; not yet served with the heap frozen."""
+    gc.collect()
+    gc.freeze()
+    try:
+        yield gc.get_freeze_count()
+    finally:
+        gc.unfreeze()
 
 
 def measure_load(vllm: Any, llm: Any, counter: EnergyCounter, config: MeterConfig, batch: int, input_tokens: int,

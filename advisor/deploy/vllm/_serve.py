@@ -33,7 +33,7 @@ from typing import Any
 
 from advisor.deploy.checkpoint import capture_bound, graph_sizes_for, weight_formats_from_quant_config
 from advisor.deploy.serving_gpus import SERVE_MEMORY_SHARE
-from advisor.deploy.vllm._load import meter_workload
+from advisor.deploy.vllm._load import meter_workload, static_heap
 from advisor.deploy.vllm._progress import metering_line, say, start_words, watch_output
 from advisor.deploy.vllm._served_kl import served_kl
 from advisor.energy.meter import EnergyCounter, MeterConfig
@@ -289,19 +289,21 @@ def serve(job: ServeJob, make_counter: Callable[[], EnergyCounter] | None = None
         config = summed_config(MeterConfig(**job.meter), tp)
         energy: dict[str, Any] = {}
         loads: dict[tuple[int, int, int, bool], str] = {}  # a load already metered in this engine, by its sizes
-        while todo:
-            w = todo.pop(0)
-            prefill = job.prefill and w["name"] not in job.no_prefill
-            key = (w["batch_size"], w["input_tokens"], w["output_tokens"], prefill)
-            if key in loads:  # two workloads of one load (objectives stated at the same batch): metered once
-                energy[w["name"]] = {**energy[loads[key]], "same_load_as": loads[key]}
-            else:
-                say(metering_line(w, timings["meterings"], len(todo)))
-                energy[w["name"]] = meter_workload(vllm, llm, counter, config, w, job.vocab_size, job.seed, prefill,
-                                                   timings["meterings"], busy, others)
-                loads[key] = w["name"]
-            if not todo and more is not None:
-                todo = list(more(energy))
+        with static_heap() as frozen:
+            out["host"]["gc_frozen_objects"] = frozen
+            while todo:
+                w = todo.pop(0)
+                prefill = job.prefill and w["name"] not in job.no_prefill
+                key = (w["batch_size"], w["input_tokens"], w["output_tokens"], prefill)
+                if key in loads:  # two workloads of one load (objectives stated at the same batch): metered once
+                    energy[w["name"]] = {**energy[loads[key]], "same_load_as": loads[key]}
+                else:
+                    say(metering_line(w, timings["meterings"], len(todo)))
+                    energy[w["name"]] = meter_workload(vllm, llm, counter, config, w, job.vocab_size, job.seed,
+                                                       prefill, timings["meterings"], busy, others)
+                    loads[key] = w["name"]
+                if not todo and more is not None:
+                    todo = list(more(energy))
         out["energy"] = energy
         out["host"].update(load_1m_after=load_1m(), steal_pct=steal_pct(ticks, cpu_ticks()))
     return out
