@@ -1,7 +1,7 @@
-"""`advisor verify`'s all-BF16 engine started while the other plans export (advisor.workflows.verify_early), on a
-run of a BF16 copy of the tiny model (served from its own folder as it is), with the fake vllm module served
-in-process: it meters only once the exports are done, a failed export stops it, and a failed early engine is served
-again after the exports."""
+"""`advisor verify`'s engines started while the plans export (advisor.workflows.verify_early), on a run of a BF16 copy
+of the tiny model (all-BF16 served from its own folder as it is, the other plan once exported), with the fake vllm
+module served in-process: they meter one at a time once the exports are done and every engine has started, a failed
+export stops them, and a failed early engine is served again after the exports."""
 
 from __future__ import annotations
 
@@ -55,18 +55,22 @@ def served(monkeypatch, bf16_run):
     monkeypatch.setattr("advisor.energy.prediction.gpu_here", lambda: ("h100", "Fake GPU"))
     monkeypatch.setattr(verify_module, "STEADY_LOAD_METER", MeterConfig(**FAST))
     monkeypatch.setattr("advisor.workflows.verify_early.engine_beside", lambda shape, batch, longest, beside: (0.3, KV))
-    record = {"jobs": [], "went_at": None, "exported_at": None}
+    record = {"jobs": [], "went_at": None, "exported_at": None, "holding": {}, "went": {}, "ended": {}}
 
     def rounds(job, more):
         record["jobs"].append(job)
 
         def asked(rows):
+            if not rows:
+                record["holding"][job.checkpoint] = time.perf_counter()
             answer = more(rows)
             if not rows:
-                record["went_at"] = time.perf_counter()
+                record["went_at"] = record["went"][job.checkpoint] = time.perf_counter()
             return answer
 
-        return serve(job, make_counter=ConstantPowerCounter, more=asked)
+        answer = serve(job, make_counter=ConstantPowerCounter, more=asked)
+        record["ended"][job.checkpoint] = time.perf_counter()
+        return answer
 
     monkeypatch.setattr("advisor.deploy.vllm._engine._run_rounds", rounds)
     exports = verify_module.export_plans
@@ -86,16 +90,20 @@ def _fp8(run_dir):
                 if set(t["formats"].values()) == {"fp8"})
 
 
-def test_all_bf16s_engine_starts_during_the_exports_and_meters_after_them(bf16_run, served):
+def test_every_engine_starts_during_the_exports_and_they_meter_one_after_another_after_them(bf16_run, served):
     run_dir, folder = bf16_run
     res = runner.invoke(app, ["verify", str(run_dir), "--plan", _fp8(run_dir)])
     assert res.exit_code == 0, res.output
     assert "its engine starts while the plans export, and meters once they are done" in res.output
     held = [j for j in served["jobs"] if j.hold]
-    assert [j.checkpoint for j in held] == [str(folder)]  # all-BF16, from the model's own folder
-    assert held[0].kv_cache_bytes == KV and held[0].gpu_memory_utilization == 0.3
-    assert all(j.kv_cache_bytes == 0 for j in served["jobs"] if not j.hold)  # the later engines: as before
-    assert served["went_at"] >= served["exported_at"]  # no metering beside an export
+    # all-BF16 from the model's own folder at once, all-FP8 (the recommendation here) once its export is written
+    assert held[0].checkpoint == str(folder) and len(held) == 2 and "engine_checkpoints" in held[1].checkpoint
+    assert all(j.kv_cache_bytes == KV and j.gpu_memory_utilization == 0.3 for j in held)
+    assert [j for j in served["jobs"] if not j.hold] == []  # no engine left to start after the exports
+    first, second = (j.checkpoint for j in held)
+    assert served["went"][first] >= served["exported_at"]  # no metering beside an export,
+    assert served["went"][first] >= served["holding"][second]  # nor beside another engine's start,
+    assert served["went"][second] >= served["ended"][first]  # nor beside another metering
     data = json.loads((run_dir / "verify.json").read_text())
     bf16 = next(r for r in data["plans"] if "bf16" in r["role"].split("+"))
     assert bf16["energy"][0]["vllm_j_per_token"] > 0
@@ -153,6 +161,28 @@ def test_an_engine_starts_beside_the_exports_only_where_both_fit(monkeypatch):
     assert serving_gpus.engine_beside(shape, 240, 768, beside_bytes=95 * gib) is None  # the exports need it
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert serving_gpus.engine_beside(shape, 240, 768, beside_bytes=0) is None
+
+
+def test_an_engine_still_starting_counts_against_the_next_one_s_room(monkeypatch):
+    from advisor.workflows import verify_early
+
+    room: list[int] = []
+
+    class Starting:
+        ready, reserved_bytes = False, 10
+
+    def start_early(role, plan, path, s, shape, beside_bytes):
+        room.append(beside_bytes)
+        return Starting()
+
+    monkeypatch.setattr(verify_early, "start_early", start_early)
+    engines = verify_early.EarlyEngines(None, None, exports_bytes=100)
+    engines.start("bf16", None, None)
+    engines.start("recommendation", None, None)  # all-BF16's engine still starting: its memory is not yet taken
+    engines.started["bf16"].ready = True  # started: what it holds is no longer free, counted once
+    engines.start("x", None, None)
+    engines.start("x", None, None)  # started already
+    assert room == [100, 110, 110]
 
 
 def test_a_kept_serving_is_the_same_job_whether_its_engine_started_early_or_not():

@@ -99,6 +99,13 @@ ENGINE_HEADROOM_BYTES = 2 * GIB
 MIN_ENGINE_SHARE = 0.1
 
 
+def total_gpu_bytes() -> int:
+    """``cuda:0``'s memory in bytes (0 without a GPU)."""
+    import torch
+
+    return torch.cuda.mem_get_info(0)[1] if torch.cuda.is_available() else 0
+
+
 def release_gpu_memory() -> None:
     """What this process no longer uses on its GPUs handed back to the driver, for an engine in another process
     that sizes its cache from what is free: garbage first (quantized copies hold reference cycles), then torch's

@@ -58,7 +58,7 @@ from advisor.workflows.verify_accuracy import (
     read_lambada,
     score_own_model,
 )
-from advisor.workflows.verify_early import start_early_bf16
+from advisor.workflows.verify_early import EarlyEngines
 from advisor.workflows.verify_serving import Serving, engine_options, operating_workloads, serve_plans
 
 EXPORT_HEADROOM_BYTES = 4 * 2**30  # calibration and proxy batches, CUDA context
@@ -185,9 +185,11 @@ def free_gpu_memory() -> str:
 
 
 def export_plans(plans: dict[str, Plan], checkpoint_for: Callable[[Plan], Path], as_is: Path | None, device: str,
-                 seconds: dict[str, float], status: Callable[[str], None]) -> dict[str, Path]:
+                 seconds: dict[str, float], status: Callable[[str], None],
+                 on_exported: Callable[[str, Plan, Path], None] | None = None) -> dict[str, Path]:
     """Each role's plan exported where not yet (on ``device``; all-BF16 served from ``as_is`` where the model's
-    folder serves it), its seconds into ``seconds``; the folder each role is served from."""
+    folder serves it), its seconds into ``seconds``, ``on_exported`` told as each is written; the folder each role
+    is served from."""
     from advisor.deploy.checkpoint import folder_serving
 
     paths: dict[str, Path] = {}
@@ -200,6 +202,8 @@ def export_plans(plans: dict[str, Plan], checkpoint_for: Callable[[Plan], Path],
         t = time.perf_counter()
         paths[role] = checkpoint_for(plan)
         seconds[role] = time.perf_counter() - t
+        if on_exported is not None:
+            on_exported(role, plan, paths[role])
     return paths
 
 
@@ -319,20 +323,23 @@ def verify_run(run_dir: Path, engine: str = "vllm", plan_ids: Sequence[str] = ()
                         meter=asdict(meter or STEADY_LOAD_METER), tensor_parallel_size=n_gpus, prefill=False)
         serving = Serving(run_dir, summary, base, energy, version, here, runner or run_in_child,
                           rounds_runner, status, step_up=not quick)
-        # all-BF16's engine starts while the others export, where it fits beside them (verify_early's docstring)
-        early = start_early_bf16(plans, as_is, serving, loaded.shape, export_working_set(loaded.model, export_device)) \
+        # the engines start while the plans export, where they fit beside them (verify_early's docstring)
+        early = EarlyEngines(serving, loaded.shape, export_working_set(loaded.model, export_device)) \
             if energy and runner is None and rounds_runner is None and workers <= 1 and n_gpus == 1 else None
         try:
-            paths = export_plans(plans, checkpoint_for, as_is, export_device, timings["export_s"], status)
+            if early is not None:
+                early.start_bf16(plans, as_is)
+            paths = export_plans(plans, checkpoint_for, as_is, export_device, timings["export_s"], status,
+                                 on_exported=early.start if early is not None else None)
             if device == "cuda":  # the engines' processes need the GPU's memory, the cached blocks too
                 loaded.model.to("cpu")
                 status(f"GPU memory for the engines: {free_gpu_memory()}")
             if early is not None:
-                early.go()
+                early.ready()
             t = time.perf_counter()
-            served = serve_plans(plans, paths, serving, workers, early=early)
+            served = serve_plans(plans, paths, serving, workers, early=early.started if early is not None else {})
             timings["serving_s"] = time.perf_counter() - t
-        except BaseException:  # a failed export, or a stop (Ctrl-C): the early engine is killed, not left waiting
+        except BaseException:  # a failed export, or a stop (Ctrl-C): the early engines are killed, not left waiting
             if early is not None:
                 early.stop()
             raise

@@ -1,9 +1,14 @@
-"""`advisor verify`'s first engine started while the plans export: all-BF16 is served from the model's own folder, so
-its engine can start (vLLM's imports, torch.compile, CUDA graphs, a fresh machine's kernel compiles: 1-2 minutes)
-while this process quantizes and writes the other plans. The engine scores the served KL, then holds: it meters
-only once :meth:`EarlyServing.go` says the GPU is its alone, so no metering shares the GPU with an export. Its KV pool
-is sized rather than profiled (vLLM's memory profile assumes no other process changes its memory meanwhile), and it
-starts only where it fits beside the exports' working set (:func:`~advisor.deploy.serving_gpus.engine_beside`)."""
+"""`advisor verify`'s engines started while the plans export: all-BF16 served from the model's own folder starts at
+once (vLLM's imports, torch.compile, CUDA graphs, a fresh machine's kernel compiles: 1-2 minutes), and every other
+plan's engine as soon as its export is written, while this process quantizes and writes the rest. Each engine
+scores the served KL, then holds (:class:`EarlyEngines`): none meters until the exports are done and every engine
+started has finished starting (:meth:`EarlyEngines.ready`), then they meter one at a time, each once the one before
+has ended (:meth:`EarlyServing.result`), so no metering shares the GPU with an export, another engine's start or
+another metering, and a later plan's engine start (a minute an 8B plan on an H200) is off the meterings' path. Their
+KV pools are sized rather than profiled (vLLM's memory profile assumes no other process changes its memory
+meanwhile), and each starts only where it fits beside the exports' working set and the engines still starting
+(:func:`~advisor.deploy.serving_gpus.engine_beside`); a plan whose engine does not fit is served after them, as
+before."""
 
 from __future__ import annotations
 
@@ -31,9 +36,11 @@ class EarlyServing:
     """One role's serving in a thread of its own, its engine held before metering until :meth:`go`."""
 
     def __init__(self, role: str, serve: Callable[[Callable[[], None]], dict[str, Any]],
-                 status: Callable[[str], None]) -> None:
+                 status: Callable[[str], None], reserved_bytes: int = 0) -> None:
         self.role, self._serve, self._status = role, serve, status
+        self.reserved_bytes = reserved_bytes  # the GPU memory its engine takes once started
         self._go, self._stopped = threading.Event(), False
+        self._ready = threading.Event()  # started and holding, or failed
         self._answer: dict[str, Any] | None = None
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="verify-early-engine", daemon=True)
@@ -43,6 +50,7 @@ class EarlyServing:
         return self
 
     def _hold(self) -> None:
+        self._ready.set()
         self._go.wait()
         if self._stopped:
             raise _Stopped
@@ -52,6 +60,15 @@ class EarlyServing:
             self._answer = self._serve(self._hold)
         except BaseException as exc:  # noqa: BLE001 (reported by result(), which the main thread calls)
             self._error = exc
+        finally:
+            self._ready.set()
+
+    @property
+    def ready(self) -> bool:
+        return self._ready.is_set()
+
+    def wait_ready(self) -> None:
+        self._ready.wait()
 
     def go(self) -> None:
         """The GPU is the engine's alone now: it meters."""
@@ -66,7 +83,9 @@ class EarlyServing:
         self._thread.join(timeout=STOP_WAIT_S)
 
     def result(self) -> dict[str, Any] | None:
-        """What the engine answered; None where it failed (said, and the role is served afresh after)."""
+        """The engine let meter (:meth:`go`) and what it answered; None where it failed (said, and the role is served
+        afresh after)."""
+        self.go()
         self._thread.join()
         if self._error is not None:
             self._status(f"the engine started during the exports failed ({type(self._error).__name__}: "
@@ -79,7 +98,9 @@ class EarlyServing:
 def start_early(role: str, plan: Plan, path: Path, s: Serving, shape: ModelShape, beside_bytes: int
                 ) -> EarlyServing | None:
     """``role``'s serving started now in an engine held before metering (module docstring); None where its serving
-    was kept before, or the engine does not fit beside ``beside_bytes`` more of this process's GPU memory."""
+    was kept before, or the engine does not fit beside ``beside_bytes`` more of this GPU's memory."""
+    from advisor.deploy.serving_gpus import total_gpu_bytes
+
     job, key = role_job(role, plan, path, s)
     if not searched_in_serving(s, plan):  # only a serving in rounds can hold before its first
         return None
@@ -92,18 +113,46 @@ def start_early(role: str, plan: Plan, path: Path, s: Serving, shape: ModelShape
     job = replace(job, hold=True, kv_cache_bytes=kv, gpu_memory_utilization=share)
     s.status(f"serving plan {plan.id} ({shown_role(role, plan.id)}) in vLLM: its engine starts while the plans "
              "export, and meters once they are done")
-    return EarlyServing(role, lambda hold: serve_role(role, plan, path, job, key, s, hold=hold), s.status).start()
+    return EarlyServing(role, lambda hold: serve_role(role, plan, path, job, key, s, hold=hold), s.status,
+                        int(share * total_gpu_bytes())).start()
 
 
-def start_early_bf16(plans: dict[str, Plan], as_is: Path | None, s: Serving, shape: ModelShape, beside_bytes: int
-                     ) -> EarlyServing | None:
-    """:func:`start_early` for the role holding all-BF16 where the model's folder serves it and some other role
-    exports (else there is nothing to start beside)."""
-    from advisor.deploy.checkpoint import folder_serving
+class EarlyEngines:
+    """The engines started while the plans export, by role (module docstring): all-BF16's from the model's folder at
+    once (:meth:`start_bf16`), each other plan's once its export is written (:meth:`start`)."""
 
-    served_as_is = {role: folder_serving(plan, as_is) for role, plan in plans.items()}
-    role = next((r for r in plans if "bf16" in r.split("+")), None)
-    path = served_as_is[role] if role is not None else None
-    if role is None or path is None or all(p is not None for p in served_as_is.values()):
-        return None
-    return start_early(role, plans[role], path, s, shape, beside_bytes)
+    def __init__(self, s: Serving, shape: ModelShape, exports_bytes: int) -> None:
+        self.s, self.shape, self.exports_bytes = s, shape, exports_bytes
+        self.started: dict[str, EarlyServing] = {}
+
+    def start(self, role: str, plan: Plan, path: Path) -> None:
+        """``role``'s engine started where it is not yet and fits beside the exports' working set and the memory of
+        the engines still starting (those started hold theirs already)."""
+        if role in self.started:
+            return
+        starting = sum(e.reserved_bytes for e in self.started.values() if not e.ready)
+        early = start_early(role, plan, path, self.s, self.shape, self.exports_bytes + starting)
+        if early is not None:
+            self.started[role] = early
+
+    def start_bf16(self, plans: dict[str, Plan], as_is: Path | None) -> None:
+        """:meth:`start` for the role holding all-BF16 where the model's folder serves it and some other role
+        exports (else there is nothing to start beside)."""
+        from advisor.deploy.checkpoint import folder_serving
+
+        served_as_is = {role: folder_serving(plan, as_is) for role, plan in plans.items()}
+        role = next((r for r in plans if "bf16" in r.split("+")), None)
+        path = served_as_is[role] if role is not None else None
+        if role is None or path is None or all(p is not None for p in served_as_is.values()):
+            return
+        self.start(role, plans[role], path)
+
+    def ready(self) -> None:
+        """Once the exports are done: wait until every engine started has finished starting (or failed), so that
+        no metering shares the GPU with another engine's start."""
+        for early in self.started.values():
+            early.wait_ready()
+
+    def stop(self) -> None:
+        for early in self.started.values():
+            early.stop()

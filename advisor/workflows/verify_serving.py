@@ -25,7 +25,7 @@ from advisor.search.operating import at_batch
 
 class StartedServing(Protocol):
     """A role's serving started before :func:`serve_plans` (:class:`~advisor.workflows.verify_early.EarlyServing`):
-    its answer, None where it failed."""
+    its answer once let meter, None where it failed."""
 
     role: str
 
@@ -126,14 +126,15 @@ def serve_role(role: str, plan: Plan, path: Path, job: ServeJob, key: str, s: Se
 
 
 def serve_plans(plans: Mapping[str, Plan], paths: Mapping[str, Path], s: Serving, workers: int = 1,
-                early: StartedServing | None = None) -> dict[str, dict[str, Any]]:
+                early: Mapping[str, StartedServing] | None = None) -> dict[str, dict[str, Any]]:
     """Role -> what vLLM answered serving that role's plan (read back where a serving of the same job was kept;
-    ``early``'s role from the engine started during the exports, or afresh where that one failed)."""
+    ``early``'s roles from the engines started during the exports, one after another in the plans' order, or afresh
+    where one failed)."""
     jobs, keys, served = {}, {}, {}
     for role, plan in plans.items():
         jobs[role], keys[role] = role_job(role, plan, paths[role], s)
-        if early is not None and role == early.role:
-            answer = early.result()
+        if early and role in early:
+            answer = early[role].result()
             if answer is not None:
                 served[role] = answer
                 continue

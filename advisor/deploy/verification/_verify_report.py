@@ -302,8 +302,9 @@ def time_section(result: dict[str, Any]) -> list[str]:
                      f"{num_s(start.get('kernel_warmup_s'))} | {hit} | "
                      f"{num_s(p.get('served_kl_s'))} | {len(m)} | {sum(x['seconds'] for x in m):.0f} |")
     held = [(role, p["held_s"]) for role, p in (t.get("plans") or {}).items() if p and p.get("held_s") is not None]
-    lines += ["", "; ".join(f"{role}'s engine started while the plans exported, then waited {s:.0f} s for them to "
-                            "end before metering" for role, s in held) + "."] if held else []
+    lines += ["", "; ".join(f"{role}'s engine started while the plans exported, then waited {s:.0f} s before "
+                            "metering (for the exports, the other engines' starts and the meterings before its own)"
+                            for role, s in held) + "."] if held else []
     return lines
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
@@ -118,6 +119,7 @@ def child_answer(reply: tuple[Any, ...], checkpoint: str, install_hint: str) -> 
 # ----------------------------------------------------------------------------------- processes started ahead
 # within processes_ahead: "devices", "architectures", the jobs "left" (None: not said) and the "spare" (process, pipe)
 _ahead: dict[str, Any] = {}
+_handing_over = threading.Lock()
 
 
 def _spare(devices: tuple[str, ...], architectures: tuple[str, ...], conn: Any) -> None:
@@ -181,16 +183,17 @@ def start_child(child: Callable[..., None], target: Callable[..., dict[str, Any]
     """``child(target, job, conn)`` in an engine process of its own: the spare started ahead where
     :func:`processes_ahead` holds one for the job's GPUs (and the next spare started at once), else a fresh one.
     Returns the process and the parent's end of its duplex pipe."""
-    spare = _ahead.get("spare")
-    if _ahead.get("left") is not None:
-        _ahead["left"] -= 1
-    if spare is not None and tuple(job.devices) == _ahead["devices"] and spare[0].is_alive():
-        del _ahead["spare"]
-        proc, conn = spare
-        conn.send((child, target, job))
-        if _ahead["left"] is None or _ahead["left"] > 0:
-            _spawn_spare()
-        return proc, conn
+    with _handing_over:  # verify's engines started during its exports each start from a thread of their own
+        spare = _ahead.get("spare")
+        if _ahead.get("left") is not None:
+            _ahead["left"] -= 1
+        if spare is not None and tuple(job.devices) == _ahead["devices"] and spare[0].is_alive():
+            del _ahead["spare"]
+            proc, conn = spare
+            conn.send((child, target, job))
+            if _ahead["left"] is None or _ahead["left"] > 0:
+                _spawn_spare()
+            return proc, conn
     return _spawn(child, target, job)
 
 
