@@ -54,7 +54,8 @@ def served(monkeypatch, bf16_run):
     monkeypatch.setitem(sys.modules, "vllm", fake_vllm(step_s=0.002))
     monkeypatch.setattr("advisor.energy.prediction.gpu_here", lambda: ("h100", "Fake GPU"))
     monkeypatch.setattr(verify_module, "STEADY_LOAD_METER", MeterConfig(**FAST))
-    monkeypatch.setattr("advisor.workflows.verify_early.engine_beside", lambda shape, batch, longest, beside: (0.3, KV))
+    monkeypatch.setattr("advisor.workflows.verify_early.engine_beside",
+                        lambda shape, batch, longest, beside, free_bytes=None: (0.3, KV))
     record = {"jobs": [], "went_at": None, "exported_at": None, "holding": {}, "went": {}, "ended": {}}
 
     def rounds(job, more):
@@ -159,30 +160,36 @@ def test_an_engine_starts_beside_the_exports_only_where_both_fit(monkeypatch):
     assert share == pytest.approx((serving_gpus.bf16_weight_bytes(shape) + kv
                                    + serving_gpus.EARLY_ENGINE_RESERVE_BYTES) / (140 * gib))
     assert serving_gpus.engine_beside(shape, 240, 768, beside_bytes=95 * gib) is None  # the exports need it
+    # what another engine started meanwhile holds, taken out of what was free before it
+    assert serving_gpus.engine_beside(shape, 240, 768, beside_bytes=40 * gib, free_bytes=40 * gib) is None
+    assert serving_gpus.engine_beside(shape, 240, 768, beside_bytes=0, free_bytes=40 * gib) == (share, kv)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert serving_gpus.engine_beside(shape, 240, 768, beside_bytes=0) is None
 
 
-def test_an_engine_still_starting_counts_against_the_next_one_s_room(monkeypatch):
+def test_the_engines_memory_is_counted_by_reservation_and_the_exports_kept_room_while_any_is_left(monkeypatch):
+    # what the GPU says is free while an engine starts counts its memory as free: each engine started holds its share
+    # of what was free before the first
     from advisor.workflows import verify_early
 
-    room: list[int] = []
+    room: list[tuple[int, int]] = []
 
-    class Starting:
-        ready, reserved_bytes = False, 10
+    class Started:
+        reserved_bytes = 10
 
-    def start_early(role, plan, path, s, shape, beside_bytes):
-        room.append(beside_bytes)
-        return Starting()
+    def start_early(role, plan, path, s, shape, beside_bytes, free_bytes):
+        room.append((beside_bytes, free_bytes))
+        return Started() if role != "x" else None  # x does not fit
 
     monkeypatch.setattr(verify_early, "start_early", start_early)
-    engines = verify_early.EarlyEngines(None, None, exports_bytes=100)
-    engines.start("bf16", None, None)
-    engines.start("recommendation", None, None)  # all-BF16's engine still starting: its memory is not yet taken
-    engines.started["bf16"].ready = True  # started: what it holds is no longer free, counted once
-    engines.start("x", None, None)
-    engines.start("x", None, None)  # started already
-    assert room == [100, 110, 110]
+    monkeypatch.setattr("advisor.deploy.serving_gpus.free_gpu_bytes", lambda: 1000)
+    engines = verify_early.EarlyEngines(None, None, exports_bytes=100, roles=["bf16", "recommendation", "x"])
+    engines._start("bf16", None, None)  # before the exports (start_bf16)
+    engines.start("bf16", None, None)  # its turn in the exports: served from the folder, started already
+    engines.start("recommendation", None, None)  # exported; x still to export
+    engines.start("x", None, None)  # the last export: no room kept for the exports
+    assert room == [(100, 1000), (100, 990), (0, 980)]
+    assert list(engines.started) == ["bf16", "recommendation"]
 
 
 def test_a_kept_serving_is_the_same_job_whether_its_engine_started_early_or_not():

@@ -106,6 +106,16 @@ def total_gpu_bytes() -> int:
     return torch.cuda.mem_get_info(0)[1] if torch.cuda.is_available() else 0
 
 
+def free_gpu_bytes() -> int:
+    """What is free on ``cuda:0`` once this process has handed back what it no longer uses (0 without a GPU)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return 0
+    release_gpu_memory()
+    return torch.cuda.mem_get_info(0)[0]
+
+
 def release_gpu_memory() -> None:
     """What this process no longer uses on its GPUs handed back to the driver, for an engine in another process
     that sizes its cache from what is free: garbage first (quantized copies hold reference cycles), then torch's
@@ -156,20 +166,22 @@ EARLY_ENGINE_RESERVE_BYTES = 8 * GIB
 KV_BLOCK_TOKENS = 16
 
 
-def engine_beside(shape: ModelShape, batch: int, longest: int, beside_bytes: int) -> tuple[float, int] | None:
-    """(gpu_memory_utilization, kv_cache_memory_bytes) of an all-BF16 engine for ``batch`` sequences of ``longest``
-    tokens started on ``cuda:0`` while this process still needs ``beside_bytes`` more than it holds (an export's
-    working set), where both fit in what is free now with :data:`ENGINE_HEADROOM_BYTES` to spare; None where they
-    do not, or without a GPU. The KV pool is sized, not profiled: vLLM's memory profile assumes no other process
-    changes its GPU memory while it runs."""
+def engine_beside(shape: ModelShape, batch: int, longest: int, beside_bytes: int, free_bytes: int | None = None
+                  ) -> tuple[float, int] | None:
+    """(gpu_memory_utilization, kv_cache_memory_bytes) of an engine (all-BF16's weights at most) for ``batch``
+    sequences of ``longest`` tokens started on ``cuda:0`` while this process still needs ``beside_bytes`` more than
+    it holds (an export's working set), where both fit in ``free_bytes`` (what is free now where not given: the
+    other engines started meanwhile have taken theirs out of it) with :data:`ENGINE_HEADROOM_BYTES` to spare; None
+    where they do not, or without a GPU. The KV pool is sized, not profiled: vLLM's memory profile assumes no other
+    process changes its GPU memory while it runs."""
     import torch
 
     if not torch.cuda.is_available():
         return None
     kv = int(1.1 * batch * -(-longest // KV_BLOCK_TOKENS) * KV_BLOCK_TOKENS * shape.kv_bytes_per_token()) + GIB
     need = bf16_weight_bytes(shape) + kv + EARLY_ENGINE_RESERVE_BYTES
-    release_gpu_memory()
-    free, total = torch.cuda.mem_get_info(0)
+    free = free_gpu_bytes() if free_bytes is None else free_bytes
+    total = total_gpu_bytes()
     if need + beside_bytes + ENGINE_HEADROOM_BYTES > free:
         return None
     return min(SERVE_MEMORY_SHARE, need / total), kv

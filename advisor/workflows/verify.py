@@ -324,7 +324,7 @@ def verify_run(run_dir: Path, engine: str = "vllm", plan_ids: Sequence[str] = ()
         serving = Serving(run_dir, summary, base, energy, version, here, runner or run_in_child,
                           rounds_runner, status, step_up=not quick)
         # the engines start while the plans export, where they fit beside them (verify_early's docstring)
-        early = EarlyEngines(serving, loaded.shape, export_working_set(loaded.model, export_device)) \
+        early = EarlyEngines(serving, loaded.shape, export_working_set(loaded.model, export_device), list(plans)) \
             if energy and runner is None and rounds_runner is None and workers <= 1 and n_gpus == 1 else None
         try:
             if early is not None:

@@ -6,14 +6,16 @@ started has finished starting (:meth:`EarlyEngines.ready`), then they meter one 
 has ended (:meth:`EarlyServing.result`), so no metering shares the GPU with an export, another engine's start or
 another metering, and a later plan's engine start (a minute an 8B plan on an H200) is off the meterings' path. Their
 KV pools are sized rather than profiled (vLLM's memory profile assumes no other process changes its memory
-meanwhile), and each starts only where it fits beside the exports' working set and the engines still starting
-(:func:`~advisor.deploy.serving_gpus.engine_beside`); a plan whose engine does not fit is served after them, as
-before."""
+meanwhile), and each starts only where it fits beside the other engines and, while any plan is still to export,
+the exports' working set (:func:`~advisor.deploy.serving_gpus.engine_beside`, :class:`EarlyEngines`); a plan whose
+engine does not fit is served after them, as before: on an H200, both of a 4B's plans are expected to fit, and an
+8B's mixed plan beside all-BF16 once the last export is written but not all-FP8 while it is still to come (by this
+module's arithmetic; not yet run on a GPU)."""
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -95,10 +97,11 @@ class EarlyServing:
         return self._answer
 
 
-def start_early(role: str, plan: Plan, path: Path, s: Serving, shape: ModelShape, beside_bytes: int
-                ) -> EarlyServing | None:
+def start_early(role: str, plan: Plan, path: Path, s: Serving, shape: ModelShape, beside_bytes: int,
+                free_bytes: int | None = None) -> EarlyServing | None:
     """``role``'s serving started now in an engine held before metering (module docstring); None where its serving
-    was kept before, or the engine does not fit beside ``beside_bytes`` more of this GPU's memory."""
+    was kept before, or the engine does not fit beside ``beside_bytes`` more of this process's GPU memory in
+    ``free_bytes`` (what is free now where not given)."""
     from advisor.deploy.serving_gpus import total_gpu_bytes
 
     job, key = role_job(role, plan, path, s)
@@ -106,7 +109,7 @@ def start_early(role: str, plan: Plan, path: Path, s: Serving, shape: ModelShape
         return None
     if read_serving(s.run_dir, plan.id, key) is not None:  # serve_plans reads it back, and says so
         return None
-    fits = engine_beside(shape, *engine_sizes(job), beside_bytes)
+    fits = engine_beside(shape, *engine_sizes(job), beside_bytes, free_bytes)
     if fits is None:
         return None
     share, kv = fits
@@ -119,25 +122,29 @@ def start_early(role: str, plan: Plan, path: Path, s: Serving, shape: ModelShape
 
 class EarlyEngines:
     """The engines started while the plans export, by role (module docstring): all-BF16's from the model's folder at
-    once (:meth:`start_bf16`), each other plan's once its export is written (:meth:`start`)."""
+    once (:meth:`start_bf16`), each other plan's once its export is written (:meth:`start`). The GPU's memory is
+    counted by reservation from what was free before the first: each engine started holds its share, and the
+    exports' working set is kept free while any role is still to export (what the GPU says is free meanwhile counts
+    an engine still starting as free)."""
 
-    def __init__(self, s: Serving, shape: ModelShape, exports_bytes: int) -> None:
+    def __init__(self, s: Serving, shape: ModelShape, exports_bytes: int, roles: Sequence[str]) -> None:
+        from advisor.deploy.serving_gpus import free_gpu_bytes
+
         self.s, self.shape, self.exports_bytes = s, shape, exports_bytes
+        self.to_export = list(roles)
+        self.free_bytes = free_gpu_bytes()
         self.started: dict[str, EarlyServing] = {}
 
     def start(self, role: str, plan: Plan, path: Path) -> None:
-        """``role``'s engine started where it is not yet and fits beside the exports' working set and the memory of
-        the engines still starting (those started hold theirs already)."""
-        if role in self.started:
-            return
-        starting = sum(e.reserved_bytes for e in self.started.values() if not e.ready)
-        early = start_early(role, plan, path, self.s, self.shape, self.exports_bytes + starting)
-        if early is not None:
-            self.started[role] = early
+        """``role``'s export written (or served from the model's folder): its engine started where it is not yet
+        and fits (the class docstring)."""
+        if role in self.to_export:
+            self.to_export.remove(role)
+        self._start(role, plan, path)
 
     def start_bf16(self, plans: dict[str, Plan], as_is: Path | None) -> None:
-        """:meth:`start` for the role holding all-BF16 where the model's folder serves it and some other role
-        exports (else there is nothing to start beside)."""
+        """The engine of the role holding all-BF16 started before the exports, where the model's folder serves it
+        and some other role exports (else there is nothing to start beside)."""
         from advisor.deploy.checkpoint import folder_serving
 
         served_as_is = {role: folder_serving(plan, as_is) for role, plan in plans.items()}
@@ -145,7 +152,16 @@ class EarlyEngines:
         path = served_as_is[role] if role is not None else None
         if role is None or path is None or all(p is not None for p in served_as_is.values()):
             return
-        self.start(role, plans[role], path)
+        self._start(role, plans[role], path)
+
+    def _start(self, role: str, plan: Plan, path: Path) -> None:
+        if role in self.started:
+            return
+        taken = sum(e.reserved_bytes for e in self.started.values())
+        early = start_early(role, plan, path, self.s, self.shape, self.exports_bytes if self.to_export else 0,
+                            self.free_bytes - taken)
+        if early is not None:
+            self.started[role] = early
 
     def ready(self) -> None:
         """Once the exports are done: wait until every engine started has finished starting (or failed), so that
