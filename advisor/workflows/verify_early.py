@@ -8,8 +8,8 @@ another metering, and a later plan's engine start (a minute an 8B plan on an H20
 KV pools are sized rather than profiled (vLLM's memory profile assumes no other process changes its memory
 meanwhile), and each starts only where it fits beside the other engines and, while any plan is still to export,
 the exports' working set (:func:`~advisor.deploy.serving_gpus.engine_beside`, :class:`EarlyEngines`); a plan whose
-engine does not fit is served after them, as before: on an H200, both of a 4B's plans are expected to fit, and an
-8B's mixed plan beside all-BF16 once the last export is written but not all-FP8 while it is still to come (by this
+engine does not fit is served after them, as before: on an H200, both of a 4B's plans are expected to fit, and of an
+8B's three, all-BF16 and the plan exported last, not the one exported while another was still to come (by this
 module's arithmetic; not yet run on a GPU)."""
 
 from __future__ import annotations
