@@ -234,8 +234,10 @@ def static_heap() -> Iterator[int]:
     it froze. A full collection otherwise walks the whole imported heap (vLLM, torch, transformers: 0.2 s for the
     advisor's own imports on one CI core). The load's thread, which hands vLLM its requests and reads its tokens,
     received none for 0.3-0.5 s every 9-13 s at batches 152-288 and then all of them at once (the token traces of the
-    4B's round 9 on an H200, reports/benchmarks/verify_time.md), and the windows over such a pause were left out as
-    starved: such collections, by their length and period; not yet served with the heap frozen."""
+    4B's round 9 on an H200, reports/benchmarks/verify_time.md): such collections, by their length and period. A
+    window over a pause was left out as starved, the one after it read the pause's tokens, and the requests replaced
+    together after it finished together a request's length later, again and again; not yet served with the heap
+    frozen."""
     gc.collect()
     gc.freeze()
     try:
