@@ -278,7 +278,8 @@ def serve(job: ServeJob, make_counter: Callable[[], EnergyCounter] | None = None
         if job.hold:
             if more is None:
                 raise SetupError("a held serving meters only once more({}) answers; none was given")
-            say("vLLM engine ready: it meters once the GPU is its alone (this verify's exports)")
+            say("vLLM engine ready: it meters once the GPU is its alone (this verify's exports, the other engines' "
+                "starts and meterings)")
             t = time.perf_counter()
             todo = list(more({}))
             timings["held_s"] = time.perf_counter() - t
