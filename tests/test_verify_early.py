@@ -10,6 +10,7 @@ import shutil
 import sys
 import threading
 import time
+import types
 
 import pytest
 from conftest import TINY_MODEL, need, verify_recipe_dict
@@ -98,6 +99,8 @@ def test_every_engine_starts_during_the_exports_and_they_meter_one_after_another
     res = runner.invoke(app, ["verify", str(run_dir), "--plan", _fp8(run_dir)])
     assert res.exit_code == 0, res.output
     assert "its engine starts while the plans export, and meters once they are done" in res.output
+    # the exported plan's engine, still starting
+    assert f"the first metering waits for plan {_fp8(run_dir)} (--plan): its engine is still starting" in res.output
     held = [j for j in served["jobs"] if j.hold]
     # all-BF16 from the model's own folder at once, all-FP8 (the recommendation here) once its export is written
     assert held[0].checkpoint == str(folder) and len(held) == 2 and "engine_checkpoints" in held[1].checkpoint
@@ -186,10 +189,11 @@ def test_the_engines_memory_is_counted_by_reservation_and_the_exports_kept_room_
     monkeypatch.setattr(verify_early, "start_early", start_early)
     monkeypatch.setattr("advisor.deploy.serving_gpus.free_gpu_bytes", lambda: 1000)
     engines = verify_early.EarlyEngines(None, None, exports_bytes=100, roles=["bf16", "recommendation", "x"])
-    engines._start("bf16", None, None)  # before the exports (start_bf16)
-    engines.start("bf16", None, None)  # its turn in the exports: served from the folder, started already
-    engines.start("recommendation", None, None)  # exported; x still to export
-    engines.start("x", None, None)  # the last export: no room kept for the exports
+    plan = types.SimpleNamespace(id="p")
+    engines._start("bf16", plan, None)  # before the exports (start_bf16)
+    engines.start("bf16", plan, None)  # its turn in the exports: served from the folder, started already
+    engines.start("recommendation", plan, None)  # exported; x still to export
+    engines.start("x", plan, None)  # the last export: no room kept for the exports
     assert room == [(100, 1000), (100, 990), (0, 980)]
     assert list(engines.started) == ["bf16", "recommendation"]
 

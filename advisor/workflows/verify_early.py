@@ -134,6 +134,7 @@ class EarlyEngines:
         self.to_export = list(roles)
         self.free_bytes = free_gpu_bytes()
         self.started: dict[str, EarlyServing] = {}
+        self.plan_ids: dict[str, str] = {}
 
     def start(self, role: str, plan: Plan, path: Path) -> None:
         """``role``'s export written (or served from the model's folder): its engine started where it is not yet
@@ -161,11 +162,16 @@ class EarlyEngines:
         early = start_early(role, plan, path, self.s, self.shape, self.exports_bytes if self.to_export else 0,
                             self.free_bytes - taken)
         if early is not None:
-            self.started[role] = early
+            self.started[role], self.plan_ids[role] = early, plan.id
 
     def ready(self) -> None:
         """Once the exports are done: wait until every engine started has finished starting (or failed), so that
         no metering shares the GPU with another engine's start."""
+        starting = [f"plan {self.plan_ids[role]} ({shown_role(role, self.plan_ids[role])})"
+                    for role, early in self.started.items() if not early.ready]
+        if starting:
+            self.s.status(f"the first metering waits for {', '.join(starting)}: "
+                          f"{'its engine is' if len(starting) == 1 else 'their engines are'} still starting")
         for early in self.started.values():
             early.wait_ready()
 
