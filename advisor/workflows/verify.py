@@ -176,10 +176,9 @@ def free_gpu_memory() -> str:
     """What is free on ``cuda:0`` once this process has handed back what it no longer uses, and what it holds."""
     import torch
 
-    serving_gpus.release_gpu_memory()
     if not torch.cuda.is_available():
         return "no GPU"
-    free, total = torch.cuda.mem_get_info(0)
+    free, total = serving_gpus.free_gpu_bytes(), serving_gpus.total_gpu_bytes()
     held = torch.cuda.memory_allocated(0)
     return f"{free / 2**30:.1f} of {total / 2**30:.1f} GiB free on cuda:0, {held / 2**30:.1f} GiB held by this process"
 

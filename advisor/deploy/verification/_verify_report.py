@@ -121,9 +121,9 @@ def _beside_line(result: dict[str, Any]) -> list[str]:
         return []
     return ["", f"Another GPU of this host was busy during {len(beside)} of these {len(rows)} meterings (up to "
             f"{max(beside):.0f}%, NVML's utilization): a job there (this verify's own workers count too) shares "
-            "the host's CPUs, memory and PCIe with this engine and can slow its serving (beside another verify on "
-            "an H200 host, a 4B FP8 engine served 20-35% slower). Serve it again alone before comparing these "
-            "numbers with another run's."]
+            "the host's CPUs, memory and PCIe with this engine and can make its serving noisier (beside another "
+            "verify on an H200 host, five of an 8B's meterings ran to the 30 s ceiling, alone one). Serve it again "
+            "alone before comparing these numbers with another run's."]
 
 
 def served_options(result: dict[str, Any]) -> list[str]:
