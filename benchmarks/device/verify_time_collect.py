@@ -28,7 +28,9 @@ COMMAND = ("STEPS='B V' bash benchmarks/device/verify_time.sh (setsid, polled; S
            "SPLANS=all-fp8 beside CUDA_VISIBLE_DEVICES=1 VT_OUT=/tmp/s44/out2 STEPS='q w Q', the 4B case; round 8: "
            "CUDA_VISIBLE_DEVICES=0 STEPS='B V P' taskset -c 0-15 beside CUDA_VISIBLE_DEVICES=1 VT_OUT=/tmp/s44/out2 "
            "STEPS='q Q S' SHAPES=llama-3.2-3b taskset -c 16-31; round 9, the 4B alone on one H200: "
-           "VLLM_USE_AOT_COMPILE=0 STEPS='q Q S' SHAPES=llama-3.2-3b SPLANS=all-fp8), "
+           "VLLM_USE_AOT_COMPILE=0 STEPS='q Q S' SHAPES=llama-3.2-3b SPLANS=all-fp8; "
+           "round 10, the 4B alone on one H200: "
+           "STEPS='q Q S' SHAPES=mistral-7b-v0.3 SPLANS='all-bf16 all-fp8'), "
            "then python benchmarks/device/verify_time_collect.py")
 SPARE_IMPORT = re.compile(r"the next engine's process has vLLM imported \((\d+) s, (\S+) UTC\)")
 
@@ -286,7 +288,8 @@ def main() -> None:
         title = folder / "title.txt"
         rounds.append(collect(folder, f"Round {folder.name[5:]}: "
                                       + (title.read_text().strip() if title.is_file() else folder.name)))
-    for folder in sorted(data.glob("qwen3_4b*")):  # issue 57's 4B-class case (verify_time.sh's steps q and Q), a round
+    # issue 57's 4B-class case (verify_time.sh's steps q and Q), by round: qwen3_4b/ is round 7's
+    for folder in sorted(data.glob("qwen3_4b*"), key=lambda f: int(f.name[len("qwen3_4b_round"):] or 7)):
         rounds.append(collect(folder, "The 4B-class case: " + (folder / "title.txt").read_text().strip()))
     notes = data / "summary_notes.json"
     result = {"command": COMMAND, "rounds": rounds,
