@@ -53,3 +53,26 @@ def write_report(out: Path, d: dict, render: Callable[[dict], str], *, newline: 
 def read_report(out: Path) -> dict[str, Any]:
     """The report ``out`` holds so far (a run cut off and started again adds to it); {} where there is none."""
     return json.loads(out.read_text()) if out.is_file() else {}
+
+
+HEADER_KEYS = ("gpu", "driver", "date", "command", "vllm_version")
+
+
+def write_sections(stem: Path, title: str, name: str, section: dict[str, Any]) -> dict[str, Any]:
+    """One report that several scripts write, a section each, at ``stem``.json and .md: section ``name`` replaced by
+    ``section`` (its data, its ``header``: :data:`HEADER_KEYS`, and its rendered ``markdown`` lines), the others kept
+    as they are. The top-level header keys join each section's. Returns the report."""
+    json_path = stem.with_suffix(".json")
+    report = json.loads(json_path.read_text()) if json_path.is_file() else {}
+    sections = {**report.get("sections", {}), name: section}
+    report = {k: "; ".join(f"{n}: {s['header'][k]}" for n, s in sections.items()) if len(sections) > 1
+              else section["header"][k] for k in HEADER_KEYS} | {"sections": sections}
+    dump_json(json_path, report)
+    lines = [f"# {title}", ""]
+    for n, s in sections.items():
+        h = s["header"]
+        lines += [f"## {n}", "",
+                  f"GPU: {h['gpu']}. Driver: {h['driver']}. Date: {h['date']}. vLLM: {h['vllm_version']}.", "",
+                  f"Command: `{h['command']}`", "", *s["markdown"], ""]
+    stem.with_suffix(".md").write_text("\n".join(lines))
+    return report

@@ -36,7 +36,7 @@ HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent), str(HERE.parents[1])]
 os.environ.setdefault("ADVISOR_PROFILE_DIR", tempfile.mkdtemp())  # the shipped profiles only, never a user's
 
-from _report import command_line, dump_json, md_table  # noqa: E402
+from _report import command_line, dump_json, md_table, write_sections  # noqa: E402
 from mlenergy_shapes import FIT_PREFIX, shape_of  # noqa: E402
 
 from advisor.energy.prediction import VllmServedModel, VllmServing, make_predicted_model  # noqa: E402
@@ -139,6 +139,7 @@ def builtin_error(predict: Predictor, row: dict[str, Any]) -> float:
     return 100 * (s.j_per_token / row["j_per_token"] - 1)
 
 
+TITLE = "Engine-true predictions: the vLLM step model against what vLLM served"
 SECTION = "ML.ENERGY Llama-3.1-8B rows (B200 and H100, batch 8-256) against the advisor's prediction"
 
 
@@ -146,7 +147,7 @@ def table(rows: list[dict[str, Any]], inputs: tuple[int, ...]) -> list[str]:
     body = [[r["model"].split("/")[-1], r["gpu"].upper(), str(r["batch"]), str(r["output_tokens"]),
              f"{r['j_per_token']:.4f}", f"{r['predicted']['j_per_token']:.4f}", f"{r['error_pct']['j_per_token']:+.1f}",
              f"{r['builtin_error_pct']:+.1f}",
-             *[f"{r['j_error_pct_at_input'][n]:+.1f}" for n in inputs],
+             *[f"{r['j_error_pct_at_input'][str(n)]:+.1f}" for n in inputs],
              f"{r['tokens_per_s']:.0f}", f"{r['predicted']['tokens_per_s']:.0f}",
              f"{r['error_pct']['tokens_per_s']:+.1f}"]
             for r in rows]
@@ -156,17 +157,12 @@ def table(rows: list[dict[str, Any]], inputs: tuple[int, ...]) -> list[str]:
                      "error %"], body, "lll" + "r" * (len(inputs) + 8))
 
 
-def markdown(report: dict[str, Any]) -> str:
-    s = report["sections"][SECTION]
-    lines = [f"# Engine-true predictions ({report['gpu']})", "",
-             f"vLLM: {report['vllm_version']}. Driver: {report['driver']}. Date: {report['date']}.", "",
-             f"Command: `{report['command']}`", "", f"## {SECTION}", "", *s["notes"], "",
-             *table(s["rows"], tuple(int(n) for n in s["inputs_checked"])), "",
-             f"Within 15% (J/token): {s['within_15pct']} of {len(s['rows'])} rows.", "",
-             "### Held-out models (not fitted on)", "",
-             *table(s["heldout"], ()), "",
-             f"Within 15% (J/token): {s['heldout_within_15pct']} of {len(s['heldout'])} rows.", ""]
-    return "\n".join(lines)
+def section_markdown(s: dict[str, Any]) -> list[str]:
+    return [*s["notes"], "", *table(s["rows"], tuple(int(n) for n in s["inputs_checked"])), "",
+            f"Within 15% (J/token): {s['within_15pct']} of {len(s['rows'])} rows.", "",
+            "### Held-out models (not fitted on)", "",
+            *table(s["heldout"], ()), "",
+            f"Within 15% (J/token): {s['heldout_within_15pct']} of {len(s['heldout'])} rows."]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -215,18 +211,16 @@ def main(argv: list[str] | None = None) -> None:
         "bridge": {str(n): v for n, v in bridge.items()},
         "within_15pct": sum(abs(r["error_pct"]["j_per_token"]) <= 15 for r in rows),
         "heldout": held, "heldout_within_15pct": sum(abs(r["error_pct"]["j_per_token"]) <= 15 for r in held)}
-    stem = Path(args.report)
-    report = json.loads(stem.with_suffix(".json").read_text()) if stem.with_suffix(".json").exists() else {}
-    report.update({"gpu": "NVIDIA B200 and H100 (ML.ENERGY v3, public data: their measurements); NVIDIA H100 80GB "
-                          f"HBM3 (this project's vLLM step profile, {h100['date']})",
-                   "driver": f"not published by ML.ENERGY; {h100['driver']} (this project's H100 measurements)",
-                   "date": (f"ML.ENERGY v3 (2025-12-01, files at {args.ml_commit[:7]}); this project's fit "
-                            f"{h100['date']}"),
-                   "command": command, "vllm_version": f"{ML_VLLM} (ML.ENERGY's runs); {h100['vllm_version']} (this "
-                                                       "project's step profile)"})
-    report.setdefault("sections", {})[SECTION] = section
-    dump_json(stem.with_suffix(".json"), report)
-    stem.with_suffix(".md").write_text(markdown(report))
+    section["header"] = {
+        "gpu": ("NVIDIA B200 and H100 (ML.ENERGY v3, public data: their measurements); NVIDIA H100 80GB HBM3 (this "
+                f"project's vLLM step profile, {h100['date']})"),
+        "driver": f"not published by ML.ENERGY; {h100['driver']} (this project's H100 measurements)",
+        "date": f"ML.ENERGY v3 (2025-12-01, files at {args.ml_commit[:7]}); this project's fit {h100['date']}",
+        "command": command,
+        "vllm_version": f"{ML_VLLM} (ML.ENERGY's runs); {h100['vllm_version']} (this project's step profile)"}
+    section = json.loads(json.dumps(section))  # rendered as it is kept: its batches' keys are strings there
+    section["markdown"] = section_markdown(section)
+    write_sections(Path(args.report), TITLE, SECTION, section)
     print(json.dumps({"scales": scales, "within_15pct": section["within_15pct"], "rows": len(rows),
                       "heldout_within_15pct": section["heldout_within_15pct"], "heldout": len(held)}, indent=1))
 
