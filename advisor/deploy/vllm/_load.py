@@ -236,8 +236,8 @@ def static_heap() -> Iterator[int]:
     received none for 0.3-0.5 s every 9-13 s at batches 152-288 and then all of them at once (the token traces of the
     4B's round 9 on an H200, reports/benchmarks/verify_time.md): such collections, by their length and period. A
     window over a pause was left out as starved, the one after it read the pause's tokens, and the requests replaced
-    together after it finished together a request's length later, again and again; not yet served with the heap
-    frozen."""
+    together after it finished together a request's length later, again and again. Frozen, the pauses were gone (the
+    4B's round 10, the same report)."""
     gc.collect()
     gc.freeze()
     try:
