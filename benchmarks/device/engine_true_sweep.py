@@ -4,12 +4,14 @@ caching off, the export's options, the fast meter) and metered at a sweep of bat
 output token, TPOT and TTFT (p50, p90) and tokens/s per batch. In the same engine, each TPOT objective (8, 12 and
 20 ms) is searched as ``advisor verify`` searches it: from the largest batch the vLLM step model predicts on this
 GPU, smaller batches after a miss, a larger one after a batch that met with room to spare. The rows are the served
-side of reports/benchmarks/engine_true.md; the predicted side is priced on the CPU from the same shapes.
+side of reports/benchmarks/engine_true.md's section on shapes outside the fit; the predicted side is priced on the
+CPU from the same shapes.
 
     python3 benchmarks/device/engine_true_sweep.py --shapes qwen2.5-7b --work /tmp/s44/et --out et.json
     # then, on the CPU, every row and objective against the shipped step profile of that GPU kind:
     python benchmarks/engine_true/vllm_step_fit.py --gpu h200 --input et.json \
         --check advisor/energy/profiles/vllm/h200.json --report reports/benchmarks/engine_true_heldout_h200
+    # and that check's JSON added to benchmarks/engine_true/heldout_served.py's CHECKS, which sums them up there
 
 The MoE (``qwen3-30b-a3b``, an H200) is 61 GB in BF16 and 31 GB in FP8 against a lent machine's 64 GB disk: sweep
 one plan a call (``--plans all-fp8``, then ``--plans all-bf16 --work /dev/shm/et``), each call's checkpoint removed
