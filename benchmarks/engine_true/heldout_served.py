@@ -105,7 +105,10 @@ def notes(checks: list[str]) -> list[str]:
         "- **Bounds (issue 56):** J/token within 10% (15% for a mixture of experts), TPOT within 8%, the predicted "
         "largest batch within 10% of the largest that met. The batch search meters vLLM's CUDA-graph sizes only "
         "(8 apart above 8), so one graph size is the finest it resolves: at batch 40-80 one size is 10-20%.",
-        f"- **Checks read:** {', '.join(f'`{c}`' for c in checks)}.",
+        f"- **Checks read:** {', '.join(f'`{c}`' for c in checks)}. The Qwen3-4B's earlier rounds, on other hosts, "
+        "have reports of their own and are not summed here: round 7's (`vllm_step_check_h200_qwen3_4b.md`) and round "
+        "9's (`vllm_step_check_h200_qwen3_4b_round9.md`: all-FP8's TPOT 5-18.5% low on a host that served the 4B's "
+        "short FP8 steps slower).",
     ]
 
 
