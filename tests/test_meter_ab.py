@@ -76,3 +76,19 @@ def test_the_slow_path_meters_each_found_batch_and_its_neighbours_as_verify_serv
 
     table = "\n".join(verify_time_collect.render_slow_path(data))
     assert "| tpot8 (TPOT 8 ms) | 16 | 7.00, 0.10000 |" in table and "| tpot20 (TPOT 20 ms) | 24 |" in table
+
+
+def test_a_plan_after_the_first_is_timed_from_the_plan_before_s_last_metering_to_its_own(monkeypatch):
+    """verify_time_collect.py's figure for issue 57's 'at most 4 minutes a plan after the first', from each metering's
+    clock time and length, in the order the plans ended (a held early engine meters after the plan before)."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks" / "device"))
+    import verify_time_collect
+
+    plans = [{"plan_id": "fp8", "meterings": [{"began_utc": "11:40:56", "seconds": 8.6},
+                                              {"began_utc": "11:42:31", "seconds": 11.2}]},
+             {"plan_id": "bf16", "meterings": [{"began_utc": "11:38:41", "seconds": 9.2},
+                                               {"began_utc": "11:40:34", "seconds": 17.4}]},
+             {"plan_id": "round 5's", "meterings": [{"seconds": 10.0}]}]  # no clock times: left out
+    ended = verify_time_collect.plans_ended(plans)
+    assert [(plan, f"{end:%H:%M:%S}") for plan, end, _ in ended] == [("bf16", "11:40:51"), ("fp8", "11:42:42")]
+    assert ended[0][2] is None and ended[1][2] == pytest.approx(110.8, abs=0.01)

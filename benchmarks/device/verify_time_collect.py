@@ -12,6 +12,7 @@ meter_ab.json (the fast meter against the classic one on one engine).
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import re
 import sys
@@ -121,6 +122,20 @@ def collect(data: Path, name: str) -> dict[str, Any]:
             "notes": json.loads(notes.read_text()) if notes.is_file() else []}
 
 
+def plans_ended(plans: list[dict[str, Any]]) -> list[tuple[str, datetime.datetime, float | None]]:
+    """(plan, when its last metering ended, seconds since the plan before's ended) in the order they ended, for the
+    plans whose meterings name their clock time (round 6 on)."""
+    ends = []
+    for p in plans:
+        timed = [m for m in p["meterings"] if "began_utc" in m]
+        if timed:
+            last = max(datetime.datetime.strptime(m["began_utc"], "%H:%M:%S")
+                       + datetime.timedelta(seconds=m["seconds"]) for m in timed)
+            ends.append((p["plan_id"], last))
+    ends.sort(key=lambda e: e[1])
+    return [(plan, end, (end - ends[i - 1][1]).total_seconds() if i else None) for i, (plan, end) in enumerate(ends)]
+
+
 def render_round(r: dict[str, Any]) -> list[str]:
     lines = [f"## {r['round']}", "", f"Files: `{r['data']}`. Progress: {' '.join(r['progress'])}.", ""]
     t = r.get("verify_timings_s")
@@ -156,6 +171,11 @@ def render_round(r: dict[str, Any]) -> list[str]:
         lines += ["", "Meterings began (UTC): " + "; ".join(
             f"`{plan}` " + ", ".join(f"{m['workload']} {m.get('began_utc', '?')}" for m in ms) for plan, ms in began)
             + "."]
+    ended = plans_ended(r["plans"])
+    if len(ended) > 1:  # issue 57's "a plan after the first": from the plan before's last metering to its own last
+        lines += ["", "Each plan's last metering ended (UTC), after the plan before's (issue 57's 'a plan after the "
+                  "first'): " + "; ".join(f"`{plan}` {end:%H:%M:%S}" + (f" (+{gap / 60:.2f} min)" if gap else "")
+                                         for plan, end, gap in ended) + "."]
     if r.get("spare_imports"):
         lines += ["", "The next engine's process had vLLM imported (its own line in v_verify.log): "
                   + ", ".join(f"{s} s, {t} UTC" for s, t in r["spare_imports"]) + "."]
