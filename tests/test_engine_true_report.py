@@ -57,9 +57,9 @@ def _check(rows: list[dict], objectives: list[dict]) -> dict:
 
 
 def _row(shape: str, j_err: float, tpot_err: float, disturbed: str | None = None) -> dict:
-    return {"shape": shape, "plan": "all-fp8", "fitted": False, "disturbed": disturbed,
+    return {"shape": shape, "plan": "all-fp8", "fitted": False, "disturbed": disturbed, "batch": 64,
             "capture_sizes": [1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64, 256, 272, 288],
-            "error_pct": {"j_per_token": j_err, "tpot_ms": tpot_err}}
+            "error_pct": {"j_per_token": j_err, "tpot_ms": tpot_err, "tokens_per_s": -tpot_err}}
 
 
 def test_a_moe_row_is_held_to_15_percent_in_j_per_token_a_dense_one_to_10(heldout):
@@ -118,10 +118,22 @@ def test_the_ml_energy_section_and_the_served_one_share_one_report(heldout, tmp_
 
     check = tmp_path / "check.json"
     check.write_text(json.dumps(_check([_row("mistral-7b-v0.3", 2.0, -1.0)], [])))
-    heldout.main(["--checks", str(check), "--report", str(stem)])
+    heldout.main(["--checks", str(check), "--fitted-shape-checks", str(check), "--report", str(stem)])
     saved = json.loads(stem.with_suffix(".json").read_text())
     assert saved["sections"][mlenergy_b200.SECTION] == first
     assert saved["sections"][heldout.SECTION]["totals"]["j_within"] == 1
-    assert "Qwen3-30B-A3B" in saved["sections"][heldout.SECTION]["markdown"][-1]  # the MoE, not served here
+    assert any("Qwen3-30B-A3B" in line for line in saved["sections"][heldout.SECTION]["markdown"])  # not served
     md = stem.with_suffix(".md").read_text()
     assert md.count("\n## ") == 2 and "### Held-out models (not fitted on)" in md
+
+
+def test_a_check_s_bias_is_its_mean_signed_error_at_the_operating_batches_only(heldout):
+    rows = [dict(_row("mistral-7b-v0.3", -4.0, 2.0), batch=64, error_pct={"j_per_token": -4.0, "tpot_ms": 2.0,
+                                                                          "tokens_per_s": -1.0}),
+            dict(_row("mistral-7b-v0.3", -2.0, 4.0), batch=128, error_pct={"j_per_token": -2.0, "tpot_ms": 4.0,
+                                                                           "tokens_per_s": -3.0}),
+            dict(_row("mistral-7b-v0.3", 30.0, 30.0), batch=16, error_pct={"j_per_token": 30.0, "tpot_ms": 30.0,
+                                                                           "tokens_per_s": 30.0})]
+    bias = heldout.bias_row(_check(rows, []), "c.json")
+    assert bias["rows"] == 2 and bias["shapes"] == ["mistral-7b-v0.3"]
+    assert (bias["tpot_ms_mean_pct"], bias["j_per_token_mean_pct"], bias["tokens_per_s_mean_pct"]) == (3.0, -3.0, -2.0)

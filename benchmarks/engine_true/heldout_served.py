@@ -25,6 +25,10 @@ SECTION = "Shapes outside the fit, served by vLLM, against the shipped step prof
 CHECKS = ("reports/benchmarks/engine_true_heldout_h200.json", "reports/benchmarks/vllm_step_check_h200_llama3b.json",
           "reports/benchmarks/vllm_step_check_h200_mistral7b.json",
           "reports/benchmarks/vllm_step_check_h200_qwen3_4b_round10.json")
+#: the fitted shape's (Llama-3.1-8B) later rounds on H200 hosts, checked as the held-out shapes are: how far one host
+#: and day moves the same shape's error
+FITTED_SHAPE_ROUNDS = tuple(f"reports/benchmarks/vllm_step_check_h200_round{n}.json" for n in (2, 4, 5, 6, 7))
+LARGE_BATCH = 64  # from here on the operating batches of the TPOT objectives lie
 J_BOUND_PCT, MOE_J_BOUND_PCT, TPOT_BOUND_PCT, BATCH_BOUND_PCT = 10.0, 15.0, 8.0, 10.0
 MOE_SHAPES = ("qwen3-30b-a3b",)
 TO_SERVE = {"qwen3-30b-a3b": "the Qwen3-30B-A3B MoE on an H200 (benchmarks/device/engine_true_sweep.py, one plan a "
@@ -70,6 +74,14 @@ def objective_rows(check: dict[str, Any], source: str) -> list[dict[str, Any]]:
     return out
 
 
+def bias_row(check: dict[str, Any], source: str) -> dict[str, Any]:
+    """One check's mean signed error (predicted against served, %) at batch >= :data:`LARGE_BATCH`."""
+    rows = [r for r in check["rows"] if r["batch"] >= LARGE_BATCH and not r["fitted"]]
+    return {"source": source, "date": check["date"], "shapes": sorted({r["shape"] for r in rows}), "rows": len(rows),
+            **{f"{k}_mean_pct": sum(r["error_pct"][k] for r in rows) / len(rows) if rows else None
+               for k in ("tpot_ms", "j_per_token", "tokens_per_s")}}
+
+
 def section_markdown(s: dict[str, Any]) -> list[str]:
     shapes = md_table(
         ["shape", "plan", "GPU, date", "rows (disturbed)", "J/token within bound", "TPOT within 8%",
@@ -92,7 +104,16 @@ def section_markdown(s: dict[str, Any]) -> list[str]:
             *objectives, "",
             f"Within 10%: {t['batch_within_pct']} of {t['objectives']}; within one graph size: "
             f"{t['batch_within_one_size']} of {t['objectives']}.", "",
-            "Not served yet: " + ("; ".join(s["to_serve"]) or "none") + "."]
+            "Not served yet: " + ("; ".join(s["to_serve"]) or "none") + ".", "",
+            f"### Shape or host: mean signed error at batch {LARGE_BATCH} and above, per check", "",
+            "The fitted shape's own later rounds (other hosts and days, not fitted on) beside the held-out shapes: "
+            "where the first spread as widely as the second, a shape's error cannot be told from its host's.", "",
+            *md_table(["check", "date", "shapes", "rows", "TPOT %", "J/token %", "tokens/s %"],
+                      [[f"[{Path(b['source']).stem}]({Path(b['source']).with_suffix('.md').name})", b["date"],
+                        ", ".join(b["shapes"]), str(b["rows"]),
+                        *(f"{b[k]:+.1f}" if b[k] is not None else "n/a"
+                          for k in ("tpot_ms_mean_pct", "j_per_token_mean_pct", "tokens_per_s_mean_pct"))]
+                       for b in s["bias"]], "llllrrr")]
 
 
 def notes(checks: list[str]) -> list[str]:
@@ -117,15 +138,19 @@ def main(argv: list[str] | None = None) -> None:
 
     a = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     a.add_argument("--checks", nargs="+", default=list(CHECKS), help="vllm_step_fit.py --check reports (JSON)")
+    a.add_argument("--fitted-shape-checks", nargs="*", default=list(FITTED_SHAPE_ROUNDS),
+                   help="checks of the fitted shape's later rounds (JSON), set beside the held-out ones")
     a.add_argument("--report", default="reports/benchmarks/engine_true")
     args = a.parse_args(argv)
     checks = {c: json.loads(Path(c).read_text()) for c in args.checks}
     shapes = [r for c, d in checks.items() for r in shape_rows(d, c)]
     objectives = [o for c, d in checks.items() for o in objective_rows(d, c)]
     served = {r["shape"] for r in shapes}
+    bias = [bias_row(json.loads(Path(c).read_text()), c) for c in args.fitted_shape_checks] \
+        + [bias_row(d, c) for c, d in checks.items()]
     section: dict[str, Any] = {
         "notes": notes(list(checks)), "shapes": shapes, "objectives": objectives,
-        "to_serve": [text for shape, text in TO_SERVE.items() if shape not in served],
+        "to_serve": [text for shape, text in TO_SERVE.items() if shape not in served], "bias": bias,
         "totals": {"rows": sum(r["rows"] for r in shapes), "j_within": sum(r["j_within"] for r in shapes),
                    "tpot_within": sum(r["tpot_within"] for r in shapes), "objectives": len(objectives),
                    "batch_within_pct": sum(o["within_pct"] for o in objectives),
