@@ -28,7 +28,8 @@
 #   S  benchmarks/device/engine_true_sweep.py over ${SHAPES:-qwen2.5-7b} (plans ${SPLANS:-all-bf16 all-fp8}): shapes
 #      outside the step model's fit served at batches 16-256, about 6.5 min a plan
 #      (reports/benchmarks/engine_true.md); SWORK=/dev/shm/et puts the checkpoints in memory: the MoE's BF16 (61 GB)
-#      does not fit the disk beside anything else (engine_true_sweep.py's docstring)
+#      does not fit the disk beside anything else (engine_true_sweep.py's docstring); SBATCHES='16 64' meters only
+#      the fixed batches issue 56 names besides the objectives' searches (the MoE's operating batches lie at 1-48)
 # Two copies on one host disturb each other's serving, even pinned to disjoint cores (round 8, 2026-11-30: a 4B FP8
 # engine served 20-35% slower beside the 8B's verify): time a target alone. Environment variables the engines should
 # see are set on the command line (ENGINE_ENV's are defaults only), e.g. VLLM_USE_AOT_COMPILE=0, which leaves
@@ -120,7 +121,8 @@ print(next(t["plan_id"] for t in s["trials"] if t["trial"] == n))' $q4/summary.j
     G) python3 benchmarks/device/fp8_gemm_scaling.py --out $out/fp8_gemm.json > $out/g.log 2>&1 ;;
     S) [ -n "$ran_b" ] && rm -rf $ck /tmp/s44/base  # the disk holds 64 GiB: this copy's 8B checkpoints go first
        python3 benchmarks/device/engine_true_sweep.py --shapes ${SHAPES:-qwen2.5-7b} --work ${SWORK:-/tmp/s44/et_$(basename $out)} \
-         --plans ${SPLANS:-all-bf16 all-fp8} --out $out/engine_true_sweep.json > $out/s.log 2>&1 ;;
+         --plans ${SPLANS:-all-bf16 all-fp8} ${SBATCHES:+--batches $SBATCHES} --out $out/engine_true_sweep.json \
+         > $out/s.log 2>&1 ;;
   esac
   log "$s rc=$?"
   pack
