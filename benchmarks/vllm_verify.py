@@ -104,7 +104,7 @@ def build_checkpoints(config: Any, plans: dict[str, Plan], root: Path, device: s
     groups = model_shape(model).groups
     calib = torch.randint(0, config.vocab_size, (8, 128), generator=torch.Generator().manual_seed(1))
     out = {}
-    for name, plan in plans.items():
+    for i, (name, plan) in enumerate(plans.items()):
         path = root / name
         if (path / "config.json").is_file():  # exported by an earlier call
             out[name] = path
@@ -112,7 +112,9 @@ def build_checkpoints(config: Any, plans: dict[str, Plan], root: Path, device: s
         if set(plan.formats.values()) == {Format.BF16}:
             model.save_pretrained(path, safe_serialization=True)
         else:
-            qmodel = copy.deepcopy(model)
+            # the last plan quantizes the model itself: a copy beside it would double the GPU's share (an MoE of 30B
+            # is 61 GB in BF16, and the export adds its FP8 weights to what is held)
+            qmodel = model if i == len(plans) - 1 else copy.deepcopy(model)
             quantize_plan(qmodel, plan, groups, forward_loop(calib))
             qmodel.config.dtype = torch.bfloat16  # save_pretrained above leaves it a string
             write_checkpoint(qmodel, _NoTokenizer(), path)

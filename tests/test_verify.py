@@ -717,3 +717,41 @@ def test_a_batch_served_for_a_stated_workload_is_compared_as_the_largest_that_me
     line = next(x for x in text.splitlines() if x.startswith("- 'tpot8': the recommendation"))
     assert "at batch 64" in line and "the recommendation at its largest batch that met the objective in vLLM" in line
     assert "- `fe6b6a3cd096` on 'tpot8': batches 80 (" in text  # listed among the searched, with what answered it
+
+
+@pytest.mark.parametrize("order", [("all-bf16", "all-fp8"), ("all-fp8", "all-bf16")])
+def test_random_checkpoints_quantize_the_model_itself_only_for_the_last_plan(order, tmp_path, monkeypatch):
+    """benchmarks/vllm_verify.py's random checkpoints (the GPU rounds' models): the last plan is quantized in place,
+    so an MoE of 30B (61 GB in BF16) is not held twice on the GPU; a plan written after a quantized one is still the
+    unquantized model."""
+    from safetensors.torch import load_file
+
+    from advisor.models.groups import model_shape
+
+    script = _vllm_verify_script()
+    copies = []
+    real_deepcopy = script.copy.deepcopy
+
+    def counted(x, *args, **kwargs):  # copies of the whole model, not the parts a deepcopy recurses into
+        if type(x).__name__ == "LlamaForCausalLM":
+            copies.append(x)
+        return real_deepcopy(x, *args, **kwargs)
+
+    monkeypatch.setattr(script.copy, "deepcopy", counted)
+    config = script.llama31_8b_config(tiny=True)
+    from transformers import AutoModelForCausalLM
+
+    groups = model_shape(AutoModelForCausalLM.from_config(config)).groups
+    plans = script.standard_plans(groups, [g.name for g in groups])
+    paths = script.build_checkpoints(config, {name: plans[name] for name in order}, tmp_path, "cpu")
+    assert len(copies) == (1 if order[0] == "all-fp8" else 0)
+
+    def weight_dtypes(path):
+        tensors = {}
+        for f in sorted(path.glob("*.safetensors")):
+            tensors.update(load_file(str(f)))
+        return {str(t.dtype) for k, t in tensors.items() if k.endswith("mlp.down_proj.weight")}
+
+    assert weight_dtypes(paths["all-bf16"]) == {"torch.bfloat16"}
+    assert weight_dtypes(paths["all-fp8"]) == {"torch.float8_e4m3fn"}
+    assert (paths["all-fp8"] / "hf_quant_config.json").is_file()
