@@ -56,6 +56,8 @@ def read_report(out: Path) -> dict[str, Any]:
 
 
 HEADER_KEYS = ("gpu", "driver", "date", "command", "vllm_version")
+#: reports/benchmarks/engine_true's title: engine_true/mlenergy_b200.py and heldout_served.py write a section each
+ENGINE_TRUE_TITLE = "Engine-true predictions: the vLLM step model against what vLLM served"
 
 
 def write_sections(stem: Path, title: str, name: str, section: dict[str, Any]) -> dict[str, Any]:

@@ -21,9 +21,7 @@ def report_helpers(monkeypatch):
 
 
 @pytest.fixture
-def heldout(monkeypatch, tmp_path):
-    # mlenergy_b200 (imported with it) points the advisor's profiles at a folder of its own where none is set
-    monkeypatch.setenv("ADVISOR_PROFILE_DIR", str(tmp_path / "profiles"))
+def heldout(monkeypatch):
     monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
     monkeypatch.syspath_prepend(str(ROOT / "benchmarks" / "engine_true"))
     import heldout_served
@@ -102,6 +100,8 @@ def _ml_energy_file(path: Path, model: str, b200_over_h100: float) -> str:
 def test_the_ml_energy_section_and_the_served_one_share_one_report(heldout, tmp_path, monkeypatch):
     """mlenergy_b200.py anchors B200 on the Llama-3.1-8B file alone and writes its section; heldout_served.py then
     adds its own to the same report, the first kept as it was."""
+    # mlenergy_b200 points the advisor's profiles at a folder of its own where none is set, as it is imported
+    monkeypatch.setenv("ADVISOR_PROFILE_DIR", str(tmp_path / "profiles"))
     import mlenergy_b200
 
     fit = _ml_energy_file(tmp_path / "meta-llama__Llama-3.1-8B-Instruct__lm-arena-chat.json",

@@ -36,7 +36,7 @@ HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent), str(HERE.parents[1])]
 os.environ.setdefault("ADVISOR_PROFILE_DIR", tempfile.mkdtemp())  # the shipped profiles only, never a user's
 
-from _report import command_line, dump_json, md_table, write_sections  # noqa: E402
+from _report import ENGINE_TRUE_TITLE, command_line, dump_json, md_table, write_sections  # noqa: E402
 from mlenergy_shapes import FIT_PREFIX, shape_of  # noqa: E402
 
 from advisor.energy.prediction import VllmServedModel, VllmServing, make_predicted_model  # noqa: E402
@@ -139,7 +139,6 @@ def builtin_error(predict: Predictor, row: dict[str, Any]) -> float:
     return 100 * (s.j_per_token / row["j_per_token"] - 1)
 
 
-TITLE = "Engine-true predictions: the vLLM step model against what vLLM served"
 SECTION = "ML.ENERGY Llama-3.1-8B rows (B200 and H100, batch 8-256) against the advisor's prediction"
 
 
@@ -220,7 +219,7 @@ def main(argv: list[str] | None = None) -> None:
         "vllm_version": f"{ML_VLLM} (ML.ENERGY's runs); {h100['vllm_version']} (this project's step profile)"}
     section = json.loads(json.dumps(section))  # rendered as it is kept: its batches' keys are strings there
     section["markdown"] = section_markdown(section)
-    write_sections(Path(args.report), TITLE, SECTION, section)
+    write_sections(Path(args.report), ENGINE_TRUE_TITLE, SECTION, section)
     print(json.dumps({"scales": scales, "within_15pct": section["within_15pct"], "rows": len(rows),
                       "heldout_within_15pct": section["heldout_within_15pct"], "heldout": len(held)}, indent=1))
 
