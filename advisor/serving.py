@@ -39,6 +39,7 @@ class PlanTraits:
     kv_fp8: bool
     fused_quantized: bool  # a q/k/v or gate/up group is quantized (engines run it as one GEMM)
     experts_quantized: bool  # a MoE layer's routed experts are quantized
+    moe: bool  # the model has routed experts
     nvfp4_down: bool  # an NVFP4 down projection (the SiLU*up output is quantized to NVFP4)
     target: str | None = None
 
@@ -55,6 +56,7 @@ def plan_traits(plan: Plan, target: str | None = None) -> PlanTraits:
         kv_fp8=plan.kv_cache == Format.FP8,
         fused_quantized=any(g.rsplit(".", 1)[-1] in FUSED_KINDS for g in quantized),
         experts_quantized=any(g.endswith(".experts") for g in quantized),
+        moe=any(g.endswith(".experts") for g in plan.formats),
         nvfp4_down=any(f == Format.NVFP4 and g.rsplit(".", 1)[-1] in ("down", "shared_down")
                        for g, f in plan.formats.items()),
         target=target,
@@ -86,6 +88,17 @@ def vllm_linear_backend(formats: Iterable[Format], gpu: GPU | str | None) -> dic
     return {"linear_backend": "torch"} if hopper and Format.FP8 in kinds and Format.NVFP4 not in kinds else {}
 
 
+def vllm_moe_backend(formats: Iterable[Format], gpu: GPU | str | None, moe: bool) -> dict[str, str]:
+    """``{"moe_backend": "triton"}`` (``moe-backend`` in ``vllm serve``'s YAML) for a mixture-of-experts model with
+    FP8 weights served on Hopper, else nothing. vLLM 0.26's default for FP8 experts there is FlashInfer's CUTLASS
+    fused MoE, which FlashInfer compiles on the engine's first start unless the flashinfer-jit-cache package is
+    installed: 32 of its 182 objects in 9 minutes on 16 cores (H200, 2026-11-30), so a first verify would wait most
+    of an hour for one engine. Triton is vLLM's own choice for BF16 experts on Hopper (it moves FlashInfer's kernels
+    to the back there), so every plan's experts run one kernel family. Not with NVFP4 layers, as for the linear
+    backend; elsewhere (Blackwell) vLLM's own choice stands: not measured here."""
+    return {"moe_backend": "triton"} if moe and vllm_linear_backend(formats, gpu) else {}
+
+
 #: vLLM 0.26's max_num_batched_tokens for its offline ``LLM`` class where the GPU has >= 70 GiB (H100, H200,
 #: B200), else 8192 (vllm/engine/arg_utils.py, EngineArgs.get_batch_defaults)
 LLM_CLASS_BATCHED_TOKENS = (16384, 8192)
@@ -105,6 +118,17 @@ def _fp8_on_hopper(t: PlanTraits) -> bool:
     return bool(vllm_linear_backend(t.formats, t.target))
 
 
+def vllm_kernels(formats: Iterable[Format], gpu: GPU | str | None, moe: bool) -> dict[str, str]:
+    """The kernel choices the advisor serves a plan with in vLLM (``vllm.LLM`` keywords): the linear and the MoE
+    backend."""
+    formats = tuple(formats)
+    return {**vllm_linear_backend(formats, gpu), **vllm_moe_backend(formats, gpu, moe)}
+
+
+def _fp8_moe_on_hopper(t: PlanTraits) -> bool:
+    return bool(vllm_moe_backend(t.formats, t.target, t.moe))
+
+
 def _nvfp4_off_blackwell(t: PlanTraits) -> bool:
     return Format.NVFP4 in t.formats and t.target != "b200"
 
@@ -122,6 +146,7 @@ VLLM_PR_56050 = "https://github.com/vllm-project/vllm/pull/56050"
 VLLM_MEASURED = "reports/benchmarks/vllm_verify.md"
 VLLM_OPERATING = "reports/benchmarks/operating_points_8b.md"
 VLLM_VERIFY_TIME = "reports/benchmarks/verify_time.md"
+VLLM_ENGINE_TRUE = "reports/benchmarks/engine_true.md"
 SGLANG_KV_DOCS = "https://docs.sglang.io/advanced_features/quantized_kv_cache.html"
 SGLANG_PR_28099 = "https://github.com/sgl-project/sglang/pull/28099"
 SGLANG_PR_32740 = "https://github.com/sgl-project/sglang/pull/32740"
@@ -157,6 +182,11 @@ FACTS: tuple[Fact, ...] = (
          "11.4% fewer J/token at batch 64 and 4.5% fewer at 16 (512 in / 256 out, continuous batching), FP8 and "
          "mixed plans within 1.1% of the built-in runtime's J/token and 3.7% of the prediction at batch 1, 16 and "
          "64 (H100, 2026-11-28)", VLLM_MEASURED, _fp8_on_hopper),
+    Fact("vLLM", "ok", "on Hopper, serve it with the export's `vllm_config.yaml` (`moe-backend: triton`): vLLM "
+         "0.26.0's default for FP8 experts there, FlashInfer's CUTLASS fused MoE, is compiled on the engine's first "
+         "start unless flashinfer-jit-cache is installed (32 of 182 objects in 9 minutes on 16 cores, H200, "
+         "2026-11-30); with Triton, vLLM's own choice for BF16 experts on Hopper, the FP8 Qwen3-30B-A3B shape's "
+         "engine started in 108 s. The two kernels' J/token were not compared", VLLM_ENGINE_TRUE, _fp8_moe_on_hopper),
     Fact("vLLM", "caveat", "operating batches under a TPOT objective are predicted with a step model of vLLM 0.26.0 "
          "fitted on one shape (Llama-3.1-8B): on that shape in three fresh searches and verifies, 21 of 27 predicted "
          "batches (all-BF16, all-FP8 and a mixed plan, TPOT 8/12/20 ms) met the objective as vLLM served them and "

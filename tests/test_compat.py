@@ -92,6 +92,19 @@ def test_mixed_moe_plan_hits_the_trtllm_moe_problem():
     assert _verdicts(dense_experts)["TensorRT-LLM"] == "serves"
 
 
+def test_fp8_experts_are_served_by_vllm_s_triton_kernel_on_hopper_only():
+    def triton(plan: Plan, target: str) -> bool:
+        return any("moe-backend: triton" in f.text for v in engine_compatibility(plan, target) for f in v.facts)
+
+    fp8_moe, bf16_moe, fp8_dense = (Plan.uniform(MOE, Format.FP8), Plan.uniform(MOE, Format.BF16),
+                                    Plan.uniform(DENSE, Format.FP8))
+    assert plan_traits(fp8_moe).moe and plan_traits(bf16_moe).moe and not plan_traits(fp8_dense).moe
+    assert {t: triton(fp8_moe, t) for t in ("h100", "h200", "b200")} == {"h100": True, "h200": True, "b200": False}
+    assert not triton(bf16_moe, "h200") and not triton(fp8_dense, "h200")
+    # the attention's FP8 puts the experts, BF16 or not, on Triton too: vLLM's choice for BF16 experts on Hopper
+    assert triton(Plan({g: Format.BF16 if g.endswith("experts") else Format.FP8 for g in MOE}), "h200")
+
+
 def test_fp8_kv_cache_caveats():
     plan = Plan.uniform(DENSE, Format.FP8, Format.FP8)
     assert _verdicts(plan) == {"TensorRT-LLM": "serves", "vLLM": "serves, with caveats",

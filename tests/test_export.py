@@ -136,6 +136,20 @@ def test_fp8_plan_lists_bf16_groups_in_exclude_modules(tiny, tmp_path):
     assert "an older vLLM refuses it" in served
 
 
+def test_an_fp8_moe_s_vllm_config_names_the_triton_experts_on_hopper():
+    import yaml
+
+    from advisor.deploy.checkpoint._vllm_config import vllm_options, vllm_options_yaml
+
+    for gpu, moe, fmt, expected in (("h200", True, Format.FP8, "triton"), ("h100", True, Format.FP8, "triton"),
+                                    ("b200", True, Format.FP8, None), ("h200", False, Format.FP8, None),
+                                    ("h200", True, Format.BF16, None)):
+        options = vllm_options(WORKLOADS, formats=[fmt], gpu=gpu, moe=moe)
+        text = vllm_options_yaml(options, WORKLOADS)
+        assert yaml.safe_load(text).get("moe-backend") == expected
+        assert ("flashinfer-jit-cache" in text) == (expected is not None)
+
+
 def test_nvfp4_round_trip_is_exact(tiny, tmp_path):
     loaded, tokens = tiny
     plan = Plan.uniform(loaded.shape.groups, Format.NVFP4)

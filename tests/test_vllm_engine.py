@@ -455,6 +455,24 @@ def test_fp8_gemms_are_served_by_cublaslt_on_hopper_as_the_export_says(tmp_path,
                        llm_options={"linear_backend": "torch"}))
 
 
+@pytest.mark.parametrize("gpu", [GPU.H200, GPU.B200])
+def test_fp8_experts_are_served_by_vllm_s_triton_kernel_on_hopper_as_the_export_says(tmp_path, monkeypatch, gpu):
+    vllm = fake_vllm(step_s=0.0)
+    monkeypatch.setitem(sys.modules, "vllm", vllm)
+    monkeypatch.setattr("advisor.deploy.vllm._serve.gpu_kind", lambda: gpu)
+    moe_config = {"model_type": "qwen3_moe", "num_experts": 4, "num_experts_per_tok": 2, "num_hidden_layers": 2,
+                  "vocab_size": 64}
+    fp8_moe, bf16_moe, fp8_dense = checkpoint(tmp_path / "moe8", "FP8"), checkpoint(tmp_path / "moe16"), \
+        checkpoint(tmp_path / "dense8", "FP8")
+    for ck in (fp8_moe, bf16_moe):
+        (ck / "config.json").write_text(json.dumps(moe_config))
+    for ck in (fp8_moe, bf16_moe, fp8_dense):
+        serve(ServeJob(str(ck), vocab_size=64, formats=False, prefill=False),
+              make_counter=lambda: ConstantPowerCounter(300.0))
+    served = [llm.kwargs.get("moe_backend") for llm in vllm.instances]
+    assert served == ["triton" if gpu == GPU.H200 else None, None, None]
+
+
 def serve_on_constant_power(job, more=None):
     """A child process's target (module level, so that a spawned process finds it)."""
     return serve(job, make_counter=ConstantPowerCounter, more=more)

@@ -61,6 +61,16 @@ def _family(raw: dict[str, Any]) -> tuple[Adapter, dict[str, Any], str] | None:
     return (ADAPTERS[inner], text, "text_config.") if inner in ADAPTERS else None
 
 
+def has_routed_experts(raw: dict[str, Any] | None) -> bool:
+    """``raw`` (config.json as written) is a supported mixture-of-experts family's with more than one expert."""
+    family = _family(raw) if raw else None
+    if family is None or not family[0].moe:
+        return False
+    adapter, fields, _ = family
+    written = _as_written(fields, fields.get("model_type") or (raw or {}).get("model_type"))
+    return _is_size(written.get(adapter.experts_attr), 2)
+
+
 def _required(adapter: Adapter) -> tuple[str, ...]:
     if not adapter.moe:
         return REQUIRED

@@ -263,7 +263,8 @@ def export_plan(
 
     options = llm_api_options(workloads, plan.kv_cache)
     (out_dir / "llm_api_options.yaml").write_text(options_yaml(options, workloads))
-    vllm_opts = vllm_options(workloads, plan.kv_cache, plan.formats.values(), target)
+    vllm_opts = vllm_options(workloads, plan.kv_cache, plan.formats.values(), target,
+                             moe=any(g.endswith(".experts") for g in plan.formats))
     (out_dir / "vllm_config.yaml").write_text(vllm_options_yaml(vllm_opts, workloads))
     t = time.perf_counter()
     smoke_result = smoke_test_trtllm(out_dir) if smoke else "not run: disabled"

@@ -8,7 +8,8 @@ the bound to cover it (measured in ``reports/benchmarks/operating_points_8b.md``
 On Hopper, vLLM 0.26 runs a ModelOpt FP8 checkpoint's per-tensor GEMMs with its CUTLASS kernel; cuBLASLt
 (``linear-backend: torch``, ``torch._scaled_mm``) served the same checkpoints at fewer J/token
 (``reports/benchmarks/vllm_verify.md``), so the options pick it there (the rule:
-:func:`advisor.serving.vllm_linear_backend`).
+:func:`advisor.serving.vllm_linear_backend`). A mixture-of-experts model's FP8 experts run vLLM's Triton kernel there
+(:func:`advisor.serving.vllm_moe_backend`: vLLM's default compiles for most of an hour on its first start).
 """
 
 from __future__ import annotations
@@ -19,14 +20,15 @@ from typing import Any
 
 from advisor.deploy.checkpoint._sizes import ServingSizes, workloads_words
 from advisor.formats import GPU, GPU_SPECS, Format
-from advisor.serving import vllm_linear_backend, vllm_token_budget
+from advisor.serving import vllm_kernels, vllm_token_budget
 
 
 def vllm_options(workloads: list[dict[str, Any]], kv_cache: Format = Format.BF16,
-                 formats: Iterable[Format] = (), gpu: GPU | str | None = None) -> dict[str, Any]:
+                 formats: Iterable[Format] = (), gpu: GPU | str | None = None, moe: bool = False) -> dict[str, Any]:
     """Keys are ``vllm serve`` flags without their dashes, as vLLM's ``--config`` YAML takes them. ``formats``:
-    the plan's weight formats; ``gpu``: the GPU kind it is served on (None: not known). The token budget is the
-    one the plan was priced and verified with (:func:`advisor.serving.vllm_token_budget`) where the GPU is known."""
+    the plan's weight formats; ``gpu``: the GPU kind it is served on (None: not known); ``moe``: the model has routed
+    experts. The token budget is the one the plan was priced and verified with
+    (:func:`advisor.serving.vllm_token_budget`) where the GPU is known."""
     size = ServingSizes.of(workloads)
     kind = next((g for g in GPU if g.value == gpu), None)
     budget = vllm_token_budget(GPU_SPECS[kind].memory_gb, size.batch, size.seq) if kind else size.num_tokens
@@ -35,7 +37,7 @@ def vllm_options(workloads: list[dict[str, Any]], kv_cache: Format = Format.BF16
         "max-model-len": size.seq,
         "max-num-batched-tokens": budget,
         **({"kv-cache-dtype": "fp8"} if kv_cache == Format.FP8 else {}),
-        **{key.replace("_", "-"): value for key, value in vllm_linear_backend(formats, gpu).items()},
+        **{key.replace("_", "-"): value for key, value in vllm_kernels(formats, gpu, moe).items()},
         "compilation-config": {"max_cudagraph_capture_size": min(capture_bound(size.batch, size.prompt), budget)},
     }
 
@@ -82,5 +84,9 @@ def vllm_options_yaml(options: dict[str, Any], workloads: list[dict[str, Any]]) 
                "# on Hopper, measured with vLLM 0.26.0 in precision-advisor's reports/benchmarks/vllm_verify.md).\n"
                "# The flag came with vLLM PR 39538 (April 2026): an older vLLM refuses it; delete the line there.\n"
                if "linear-backend" in options else "")
+            + ("# moe-backend: triton runs the FP8 experts with vLLM's Triton kernel: its default on Hopper,\n"
+               "# FlashInfer's CUTLASS MoE, is compiled on the first start without flashinfer-jit-cache (most of an\n"
+               "# hour).\n"
+               if "moe-backend" in options else "")
             + "# Use: vllm serve <this folder> --config vllm_config.yaml\n")
     return head + yaml.safe_dump(options, sort_keys=False)

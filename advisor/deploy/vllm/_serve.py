@@ -39,7 +39,8 @@ from advisor.deploy.vllm._served_kl import served_kl
 from advisor.energy.meter import EnergyCounter, MeterConfig
 from advisor.errors import SetupError
 from advisor.formats import GPU
-from advisor.serving import vllm_linear_backend
+from advisor.models.config_fields import has_routed_experts, raw_config
+from advisor.serving import vllm_kernels
 
 #: Each engine process's environment, unless the user set these. Every request the advisor sends is greedy
 #: (temperature 0), and vLLM's sampler never uses FlashInfer's top-k/top-p for a greedy request
@@ -146,15 +147,17 @@ def greedy_hits(vllm: Any, llm: Any, items: Any) -> list[bool]:
 def exported_options(checkpoint: str, batch: int, prompt: int, batches: Sequence[int] = ()) -> dict[str, Any]:
     """What the export's ``vllm_config.yaml`` asks of vLLM (:mod:`advisor.deploy.checkpoint._vllm_config`), as
     ``vllm.LLM`` keywords for an engine of ``batch`` requests and ``prompt``-token prompts: CUDA graphs for the
-    steps where a prefill joins the decode batch, and the FP8 GEMM backend for the checkpoint's formats on this
-    GPU. With ``batches`` (the steady loads the engine will run), only the graphs their steps use are captured."""
+    steps where a prefill joins the decode batch, and the FP8 GEMM and MoE backends for the checkpoint's formats
+    and experts on this GPU. With ``batches`` (the steady loads the engine will run), only the graphs their steps
+    use are captured."""
     qpath = Path(checkpoint) / "hf_quant_config.json"
     formats = weight_formats_from_quant_config(json.loads(qpath.read_text()) if qpath.is_file() else None)
     bound = capture_bound(batch, prompt)
     graphs: dict[str, Any] = {"max_cudagraph_capture_size": bound}
     if batches:
         graphs = {"cudagraph_capture_sizes": list(graph_sizes_for(batches, prompt, bound))}
-    return {"compilation_config": graphs, **vllm_linear_backend(formats, gpu_kind())}
+    moe = has_routed_experts(raw_config(checkpoint))
+    return {"compilation_config": graphs, **vllm_kernels(formats, gpu_kind(), moe)}
 
 
 def job_batches(job: ServeJob) -> tuple[int, ...]:
