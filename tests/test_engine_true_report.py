@@ -80,6 +80,9 @@ def test_one_graph_size_apart_is_what_a_batch_search_resolves(heldout):
                    "tpot12": (False, False),  # 56 lies between
                    "tpot20": (False, False),  # 272 lies between
                    "tpot30": (False, False)}  # nothing met
+    sized = dict(row, max_num_seqs=256)  # an engine of 256 sequences: no batch above 256 was served
+    ceiling = {o["objective"]: o["at_engine_ceiling"] for o in heldout.objective_rows(_check([sized], objectives), "c")}
+    assert ceiling == {"tpot8": False, "tpot12": False, "tpot20": True, "tpot30": False}
 
 
 def _ml_energy_file(path: Path, model: str, b200_over_h100: float) -> str:
