@@ -46,6 +46,10 @@ from advisor.recipe.schema import Workload
 from advisor.search.operating import QUANTILE, SteadyState, within_cap
 
 TAIL = 1e-9  # Poisson weight left out of a cycle's expectation
+#: what a mixture of experts' prediction misses (reports/benchmarks/vllm_step_check_h200_moe.md)
+MOE_KERNELS_NOTE = ("vLLM's fused-MoE kernels are not in the step model: the routed experts are priced from the device "
+                    "costs below; on Qwen3-30B-A3B's all-FP8 (H200, 2026-11-30) TPOT came out 47-95% above what "
+                    "vLLM served and the operating batches 25-75% below: check with `advisor verify`")
 _GRID_CEILING = 1 << 20
 
 
@@ -101,6 +105,8 @@ class VllmServedModel:
                  f"{p['date']}")
         if p.get("anchor"):
             words += f"; {p['anchor']['label']}"
+        if self.shape.is_moe:
+            words += f"; {MOE_KERNELS_NOTE}"
         words += f"; device costs from {inner}"
         if self.installed and self.installed != self.vllm_version:
             words += (f"; vLLM {self.installed} is installed, but the profile is of vLLM {self.vllm_version}: its "
