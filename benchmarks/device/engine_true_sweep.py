@@ -163,10 +163,8 @@ def shape_config(name: str) -> Any:
     raise SystemExit(f"unknown shape {name}")
 
 
-def build_in_child(name: str, plan_names: list[str], root: Path, device: str) -> dict[str, Path]:
-    """The shape's checkpoints, built in a process of its own: the GPU memory it held goes back when it exits (the
-    MoE's quantized model left 31 GB held in this process's caching allocator, and vLLM's engine then would not start:
-    2026-11-30)."""
+def build_shape(name: str, plan_names: list[str], root: Path, device: str) -> dict[str, Path]:
+    """The shape's checkpoints (:func:`main` builds them on a GPU in a process of its own)."""
     from vllm_verify import build_checkpoints
 
     config, _, plans = shape_and_plans(name)
@@ -194,8 +192,12 @@ def main() -> None:
         config, shape, plans = shape_and_plans(name)
         root = Path(args.work) / name
         t = time.perf_counter()
-        with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
-            paths = pool.submit(build_in_child, name, args.plans, root, args.device).result()
+        if args.device == "cuda":  # the GPU memory the build held goes back when its process exits (the MoE's
+            # quantized model left 31 GB in this process's caching allocator, and vLLM would not start: 2026-11-30)
+            with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+                paths = pool.submit(build_shape, name, args.plans, root, args.device).result()
+        else:
+            paths = build_shape(name, args.plans, root, args.device)
         print(f"{name}: exported in {time.perf_counter() - t:.0f} s", flush=True)
         for plan_name, path in paths.items():
             t = time.perf_counter()
