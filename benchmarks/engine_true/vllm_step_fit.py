@@ -39,6 +39,7 @@ from advisor.energy.prediction import (  # noqa: E402
     VllmServedModel,
     VllmServing,
     make_predicted_model,
+    vllm_device,
 )
 from advisor.energy.profiling import REFERENCE_SHAPES, VLLM_SCHEMA, VLLM_VERSION  # noqa: E402
 from advisor.formats import GPU, GPU_SPECS, Format  # noqa: E402
@@ -57,10 +58,11 @@ START = {"host_ms": 0.4, "per_seq_us": 1.0, "piecewise_us_per_layer": 10.0, "eag
 class Rows:
     """The fitted model of each (shape, GPU kind) and each row's plan, workload and engine."""
 
-    def __init__(self, rows: list[ServedRow], gap_power_w: float) -> None:
+    def __init__(self, rows: list[ServedRow], gap_power_w: float, moe_kernels: dict[str, Any] | None = None) -> None:
         self.rows = rows
         self._models: dict[tuple[str, str], tuple[Any, VllmServedModel]] = {}
         self.gap_power_w = gap_power_w
+        self.moe_kernels = moe_kernels  # vLLM's fused MoE measured (a profile's moe_kernels): a MoE's experts from it
 
     def models(self, row: ServedRow) -> tuple[Any, VllmServedModel]:
         key = (row.shape, row.gpu_kind)
@@ -69,7 +71,8 @@ class Rows:
             builtin = make_predicted_model(shape, GPU(row.gpu_kind), model_config=config)
             profile = {"params": {**START, "gap_power_w": self.gap_power_w}, "vllm_version": row.vllm_version,
                        "gpu": row.gpu, "driver": row.driver, "date": row.date}
-            self._models[key] = (builtin, VllmServedModel(builtin, shape, GPU(row.gpu_kind), profile))
+            device = vllm_device(builtin, shape, GPU(row.gpu_kind), self.moe_kernels)
+            self._models[key] = (builtin, VllmServedModel(device, shape, GPU(row.gpu_kind), profile))
         return self._models[key]
 
     @staticmethod
@@ -234,12 +237,15 @@ def write_report(stem: Path, first: ServedRow, date: str, command: str, profile:
 
 
 def check(profile_path: str, rows: list[ServedRow], gap: float, report_stem: str, command: str,
-          objectives: list[dict[str, Any]] | None = None) -> None:
+          objectives: list[dict[str, Any]] | None = None, moe_kernels: dict[str, Any] | None = None) -> None:
     """Every row priced with a shipped profile's terms, none fitted (reported as checks); with ``objectives``
-    (:func:`objective_rows`), the operating batches too."""
+    (:func:`objective_rows`), the operating batches too; with ``moe_kernels``, that table of vLLM's fused MoE in
+    place of the profile's."""
     profile = json.loads(Path(profile_path).read_text())
+    if moe_kernels is not None:
+        profile["moe_kernels"] = moe_kernels
     params = profile["params"]
-    data = Rows(rows, params.get("gap_power_w", gap))
+    data = Rows(rows, params.get("gap_power_w", gap), profile.get("moe_kernels"))
     errors = [{**e, "fitted": False} for e in error_rows(data, rows, terms_of({**START, "gap_power_w": gap,
                                                                                 **params}))]
     first = rows[0]
@@ -250,6 +256,18 @@ def check(profile_path: str, rows: list[ServedRow], gap: float, report_stem: str
                           "".join(line + "\n" for line in objectives_markdown(objectives or [])))
     print(json.dumps({"checked": profile_path, "rms_pct": report["rms_pct"],
                       "builtin_rms_pct": report["builtin_rms_pct"]}, indent=1))
+
+
+def moe_table(path: str, gpu: str) -> dict[str, Any]:
+    """A vllm_moe_kernels.py output as a profile's ``moe_kernels``: its GPU, date, vLLM and command, and each row's
+    geometry, format, tokens, ms and J a layer."""
+    data = json.loads(Path(path).read_text())
+    name = data["gpu_smi"].split(",")[0].strip()
+    if gpu.upper() not in name.upper():
+        raise SystemExit(f"{path} was measured on {name}, not on an {gpu}")
+    keys = ("experts", "top_k", "hidden", "intermediate", "format", "tokens", "ms_per_layer", "j_per_layer")
+    return {"gpu": name, "date": data["date"], "vllm_version": data["vllm_version"], "command": data["command"],
+            "source": path, "rows": [{k: r[k] for k in keys} for r in data["rows"]]}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -269,7 +287,11 @@ def main(argv: list[str] | None = None) -> None:
     a.add_argument("--report", default=None, help="default reports/benchmarks/vllm_step_fit_<gpu> (.json, .md)")
     a.add_argument("--check", metavar="PROFILE", help="fit nothing: price every row with this vLLM step profile's "
                    "terms (rows it was not fitted on: an out-of-sample check) and write only --report")
+    a.add_argument("--moe-kernels", metavar="JSON", help="benchmarks/device/vllm_moe_kernels.py's output: vLLM's "
+                   "fused MoE of this GPU kind, kept in the profile (a MoE's routed experts are priced from it); "
+                   "without it a fit keeps the table the profile at --profile-out has")
     args = a.parse_args(argv)
+    moe_kernels = moe_table(args.moe_kernels, args.gpu) if args.moe_kernels else None
     if args.check and not args.report:
         raise SystemExit("--check writes a report of its own: give --report")
 
@@ -297,9 +319,12 @@ def main(argv: list[str] | None = None) -> None:
     if args.check:
         inputs = [spec.partition(":")[0] for spec in args.input] + [
             entry["path"] for m in args.manifest for entry in json.loads(Path(m).read_text())]
-        check(args.check, rows, gap, args.report, command_line(argv), objective_rows(inputs))
+        check(args.check, rows, gap, args.report, command_line(argv), objective_rows(inputs), moe_kernels)
         return
-    data = Rows(rows, gap)
+    out = Path(args.profile_out or f"advisor/energy/profiles/vllm/{args.gpu}.json")
+    if moe_kernels is None and out.is_file():
+        moe_kernels = json.loads(out.read_text()).get("moe_kernels")
+    data = Rows(rows, gap, moe_kernels)
     fitted_rows = [r for r in rows if r.fittable]
     params = fit(data, fitted_rows, args.free, fixed)
     errors = error_rows(data, rows, terms_of(params))
@@ -316,8 +341,7 @@ def main(argv: list[str] | None = None) -> None:
                "gpu_kind": args.gpu, "driver": first.driver,
                "date": max(r.date for r in fitted_rows), "fitted_on": datetime.date.today().isoformat(),
                "source": source, "command": command, "params": {k: round(v, 6) for k, v in params.items()},
-               "free": args.free}
-    out = Path(args.profile_out or f"advisor/energy/profiles/vllm/{args.gpu}.json")
+               "free": args.free, **({"moe_kernels": moe_kernels} if moe_kernels else {})}
     out.parent.mkdir(parents=True, exist_ok=True)
     dump_json(out, profile, indent=1, newline=True)
     report = write_report(Path(args.report or f"reports/benchmarks/vllm_step_fit_{args.gpu}"), first,

@@ -44,12 +44,14 @@ from advisor.energy.prediction._tiers import (
     make_energy_tiers,
     make_predicted_model,
 )
+from advisor.energy.prediction._vllm_moe import MoeKernelTable, VllmMoeDevice, without_routed_experts
 from advisor.energy.prediction._vllm_served import (
     VllmServedModel,
     as_served,
     graph_batches,
     installed_vllm_version,
     priced_engine,
+    vllm_device,
 )
 from advisor.energy.prediction._vllm_step import (
     Chunk,
@@ -72,4 +74,5 @@ __all__ = [
     "make_predicted_model", "ng_features", "outside_anchors", "prefill_cost", "routing_note", "touched_share",
     "Chunk", "EngineTerms", "StepCost", "VllmServedModel", "VllmServing", "VllmSteps", "as_served", "capture_sizes",
     "graph_batches", "installed_vllm_version", "padded", "priced_engine", "split_prompts",
+    "MoeKernelTable", "VllmMoeDevice", "vllm_device", "without_routed_experts",
 ]

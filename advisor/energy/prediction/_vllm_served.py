@@ -30,6 +30,7 @@ import numpy as np
 from scipy.stats import norm, poisson
 
 from advisor.energy.prediction._gpu_costmodel import at_power_limit
+from advisor.energy.prediction._vllm_moe import MoeKernelTable, VllmMoeDevice, without_routed_experts
 from advisor.energy.prediction._vllm_step import (
     EngineTerms,
     StepCost,
@@ -94,10 +95,11 @@ class VllmServedModel:
         self.power_limit_w = self.gpu.tdp_w * self.gpus  # every GPU the steps' energy is of
         self.vllm_version = str(profile["vllm_version"])
         self.installed = installed
-        self.label = self._words(builtin.label)
+        self.label = self._words(builtin.label, isinstance(builtin, VllmMoeDevice))
 
-    def _words(self, builtin_label: str) -> str:
-        """``builtin_label`` ("predicted[ for N GPUs] (...)") with the vLLM step model named first inside."""
+    def _words(self, builtin_label: str, moe_kernels: bool = False) -> str:
+        """``builtin_label`` ("predicted[ for N GPUs] (...)") with the vLLM step model named first inside (and, for a
+        MoE whose experts are not priced from vLLM's measured fused MoE, what that leaves out)."""
         p = self.profile
         head, _, inner = builtin_label.partition(" (")
         inner = inner.removesuffix(")")
@@ -105,7 +107,7 @@ class VllmServedModel:
                  f"{p['date']}")
         if p.get("anchor"):
             words += f"; {p['anchor']['label']}"
-        if self.shape.is_moe:
+        if self.shape.is_moe and not moe_kernels:
             words += f"; {MOE_KERNELS_NOTE}"
         words += f"; device costs from {inner}"
         if self.installed and self.installed != self.vllm_version:
@@ -194,7 +196,8 @@ class VllmServedModel:
 
     def step_source(self, plan: Plan) -> str:
         """The label of what prices ``plan``'s steps (the built-in tier's fallback named where it takes over)."""
-        return self._words(self.builtin.step_source(plan))
+        moe_kernels = isinstance(self.builtin, VllmMoeDevice) and self.builtin.covers(plan)
+        return self._words(self.builtin.step_source(plan), moe_kernels)
 
     def estimate(self, plan: Plan, workload: Workload) -> EnergyEstimate:
         """J/token of ``workload`` at its batch as vLLM serves it: the steady state's, the prefill's share split
@@ -233,4 +236,18 @@ def as_served(predicted, shape: ModelShape, target: GPU, priced: str | None):
     profile = shipped_vllm_profile(target)
     if profile is None:
         return predicted
-    return VllmServedModel(predicted, shape, target, profile, installed_vllm_version())
+    return VllmServedModel(vllm_device(predicted, shape, target, profile.get("moe_kernels")), shape, target, profile,
+                           installed_vllm_version())
+
+
+def vllm_device(predicted, shape: ModelShape, target: GPU, moe_kernels: dict | None):
+    """The device costs of ``shape``'s steps in vLLM: ``predicted`` (a predicted tier), or for a MoE on one GPU with
+    a measured table of vLLM's fused MoE (a vLLM step profile's ``moe_kernels``), its routed experts from the table
+    and the rest from the GPU profile's layer model, ``predicted`` for plans the table does not hold
+    (:mod:`advisor.energy.prediction._vllm_moe`)."""
+    if not (shape.is_moe and moe_kernels and predicted.gpus == 1):
+        return predicted
+    from advisor.energy.prediction._tiers import make_predicted_model
+
+    rest = make_predicted_model(without_routed_experts(shape), target, per_model=False)
+    return VllmMoeDevice(rest, MoeKernelTable(moe_kernels), shape, predicted)

@@ -11,7 +11,7 @@ from importlib import resources
 from typing import Any
 
 from advisor.errors import InputError
-from advisor.formats import GPU
+from advisor.formats import GPU, Format
 
 VLLM_SCHEMA = "precision-advisor/vllm-step-profile"
 VLLM_VERSION = 1
@@ -39,7 +39,25 @@ def validate_vllm_profile(data: dict[str, Any], where: str) -> dict[str, Any]:
                          "with benchmarks/engine_true/vllm_step_fit.py")
     if data["gpu_kind"] not in {g.value for g in GPU}:
         raise InputError(f"{where}: gpu_kind {data['gpu_kind']!r} is not one of {', '.join(g.value for g in GPU)}")
+    if "moe_kernels" in data:
+        _check_moe_kernels(data["moe_kernels"], where)
     return data
+
+
+def _check_moe_kernels(table: Any, where: str) -> None:
+    """InputError unless ``table`` is vLLM's fused MoE measured (``moe_kernels``): its provenance, and rows of
+    positive whole geometry and token counts, a weight format, and finite ms and J >= 0 a layer."""
+    ints = ("experts", "top_k", "hidden", "intermediate", "tokens")
+    rows = table.get("rows") if isinstance(table, dict) else None
+    ok = isinstance(rows, list) and rows and all(isinstance(table.get(k), str) for k in ("gpu", "date", "vllm_version"))
+    for r in rows or []:
+        ok = ok and isinstance(r, dict) and all(isinstance(r.get(k), int) and r[k] > 0 for k in ints) \
+            and r.get("format") in {f.value for f in Format} and all(
+                isinstance(r.get(k), int | float) and 0 <= r[k] < float("inf") for k in ("ms_per_layer", "j_per_layer"))
+    if not ok:
+        raise InputError(f"{where}: moe_kernels is not a table of vLLM's fused MoE (gpu, date, vllm_version, and rows "
+                         "of experts, top_k, hidden, intermediate, format, tokens, ms_per_layer, j_per_layer); write "
+                         "it with benchmarks/engine_true/vllm_step_fit.py --moe-kernels")
 
 
 def shipped_vllm_profile(gpu: GPU) -> dict[str, Any] | None:
