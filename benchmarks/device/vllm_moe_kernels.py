@@ -1,5 +1,5 @@
-"""vLLM's fused MoE as it serves a ModelOpt export on Hopper, one MoE layer at M tokens a step: the router's top-k
-(``fused_topk``) and the routed experts (``fused_experts``: vLLM's Triton kernel, the backend the advisor serves
+"""vLLM's fused MoE as it serves a ModelOpt export on Hopper, one MoE layer at M tokens a step: the router's GEMM and
+top-k (``fused_topk``) and the routed experts (``fused_experts``: vLLM's Triton kernel, the backend the advisor serves
 FP8 experts with, and vLLM's own for BF16 experts there), BF16 and FP8 (per-tensor static activation scale, one
 weight scale per expert, as ModelOpt exports), with the tile config vLLM picks (its tuned file for the geometry and
 GPU where it has one, else its default: both are recorded). Time from a CUDA graph of several layers' copies in turn,
@@ -43,9 +43,10 @@ def layer_weights(experts: int, hidden: int, inter: int, fp8: bool) -> dict[str,
     static per-tensor activation scales."""
     w1 = torch.randn(experts, 2 * inter, hidden, device="cuda", dtype=torch.bfloat16) / math.sqrt(hidden)
     w2 = torch.randn(experts, hidden, inter, device="cuda", dtype=torch.bfloat16) / math.sqrt(inter)
+    router = torch.randn(hidden, experts, device="cuda", dtype=torch.bfloat16) / math.sqrt(hidden)
     if not fp8:
-        return {"w1": w1, "w2": w2}
-    out = {}
+        return {"w1": w1, "w2": w2, "router": router}
+    out = {"router": router}
     for name, w in (("w1", w1), ("w2", w2)):
         scale = w.abs().amax(dim=(1, 2)).float() / 448.0
         out[name] = (w / scale[:, None, None].to(w.dtype)).to(torch.float8_e4m3fn)
@@ -71,6 +72,8 @@ def moe_call(layers: list[dict[str, torch.Tensor]], x: torch.Tensor, gating: tor
     def run() -> None:
         h = x
         for w, config in zip(layers, configs, strict=True):
+            torch.mm(h, w["router"])  # the router's BF16 GEMM, as vLLM runs it; the top-k reads the fixed random
+            # gating instead, so that routing stays uniform as a random-weight model's is, layer after layer
             weights, ids, _ = fused_topk(h, gating, top_k, renormalize=True)
             h = fused_experts(h, w["w1"], w["w2"], weights, ids, quant_config=config)
     return run

@@ -6,14 +6,12 @@ experts: the kernel the advisor serves them with on Hopper, :func:`advisor.servi
 runtime runs them otherwise (torch grouped GEMMs, routing in torch ops), and its per-model profile priced
 Qwen3-30B-A3B's all-FP8 steps 1.5-2x slower than vLLM served them (reports/benchmarks/vllm_step_check_h200_moe.md).
 Where the vLLM step profile carries ``moe_kernels`` (``benchmarks/device/vllm_moe_kernels.py``: ms and J of one
-layer's top-k and experts at a sweep of tokens, per geometry and format), a step of ``n`` tokens costs
+layer's router, top-k and experts at a sweep of tokens, per geometry and format), a step of ``n`` tokens costs
 
 * the model without its routed experts (attention, shared experts, norms, the LM head), as the GPU profile's layer
   model prices it, plus
 * for each MoE layer, the table's row of its geometry (experts, top-k, hidden, expert intermediate) and its experts'
-  format at ``n`` tokens (piecewise linear; linear past the ends).
-
-The routers' BF16 GEMMs (hidden x experts a layer) are left out: a few hundred thousand weights a layer.
+  format at ``n`` tokens (piecewise linear; linear past the ends): the router's GEMM, the top-k and the experts.
 """
 
 from __future__ import annotations
@@ -50,7 +48,7 @@ class MoeKernelTable:
                                     for g in shape.layers if g.is_moe)
 
     def layer_cost(self, layer: LayerGeometry, fmt: Format, tokens: float) -> tuple[float, float]:
-        """(ms, J) of ``layer``'s top-k and experts at ``tokens`` tokens in ``fmt``."""
+        """(ms, J) of ``layer``'s router, top-k and experts at ``tokens`` tokens in ``fmt``."""
         xs, ms, js = self._rows[geometry_key(layer, fmt)]
         return max(interp(xs, ms, tokens), 0.0), max(interp(xs, js, tokens), 0.0)
 
