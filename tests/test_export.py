@@ -139,7 +139,7 @@ def test_fp8_plan_lists_bf16_groups_in_exclude_modules(tiny, tmp_path):
 def test_an_fp8_moe_s_vllm_config_names_the_triton_experts_on_hopper():
     import yaml
 
-    from advisor.deploy.checkpoint._vllm_config import vllm_options, vllm_options_yaml
+    from advisor.deploy.checkpoint import vllm_options, vllm_options_yaml
 
     for gpu, moe, fmt, expected in (("h200", True, Format.FP8, "triton"), ("h100", True, Format.FP8, "triton"),
                                     ("b200", True, Format.FP8, None), ("h200", False, Format.FP8, None),
