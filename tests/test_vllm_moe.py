@@ -132,3 +132,19 @@ def test_the_fit_takes_a_kernel_table_of_its_own_gpu_only(tmp_path, monkeypatch)
     validate_vllm_profile({**shipped_vllm_profile(GPU.H200), "moe_kernels": table}, "p")
     with pytest.raises(SystemExit, match="not on an h100"):
         moe_table(str(path), "h100")
+
+
+def test_a_kernel_table_alone_is_written_into_the_profile_and_nothing_is_fitted(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks" / "engine_true"))
+    from vllm_step_fit import main
+
+    shipped = shipped_vllm_profile(GPU.H200)
+    profile = tmp_path / "h200.json"
+    profile.write_text(json.dumps(shipped))
+    kernels = tmp_path / "k.json"
+    kernels.write_text(json.dumps({"gpu_smi": "NVIDIA H200, 580.159.04, 700.00 W", "date": "2026-12-01",
+                                   "vllm_version": "0.26.0", "command": "c", "rows": _table()["rows"]}))
+    main(["--gpu", "h200", "--moe-kernels", str(kernels), "--profile-out", str(profile)])
+    written = json.loads(profile.read_text())
+    assert written["params"] == shipped["params"] and written["source"] == shipped["source"]
+    assert written["moe_kernels"]["rows"] == _table()["rows"] and written["moe_kernels"]["date"] == "2026-12-01"

@@ -22,8 +22,11 @@
 #      `advisor verify RUN --engine vllm --plan <all-FP8>`, timed (issue 57: the plans within 30 minutes of one GPU,
 #      at most 4 minutes a plan after the first); writes out/q_*; about 12 min
 #   G  benchmarks/device/fp8_gemm_scaling.py: one 8B layer's linears in BF16 and FP8 at 16-4096 tokens a step (1 min)
-#   K  benchmarks/device/vllm_moe_kernels.py: vLLM's fused MoE (top-k and Triton experts) of published MoE geometries
-#      (${KGEOM:-all of its list}) in BF16 and FP8 at 1-2048 tokens a step, time and energy a layer (about 6 min)
+#   K  benchmarks/device/vllm_moe_kernels.py: vLLM's fused MoE (router, top-k and Triton experts) of published MoE
+#      geometries (${KGEOM:-all of its list}) in BF16 and FP8 at 1-2048 tokens a step, time and energy a layer (about
+#      2 min a geometry); then the table goes into this copy's step profile of the GPU here
+#      (vllm_step_fit.py --moe-kernels, nothing fitted), so that a later S prices the MoE, and searches its
+#      objectives, from it
 #   q  step Q's checkpoint and search only (Q then skips them): run beside B on a second GPU
 #   w  wait until ${WAIT_FILE:-/tmp/s44/out/progress} holds ${WAIT_FOR:-V rc=}: a second GPU's verify starts only
 #      after the first's timed verify has ended, so that V's stages are not shared with another job
@@ -122,7 +125,9 @@ print(next(t["plan_id"] for t in s["trials"] if t["trial"] == n))' $q4/summary.j
     w) for i in $(seq 1 720); do grep -q "${WAIT_FOR:-V rc=}" ${WAIT_FILE:-/tmp/s44/out/progress} && break; sleep 5; done ;;
     G) python3 benchmarks/device/fp8_gemm_scaling.py --out $out/fp8_gemm.json > $out/g.log 2>&1 ;;
     K) python3 benchmarks/device/vllm_moe_kernels.py ${KGEOM:+--geometries $KGEOM} --out $out/moe_kernels.json \
-         > $out/k.log 2>&1 ;;
+         > $out/k.log 2>&1 \
+       && python3 benchmarks/engine_true/vllm_step_fit.py --moe-kernels $out/moe_kernels.json --gpu "$(python3 -c \
+         'from advisor.energy.prediction import gpu_here; print(gpu_here()[0].value)')" >> $out/k.log 2>&1 ;;
     S) [ -n "$ran_b" ] && rm -rf $ck /tmp/s44/base  # the disk holds 64 GiB: this copy's 8B checkpoints go first
        python3 benchmarks/device/engine_true_sweep.py --shapes ${SHAPES:-qwen2.5-7b} --work ${SWORK:-/tmp/s44/et_$(basename $out)} \
          --plans ${SPLANS:-all-bf16 all-fp8} ${SBATCHES:+--batches $SBATCHES} --out $out/engine_true_sweep.json \

@@ -41,7 +41,7 @@ from advisor.energy.prediction import (  # noqa: E402
     make_predicted_model,
     vllm_device,
 )
-from advisor.energy.profiling import REFERENCE_SHAPES, VLLM_SCHEMA, VLLM_VERSION  # noqa: E402
+from advisor.energy.profiling import REFERENCE_SHAPES, VLLM_SCHEMA, VLLM_VERSION, validate_vllm_profile  # noqa: E402
 from advisor.formats import GPU, GPU_SPECS, Format  # noqa: E402
 from advisor.plan import Plan  # noqa: E402
 from advisor.recipe.schema import Workload  # noqa: E402
@@ -289,9 +289,16 @@ def main(argv: list[str] | None = None) -> None:
                    "terms (rows it was not fitted on: an out-of-sample check) and write only --report")
     a.add_argument("--moe-kernels", metavar="JSON", help="benchmarks/device/vllm_moe_kernels.py's output: vLLM's "
                    "fused MoE of this GPU kind, kept in the profile (a MoE's routed experts are priced from it); "
-                   "without it a fit keeps the table the profile at --profile-out has")
+                   "without it a fit keeps the table the profile at --profile-out has; with it and no inputs, the "
+                   "table is written into that profile and nothing is fitted")
     args = a.parse_args(argv)
     moe_kernels = moe_table(args.moe_kernels, args.gpu) if args.moe_kernels else None
+    out = Path(args.profile_out or f"advisor/energy/profiles/vllm/{args.gpu}.json")
+    if moe_kernels is not None and not (args.manifest or args.input or args.check):
+        profile = validate_vllm_profile({**json.loads(out.read_text()), "moe_kernels": moe_kernels}, str(out))
+        dump_json(out, profile, indent=1, newline=True)
+        print(json.dumps({"profile": str(out), "moe_kernels": len(moe_kernels["rows"])}))
+        return
     if args.check and not args.report:
         raise SystemExit("--check writes a report of its own: give --report")
 
@@ -321,7 +328,6 @@ def main(argv: list[str] | None = None) -> None:
             entry["path"] for m in args.manifest for entry in json.loads(Path(m).read_text())]
         check(args.check, rows, gap, args.report, command_line(argv), objective_rows(inputs), moe_kernels)
         return
-    out = Path(args.profile_out or f"advisor/energy/profiles/vllm/{args.gpu}.json")
     if moe_kernels is None and out.is_file():
         moe_kernels = json.loads(out.read_text()).get("moe_kernels")
     data = Rows(rows, gap, moe_kernels)
