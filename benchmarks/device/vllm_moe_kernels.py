@@ -159,7 +159,7 @@ def main() -> None:
                 layers = [layer_weights(experts, hidden, inter, fp8) for _ in range(n)]
                 for m in args.tokens:
                     x = torch.randn(m, hidden, device="cuda", dtype=torch.bfloat16)
-                    gating = torch.randn(m, experts, device="cuda", dtype=torch.float32)
+                    gating = torch.randn(m, experts, device="cuda", dtype=torch.bfloat16)  # as the router gives it
                     ms, joules, watts = timed(graph_of(moe_call(layers, x, gating, top_k, fp8)), handle)
                     config, source = chosen_config(experts, top_k, hidden, inter, fp8, m)
                     row = {"geometry": name, "experts": experts, "top_k": top_k, "hidden": hidden,
