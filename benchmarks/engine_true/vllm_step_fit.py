@@ -249,8 +249,11 @@ def check(profile_path: str, rows: list[ServedRow], gap: float, report_stem: str
     errors = [{**e, "fitted": False} for e in error_rows(data, rows, terms_of({**START, "gap_power_w": gap,
                                                                                 **params}))]
     first = rows[0]
+    table = profile.get("moe_kernels")
+    moe = (f" A MoE's routed experts from vLLM {table['vllm_version']}'s fused MoE measured on {table['gpu']}, "
+           f"{table['date']} ({table.get('source', 'moe_kernels')})." if table else "")
     checked = {**profile, "source": f"Checked, not fitted: {profile_path} ({profile['source']}) on {len(rows)} rows "
-               f"from {', '.join(sorted({r.source for r in rows}))}."}
+               f"from {', '.join(sorted({r.source for r in rows}))}.{moe}"}
     report = write_report(Path(report_stem), first, max(r.date for r in rows), command, checked, errors,
                           {"checked": True, "objectives": objectives or []},
                           "".join(line + "\n" for line in objectives_markdown(objectives or [])))
