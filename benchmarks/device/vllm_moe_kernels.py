@@ -23,8 +23,12 @@ import platform
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from advisor.energy.runtime import capture  # noqa: E402  (its side-stream run compiles Triton's tile configs)
 
 #: (experts, top-k, hidden, expert intermediate) of published MoE configs (their config.json files)
 GEOMETRIES = {
@@ -77,19 +81,6 @@ def moe_call(layers: list[dict[str, torch.Tensor]], x: torch.Tensor, gating: tor
             weights, ids, _ = fused_topk(h, gating, top_k, renormalize=True)
             h = fused_experts(h, w["w1"], w["w2"], weights, ids, quant_config=config)
     return run
-
-
-def graph_of(fn) -> torch.cuda.CUDAGraph:
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(3):  # Triton compiles each tile config at its first call
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return graph
 
 
 def timed(graph: torch.cuda.CUDAGraph, nvml_handle) -> tuple[float, float, float]:
@@ -160,7 +151,7 @@ def main() -> None:
                 for m in args.tokens:
                     x = torch.randn(m, hidden, device="cuda", dtype=torch.bfloat16)
                     gating = torch.randn(m, experts, device="cuda", dtype=torch.bfloat16)  # as the router gives it
-                    ms, joules, watts = timed(graph_of(moe_call(layers, x, gating, top_k, fp8)), handle)
+                    ms, joules, watts = timed(capture(moe_call(layers, x, gating, top_k, fp8)), handle)
                     config, source = chosen_config(experts, top_k, hidden, inter, fp8, m)
                     row = {"geometry": name, "experts": experts, "top_k": top_k, "hidden": hidden,
                            "intermediate": inter, "format": fmt, "tokens": m, "layers_in_graph": n,

@@ -55,7 +55,7 @@ from advisor.errors import InputError, SetupError
 from advisor.models.adapters import GroupInfo
 from advisor.plan import Plan
 from advisor.quantize.quiet import quiet
-from advisor.serving import compatibility_record, compatibility_warnings, engine_compatibility
+from advisor.serving import compatibility_record, compatibility_warnings, engine_compatibility, plan_traits
 
 log = logging.getLogger(__name__)
 
@@ -263,8 +263,7 @@ def export_plan(
 
     options = llm_api_options(workloads, plan.kv_cache)
     (out_dir / "llm_api_options.yaml").write_text(options_yaml(options, workloads))
-    vllm_opts = vllm_options(workloads, plan.kv_cache, plan.formats.values(), target,
-                             moe=any(g.endswith(".experts") for g in plan.formats))
+    vllm_opts = vllm_options(workloads, plan.kv_cache, plan.formats.values(), target, moe=plan_traits(plan).moe)
     (out_dir / "vllm_config.yaml").write_text(vllm_options_yaml(vllm_opts, workloads))
     t = time.perf_counter()
     smoke_result = smoke_test_trtllm(out_dir) if smoke else "not run: disabled"
