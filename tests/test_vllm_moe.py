@@ -127,11 +127,34 @@ def test_the_fit_takes_a_kernel_table_of_its_own_gpu_only(tmp_path, monkeypatch)
            "rows": [dict(r, layers_in_graph=6, power_w=400.0) for r in _table()["rows"]]}
     path = tmp_path / "k.json"
     path.write_text(json.dumps(out))
-    table = moe_table(str(path), "h200")
+    table = moe_table([str(path)], "h200")
     assert table["gpu"] == "NVIDIA H200" and len(table["rows"]) == 6 and "power_w" not in table["rows"][0]
     validate_vllm_profile({**shipped_vllm_profile(GPU.H200), "moe_kernels": table}, "p")
     with pytest.raises(SystemExit, match="not on an h100"):
-        moe_table(str(path), "h100")
+        moe_table([str(path)], "h100")
+
+
+def test_kernel_tables_of_several_runs_are_merged_the_later_run_s_geometry_winning(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks" / "engine_true"))
+    from vllm_step_fit import moe_table
+
+    def run(name: str, date: str, rows: list[dict], version: str = "0.26.0") -> str:
+        path = tmp_path / name
+        path.write_text(json.dumps({"gpu_smi": "NVIDIA H200, 580.159.04, 700.00 W", "date": date,
+                                    "vllm_version": version, "command": name, "rows": rows}))
+        return str(path)
+
+    first = _table()["rows"]
+    other = [dict(r, experts=8, top_k=2) for r in first]
+    again = [dict(r, ms_per_layer=9.0) for r in first if r["format"] == "fp8"]
+    table = moe_table([run("a", "2026-12-01", first), run("b", "2026-12-02", other + again)], "h200")
+    assert len(table["rows"]) == 12 and table["date"] == "2026-12-02" and table["command"] == "a; b"
+    fp8 = [r for r in table["rows"] if r["experts"] == 128 and r["format"] == "fp8"]
+    assert [r["ms_per_layer"] for r in fp8] == [9.0] * 3
+    bf16 = [r for r in table["rows"] if r["experts"] == 128 and r["format"] == "bf16"]
+    assert [r["ms_per_layer"] for r in bf16] == [0.1, 0.2, 0.4]
+    with pytest.raises(SystemExit, match="one of each"):
+        moe_table([run("a", "2026-12-01", first), run("c", "2026-12-02", other, version="0.27.0")], "h200")
 
 
 def test_a_kernel_table_alone_is_written_into_the_profile_and_nothing_is_fitted(tmp_path, monkeypatch):

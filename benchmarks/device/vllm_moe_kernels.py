@@ -10,6 +10,7 @@ per-model profile prices its experts and routing (reports/benchmarks/vllm_step_c
 what the vLLM step model would price the routed experts from instead. Needs a GPU and vLLM on the path.
 
     python3 benchmarks/device/vllm_moe_kernels.py --out moe_kernels.json
+    python3 benchmarks/device/vllm_moe_kernels.py --render a.json b.json --report r.md   # no GPU needed
 """
 
 from __future__ import annotations
@@ -117,13 +118,65 @@ def chosen_config(experts: int, top_k: int, hidden: int, inter: int, fp8: bool, 
     return config, "tuned" if get_moe_configs(experts, inter, dtype) else "default"
 
 
+def render(records: list[tuple[str, dict]]) -> str:
+    """Runs (path, record) as a Markdown report: the first run of each geometry is its table; a later run of the same
+    geometry is a repeat, shown as its spread from the first."""
+    lines = ["# vLLM's fused MoE a layer, BF16 and FP8, as the advisor serves MoE experts on Hopper", ""]
+    for path, rec in records:
+        geometries = sorted({r["geometry"] for r in rec["rows"]})
+        lines.append(f"- `{path}`: {rec['gpu_smi']}; vLLM {rec['vllm_version']}, torch {rec['torch']}; {rec['date']}; "
+                     f"{', '.join(geometries)}. Command: `{rec['command']}`.")
+    lines += ["", "Per layer: the router's BF16 GEMM, `fused_topk` over uniform random gating, `fused_experts` "
+              "(Triton; FP8 per-tensor as ModelOpt exports). Time from CUDA events over a loop of CUDA-graph "
+              "replays of several layer copies; energy from NVML's counter over the same loop (at least 1.5 s). "
+              "Tiles: vLLM's tuned file for the geometry and GPU, else its default.", ""]
+    first: dict[tuple[str, str, int], dict] = {}
+    repeats: dict[tuple[str, str], list[tuple[float, float]]] = {}
+    for _, rec in records:
+        for r in rec["rows"]:
+            key = (r["geometry"], r["format"], r["tokens"])
+            if key in first:
+                was = first[key]
+                repeats.setdefault(key[:2], []).append((r["ms_per_layer"] / was["ms_per_layer"] - 1,
+                                                        r["j_per_layer"] / was["j_per_layer"] - 1))
+            else:
+                first[key] = r
+    for name in dict.fromkeys(k[0] for k in first):
+        e, k, h, i = GEOMETRIES[name]
+        lines += [f"## {name}: {e} experts, top-{k}, hidden {h}, expert intermediate {i}", "",
+                  "| tokens | BF16 us | BF16 mJ | BF16 tiles | FP8 us | FP8 mJ | FP8 tiles | FP8 / BF16 time |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for m in sorted({k[2] for k in first if k[0] == name}):
+            b, f = first.get((name, "bf16", m)), first.get((name, "fp8", m))
+            cells = [f"{r['ms_per_layer'] * 1e3:.1f} | {r['j_per_layer'] * 1e3:.1f} | {r['tile_config_source']}"
+                     if r else "- | - | -" for r in (b, f)]
+            ratio = f"{f['ms_per_layer'] / b['ms_per_layer']:.2f}" if b and f else "-"
+            lines.append(f"| {m} | {cells[0]} | {cells[1]} | {ratio} |")
+        lines.append("")
+    if repeats:
+        lines += ["## Repeats (a later run against the first, the same rows)", "",
+                  "| geometry | format | rows | time, largest difference | energy, largest difference |",
+                  "|---|---|---|---|---|"]
+        for (name, fmt), diffs in repeats.items():
+            lines.append(f"| {name} | {fmt} | {len(diffs)} | {max(abs(d[0]) for d in diffs) * 100:.1f}% | "
+                         f"{max(abs(d[1]) for d in diffs) * 100:.1f}% |")
+    return "\n".join(lines) + "\n"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--geometries", nargs="+", default=list(GEOMETRIES), choices=list(GEOMETRIES))
     ap.add_argument("--tokens", type=int, nargs="+", default=list(TOKENS))
     ap.add_argument("--formats", nargs="+", default=["bf16", "fp8"], choices=["bf16", "fp8"])
-    ap.add_argument("--out", required=True)
+    ap.add_argument("--out", help="where the measured record (JSON) goes")
+    ap.add_argument("--render", nargs="+", help="records written before: render them as Markdown, measure nothing")
+    ap.add_argument("--report", help="where --render's Markdown goes")
     args = ap.parse_args()
+    if args.render:
+        Path(args.report).write_text(render([(p, json.loads(Path(p).read_text())) for p in args.render]))
+        return
+    if not args.out:
+        ap.error("--out is required to measure")
     import pynvml
     import vllm
 

@@ -261,16 +261,31 @@ def check(profile_path: str, rows: list[ServedRow], gap: float, report_stem: str
                       "builtin_rms_pct": report["builtin_rms_pct"]}, indent=1))
 
 
-def moe_table(path: str, gpu: str) -> dict[str, Any]:
-    """A vllm_moe_kernels.py output as a profile's ``moe_kernels``: its GPU, date, vLLM and command, and each row's
-    geometry, format, tokens, ms and J a layer."""
-    data = json.loads(Path(path).read_text())
-    name = data["gpu_smi"].split(",")[0].strip()
-    if gpu.upper() not in name.upper():
-        raise SystemExit(f"{path} was measured on {name}, not on an {gpu}")
+def moe_table(paths: list[str], gpu: str) -> dict[str, Any]:
+    """vllm_moe_kernels.py outputs (one a run: each may hold other geometries) as a profile's ``moe_kernels``: their
+    GPU, latest date, vLLM and commands, and each row's geometry, format, tokens, ms and J a layer. The files must
+    agree on GPU and vLLM version; a geometry and format measured twice is taken from the later file."""
     keys = ("experts", "top_k", "hidden", "intermediate", "format", "tokens", "ms_per_layer", "j_per_layer")
-    return {"gpu": name, "date": data["date"], "vllm_version": data["vllm_version"], "command": data["command"],
-            "source": path, "rows": [{k: r[k] for k in keys} for r in data["rows"]]}
+    rows: dict[tuple, dict[str, Any]] = {}
+    names, versions, dates, commands = set(), set(), [], []
+    for path in paths:
+        data = json.loads(Path(path).read_text())
+        name = data["gpu_smi"].split(",")[0].strip()
+        if gpu.upper() not in name.upper():
+            raise SystemExit(f"{path} was measured on {name}, not on an {gpu}")
+        names.add(name)
+        versions.add(data["vllm_version"])
+        dates.append(data["date"])
+        commands.append(data["command"])
+        measured = {(r["experts"], r["top_k"], r["hidden"], r["intermediate"], r["format"]) for r in data["rows"]}
+        rows = {k: r for k, r in rows.items() if k[:5] not in measured}
+        rows.update({(r["experts"], r["top_k"], r["hidden"], r["intermediate"], r["format"], r["tokens"]):
+                     {k: r[k] for k in keys} for r in data["rows"]})
+    if len(names) > 1 or len(versions) > 1:
+        raise SystemExit(f"{', '.join(paths)} were measured on {sorted(names)} with vLLM {sorted(versions)}: "
+                         "one of each, please")
+    return {"gpu": names.pop(), "date": max(dates), "vllm_version": versions.pop(), "command": "; ".join(commands),
+            "source": ", ".join(paths), "rows": list(rows.values())}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -290,10 +305,12 @@ def main(argv: list[str] | None = None) -> None:
     a.add_argument("--report", default=None, help="default reports/benchmarks/vllm_step_fit_<gpu> (.json, .md)")
     a.add_argument("--check", metavar="PROFILE", help="fit nothing: price every row with this vLLM step profile's "
                    "terms (rows it was not fitted on: an out-of-sample check) and write only --report")
-    a.add_argument("--moe-kernels", metavar="JSON", help="benchmarks/device/vllm_moe_kernels.py's output: vLLM's "
-                   "fused MoE of this GPU kind, kept in the profile (a MoE's routed experts are priced from it); "
-                   "without it a fit keeps the table the profile at --profile-out has; with it and no inputs, the "
-                   "table is written into that profile and nothing is fitted")
+    a.add_argument("--moe-kernels", metavar="JSON", nargs="+",
+                   help="benchmarks/device/vllm_moe_kernels.py's outputs (one a run; a geometry measured twice is "
+                   "taken from the later file): vLLM's fused MoE of this GPU kind, kept in the profile (a MoE's "
+                   "routed experts are priced from it); without it a fit keeps the table the profile at "
+                   "--profile-out has; with it and no inputs, the table is written into that profile and nothing "
+                   "is fitted")
     args = a.parse_args(argv)
     moe_kernels = moe_table(args.moe_kernels, args.gpu) if args.moe_kernels else None
     out = Path(args.profile_out or f"advisor/energy/profiles/vllm/{args.gpu}.json")
