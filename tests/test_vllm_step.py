@@ -339,8 +339,8 @@ def test_the_sweep_knows_the_moe_held_out_of_the_fit(monkeypatch):
     assert shape.is_moe and {(g.num_experts, g.top_k, g.moe_intermediate) for g in shape.layers} == {(128, 8, 768)}
     # priced as vLLM serves it, its label says what the step model leaves out for a MoE (a dense shape's does not)
     moe = VllmServedModel(Affine(), shape, GPU.H200, _profile())
-    assert "fused-MoE kernels are not in the step model" in moe.label and "47-95%" in moe.label
-    assert "fused-MoE" not in VllmServedModel(Affine(), SHAPE, GPU.H200, _profile()).label
+    assert "fused MoE is not measured for this MoE's experts" in moe.label and "47-95%" in moe.label
+    assert "fused MoE" not in VllmServedModel(Affine(), SHAPE, GPU.H200, _profile()).label
 
 
 def test_rows_the_host_held_back_are_checks_never_fitted(monkeypatch):

@@ -6,8 +6,10 @@ GPU where it has one, else its default: both are recorded). Time from a CUDA gra
 so that one layer's experts are not read from L2 at the next call; energy from NVML's counter over a replay loop.
 
 Why: the Qwen3-30B-A3B MoE's all-FP8, served by vLLM on an H200, ran 1.5-2x faster than the built-in runtime's
-per-model profile prices its experts and routing (reports/benchmarks/vllm_step_check_h200_moe.md); these rows are
-what the vLLM step model would price the routed experts from instead. Needs a GPU and vLLM on the path.
+per-model profile prices its experts and routing (reports/benchmarks/vllm_step_check_h200_moe_before_table.md);
+the vLLM step model prices the routed experts from these rows instead (a profile's ``moe_kernels``, written by
+``benchmarks/engine_true/vllm_step_fit.py --moe-kernels``; reports/benchmarks/vllm_moe_kernels_h200.md). Needs a GPU
+and vLLM on the path to measure; ``--render`` needs neither.
 
     python3 benchmarks/device/vllm_moe_kernels.py --out moe_kernels.json
     python3 benchmarks/device/vllm_moe_kernels.py --render a.json b.json --report r.md   # no GPU needed

@@ -4,7 +4,8 @@ rest of the model from the GPU profile's layer model. torch-free.
 vLLM runs a MoE layer's routing and experts as a few fused kernels (top-k, then its Triton fused MoE for the
 experts: the kernel the advisor serves them with on Hopper, :func:`advisor.serving.vllm_moe_backend`). The built-in
 runtime runs them otherwise (torch grouped GEMMs, routing in torch ops), and its per-model profile priced
-Qwen3-30B-A3B's all-FP8 steps 1.5-2x slower than vLLM served them (reports/benchmarks/vllm_step_check_h200_moe.md).
+Qwen3-30B-A3B's all-FP8 steps 1.5-2x slower than vLLM served them
+(reports/benchmarks/vllm_step_check_h200_moe_before_table.md).
 Where the vLLM step profile carries ``moe_kernels`` (``benchmarks/device/vllm_moe_kernels.py``: ms and J of one
 layer's router, top-k and experts at a sweep of tokens, per geometry and format), a step of ``n`` tokens costs
 

@@ -47,10 +47,12 @@ from advisor.recipe.schema import Workload
 from advisor.search.operating import QUANTILE, SteadyState, within_cap
 
 TAIL = 1e-9  # Poisson weight left out of a cycle's expectation
-#: what a mixture of experts' prediction misses (reports/benchmarks/vllm_step_check_h200_moe.md)
-MOE_KERNELS_NOTE = ("vLLM's fused-MoE kernels are not in the step model: the routed experts are priced from the device "
-                    "costs below; on Qwen3-30B-A3B's all-FP8 (H200, 2026-11-30) TPOT came out 47-95% above what "
-                    "vLLM served and the operating batches 25-75% below: check with `advisor verify`")
+#: what a mixture of experts' prediction misses where the profile has no measured fused MoE for its geometry and
+#: formats (reports/benchmarks/vllm_step_check_h200_moe_before_table.md)
+MOE_KERNELS_NOTE = ("vLLM's fused MoE is not measured for this MoE's experts on this GPU kind: the routed experts are "
+                    "priced from the device costs below; so priced, Qwen3-30B-A3B's all-FP8 (H200, 2026-11-30) came "
+                    "out 47-95% above what vLLM served in TPOT and its operating batches 25-75% below: check with "
+                    "`advisor verify`")
 _GRID_CEILING = 1 << 20
 
 
