@@ -7,6 +7,7 @@ Scripts in ``benchmarks/`` import it directly; ``benchmarks/studies/`` reach it 
 from __future__ import annotations
 
 import json
+import shlex
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -14,8 +15,8 @@ from typing import Any
 
 
 def command_line(argv: list[str] | None) -> str:
-    """The command that ran this script, to record in its report."""
-    return "python " + " ".join([sys.argv[0], *(argv if argv is not None else sys.argv[1:])])
+    """The command that ran this script, to record in its report (quoted as a shell would need it to run again)."""
+    return "python " + shlex.join([sys.argv[0], *(argv if argv is not None else sys.argv[1:])])
 
 
 def measured_on(d: dict[str, Any]) -> str:

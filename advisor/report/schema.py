@@ -182,6 +182,7 @@ class OperatingPointRecord(MeteredBatch):
     source: str
     power_cap_w: float | None = None
     curve: list[tuple[int, float, float]] = Field(default_factory=list)  # (batch, TPOT ms, J/token)
+    tpot_margin: float = 0.0  # the share of the TPOT objective the predicted batch was kept under
     measured: MeasuredPointRecord | None = None  # the same plan as measured, from this batch (measured tier)
 
 

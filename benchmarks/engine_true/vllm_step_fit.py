@@ -254,6 +254,8 @@ def check(profile_path: str, rows: list[ServedRow], gap: float, report_stem: str
            f"{table['date']} ({table.get('source', 'moe_kernels')})." if table else "")
     checked = {**profile, "source": f"Checked, not fitted: {profile_path} ({profile['source']}) on {len(rows)} rows "
                f"from {', '.join(sorted({r.source for r in rows}))}.{moe}"}
+    if table:  # the table's rows are in the profile (and its source files): the report names it
+        checked["moe_kernels"] = {k: v for k, v in table.items() if k != "rows"} | {"rows": len(table["rows"])}
     report = write_report(Path(report_stem), first, max(r.date for r in rows), command, checked, errors,
                           {"checked": True, "objectives": objectives or []},
                           "".join(line + "\n" for line in objectives_markdown(objectives or [])))

@@ -20,7 +20,10 @@ between the largest grid batch that meets it and the next grid batch (monotone b
 
 A serving engine with a step model of its own (:class:`EngineServed`: vLLM's, in the predicted tier when the plan is
 served by vLLM) gives its own steady state and the batches it can be held at (vLLM: its CUDA-graph sizes): the
-largest batch is then the largest of those that meets the objective, and the curve is over them.
+largest batch is then the largest of those that meets the objective, and the curve is over them. Where the engine's
+step model states a ``tpot_margin`` (the share of the TPOT objective its prediction is known to err by), the batch
+is the largest whose predicted TPOT meets the objective less that share, so that the batch it predicts meets the
+objective as the engine serves it; where no batch meets it so, the objective itself decides.
 
 Under a site power cap the GPU cannot draw more than the cap: a step whose predicted power (J / s) exceeds it
 is stretched to ``J / cap`` seconds with its energy held (a lower clock saves some energy in practice, so
@@ -89,6 +92,7 @@ class OperatingPoint:
     source: str
     power_cap_w: float | None = None
     curve: list[tuple[int, float, float]] = field(default_factory=list)
+    tpot_margin: float = 0.0  # the share of the TPOT objective the batch was kept under (module docstring)
 
     @property
     def j_per_token(self) -> float:
@@ -126,8 +130,9 @@ def steady_state(model: StepModel, plan: Plan, workload: Workload, batch: int,
                        tokens_per_s=batch / (mean_step_ms / 1e3), power_w=step_j / (mean_step_ms / 1e3))
 
 
-def meets(state: SteadyState, workload: Workload) -> bool:
-    return ((workload.tpot_ms is None or state.tpot_ms <= workload.tpot_ms)
+def meets(state: SteadyState, workload: Workload, tpot_margin: float = 0.0) -> bool:
+    """``state`` meets ``workload``'s objective (its TPOT, with ``tpot_margin``, that share of it to spare)."""
+    return ((workload.tpot_ms is None or state.tpot_ms <= workload.tpot_ms * (1.0 - tpot_margin))
             and (workload.ttft_ms is None or state.ttft_ms <= workload.ttft_ms))
 
 
@@ -191,13 +196,18 @@ def operating_point(model: StepModel, shape: ModelShape, gpu: GPUSpec, plan: Pla
         return states[b]
 
     engine_grid = model.batch_grid(max(limit, 1)) if isinstance(model, EngineServed) else None
-    best = largest_meeting(lambda b: meets(at(b), workload), limit, engine_grid)
+    margin = float(getattr(model, "tpot_margin", 0.0)) if engine_grid is not None and workload.tpot_ms else 0.0
+    best = largest_meeting(lambda b: meets(at(b), workload, margin), limit, engine_grid) if margin else None
+    if best is None:
+        margin = 0.0
+        best = largest_meeting(lambda b: meets(at(b), workload), limit, engine_grid)
     curve = [(b, at(b).tpot_ms, at(b).j_per_token) for b in engine_grid or batch_grid(max(limit, 1))]
     if best is None:
         bound = "memory" if memory < 1 else "objective"
         return OperatingPoint(plan.id, plan.label(), workload.name, False, bound, at(1), source, power_cap_w, curve)
     bound = "objective" if best < limit else ("memory" if memory < workload.concurrency_limit else "max_concurrency")
-    return OperatingPoint(plan.id, plan.label(), workload.name, True, bound, at(best), source, power_cap_w, curve)
+    return OperatingPoint(plan.id, plan.label(), workload.name, True, bound, at(best), source, power_cap_w, curve,
+                          margin)
 
 
 def operating_points(model: StepModel, shape: ModelShape, gpu: GPUSpec, plans: Sequence[Plan],
