@@ -21,10 +21,11 @@ def _predicted_from(source: str) -> str:
     VllmServedModel`'s label) or the built-in runtime's steps."""
     if source.startswith("predicted") and " step model: " in source and "vLLM " in source:
         return ("These batches come from a step model of vLLM as it serves (one pass a step over the decodes and the "
-                "prompt chunks joining them, on its CUDA-graph sizes), fitted on one shape: on it, 21 of 27 predicted "
-                "batches met their objective as vLLM served them and the other 6 one graph size below; on two shapes "
-                "outside it, TPOT was within -3% to +7% of what vLLM served (reports/benchmarks/verify_time.md and "
-                "energy_model.md in the advisor's repository).")
+                "prompt chunks joining them, on its CUDA-graph sizes), each the largest whose predicted TPOT is 3.5% "
+                "under the objective: its TPOT error on shapes outside its fit. So chosen, 21 of 24 predicted batches "
+                "of five such shapes (a MoE among them, on an H200) met their objective as vLLM served them, the other "
+                "3 one graph size above (reports/benchmarks/engine_true.md and energy_model.md in the advisor's "
+                "repository).")
     return ("These batches come from the built-in runtime's step times, prefill and decode apart. An engine that runs "
             "a prefill and the decodes as one step can be slower there: in vLLM the measured TPOT at such predicted "
             "batches was above the objective (reports/benchmarks/operating_points_8b.md in the advisor's repository).")
