@@ -284,7 +284,9 @@ def test_the_report_section_says_when_no_plan_meets_and_draws_the_frontier(tmp_p
     assert (tmp_path / "operating_points.png").read_bytes()[:4] == b"\x89PNG"
     # points priced by the vLLM step model say what that model was checked on, not the built-in runtime's miss
     vllm = {**summary, "operating_points": [{**p, "source": "predicted (vLLM 0.26.0 step model: engine terms fitted "
-                                             "on NVIDIA H200, ...)"} for p in summary["operating_points"]]}
+                                             "on NVIDIA H200, ...)", "tpot_margin": 0.035}
+                                        for p in summary["operating_points"]]}
     text = "\n".join(operating_section(vllm))
-    assert "verify_time.md" in text and "operating_points_8b.md" not in text
+    assert "engine_true.md" in text and "operating_points_8b.md" not in text
+    assert "predicted TPOT is 3.5% under the objective" in text  # the share the points were kept under
     assert "advisor verify RUN_DIR --engine vllm" in text

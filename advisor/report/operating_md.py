@@ -16,16 +16,20 @@ def _objective(w: dict[str, Any]) -> str:
         f"{w.get('max_concurrency') or MAX_CONCURRENCY} in flight"
 
 
-def _predicted_from(source: str) -> str:
+def _predicted_from(source: str, tpot_margin: float = 0.0) -> str:
     """What predicted batches rest on, by their label: the vLLM step model (:class:`~advisor.energy.prediction.
-    VllmServedModel`'s label) or the built-in runtime's steps."""
+    VllmServedModel`'s label; ``tpot_margin``, the share of the TPOT objective its batches were kept under) or the
+    built-in runtime's steps."""
     if source.startswith("predicted") and " step model: " in source and "vLLM " in source:
+        kept = "each the largest whose predicted TPOT meets the objective"
+        if tpot_margin:
+            kept = (f"each the largest whose predicted TPOT is {tpot_margin:.1%} under the objective (its TPOT error "
+                    "on shapes outside its fit)")
         return ("These batches come from a step model of vLLM as it serves (one pass a step over the decodes and the "
-                "prompt chunks joining them, on its CUDA-graph sizes), each the largest whose predicted TPOT is 3.5% "
-                "under the objective: its TPOT error on shapes outside its fit. So chosen, 21 of 24 predicted batches "
-                "of five such shapes (a MoE among them, on an H200) met their objective as vLLM served them, the other "
-                "3 one graph size above (reports/benchmarks/engine_true.md and energy_model.md in the advisor's "
-                "repository).")
+                f"prompt chunks joining them, on its CUDA-graph sizes), {kept}. Kept 3.5% under, 21 of 24 predicted "
+                "batches of five such shapes (a MoE among them, on an H200) met their objective as vLLM served them, "
+                "the other 3 one graph size above (reports/benchmarks/engine_true.md and energy_model.md in the "
+                "advisor's repository).")
     return ("These batches come from the built-in runtime's step times, prefill and decode apart. An engine that runs "
             "a prefill and the decodes as one step can be slower there: in vLLM the measured TPOT at such predicted "
             "batches was above the objective (reports/benchmarks/operating_points_8b.md in the advisor's repository).")
@@ -71,9 +75,10 @@ def operating_section(summary: dict[str, Any]) -> list[str]:
             out += [f"({len(here) - 12} more plans in summary.json)", ""]
         out += [f"{'Predicted' if measured else 'All predicted'}: {here[0]['source']}.", ""]
         if not measured:
-            out += [_predicted_from(here[0]["source"]) + " Meter them before serving at this concurrency: `advisor "
-                    "verify RUN_DIR --engine vllm` on the GPU serves each plan there and, where one misses, finds its "
-                    "largest batch that meets in vLLM.", ""]
+            margin = max(p.get("tpot_margin") or 0.0 for p in here)
+            out += [_predicted_from(here[0]["source"], margin) + " Meter them before serving at this concurrency: "
+                    "`advisor verify RUN_DIR --engine vllm` on the GPU serves each plan there and, where one misses, "
+                    "finds its largest batch that meets in vLLM.", ""]
         out += _measured_sources(here) + _searches(here) + _basis_lines(summary, name)
         out += _recommendation_as_measured(next((p for p in here if p["plan_id"] == rec), None))
     out += ["![time-energy frontier](operating_points.png)", ""]
