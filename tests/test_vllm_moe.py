@@ -161,7 +161,7 @@ def test_a_kernel_table_alone_is_written_into_the_profile_and_nothing_is_fitted(
     monkeypatch.syspath_prepend(str(ROOT / "benchmarks" / "engine_true"))
     from vllm_step_fit import main
 
-    shipped = shipped_vllm_profile(GPU.H200)
+    shipped = {k: v for k, v in shipped_vllm_profile(GPU.H200).items() if k != "moe_kernels"}
     profile = tmp_path / "h200.json"
     profile.write_text(json.dumps(shipped))
     kernels = tmp_path / "k.json"
@@ -171,3 +171,11 @@ def test_a_kernel_table_alone_is_written_into_the_profile_and_nothing_is_fitted(
     written = json.loads(profile.read_text())
     assert written["params"] == shipped["params"] and written["source"] == shipped["source"]
     assert written["moe_kernels"]["rows"] == _table()["rows"] and written["moe_kernels"]["date"] == "2026-12-01"
+    # a later run of another geometry adds to the table; the first geometry's rows stay
+    kernels.write_text(json.dumps({"gpu_smi": "NVIDIA H200, 580.159.04, 700.00 W", "date": "2026-12-02",
+                                   "vllm_version": "0.26.0", "command": "d",
+                                   "rows": [dict(r, experts=8, top_k=2) for r in _table()["rows"]]}))
+    main(["--gpu", "h200", "--moe-kernels", str(kernels), "--profile-out", str(profile)])
+    table = json.loads(profile.read_text())["moe_kernels"]
+    assert len(table["rows"]) == 12 and {r["experts"] for r in table["rows"]} == {128, 8}
+    assert table["command"] == "c; d" and table["date"] == "2026-12-02"

@@ -290,6 +290,20 @@ def moe_table(paths: list[str], gpu: str) -> dict[str, Any]:
             "source": ", ".join(paths), "rows": list(rows.values())}
 
 
+def kept_with(earlier: dict[str, Any] | None, table: dict[str, Any]) -> dict[str, Any]:
+    """``table`` with the geometries and formats of ``earlier`` (a profile's table of the same GPU and vLLM) it does
+    not measure: a run of some geometries adds to the table, it does not drop the others."""
+    if not earlier or (earlier["gpu"], earlier["vllm_version"]) != (table["gpu"], table["vllm_version"]):
+        return table
+    new = {(r["experts"], r["top_k"], r["hidden"], r["intermediate"], r["format"]) for r in table["rows"]}
+    kept = [r for r in earlier["rows"] if (r["experts"], r["top_k"], r["hidden"], r["intermediate"], r["format"])
+            not in new]
+    if not kept:
+        return table
+    return {**table, "date": max(earlier["date"], table["date"]), "rows": kept + table["rows"],
+            "command": f"{earlier['command']}; {table['command']}", "source": f"{earlier['source']}, {table['source']}"}
+
+
 def main(argv: list[str] | None = None) -> None:
     a = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     a.add_argument("--gpu", required=True, choices=[g.value for g in GPU])
@@ -317,6 +331,7 @@ def main(argv: list[str] | None = None) -> None:
     moe_kernels = moe_table(args.moe_kernels, args.gpu) if args.moe_kernels else None
     out = Path(args.profile_out or f"advisor/energy/profiles/vllm/{args.gpu}.json")
     if moe_kernels is not None and not (args.manifest or args.input or args.check):
+        moe_kernels = kept_with(json.loads(out.read_text()).get("moe_kernels"), moe_kernels)
         profile = validate_vllm_profile({**json.loads(out.read_text()), "moe_kernels": moe_kernels}, str(out))
         dump_json(out, profile, indent=1, newline=True)
         print(json.dumps({"profile": str(out), "moe_kernels": len(moe_kernels["rows"])}))
