@@ -24,8 +24,8 @@
 #   G  benchmarks/device/fp8_gemm_scaling.py: one 8B layer's linears in BF16 and FP8 at 16-4096 tokens a step (1 min)
 #   K  benchmarks/device/vllm_moe_kernels.py: vLLM's fused MoE (router, top-k and Triton experts) of published MoE
 #      geometries (${KGEOM:-all of its list}) in BF16 and FP8 at 1-2048 tokens a step, time and energy a layer (about
-#      2 min a geometry); then its rows go into this copy's step profile of the GPU here
-#      (vllm_step_fit.py --moe-kernels, nothing fitted; other geometries kept), so that a later S prices the MoE, and searches its
+#      2 min a geometry); then its rows go into this copy's step profile of the GPU here (vllm_step_fit.py
+#      --moe-kernels, nothing fitted; other geometries kept), so that a later S prices the MoE, and searches its
 #      objectives, from it
 #   q  step Q's checkpoint and search only (Q then skips them): run beside B on a second GPU
 #   w  wait until ${WAIT_FILE:-/tmp/s44/out/progress} holds ${WAIT_FOR:-V rc=}: a second GPU's verify starts only
