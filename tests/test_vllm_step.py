@@ -356,7 +356,7 @@ def test_rows_the_host_held_back_are_checks_never_fitted(monkeypatch):
     checks' RMS given without them too."""
     monkeypatch.syspath_prepend(str(ROOT / "benchmarks" / "engine_true"))
     monkeypatch.chdir(ROOT)
-    from served_rows import disturbance, read_manifest
+    from served_rows import disturbance, read_input, read_manifest
     from vllm_step_fit import summary
 
     rows = read_manifest("benchmarks/engine_true/h200_round5_inputs.json")
@@ -365,6 +365,10 @@ def test_rows_the_host_held_back_are_checks_never_fitted(monkeypatch):
     assert disturbed == {(mixed, 64): "GPU 84% busy", (mixed, 16): "GPU 75% busy"}
     assert not any(r.fittable for r in rows if r.disturbed) and all(r.fittable for r in rows if not r.disturbed)
     assert disturbance({"gpu_busy_pct": 99.0, "measurement": {"starved_windows": 6}}) == "6 starved windows"
+    # a sweep's rows too (their fields at the top): the 4B all-BF16 served on a host that held the GPU back
+    sweep = read_input("reports/benchmarks/engine_true_data/qwen3-4b_h200_bf16.json", gpu="NVIDIA H200")
+    assert {r.batch: r.disturbed for r in sweep if r.disturbed} == {64: "GPU 81% busy", 136: "GPU 82% busy",
+                                                                     240: "GPU 86% busy", 120: "GPU 86% busy"}
     errors = [{"fitted": False, "disturbed": r.disturbed, "error_pct": {"tpot_ms": 20.0 if r.disturbed else 2.0}}
               for r in rows]
     rms = summary(errors, "error_pct")

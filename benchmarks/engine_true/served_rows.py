@@ -172,7 +172,7 @@ def from_sweep(data: dict[str, Any], source: str, gpu: str | None = None, driver
                 source, gpu, _kind(gpu), driver, date, r["vllm_version"], r["shape"], r["plan"], None,
                 _kernel(r["plan"], None, options.get("linear_backend", "vllm's own"), date), batches[key], 512, 256,
                 seqs, _budget(seqs, 768), over.get("max_capture_size", capture), e["j_per_token"], e["tokens_per_s"],
-                e.get("tpot_ms_p50"), e.get("ttft_ms_p50"), sorted(sizes) if sizes else None))
+                e.get("tpot_ms_p50"), e.get("ttft_ms_p50"), sorted(sizes) if sizes else None, disturbance(e)))
     return out
 
 
@@ -217,9 +217,11 @@ def check_layers(source: str, modules: dict[str, Any], shape: str) -> None:
 
 
 def disturbance(row: dict[str, Any]) -> str | None:
-    """Why a kept serving's energy row says more of the host than of the GPU: the GPU under BUSY_BELOW busy over
-    the load (recorded from verify_time round 5), or windows the meter left out as starved; None where neither."""
-    busy, starved = row.get("gpu_busy_pct"), row["measurement"].get("starved_windows")
+    """Why a served energy row (a kept serving's or a sweep's) says more of the host than of the GPU: the GPU under
+    BUSY_BELOW busy over the load (recorded from verify_time round 5), or windows the meter left out as starved; None
+    where neither."""
+    busy = row.get("gpu_busy_pct")
+    starved = row.get("starved_windows", (row.get("measurement") or {}).get("starved_windows"))  # a sweep's, a kept
     why = ([f"GPU {busy:.0f}% busy"] if busy is not None and busy < BUSY_BELOW else []) \
         + ([f"{starved} starved windows"] if starved else [])
     return ", ".join(why) or None
