@@ -102,7 +102,7 @@ def test_the_served_label_names_the_measured_fused_moe_where_it_prices_the_plan(
     served = VllmServedModel(vllm_device(predicted, moe, GPU.H200, profile["moe_kernels"]), moe, GPU.H200, profile)
     names = [g.name for g in moe.groups]
     fp8, bf16 = Plan.uniform(names, Format.FP8), Plan.uniform(names, Format.BF16)
-    assert "fused MoE measured on NVIDIA H200" in served.step_source(fp8)
+    assert "fused MoE measured on NVIDIA H200, 2026-12-01, at uniform routing" in served.step_source(fp8)
     assert "fused MoE is not measured" not in served.step_source(fp8)
     assert "fused MoE is not measured" in served.step_source(bf16)  # BF16 experts: not in this table
     assert vllm_device(predicted, moe, GPU.H200, None) is predicted

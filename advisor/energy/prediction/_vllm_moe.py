@@ -41,7 +41,8 @@ class MoeKernelTable:
             key = (int(r["experts"]), int(r["top_k"]), int(r["hidden"]), int(r["intermediate"]), str(r["format"]))
             by_key.setdefault(key, []).append((int(r["tokens"]), float(r["ms_per_layer"]), float(r["j_per_layer"])))
         self._rows = {k: tuple(zip(*sorted(v), strict=True)) for k, v in by_key.items()}
-        self.label = f"vLLM {data['vllm_version']}'s fused MoE measured on {data['gpu']}, {data['date']}"
+        self.label = (f"vLLM {data['vllm_version']}'s fused MoE measured on {data['gpu']}, {data['date']}, at uniform "
+                      "routing")  # a trained model's skewed expert loads touch fewer experts a step: not measured
 
     def covers(self, shape: ModelShape, plan: Plan) -> bool:
         """Every MoE layer of ``shape`` has a row of its geometry in its experts' format under ``plan``."""
