@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import json
 import math
 import os
@@ -268,36 +269,33 @@ def moe_table(paths: list[str], gpu: str) -> dict[str, Any]:
     GPU, latest date, vLLM and commands, and each row's geometry, format, tokens, ms and J a layer. The files must
     agree on GPU and vLLM version; a geometry and format measured twice is taken from the later file."""
     keys = ("experts", "top_k", "hidden", "intermediate", "format", "tokens", "ms_per_layer", "j_per_layer")
-    rows: dict[tuple, dict[str, Any]] = {}
-    names, versions, dates, commands = set(), set(), [], []
+    runs = []
     for path in paths:
         data = json.loads(Path(path).read_text())
         name = data["gpu_smi"].split(",")[0].strip()
         if gpu.upper() not in name.upper():
             raise SystemExit(f"{path} was measured on {name}, not on an {gpu}")
-        names.add(name)
-        versions.add(data["vllm_version"])
-        dates.append(data["date"])
-        commands.append(data["command"])
-        measured = {(r["experts"], r["top_k"], r["hidden"], r["intermediate"], r["format"]) for r in data["rows"]}
-        rows = {k: r for k, r in rows.items() if k[:5] not in measured}
-        rows.update({(r["experts"], r["top_k"], r["hidden"], r["intermediate"], r["format"], r["tokens"]):
-                     {k: r[k] for k in keys} for r in data["rows"]})
-    if len(names) > 1 or len(versions) > 1:
-        raise SystemExit(f"{', '.join(paths)} were measured on {sorted(names)} with vLLM {sorted(versions)}: "
-                         "one of each, please")
-    return {"gpu": names.pop(), "date": max(dates), "vllm_version": versions.pop(), "command": "; ".join(commands),
-            "source": ", ".join(paths), "rows": list(rows.values())}
+        runs.append({"gpu": name, "date": data["date"], "vllm_version": data["vllm_version"],
+                     "command": data["command"], "source": path,
+                     "rows": [{k: r[k] for k in keys} for r in data["rows"]]})
+    if len({(r["gpu"], r["vllm_version"]) for r in runs}) > 1:
+        raise SystemExit(f"{', '.join(paths)} were measured on {sorted({r['gpu'] for r in runs})} with vLLM "
+                         f"{sorted({r['vllm_version'] for r in runs})}: one of each, please")
+    return functools.reduce(kept_with, runs)
+
+
+def _geometry(row: dict[str, Any]) -> tuple:
+    """A kernel table row's geometry and format (its tokens aside)."""
+    return row["experts"], row["top_k"], row["hidden"], row["intermediate"], row["format"]
 
 
 def kept_with(earlier: dict[str, Any] | None, table: dict[str, Any]) -> dict[str, Any]:
-    """``table`` with the geometries and formats of ``earlier`` (a profile's table of the same GPU and vLLM) it does
-    not measure: a run of some geometries adds to the table, it does not drop the others."""
+    """``table`` with the geometries and formats of ``earlier`` (a table of the same GPU and vLLM) it does not
+    measure: a run of some geometries adds to the table, it does not drop the others."""
     if not earlier or (earlier["gpu"], earlier["vllm_version"]) != (table["gpu"], table["vllm_version"]):
         return table
-    new = {(r["experts"], r["top_k"], r["hidden"], r["intermediate"], r["format"]) for r in table["rows"]}
-    kept = [r for r in earlier["rows"] if (r["experts"], r["top_k"], r["hidden"], r["intermediate"], r["format"])
-            not in new]
+    new = {_geometry(r) for r in table["rows"]}
+    kept = [r for r in earlier["rows"] if _geometry(r) not in new]
     if not kept:
         return table
     return {**table, "date": max(earlier["date"], table["date"]), "rows": kept + table["rows"],
