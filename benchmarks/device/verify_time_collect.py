@@ -31,7 +31,8 @@ COMMAND = ("STEPS='B V' bash benchmarks/device/verify_time.sh (setsid, polled; S
            "STEPS='q Q S' SHAPES=llama-3.2-3b taskset -c 16-31; round 9, the 4B alone on one H200: "
            "VLLM_USE_AOT_COMPILE=0 STEPS='q Q S' SHAPES=llama-3.2-3b SPLANS=all-fp8; "
            "round 10, the 4B alone on one H200: "
-           "STEPS='q Q S' SHAPES=mistral-7b-v0.3 SPLANS='all-bf16 all-fp8'), "
+           "STEPS='q Q S' SHAPES=mistral-7b-v0.3 SPLANS='all-bf16 all-fp8'; round 11, alone on one H200: "
+           "STEPS='B V P R'), "
            "then python benchmarks/device/verify_time_collect.py")
 SPARE_IMPORT = re.compile(r"the next engine's process has vLLM imported \((\d+) s, (\S+) UTC\)")
 
