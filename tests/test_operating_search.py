@@ -375,3 +375,84 @@ def test_a_batch_that_met_for_another_objective_far_below_two_misses_is_no_brack
     assert tier.metered == [144, 80, 136, 120]  # the line from 80 through 136 at 12 ms: 121, the grid's 120
     assert got["meets"] is True and got["batch"] == 120
     assert [t["batch"] for t in got["trail"]] == [144, 136, 120]
+
+
+class HostStallTier(FakeTier):
+    """FakeTier on a host that stalls the first metering of each batch in ``stalled`` (round 11's batch 144: TPOT
+    15.3 ms, fewer tokens/s than batch 128 had served, the GPU 76% busy); every other metering is steady at ``busy``."""
+
+    def __init__(self, tpot: Callable[[int], float], stalled: set[int], busy: float = 97.0) -> None:
+        super().__init__(tpot)
+        self.stalled, self.busy, self.names = stalled, busy, []
+
+    def measure_points(self, plan, workloads):
+        out = []
+        for w in workloads:
+            first = w.batch_size not in self.metered
+            self.metered.append(w.batch_size)
+            self.names.append(w.name)
+            t, tokens, busy = self.tpot(w.batch_size), 100.0 * w.batch_size, self.busy
+            if first and w.batch_size in self.stalled:
+                t, tokens, busy = t * 1.35, 60.0 * w.batch_size, 76.0
+            row = {"j_per_token": 1.0 / w.batch_size, "tokens_per_s": tokens, "tpot_ms_p50": t, "ttft_ms_p50": 3 * t,
+                   "gpu_busy_pct": busy}
+            out.append(from_timed(plan, w, row, "measured (Fake GPU, 2026-11-30)"))
+        return out
+
+
+def steady_tpot(b: int) -> float:
+    return 2.0 + 0.06 * b
+
+
+def test_a_miss_the_host_held_back_is_metered_again_and_judged_by_the_later_metering():
+    from advisor.deploy.checkpoint import decode_graph_sizes
+    from advisor.search.measured import step_up_ceiling
+
+    curve = [(b, steady_tpot(b), 1.0 / b) for b in decode_graph_sizes(256)]
+    tier = HostStallTier(steady_tpot, stalled={160})
+    got = search_batches(tier, PLAN, [BatchSearch(Workload(name="chat", tpot_ms=12.0), 128, curve,
+                                                  grid=decode_graph_sizes(1024), step_up_to=step_up_ceiling(128))])[0]
+    # 128 meets (9.7 ms); the step up to 160, the ceiling, misses held back (15.7 ms, fewer tokens/s than at 128, the
+    # GPU 76% busy); 160 metered again meets (11.6 ms). Judged by the first metering, the answer would be 128.
+    assert tier.metered == [128, 160, 160]
+    assert tier.names == ["chat at batch 128", "chat at batch 160", "chat at batch 160 again"]
+    assert got["batch"] == 160 == step_up_ceiling(128) and got["meets"] is True and got["tpot_ms"] == steady_tpot(160)
+    assert [t["gpu_busy_pct"] for t in got["trail"]] == [97.0, 76.0, 97.0]
+    assert got["search"].endswith("; batch 160 metered again: the host held its first metering back (GPU 76% busy, "
+                                  "9600 tokens/s)")
+
+
+def test_a_slow_host_s_misses_are_not_metered_again_where_the_throughput_still_grows_with_the_batch():
+    """Every metering under 90% busy (round 9's 4B host: 74-80%), but the larger batch served more tokens/s than the
+    stated batch 64 beside it: the miss is the batch's, metered once."""
+    from advisor.deploy.checkpoint import decode_graph_sizes
+
+    curve = [(b, steady_tpot(b), 1.0 / b) for b in decode_graph_sizes(256)]
+    tier = HostStallTier(lambda b: 1.2 * steady_tpot(b), stalled=set(), busy=85.0)  # 144: 12.8 ms, a miss
+    got = search_batches(tier, PLAN, [BatchSearch(Workload(name="chat", tpot_ms=12.0), 144, curve,
+                                                  grid=decode_graph_sizes(1024))],
+                         alongside=[Workload(name="stated", batch_size=64)])[0]
+    assert tier.metered[:2] == [144, 64] and len(tier.metered) == len(set(tier.metered))
+    assert got["meets"] is True and "again" not in got["search"]
+
+
+def test_a_held_back_miss_is_metered_again_once_only():
+    """A host that stalls every metering of batch 160 (above the smaller batch's tokens/s, the GPU 76% busy): metered
+    twice, then judged a miss."""
+    from advisor.deploy.checkpoint import decode_graph_sizes
+    from advisor.search.measured import step_up_ceiling
+
+    class AlwaysStalled(HostStallTier):
+        def measure_points(self, plan, workloads):
+            points = super().measure_points(plan, workloads)
+            self.metered = [b for b in self.metered if b not in self.stalled]  # every metering counts as the first
+            return points
+
+    curve = [(b, steady_tpot(b), 1.0 / b) for b in decode_graph_sizes(256)]
+    tier = AlwaysStalled(steady_tpot, stalled={160})
+    got = search_batches(tier, PLAN, [BatchSearch(Workload(name="chat", tpot_ms=12.0), 128, curve,
+                                                  grid=decode_graph_sizes(1024), step_up_to=step_up_ceiling(128))])[0]
+    assert tier.names == ["chat at batch 128", "chat at batch 160", "chat at batch 160 again"]
+    assert got["batch"] == 128 and got["meets"] is True
+    assert got["search"].startswith("batch 128 meets as measured and 160 misses (predicted 128; bracketed in 3 "
+                                    "meterings); batch 160 metered again")

@@ -145,6 +145,7 @@ class MeteredBatch(_Record):
     j_per_token: float | None = None
     tokens_per_s: float | None = None
     meets: bool | None = None  # the objective as measured; None: not known
+    gpu_busy_pct: float | None = None  # NVML's utilization over the load; None: not read
 
 
 class MeasuredPointRecord(MeteredBatch):

@@ -12,14 +12,10 @@ from advisor.report import VerifyResult
 from advisor.report.verify_record import VerifiedPlan
 from advisor.search.frontier import percent_less
 from advisor.search.measured import went_past_prediction
+from advisor.search.operating import BUSY_BELOW
 
 BEGIN, END = "<!-- advisor verify: begin -->", "<!-- advisor verify: end -->"
 
-
-# A steady load that keeps a GPU fed reads near 100% busy in NVML; under this, the report says the host side held it
-# back part of the time. One GPU round so far: an 8B's loads on an H200 read 90.6-100%, and the two a host stall
-# slowed 75% and 84% (reports/benchmarks/verify_time.md, round 5).
-BUSY_BELOW = 90.0
 #: another GPU of the host at least this busy (%, NVML) over a metering: the report says that a job ran beside it
 OTHERS_BUSY = 10.0
 

@@ -36,6 +36,12 @@ for a stated workload (``shared``: an FP8 8B's stated batches 16 and 64 beside i
 240) bound the search too: once its own batch misses, the largest of them that meets is ``lo`` and a smaller miss is
 ``hi``, so the step down is a line between two measured points rather than the predicted curve scaled, and one of
 them may be the answer; a step up never meters a batch that one of them shows missing.
+
+A miss the host held back (:meth:`~advisor.search.operating.MeasuredPoint.held_back_beside`: the GPU under 90% busy,
+fewer tokens/s than a smaller batch of the same load served in the same engine) is no evidence about the batch: the
+search meters that batch once more, under a name of its own (:func:`~advisor.search.operating.at_batch`'s ``again``),
+before it goes on, and judges it by the later metering. The repeat is not counted against the budget; a batch is
+metered at most twice.
 """
 
 from __future__ import annotations
@@ -150,7 +156,9 @@ class BatchSearch:
     def next_batch(self) -> int | None:
         """The next batch to meter, or None when the search is over."""
         own, judged = self._judged(shared=False), self._judged()
-        if not own or not judged or len(self.trail) - 1 >= self.budget:
+        if own and self._held_back_miss():
+            return self.trail[-1].batch
+        if not own or not judged or self._extra() >= self.budget:
             return None
         own_lo, hi = self._ends(own)
         if hi is None:  # every batch it metered met: a step up, below any batch the same load missed at
@@ -171,6 +179,17 @@ class BatchSearch:
         between = [b for b in self.grid if lo < b < hi]
         return max((b for b in between if b <= batch), default=min(between)) if between else batch
 
+    def _extra(self) -> int:
+        """The batches metered beyond the predicted one (a batch metered again counts once)."""
+        return len({p.batch for p in self.trail}) - 1
+
+    def _held_back_miss(self) -> bool:
+        """The last metering missed, the host held it back (module docstring), and its batch was metered once."""
+        last = self.trail[-1]
+        over = excess(self.workload, last)
+        return (over is not None and over > 1.0 and sum(p.batch == last.batch for p in self.trail) == 1
+                and last.held_back_beside([*self.trail, *self.shared]))
+
     def _step_up(self, lo: int, over: float, below: int | None = None) -> int | None:
         """The batch above ``lo`` (which met, ``over`` its excess) to meter next: the largest the engine runs
         differently at or under the aim (module docstring), at most ``step_up_to`` and under ``below``; None where
@@ -186,7 +205,7 @@ class BatchSearch:
         """``bracket_after`` meterings of its own hold a batch that meets (``own_lo``) and one that misses: a batch
         that met for another objective (``shared``) far below its own misses is no bracket to stop at (a Qwen3-4B's
         12 ms search missed at 144 and 136 and stopped at 80, tpot8's batch: verify_time.md, 4B round 9)."""
-        return bool(self.bracket_after) and len(self.trail) >= self.bracket_after and own_lo > 0 and hi is not None
+        return bool(self.bracket_after) and self._extra() + 1 >= self.bracket_after and own_lo > 0 and hi is not None
 
     def _bracketed(self, lo: int, hi: int) -> bool:
         if self.grid:
@@ -217,16 +236,25 @@ class BatchSearch:
         judged = self._judged()
         first = self.trail[0]
         trail = [{"batch": p.batch, "tpot_ms": p.tpot_ms, "ttft_ms": p.ttft_ms, "j_per_token": p.j_per_token,
-                  "tokens_per_s": p.tokens_per_s, "meets": p.meets} for p in self.trail]
-        extra = len(self.trail) - 1
+                  "tokens_per_s": p.tokens_per_s, "meets": p.meets, "gpu_busy_pct": p.gpu_busy_pct}
+                 for p in self.trail]
+        extra = self._extra()
         if judged is None:
             return self._record(first, trail, "the engine does not time the objective's terms: not searched")
         lo, hi = self._ends(judged)
+        record = self._outcome_at(lo, hi, extra, trail)
         if lo and not any(p.batch == lo for p in self.trail):  # the answer is the same load metered for another
-            record = self._outcome_at(lo, hi, extra, trail)
-            return {**record, "search": record["search"] + f" (batch {lo} metered for '{self._at(lo).workload}' in "
-                                                           "the same engine)"}
-        return self._outcome_at(lo, hi, extra, trail)
+            record["search"] += f" (batch {lo} metered for '{self._at(lo).workload}' in the same engine)"
+        for p in self._metered_again():
+            busy = f"GPU {p.gpu_busy_pct:.0f}% busy, " if p.gpu_busy_pct is not None else ""
+            record["search"] += (f"; batch {p.batch} metered again: the host held its first metering back ({busy}"
+                                 f"{p.tokens_per_s:.0f} tokens/s)")
+        return record
+
+    def _metered_again(self) -> list[MeasuredPoint]:
+        """The first metering of each batch metered twice (a held-back miss, module docstring)."""
+        batches = [p.batch for p in self.trail]
+        return [p for i, p in enumerate(self.trail) if p.batch in batches[i + 1:]]
 
     def _outcome_at(self, lo: int, hi: int | None, extra: int, trail: list[dict[str, Any]]) -> dict[str, Any]:
         """The outcome's record (:meth:`outcome`) for the largest batch known to meet ``lo`` and the smallest miss
@@ -324,7 +352,8 @@ def search_batches(model: MeasuredTier, plan: Plan, searches: Sequence[BatchSear
             for s in searches:
                 if s is not owner and s.same_load(w):
                     s.shared.append(p)
-        asked[:] = [(s, at_batch(s.workload, b)) for s in searches if (b := s.next_batch()) is not None]
+        asked[:] = [(s, at_batch(s.workload, b, again=any(p.batch == b for p in s.trail))) for s in searches
+                    if (b := s.next_batch()) is not None]
         return [w for _, w in asked]
 
     model.measure_rounds(plan, [w for _, w in asked], next_round,

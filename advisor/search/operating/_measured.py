@@ -12,7 +12,7 @@ than guess.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from typing import Any
@@ -22,11 +22,17 @@ from advisor.plan import Plan
 from advisor.recipe.schema import Workload
 from advisor.search.operating._points import steady_state
 
+# A steady load that keeps a GPU fed reads near 100% busy in NVML; under this, the host side held it back part of the
+# time. One GPU round so far: an 8B's loads on an H200 read 90.6-100%, and the two a host stall slowed 75% and 84%
+# (reports/benchmarks/verify_time.md, round 5).
+BUSY_BELOW = 90.0
+
 
 @dataclass(frozen=True)
 class MeasuredPoint:
     """One plan metered on one workload at ``batch`` in flight. ``tpot_ms`` / ``ttft_ms`` at the workload's
-    percentile (None: the engine does not time them); ``meets``: the objective as measured (None: unknown)."""
+    percentile (None: the engine does not time them); ``meets``: the objective as measured (None: unknown);
+    ``gpu_busy_pct``: NVML's utilization over the load, where the engine read it."""
 
     plan_id: str
     workload: str
@@ -39,14 +45,25 @@ class MeasuredPoint:
     source: str
     measured_at: str  # ISO 8601, UTC
     decode_step_ms: float | None = None  # the built-in runtime's measured decode step at this batch
+    gpu_busy_pct: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    def held_back_beside(self, others: Sequence[MeasuredPoint]) -> bool:
+        """The host held this metering back: the GPU under :data:`BUSY_BELOW` busy, and fewer tokens/s served than
+        at a smaller batch of ``others`` (the same load in the same engine: a steady decode load serves more tokens/s
+        at a larger batch). An 8B's step up to batch 144 read 15.3 ms and 8914 tokens/s with the GPU 76% busy, where
+        128 had served 12218 and the classic meter read 11.8 ms at 136 (verify_time.md, round 11)."""
+        return self.gpu_busy_pct is not None and self.gpu_busy_pct < BUSY_BELOW and any(
+            o.batch < self.batch and o.tokens_per_s > self.tokens_per_s for o in others)
 
-def at_batch(workload: Workload, batch: int) -> Workload:
-    """``workload`` served at ``batch`` in flight, named so that it never mixes with the stated batch."""
-    return workload.model_copy(update={"name": f"{workload.name} at batch {batch}", "batch_size": batch})
+
+def at_batch(workload: Workload, batch: int, again: bool = False) -> Workload:
+    """``workload`` served at ``batch`` in flight, named so that it never mixes with the stated batch (``again``: a
+    second metering of that batch, named apart from the first)."""
+    return workload.model_copy(update={"name": f"{workload.name} at batch {batch}{' again' if again else ''}",
+                                       "batch_size": batch})
 
 
 def objective_name(workload: Workload) -> str:
@@ -99,7 +116,8 @@ def from_timed(plan: Plan, workload: Workload, row: Mapping[str, Any], source: s
     q = workload.quantile
     tpot, ttft = row.get(f"tpot_ms_{q}"), row.get(f"ttft_ms_{q}")
     return MeasuredPoint(plan.id, objective_name(workload), workload.batch_size, row["j_per_token"],
-                         row["tokens_per_s"], tpot, ttft, meets_as_measured(workload, tpot, ttft), source, _now())
+                         row["tokens_per_s"], tpot, ttft, meets_as_measured(workload, tpot, ttft), source, _now(),
+                         gpu_busy_pct=row.get("gpu_busy_pct"))
 
 
 def from_estimate(plan: Plan, workload: Workload, est: EnergyEstimate) -> MeasuredPoint:
