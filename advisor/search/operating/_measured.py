@@ -53,8 +53,7 @@ class MeasuredPoint:
     def held_back_beside(self, others: Sequence[MeasuredPoint]) -> bool:
         """The host held this metering back: the GPU under :data:`BUSY_BELOW` busy, and fewer tokens/s served than
         at a smaller batch of ``others`` (the same load in the same engine: a steady decode load serves more tokens/s
-        at a larger batch). An 8B's step up to batch 144 read 15.3 ms and 8914 tokens/s with the GPU 76% busy, where
-        128 had served 12218 and the classic meter read 11.8 ms at 136 (verify_time.md, round 11)."""
+        at a larger batch; the case: reports/benchmarks/verify_time.md, round 11)."""
         return self.gpu_busy_pct is not None and self.gpu_busy_pct < BUSY_BELOW and any(
             o.batch < self.batch and o.tokens_per_s > self.tokens_per_s for o in others)
 
