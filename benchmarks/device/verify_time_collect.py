@@ -4,7 +4,8 @@ folder itself holds the first round, ``after/`` the second, ``roundN/`` the N-th
 each plan's kept serving (verify_served/*.json, else verify.json: its engine start, served KL and every metering,
 timed inside the engine's process), the round's progress lines and vLLM's own log (engine start stages, with their
 clock times), the run's predicted operating points beside the batches vLLM served, and where the round ran it,
-meter_ab.json (the fast meter against the classic one on one engine).
+meter_ab.json (the fast meter against the classic one on one engine); and the batch search's held-back rule replayed on
+every kept serving.
 
     python benchmarks/device/verify_time_collect.py
 """
@@ -22,6 +23,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from advisor.deploy.vllm import start_seconds  # noqa: E402
+from advisor.search.operating import MeasuredPoint  # noqa: E402
 
 COMMAND = ("STEPS='B V' bash benchmarks/device/verify_time.sh (setsid, polled; STEPS='B V M' for round 2, "
            "STEPS='B V R' for rounds 3 and 4, STEPS='G B V R' for round 5, "
@@ -282,6 +284,42 @@ def render_sizing_ab(ab: dict[str, Any]) -> list[str]:
     return lines
 
 
+def held_back_replay(data: Path) -> dict[str, Any]:
+    """The batch search's held-back rule (:meth:`MeasuredPoint.held_back_beside`) replayed on every kept serving
+    below ``data``: each searched metering that missed, judged beside the rows its engine served (every workload of
+    these runs is one load, 512 in / 256 out)."""
+    out: dict[str, Any] = {"servings": 0, "searched": 0, "missed": 0, "missed_under_busy": 0, "held_back": []}
+    for path in sorted(data.rglob("verify_served/*.json")):
+        served = json.loads(path.read_text())["served"]
+        rows = {name: MeasuredPoint(path.stem, name, e["fewest_inflight"], e["j_per_token"], e["tokens_per_s"],
+                                    e.get("tpot_ms_p50"), e.get("ttft_ms_p50"), None, "", "",
+                                    gpu_busy_pct=e.get("gpu_busy_pct"))
+                for name, e in served.get("energy", {}).items() if e.get("fewest_inflight")}
+        out["servings"] += 1
+        for objective, search in (served.get("searches") or {}).items():
+            for t in search.get("trail") or []:
+                out["searched"] += 1
+                point = rows.get(f"{objective} at batch {t['batch']}") or rows.get(objective)
+                if t.get("meets") is not False or point is None or point.batch != t["batch"]:
+                    continue
+                out["missed"] += 1
+                out["missed_under_busy"] += (point.gpu_busy_pct or 100.0) < 90.0
+                if point.held_back_beside(list(rows.values())):
+                    out["held_back"].append({"serving": str(path.relative_to(data)), "objective": objective,
+                                             "batch": point.batch, "gpu_busy_pct": point.gpu_busy_pct,
+                                             "tokens_per_s": point.tokens_per_s})
+    return out
+
+
+def render_held_back(h: dict[str, Any]) -> list[str]:
+    found = "; ".join(f"`{x['serving']}` {x['objective']} at batch {x['batch']} (GPU {x['gpu_busy_pct']:.0f}% busy, "
+                      f"{x['tokens_per_s']:.0f} tokens/s)" for x in h["held_back"]) or "none"
+    return [f"- **Meterings the host held back**, the batch search's rule (`MeasuredPoint.held_back_beside`: the GPU "
+            f"under 90% busy and 10% fewer tokens/s than a smaller batch of the same engine) replayed on the "
+            f"{h['servings']} kept servings here: {h['searched']} searched meterings, {h['missed']} misses, "
+            f"{h['missed_under_busy']} of them under 90% busy; the rule would have metered again: {found}.", ""]
+
+
 def render(result: dict[str, Any]) -> str:
     first = result["rounds"][0]
     lines = [f"# `advisor verify`'s time, per stage ({first['gpu']}, {first['date']})", "",
@@ -290,7 +328,7 @@ def render(result: dict[str, Any]) -> str:
              "objectives (8, 12, 20 ms; 512 in / 256 out) whose batch_size gives the fixed batches 16 and 64; "
              "`advisor verify RUN --engine vllm --plan <all-FP8>`: all-BF16, all-FP8 and the recommendation (the last "
              "section: a random-weight Qwen3-4B, the same objectives).", ""]
-    lines += [f"- {n}" for n in result["notes"]] + [""]
+    lines += [f"- {n}" for n in result["notes"]] + [""] + render_held_back(result["held_back"])
     for r in result["rounds"]:
         lines += render_round(r)
     return "\n".join(lines)
@@ -314,7 +352,7 @@ def main() -> None:
         rounds.append(collect(folder, "The 4B-class case: " + (folder / "title.txt").read_text().strip()))
     notes = data / "summary_notes.json"
     result = {"command": COMMAND, "rounds": rounds,
-              "notes": json.loads(notes.read_text()) if notes.is_file() else []}
+              "notes": json.loads(notes.read_text()) if notes.is_file() else [], "held_back": held_back_replay(data)}
     Path(args.out + ".json").write_text(json.dumps(result, indent=2))
     Path(args.out + ".md").write_text(render(result))
 

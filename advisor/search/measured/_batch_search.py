@@ -38,7 +38,7 @@ for a stated workload (``shared``: an FP8 8B's stated batches 16 and 64 beside i
 them may be the answer; a step up never meters a batch that one of them shows missing.
 
 A miss the host held back (:meth:`~advisor.search.operating.MeasuredPoint.held_back_beside`: the GPU under 90% busy,
-fewer tokens/s than a smaller batch of the same load served in the same engine) is no evidence about the batch: the
+10% fewer tokens/s than a smaller batch of the same load served in the same engine) is no evidence about the batch: the
 search meters that batch once more, under a name of its own (:func:`~advisor.search.operating.at_batch`'s ``again``),
 before it goes on, and judges it by the later metering. The repeat is not counted against the budget; a batch is
 metered at most twice.
