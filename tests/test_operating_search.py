@@ -427,7 +427,7 @@ def test_a_miss_the_host_held_back_is_metered_again_and_judged_by_the_later_mete
                          ids=["growing", "levelled off, 3% under batch 64's"])
 def test_a_slow_host_s_misses_are_not_metered_again_where_the_throughput_holds_up(tokens):
     """Every metering under 90% busy (round 9's 4B host: 74-80%), and the larger batch served more tokens/s than the
-    stated batch 64 beside it, or a few percent fewer where the host bounds it (a 4B's FP8 at 144-288): the miss is
+    stated batch 64 beside it, or a few percent fewer where the host bounds it (a 4B's FP8 at 112-288): the miss is
     the batch's, metered once."""
     from advisor.deploy.checkpoint import decode_graph_sizes
 

@@ -28,7 +28,8 @@ from advisor.search.operating._points import steady_state
 BUSY_BELOW = 90.0
 # A larger batch that served this much fewer tokens/s than a smaller one of the same load, the GPU under BUSY_BELOW
 # busy, was held back by its host: where the host bounds a small model's FP8 steps, tokens/s level off with the batch
-# and may dip a few percent (a 4B's at batch 144-288), but do not fall this far (reports/benchmarks/verify_time.md).
+# and may dip a few percent (a 4B's FP8 at batch 112-288: up to 3%), but do not fall this far
+# (reports/benchmarks/verify_time.md).
 HELD_BACK_DROP = 0.10
 
 
