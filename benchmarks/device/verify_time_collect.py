@@ -23,7 +23,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from advisor.deploy.vllm import start_seconds  # noqa: E402
-from advisor.search.operating import MeasuredPoint  # noqa: E402
+from advisor.search.operating import BUSY_BELOW, HELD_BACK_DROP, MeasuredPoint  # noqa: E402
 
 COMMAND = ("STEPS='B V' bash benchmarks/device/verify_time.sh (setsid, polled; STEPS='B V M' for round 2, "
            "STEPS='B V R' for rounds 3 and 4, STEPS='G B V R' for round 5, "
@@ -303,7 +303,7 @@ def held_back_replay(data: Path) -> dict[str, Any]:
                 if t.get("meets") is not False or point is None or point.batch != t["batch"]:
                     continue
                 out["missed"] += 1
-                out["missed_under_busy"] += (point.gpu_busy_pct or 100.0) < 90.0
+                out["missed_under_busy"] += (point.gpu_busy_pct or 100.0) < BUSY_BELOW
                 if point.held_back_beside(list(rows.values())):
                     out["held_back"].append({"serving": str(path.relative_to(data)), "objective": objective,
                                              "batch": point.batch, "gpu_busy_pct": point.gpu_busy_pct,
@@ -315,9 +315,10 @@ def render_held_back(h: dict[str, Any]) -> list[str]:
     found = "; ".join(f"`{x['serving']}` {x['objective']} at batch {x['batch']} (GPU {x['gpu_busy_pct']:.0f}% busy, "
                       f"{x['tokens_per_s']:.0f} tokens/s)" for x in h["held_back"]) or "none"
     return [f"- **Meterings the host held back**, the batch search's rule (`MeasuredPoint.held_back_beside`: the GPU "
-            f"under 90% busy and 10% fewer tokens/s than a smaller batch of the same engine) replayed on the "
-            f"{h['servings']} kept servings here: {h['searched']} searched meterings, {h['missed']} misses, "
-            f"{h['missed_under_busy']} of them under 90% busy; the rule would have metered again: {found}.", ""]
+            f"under {BUSY_BELOW:.0f}% busy and {HELD_BACK_DROP:.0%} fewer tokens/s than a smaller batch of the same "
+            f"engine) replayed on the {h['servings']} kept servings here: {h['searched']} searched meterings, "
+            f"{h['missed']} misses, {h['missed_under_busy']} of them under {BUSY_BELOW:.0f}% busy; the rule would have "
+            f"metered again: {found}.", ""]
 
 
 def render(result: dict[str, Any]) -> str:

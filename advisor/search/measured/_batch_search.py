@@ -179,6 +179,10 @@ class BatchSearch:
         between = [b for b in self.grid if lo < b < hi]
         return max((b for b in between if b <= batch), default=min(between)) if between else batch
 
+    def times_metered(self, batch: int) -> int:
+        """How often this search metered ``batch`` (twice: a held-back miss metered again, module docstring)."""
+        return sum(p.batch == batch for p in self.trail)
+
     def _extra(self) -> int:
         """The batches metered beyond the predicted one (a batch metered again counts once)."""
         return len({p.batch for p in self.trail}) - 1
@@ -187,7 +191,7 @@ class BatchSearch:
         """The last metering missed, the host held it back (module docstring), and its batch was metered once."""
         last = self.trail[-1]
         over = excess(self.workload, last)
-        return (over is not None and over > 1.0 and sum(p.batch == last.batch for p in self.trail) == 1
+        return (over is not None and over > 1.0 and self.times_metered(last.batch) == 1
                 and last.held_back_beside([*self.trail, *self.shared]))
 
     def _step_up(self, lo: int, over: float, below: int | None = None) -> int | None:
@@ -352,7 +356,7 @@ def search_batches(model: MeasuredTier, plan: Plan, searches: Sequence[BatchSear
             for s in searches:
                 if s is not owner and s.same_load(w):
                     s.shared.append(p)
-        asked[:] = [(s, at_batch(s.workload, b, again=any(p.batch == b for p in s.trail))) for s in searches
+        asked[:] = [(s, at_batch(s.workload, b, again=s.times_metered(b) > 0)) for s in searches
                     if (b := s.next_batch()) is not None]
         return [w for _, w in asked]
 

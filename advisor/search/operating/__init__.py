@@ -9,6 +9,7 @@ Import order inside: ``_points`` < ``_measured``; ``_basis`` and ``_payback`` st
 from advisor.search.operating._basis import BasisPoint, basis_words, operating_basis
 from advisor.search.operating._measured import (
     BUSY_BELOW,
+    HELD_BACK_DROP,
     MeasuredPoint,
     at_batch,
     from_estimate,
@@ -34,9 +35,9 @@ from advisor.search.operating._points import (
 )
 
 __all__ = [
-    "BUSY_BELOW", "KV_MEMORY_SHARE", "QUANTILE", "BasisPoint", "MeasuredPoint", "OperatingPoint", "Payback",
-    "SearchEnergy", "SteadyState", "StepModel", "at_batch", "basis_words", "describe_days", "from_estimate",
-    "from_steps", "from_timed", "kv_batch_limit", "largest_meeting", "meets_as_measured", "objective_name",
-    "operating_basis", "operating_point", "operating_points", "payback", "steady_state", "weight_bytes",
-    "within_cap",
+    "BUSY_BELOW", "HELD_BACK_DROP", "KV_MEMORY_SHARE", "QUANTILE", "BasisPoint", "MeasuredPoint", "OperatingPoint",
+    "Payback", "SearchEnergy", "SteadyState", "StepModel", "at_batch", "basis_words", "describe_days",
+    "from_estimate", "from_steps", "from_timed", "kv_batch_limit", "largest_meeting", "meets_as_measured",
+    "objective_name", "operating_basis", "operating_point", "operating_points", "payback", "steady_state",
+    "weight_bytes", "within_cap",
 ]
