@@ -5,6 +5,7 @@ shipped profiles. Synthetic step models and the datasheet roofline only: no GPU,
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -115,8 +116,14 @@ def test_a_decode_step_is_the_padded_pass_plus_attention_plus_the_engines_terms(
     assert s.graph == "full" and s.ran_at == 72
     assert s.device_ms == pytest.approx(device)
     assert s.ms == pytest.approx(device + 0.5 + 10.0 * 69 / 1e3)
-    # host time costs the gap power; the device's energy over it is the built-in model's
-    assert s.joules == pytest.approx(400.0 * device / 1e3 + 100.0 * (0.5 + 0.69) / 1e3)
+    # the fixed host time is a wait at the gap power; the per-sequence time keeps the GPU busy at the device's power
+    # (the built-in model's 400 W here)
+    assert s.joules == pytest.approx(400.0 * (device + 0.69) / 1e3 + 100.0 * 0.5 / 1e3)
+    assert s.busy_ms == pytest.approx(device + 0.69) and s.busy_share == pytest.approx(s.busy_ms / s.ms)
+    # a PIECEWISE pass's launches are waits too
+    launched = VllmSteps(Affine(), replace(terms, piecewise_us_per_layer=50.0), layers=4).step(
+        BF16, 69, 640.0, [Chunk(3, 512)], VllmServing(128, 16384, 576))
+    assert launched.ms - launched.busy_ms == pytest.approx(0.5 + 50.0 * 4 / 1e3)
 
 
 def test_a_pass_is_the_decode_step_where_the_built_in_model_reads_its_gemms_from_a_table():
@@ -357,7 +364,7 @@ def test_rows_the_host_held_back_are_checks_never_fitted(monkeypatch):
     monkeypatch.syspath_prepend(str(ROOT / "benchmarks" / "engine_true"))
     monkeypatch.chdir(ROOT)
     from served_rows import disturbance, read_input, read_manifest
-    from vllm_step_fit import summary
+    from step_fit_report import summary
 
     rows = read_manifest("benchmarks/engine_true/h200_round5_inputs.json")
     disturbed = {(r.plan, r.batch): r.disturbed for r in rows if r.disturbed}

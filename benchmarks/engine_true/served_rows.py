@@ -55,6 +55,7 @@ class ServedRow:
     capture_sizes: list[int] | None = None  # the CUDA-graph sizes where the engine was told which (else the bound)
     # why the row says more of its host than of its GPU (GPU busy under BUSY_BELOW, starved windows); None: it does not
     disturbed: str | None = None
+    gpu_busy_pct: float | None = None  # NVML's share of the load's time a kernel ran (kept servings, sweeps)
 
     @property
     def as_served_now(self) -> bool:
@@ -172,7 +173,8 @@ def from_sweep(data: dict[str, Any], source: str, gpu: str | None = None, driver
                 source, gpu, _kind(gpu), driver, date, r["vllm_version"], r["shape"], r["plan"], None,
                 _kernel(r["plan"], None, options.get("linear_backend", "vllm's own"), date), batches[key], 512, 256,
                 seqs, _budget(seqs, 768), over.get("max_capture_size", capture), e["j_per_token"], e["tokens_per_s"],
-                e.get("tpot_ms_p50"), e.get("ttft_ms_p50"), sorted(sizes) if sizes else None, disturbance(e)))
+                e.get("tpot_ms_p50"), e.get("ttft_ms_p50"), sorted(sizes) if sizes else None, disturbance(e),
+                e.get("gpu_busy_pct")))
     return out
 
 
@@ -202,7 +204,7 @@ def from_kept(data: dict[str, Any], source: str, recipe: str, plan: str, formats
             _kernel(plan, formats, options.get("linear_backend", "vllm's own"), date), e["fewest_inflight"], lin,
             lout, seqs, _budget(seqs, lin + lout), graphs.get("max_cudagraph_capture_size"), e["j_per_token"],
             e["tokens_per_s"], e.get("tpot_ms_p50"), e.get("ttft_ms_p50"), sorted(sizes) if sizes else None,
-            disturbance(e)))
+            disturbance(e), e.get("gpu_busy_pct")))
     return out
 
 

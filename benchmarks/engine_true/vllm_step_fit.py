@@ -32,8 +32,9 @@ HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent), str(HERE.parent / "device"), str(HERE.parents[1])]
 os.environ.setdefault("ADVISOR_PROFILE_DIR", tempfile.mkdtemp())  # the shipped profiles only, never a user's
 
-from _report import command_line, dump_json, md_table  # noqa: E402
+from _report import command_line, dump_json  # noqa: E402
 from served_rows import ServedRow, read_input, read_manifest, shape_of  # noqa: E402
+from step_fit_report import OBSERVED, markdown, objectives_markdown, summary  # noqa: E402
 
 from advisor.energy.prediction import (  # noqa: E402
     EngineTerms,
@@ -48,7 +49,6 @@ from advisor.plan import Plan  # noqa: E402
 from advisor.recipe.schema import Workload  # noqa: E402
 from advisor.search.operating import steady_state  # noqa: E402
 
-OBSERVED = ("tokens_per_s", "j_per_token", "tpot_ms", "ttft_ms")
 BOUNDS = {"host_ms": (0.0, 5.0), "per_seq_us": (0.0, 50.0), "piecewise_us_per_layer": (0.0, 300.0),
           "eager_us_per_layer": (0.0, 3000.0), "device_time_scale": (0.5, 2.5), "device_energy_scale": (0.5, 2.5),
           "admission_steps": (0.0, 3.0), "gap_power_w": (0.0, 700.0)}
@@ -76,6 +76,21 @@ class Rows:
             self._models[key] = (builtin, VllmServedModel(device, shape, GPU(row.gpu_kind), profile))
         return self._models[key]
 
+    def busy_pct(self, row: ServedRow, terms: EngineTerms) -> tuple[float, float]:
+        """The GPU's busy share of the row's decode step (B decodes at the mean context, in its engine), %: what
+        NVML's busy share of the load is checked against (prompt steps left out); and the device's own share, what
+        it would be were the per-sequence time a wait too."""
+        _, served = self.models(row)
+        steps = served.with_terms(terms).steps
+        step = steps.step(self.plan(row, [g.name for g in served.shape.groups]), row.batch,
+                          row.input_tokens + row.output_tokens / 2, [], self.serving(row))
+        return 100 * step.busy_share, 100 * step.device_ms / step.ms
+
+    @staticmethod
+    def serving(row: ServedRow) -> VllmServing:
+        return VllmServing(row.max_num_seqs, row.max_num_batched_tokens, row.max_capture_size,
+                           tuple(row.capture_sizes) if row.capture_sizes else None)
+
     @staticmethod
     def plan(row: ServedRow, names: list[str]) -> Plan:
         if row.formats:
@@ -93,9 +108,7 @@ class Rows:
         if terms is None:
             s = steady_state(builtin, plan, w, row.batch)
         else:
-            s = served.with_terms(terms).served_state(plan, w, row.batch, serving=VllmServing(
-                row.max_num_seqs, row.max_num_batched_tokens, row.max_capture_size,
-                tuple(row.capture_sizes) if row.capture_sizes else None))
+            s = served.with_terms(terms).served_state(plan, w, row.batch, serving=self.serving(row))
         return {"tokens_per_s": s.tokens_per_s, "j_per_token": s.j_per_token, "tpot_ms": s.tpot_ms,
                 "ttft_ms": s.ttft_ms}
 
@@ -129,61 +142,14 @@ def error_rows(data: Rows, rows: list[ServedRow], terms: EngineTerms) -> list[di
     out = []
     for r in rows:
         vllm, builtin = data.predict(r, terms), data.predict(r, None)
+        busy, device_only = data.busy_pct(r, terms)
         err = {k: 100 * (vllm[k] / getattr(r, k) - 1) for k in OBSERVED if getattr(r, k)}
         before = {k: 100 * (builtin[k] / getattr(r, k) - 1) for k in OBSERVED if getattr(r, k)}
         out.append({**r.to_dict(), "fitted": r.fittable, "predicted": vllm, "error_pct": err,
-                    "builtin_predicted": builtin, "builtin_error_pct": before})
+                    "builtin_predicted": builtin, "builtin_error_pct": before,
+                    "gpu_busy_pct_predicted": busy, "device_share_pct": device_only})
     return out
 
-
-def _rms(values: list[float]) -> float | None:
-    return math.sqrt(sum(v * v for v in values) / len(values)) if values else None
-
-
-def summary(errors: list[dict[str, Any]], key: str) -> dict[str, Any]:
-    """RMS per observed quantity of the fitted rows and of the checks; where some rows were disturbed (the host
-    held the GPU back: ServedRow.disturbed), of the checks without them too."""
-    parts = [("fitted", lambda e: e["fitted"]), ("checks", lambda e: not e["fitted"])]
-    if any(e.get("disturbed") for e in errors):
-        parts.append(("checks, undisturbed", lambda e: not e["fitted"] and not e.get("disturbed")))
-    return {part: {k: _rms([e[key][k] for e in errors if keep(e) and k in e[key]]) for k in OBSERVED}
-            for part, keep in parts}
-
-
-def markdown(report: dict[str, Any]) -> str:
-    p = report["profile"]
-    head = (f"# vLLM step profile, {p['gpu_kind'].upper()} ({p['gpu']}, driver {p['driver']}, vLLM "
-            f"{p['vllm_version']}, {p['date']})" + (f", checked on rows of {report['date']} it was not fitted on"
-                                                    if report.get("checked") else ""))
-    lines = [head, "", f"Command: `{report['command']}`", "",
-             "Engine terms (advisor/energy/prediction/_vllm_step.py): " + ", ".join(
-                 f"{k} {v:.4g}" for k, v in p["params"].items()) + ".", "", p["source"], "",
-             "RMS error, % (vLLM step model | built-in runtime's prediction):", ""]
-    def pct(v: float | None) -> str:
-        return "-" if v is None else f"{v:.1f}"
-
-    rms = [[part] + [f"{pct(report['rms_pct'][part][k])} \\| {pct(report['builtin_rms_pct'][part][k])}"
-                     for k in OBSERVED] for part in report["rms_pct"]]
-    lines += md_table(["rows", *OBSERVED], rms) + ["", "## Rows", ""]
-    body = []
-    for e in report["rows"]:
-        cell = [f"{e[k]:.4g}" if e.get(k) else "-" for k in OBSERVED]
-        err = [f"{e['error_pct'][k]:+.1f} ({e['builtin_error_pct'][k]:+.1f})" if k in e["error_pct"] else "-"
-               for k in OBSERVED]
-        graph = e["max_capture_size"] if e["max_capture_size"] else "default"
-        role = "yes" if e["fitted"] else "check" + (f" (disturbed: {e['disturbed']})" if e.get("disturbed") else "")
-        body.append([e["plan"], str(e["batch"]), e["fp8_kernel"] or "-", str(graph), role, *cell, *err,
-                     Path(e["source"].split(" [")[0]).name])
-    lines += md_table(["plan", "batch", "FP8 kernel", "graph bound", "fitted", "tokens/s", "J/token", "TPOT ms",
-                       "TTFT ms", "tokens/s err % (built-in)", "J/token err %", "TPOT err %", "TTFT err %",
-                       "file"], body)
-    lines += ["", "Measured values are vLLM's (the advisor's NVML meter, steady load, p50 latencies); errors are "
-              "predicted against measured; a row whose FP8 layers ran vLLM's CUTLASS kernel is a check: the "
-              "advisor serves FP8 through cuBLASLt on Hopper (advisor/serving.py), and the profile prices that.", ""]
-    return "\n".join(lines)
-
-
-BATCH_TOLERANCE_PCT = 10.0  # issue 56: the predicted largest batch within 10% of the largest that met as served
 
 
 def objective_rows(paths: list[str]) -> list[dict[str, Any]]:
@@ -208,22 +174,6 @@ def objective_rows(paths: list[str]) -> list[dict[str, Any]]:
                             "batch_error_pct": 100.0 * (now[name] - met) / met if met else None,
                             "search": o["search"], "source": path})
     return out
-
-
-def objectives_markdown(rows: list[dict[str, Any]]) -> list[str]:
-    if not rows:
-        return []
-    within = [r for r in rows if r["batch_error_pct"] is not None and abs(r["batch_error_pct"]) <= BATCH_TOLERANCE_PCT]
-    body = [[r["shape"], r["plan"], r["objective"], str(r["predicted_batch"]), str(r["predicted_when_served"]),
-             str(r["largest_met"] or "none"), "-" if r["batch_error_pct"] is None else f"{r['batch_error_pct']:+.1f}",
-             r["search"]] for r in rows]
-    return ["", "## The operating batch: predicted against the largest that met as vLLM served it", "",
-            f"Within {BATCH_TOLERANCE_PCT:.0f}%: {len(within)} of {len(rows)} (the search meters vLLM's CUDA-graph "
-            "sizes only, so one graph size is the finest it resolves). 'Largest met': the largest batch any metering "
-            "of the engine met the objective at (TPOT p50), the sweep's fixed batches included; the error is this "
-            "code's prediction's.", "",
-            *md_table(["shape", "plan", "objective", "predicted batch", "predicted when served", "largest met",
-                       "error %", "search (as served)"], body)]
 
 
 def write_report(stem: Path, first: ServedRow, date: str, command: str, profile: dict[str, Any],

@@ -25,10 +25,13 @@ From the built-in model ``M`` (a predicted tier's ``decode_step`` and ``prefill`
   touches are counted once with the decodes' (``R`` at the merged count).
 
 The engine adds what the built-in runtime has not (:class:`EngineTerms`, fitted per GPU from vLLM-served
-measurements): host time per step (scheduling, input preparation, sampling: ``host_ms`` plus ``per_seq_us`` a
-sequence), the launches of a PIECEWISE or eager pass (``piecewise_us_per_layer``, ``eager_us_per_layer``), and
-scales on the device's time and its energy over idle (vLLM's kernels are not the runtime's). Host time is time
-the GPU waits: it costs ``gap_power_w``.
+measurements): time per step beyond the device's (scheduling, input preparation, sampling: ``host_ms`` plus
+``per_seq_us`` a sequence), the launches of a PIECEWISE or eager pass (``piecewise_us_per_layer``,
+``eager_us_per_layer``), and scales on the device's time and its energy over idle (vLLM's kernels are not the
+runtime's). The fixed part and the launches are time the GPU waits: they cost ``gap_power_w``. The per-sequence
+part is time the GPU is busy (sampling runs on it, and vLLM's asynchronous scheduling prepares the next step
+under the current one; NVML's busy share against :attr:`StepCost.busy_share`: reports/energy_model.md, "The
+per-sequence time keeps the GPU busy"): it costs the device's power of the step.
 """
 
 from __future__ import annotations
@@ -152,6 +155,11 @@ class StepCost:
     tokens: int
     ran_at: int
     graph: str
+    busy_ms: float = 0.0  # the part of ``ms`` the GPU is busy: the device's and the per-sequence time
+
+    @property
+    def busy_share(self) -> float:
+        return self.busy_ms / self.ms if self.ms > 0 else 0.0
 
 
 @dataclass
@@ -242,12 +250,14 @@ class VllmSteps:
             dev_j += more_j * c.length / c.of
         t = self.terms
         launches = {"piecewise": t.piecewise_us_per_layer, "eager": t.eager_us_per_layer}.get(graph, 0.0)
-        host_ms = t.host_ms + (t.per_seq_us * batch + launches * self.layers) / 1e3
+        wait_ms = t.host_ms + launches * self.layers / 1e3
+        per_seq_ms = t.per_seq_us * batch / 1e3
         device_ms = t.device_time_scale * dev_ms
-        ms = device_ms + host_ms
         device_j = t.gap_power_w * device_ms / 1e3 + t.device_energy_scale * (dev_j - t.gap_power_w * dev_ms / 1e3)
-        return StepCost(ms, device_j + t.gap_power_w * host_ms / 1e3, device_ms, device_j, tokens,
-                        tokens if ran_at is None else ran_at, graph)
+        device_w = device_j / (device_ms / 1e3) if device_ms > 0 else t.gap_power_w
+        joules = device_j + (t.gap_power_w * wait_ms + device_w * per_seq_ms) / 1e3
+        return StepCost(device_ms + per_seq_ms + wait_ms, joules, device_ms, device_j, tokens,
+                        tokens if ran_at is None else ran_at, graph, device_ms + per_seq_ms)
 
 
 def _grid_neighbours(n: int) -> tuple[int, int]:
