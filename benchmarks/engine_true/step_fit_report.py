@@ -5,10 +5,13 @@ served, the GPU's busy share measured against the step model's, and the operatin
 from __future__ import annotations
 
 import math
+import sys
 from pathlib import Path
 from typing import Any
 
-from _report import md_table
+sys.path[:0] = [str(Path(__file__).resolve().parents[1])]
+
+from _report import md_table  # noqa: E402
 
 OBSERVED = ("tokens_per_s", "j_per_token", "tpot_ms", "ttft_ms")
 BATCH_TOLERANCE_PCT = 10.0  # issue 56: the predicted largest batch within 10% of the largest that met as served
