@@ -147,7 +147,9 @@ def shape_config(name: str) -> Any:
                              num_attention_heads=32, num_key_value_heads=8, head_dim=128, sliding_window=None,
                              max_position_embeddings=32768, rope_theta=1000000.0, rms_norm_eps=1e-5,
                              architectures=["MistralForCausalLM"])
-    if name == "qwen3-30b-a3b":  # the MoE held out of the fit: Qwen3-30B-A3B's published values, kept in one place
+    published = {"qwen3-30b-a3b": ("Qwen/Qwen3-30B-A3B-Instruct-2507", "Qwen3MoeForCausalLM"),  # the MoE held out
+                 "qwen3-8b": ("Qwen/Qwen3-8B", "Qwen3ForCausalLM")}  # ML.ENERGY's held-out Qwen3-8B, served here
+    if name in published:  # their published values, kept in one place
         import transformers
 
         here = str(Path(__file__).resolve().parents[1] / "engine_true")  # whatever sys.path held when imported
@@ -155,11 +157,12 @@ def shape_config(name: str) -> Any:
             sys.path.insert(0, here)
         from mlenergy_shapes import MODELS
 
-        spec = MODELS["Qwen/Qwen3-30B-A3B-Instruct-2507"]
+        model_id, architecture = published[name]
+        spec = MODELS[model_id]
         assert spec is not None
         cls, values = spec
         return getattr(transformers, cls)(**{**values, "max_position_embeddings": 40960,
-                                             "architectures": ["Qwen3MoeForCausalLM"]})
+                                             "architectures": [architecture]})
     raise SystemExit(f"unknown shape {name}")
 
 
