@@ -55,8 +55,9 @@ MOE_KERNELS_NOTE = ("vLLM's fused MoE is not measured for this MoE's experts on 
                     "`advisor verify`")
 _GRID_CEILING = 1 << 20
 #: the share of a TPOT objective an operating batch is kept under (advisor.search.operating): the step model's TPOT
-#: RMS error over the 83 rows vLLM served of shapes it was not fitted on (reports/benchmarks/engine_true.md); aimed
-#: at the objective itself, 11 of those shapes' 24 predicted batches were above the largest that met as served
+#: RMS error over the rows vLLM served, with the GPU fed, of shapes it was not fitted on
+#: (reports/benchmarks/engine_true.md); aimed at the objective itself, about half the predicted batches were above
+#: the largest that met as served
 TPOT_MARGIN = 0.035
 
 
