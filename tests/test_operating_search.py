@@ -299,6 +299,22 @@ def test_no_step_up_where_the_headroom_does_not_reach_the_next_graph_size():
     assert tier.metered == [120] and got["search"] == "meets at the predicted batch 120"
 
 
+def test_the_largest_objective_s_batch_is_called_a_lower_bound_where_the_engine_allows_no_step_up():
+    # verify sizes the engine for the plan's largest predicted operating batch: there, a batch that meets with
+    # room to spare cannot be stepped up from, and the answer says so (round 11: 224 served 17.97 ms under 20)
+    tier = FakeTier(lambda b: 3 + 0.07 * b)  # 120 gives 11.4 ms under 12
+    got = search_batches(tier, PLAN, [BatchSearch(Workload(name="chat", tpot_ms=12.0), 120, CURVE,
+                                                  step_up_to=120)])[0]
+    assert tier.metered == [120] and got["meets"] is True
+    assert got["search"] == ("meets at the predicted batch 120 (TPOT 11.4 ms); no larger batch was tried: the engine "
+                             "is sized for this one, the plan's largest operating batch, so the largest that meets "
+                             "may be larger")
+    # not stepping up by choice (measure --tpot-ms, the measured tier) says nothing of the kind
+    plain = search_batches(FakeTier(lambda b: 3 + 0.07 * b), PLAN,
+                           [BatchSearch(Workload(name="chat", tpot_ms=12.0), 120, CURVE)])[0]
+    assert plain["search"] == "meets at the predicted batch 120"
+
+
 def test_verify_steps_up_only_under_the_plan_s_largest_predicted_batch():
     # the engine keeps the max_num_seqs the team's serving config sets for the largest objective: an FP8 8B's engine
     # sized 300 for a step up from 240 served batches 80-240 6-11% slower than one sized 240 (H200, 2026-11-29)

@@ -264,7 +264,11 @@ class BatchSearch:
         """The outcome's record (:meth:`outcome`) for the largest batch known to meet ``lo`` and the smallest miss
         above it ``hi``."""
         if lo == self.predicted_batch and extra == 0:
-            return self._record(self._at(lo), trail, f"meets at the predicted batch {lo}")
+            words = f"meets at the predicted batch {lo}"
+            if self.step_up_to and self.step_up_to <= lo:  # the engine is sized for no larger batch
+                words += (f" ({self._terms(self._at(lo))}); no larger batch was tried: the engine is sized for this "
+                          "one, the plan's largest operating batch, so the largest that meets may be larger")
+            return self._record(self._at(lo), trail, words)
         if lo >= self.predicted_batch and hi is None:
             return self._record(self._at(lo), trail, f"batch {lo} meets as measured (predicted "
                                 f"{self.predicted_batch}); no larger batch was metered ({extra} extra meterings)")
