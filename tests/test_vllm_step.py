@@ -5,6 +5,7 @@ shipped profiles. Synthetic step models and the datasheet roofline only: no GPU,
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from pathlib import Path
 
@@ -442,3 +443,18 @@ def test_the_held_out_check_reads_every_metering_that_met_and_prices_the_batch_n
     now = predicted_batches("qwen2.5-7b", "all-bf16", "h200")
     assert {k: r["predicted_batch"] for k, r in rows.items()} == now
     assert all(b in graph_batches(10**6) for b in now.values())
+
+
+def test_a_fit_that_carries_terms_names_where_they_were_fitted(monkeypatch):
+    """A profile's carried terms name the fit they came from, through any number of carries (the H100 profile carries
+    its timing terms from its own earlier fit, the H200 one from the H100's)."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks" / "engine_true"))
+    from vllm_step_fit import terms_origin
+
+    first = {"fitted_on": "2026-11-29", "command": "vllm_step_fit.py --gpu h100"}
+    assert terms_origin(first, "h100.json") == {"profile": "h100.json", **first}
+    carried = {"fitted_on": "2026-11-30", "command": "vllm_step_fit.py --gpu h100 --free ...",
+               "terms_from": terms_origin(first, "h100.json")}
+    assert terms_origin(carried, "h100.json") == {"profile": "h100.json", **first}
+    shipped = json.loads((ROOT / "advisor/energy/profiles/vllm/h200.json").read_text())
+    assert shipped["terms_from"]["fitted_on"] == "2026-11-29" and "--free" not in shipped["terms_from"]["command"]

@@ -252,6 +252,14 @@ def kept_with(earlier: dict[str, Any] | None, table: dict[str, Any]) -> dict[str
             "command": f"{earlier['command']}; {table['command']}", "source": f"{earlier['source']}, {table['source']}"}
 
 
+def terms_origin(carried: dict[str, Any], path: str) -> dict[str, Any]:
+    """Where the terms a fit carries from ``carried`` (the profile at ``path``) were fitted: that profile's own
+    ``terms_from`` where it carried them too (a profile carrying from itself keeps the first fit's), else its
+    ``fitted_on`` and ``command``."""
+    return carried.get("terms_from") or {"profile": path, "fitted_on": carried.get("fitted_on"),
+                                          "command": carried.get("command")}
+
+
 def main(argv: list[str] | None = None) -> None:
     a = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     a.add_argument("--gpu", required=True, choices=[g.value for g in GPU])
@@ -306,7 +314,8 @@ def main(argv: list[str] | None = None) -> None:
     if gap is None:
         builtin = make_predicted_model(REFERENCE_SHAPES["Llama-3.1-8B"].shape(), GPU(args.gpu))
         gap = float(getattr(getattr(builtin, "primary", builtin), "idle_w", GPU_SPECS[GPU(args.gpu)].idle_w))
-    carried = json.loads(Path(args.carry_from).read_text())["params"] if args.carry_from else {}
+    carried_profile = json.loads(Path(args.carry_from).read_text()) if args.carry_from else {}
+    carried = carried_profile.get("params", {})
     fixed = {**START, **{k: v for k, v in carried.items() if k in START}, "gap_power_w": gap}
     if args.check:
         inputs = [spec.partition(":")[0] for spec in args.input] + [
@@ -325,14 +334,17 @@ def main(argv: list[str] | None = None) -> None:
               f"{', '.join(sorted({r.shape for r in fitted_rows}))}; "
               f"{len(rows) - len(fitted_rows)} more rows with vLLM's CUTLASS FP8 kernel as checks) from "
               f"{', '.join(sorted({r.source for r in rows}))}; gap power {gap:.1f} W.")
+    origin = terms_origin(carried_profile, args.carry_from) if args.carry_from and not_fitted else None
     if not_fitted:
-        source += f" Not fitted here: {', '.join(not_fitted)}, from {args.carry_from or 'the starting values'}."
+        source += f" Not fitted here: {', '.join(not_fitted)}, from {args.carry_from or 'the starting values'}" + (
+            f" (fitted {origin['fitted_on']}: `{origin['command']}`)." if origin else ".")
     command = command_line(argv)
     profile = {"schema": VLLM_SCHEMA, "version": VLLM_VERSION, "vllm_version": first.vllm_version, "gpu": first.gpu,
                "gpu_kind": args.gpu, "driver": first.driver,
                "date": max(r.date for r in fitted_rows), "fitted_on": datetime.date.today().isoformat(),
                "source": source, "command": command, "params": {k: round(v, 6) for k, v in params.items()},
-               "free": args.free, **({"moe_kernels": moe_kernels} if moe_kernels else {})}
+               "free": args.free, **({"terms_from": origin} if origin else {}),
+               **({"moe_kernels": moe_kernels} if moe_kernels else {})}
     out.parent.mkdir(parents=True, exist_ok=True)
     dump_json(out, profile, indent=1, newline=True)
     report = write_report(Path(args.report or f"reports/benchmarks/vllm_step_fit_{args.gpu}"), first,
