@@ -208,6 +208,9 @@ def test_the_served_steady_state_and_its_operating_batch_on_the_graph_grid():
     step_ms, step_j = model.decode_step(BF16, 64, 512 + 10**7 / 2)
     assert decode_only.tpot_ms == pytest.approx(step_ms, rel=1e-4)
     assert decode_only.j_per_token == pytest.approx(step_j / 64, rel=1e-4)
+    # the GPU's busy share: a decode step's device and per-sequence time over its whole (0.5 ms a step waits)
+    assert decode_only.busy_share == pytest.approx(1 - 0.5 / step_ms, rel=1e-3)
+    assert 0 < p50.busy_share < decode_only.busy_share  # a prompt's eager steps wait for their launches too
     lag = VllmServedModel(Affine(), SHAPE, GPU.H100, _profile(params={**_profile()["params"], "admission_steps": 2}))
     assert lag.served_state(BF16, w, 64).ttft_ms - p50.ttft_ms == pytest.approx(1e3 * 64 / p50.tokens_per_s)
     assert steady_state(model, BF16, w, 64) == p50  # the operating-point search reads the engine's own state

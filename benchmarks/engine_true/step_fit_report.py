@@ -65,25 +65,23 @@ def markdown(report: dict[str, Any]) -> str:
               "predicted against measured; a row whose FP8 layers ran vLLM's CUTLASS kernel is a check: the "
               "advisor serves FP8 through cuBLASLt on Hopper (advisor/serving.py), and the profile prices that. "
               "GPU busy: NVML's share of the load's time a kernel ran, where the file kept it, and in brackets the "
-              "step model's busy share of a decode step at the row's batch (the device's time and the per-sequence "
-              "time; the fixed host time and the launches are the GPU's wait).", *busy_summary(report["rows"]), ""]
+              "step model's busy share of the row's steady state (the device's time and the per-sequence time; the "
+              "fixed host time and the launches are the GPU's wait).", *busy_summary(report["rows"]), ""]
     return "\n".join(lines)
 
 
 def busy_summary(rows: list[dict[str, Any]]) -> list[str]:
     """A line comparing the GPU busy share NVML measured with the step model's, over the undisturbed rows that
-    kept it; and what the same terms would say were the per-sequence time a wait too."""
+    kept it."""
     kept = [e for e in rows if e.get("gpu_busy_pct") is not None and not e.get("disturbed")]
     if not kept:
         return []
-    def mean(values: list[float]) -> float:
-        return sum(values) / len(values)
-
     measured = [e["gpu_busy_pct"] for e in kept]
-    return ["", f"Over the {len(kept)} undisturbed rows that kept it, the GPU was busy {mean(measured):.1f}% of the "
-            f"time as measured ({min(measured):.0f}-{max(measured):.0f}%); the step model says "
-            f"{mean([e['gpu_busy_pct_predicted'] for e in kept]):.1f}%, and "
-            f"{mean([e['device_share_pct'] for e in kept]):.1f}% were the per-sequence time a wait as well."]
+    predicted = [e["gpu_busy_pct_predicted"] for e in kept]
+    return ["", f"Over the {len(kept)} undisturbed rows that kept it, the GPU was busy "
+            f"{sum(measured) / len(kept):.1f}% of the time as measured ({min(measured):.0f}-{max(measured):.0f}%); "
+            f"the step model says {sum(predicted) / len(kept):.1f}% ({min(predicted):.0f}-{max(predicted):.0f}%)."]
+
 
 
 def objectives_markdown(rows: list[dict[str, Any]]) -> list[str]:

@@ -76,15 +76,13 @@ class Rows:
             self._models[key] = (builtin, VllmServedModel(device, shape, GPU(row.gpu_kind), profile))
         return self._models[key]
 
-    def busy_pct(self, row: ServedRow, terms: EngineTerms) -> tuple[float, float]:
-        """The GPU's busy share of the row's decode step (B decodes at the mean context, in its engine), %: what
-        NVML's busy share of the load is checked against (prompt steps left out); and the device's own share, what
-        it would be were the per-sequence time a wait too."""
+    def busy_pct(self, row: ServedRow, terms: EngineTerms) -> float:
+        """The GPU's busy share of the row's steady state as vLLM serves it (prompt steps included), %: what NVML's
+        busy share of the load is checked against."""
         _, served = self.models(row)
-        steps = served.with_terms(terms).steps
-        step = steps.step(self.plan(row, [g.name for g in served.shape.groups]), row.batch,
-                          row.input_tokens + row.output_tokens / 2, [], self.serving(row))
-        return 100 * step.busy_share, 100 * step.device_ms / step.ms
+        plan = self.plan(row, [g.name for g in served.shape.groups])
+        w = Workload(name="row", batch_size=row.batch, input_tokens=row.input_tokens, output_tokens=row.output_tokens)
+        return 100 * served.with_terms(terms).served_state(plan, w, row.batch, serving=self.serving(row)).busy_share
 
     @staticmethod
     def serving(row: ServedRow) -> VllmServing:
@@ -142,12 +140,12 @@ def error_rows(data: Rows, rows: list[ServedRow], terms: EngineTerms) -> list[di
     out = []
     for r in rows:
         vllm, builtin = data.predict(r, terms), data.predict(r, None)
-        busy, device_only = data.busy_pct(r, terms)
+        busy = data.busy_pct(r, terms)
         err = {k: 100 * (vllm[k] / getattr(r, k) - 1) for k in OBSERVED if getattr(r, k)}
         before = {k: 100 * (builtin[k] / getattr(r, k) - 1) for k in OBSERVED if getattr(r, k)}
         out.append({**r.to_dict(), "fitted": r.fittable, "predicted": vllm, "error_pct": err,
                     "builtin_predicted": builtin, "builtin_error_pct": before,
-                    "gpu_busy_pct_predicted": busy, "device_share_pct": device_only})
+                    "gpu_busy_pct_predicted": busy})
     return out
 
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 import math
 from functools import lru_cache
 from importlib import metadata
+from typing import NamedTuple
 
 import numpy as np
 from scipy.stats import norm, poisson
@@ -67,6 +68,16 @@ def installed_vllm_version() -> str | None:
         return metadata.version("vllm")
     except metadata.PackageNotFoundError:
         return None
+
+
+class Cycle(NamedTuple):
+    """A step that admits prompts and the steps its chunks spill into: ms, J, how many steps, and the ms of them the
+    GPU is busy (:attr:`StepCost.busy_share`)."""
+
+    ms: float
+    joules: float
+    steps: int
+    busy_ms: float
 
 
 @lru_cache(maxsize=4096)
@@ -133,17 +144,17 @@ class VllmServedModel:
         return VllmServing.as_advisor_serves(batch, workload.input_tokens, workload.output_tokens, self.gpu)
 
     def cycle(self, plan: Plan, workload: Workload, batch: int, admitted: int, serving: VllmServing,
-              cap_w: float | None = None) -> tuple[float, float, int]:
-        """(ms, J, steps) of a step that admits ``admitted`` prompts and the steps its chunks spill into."""
+              cap_w: float | None = None) -> Cycle:
+        """A step that admits ``admitted`` prompts and the steps its chunks spill into."""
         context = workload.input_tokens + workload.output_tokens / 2
         room = serving.max_num_batched_tokens - batch
-        ms = joules = 0.0
+        ms = joules = busy = 0.0
         chunks_by_step = split_prompts(admitted, workload.input_tokens, room)
         for chunks in chunks_by_step:
             s: StepCost = self.steps.step(plan, batch, context, chunks, serving)
             t, j = within_cap(s.ms, s.joules, cap_w)
-            ms, joules = ms + t, joules + j
-        return ms, joules, len(chunks_by_step)
+            ms, joules, busy = ms + t, joules + j, busy + s.busy_share * t
+        return Cycle(ms, joules, len(chunks_by_step), busy)
 
     def served_state(self, plan: Plan, workload: Workload, batch: int, power_cap_w: float | None = None,
                      serving: VllmServing | None = None) -> SteadyState:
@@ -151,9 +162,9 @@ class VllmServedModel:
         engine sized as the advisor serves (``serving``: another engine's sizes)."""
         lout = workload.output_tokens
         serving = serving or self.serving(workload, batch)
-        cycles: dict[int, tuple[float, float, int]] = {}
+        cycles: dict[int, Cycle] = {}
 
-        def at(k: int) -> tuple[float, float, int]:
+        def at(k: int) -> Cycle:
             if k not in cycles:
                 cycles[k] = self.cycle(plan, workload, batch, k, serving, power_cap_w)
             return cycles[k]
@@ -162,18 +173,19 @@ class VllmServedModel:
         for _ in range(3):  # admissions per cycle that keep B tokens a step balancing B / L_out requests a step
             lam = batch / lout * steps_per_cycle
             weights = poisson_weights(lam)
-            steps_per_cycle = sum(w * at(k)[2] for k, w in enumerate(weights))
-        raw_ms = sum(w * at(k)[0] for k, w in enumerate(weights))
-        e_ms, e_j = at_power_limit(raw_ms, sum(w * at(k)[1] for k, w in enumerate(weights)), self.power_limit_w)
+            steps_per_cycle = sum(w * at(k).steps for k, w in enumerate(weights))
+        raw_ms = sum(w * at(k).ms for k, w in enumerate(weights))
+        e_ms, e_j = at_power_limit(raw_ms, sum(w * at(k).joules for k, w in enumerate(weights)), self.power_limit_w)
         slow = e_ms / raw_ms  # 1 below the power limit
         mean_step = e_ms / steps_per_cycle
-        spread = sum(w * (slow * at(k)[0] - mean_step * at(k)[2]) ** 2 for k, w in enumerate(weights))
+        spread = sum(w * (slow * at(k).ms - mean_step * at(k).steps) ** 2 for k, w in enumerate(weights))
         q = QUANTILE[workload.quantile]
         tpot = mean_step + float(norm.ppf(q)) * math.sqrt(spread / (steps_per_cycle * lout))
         others = int(poisson.ppf(q, lam))
-        ttft = (q + self.terms.admission_steps) * mean_step + slow * at(1 + others)[0]
+        ttft = (q + self.terms.admission_steps) * mean_step + slow * at(1 + others).ms
         return SteadyState(batch=batch, tpot_ms=tpot, ttft_ms=ttft, j_per_token=e_j / (batch * steps_per_cycle),
-                           tokens_per_s=batch / (mean_step / 1e3), power_w=e_j / (e_ms / 1e3))
+                           tokens_per_s=batch / (mean_step / 1e3), power_w=e_j / (e_ms / 1e3),
+                           busy_share=sum(w * at(k).busy_ms for k, w in enumerate(weights)) / raw_ms)
 
     def batch_grid(self, limit: int) -> list[int]:
         """The batches an operating point is searched over: vLLM's CUDA-graph sizes up to ``limit``."""

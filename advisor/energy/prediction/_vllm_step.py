@@ -30,8 +30,8 @@ measurements): time per step beyond the device's (scheduling, input preparation,
 ``eager_us_per_layer``), and scales on the device's time and its energy over idle (vLLM's kernels are not the
 runtime's). The fixed part and the launches are time the GPU waits: they cost ``gap_power_w``. The per-sequence
 part is time the GPU is busy (sampling runs on it, and vLLM's asynchronous scheduling prepares the next step
-under the current one; NVML's busy share against :attr:`StepCost.busy_share`: reports/energy_model.md, "The
-per-sequence time keeps the GPU busy"): it costs the device's power of the step.
+under the current one; NVML's busy share against the steady state's, ``SteadyState.busy_share``:
+reports/energy_model.md, "The per-sequence time keeps the GPU busy"): it costs the device's power of the step.
 """
 
 from __future__ import annotations

@@ -75,6 +75,7 @@ class SteadyState:
     j_per_token: float
     tokens_per_s: float
     power_w: float
+    busy_share: float | None = None  # of the time, the GPU busy (an engine's model that knows its host time)
 
 
 @dataclass(frozen=True)
