@@ -76,14 +76,6 @@ class Rows:
             self._models[key] = (builtin, VllmServedModel(device, shape, GPU(row.gpu_kind), profile))
         return self._models[key]
 
-    def busy_pct(self, row: ServedRow, terms: EngineTerms) -> float:
-        """The GPU's busy share of the row's steady state as vLLM serves it (prompt steps included), %: what NVML's
-        busy share of the load is checked against."""
-        _, served = self.models(row)
-        plan = self.plan(row, [g.name for g in served.shape.groups])
-        w = Workload(name="row", batch_size=row.batch, input_tokens=row.input_tokens, output_tokens=row.output_tokens)
-        return 100 * served.with_terms(terms).served_state(plan, w, row.batch, serving=self.serving(row)).busy_share
-
     @staticmethod
     def serving(row: ServedRow) -> VllmServing:
         return VllmServing(row.max_num_seqs, row.max_num_batched_tokens, row.max_capture_size,
@@ -107,8 +99,9 @@ class Rows:
             s = steady_state(builtin, plan, w, row.batch)
         else:
             s = served.with_terms(terms).served_state(plan, w, row.batch, serving=self.serving(row))
+        busy = {} if s.busy_share is None else {"gpu_busy_pct": 100 * s.busy_share}  # prompt steps included
         return {"tokens_per_s": s.tokens_per_s, "j_per_token": s.j_per_token, "tpot_ms": s.tpot_ms,
-                "ttft_ms": s.ttft_ms}
+                "ttft_ms": s.ttft_ms, **busy}
 
 
 def terms_of(params: dict[str, float]) -> EngineTerms:
@@ -140,7 +133,7 @@ def error_rows(data: Rows, rows: list[ServedRow], terms: EngineTerms) -> list[di
     out = []
     for r in rows:
         vllm, builtin = data.predict(r, terms), data.predict(r, None)
-        busy = data.busy_pct(r, terms)
+        busy = vllm.pop("gpu_busy_pct")  # what NVML's busy share of the load is checked against
         err = {k: 100 * (vllm[k] / getattr(r, k) - 1) for k in OBSERVED if getattr(r, k)}
         before = {k: 100 * (builtin[k] / getattr(r, k) - 1) for k in OBSERVED if getattr(r, k)}
         out.append({**r.to_dict(), "fitted": r.fittable, "predicted": vllm, "error_pct": err,
