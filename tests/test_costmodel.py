@@ -262,3 +262,21 @@ def test_fp8_kv_cache_halves_the_context_dependent_part_of_the_decode_step(model
     est = model.estimate(fp8_kv, long)
     assert est.j_per_token < model.estimate(FP8, long).j_per_token
     assert "FP8 KV cache" in est.source and "FP8 KV" not in model.estimate(FP8, long).source
+
+
+def test_the_kv_read_scales_with_the_kv_cache_s_bytes_per_token_not_with_the_hidden_size(h200):
+    """A model of the profiled layers and width with a quarter of its KV heads (or a tensor-parallel shard of it)
+    reads a quarter of the KV cache per step: the part of the decode step that grows with the context shrinks 4x,
+    while the rest of the non-GEMM time (layers x hidden) stays."""
+    fewer = llama_shape("model.layers", 32, 4096, 14336, 32, 2, 128256, 128)
+    full, quarter = ProfileCostModel(h200, SHAPE), ProfileCostModel(h200, fewer)
+    plan = Plan.uniform([g.name for g in fewer.groups], Format.BF16)
+
+    def growth(cm, p):
+        return cm.decode_step(p, 64, 4096)[0] - cm.decode_step(p, 64, 512)[0]
+
+    assert growth(full, BF16) > 0
+    assert growth(quarter, plan) == pytest.approx(growth(full, BF16) / 4)
+    wider = llama_shape("model.layers", 32, 8192, 28672, 64, 8, 128256, 128)  # twice the width, the same KV heads
+    wide_plan = Plan.uniform([g.name for g in wider.groups], Format.BF16)
+    assert growth(ProfileCostModel(h200, wider), wide_plan) == pytest.approx(growth(full, BF16))

@@ -11,7 +11,8 @@ Model, for a decode step at batch ``b`` and context ``c`` (prefill alike at leng
   projection, ``D`` GEMMs of one expert's weights at ``b * top_k / D`` rows each, where
   ``D`` is the expected number of distinct experts ``b`` tokens touch;
 * non-GEMM time of the all-``f`` plan: its measured step minus its GEMMs (linear in
-  ``c``); a mixed plan takes BF16's plus the FP8 share of groups times the
+  ``c``), scaled by layers x hidden size, its part that grows with ``c`` (the KV read) by the KV cache's bytes per
+  token instead; a mixed plan takes BF16's plus the FP8 share of groups times the
   difference (FP8 adds quantization work). A sliding-window layer counts at the
   context it attends to (``min(c, window)``). The profiled layer is a Llama one: norms,
   activations, q/k norms, biases and MoE routing of other families are priced as its
@@ -133,8 +134,12 @@ class ProfileCostModel:
             "down": m["intermediate"] * m["hidden"],
         }
         self._gemms = {g.name: _group_gemms(shape, g.name, g.shapes, ref) for g in shape.groups}
-        # non-GEMM part scales with layers x hidden when the model is not the profiled one
+        # non-GEMM part scales with layers x hidden when the model is not the profiled one, but for its KV read,
+        # which scales with the KV cache's bytes per token (layers x KV heads x head size: a tensor-parallel shard
+        # holds 1/N of the heads, a GQA model fewer KV heads than heads)
         self._ng_scale = (shape.num_layers * shape.hidden_size) / (m["num_layers"] * m["hidden"])
+        self._kv_scale = (sum(la.kv_heads * la.head_dim for la in shape.layers)
+                          / (m["num_layers"] * m["kv_heads"] * m["head_dim"])) if shape.layers else self._ng_scale
         self._ref_layers = m["num_layers"]
         active = sum(g.num_weights * (lay.active_share if (lay := shape.routed_layer(g.name)) else 1.0)
                      for g in shape.groups)
@@ -247,7 +252,8 @@ class ProfileCostModel:
         for f, per_ctx in d["step_ms"].items():
             at_c = [interp(d["batches"], per_ctx[str(c)], batch) for c in ctxs]
             at_0 = interp(ctxs, at_c, 0)  # the step without a KV read (linear extrapolation to context 0)
-            step_ms[Format(f)] = sum(n / self.shape.num_layers * (at_0 + kv_share * (interp(ctxs, at_c, c) - at_0))
+            kv_read = kv_share * self._kv_scale / self._ng_scale  # _step scales the whole by _ng_scale
+            step_ms[Format(f)] = sum(n / self.shape.num_layers * (at_0 + kv_read * (interp(ctxs, at_c, c) - at_0))
                                      for c, n in layers_at.items())
         return self._step(d, plan, batch, step_ms)
 
