@@ -23,6 +23,7 @@ from advisor.energy.prediction import (
     capture_sizes,
     graph_batches,
     padded,
+    predicted_for_gpus,
     priced_engine,
     split_prompts,
 )
@@ -267,6 +268,12 @@ def test_shipped_profiles_say_where_and_when_and_b200_what_it_rests_on():
         assert profile["vllm_version"] == "0.26.0" and profile["date"] and profile["command"] and profile["source"]
     assert "ML.ENERGY" in shipped_vllm_profile(GPU.B200)["anchor"]["label"]
     assert "FP8 and NVFP4 relative to BF16 datasheet-derived" in shipped_vllm_profile(GPU.B200)["anchor"]["label"]
+    # the anchor is an 8B's on one GPU: a model spread over several B200s says how the held-out ones came out
+    b200, shape = shipped_vllm_profile(GPU.B200), llama_shape("model.layers", 8, 4096, 14336, 32, 8, 128256, 128)
+    two = VllmServedModel(predicted_for_gpus(shape, GPU.B200, 2), shape, GPU.B200, b200)
+    one = VllmServedModel(predicted_for_gpus(shape, GPU.B200, 1), shape, GPU.B200, b200)
+    assert f"over several GPUs {b200['anchor']['several_gpus']}" in two.label
+    assert "several GPUs" not in one.label and "ML.ENERGY" in one.label
     with pytest.raises(InputError, match="engine terms"):
         validate_vllm_profile(_profile(params={"host_ms": -1.0}), "x.json")
     with pytest.raises(InputError, match="not a vLLM step profile"):

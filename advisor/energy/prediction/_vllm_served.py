@@ -126,6 +126,8 @@ class VllmServedModel:
                  f"{p['date']}")
         if p.get("anchor"):
             words += f"; {p['anchor']['label']}"
+            if self.gpus > 1 and p["anchor"].get("several_gpus"):  # the anchor is an 8B's on one GPU
+                words += f"; over several GPUs {p['anchor']['several_gpus']}"
         if self.shape.is_moe and not moe_kernels:
             words += f"; {MOE_KERNELS_NOTE}"
         words += f"; device costs from {inner}"
