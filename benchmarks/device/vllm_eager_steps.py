@@ -75,7 +75,43 @@ def engine_run(layers: int, mode: str, reps: int, prompts: tuple[int, ...] = ())
     return {"layers": layers, "mode": mode, "capture_sizes": GRAPHS[mode], "engine_start_s": start_s, "lengths": out}
 
 
-def collect(out: Path, reps: int, depths: tuple[int, ...] = LAYERS, prompts: tuple[int, ...] = ()) -> None:
+#: ``--served``: requests in flight, requests in all, and the graph sizes of its two engines (vLLM's default bound
+#: for 64 in flight, min(2 x 64, 512) = 128, leaves a prompt's step uncaptured; the other captures up to the budget)
+SERVED_REQUESTS = 320
+SERVED_BUDGET = 2048
+SERVED_GRAPHS = {"captured": [1, 2, 4, *range(8, 256, 8), *range(256, SERVED_BUDGET + 1, 256)],
+                 "uncaptured": [1, 2, 4, *range(8, 129, 8)]}
+
+
+def served_run(layers: int, mode: str, in_flight: int) -> dict[str, Any]:
+    """In this process: continuous batching of :data:`SERVED_REQUESTS` prompts of 512 tokens with 128-384 output
+    tokens (spread, so that prompts join running decodes a few at a time), ``in_flight`` at most; output tokens/s
+    over the whole run, after a warm-up run."""
+    from vllm import LLM, SamplingParams
+
+    folder = Path(tempfile.mkdtemp())
+    (folder / "config.json").write_text(json.dumps({**WIDTH, "num_hidden_layers": layers}))
+    started = time.perf_counter()
+    llm = LLM(model=str(folder), load_format="dummy", skip_tokenizer_init=True, max_num_seqs=in_flight,
+              max_num_batched_tokens=SERVED_BUDGET, max_model_len=1024, enable_prefix_caching=False,
+              gpu_memory_utilization=0.85, compilation_config={"cudagraph_capture_sizes": SERVED_GRAPHS[mode]})
+    start_s = time.perf_counter() - started
+    prompts = [{"prompt_token_ids": [(7 * i + 13 * j) % 32000 + 1 for i in range(WAVE_LENGTH)]}
+               for j in range(SERVED_REQUESTS)]
+    params = [SamplingParams(max_tokens=128 + (97 * j) % 257, ignore_eos=True, detokenize=False)
+              for j in range(SERVED_REQUESTS)]
+    llm.generate(prompts[:in_flight], params[:in_flight], use_tqdm=False)
+    t = time.perf_counter()
+    llm.generate(prompts, params, use_tqdm=False)
+    wall = time.perf_counter() - t
+    tokens = sum(p.max_tokens for p in params)
+    return {"layers": layers, "mode": mode, "capture_sizes": SERVED_GRAPHS[mode], "engine_start_s": start_s,
+            "served": {"in_flight": in_flight, "requests": SERVED_REQUESTS, "output_tokens": tokens, "wall_s": wall,
+                       "tokens_per_s": tokens / wall}}
+
+
+def collect(out: Path, reps: int, depths: tuple[int, ...] = LAYERS, prompts: tuple[int, ...] = (),
+            served: int = 0) -> None:
     import torch
     import vllm
 
@@ -83,7 +119,8 @@ def collect(out: Path, reps: int, depths: tuple[int, ...] = LAYERS, prompts: tup
     for layers in depths:
         for mode in GRAPHS:  # one engine a process: vLLM keeps its memory after the engine is gone
             r = subprocess.run([sys.executable, __file__, "--one", str(layers), mode, "--reps", str(reps),
-                                *(["--prompts", *map(str, prompts)] if prompts else [])],
+                                *(["--prompts", *map(str, prompts)] if prompts else []),
+                                *(["--served", str(served)] if served else [])],
                                capture_output=True, text=True)
             line = [x for x in r.stdout.splitlines() if x.startswith("{")]
             rows.append(json.loads(line[-1]) if r.returncode == 0 and line
@@ -128,6 +165,16 @@ def render(paths: list[str], report: Path) -> None:
                 summary.setdefault(f"run {i}, {layers} layers", {})[n] = 1e3 * (b - a) / layers
                 lines.append(f"| {i} | {layers} | {n} | {a:.2f} | {b:.2f} | {b - a:+.2f} | "
                              f"{1e3 * (b - a) / layers:+.0f} |")
+    served = [(i, r) for i, d in enumerate(data, 1) for r in d["rows"] if "served" in r]
+    if served:
+        lines += ["", "Served (continuous batching in vLLM's `LLM`: the requests in flight decode while new prompts "
+                  "join their steps; prompt steps captured, or left to vLLM's default graph bound and run without a "
+                  "graph):", "", "| run | layers | graphs | in flight | requests | output tokens | s | tokens/s |",
+                  "|---:|---:|---|---:|---:|---:|---:|---:|"]
+        for i, r in served:
+            v = r["served"]
+            lines.append(f"| {i} | {r['layers']} | {r['mode']} (up to {max(r['capture_sizes'])}) | {v['in_flight']} | "
+                         f"{v['requests']} | {v['output_tokens']} | {v['wall_s']:.2f} | {v['tokens_per_s']:.0f} |")
     lines += ["", "Each time is the median of `generate` of the prompts and one output token each (one prefill step "
               "and the requests' own overhead, the same in both engines); engine starts: " + ", ".join(
                   f"{r['layers']} layers {r['mode']} {r['engine_start_s']:.0f} s" for d in data for r in d["rows"]
@@ -144,16 +191,21 @@ def main(argv: list[str] | None = None) -> None:
     a.add_argument("--layers", type=int, nargs="+", default=list(LAYERS), help="the depths, in the order measured")
     a.add_argument("--prompts", type=int, nargs="+", default=[],
                    help=f"time N prompts of {WAVE_LENGTH} tokens in one step instead of one prompt of each length")
+    a.add_argument("--served", type=int, default=0, metavar="IN_FLIGHT",
+                   help="serve many requests (continuous batching) and time the whole instead")
     a.add_argument("--one", nargs=2, metavar=("LAYERS", "MODE"), help=argparse.SUPPRESS)
     a.add_argument("--render", nargs="+")
     a.add_argument("--report", type=Path, default=Path("reports/benchmarks/vllm_eager_steps_h200"))
     args = a.parse_args(argv)
     if args.one:
-        print(json.dumps(engine_run(int(args.one[0]), args.one[1], args.reps, tuple(args.prompts))), flush=True)
+        layers, mode = int(args.one[0]), args.one[1]
+        row = (served_run(layers, mode, args.served) if args.served
+               else engine_run(layers, mode, args.reps, tuple(args.prompts)))
+        print(json.dumps(row), flush=True)
     elif args.render:
         render(args.render, args.report)
     elif args.out:
-        collect(args.out, args.reps, tuple(args.layers), tuple(args.prompts))
+        collect(args.out, args.reps, tuple(args.layers), tuple(args.prompts), args.served)
     else:
         a.error("--out (measure) or --render")
 
