@@ -1,4 +1,4 @@
-"""One prompt's step in vLLM 0.26 with its CUDA graph and without it, at 32 and 64 decoder layers of one width.
+"""A prompt's step in vLLM 0.26 with its CUDA graph and without it, at several depths of one width (``--layers``).
 
 vLLM runs a step whose token count exceeds its largest captured CUDA-graph size without a graph (the compiled code,
 launched kernel by kernel). The vLLM step model prices that as launches per layer added to the device's time
@@ -13,6 +13,9 @@ random weights' shape (vLLM's ``dummy`` load). Per layer, the difference is what
 * constant in L and proportional to the layers: launches added to the device's time;
 * shrinking to nothing as L grows: launches hidden under the device's work;
 * growing with L: the uncaptured pass's own device cost (unfused kernels).
+
+``--prompts N ...`` times N prompts of 512 tokens in one step instead; ``--served IN_FLIGHT`` serves 320 requests
+by continuous batching with the prompt steps captured and not, and times the whole.
 
     python3 benchmarks/device/vllm_eager_steps.py --out eager_steps.json      # GPU and vLLM on the path
     python3 benchmarks/device/vllm_eager_steps.py --render eager_steps.json --report reports/benchmarks/x  # no GPU
@@ -54,10 +57,11 @@ def engine_run(layers: int, mode: str, reps: int, prompts: tuple[int, ...] = ())
     folder = Path(tempfile.mkdtemp())
     (folder / "config.json").write_text(json.dumps({**WIDTH, "num_hidden_layers": layers}))
     started = time.perf_counter()
+    sizes = [s for s in GRAPHS[mode] if s <= tokens]
     llm = LLM(model=str(folder), load_format="dummy", skip_tokenizer_init=True, max_num_seqs=16,
               max_num_batched_tokens=tokens, max_model_len=max(length for _, length in cases) + 16,
               enable_prefix_caching=False, gpu_memory_utilization=0.85,
-              compilation_config={"cudagraph_capture_sizes": [s for s in GRAPHS[mode] if s <= tokens]})
+              compilation_config={"cudagraph_capture_sizes": sizes})
     start_s = time.perf_counter() - started
     params = SamplingParams(max_tokens=1, ignore_eos=True, detokenize=False)
     out = {}
@@ -72,7 +76,7 @@ def engine_run(layers: int, mode: str, reps: int, prompts: tuple[int, ...] = ())
                 times.append(1e3 * (time.perf_counter() - t))
         key = str(length) if not prompts else f"{count}x{length}"
         out[key] = {"median_ms": statistics.median(times), "min_ms": min(times), "ms": times}
-    return {"layers": layers, "mode": mode, "capture_sizes": GRAPHS[mode], "engine_start_s": start_s, "lengths": out}
+    return {"layers": layers, "mode": mode, "capture_sizes": sizes, "engine_start_s": start_s, "lengths": out}
 
 
 #: ``--served``: requests in flight, requests in all, and the graph sizes of its two engines (vLLM's default bound
