@@ -307,8 +307,10 @@ def several_notes(rows: list[dict[str, Any]]) -> list[str]:
         "anchor's device time and energy scales (fitted on the 8B on one GPU) taken off. The anchor's time scale "
         "(the 8B's B200 steps were that much slower than the datasheet says) does not carry over to a GPU holding "
         "several times the 8B's weights; unanchored, the errors are smaller at small batches and still grow with the "
-        "batch, on H100 too: what grows is not identified here (the all-reduces are assumed at 200 GB/s and carry "
-        "every prompt token of a chunked-prefill step; the sharded prefill is scaled from the 8B's).",
+        "batch, on H100 too. Under vLLM's default graph bound every step a prompt joins runs uncaptured, and the step "
+        "model adds its launches to it (312 us a layer: 25 ms for the 70B's 80 layers); timed on one H200 they hide "
+        "under a long step (`vllm_eager_steps_h200.md`), and priced so the H100 rows lose their drift, but the "
+        "H200's served checks got worse, so the added launches stay (`reports/energy_model.md`).",
         *[f"- {gpu.upper()}: {span}." for gpu, span in spans.items()],
     ]
 
