@@ -28,6 +28,7 @@ import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, replace
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -39,9 +40,10 @@ OBJECTIVES_MS = (8.0, 12.0, 20.0)
 MAX_CONCURRENCY = 1024  # the service's bound on each objective's batch (benchmarks/device/verify_time_8b.yaml's)
 
 
-def objective_searches(shape: Any, config: Any, plan: Any, kind: str) -> list[Any]:
+def objective_searches(shape: Any, config: Any, plan: Any, kind: str, margin: float | None = None) -> list[Any]:
     """Per TPOT objective, the batch search ``advisor verify`` runs, from the operating point the vLLM step model
-    (the shipped profile of GPU kind ``kind``) predicts for ``plan``."""
+    (the shipped profile of GPU kind ``kind``) predicts for ``plan`` (``margin``: another TPOT margin than the
+    model's own, to see what it would have predicted)."""
     from advisor.energy.prediction import as_served, make_predicted_model
     from advisor.formats import GPU, GPU_SPECS
     from advisor.recipe.schema import Workload
@@ -50,6 +52,8 @@ def objective_searches(shape: Any, config: Any, plan: Any, kind: str) -> list[An
 
     gpu = GPU(kind)
     model = as_served(make_predicted_model(shape, gpu, model_config=config), shape, gpu, "vllm")
+    if margin is not None:
+        model.tpot_margin = margin
     out = []
     for ms in OBJECTIVES_MS:
         w = Workload(name=f"tpot{ms:g}", batch_size=1, input_tokens=512, output_tokens=256, tpot_ms=ms,
@@ -60,6 +64,7 @@ def objective_searches(shape: Any, config: Any, plan: Any, kind: str) -> list[An
     return out
 
 
+@cache
 def shape_and_plans(name: str) -> tuple[Any, Any, dict[str, Any]]:
     """(config, the advisor's shape of it, the standard plans) of the named published shape."""
     import torch
@@ -74,10 +79,11 @@ def shape_and_plans(name: str) -> tuple[Any, Any, dict[str, Any]]:
     return config, shape, standard_plans(shape.groups, [g.name for g in shape.groups])
 
 
-def predicted_batches(name: str, plan_name: str, kind: str) -> dict[str, int]:
+def predicted_batches(name: str, plan_name: str, kind: str, margin: float | None = None) -> dict[str, int]:
     """Per TPOT objective, the operating batch this code's vLLM step model predicts for the shape and plan (CPU)."""
     config, shape, plans = shape_and_plans(name)
-    return {s.workload.name: s.predicted_batch for s in objective_searches(shape, config, plans[plan_name], kind)}
+    return {s.workload.name: s.predicted_batch
+            for s in objective_searches(shape, config, plans[plan_name], kind, margin)}
 
 
 def serve_and_search(path: Path, vocab: int, plan: Any, batches: list[int], searches: list[Any]) -> dict[str, Any]:
