@@ -24,6 +24,7 @@ def report_helpers(monkeypatch):
 def heldout(monkeypatch):
     monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
     monkeypatch.syspath_prepend(str(ROOT / "benchmarks" / "engine_true"))
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks" / "device"))  # engine_true_sweep, for the margin table
     import heldout_served
 
     return heldout_served
@@ -140,3 +141,24 @@ def test_a_check_s_bias_is_its_mean_signed_error_at_the_operating_batches_only(h
     bias = heldout.bias_row(_check(rows, []), "c.json")
     assert bias["rows"] == 2 and bias["shapes"] == ["mistral-7b-v0.3"]
     assert (bias["tpot_ms_mean_pct"], bias["j_per_token_mean_pct"], bias["tokens_per_s_mean_pct"]) == (3.0, -3.0, -2.0)
+
+
+def test_the_margin_table_counts_predicted_batches_against_what_the_sweep_metered(heldout, tmp_path):
+    """Each margin's predicted batch (the shipped step model's, CPU) against a sweep's metered batches: a sweep where
+    the batch predicted at the shipped margin met the objective and the next graph size did not counts that margin
+    within 10% and not at or above a miss; a larger margin predicts no larger batch."""
+    from engine_true_sweep import predicted_batches
+
+    shipped = predicted_batches("qwen2.5-7b", "all-bf16", "h200", 0.035)["tpot12"]
+    # metered: the shipped prediction met 12 ms (11.5), the next graph size missed (12.5)
+    sweep = {"gpu_kind": "h200", "rows": [{"shape": "qwen2.5-7b", "plan": "all-bf16", "batches": {
+        f"b{shipped}": {"tpot_ms_p50": 11.5}, f"b{shipped + 8}": {"tpot_ms_p50": 12.5}},
+        "objectives": {"tpot12": {"trail": []}}}]}
+    path = tmp_path / "sweep.json"
+    path.write_text(json.dumps(sweep))
+    rows = {r["margin"]: r for r in heldout.margin_rows([str(path)], (0.0, 0.035, 0.06))}
+    assert rows[0.035] == {"margin": 0.035, "objectives": 1, "within_pct": 1, "at_or_above_a_miss": 0}
+    assert predicted_batches("qwen2.5-7b", "all-bf16", "h200", 0.0)["tpot12"] >= shipped
+    assert rows[0.0]["at_or_above_a_miss"] == int(predicted_batches("qwen2.5-7b", "all-bf16", "h200", 0.0)["tpot12"]
+                                                  >= shipped + 8)
+    assert rows[0.06]["at_or_above_a_miss"] == 0

@@ -106,8 +106,8 @@ def margin_rows(sweeps: list[str], margins: tuple[float, ...] = MARGINS) -> list
                 for o in r["objectives"].values():
                     tpot.update({t["batch"]: t["tpot_ms"] for t in o.get("trail", []) if t["batch"] not in tpot})
                 predicted = predicted_batches(r["shape"], r["plan"], data["gpu_kind"], margin)
-                for name, batch in predicted.items():
-                    objective = float(name.removeprefix("tpot"))
+                for name in r["objectives"]:
+                    batch, objective = predicted[name], float(name.removeprefix("tpot"))
                     met = [b for b, ms in tpot.items() if ms <= objective]
                     missed = [b for b, ms in tpot.items() if ms > objective]
                     n += 1
