@@ -96,23 +96,26 @@ def margin_rows(sweeps: list[str], margins: tuple[float, ...] = MARGINS) -> list
     and how many at or above a batch that missed the objective as served."""
     from engine_true_sweep import predicted_batches
 
+    rows = []  # (shape, plan, GPU kind, objectives, {batch: TPOT ms p50} of every metering)
+    for path in sweeps:
+        data = json.loads(Path(path).read_text())
+        for r in (x for x in data["rows"] if x.get("objectives")):
+            tpot = {int(k[1:]): b["tpot_ms_p50"] for k, b in (r.get("batches") or {}).items()}
+            for o in r["objectives"].values():
+                tpot.update({t["batch"]: t["tpot_ms"] for t in o.get("trail", []) if t["batch"] not in tpot})
+            rows.append((r["shape"], r["plan"], data["gpu_kind"], list(r["objectives"]), tpot))
     out = []
     for margin in margins:
         within = above = n = 0
-        for path in sweeps:
-            data = json.loads(Path(path).read_text())
-            for r in (x for x in data["rows"] if x.get("objectives")):
-                tpot = {int(k[1:]): b["tpot_ms_p50"] for k, b in (r.get("batches") or {}).items()}
-                for o in r["objectives"].values():
-                    tpot.update({t["batch"]: t["tpot_ms"] for t in o.get("trail", []) if t["batch"] not in tpot})
-                predicted = predicted_batches(r["shape"], r["plan"], data["gpu_kind"], margin)
-                for name in r["objectives"]:
-                    batch, objective = predicted[name], float(name.removeprefix("tpot"))
-                    met = [b for b, ms in tpot.items() if ms <= objective]
-                    missed = [b for b, ms in tpot.items() if ms > objective]
-                    n += 1
-                    within += bool(met) and abs(batch - max(met)) <= BATCH_BOUND_PCT / 100 * max(met)
-                    above += bool(missed) and batch >= min(missed)
+        for shape, plan, kind, names, tpot in rows:
+            predicted = predicted_batches(shape, plan, kind, margin)
+            for name in names:
+                batch, objective = predicted[name], float(name.removeprefix("tpot"))
+                met = [b for b, ms in tpot.items() if ms <= objective]
+                missed = [b for b, ms in tpot.items() if ms > objective]
+                n += 1
+                within += bool(met) and abs(batch - max(met)) <= BATCH_BOUND_PCT / 100 * max(met)
+                above += bool(missed) and batch >= min(missed)
         out.append({"margin": margin, "objectives": n, "within_pct": within, "at_or_above_a_miss": above})
     return out
 

@@ -4,6 +4,7 @@ written out here so that no download is needed), built on the meta device throug
 
 from __future__ import annotations
 
+from functools import cache
 from typing import Any
 
 #: the only ML.ENERGY files the B200 anchor may be fitted on
@@ -38,6 +39,7 @@ _REFERENCE = {"meta-llama/Llama-3.1-8B-Instruct": "Llama-3.1-8B", "meta-llama/Ll
 FP8_KINDS: dict[str, tuple[str, ...]] = {"meta-llama/Llama-3.1-405B-Instruct-FP8": ("gate_up", "down")}
 
 
+@cache
 def shape_of(model_id: str) -> tuple[Any, Any]:
     """(ModelShape, transformers config or None) of an ML.ENERGY model id."""
     spec = MODELS[model_id]

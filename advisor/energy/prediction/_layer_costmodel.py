@@ -248,11 +248,11 @@ class ProfileCostModel:
         # each layer's share of the step at the context it attends to (sliding windows: their window)
         layers_at = Counter(g.kv_tokens(context) for g in self.shape.layers)
         kv_share = KV_CACHE_BYTES[plan.kv_cache] / KV_CACHE_BYTES[Format.BF16]
+        kv_read = kv_share * self._kv_scale / self._ng_scale  # _step scales the whole by _ng_scale
         step_ms = {}
         for f, per_ctx in d["step_ms"].items():
             at_c = [interp(d["batches"], per_ctx[str(c)], batch) for c in ctxs]
             at_0 = interp(ctxs, at_c, 0)  # the step without a KV read (linear extrapolation to context 0)
-            kv_read = kv_share * self._kv_scale / self._ng_scale  # _step scales the whole by _ng_scale
             step_ms[Format(f)] = sum(n / self.shape.num_layers * (at_0 + kv_read * (interp(ctxs, at_c, c) - at_0))
                                      for c, n in layers_at.items())
         return self._step(d, plan, batch, step_ms)
