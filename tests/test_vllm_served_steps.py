@@ -1,0 +1,131 @@
+"""benchmarks/device/vllm_served_steps.py (what runs on the GPU, checked here without it) and its report,
+benchmarks/engine_true/served_steps_report.py: which step an interval times, the admissions, and the two forms of
+an uncaptured step's cost."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT / "benchmarks" / "device"), str(ROOT / "benchmarks" / "engine_true")]
+import served_steps_report as report  # noqa: E402
+import vllm_served_steps  # noqa: E402
+
+from advisor.energy.prediction._vllm_step import capture_sizes  # noqa: E402
+
+COLUMNS = ["ms", "prompts", "prompt_tokens", "decodes", "context"]
+
+
+def test_capture_bound_is_the_advisor_s_the_wide_one_or_vllm_s_default():
+    assert vllm_served_steps.capture_bound("advisor", 128) == 640
+    assert vllm_served_steps.capture_bound("wide", 128) == 2176
+    assert vllm_served_steps.capture_bound("default", 128) is None
+
+
+class _Engine:
+    def __init__(self) -> None:
+        self.asked: list[int] = []
+
+    def add_request(self, rid, prompt, params) -> None:
+        self.asked.append(params["max_tokens"])
+
+
+class _Vllm:
+    class sampling_params:  # noqa: N801 (vLLM's own name)
+        class RequestOutputKind:
+            DELTA = 1
+
+    @staticmethod
+    def SamplingParams(**kw):  # noqa: N802 (vLLM's own name)
+        return kw
+
+
+def test_a_spread_load_staggers_its_first_round_and_draws_the_later_lengths_within_the_spread():
+    load_class = vllm_served_steps.spread_load(vllm_served_steps.advisors_steady_load(), 0.5)
+    engine = _Engine()
+    load = load_class(_Vllm, engine, 4, 16, 256, 1000)
+    for i in range(4):
+        load._add(max(1, round(256 * (i + 1) / 4)) if i < 3 else 100)  # the staggered first round
+    first = list(engine.asked)
+    for _ in range(200):
+        load._add(256)  # a replacement
+    later = engine.asked[4:]
+    assert first == [64, 128, 192, 100]
+    assert min(later) >= 128 and max(later) <= 384 and len(set(later)) > 50
+
+
+def test_a_step_is_timed_by_the_interval_stamped_at_the_step_before_it():
+    row = {"steps_columns": COLUMNS, "steps": [[5.0, 0, 0, 64, 600.0], [15.0, 0, 0, 64, 601.0],
+                                               [6.0, 1, 512, 63, 602.0], [5.5, 0, 0, 64, 603.0]]}
+    steps = report.timed_steps(row)
+    assert [(s["prompts"], s["ms"]) for s in steps] == [(0, 5.0), (1, 15.0), (0, 6.0)]
+
+
+def test_admission_shares_against_poisson_and_regular():
+    steps = [{"prompts": p} for p in [0, 1] * 50]
+    shares = report.admissions(steps, 0.5)
+    assert shares["measured"] == [0.5, 0.5, 0.0, 0.0, 0.0]
+    assert shares["regular"] == [0.5, 0.5, 0.0, 0.0, 0.0]
+    assert shares["poisson"][0] == pytest.approx(math.exp(-0.5))
+    assert sum(shares["poisson"]) == pytest.approx(1.0)
+    assert report.admissions(steps, 1.0)["regular"] == [0.0, 1.0, 0.0, 0.0, 0.0]
+
+
+def test_overlapped_launches_cost_only_where_they_outrun_the_gpu():
+    captured = [(10.0, False)] * 100
+    assert report.overlapped(captured, 50.0) == pytest.approx(10.0)
+    # launches of 8 ms under a 10 ms step: hidden
+    assert report.overlapped([(10.0, True)] * 100, 8.0) == pytest.approx(10.0)
+    # every step uncaptured and its launches 14 ms: the host sets the pace
+    assert report.overlapped([(10.0, True)] * 100, 14.0) == pytest.approx(14.0)
+    # one uncaptured step in two, launches 14 ms: the captured step between gives the host room
+    alternating = [(10.0, True), (10.0, False)] * 50
+    assert report.overlapped(alternating, 14.0) < 12.0
+
+
+def test_the_fits_recover_the_form_the_sequences_were_made_with():
+    seqs = []
+    for share in (0.0, 0.25, 0.5, 1.0):
+        seq = [(8.0 + 4 * (i % 3), i % 4 < 4 * share) for i in range(400)]
+        measured = sum(1.02 * d + (0.2 * report.LAYERS if e else 0.0) for d, e in seq) / len(seq)
+        seqs.append((measured, seq))
+    fits = report.eager_fits(seqs)
+    assert fits["added"]["launch_ms_per_layer"] == pytest.approx(0.2, rel=0.02)
+    assert fits["added"]["device_scale"] == pytest.approx(1.02, rel=0.01)
+    assert fits["added"]["rms_pct"] < 0.1
+
+
+def test_the_report_prices_the_runs_and_lists_the_runs_that_failed(tmp_path):
+    pricer = report.Pricer()
+    sizes = list(capture_sizes(vllm_served_steps.capture_bound("advisor", 128), 16384))
+    serving = report.VllmServing(128, 16384, None, tuple(sizes))
+    steps = []
+    for i in range(60):
+        prompts = i % 2
+        ms, _ = pricer.step(serving, 128 - prompts, 640.0, prompts, 512 * prompts)
+        steps.append([0.0, prompts, 512 * prompts, 128 - prompts, 640.0])
+        steps[i - 1 if i else 0][0] = ms  # the interval stamped at the step before times this one
+    run = {"gpu": "NVIDIA H200", "driver": "580.159.04, 700.00 W", "vllm_version": "0.26.0",
+           "date": "2026-12-01T04:07:40", "input_tokens": 512, "output_tokens": 256, "budget": 16384,
+           "rows": [{"batch": 128, "bound": "advisor", "spread": 0.0, "max_capture_size": 640, "capture_sizes": sizes,
+                     "tokens_per_s": 8800.0, "j_per_token": 0.078, "steps_columns": COLUMNS, "steps": steps},
+                    {"batch": 256, "bound": "wide", "error": "Traceback ...\nCUDA out of memory"}]}
+    source = tmp_path / "run.json"
+    source.write_text(json.dumps(run))
+    out = tmp_path / "r"
+    report.main([str(source), "--report", str(out)])
+    d = json.loads(out.with_suffix(".json").read_text())
+    (row,) = d["rows"]
+    assert row["admissions"]["measured"][:2] == pytest.approx([0.5, 0.5], abs=0.02)
+    groups = {(g["k"], g["graph"]): g for g in row["groups"]}
+    for key in (("0", "full"), ("1", "piecewise")):
+        assert groups[key]["measured_ms_p50"] == pytest.approx(groups[key]["predicted_ms_p50"], rel=1e-6)
+    assert d["errors"] == [{"source": str(source), "batch": 256, "bound": "wide", "error": "CUDA out of memory"}]
+    md = out.with_suffix(".md").read_text()
+    assert "## Prompts admitted a step" in md and "## What an uncaptured step costs" in md
+    assert "batch 256, wide" in md and "CUDA out of memory" in md
