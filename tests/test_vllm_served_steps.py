@@ -92,8 +92,8 @@ def test_the_fits_recover_the_form_the_sequences_were_made_with():
     seqs = []
     for share in (0.0, 0.25, 0.5, 1.0):
         seq = [(8.0 + 4 * (i % 3), i % 4 < 4 * share) for i in range(400)]
-        measured = sum(1.02 * d + (0.2 * report.LAYERS if e else 0.0) for d, e in seq) / len(seq)
-        seqs.append((measured, seq))
+        measured = sum(1.02 * d + (0.2 * 32 if e else 0.0) for d, e in seq) / len(seq)
+        seqs.append((measured, seq, 32))
     fits = report.eager_fits(seqs)
     assert fits["added"]["launch_ms_per_layer"] == pytest.approx(0.2, rel=0.02)
     assert fits["added"]["device_scale"] == pytest.approx(1.02, rel=0.01)
@@ -129,3 +129,12 @@ def test_the_report_prices_the_runs_and_lists_the_runs_that_failed(tmp_path):
     md = out.with_suffix(".md").read_text()
     assert "## Prompts admitted a step" in md and "## What an uncaptured step costs" in md
     assert "batch 256, wide" in md and "CUDA out of memory" in md
+
+
+def test_a_run_of_a_published_shape_is_served_from_its_config_and_priced_as_that_shape():
+    config = vllm_served_steps.model_config("qwen3-4b")
+    assert (config["num_hidden_layers"], config["hidden_size"], config["torch_dtype"]) == (36, 2560, "bfloat16")
+    assert vllm_served_steps.model_config("Llama-3.1-8B")["num_hidden_layers"] == 32
+    pricer = report.Pricer("qwen3-4b")
+    assert pricer.layers == 36
+    assert pricer.launch_ms == pytest.approx(pricer.model.terms.eager_us_per_layer * 36 / 1e3)

@@ -47,6 +47,17 @@ WIDTH = dict(hidden_size=4096, intermediate_size=14336, num_attention_heads=32, 
              hidden_act="silu", tie_word_embeddings=False, torch_dtype="bfloat16", architectures=["LlamaForCausalLM"],
              model_type="llama", num_hidden_layers=32)
 SHAPE = "Llama-3.1-8B"  # the reference shape of that config, which the H200 step profile was fitted on
+
+
+def model_config(shape: str) -> dict[str, Any]:
+    """The engine's config.json: the fitted 8B's (:data:`SHAPE`), or one of benchmarks/device/engine_true_sweep.py's
+    published shapes (transformers builds it; the GPU machine has it)."""
+    if shape == SHAPE:
+        return dict(WIDTH)
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from engine_true_sweep import shape_config
+
+    return {**shape_config(shape).to_dict(), "torch_dtype": "bfloat16"}
 INPUT_TOKENS, OUTPUT_TOKENS = 512, 256
 BUDGET = 16384  # vLLM 0.26's LLM class on a GPU of >= 70 GiB (advisor.serving.LLM_CLASS_BATCHED_TOKENS)
 BATCHES = (128, 256)
@@ -114,12 +125,13 @@ def spread_load(steady_load: Any, spread: float) -> Any:
     return Spread
 
 
-def engine_run(batch: int, bound: str, spread: float = 0.0) -> dict[str, Any]:
+def engine_run(batch: int, bound: str, spread: float = 0.0, shape: str = SHAPE) -> dict[str, Any]:
     """In this process: one engine, the advisor's steady load at ``batch`` (its output lengths spread: ``spread``),
     the steps of a window after it settles."""
     os.environ.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")  # as the advisor serves (advisor/deploy/vllm/_serve.py)
     folder = Path(tempfile.mkdtemp())
-    (folder / "config.json").write_text(json.dumps(WIDTH))
+    config = model_config(shape)
+    (folder / "config.json").write_text(json.dumps(config))
     log = folder / "steps.txt"
     install_step_log(log)
     import vllm
@@ -137,7 +149,7 @@ def engine_run(batch: int, bound: str, spread: float = 0.0) -> dict[str, Any]:
     sizes = list(llm.llm_engine.vllm_config.compilation_config.cudagraph_capture_sizes or [])
     pynvml.nvmlInit()
     handle = pynvml.nvmlDeviceGetHandleByIndex(0)
-    load = steady_load(vllm, llm.llm_engine, batch, INPUT_TOKENS, OUTPUT_TOKENS, WIDTH["vocab_size"]).start()
+    load = steady_load(vllm, llm.llm_engine, batch, INPUT_TOKENS, OUTPUT_TOKENS, config["vocab_size"]).start()
     load.settle()
     time.sleep(1.0)
     t0, mj0, tok0 = time.perf_counter(), pynvml.nvmlDeviceGetTotalEnergyConsumption(handle), load.tokens
@@ -158,30 +170,33 @@ def engine_run(batch: int, bound: str, spread: float = 0.0) -> dict[str, Any]:
             "steps_columns": ["ms", "prompts", "prompt_tokens", "decodes", "context"], "steps": steps}
 
 
-def collect(out: Path, batches: tuple[int, ...], bounds: tuple[str, ...], spread: float = 0.0) -> None:
+def collect(out: Path, batches: tuple[int, ...], bounds: tuple[str, ...], spread: float = 0.0, shape: str = SHAPE
+            ) -> None:
     import torch
     import vllm
 
     rows = []
     for batch in batches:
         for bound in bounds:  # one engine a process: vLLM keeps its memory after the engine is gone
-            r = subprocess.run([sys.executable, __file__, "--one", str(batch), bound, "--spread", str(spread)],
+            r = subprocess.run([sys.executable, __file__, "--one", str(batch), bound, "--spread", str(spread),
+                                "--shape", shape],
                                capture_output=True, text=True)
             line = [x for x in r.stdout.splitlines() if x.startswith("{")]
             rows.append(json.loads(line[-1]) if r.returncode == 0 and line
                         else {"batch": batch, "bound": bound, "error": r.stderr[-3000:]})
             print(json.dumps({k: v for k, v in rows[-1].items() if k != "steps"}), flush=True)
-            out.write_text(json.dumps(dict(meta(torch, vllm), rows=rows)))
-    out.write_text(json.dumps(dict(meta(torch, vllm), rows=rows), indent=None))
+            out.write_text(json.dumps(dict(meta(torch, vllm, shape), rows=rows)))
+    out.write_text(json.dumps(dict(meta(torch, vllm, shape), rows=rows), indent=None))
 
 
-def meta(torch: Any, vllm: Any) -> dict[str, Any]:
+def meta(torch: Any, vllm: Any, shape: str) -> dict[str, Any]:
     smi = subprocess.run(["nvidia-smi", "--query-gpu=driver_version,power.limit", "--format=csv,noheader"],
                          capture_output=True, text=True).stdout.strip().splitlines()
     return {"gpu": torch.cuda.get_device_name(0), "driver": smi[0] if smi else "unknown",
             "vllm_version": vllm.__version__, "torch": torch.__version__,
             "date": datetime.datetime.now(datetime.UTC).isoformat(), "command": " ".join(["python3", *sys.argv]),
-            "width": WIDTH, "input_tokens": INPUT_TOKENS, "output_tokens": OUTPUT_TOKENS, "budget": BUDGET}
+            "shape": shape, "config": model_config(shape), "input_tokens": INPUT_TOKENS, "output_tokens": OUTPUT_TOKENS,
+            "budget": BUDGET}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -192,12 +207,14 @@ def main(argv: list[str] | None = None) -> None:
                    choices=["advisor", "wide", "default"])
     a.add_argument("--spread", type=float, default=0.0, help="later requests' output lengths drawn uniformly "
                    "within this share of the stated length (0: all the same, as the advisor's load)")
+    a.add_argument("--shape", default=SHAPE, help=f"{SHAPE} (default) or a published shape of "
+                   "benchmarks/device/engine_true_sweep.py (qwen3-4b, mistral-7b-v0.3, ...): random weights")
     a.add_argument("--one", nargs=2, metavar=("BATCH", "BOUND"), help=argparse.SUPPRESS)
     args = a.parse_args(argv)
     if args.one:
-        print(json.dumps(engine_run(int(args.one[0]), args.one[1], args.spread)), flush=True)
+        print(json.dumps(engine_run(int(args.one[0]), args.one[1], args.spread, args.shape)), flush=True)
     elif args.out:
-        collect(args.out, tuple(args.batches), tuple(args.bounds), args.spread)
+        collect(args.out, tuple(args.batches), tuple(args.bounds), args.spread, args.shape)
     else:
         a.error("--out: where the runs' JSON goes")
 

@@ -28,12 +28,13 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
-sys.path[:0] = [str(HERE.parent), str(HERE.parents[1])]
+sys.path[:0] = [str(HERE), str(HERE.parent), str(HERE.parents[1])]
 os.environ.setdefault("ADVISOR_PROFILE_DIR", tempfile.mkdtemp())  # the shipped profiles only, never a user's
 
 from _report import command_line, dump_json, md_table  # noqa: E402
 from scipy.optimize import least_squares  # noqa: E402
 from scipy.stats import poisson  # noqa: E402
+from served_rows import shape_of  # noqa: E402
 
 from advisor.energy.prediction import VllmServedModel, VllmServing, make_predicted_model  # noqa: E402
 from advisor.energy.prediction._vllm_step import Chunk  # noqa: E402
@@ -42,21 +43,23 @@ from advisor.formats import GPU, Format  # noqa: E402
 from advisor.plan import Plan  # noqa: E402
 from advisor.recipe.schema import Workload  # noqa: E402
 
-SHAPE = "Llama-3.1-8B"  # the runs' width and depth (benchmarks/device/vllm_served_steps.py WIDTH)
-LAYERS = 32
+SHAPE = "Llama-3.1-8B"  # a run's shape where it names none (benchmarks/device/vllm_served_steps.py SHAPE)
 K_LABELS = ("0", "1", "2", "3", "4+")  # prompts joining a step
 QUEUE = 2  # steps vLLM 0.26's engine keeps in flight with asynchronous scheduling (EngineCore.batch_queue)
 
 
 class Pricer:
-    """The shipped vLLM step model of the 8B on the H200, BF16: each step (its launches left out where asked) and
-    each served steady state under a row's engine sizes; step prices cached (thousands of steps a row)."""
+    """The shipped vLLM step model of a run's shape on the H200, BF16: each step and each served steady state under
+    a row's engine sizes; step prices cached (thousands of steps a row)."""
 
-    def __init__(self) -> None:
-        shape, gpu = REFERENCE_SHAPES[SHAPE].shape(), GPU("h200")
-        self.model = VllmServedModel(make_predicted_model(shape, gpu), shape, gpu, shipped_vllm_profile(gpu))
+    def __init__(self, name: str = SHAPE) -> None:
+        shape, config = (REFERENCE_SHAPES[name].shape(), None) if name in REFERENCE_SHAPES else shape_of(name)
+        gpu = GPU("h200")
+        builtin = make_predicted_model(shape, gpu, model_config=config)
+        self.model = VllmServedModel(builtin, shape, gpu, shipped_vllm_profile(gpu))
         self.plan = Plan.uniform([g.name for g in shape.groups], Format.BF16)
-        self.launch_ms = self.model.terms.eager_us_per_layer * LAYERS / 1e3
+        self.layers = shape.num_layers
+        self.launch_ms = self.model.terms.eager_us_per_layer * self.layers / 1e3
         self._cache: dict[tuple, tuple[float, str]] = {}
 
     def step(self, serving: VllmServing, decodes: int, context: float, prompts: int, tokens: int
@@ -113,15 +116,16 @@ def overlapped(seq: list[tuple[float, bool]], launch_ms: float) -> float:
     return (done[-1] - done[k]) / (len(seq) - 1 - k)
 
 
-def eager_fits(sequences: list[tuple[float, list[tuple[float, bool]]]]) -> dict[str, Any]:
+def eager_fits(sequences: list[tuple[float, list[tuple[float, bool]], int]]) -> dict[str, Any]:
     """Both forms (module docstring) fitted over ``sequences`` ((measured mean ms, the steps' (ms less launches,
-    uncaptured))): device scale and launch ms a layer, least squares on the log ratio of the mean step."""
-    forms = {"added": lambda seq, s, u: statistics.fmean(s * d + (u * LAYERS if e else 0.0) for d, e in seq),
-             "overlapped": lambda seq, s, u: overlapped([(s * d, e) for d, e in seq], u * LAYERS)}
+    uncaptured), decoder layers)): device scale and launch ms a layer, least squares on the log ratio of the mean
+    step."""
+    forms = {"added": lambda seq, s, u, n: statistics.fmean(s * d + (u * n if e else 0.0) for d, e in seq),
+             "overlapped": lambda seq, s, u, n: overlapped([(s * d, e) for d, e in seq], u * n)}
     out = {}
     for name, mean in forms.items():
         def residuals(x: Any, mean: Any = mean) -> list[float]:
-            return [math.log(mean(seq, x[0], x[1]) / measured) for measured, seq in sequences]
+            return [math.log(mean(seq, x[0], x[1], n) / measured) for measured, seq, n in sequences]
 
         # the overlapped form is flat in u wherever no launch outruns the GPU: start from a grid of launch times
         fits = [least_squares(residuals, [1.0, u0], bounds=([0.5, 0.0], [2.0, 3.0]), diff_step=1e-3)
@@ -134,10 +138,12 @@ def eager_fits(sequences: list[tuple[float, list[tuple[float, bool]]]]) -> dict[
 
 
 def analyse(paths: list[str]) -> dict[str, Any]:
-    pricer = Pricer()
+    pricers: dict[str, Pricer] = {}
     rows, errors, sequences = [], [], []
     for path in paths:
         run = json.loads(Path(path).read_text())
+        shape = run.get("shape", SHAPE)
+        pricer = pricers.setdefault(shape, Pricer(shape))
         for row in run["rows"]:
             if "error" in row:
                 errors.append({"source": path, "batch": row["batch"], "bound": row["bound"],
@@ -151,10 +157,10 @@ def analyse(paths: list[str]) -> dict[str, Any]:
                 s.update(pred=ms, graph=graph, k=K_LABELS[min(int(s["prompts"]), 4)])
             mean = statistics.fmean(s["ms"] for s in steps)
             sequences.append((mean, [(s["pred"] - (pricer.launch_ms if s["graph"] == "eager" else 0.0),
-                                      s["graph"] == "eager") for s in steps]))
+                                      s["graph"] == "eager") for s in steps], pricer.layers))
             served = pricer.served(row, serving, run)
             rows.append({
-                "source": path, "gpu": run["gpu"], "driver": run["driver"], "date": run["date"],
+                "source": path, "shape": shape, "gpu": run["gpu"], "driver": run["driver"], "date": run["date"],
                 "batch": row["batch"], "bound": row["bound"], "spread": row.get("spread", 0.0),
                 "max_capture_size": row["max_capture_size"], "steps": len(steps),
                 "measured": {"tokens_per_s": row["tokens_per_s"], "j_per_token": row["j_per_token"],
@@ -205,13 +211,13 @@ def markdown(d: dict[str, Any]) -> str:
              "up to the decodes and one prompt: the advisor's serving), `wide` (and four), `default` (vLLM's, "
              "min(2 B, 512): every step a prompt joins runs without a graph). Predicted: the shipped step model "
              "(Poisson admissions).", "", "## Served steady states", ""]
-    lines += md_table(["batch", "load", "bound", "tok/s", "predicted", "err %", "J/token", "predicted", "err %",
-                       "mean step ms", "predicted", "err %", "these steps priced, ms"],
-                      [[str(r["batch"]), _load(r), r["bound"],
+    lines += md_table(["shape", "batch", "load", "bound", "tok/s", "predicted", "err %", "J/token", "predicted",
+                       "err %", "mean step ms", "predicted", "err %", "these steps priced, ms"],
+                      [[r["shape"], str(r["batch"]), _load(r), r["bound"],
                         *[c for k, fmt in (("tokens_per_s", ".0f"), ("j_per_token", ".4f"), ("mean_step_ms", ".2f"))
                           for c in (format(r["measured"][k], fmt), format(r["predicted"][k], fmt),
                                     _pct(r["predicted"][k], r["measured"][k]))],
-                        f"{r['predicted']['steps_as_measured_ms']:.2f}"] for r in rows], "rll" + "r" * 10)
+                        f"{r['predicted']['steps_as_measured_ms']:.2f}"] for r in rows], "lrll" + "r" * 10)
     lines += ["", "## Prompts admitted a step: measured against Poisson and regular", "",
               "Share of steps admitting k prompts (k = 0, 1, 2, 3, 4+).", ""]
     lines += md_table(["batch", "load", "bound", "measured", "Poisson (the step model)", "regular"],
@@ -247,8 +253,9 @@ def main(argv: list[str] | None = None) -> None:
     a.add_argument("runs", nargs="+", help="benchmarks/device/vllm_served_steps.py --out files")
     a.add_argument("--report", type=Path, default=Path("reports/benchmarks/vllm_served_steps_h200"))
     args = a.parse_args(argv)
-    d = {"command": command_line(argv), "sources": args.runs,
-         "shipped_launch_us_per_layer": Pricer().model.terms.eager_us_per_layer, **analyse(args.runs)}
+    shipped = shipped_vllm_profile(GPU("h200"))["params"]["eager_us_per_layer"]
+    d = {"command": command_line(argv), "sources": args.runs, "shipped_launch_us_per_layer": shipped,
+         **analyse(args.runs)}
     args.report.parent.mkdir(parents=True, exist_ok=True)
     dump_json(args.report.with_suffix(".json"), d, newline=True)
     args.report.with_suffix(".md").write_text(markdown(d))
