@@ -7,7 +7,9 @@ from __future__ import annotations
 import json
 import math
 import sys
+import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -138,3 +140,58 @@ def test_a_run_of_a_published_shape_is_served_from_its_config_and_priced_as_that
     pricer = report.Pricer("qwen3-4b")
     assert pricer.layers == 36
     assert pricer.launch_ms == pytest.approx(pricer.model.terms.eager_us_per_layer * 36 / 1e3)
+
+
+class _Stepping(_Engine):
+    """An engine whose requests each give a token a step until their max_tokens; it counts the requests that join
+    each step (added since the step before)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.running: dict[str, int] = {}
+        self.joined: list[int] = []
+        self._new = 0
+
+    def add_request(self, rid, prompt, params) -> None:
+        super().add_request(rid, prompt, params)
+        self.running[rid] = params["max_tokens"]
+        self._new += 1
+
+    def step(self) -> list:
+        self.joined.append(self._new)
+        self._new = 0
+        out = []
+        for rid in list(self.running):
+            self.running[rid] -= 1
+            done = self.running[rid] == 0
+            if done:
+                del self.running[rid]
+            out.append(SimpleNamespace(request_id=rid, finished=done, outputs=[SimpleNamespace(token_ids=[1])]))
+        return out
+
+    def abort_request(self, ids) -> None:
+        for rid in ids:
+            self.running.pop(rid, None)
+
+    def get_num_unfinished_requests(self) -> int:
+        return len(self.running)
+
+
+def _joined_shares(spread: float, batch: int = 128, output: int = 256, steps: int = 3000) -> list[float]:
+    load_class = vllm_served_steps.spread_load(vllm_served_steps.advisors_steady_load(), spread)
+    engine = _Stepping()
+    load = load_class(_Vllm, engine, batch, 4, output, 1000).start()
+    deadline = time.monotonic() + 60
+    while len(engine.joined) < steps and time.monotonic() < deadline:
+        time.sleep(0.01)
+    load.stop()
+    steady = engine.joined[2 * output:steps]  # after the staggered first round
+    return [sum(1 for k in steady if min(k, 2) == n) / len(steady) for n in range(3)]
+
+
+def test_the_advisor_s_fixed_length_load_admits_prompts_regularly_and_a_spread_one_does_not():
+    """The premise of the report's admissions table: every output as long, a request ends every L_out / B steps
+    (batch 128, 256 out: steps of none and of one prompt alternate); spread lengths end them at random."""
+    assert _joined_shares(0.0) == pytest.approx([0.5, 0.5, 0.0], abs=0.01)
+    none, one, more = _joined_shares(0.5)
+    assert more > 0.04 and none > 0.55  # Poisson of mean 0.5: 0.61 / 0.30 / 0.09
