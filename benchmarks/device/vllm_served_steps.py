@@ -1,4 +1,4 @@
-"""Each step of the advisor's steady load as vLLM 0.26 serves it, against the vLLM step model's price of that step.
+"""Each step of the advisor's steady load as vLLM 0.26 serves it, stamped with what it ran (the report prices each).
 
 The step model (advisor/energy/prediction/_vllm_step.py) prices one vLLM step from what it runs: B decodes at a
 context, the prompts that join it, and whether its token count fits a captured CUDA graph (full for decodes alone,
@@ -15,10 +15,10 @@ that interval times is the report's business, benchmarks/engine_true/served_step
 the tokens over the window. ``--spread 0.5`` draws the later requests' output lengths from 128-384 instead: their
 ends then fall at random, and prompts join the steps as traffic's do.
 
-Engines: the fitted 8B's width and depth (random weights, vLLM's ``dummy`` load), vLLM's offline ``LLM`` token
-budget, at each batch under three CUDA-graph bounds: the advisor's (a step of the decodes and one prompt is
-captured; two prompts run without a graph), ``wide`` (up to four prompts captured) and vLLM's default
-(``min(2 B, 512)``: every step a prompt joins runs without a graph).
+Engines: the fitted 8B's width and depth, or a held-out published shape (``--shape``), random weights (vLLM's
+``dummy`` load), vLLM's offline ``LLM`` token budget, at each batch under three CUDA-graph bounds: the advisor's (a
+step of the decodes and one prompt is captured; two prompts run without a graph), ``wide`` (up to four prompts
+captured) and vLLM's default (``min(2 B, 512)``: every step a prompt joins runs without a graph).
 
     python3 benchmarks/device/vllm_served_steps.py --out steps.json [--spread 0.5]  # GPU and vLLM on the path
     python benchmarks/engine_true/served_steps_report.py steps.json ... --report reports/benchmarks/x  # no GPU
@@ -48,6 +48,11 @@ WIDTH = dict(hidden_size=4096, intermediate_size=14336, num_attention_heads=32, 
              model_type="llama", num_hidden_layers=32)
 SHAPE = "Llama-3.1-8B"  # the reference shape of that config, which the H200 step profile was fitted on
 
+INPUT_TOKENS, OUTPUT_TOKENS = 512, 256
+BUDGET = 16384  # vLLM 0.26's LLM class on a GPU of >= 70 GiB (advisor.serving.LLM_CLASS_BATCHED_TOKENS)
+BATCHES = (128, 256)
+WINDOW_S = 15.0
+
 
 def model_config(shape: str) -> dict[str, Any]:
     """The engine's config.json: the fitted 8B's (:data:`SHAPE`), or one of benchmarks/device/engine_true_sweep.py's
@@ -58,10 +63,6 @@ def model_config(shape: str) -> dict[str, Any]:
     from engine_true_sweep import shape_config
 
     return {**shape_config(shape).to_dict(), "torch_dtype": "bfloat16"}
-INPUT_TOKENS, OUTPUT_TOKENS = 512, 256
-BUDGET = 16384  # vLLM 0.26's LLM class on a GPU of >= 70 GiB (advisor.serving.LLM_CLASS_BATCHED_TOKENS)
-BATCHES = (128, 256)
-WINDOW_S = 15.0
 
 
 def capture_bound(bound: str, batch: int) -> int | None:
