@@ -162,6 +162,7 @@ def analyse(paths: list[str]) -> dict[str, Any]:
             served = pricer.served(row, serving, run)
             rows.append({
                 "source": path, "shape": shape, "gpu": run["gpu"], "driver": run["driver"], "date": run["date"],
+                "vllm_version": run["vllm_version"],
                 "batch": row["batch"], "bound": row["bound"], "spread": row.get("spread", 0.0),
                 "max_capture_size": row["max_capture_size"], "steps": len(steps),
                 "measured": {"tokens_per_s": row["tokens_per_s"], "j_per_token": row["j_per_token"],
@@ -204,7 +205,8 @@ def markdown(d: dict[str, Any]) -> str:
     first = rows[0]
     lines = [f"# vLLM's steps as it served the advisor's steady load: {first['gpu']}", "",
              f"GPU: {first['gpu']}. Driver: {first['driver']}. Dates: "
-             f"{', '.join(sorted({r['date'][:16] for r in rows}))} UTC. vLLM: 0.26.0.", "",
+             f"{', '.join(sorted({r['date'][:16] for r in rows}))} UTC. vLLM: "
+             f"{', '.join(sorted({r['vllm_version'] for r in rows}))}.", "",
              f"Command: `{d['command']}` (measured by `benchmarks/device/vllm_served_steps.py`, the command in each "
              "source file)", "", *[" ".join(p.split()) + "\n" for p in (__doc__ or "").split("\n\n")[1:3]],
              "Loads: B requests of 512 random tokens in flight, 256 out ('fixed': all 256, the advisor's own load, "
