@@ -9,7 +9,6 @@ import math
 import sys
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
@@ -18,39 +17,44 @@ sys.path[:0] = [str(ROOT / "benchmarks" / "device"), str(ROOT / "benchmarks" / "
 import served_steps_report as report  # noqa: E402
 import vllm_served_steps  # noqa: E402
 
+from advisor.deploy.checkpoint._vllm_config import capture_bound  # noqa: E402
 from advisor.energy.prediction._vllm_step import capture_sizes  # noqa: E402
+from advisor.testing_vllm import _Engine, fake_vllm  # noqa: E402
 
 COLUMNS = ["ms", "prompts", "prompt_tokens", "decodes", "context"]
 
 
 def test_capture_bound_is_the_advisor_s_the_wide_one_or_vllm_s_default():
-    assert vllm_served_steps.capture_bound("advisor", 128) == 640
+    assert vllm_served_steps.capture_bound("advisor", 128) == 640 == capture_bound(128, 512)  # the advisor's own
     assert vllm_served_steps.capture_bound("wide", 128) == 2176
     assert vllm_served_steps.capture_bound("default", 128) is None
 
 
-class _Engine:
-    def __init__(self) -> None:
+class _Counting(_Engine):
+    """The project's fake vLLM engine (a token a step for each request until its max_tokens), counting the output
+    lengths asked for and the requests that join each step (added since the step before)."""
+
+    def __init__(self, batch: int) -> None:
+        super().__init__(fake_vllm(step_s=0.0), batch)
         self.asked: list[int] = []
+        self.joined: list[int] = []
+        self._new = 0
 
-    def add_request(self, rid, prompt, params) -> None:
-        self.asked.append(params["max_tokens"])
+    def add_request(self, rid, prompt, params):
+        self.asked.append(params.max_tokens)
+        self._new += 1
+        return super().add_request(rid, prompt, params)
 
-
-class _Vllm:
-    class sampling_params:  # noqa: N801 (vLLM's own name)
-        class RequestOutputKind:
-            DELTA = 1
-
-    @staticmethod
-    def SamplingParams(**kw):  # noqa: N802 (vLLM's own name)
-        return kw
+    def step(self):
+        self.joined.append(self._new)
+        self._new = 0
+        return super().step()
 
 
 def test_a_spread_load_staggers_its_first_round_and_draws_the_later_lengths_within_the_spread():
     load_class = vllm_served_steps.spread_load(vllm_served_steps.advisors_steady_load(), 0.5)
-    engine = _Engine()
-    load = load_class(_Vllm, engine, 4, 16, 256, 1000)
+    engine = _Counting(4)
+    load = load_class(engine.module, engine, 4, 16, 256, 1000)
     for i in range(4):
         load._add(max(1, round(256 * (i + 1) / 4)) if i < 3 else 100)  # the staggered first round
     first = list(engine.asked)
@@ -109,7 +113,7 @@ def test_the_report_prices_the_runs_and_lists_the_runs_that_failed(tmp_path):
     steps = []
     for i in range(60):
         prompts = i % 2
-        ms, _ = pricer.step(serving, 128 - prompts, 640.0, prompts, 512 * prompts)
+        ms, _ = pricer.step(serving, 128 - prompts, 640.0, prompts, 512 * prompts, 512)
         steps.append([0.0, prompts, 512 * prompts, 128 - prompts, 640.0])
         steps[i - 1 if i else 0][0] = ms  # the interval stamped at the step before times this one
     run = {"gpu": "NVIDIA H200", "driver": "580.159.04, 700.00 W", "vllm_version": "0.26.0",
@@ -142,45 +146,10 @@ def test_a_run_of_a_published_shape_is_served_from_its_config_and_priced_as_that
     assert pricer.launch_ms == pytest.approx(pricer.model.terms.eager_us_per_layer * 36 / 1e3)
 
 
-class _Stepping(_Engine):
-    """An engine whose requests each give a token a step until their max_tokens; it counts the requests that join
-    each step (added since the step before)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.running: dict[str, int] = {}
-        self.joined: list[int] = []
-        self._new = 0
-
-    def add_request(self, rid, prompt, params) -> None:
-        super().add_request(rid, prompt, params)
-        self.running[rid] = params["max_tokens"]
-        self._new += 1
-
-    def step(self) -> list:
-        self.joined.append(self._new)
-        self._new = 0
-        out = []
-        for rid in list(self.running):
-            self.running[rid] -= 1
-            done = self.running[rid] == 0
-            if done:
-                del self.running[rid]
-            out.append(SimpleNamespace(request_id=rid, finished=done, outputs=[SimpleNamespace(token_ids=[1])]))
-        return out
-
-    def abort_request(self, ids) -> None:
-        for rid in ids:
-            self.running.pop(rid, None)
-
-    def get_num_unfinished_requests(self) -> int:
-        return len(self.running)
-
-
 def _joined_shares(spread: float, batch: int = 128, output: int = 256, steps: int = 3000) -> list[float]:
     load_class = vllm_served_steps.spread_load(vllm_served_steps.advisors_steady_load(), spread)
-    engine = _Stepping()
-    load = load_class(_Vllm, engine, batch, 4, output, 1000).start()
+    engine = _Counting(batch)
+    load = load_class(engine.module, engine, batch, 4, output, 1000).start()
     deadline = time.monotonic() + 60
     while len(engine.joined) < steps and time.monotonic() < deadline:
         time.sleep(0.01)

@@ -42,10 +42,9 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
-WIDTH = dict(hidden_size=4096, intermediate_size=14336, num_attention_heads=32, num_key_value_heads=8, head_dim=128,
-             vocab_size=128256, max_position_embeddings=8192, rms_norm_eps=1e-5, rope_theta=500000.0,
-             hidden_act="silu", tie_word_embeddings=False, torch_dtype="bfloat16", architectures=["LlamaForCausalLM"],
-             model_type="llama", num_hidden_layers=32)
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from vllm_eager_steps import WIDTH as EIGHT_B_WIDTH  # noqa: E402 (the 8B's width, its depth varied there)
+
 SHAPE = "Llama-3.1-8B"  # the reference shape of that config, which the H200 step profile was fitted on
 
 INPUT_TOKENS, OUTPUT_TOKENS = 512, 256
@@ -58,8 +57,7 @@ def model_config(shape: str) -> dict[str, Any]:
     """The engine's config.json: the fitted 8B's (:data:`SHAPE`), or one of benchmarks/device/engine_true_sweep.py's
     published shapes (transformers builds it; the GPU machine has it)."""
     if shape == SHAPE:
-        return dict(WIDTH)
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
+        return {**EIGHT_B_WIDTH, "num_hidden_layers": 32}
     from engine_true_sweep import shape_config
 
     return {**shape_config(shape).to_dict(), "torch_dtype": "bfloat16"}

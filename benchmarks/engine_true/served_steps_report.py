@@ -34,12 +34,12 @@ os.environ.setdefault("ADVISOR_PROFILE_DIR", tempfile.mkdtemp())  # the shipped 
 
 from _report import command_line, dump_json, md_table  # noqa: E402
 from scipy.optimize import least_squares  # noqa: E402
-from scipy.stats import poisson  # noqa: E402
 from served_rows import shape_of  # noqa: E402
 
 from advisor.energy.prediction import VllmServedModel, VllmServing, make_predicted_model  # noqa: E402
+from advisor.energy.prediction._vllm_served import poisson_weights  # noqa: E402
 from advisor.energy.prediction._vllm_step import Chunk  # noqa: E402
-from advisor.energy.profiling import REFERENCE_SHAPES, shipped_vllm_profile  # noqa: E402
+from advisor.energy.profiling import shipped_vllm_profile  # noqa: E402
 from advisor.formats import GPU, Format  # noqa: E402
 from advisor.plan import Plan  # noqa: E402
 from advisor.recipe.schema import Workload  # noqa: E402
@@ -54,7 +54,7 @@ class Pricer:
     a row's engine sizes; step prices cached (thousands of steps a row)."""
 
     def __init__(self, name: str = SHAPE) -> None:
-        shape, config = (REFERENCE_SHAPES[name].shape(), None) if name in REFERENCE_SHAPES else shape_of(name)
+        shape, config = shape_of(name)
         gpu = GPU("h200")
         builtin = make_predicted_model(shape, gpu, model_config=config)
         self.model = VllmServedModel(builtin, shape, gpu, shipped_vllm_profile(gpu))
@@ -63,13 +63,14 @@ class Pricer:
         self.launch_ms = self.model.terms.eager_us_per_layer * self.layers / 1e3
         self._cache: dict[tuple, tuple[float, str]] = {}
 
-    def step(self, serving: VllmServing, decodes: int, context: float, prompts: int, tokens: int
+    def step(self, serving: VllmServing, decodes: int, context: float, prompts: int, tokens: int, prompt_length: int
              ) -> tuple[float, str]:
-        """(ms as the step model prices it, its graph) of one step: ``prompts`` chunks holding ``tokens``."""
-        key = (serving, decodes, round(context, -1), prompts, tokens)
+        """(ms as the step model prices it, its graph) of one step: ``prompts`` chunks of ``prompt_length``-token
+        prompts holding ``tokens``."""
+        key = (serving, decodes, round(context, -1), prompts, tokens, prompt_length)
         if key not in self._cache:
             q, r = divmod(tokens, prompts) if prompts else (0, 0)
-            chunks = [Chunk(q + (i < r), 512) for i in range(prompts)]
+            chunks = [Chunk(q + (i < r), prompt_length) for i in range(prompts)]
             s = self.model.steps.step(self.plan, decodes, key[2], chunks, serving)
             self._cache[key] = (s.ms, s.graph)
         return self._cache[key]
@@ -92,7 +93,8 @@ def admissions(steps: list[dict[str, Any]], lam: float) -> dict[str, list[float]
     regular (every step ``floor(lam)`` or ``ceil(lam)``, mean ``lam``)."""
     n = len(steps)
     measured = [sum(1 for s in steps if min(int(s["prompts"]), 4) == k) / n for k in range(5)]
-    pois = [float(poisson.pmf(k, lam)) for k in range(4)]
+    weights = poisson_weights(lam)
+    pois = [weights[k] if k < len(weights) else 0.0 for k in range(4)]
     lo, f = math.floor(lam), lam - math.floor(lam)
     regular = [(1 - f) * (k == lo) + f * (k == lo + 1) for k in range(5)]
     return {"measured": measured, "poisson": [*pois, 1 - sum(pois)], "regular": regular}
@@ -153,7 +155,7 @@ def analyse(paths: list[str]) -> dict[str, Any]:
             serving = VllmServing(row["batch"], run["budget"], None, tuple(row["capture_sizes"]))
             steps = timed_steps(row)
             priced = [pricer.step(serving, int(s["decodes"]), float(s["context"]), int(s["prompts"]),
-                                  int(s["prompt_tokens"])) for s in steps]
+                                  int(s["prompt_tokens"]), run["input_tokens"]) for s in steps]
             for s, (ms, graph) in zip(steps, priced, strict=True):
                 s.update(pred=ms, graph=graph, k=K_LABELS[min(int(s["prompts"]), 4)])
             mean = statistics.fmean(s["ms"] for s in steps)
