@@ -17,7 +17,7 @@ sys.path[:0] = [str(ROOT / "benchmarks" / "device"), str(ROOT / "benchmarks" / "
 import served_steps_report as report  # noqa: E402
 import vllm_served_steps  # noqa: E402
 
-from advisor.deploy.checkpoint._vllm_config import capture_bound  # noqa: E402
+from advisor.deploy.checkpoint import capture_bound  # noqa: E402
 from advisor.energy.prediction._vllm_step import capture_sizes  # noqa: E402
 from advisor.testing_vllm import _Engine, fake_vllm  # noqa: E402
 
