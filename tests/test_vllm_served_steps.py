@@ -106,8 +106,10 @@ def test_the_fits_recover_the_form_the_sequences_were_made_with():
     assert fits["added"]["rms_pct"] < 0.1
 
 
-def test_the_report_prices_the_runs_and_lists_the_runs_that_failed(tmp_path):
-    pricer = report.Pricer()
+def _served_run(shape: str = "Llama-3.1-8B", launch_scale: float = 1.0) -> dict:
+    """A run of batch 128 under the advisor's bound as the shipped model prices its steps (alternating 0 and 1
+    prompts, as the fixed-length load admits), its steps with a prompt ``launch_scale`` times as long."""
+    pricer = report.Pricer(shape)
     sizes = list(capture_sizes(vllm_served_steps.capture_bound("advisor", 128), 16384))
     serving = report.VllmServing(128, 16384, None, tuple(sizes))
     steps = []
@@ -115,12 +117,16 @@ def test_the_report_prices_the_runs_and_lists_the_runs_that_failed(tmp_path):
         prompts = i % 2
         ms, _ = pricer.step(serving, 128 - prompts, 640.0, prompts, 512 * prompts, 512)
         steps.append([0.0, prompts, 512 * prompts, 128 - prompts, 640.0])
-        steps[i - 1 if i else 0][0] = ms  # the interval stamped at the step before times this one
-    run = {"gpu": "NVIDIA H200", "driver": "580.159.04, 700.00 W", "vllm_version": "0.26.0",
-           "date": "2026-12-01T04:07:40", "input_tokens": 512, "output_tokens": 256, "budget": 16384,
-           "rows": [{"batch": 128, "bound": "advisor", "spread": 0.0, "max_capture_size": 640, "capture_sizes": sizes,
-                     "tokens_per_s": 8800.0, "j_per_token": 0.078, "steps_columns": COLUMNS, "steps": steps},
-                    {"batch": 256, "bound": "wide", "error": "Traceback ...\nCUDA out of memory"}]}
+        steps[i - 1 if i else 0][0] = ms * (launch_scale if prompts else 1.0)  # the interval before times this one
+    return {"gpu": "NVIDIA H200", "driver": "580.159.04, 700.00 W", "vllm_version": "0.26.0", "shape": shape,
+            "date": "2026-12-01T04:07:40", "input_tokens": 512, "output_tokens": 256, "budget": 16384,
+            "rows": [{"batch": 128, "bound": "advisor", "spread": 0.0, "max_capture_size": 640, "capture_sizes": sizes,
+                      "tokens_per_s": 8800.0, "j_per_token": 0.078, "steps_columns": COLUMNS, "steps": steps}]}
+
+
+def test_the_report_prices_the_runs_and_lists_the_runs_that_failed(tmp_path):
+    run = _served_run()
+    run["rows"].append({"batch": 256, "bound": "wide", "error": "Traceback ...\nCUDA out of memory"})
     source = tmp_path / "run.json"
     source.write_text(json.dumps(run))
     out = tmp_path / "r"
@@ -135,6 +141,22 @@ def test_the_report_prices_the_runs_and_lists_the_runs_that_failed(tmp_path):
     md = out.with_suffix(".md").read_text()
     assert "## Prompts admitted a step" in md and "## What an uncaptured step costs" in md
     assert "batch 256, wide" in md and "CUDA out of memory" in md
+
+
+def test_runs_of_several_shapes_are_fitted_together_and_each_shape_alone(tmp_path):
+    paths = []
+    for shape in ("Llama-3.1-8B", "qwen3-4b"):
+        paths.append(tmp_path / f"{shape}.json")
+        paths[-1].write_text(json.dumps(_served_run(shape, launch_scale=1.3 if shape == "qwen3-4b" else 1.0)))
+    d = report.analyse([str(p) for p in paths])
+    assert list(d["eager_fits"]) == [report.ALL, "Llama-3.1-8B", "qwen3-4b"]
+    eight_b, four_b = d["rows"]
+    # one row a shape: its own shape's fit prices it, and no other shape's
+    assert abs(eight_b["eager_fit_error_pct"]["Llama-3.1-8B"]["added"]) < 0.5
+    assert abs(four_b["eager_fit_error_pct"]["qwen3-4b"]["added"]) < 0.5
+    assert "qwen3-4b" not in eight_b["eager_fit_error_pct"]
+    md = report.markdown({**d, "command": "x", "shipped_launch_us_per_layer": 312.0})
+    assert "| qwen3-4b | added |" in md and "fitted over its shape" in md
 
 
 def test_a_run_of_a_published_shape_is_served_from_its_config_and_priced_as_that_shape():

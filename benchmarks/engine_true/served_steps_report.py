@@ -46,6 +46,7 @@ from advisor.recipe.schema import Workload  # noqa: E402
 
 SHAPE = "Llama-3.1-8B"  # a run's shape where it names none (benchmarks/device/vllm_served_steps.py SHAPE)
 K_LABELS = ("0", "1", "2", "3", "4+")  # prompts joining a step
+ALL = "all shapes"  # the fit over every run's rows
 QUEUE = 2  # steps vLLM 0.26's engine keeps in flight with asynchronous scheduling (EngineCore.batch_queue)
 
 
@@ -159,8 +160,8 @@ def analyse(paths: list[str]) -> dict[str, Any]:
             for s, (ms, graph) in zip(steps, priced, strict=True):
                 s.update(pred=ms, graph=graph, k=K_LABELS[min(int(s["prompts"]), 4)])
             mean = statistics.fmean(s["ms"] for s in steps)
-            sequences.append((mean, [(s["pred"] - (pricer.launch_ms if s["graph"] == "eager" else 0.0),
-                                      s["graph"] == "eager") for s in steps], pricer.layers))
+            sequences.append((shape, (mean, [(s["pred"] - (pricer.launch_ms if s["graph"] == "eager" else 0.0),
+                                              s["graph"] == "eager") for s in steps], pricer.layers)))
             served = pricer.served(row, serving, run)
             rows.append({
                 "source": path, "shape": shape, "gpu": run["gpu"], "driver": run["driver"], "date": run["date"],
@@ -174,11 +175,17 @@ def analyse(paths: list[str]) -> dict[str, Any]:
                               "steps_as_measured_ms": statistics.fmean(s["pred"] for s in steps)},
                 "admissions": admissions(steps, row["batch"] / run["output_tokens"]),
                 "groups": groups(steps)})
-    fits = eager_fits(sequences)
-    for i, r in enumerate(rows):
-        r["eager_fit_error_pct"] = {name: f["error_pct"][i] for name, f in fits.items()}
+    fits = {ALL: eager_fits([seq for _, seq in sequences])}
+    shapes = list(dict.fromkeys(shape for shape, _ in sequences))
+    if len(shapes) > 1:  # shapes may disagree on the form: each fitted alone too
+        fits |= {shape: eager_fits([seq for name, seq in sequences if name == shape]) for shape in shapes}
+    for group, by_form in fits.items():
+        members = [r for r in rows if group in (ALL, r["shape"])]
+        for k, r in enumerate(members):
+            r.setdefault("eager_fit_error_pct", {})[group] = {name: f["error_pct"][k] for name, f in by_form.items()}
     return {"rows": rows, "errors": errors,
-            "eager_fits": {k: {x: v for x, v in f.items() if x != "error_pct"} for k, f in fits.items()}}
+            "eager_fits": {group: {k: {x: v for x, v in f.items() if x != "error_pct"} for k, f in by_form.items()}
+                           for group, by_form in fits.items()}}
 
 
 def groups(steps: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -223,33 +230,42 @@ def markdown(d: dict[str, Any]) -> str:
                           for c in (format(r["measured"][k], fmt), format(r["predicted"][k], fmt),
                                     _pct(r["predicted"][k], r["measured"][k]))],
                         f"{r['predicted']['steps_as_measured_ms']:.2f}"] for r in rows], "lrll" + "r" * 10)
+    lines += ["", "The shipped model's tokens/s within 8% of what vLLM served, by bound: " + "; ".join(
+        f"{bound} {sum(abs(r['predicted']['tokens_per_s'] / r['measured']['tokens_per_s'] - 1) <= 0.08 for r in of)}"
+        f" of {len(of)}" for bound in dict.fromkeys(r["bound"] for r in rows)
+        for of in [[r for r in rows if r["bound"] == bound]]) + "."]
     lines += ["", "## Prompts admitted a step: measured against Poisson and regular", "",
               "Share of steps admitting k prompts (k = 0, 1, 2, 3, 4+).", ""]
-    lines += md_table(["batch", "load", "bound", "measured", "Poisson (the step model)", "regular"],
-                      [[str(r["batch"]), _load(r), r["bound"],
+    lines += md_table(["shape", "batch", "load", "bound", "measured", "Poisson (the step model)", "regular"],
+                      [[r["shape"], str(r["batch"]), _load(r), r["bound"],
                         *[" / ".join(f"{x:.2f}" for x in r["admissions"][k]) for k in ("measured", "poisson",
                                                                                          "regular")]]
-                       for r in rows], "rll")
+                       for r in rows], "lrll")
     lines += ["", "## What an uncaptured step costs", "",
-              f"Fitted over the {len(rows)} rows' measured step sequences (module docstring); the shipped form "
-              f"prices the launches at {d['shipped_launch_us_per_layer']:.0f} us a layer.", ""]
-    lines += md_table(["form", "device scale", "launches, us a layer", "RMS %"],
-                      [[name, f"{f['device_scale']:.3f}", f"{1e3 * f['launch_ms_per_layer']:.0f}",
-                        f"{f['rms_pct']:.1f}"] for name, f in fits.items()], "lrrr")
-    lines += ["", "Each row's mean step, fitted form against measured (%):", ""]
-    names = list(fits)
-    lines += md_table(["batch", "load", "bound", *names],
-                      [[str(r["batch"]), _load(r), r["bound"], *[f"{r['eager_fit_error_pct'][n]:+.1f}" for n in names]]
-                       for r in rows], "rll" + "r" * len(names))
+              f"Fitted over the measured step sequences (module docstring): every row together and, where the runs "
+              f"are of several shapes, each shape's rows alone; the shipped form prices the launches at "
+              f"{d['shipped_launch_us_per_layer']:.0f} us a layer.", ""]
+    lines += md_table(["rows of", "form", "device scale", "launches, us a layer", "RMS %"],
+                      [[group, name, f"{f['device_scale']:.3f}", f"{1e3 * f['launch_ms_per_layer']:.0f}",
+                        f"{f['rms_pct']:.1f}"] for group, by_form in fits.items() for name, f in by_form.items()],
+                      "llrrr")
+    per_shape = len(fits) > 1
+    names = list(fits[ALL])
+    lines += ["", "Each row's mean step, fitted form against measured (%), fitted over "
+              f"{'its shape' if per_shape else 'every row'}:", ""]
+    lines += md_table(["shape", "batch", "load", "bound", *names],
+                      [[r["shape"], str(r["batch"]), _load(r), r["bound"],
+                        *[f"{r['eager_fit_error_pct'][r['shape'] if per_shape else ALL][n]:+.1f}" for n in names]]
+                       for r in rows], "lrll" + "r" * len(names))
     lines += ["", "## Steps by what they ran", "",
               "Median ms of each row's steps by prompts joining (k) and graph. A row's mean step is exact (its "
               "intervals add up to its window); a single step's time is only as good as the attribution above, and "
               "where a step runs longer than the host's lead, its time spills into the next interval (the steps of "
               "two or more prompts under spread lengths, timed here below a step of one).", ""]
-    lines += md_table(["batch", "load", "bound", "k", "graph", "steps", "measured", "predicted"],
-                      [[str(r["batch"]), _load(r), r["bound"], g["k"], g["graph"], str(g["steps"]),
+    lines += md_table(["shape", "batch", "load", "bound", "k", "graph", "steps", "measured", "predicted"],
+                      [[r["shape"], str(r["batch"]), _load(r), r["bound"], g["k"], g["graph"], str(g["steps"]),
                         f"{g['measured_ms_p50']:.2f}", f"{g['predicted_ms_p50']:.2f}"]
-                       for r in rows for g in r["groups"]], "rllllrrr")
+                       for r in rows for g in r["groups"]], "lrllllrrr")
     if d["errors"]:
         lines += ["", "## Runs that failed (left out)", "",
                   *[f"- batch {e['batch']}, {e['bound']} ({e['source']}): {e['error']}" for e in d["errors"]]]
