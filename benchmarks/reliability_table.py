@@ -70,9 +70,10 @@ def render(rows: list[dict], pytest_line: str, elapsed: float) -> str:
         f"Exit codes: {', '.join(f'{code}: {n}' for code, n in sorted(by_exit.items()))}. "
         f"Per command: {', '.join(f'{c} {n}' for c, n in sorted(by_command.items()))}.",
         "",
-        f"Added for issue 36: {sum(1 for r in rows if r.get('added'))} cases (the inputs its review found "
-        "crashing, hanging or misreported, and their neighbours), marked in the column 'added'; the others are "
-        "the earlier cases, run again.",
+        "Cases added since the first table, marked in the column 'added' with the issue or review that found the "
+        "inputs crashing, hanging or misreported (with their neighbours): " + ", ".join(
+            f"{label} {n}" for label, n in sorted(Counter(r["added"] for r in rows if r.get("added")).items()))
+        + "; the others are the earlier cases, run again.",
         "",
         "| # | case | command | exit | as expected | added | message |",
         "|---:|---|---|---:|---|---|---|",

@@ -194,6 +194,8 @@ CASES: list[Case] = [
          "holds no run record", "rerun `advisor search`"),
     case("report with a broken recipe.json", "report {broken_meta_run}", 2,
          "is not the run file `advisor search` writes", "rerun the search"),
+    case("report with a number for recipe.json's storage_url", "report {number_url_run}", 2,
+         "is not the run file `advisor search` writes", "rerun the search", added="audit 2026-12-01"),
     case("report whose study.db is gone", "report {gone_db_run}", 2,
          "does not exist", "pass --storage"),
     case("report naming a study the storage lacks", "report {wrong_name_run}", 2,
@@ -477,6 +479,26 @@ CASES: list[Case] = [
     case("search --dry-run --model T5 encoder-decoder", "search -r {tiny_recipe} --dry-run --gpus 1 --gpu-memory 80 "
          "--model {t5}", 2, "not a causal (decoder-only) language model", "causal LMs such as Llama",
          added="issue 54"),
+    case("search --dry-run --device tpu", "search -r {tiny_recipe} --dry-run --gpus 1 --gpu-memory 80 --device tpu",
+         2, "device (set by a flag): got 'tpu'", "Input should be 'auto', 'cpu' or 'cuda'", added="audit 2026-12-01"),
+    case("search --dry-run --calibration missing", "search -r {tiny_recipe} --dry-run --gpus 1 --gpu-memory 80 "
+         "--calibration {ws}/missing.txt", 2, "missing.txt does not exist", "give a .txt or .jsonl file",
+         added="audit 2026-12-01"),
+    case("search --dry-run --storage foo://bar", "search -r {tiny_recipe} --dry-run --gpus 1 --gpu-memory 80 "
+         "--storage foo://bar", 2, "is not a database SQLAlchemy knows", "give a URL like", added="audit 2026-12-01"),
+    case("search --dry-run --tasks nosuchtask", "search -r {tiny_recipe} --dry-run --gpus 1 --gpu-memory 80 "
+         "--tasks nosuchtask", 2, "unknown task 'nosuchtask'", "check the spelling", added="audit 2026-12-01"),
+    case("search --model demo:foo", f"{SEARCH} --model demo:foo", 2, "'demo:foo' is no demo model here",
+         "the demo is demo:smollm2-135m", added="audit 2026-12-01"),
+    case("verify --engine foo", "verify {run} --engine foo", 2, "--engine: got 'foo'",
+         "`advisor verify` serves through --engine vllm only", added="audit 2026-12-01"),
+    case("measure --engine vllm --checkpoint missing", "measure --plan {tiny_plan} --engine vllm "
+         "--checkpoint {ws}/nockpt", 2, "nockpt is not a folder", "give the folder `advisor export` wrote",
+         added="audit 2026-12-01"),
+    case("measure --model missing folder", "measure --plan {tiny_plan} --model {ws}/nomodel", 2,
+         "nomodel does not exist", "give a model folder (with config.json)", added="audit 2026-12-01"),
+    case("profile --target a100 (before the GPU)", "profile --target a100", 2,
+         "--target must be one of h100, h200, b200, got 'a100'", "h100, h200, b200", added="audit 2026-12-01"),
     case("eval --model GPT-2 (no adapter)", "eval --plan bf16 --model {gpt2} --tasks lambada_openai "
          "--data-dir {eval_data}", 2, "model_type 'gpt2' is not supported", "supported model types:",
          added="issue 54"),
@@ -674,6 +696,8 @@ def _runs_with_broken_storage(ws: Path, run: Path) -> dict[str, str]:
         "corrupt_run": str(corrupt),
         "early_run": str(early),
         "broken_meta_run": str(Path(_write(ws / "broken_meta_run" / "recipe.json", "{not json")).parent),
+        "number_url_run": str(Path(_write(ws / "number_url_run" / "recipe.json", json.dumps(
+            {**meta, "storage_url": 12}))).parent),
         "gone_db_run": str(Path(_write(ws / "gone_db_run" / "recipe.json", json.dumps(
             {**meta, "storage_url": f"sqlite:///{ws / 'gone' / 'study.db'}"}))).parent),
         "wrong_name_run": str(Path(_write(ws / "wrong_name_run" / "recipe.json", json.dumps(

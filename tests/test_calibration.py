@@ -123,3 +123,15 @@ def test_sets_sampled_in_one_batch_are_each_sampled_alone():
     alone = [sample_from_model(model, tok, 3, 16, 0), sample_from_model(model, tok, 2, 11, 7)]
     assert [t.shape for t in together] == [(3, 16), (2, 11)]
     assert all(torch.equal(a, b) for a, b in zip(together, alone, strict=True))
+
+
+@pytest.mark.parametrize("damage", [b"\x80garbage", b"", "truncated"])
+def test_a_damaged_token_file_is_said_to_hold_no_token_sets(tmp_path, damage):
+    from advisor.calibration.tokens import TokenSets
+
+    path = tmp_path / "tokens.pt"
+    TokenSets(torch.zeros(2, 4, dtype=torch.int64), torch.ones(1, 4, dtype=torch.int64), "self").save(path)
+    assert TokenSets.load(path).source == "self"
+    path.write_bytes(path.read_bytes()[:40] if damage == "truncated" else damage)
+    with pytest.raises(ValueError, match="holds no token sets"):
+        TokenSets.load(path)

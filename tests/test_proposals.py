@@ -86,3 +86,15 @@ def test_measure_adds_the_kv_cache_row_only_when_it_is_searched():
     assert sens.damage["kv_cache"] == {Format.BF16: 0.0, Format.FP8: 0.015}
     assert sens.energy["kv_cache"][Format.FP8] == pytest.approx(-1.2)
     assert "kv_cache" not in measure(GROUPS, FORMATS, damage_of, lambda p: 0.0).damage
+
+
+@pytest.mark.parametrize("damage", ["{bad", "[]", '{"key": {"a": 1}, "sensitivity": {"damage": 3}}'])
+def test_a_damaged_sensitivity_cache_is_measured_again(tmp_path, damage):
+    from advisor.search.sensitivity import load_cached, store
+
+    path, key = tmp_path / "sensitivity.json", {"a": 1}
+    store(path, key, Sensitivity(DAMAGE, COST, 64, 1.0))
+    assert load_cached(path, key).damage == DAMAGE
+    assert load_cached(path, {"a": 2}) is None
+    path.write_text(damage)
+    assert load_cached(path, key) is None

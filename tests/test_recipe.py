@@ -33,6 +33,10 @@ BAD_RECIPES = [
     ({"kv_cache": ["bf16", "nvfp4"]}, "kv_cache: ['nvfp4'] cannot be a KV-cache format here; allowed: bf16, fp8"),
     ({"kv_cache": ["bf16", "int4"]}, "kv_cache.1: got 'int4'"),
     ({"engine": "sglang"}, "engine: got 'sglang'"),
+    ({"search": {"trials": True}}, "search.trials: got true; give a number, not true or false"),
+    ({"accuracy": {"max_kl": False}}, "accuracy.max_kl: got false; give a number, not true or false"),
+    ({"benchmark": {"limit": True}}, "benchmark.limit: got true; give a number"),
+    ({"model": 5}, "model: got 5; give a section of fields here"),
     ({"engine": "tensorrt_llm", "energy": "predicted"}, "engine tensorrt_llm measures energy, but energy: predicted"),
 ]
 

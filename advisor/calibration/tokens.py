@@ -42,8 +42,13 @@ class TokenSets:
 
     @classmethod
     def load(cls, path: Path) -> TokenSets:
-        data = torch.load(path)
-        return cls(data["calibration"], data["heldout"], data["source"])
+        """The token sets :meth:`save` wrote to ``path``; ValueError where it holds none (corrupt, truncated,
+        another file)."""
+        try:
+            data = torch.load(path, weights_only=True)
+            return cls(data["calibration"], data["heldout"], data["source"])
+        except Exception as e:  # a damaged pickle fails in any of a dozen ways (IndexError, EOFError, ...)
+            raise ValueError(f"{path} holds no token sets ({type(e).__name__})") from e
 
 
 def _read_rows(path: Path) -> list[Any]:

@@ -17,12 +17,12 @@ import typer
 
 from advisor.energy.prediction import ENERGY_MODES, gpu_here, make_energy_model  # noqa: F401
 from advisor.engines import DEFAULT_ENGINE, ENGINE_TABLE, engines_that, import_engine, listed
-from advisor.errors import InputError
+from advisor.errors import AdvisorError, InputError
 from advisor.formats import GPU
 from advisor.models.hub_access import with_hub_note
 from advisor.models.shape import ModelShape, llama_shape
 from advisor.plan import Plan
-from advisor.recipe.schema import Workload
+from advisor.recipe.schema import ModelSpec, Workload
 
 #: `advisor measure --engine`: the engines it runs, as the table describes them, and those spreading over GPUs
 MEASURE_ENGINES_HELP = "What runs the plan: " + listed(
@@ -34,15 +34,30 @@ def llama31_8b_shape() -> ModelShape:
     return llama_shape("model.layers", 32, 4096, 14336, 32, 8, 128256, 128)
 
 
+def model_config(model: str) -> Any:
+    """The config of a hub id, a local directory, a .gguf file or the demo model (its GGUF's metadata)."""
+    from transformers import AutoConfig
+
+    if model.startswith((".", "/", "~")) and not Path(model).expanduser().exists():
+        raise InputError(f"--model: {model} does not exist; give a model folder (with config.json), a .gguf file or a "
+                         "hub id")
+    if model.startswith("demo:") or model.endswith(".gguf"):
+        from advisor.models.loading import resolve_source
+
+        folder, gguf = resolve_source(ModelSpec(source=model))
+        return AutoConfig.from_pretrained(folder, gguf_file=gguf)
+    return AutoConfig.from_pretrained(model)
+
+
 def shape_from_model(model: str | None) -> ModelShape:
     """Llama-3.1-8B by default; else the shape of a hub id's or local directory's config
     (any supported family: the model is built on the meta device, no weights are read)."""
     if model is None:
         return llama31_8b_shape()
     try:
-        from transformers import AutoConfig
-
-        c = AutoConfig.from_pretrained(model)
+        c = model_config(model)
+    except AdvisorError:
+        raise
     except Exception as exc:  # noqa: BLE001 (transformers raises many kinds)
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise InputError(f"--model: cannot read a model config from {model!r} ({with_hub_note(first, model)}); "
@@ -105,6 +120,13 @@ ProfileModelOpt = Annotated[
 ]
 
 
+def _target(target: str) -> GPU:
+    try:
+        return GPU(target.lower())
+    except ValueError:
+        raise InputError(f"--target must be one of {', '.join(g.value for g in GPU)}, got {target!r}") from None
+
+
 def _check_fits(shape: ModelShape, workload: Workload) -> None:
     from advisor.energy.measure import check_fits, torch_with_gpu
 
@@ -139,6 +161,9 @@ def profile(
         check_output_file(out, "--out")
     regime = {"batches": _ints(batches, "--batches"), "contexts": _ints(contexts, "--contexts"),
               "prefill_lengths": _ints(prompt_lengths, "--prompt-lengths")}
+    if target is not None:
+        _target(target)
+    shape = shape_from_model(model) if model is not None else None  # the input judged before the GPU is looked for
     here, name = gpu_here()
     if name is None:
         from advisor.errors import SetupError
@@ -158,12 +183,10 @@ def profile(
         path = ProfileStore().save_gpu_profile(data)
         echo(f"stored {path}: searches for a {kind} target price models without a per-model profile with it")
     else:
-        from transformers import AutoConfig
-
         from advisor.energy.runtime import DecoderDims
 
-        shape = shape_from_model(model)  # checks the model (one line, exit code) before any GPU work
-        dims = DecoderDims.from_config(AutoConfig.from_pretrained(model))
+        assert shape is not None
+        dims = DecoderDims.from_config(model_config(model))
         _check_fits(shape, Workload(name="profile", batch_size=max(regime["batches"]), output_tokens=1,
                                     input_tokens=max(*regime["contexts"], *regime["prefill_lengths"])))
         data = measure_model_profile(dims, **regime, command=command, log=echo)
@@ -211,6 +234,8 @@ def measure(
         elsewhere = f" ({engine} measures inside `advisor search --engine {engine}`)" if engine in ENGINE_TABLE else ""
         raise InputError(f"--engine: got {engine!r}; `advisor measure` runs {listed(alone)}{elsewhere}")
     chosen = ENGINE_TABLE[engine]
+    if chosen.serves_checkpoint and checkpoint is not None and not checkpoint.is_dir():
+        raise InputError(f"--checkpoint: {checkpoint} is not a folder; give the folder `advisor export` wrote")
     if chosen.serves_checkpoint and (checkpoint is None or not (checkpoint / "config.json").is_file()):
         raise InputError(f"--engine {engine} serves an exported checkpoint: give --checkpoint DIR (a folder with "
                          "config.json, written by `advisor export`)")
@@ -218,12 +243,7 @@ def measure(
         spread = engines_that(lambda e: e.tensor_parallel and e.measures_alone)
         raise InputError(f"--gpus {gpus} serves over several GPUs, which only {listed(spread, '--engine ')} does; add "
                          f"--engine {spread[0]} --checkpoint DIR, or drop --gpus")
-    tgt = None
-    if target is not None:
-        try:
-            tgt = GPU(target.lower())
-        except ValueError:
-            raise InputError(f"--target must be one of {', '.join(g.value for g in GPU)}, got {target!r}") from None
+    tgt = _target(target) if target is not None else None
     shape = shape_from_model(model)
     p = Plan.load(plan)
     p.check_against(shape.groups)
@@ -234,9 +254,7 @@ def measure(
                          "(without one, `advisor search --energy predicted` predicts)")
     config = None
     if model is not None:
-        from transformers import AutoConfig
-
-        config = AutoConfig.from_pretrained(model)  # readable: shape_from_model read it above
+        config = model_config(model)  # readable: shape_from_model read it above
     point = None
     if workload.has_objective:
         from advisor.workflows.measure_point import predicted_point

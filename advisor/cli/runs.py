@@ -24,8 +24,10 @@ def _open_run(run_dir: Path, storage: str | None):
         raise InputError(f"{run_dir} is not a run directory (no recipe.json); give the folder `advisor search` wrote")
     try:
         data = json.loads(meta_path.read_text())
-        name = data["name"]
-        url = storage or resolve_url(data.get("storage_url"), run_dir)
+        name, stored = data["name"], data.get("storage_url")
+        if not isinstance(name, str) or not isinstance(stored, str | None):
+            raise TypeError(f"name {name!r} and storage_url {stored!r}: text expected")
+        url = storage or resolve_url(stored, run_dir)
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise InputError(f"{meta_path} is not the run file `advisor search` writes ({type(exc).__name__}: {exc}); "
                          "it is written by `advisor search`: rerun the search") from None
@@ -87,7 +89,7 @@ def show(
     plan: Annotated[str | None, typer.Option(help="Plan id to print (default: the recommendation).")] = None,
 ) -> None:
     """Print the recommendation (or one plan) as JSON: per-group formats and its numbers."""
-    from advisor.report.schema import load_summary
+    from advisor.report.schema import load_summary, plan_ids_listed
 
     path = run_dir if run_dir.is_file() else run_dir / "summary.json"
     if not run_dir.exists():
@@ -99,7 +101,7 @@ def show(
         raise InputError(f"{path} does not exist; run `advisor report {run_dir}` first (a run stopped before its "
                          "first trial has nothing to report: continue it with `advisor search ... --resume`)")
     summary = load_summary(path)
-    known = ", ".join(sorted({r.plan_id for r in summary.trials})[:10])
+    known = plan_ids_listed(r.plan_id for r in summary.trials)
     if not summary.trials:
         raise InputError(f"{path} holds no finished trial; run `advisor search` (with --resume) to finish some")
     if plan is None and summary.recommendation is None:

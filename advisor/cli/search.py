@@ -108,15 +108,15 @@ def search(
         "search.sampler": sampler,
         "accuracy.max_kl": max_kl, "calibration.source": calibration, "benchmark.tasks": _split(tasks),
         "benchmark.limit": limit, "storage": storage, "out": str(out_dir) if out_dir else None,
-        "name": name, "device": "auto" if dry_run else device, "energy": energy, "energy_profile": energy_profile,
-        "engine": engine, "gpu_memory_gib": gpu_memory, "gpus": None if dry_run else gpus,
+        "name": name, "device": device, "energy": energy, "energy_profile": energy_profile,
+        "engine": engine, "gpu_memory_gib": None if dry_run else gpu_memory, "gpus": None if dry_run else gpus,
         "workloads": _workload_overrides(batch_size, input_tokens, output_tokens, workload, recipe),
     }
     rec = load_recipe(recipe, overrides)
     from advisor.recipe.workload_flags import describe
 
-    if dry_run or json_out:
-        _dry_run(rec, dry_run, gpus, gpu_memory, json_out)
+    if dry_run or json_out:  # the plan is for the GPUs named, whatever the recipe's device (judged all the same)
+        _dry_run(rec.model_copy(update={"device": "auto"}), dry_run, gpus, gpu_memory, json_out)
         return
     err.print(f"workloads: {describe(rec.workloads)}", highlight=False, markup=False)
     err.print(f"target: {rec.target.value} (--target h100|h200|b200); energy: {rec.energy} "
@@ -139,13 +139,17 @@ def search(
 def _dry_run(rec: Recipe, dry_run: bool, gpus: int | None, gpu_memory: float | None, json_out: bool) -> None:
     from advisor.cli.plan_view import print_plan
     from advisor.errors import SetupError
+    from advisor.search.storage import check_storage_url
     from advisor.workflows.memory import devices_here, named_node, not_fitting_message, recipe_plan
-    from advisor.workflows.preflight import check_model
+    from advisor.workflows.preflight import check_benchmark, check_input_files, check_model
 
     if not dry_run:
         raise InputError("--json belongs to --dry-run; add --dry-run or drop it")
     node = named_node(gpus, gpu_memory) if gpus is not None else None
-    check_model(rec, need_weights=False)  # as a real run judges it, but a plan needs no weights downloaded yet
+    check_storage_url(rec.storage_url, folder_must_exist=False)  # as a run judges them, where nothing is created
+    check_input_files(rec)
+    check_model(rec, need_weights=False)  # a plan needs no weights downloaded yet
+    check_benchmark(rec.benchmark)
     devices = node or devices_here(gpu_memory)
     if not devices:
         raise SetupError("torch sees no GPU here to plan for; name the node: --gpus N --gpu-memory GB")

@@ -57,6 +57,8 @@ def resolve_source(spec: ModelSpec) -> tuple[str, str | None]:
     """(directory or hub id, gguf file name or None) for a model spec."""
     if spec.source == DEMO_MODEL:
         return _demo_location()
+    if spec.source.startswith("demo:"):
+        raise InputError(f"model.source: {spec.source!r} is no demo model here; the demo is {DEMO_MODEL}")
     path = Path(spec.source).expanduser()
     if spec.source.endswith(".gguf"):
         if not path.is_file():

@@ -12,13 +12,14 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
 from advisor.engines import DEFAULT_ENGINE, ENGINE_TABLE, engine_names, engines_that, listed
 from advisor.errors import InputError
 from advisor.files import check_regular_file
 from advisor.formats import GPU, GPU_SPECS, KV_CACHE_FORMATS, Format
 from advisor.recipe.calibration_sets import is_set_source, set_spec_path
+from advisor.recipe.strict import StrictSection
 
 DEMO_MODEL = "demo:smollm2-135m"
 
@@ -31,12 +32,7 @@ SEED_MAX = 2**32 - 1  # numpy's and Optuna's samplers take seeds in [0, 2**32)
 MAX_NODE_GPUS = 64  # GPUs of one node: what a plan spreads over, served or planned (`--dry-run --gpus`)
 
 
-class _Strict(BaseModel):
-    # inf and nan pass `gt=0` but mean no budget at all, and JSON cannot hold them
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
-
-
-class ModelSpec(_Strict):
+class ModelSpec(StrictSection):
     """Where the model comes from: a hub id, a local directory, a GGUF file, or the demo."""
 
     source: str = Field(DEMO_MODEL, description="hub id, local directory, .gguf file, or demo:smollm2-135m")
@@ -51,7 +47,7 @@ class ModelSpec(_Strict):
         return v
 
 
-class Workload(_Strict):
+class Workload(StrictSection):
     """A serving workload: concurrent requests and their input/output lengths."""
 
     name: str = Field("chat", description="how reports and `--workload` name it")
@@ -90,7 +86,7 @@ class Workload(_Strict):
         return self.max_concurrency or MAX_CONCURRENCY
 
 
-class CalibrationSpec(_Strict):
+class CalibrationSpec(StrictSection):
     """Calibration and held-out token sets (never overlapping)."""
 
     source: str = Field(
@@ -121,14 +117,14 @@ class CalibrationSpec(_Strict):
         return v
 
 
-class AccuracySpec(_Strict):
+class AccuracySpec(StrictSection):
     """The accuracy budget: a plan is feasible when its proxy damage is within it."""
 
     max_kl: float = Field(0.05, gt=0, description="mean per-token KL(BF16 || plan) in nats")
     max_ppl_increase_pct: float | None = Field(None, gt=0, description="optional cap on perplexity increase, %")
 
 
-class BenchmarkSpec(_Strict):
+class BenchmarkSpec(StrictSection):
     """lm-eval tasks that judge the baselines and the lowest-energy candidates (multi-fidelity).
 
     A plan passes when, on every task, the upper confidence bound of its paired drop against
@@ -147,7 +143,7 @@ class BenchmarkSpec(_Strict):
     max_candidates: int = Field(6, ge=1, description="candidates to judge at most (lowest energy first)")
 
 
-class SearchSpec(_Strict):
+class SearchSpec(StrictSection):
     """The Optuna study: its budget, sampler and trial heartbeat."""
 
     trials: int = Field(40, ge=1, le=1_000_000, description="total trials in the study, baselines included")
@@ -163,7 +159,7 @@ class SearchSpec(_Strict):
                              "silent for 3 heartbeats is failed and retried")
 
 
-class SiteSpec(_Strict):
+class SiteSpec(StrictSection):
     """The serving site: a power budget per GPU and the request rate the payback is priced at."""
 
     power_cap_w: float | None = Field(None, gt=0, le=5000, description="power budget per GPU (W): operating points "
@@ -172,7 +168,7 @@ class SiteSpec(_Strict):
                                   "the search's energy is paid back at")
 
 
-class Recipe(_Strict):
+class Recipe(StrictSection):
     """Everything a search needs. See recipes/quickstart.yaml for a documented example."""
 
     name: str = Field("run", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", max_length=NAME_MAX,
@@ -310,12 +306,15 @@ def _describe(err: dict[str, Any], from_flags: frozenset[str] = frozenset()) -> 
     if any(where == k or where.startswith(f"{k}.") for k in from_flags):
         where += " (set by a flag)"
     msg = err["msg"].removeprefix("Value error, ")
+    if err["type"] == "model_type":  # pydantic names the class; the recipe knows a section of fields
+        msg = "give a section of fields here (`field: value` lines under it)"
     if err["type"] == "extra_forbidden":
         msg = "unknown field"
     elif err["type"] == "enum":
         msg = f"got {err.get('input')!r}; {msg.lower()}"
     elif "input" in err and not isinstance(err["input"], dict | list):
-        msg = f"got {err['input']!r}; {msg}"
+        shown = str(err["input"]).lower() if isinstance(err["input"], bool) else repr(err["input"])  # YAML's spelling
+        msg = f"got {shown}; {msg}"
     if err["loc"] and err["loc"][-1] == "seed":
         msg += f"; give a whole number from 0 to {SEED_MAX}"
     return f"{where}: {msg}"

@@ -339,3 +339,10 @@ def _record_problem(record: TrialRecord) -> str | None:
 def _short(value: Any) -> str:
     text = json.dumps(value)
     return text if len(text) <= 60 else text[:57] + "..."
+
+
+def plan_ids_listed(ids: Any, most: int = 10) -> str:
+    """A summary's plan ids for a message: sorted, the first ``most``, and how many there are in all."""
+    ids = sorted(set(ids))
+    more = f", ... ({len(ids)} in all)" if len(ids) > most else ""
+    return ", ".join(ids[:most]) + more

@@ -110,11 +110,14 @@ def first_changed_layer(plan: Plan) -> int:
 
 
 def load_cached(path: Path, key: dict) -> Sensitivity | None:
-    """The tables stored at ``path`` when they were measured under ``key``."""
-    if path.exists():
-        data = json.loads(path.read_text())
-        if data.get("key") == key:
+    """The tables stored at ``path`` when they were measured under ``key``; None where there are none, or the file
+    cannot be read as such (measured again then)."""
+    try:
+        data = json.loads(path.read_text()) if path.exists() else None
+        if isinstance(data, dict) and data.get("key") == key:
             return Sensitivity.from_json(data["sensitivity"])
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        pass
     return None
 
 

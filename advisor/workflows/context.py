@@ -70,8 +70,8 @@ def load_or_build_tokens(
     try:
         if path.is_file() and key_path.is_file() and json.loads(key_path.read_text()) == key:
             return TokenSets.load(path)
-    except (OSError, ValueError):
-        pass  # unreadable or foreign files: build new tokens
+    except (OSError, ValueError) as e:  # unreadable or foreign files: build the same tokens again
+        log.warning("%s: %s; building the token sets again", run_dir, e)
     tokens = build_token_sets(loaded.model, loaded.tokenizer, recipe.calibration)
     if store:
         tokens.save(path)

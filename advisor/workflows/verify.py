@@ -238,8 +238,8 @@ def verify_run(run_dir: Path, engine: str = "vllm", plan_ids: Sequence[str] = ()
     )
     from advisor.deploy.vllm import import_vllm
     from advisor.energy.prediction import gpu_here
+    from advisor.engines import ENGINE_TABLE, engines_that, listed
     from advisor.engines import engine as engine_entry
-    from advisor.engines import engines_that, listed
     from advisor.models.arithmetic import to_scoring_arithmetic
     from advisor.models.loading import load_model
     from advisor.report.plots import plot_operating_points
@@ -254,8 +254,8 @@ def verify_run(run_dir: Path, engine: str = "vllm", plan_ids: Sequence[str] = ()
     if not run_dir.is_dir():
         raise InputError(f"RUN_DIR {run_dir} is not a directory; give the folder `advisor search` wrote")
     summary = read_summary(run_dir / "summary.json")
-    if not engine_entry(engine).verifies:
-        raise InputError(f"--engine {engine}: `advisor verify` serves through "
+    if engine not in ENGINE_TABLE or not engine_entry(engine).verifies:
+        raise InputError(f"--engine: got {engine!r}; `advisor verify` serves through "
                          f"{listed(engines_that(lambda e: e.verifies), '--engine ')} only")
     plans: dict[str, Plan] = {}  # the inputs judged before what the machine lacks (exit 2 before 3)
     rec, _ = stored_plan(summary, None, run_dir / "summary.json")

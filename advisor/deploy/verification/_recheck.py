@@ -38,7 +38,7 @@ from typing import Any
 from advisor.errors import InputError
 from advisor.formats import Format
 from advisor.plan import Plan
-from advisor.report.schema import load_summary
+from advisor.report.schema import load_summary, plan_ids_listed
 from advisor.search.frontier import percent_less
 
 log = logging.getLogger(__name__)
@@ -65,7 +65,7 @@ def stored_plan(summary: dict[str, Any], plan_id: str | None, path: Path | str) 
     target = plan_id or summary["recommendation"].get("plan_id")
     record = next((r for r in summary["trials"] if r.get("plan_id") == target), None)
     if record is None:
-        known = ", ".join(sorted({r["plan_id"] for r in summary["trials"]})[:10])
+        known = plan_ids_listed(r["plan_id"] for r in summary["trials"])
         raise InputError(f"--plan: no plan {target!r} in {path}; known: {known}")
     try:
         plan = Plan({k: Format(v) for k, v in record["formats"].items()}, Format(record.get("kv_cache", "bf16")))
