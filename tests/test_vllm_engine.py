@@ -734,3 +734,21 @@ def test_a_user_s_own_sampler_setting_stands(tmp_path, monkeypatch):
     out = serve(ServeJob(str(checkpoint(tmp_path / "ck")), vocab_size=64, formats=False, prefill=False))
     assert vllm.instances[0].environ["VLLM_USE_FLASHINFER_SAMPLER"] == "1"
     assert out["engine_env"]["VLLM_USE_FLASHINFER_SAMPLER"] == "1"
+
+
+def test_a_request_s_tpot_is_over_the_tokens_it_produced(monkeypatch):
+    """Each finished request's TPOT: its decode time over its own output tokens less one, whatever length the load
+    states (a request of another length, or one that ended early, is not priced at the stated length)."""
+    from types import SimpleNamespace
+
+    from advisor.deploy.vllm import SteadyLoad
+
+    clock = iter(float(t) for t in range(1000))
+    monkeypatch.setattr("advisor.deploy.vllm._load.time.perf_counter", lambda: next(clock))
+    load = SteadyLoad(None, None, batch=2, input_tokens=16, output_tokens=8, vocab_size=64)
+    for rid, length in (("short", 4), ("long", 13)):
+        load._added[rid] = next(clock)
+        for i in range(length):  # a token a second; the first one after a second's wait
+            load._timed(SimpleNamespace(request_id=rid, finished=i == length - 1), 1)
+    assert [round(tpot, 6) for _, tpot, _, _ in load.latencies] == [1.0, 1.0]
+    assert [ttft for ttft, _, _, _ in load.latencies] == [1.0, 1.0]

@@ -74,6 +74,7 @@ class SteadyLoad:
         self.latencies: list[tuple[float, float, float, float]] = []
         self._added: dict[str, float] = {}
         self._first_token: dict[str, float] = {}
+        self._produced: dict[str, int] = {}  # output tokens so far, by request (a TPOT is over its own count)
         self._issued = 0
         self._next_id = 0
         self.trace_start = 0.0  # time.perf_counter() at start()
@@ -100,12 +101,13 @@ class SteadyLoad:
         now, rid = time.perf_counter(), out.request_id
         if produced and rid not in self._first_token:
             self._first_token[rid] = now
+        self._produced[rid] = self._produced.get(rid, 0) + produced
         if not out.finished:
             return
-        added, first = self._added.pop(rid, None), self._first_token.pop(rid, None)
-        if rid in self.first_round or added is None or first is None or self.output_tokens < 2:
+        added, first, tokens = self._added.pop(rid, None), self._first_token.pop(rid, None), self._produced.pop(rid)
+        if rid in self.first_round or added is None or first is None or tokens < 2:
             return
-        self.latencies.append((first - added, (now - first) / (self.output_tokens - 1), first, now))
+        self.latencies.append((first - added, (now - first) / (tokens - 1), first, now))
 
     def start(self) -> SteadyLoad:
         self.trace_start = time.perf_counter()
