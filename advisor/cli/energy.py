@@ -154,6 +154,7 @@ def profile(
 
     Either is kept in the profile store, and searches for this GPU kind use it (a model's own profile first)."""
     from advisor.energy.profiling import ProfileStore, measure_model_profile
+    from advisor.energy.runtime import DecoderDims
 
     if out is not None:
         from advisor.workflows.outputs import check_output_file
@@ -163,7 +164,9 @@ def profile(
               "prefill_lengths": _ints(prompt_lengths, "--prompt-lengths")}
     if target is not None:
         _target(target)
-    shape = shape_from_model(model) if model is not None else None  # the input judged before the GPU is looked for
+    # the model judged before the GPU is looked for (one line, exit 2)
+    shape = shape_from_model(model) if model is not None else None
+    dims = DecoderDims.from_config(model_config(model)) if model is not None else None
     here, name = gpu_here()
     if name is None:
         from advisor.errors import SetupError
@@ -183,10 +186,6 @@ def profile(
         path = ProfileStore().save_gpu_profile(data)
         echo(f"stored {path}: searches for a {kind} target price models without a per-model profile with it")
     else:
-        from advisor.energy.runtime import DecoderDims
-
-        assert shape is not None
-        dims = DecoderDims.from_config(model_config(model))
         _check_fits(shape, Workload(name="profile", batch_size=max(regime["batches"]), output_tokens=1,
                                     input_tokens=max(*regime["contexts"], *regime["prefill_lengths"])))
         data = measure_model_profile(dims, **regime, command=command, log=echo)
