@@ -153,6 +153,22 @@ def shape_config(name: str) -> Any:
                              num_attention_heads=32, num_key_value_heads=8, head_dim=128, sliding_window=None,
                              max_position_embeddings=32768, rope_theta=1000000.0, rms_norm_eps=1e-5,
                              architectures=["MistralForCausalLM"])
+    if name == "gemma-2-9b":  # google/gemma-2-9b-it's config.json: 256-wide heads, soft-capping, a 256k vocabulary
+        from transformers import Gemma2Config
+
+        return Gemma2Config(vocab_size=256000, hidden_size=3584, intermediate_size=14336, num_hidden_layers=42,
+                            num_attention_heads=16, num_key_value_heads=8, head_dim=256, query_pre_attn_scalar=256,
+                            attn_logit_softcapping=50.0, final_logit_softcapping=30.0, sliding_window=4096,
+                            hidden_activation="gelu_pytorch_tanh", max_position_embeddings=8192, rope_theta=10000.0,
+                            rms_norm_eps=1e-6, architectures=["Gemma2ForCausalLM"])
+    if name == "phi-3-mini":  # microsoft/Phi-3-mini-4k-instruct's config.json: 32 key-value heads (no GQA), fused qkv
+        from transformers import Phi3Config
+
+        return Phi3Config(vocab_size=32064, hidden_size=3072, intermediate_size=8192, num_hidden_layers=32,
+                          num_attention_heads=32, num_key_value_heads=32, max_position_embeddings=4096,
+                          original_max_position_embeddings=4096, sliding_window=2047, rope_theta=10000.0,
+                          rms_norm_eps=1e-5, tie_word_embeddings=False, bos_token_id=1, eos_token_id=32000,
+                          pad_token_id=32000, architectures=["Phi3ForCausalLM"])
     published = {"qwen3-30b-a3b": ("Qwen/Qwen3-30B-A3B-Instruct-2507", "Qwen3MoeForCausalLM"),  # the MoE held out
                  "qwen3-8b": ("Qwen/Qwen3-8B", "Qwen3ForCausalLM")}  # ML.ENERGY's held-out Qwen3-8B, served here
     if name in published:  # their published values, kept in one place
